@@ -1,0 +1,9 @@
+# The packages xshard's target needs: included by the build and by xshardConfig.cmake,
+# so the two lists cannot drift apart.
+include(CMakeFindDependencyMacro)
+find_dependency(xtensor REQUIRED)
+find_dependency(xsimd REQUIRED)
+find_dependency(xtensor-blas REQUIRED)
+find_dependency(BLAS REQUIRED)
+find_dependency(MPI REQUIRED COMPONENTS CXX)
+find_dependency(range-v3 REQUIRED)

@@ -1,0 +1,98 @@
+#pragma once
+/// \file
+/// An MPI communicator handle: owning (freed with the last copy) or borrowed.
+
+#include <xshard/comm/error.hpp>
+
+#include <mpi.h>
+
+#include <memory>
+
+namespace xshard {
+
+/// A communicator. Copies share the handle; an owning communicator (one xshard made by
+/// dup, split or MPI_Cart_sub, or one adopted with `communicator::adopt`) is freed when
+/// the last copy goes, unless MPI is already finalised. Communicators xshard creates
+/// report errors as exceptions (MPI_ERRORS_RETURN + mpi_error) instead of aborting.
+class communicator {
+public:
+    /// The null communicator (what `split` gives a rank that passes `undefined`).
+    communicator() = default;
+
+    /// Borrows `comm`: xshard never frees it and leaves its error handler as it is.
+    static communicator borrow(MPI_Comm comm) { return communicator(comm, false); }
+
+    /// Takes ownership of `comm`: it is freed with the last copy and returns errors.
+    static communicator adopt(MPI_Comm comm) { return communicator(comm, true); }
+
+    /// MPI_COMM_WORLD, borrowed.
+    static communicator world() { return borrow(MPI_COMM_WORLD); }
+
+    /// MPI_COMM_SELF, borrowed.
+    static communicator self() { return borrow(MPI_COMM_SELF); }
+
+    /// Colour meaning "this rank joins no group" in `split`.
+    static constexpr int undefined = MPI_UNDEFINED;
+
+    bool is_null() const noexcept { return comm_ == MPI_COMM_NULL; }
+    explicit operator bool() const noexcept { return !is_null(); }
+
+    /// The rank of this process in the communicator.
+    int rank() const noexcept { return rank_; }
+    /// The number of processes in the communicator.
+    int size() const noexcept { return size_; }
+
+    /// The underlying MPI handle, for calling MPI directly.
+    MPI_Comm native() const noexcept { return comm_; }
+
+    /// A new communicator with the same group (MPI_Comm_dup); collective.
+    communicator dup() const {
+        MPI_Comm out = MPI_COMM_NULL;
+        detail::check_mpi(MPI_Comm_dup(comm_, &out), "MPI_Comm_dup");
+        return adopt(out);
+    }
+
+    /// Splits into groups by `color`, ordered by `key` then by rank (MPI_Comm_split);
+    /// collective. A rank passing `undefined` gets the null communicator.
+    communicator split(int color, int key = 0) const {
+        MPI_Comm out = MPI_COMM_NULL;
+        detail::check_mpi(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split");
+        return out == MPI_COMM_NULL ? communicator() : adopt(out);
+    }
+
+    /// Whether two handles name the same communicator object.
+    friend bool operator==(const communicator& a, const communicator& b) noexcept {
+        return a.comm_ == b.comm_;
+    }
+
+private:
+    struct freer {
+        void operator()(MPI_Comm* comm) const noexcept {
+            int finalized = 0;
+            MPI_Finalized(&finalized);
+            if (!finalized && *comm != MPI_COMM_NULL)
+                MPI_Comm_free(comm);
+            delete comm;
+        }
+    };
+
+    communicator(MPI_Comm comm, bool owned)
+        : comm_(comm) {
+        if (comm == MPI_COMM_NULL)
+            return;
+        if (owned) {
+            owner_ = std::shared_ptr<MPI_Comm>(new MPI_Comm(comm), freer{});
+            detail::check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN),
+                              "MPI_Comm_set_errhandler");
+        }
+        detail::check_mpi(MPI_Comm_rank(comm, &rank_), "MPI_Comm_rank");
+        detail::check_mpi(MPI_Comm_size(comm, &size_), "MPI_Comm_size");
+    }
+
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    std::shared_ptr<MPI_Comm> owner_;
+    int rank_ = 0;
+    int size_ = 0;
+};
+
+} // namespace xshard

@@ -1,0 +1,101 @@
+#pragma once
+/// \file
+/// The MPI environment: RAII over MPI_Init_thread / MPI_Finalize.
+
+#include <xshard/comm/communicator.hpp>
+#include <xshard/comm/error.hpp>
+
+#include <mpi.h>
+
+#include <cstdlib>
+
+namespace xshard {
+
+/// The thread support a program asks MPI for (MPI_THREAD_*).
+enum class thread_level : int {
+    single = MPI_THREAD_SINGLE,
+    funneled = MPI_THREAD_FUNNELED,
+    serialized = MPI_THREAD_SERIALIZED,
+    multiple = MPI_THREAD_MULTIPLE,
+};
+
+/// Owns the MPI runtime for the lifetime of the object. Construct one at the top of
+/// `main`; xshard itself never initialises MPI. If MPI is already initialised (by the
+/// application or another library) the environment attaches to it and leaves
+/// finalisation to its owner. A program started without `mpirun` runs as one rank
+/// (MPI singleton mode).
+///
+/// When it initialises Open MPI it leaves out the AVX reduction component, which sums
+/// unsigned 8- and 16-bit integers with saturation in Open MPI 4.1 (set OMPI_MCA_op to
+/// choose the components yourself).
+class environment {
+public:
+    explicit environment(thread_level required = thread_level::funneled)
+        : environment(nullptr, nullptr, required) {}
+
+    environment(int& argc, char**& argv, thread_level required = thread_level::funneled)
+        : environment(&argc, &argv, required) {}
+
+    environment(const environment&) = delete;
+    environment& operator=(const environment&) = delete;
+
+    ~environment() {
+        if (owns_ && !finalized())
+            MPI_Finalize();
+    }
+
+    /// Whether MPI_Init has been called (by anyone).
+    static bool initialized() noexcept {
+        int flag = 0;
+        MPI_Initialized(&flag);
+        return flag != 0;
+    }
+
+    /// Whether MPI_Finalize has been called.
+    static bool finalized() noexcept {
+        int flag = 0;
+        MPI_Finalized(&flag);
+        return flag != 0;
+    }
+
+    /// Whether this object initialised MPI (and so will finalise it).
+    bool owns_mpi() const noexcept { return owns_; }
+
+    /// The thread support MPI provides.
+    thread_level provided() const noexcept { return provided_; }
+
+    /// MPI_COMM_WORLD, borrowed.
+    communicator world() const { return communicator::world(); }
+
+private:
+    environment(int* argc, char*** argv, thread_level required) {
+        if (finalized())
+            throw error("xshard: cannot create an environment after MPI_Finalize");
+        if (initialized()) {
+            int level = 0;
+            MPI_Query_thread(&level);
+            provided_ = static_cast<thread_level>(level);
+            return;
+        }
+        avoid_saturating_sums();
+        int level = 0;
+        detail::check_mpi(MPI_Init_thread(argc, argv, static_cast<int>(required), &level),
+                          "MPI_Init_thread");
+        provided_ = static_cast<thread_level>(level);
+        owns_ = true;
+    }
+
+    // Open MPI 4.1's AVX reduction component saturates MPI_SUM on unsigned 8- and 16-bit
+    // integers instead of wrapping (255 + 255 gives 255). Unless the user chose the
+    // reduction components (OMPI_MCA_op, or mpirun --mca op ...), leave it out.
+    static void avoid_saturating_sums() {
+#ifdef OPEN_MPI
+        ::setenv("OMPI_MCA_op", "^avx", 0);
+#endif
+    }
+
+    bool owns_ = false;
+    thread_level provided_ = thread_level::single;
+};
+
+} // namespace xshard

@@ -1,0 +1,14 @@
+#pragma once
+/// \file
+/// Everything xshard offers, in one include.
+
+#include <xshard/comm/collectives.hpp>
+#include <xshard/comm/communicator.hpp>
+#include <xshard/comm/datatype.hpp>
+#include <xshard/comm/environment.hpp>
+#include <xshard/comm/error.hpp>
+#include <xshard/comm/request.hpp>
+#include <xshard/core/axis.hpp>
+#include <xshard/core/mesh.hpp>
+#include <xshard/core/mesh_shape.hpp>
+#include <xshard/core/static_vector.hpp>

@@ -1,0 +1,62 @@
+#pragma once
+// Shared helpers of xshard's MPI tests.
+
+#include <xshard/comm/communicator.hpp>
+#include <xshard/core/mesh.hpp>
+
+#include <array>
+#include <cstddef>
+#include <string>
+
+namespace xshard::testing {
+
+inline communicator world() {
+    return communicator::world();
+}
+
+/// A mesh of size `S` per axis, named x / (dp, mp) / (a, b, c) by its dimension.
+template <std::size_t N>
+struct test_mesh;
+template <>
+struct test_mesh<1> {
+    using type = mesh<"x">;
+};
+template <>
+struct test_mesh<2> {
+    using type = mesh<"dp", "mp">;
+};
+template <>
+struct test_mesh<3> {
+    using type = mesh<"a", "b", "c">;
+};
+
+/// Calls `f(mesh)` for every test mesh shape (1, 2, 4, 8, 2x2, 2x4, 4x2, 2x2x2) whose size
+/// divides the world size; when the mesh is smaller than the world, the world is split
+/// into groups of the mesh's size and each group builds its own mesh.
+template <class F>
+void for_each_mesh(F&& f) {
+    const auto w = world();
+    auto run = [&]<std::size_t N>(const std::array<int, N>& sizes) {
+        int p = 1;
+        for (int s : sizes)
+            p *= s;
+        if (w.size() % p != 0)
+            return;
+        const auto group = p == w.size() ? w : w.split(w.rank() / p, w.rank());
+        f(typename test_mesh<N>::type(group, sizes));
+    };
+    for (int n : {1, 2, 4, 8})
+        run(std::array{n});
+    run(std::array{2, 2});
+    run(std::array{2, 4});
+    run(std::array{4, 2});
+    run(std::array{2, 2, 2});
+}
+
+/// "on mesh(dp=2, mp=2), rank 3": context for failure messages.
+template <class Mesh>
+std::string where(const Mesh& m) {
+    return "on mesh(" + m.shape().to_string() + "), rank " + std::to_string(m.rank());
+}
+
+} // namespace xshard::testing
