@@ -6,5 +6,5 @@ source "$(dirname "$0")/env.sh"
 build="$root/build/demo"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
   -DXSHARD_BUILD_TESTS=OFF -DXSHARD_BUILD_BENCHMARKS=OFF >/dev/null
-cmake --build "$build" -j "$jobs" --target hello_mesh
-mpirun -n 4 --oversubscribe "$build/examples/hello_mesh"
+cmake --build "$build" -j "$jobs" --target visualize_sharding
+mpirun -n 4 --oversubscribe "$build/examples/visualize_sharding"

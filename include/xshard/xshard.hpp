@@ -9,6 +9,14 @@
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/request.hpp>
 #include <xshard/core/axis.hpp>
+#include <xshard/core/layout.hpp>
 #include <xshard/core/mesh.hpp>
 #include <xshard/core/mesh_shape.hpp>
+#include <xshard/core/partition.hpp>
 #include <xshard/core/static_vector.hpp>
+#include <xshard/core/strategy.hpp>
+#include <xshard/tensor/distribute.hpp>
+#include <xshard/tensor/dtensor.hpp>
+#include <xshard/tensor/expression.hpp>
+#include <xshard/tensor/gather.hpp>
+#include <xshard/tensor/visualize.hpp>

@@ -23,6 +23,7 @@
 #include <complex>
 #include <concepts>
 #include <cstddef>
+#include <span>
 #include <type_traits>
 #include <utility>
 
@@ -108,6 +109,17 @@ public:
     static derived_datatype contiguous(int count, MPI_Datatype element) {
         MPI_Datatype type = MPI_DATATYPE_NULL;
         detail::check_mpi(MPI_Type_contiguous(count, element, &type), "MPI_Type_contiguous");
+        return derived_datatype(type);
+    }
+
+    /// The row-major box of extents `subsizes` at `starts` inside an array of extents
+    /// `sizes` (MPI_Type_create_subarray, MPI_ORDER_C). Every subsize must be at least 1.
+    static derived_datatype subarray(std::span<const int> sizes, std::span<const int> subsizes,
+                                     std::span<const int> starts, MPI_Datatype element) {
+        MPI_Datatype type = MPI_DATATYPE_NULL;
+        detail::check_mpi(MPI_Type_create_subarray(int(sizes.size()), sizes.data(), subsizes.data(),
+                                                   starts.data(), MPI_ORDER_C, element, &type),
+                          "MPI_Type_create_subarray");
         return derived_datatype(type);
     }
 
