@@ -15,6 +15,12 @@
 #include <xshard/core/partition.hpp>
 #include <xshard/core/static_vector.hpp>
 #include <xshard/core/strategy.hpp>
+#include <xshard/redistribute/cost_model.hpp>
+#include <xshard/redistribute/geometry.hpp>
+#include <xshard/redistribute/plan.hpp>
+#include <xshard/redistribute/planner.hpp>
+#include <xshard/redistribute/redistribute.hpp>
+#include <xshard/redistribute/reduce.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/dtensor.hpp>
 #include <xshard/tensor/expression.hpp>

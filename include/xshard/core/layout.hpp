@@ -234,7 +234,16 @@ struct layout {
         return os << l.to_string();
     }
 
-    friend constexpr bool operator==(const layout&, const layout&) = default;
+    /// Equal layouts: the same splits, the same partial axes (in any order) with the same
+    /// reduction.
+    friend constexpr bool operator==(const layout& a, const layout& b) {
+        if (a.dynamic != b.dynamic || !(a.dims == b.dims) || a.partial.size() != b.partial.size())
+            return false;
+        for (const auto& x : a.partial)
+            if (!b.partial.contains(x))
+                return false;
+        return a.partial.empty() || a.op == b.op;
+    }
 };
 
 /// The template argument of a distributed tensor of rank `rank` whose layout is a run-time

@@ -45,24 +45,6 @@ auto view_of(E&& global, const box<N>& b) {
     return xt::strided_view(std::forward<E>(global), slices);
 }
 
-inline int to_int(std::size_t n) {
-    if (n > std::size_t(INT_MAX))
-        throw error("xshard: an extent exceeds MPI's int limit");
-    return int(n);
-}
-
-/// The MPI datatype of box `b` inside a row-major array of shape `shape`.
-template <class T, std::size_t N>
-derived_datatype box_datatype(const std::array<std::size_t, N>& shape, const box<N>& b) {
-    std::array<int, N> sizes{}, subsizes{}, starts{};
-    for (std::size_t d = 0; d < N; ++d) {
-        sizes[d] = to_int(shape[d]);
-        subsizes[d] = to_int(b.extent[d]);
-        starts[d] = to_int(b.offset[d]);
-    }
-    return derived_datatype::subarray(sizes, subsizes, starts, datatype_of<T>());
-}
-
 /// The mesh axes off the splitting ones: ranks differing only along them share a block.
 inline axis_set spread_axes(const layout& l, const mesh_shape& mesh) {
     return l.replicated_axes(mesh) | l.partial_axes(mesh);

@@ -12,6 +12,7 @@
 #include <xtensor/xtensor.hpp>
 
 #include <array>
+#include <climits>
 #include <concepts>
 #include <cstddef>
 #include <ostream>
@@ -87,6 +88,24 @@ inline const layout& checked_layout(const layout& l, std::size_t rank, const mes
         throw error(e.what());
     }
     return l;
+}
+
+inline int to_int(std::size_t n) {
+    if (n > std::size_t(INT_MAX))
+        throw error("xshard: an extent exceeds MPI's int limit");
+    return int(n);
+}
+
+/// The MPI datatype of box `b` inside a row-major array of shape `shape`.
+template <class T, std::size_t N>
+derived_datatype box_datatype(const std::array<std::size_t, N>& shape, const box<N>& b) {
+    std::array<int, N> sizes{}, subsizes{}, starts{};
+    for (std::size_t d = 0; d < N; ++d) {
+        sizes[d] = to_int(shape[d]);
+        subsizes[d] = to_int(b.extent[d]);
+        starts[d] = to_int(b.offset[d]);
+    }
+    return derived_datatype::subarray(sizes, subsizes, starts, datatype_of<T>());
 }
 
 struct no_layout {};

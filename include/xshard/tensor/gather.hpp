@@ -3,6 +3,7 @@
 /// Turning a distributed tensor back into a global array.
 
 #include <xshard/comm/collectives.hpp>
+#include <xshard/redistribute/reduce.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/dtensor.hpp>
 
@@ -11,14 +12,6 @@
 #include <vector>
 
 namespace xshard {
-
-namespace detail {
-constexpr reduce_op to_reduce_op(reduction r) {
-    return r == reduction::sum   ? reduce_op::sum
-           : r == reduction::max ? reduce_op::max
-                                 : reduce_op::min;
-}
-} // namespace detail
 
 /// The global array on rank `root`, an empty array (extents 0) elsewhere. A partial tensor
 /// is reduced first (over its partial axes, onto the first rank of each group). Each

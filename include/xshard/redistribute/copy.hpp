@@ -1,0 +1,93 @@
+#pragma once
+/// \file
+/// Boxes inside local shards: where they sit in memory, and copying between shards.
+
+#include <xshard/core/partition.hpp>
+
+#include <array>
+#include <cstddef>
+#include <cstring>
+#include <optional>
+
+namespace xshard::detail {
+
+/// Row-major strides (in elements) of an array of `shape`.
+template <std::size_t N>
+constexpr std::array<std::size_t, N> strides_of(const std::array<std::size_t, N>& shape) {
+    std::array<std::size_t, N> s{};
+    std::size_t stride = 1;
+    for (std::size_t d = N; d-- > 0;) {
+        s[d] = stride;
+        stride *= shape[d];
+    }
+    return s;
+}
+
+/// The offset (in elements) of `region`'s first element in an array of `shape` whose
+/// element 0 is at global `origin`.
+template <std::size_t N>
+constexpr std::size_t offset_in(const std::array<std::size_t, N>& shape,
+                                const std::array<std::size_t, N>& origin, const box<N>& region) {
+    const auto s = strides_of(shape);
+    std::size_t off = 0;
+    for (std::size_t d = 0; d < N; ++d)
+        off += (region.offset[d] - origin[d]) * s[d];
+    return off;
+}
+
+/// Whether `region` occupies one contiguous run of an array of `shape` (leading extents of
+/// 1, then one dimension partly, then every later dimension whole).
+template <std::size_t N>
+constexpr bool is_contiguous_in(const std::array<std::size_t, N>& shape, const box<N>& region) {
+    std::size_t d = 0;
+    while (d < N && region.extent[d] == 1)
+        ++d;
+    for (std::size_t j = d + 1; j < N; ++j)
+        if (region.extent[j] != shape[j])
+            return false;
+    return true;
+}
+
+/// Copies `region` (global coordinates) from an array of shape `from_shape` whose element 0
+/// is at global `from_origin` into one of shape `to_shape` at `to_origin`. Runs along the
+/// trailing whole dimensions are merged into single memcpy calls.
+template <class T, std::size_t N>
+void copy_region(const T* from, const std::array<std::size_t, N>& from_shape,
+                 const std::array<std::size_t, N>& from_origin, T* to,
+                 const std::array<std::size_t, N>& to_shape,
+                 const std::array<std::size_t, N>& to_origin, const box<N>& region) {
+    if (region.empty())
+        return;
+    if constexpr (N == 0) {
+        *to = *from;
+    } else {
+        // The innermost run: the last dimension, merged with whole trailing dimensions.
+        std::size_t inner = N - 1;
+        std::size_t run = region.extent[N - 1];
+        while (inner > 0 && region.extent[inner] == from_shape[inner] &&
+               region.extent[inner] == to_shape[inner]) {
+            --inner;
+            run *= region.extent[inner];
+        }
+        const auto fs = strides_of(from_shape), ts = strides_of(to_shape);
+        const T* src = from + offset_in(from_shape, from_origin, region);
+        T* dst = to + offset_in(to_shape, to_origin, region);
+        std::array<std::size_t, N> idx{};
+        const std::size_t outer = region.size() / run;
+        for (std::size_t k = 0; k < outer; ++k) {
+            std::size_t fo = 0, to_off = 0;
+            for (std::size_t d = 0; d < inner; ++d) {
+                fo += idx[d] * fs[d];
+                to_off += idx[d] * ts[d];
+            }
+            std::memcpy(dst + to_off, src + fo, run * sizeof(T));
+            for (std::size_t d = inner; d-- > 0;) {
+                if (++idx[d] < region.extent[d])
+                    break;
+                idx[d] = 0;
+            }
+        }
+    }
+}
+
+} // namespace xshard::detail

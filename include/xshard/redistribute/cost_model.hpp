@@ -1,0 +1,64 @@
+#pragma once
+/// \file
+/// The alpha-beta cost model that chooses between candidate plans and that plans print.
+///
+/// A step that sends m messages and moves b bytes (the larger of what one rank sends and
+/// receives) and copies c bytes locally costs  alpha * m + beta * b + copy * c  seconds,
+/// with alpha and beta set per kind of collective. For the named collectives on p ranks and
+/// n bytes (n: the whole gathered, scattered or reduced buffer of the group) this gives the
+/// textbook forms:
+///
+///     all_gather, all_to_all   (p-1) alpha + (p-1)/p n beta
+///     reduce_scatter           (p-1) alpha + (p-1)/p n beta   (plus the local reduction)
+///     all_reduce               2 (p-1) alpha + 2 (p-1)/p n beta
+///
+/// The defaults were measured on the development machine (2 cores, shared memory,
+/// Open MPI 4.1) by `bench_calibrate`, which prints a cost_model for the machine it runs
+/// on; set the fields to model another network (e.g. alpha = 2e-6, beta = 1 / 12.5e9 for
+/// 100 Gb/s InfiniBand).
+
+#include <xshard/redistribute/planner.hpp>
+
+#include <cstddef>
+
+namespace xshard {
+
+/// Latency (seconds per message) and inverse bandwidth (seconds per byte).
+struct link_cost {
+    double alpha;
+    double beta;
+};
+
+struct cost_model {
+    link_cost all_gather{4.0e-6, 1.0 / 6.0e9};
+    link_cost all_to_all{4.0e-6, 1.0 / 6.0e9};
+    link_cost reduce_scatter{4.0e-6, 1.0 / 4.5e9};
+    link_cost all_reduce{4.0e-6, 1.0 / 4.5e9};
+    link_cost exchange{4.0e-6, 1.0 / 6.0e9};
+    /// Seconds per byte of a local copy (slice, zero, the part of an exchange a rank keeps).
+    double copy = 1.0 / 8.0e9;
+
+    constexpr const link_cost& of(step_kind k) const {
+        switch (k) {
+        case step_kind::all_gather:
+            return all_gather;
+        case step_kind::all_to_all:
+            return all_to_all;
+        case step_kind::reduce_scatter:
+            return reduce_scatter;
+        case step_kind::all_reduce:
+            return all_reduce;
+        default:
+            return exchange;
+        }
+    }
+
+    /// The predicted seconds of a step of kind `k`.
+    constexpr double seconds(step_kind k, std::size_t messages, std::size_t bytes,
+                             std::size_t copied) const {
+        const auto& c = of(k);
+        return c.alpha * double(messages) + c.beta * double(bytes) + copy * double(copied);
+    }
+};
+
+} // namespace xshard

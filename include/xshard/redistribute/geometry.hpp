@@ -1,0 +1,332 @@
+#pragma once
+/// \file
+/// What a planned step means for one rank: its communicator, the regions it sends to and
+/// receives from each peer, what it keeps, and what that costs. Pure arithmetic on a mesh
+/// shape (no communicator), so the same code prices a plan on this machine and on a mesh of
+/// 16384 ranks, and the executor (plan.hpp) runs exactly what was priced.
+
+#include <xshard/core/layout.hpp>
+#include <xshard/core/mesh_shape.hpp>
+#include <xshard/core/partition.hpp>
+#include <xshard/redistribute/copy.hpp>
+#include <xshard/redistribute/cost_model.hpp>
+#include <xshard/redistribute/planner.hpp>
+#include <xshard/redistribute/reduce.hpp>
+
+#include <xshard/comm/error.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace xshard {
+
+/// One rank's part in one step.
+template <std::size_t N>
+struct step_geometry {
+    step planned;
+    axis_set group; ///< the axes spanning the step's communicator
+    int group_size = 1;
+    int group_rank = 0;
+    box<N> in_block;  ///< this rank's block before the step
+    box<N> out_block; ///< and after
+    /// Exchange-like steps: the global region sent to / received from each peer (by group
+    /// rank). reduce_scatter: the term of each peer's piece sent, of this rank's received.
+    std::vector<std::pair<int, box<N>>> sends, recvs;
+    box<N> kept;            ///< the region copied from the input to the output locally
+    bool holds_term = true; ///< zero: whether this rank keeps the values
+    bool valid = true;      ///< reduce_scatter: whether the pieces tile the block (else unusable)
+};
+
+/// What one step costs one rank.
+struct step_summary {
+    step planned;
+    std::string group; ///< the axes of the communicator, "dp,mp" ("" for none)
+    int group_size = 1;
+    std::size_t messages = 0;
+    std::size_t bytes_sent = 0;
+    std::size_t bytes_received = 0;
+    std::size_t bytes_copied = 0;
+    std::size_t scratch_bytes = 0; ///< temporary buffers of the step
+    std::size_t output_bytes = 0;  ///< the step's output block
+    double seconds = 0;
+};
+
+/// What a whole plan costs one rank.
+struct plan_summary {
+    std::vector<step_summary> steps;
+    std::size_t source_bytes = 0;
+    std::size_t destination_bytes = 0;
+    std::size_t peak_extra_bytes = 0; ///< intermediates and scratch, beyond source and destination
+    double seconds = 0;
+    bool valid = true;
+
+    std::size_t bytes_sent() const {
+        std::size_t n = 0;
+        for (const auto& s : steps)
+            n += s.bytes_sent;
+        return n;
+    }
+    std::size_t bytes_received() const {
+        std::size_t n = 0;
+        for (const auto& s : steps)
+            n += s.bytes_received;
+        return n;
+    }
+};
+
+namespace detail {
+
+inline std::string axes_string(const mesh_shape& mesh, axis_set axes) {
+    std::string s;
+    for (std::size_t i = 0; i < mesh.ndim(); ++i)
+        if (axes.contains(i))
+            s += (s.empty() ? "" : ",") + std::string(mesh.names[i].view());
+    return s;
+}
+
+inline axis_set axes_of(const mesh_shape& mesh, const dim_axes& names) {
+    axis_set s;
+    for (const auto& a : names)
+        s = s.with(mesh.index(a.view()));
+    return s;
+}
+
+template <std::size_t N>
+bool contains(const box<N>& outer, const box<N>& inner) {
+    return inner.empty() || outer.intersect(inner) == inner;
+}
+
+} // namespace detail
+
+/// Whether a reduce_scatter's transfers are pipelined in chunks: when every piece is one
+/// contiguous run of the (common) input block. Every member decides alike.
+template <std::size_t N>
+bool pipelined(const step_geometry<N>& g) {
+    bool all = detail::is_contiguous_in(g.in_block.extent, g.out_block);
+    for (const auto& [peer, region] : g.sends)
+        all = all && detail::is_contiguous_in(g.in_block.extent, region);
+    return all;
+}
+
+/// The part rank `rank` of `mesh` plays in step `s` on a tensor of global `shape`.
+template <std::size_t N>
+step_geometry<N> geometry_of(const step& s, const mesh_shape& mesh,
+                             const std::array<std::size_t, N>& shape, int rank) {
+    step_geometry<N> g;
+    g.planned = s;
+    g.in_block = block_of(s.from, mesh, shape, rank);
+    g.out_block = block_of(s.to, mesh, shape, rank);
+    auto enter_group = [&](axis_set axes) {
+        g.group = axes;
+        g.group_size = mesh.group_size(axes);
+        g.group_rank = mesh.group_rank(rank, axes);
+    };
+    switch (s.kind) {
+    case step_kind::all_reduce:
+        enter_group(detail::axes_of(mesh, s.axes));
+        break;
+    case step_kind::zero: {
+        g.kept = g.out_block;
+        const auto c = mesh.coords(rank);
+        if (s.to.op == reduction::sum)
+            for (const auto& a : s.axes)
+                g.holds_term = g.holds_term && c[mesh.index(a.view())] == 0;
+        break;
+    }
+    case step_kind::reduce_scatter: {
+        enter_group(detail::axes_of(mesh, s.axes));
+        const auto members = mesh.group_ranks(rank, g.group);
+        std::size_t covered = 0;
+        for (int q = 0; q < g.group_size; ++q) {
+            const auto piece = block_of(s.to, mesh, shape, members[std::size_t(q)]);
+            g.valid = g.valid && detail::contains(g.in_block, piece);
+            covered += piece.size();
+            if (q != g.group_rank && !piece.empty())
+                g.sends.emplace_back(q, piece);
+            if (q != g.group_rank && !g.out_block.empty())
+                g.recvs.emplace_back(q, g.out_block);
+        }
+        g.valid = g.valid && covered == g.in_block.size();
+        g.kept = g.out_block;
+        break;
+    }
+    default: { // every exchange-like step: exactly the block intersections
+        enter_group(s.from.split_axes(mesh));
+        const auto members = mesh.group_ranks(rank, g.group);
+        for (int q = 0; q < g.group_size; ++q) {
+            if (q == g.group_rank)
+                continue;
+            const int peer = members[std::size_t(q)];
+            const auto out = g.in_block.intersect(block_of(s.to, mesh, shape, peer));
+            const auto in = block_of(s.from, mesh, shape, peer).intersect(g.out_block);
+            if (!out.empty())
+                g.sends.emplace_back(q, out);
+            if (!in.empty())
+                g.recvs.emplace_back(q, in);
+        }
+        g.kept = g.in_block.intersect(g.out_block);
+        break;
+    }
+    }
+    return g;
+}
+
+/// The cost of one step for one rank, under `model`.
+template <std::size_t N>
+step_summary summarize(const step_geometry<N>& g, const mesh_shape& mesh, std::size_t element,
+                       const cost_model& model, const reduce_tuning& tuning = {}) {
+    step_summary r;
+    r.planned = g.planned;
+    r.group = detail::axes_string(mesh, g.group);
+    r.group_size = g.group_size;
+    r.output_bytes = g.out_block.size() * element;
+    const std::size_t p = std::size_t(g.group_size);
+    switch (g.planned.kind) {
+    case step_kind::all_reduce: {
+        const std::size_t n = g.in_block.size() * element;
+        if (p > 1) {
+            r.messages = 2 * (p - 1);
+            r.bytes_sent = r.bytes_received = 2 * (p - 1) * n / p;
+            const std::size_t segment = g.in_block.size() / p + 1;
+            r.scratch_bytes = tuning.pairwise_all_reduce(g.in_block.size(), p, element)
+                                  ? tuning.scratch_elements(segment, true, element) * element
+                                  : 0;
+        } else {
+            r.bytes_copied = n;
+        }
+        break;
+    }
+    case step_kind::zero:
+        r.bytes_copied = g.holds_term ? r.output_bytes : 0;
+        break;
+    default:
+        for (const auto& [peer, region] : g.sends)
+            r.bytes_sent += region.size() * element;
+        for (const auto& [peer, region] : g.recvs)
+            r.bytes_received += region.size() * element;
+        r.messages = std::max(g.sends.size(), g.recvs.size());
+        r.bytes_copied = g.kept.size() * element;
+        if (g.planned.kind == step_kind::reduce_scatter)
+            r.scratch_bytes =
+                tuning.scratch_elements(g.out_block.size(), pipelined(g), element) * element;
+        break;
+    }
+    r.seconds = model.seconds(g.planned.kind, r.messages, std::max(r.bytes_sent, r.bytes_received),
+                              r.bytes_copied);
+    return r;
+}
+
+/// The cost of a sequence of steps for rank `rank`: per step, and the peak of the
+/// intermediate blocks and scratch buffers alive at once.
+template <std::size_t N>
+plan_summary summarize(const step_list& steps, const mesh_shape& mesh,
+                       const std::array<std::size_t, N>& shape, std::size_t element, int rank,
+                       const cost_model& model, const reduce_tuning& tuning = {}) {
+    plan_summary p;
+    if (steps.empty())
+        return p;
+    p.source_bytes = block_of(steps[0].from, mesh, shape, rank).size() * element;
+    p.destination_bytes = block_of(steps.back().to, mesh, shape, rank).size() * element;
+    // What a plan holds: intermediate blocks in two alternating buffers (step i writes
+    // buffer i % 2), each as large as its largest block, and the largest step's scratch.
+    std::size_t buffers[2] = {0, 0}, scratch = 0;
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+        const auto g = geometry_of(steps[i], mesh, shape, rank);
+        p.valid = p.valid && g.valid;
+        auto s = summarize(g, mesh, element, model, tuning);
+        if (i + 1 < steps.size())
+            buffers[i % 2] = std::max(buffers[i % 2], s.output_bytes);
+        scratch = std::max(scratch, s.scratch_bytes);
+        p.seconds += s.seconds;
+        p.steps.push_back(std::move(s));
+    }
+    p.peak_extra_bytes = buffers[0] + buffers[1] + scratch;
+    return p;
+}
+
+/// The candidate a plan runs: the cheapest valid one for the slowest rank among those
+/// whose peak extra memory stays within one destination block (the cheapest valid one if
+/// none does). Every rank computes the same choice from the same data. Returns its index
+/// in `c.paths`.
+template <std::size_t N>
+std::size_t choose_candidate(const plan_candidates& c, const mesh_shape& mesh,
+                             const std::array<std::size_t, N>& shape, std::size_t element,
+                             const cost_model& model, const reduce_tuning& tuning = {}) {
+    // Price on every rank of small meshes, on a sample of large ones.
+    std::vector<int> ranks;
+    const int p = mesh.size();
+    const int stride = p <= 256 ? 1 : p / 64;
+    for (int r = 0; r < p; r += stride)
+        ranks.push_back(r);
+    std::size_t best = 0;
+    bool best_fits = false;
+    double best_seconds = std::numeric_limits<double>::infinity();
+    for (std::size_t i = 0; i < c.paths.size(); ++i) {
+        double worst = 0;
+        bool valid = true, fits = true;
+        for (int r : ranks) {
+            const auto s = summarize(c.paths[i], mesh, shape, element, r, model, tuning);
+            valid = valid && s.valid;
+            fits =
+                fits && s.peak_extra_bytes <= std::max(s.destination_bytes, std::size_t(1) << 16);
+            worst = std::max(worst, s.seconds);
+        }
+        if (!valid)
+            continue;
+        const bool better = (fits && !best_fits) || (fits == best_fits && worst < best_seconds);
+        if (better) {
+            best = i;
+            best_fits = fits;
+            best_seconds = worst;
+        }
+    }
+    if (best_seconds == std::numeric_limits<double>::infinity() && !c.paths.empty())
+        throw error("xshard: no valid redistribution plan (a bug)");
+    return best;
+}
+
+/// Prints a plan summary: one line per step (name, communicator, bytes, memory, time).
+inline std::string describe(const plan_summary& p, const mesh_shape& mesh) {
+    auto mib = [](std::size_t b) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.3f MiB", double(b) / double(1 << 20));
+        return std::string(buf);
+    };
+    auto us = [](double s) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+        return std::string(buf);
+    };
+    std::string out;
+    if (p.steps.empty())
+        return "nothing to do (identical layouts)\n";
+    std::size_t i = 0;
+    for (const auto& s : p.steps) {
+        out += std::to_string(++i) + ". " + std::string(to_string(s.planned.kind));
+        if (!s.planned.axes.empty()) {
+            out += "(";
+            for (std::size_t k = 0; k < s.planned.axes.size(); ++k)
+                out += (k ? "," : "") + std::string(s.planned.axes[k].view());
+            out += ")";
+        }
+        out += ": " + s.planned.from.to_string() + " -> " + s.planned.to.to_string() + "\n";
+        out += "   over " +
+               (s.group.empty() ? std::string("no communicator")
+                                : "{" + s.group + "} (" + std::to_string(s.group_size) + " ranks)");
+        out += ", " + std::to_string(s.messages) + " messages, sent " + mib(s.bytes_sent) +
+               ", received " + mib(s.bytes_received) + ", copied " + mib(s.bytes_copied) +
+               ", scratch " + mib(s.scratch_bytes) + ", " + us(s.seconds) + "\n";
+    }
+    out += "per rank: sent " + mib(p.bytes_sent()) + ", received " + mib(p.bytes_received()) +
+           ", peak extra memory " + mib(p.peak_extra_bytes) + ", predicted " + us(p.seconds) +
+           " on mesh(" + mesh.to_string() + ")\n";
+    return out;
+}
+
+} // namespace xshard

@@ -1,0 +1,250 @@
+#pragma once
+/// \file
+/// A redistribution plan: built once (the expensive part: choosing the candidate, working
+/// out every message, making the MPI datatypes, allocating the buffers), executed many
+/// times (the cheap part: posting the messages and copying; nothing is allocated).
+
+#include <xshard/comm/collectives.hpp>
+#include <xshard/comm/datatype.hpp>
+#include <xshard/comm/error.hpp>
+#include <xshard/core/mesh.hpp>
+#include <xshard/redistribute/copy.hpp>
+#include <xshard/redistribute/geometry.hpp>
+#include <xshard/redistribute/planner.hpp>
+#include <xshard/redistribute/reduce.hpp>
+#include <xshard/tensor/dtensor.hpp>
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace xshard {
+
+/// A plan that moves the local shards of a tensor of element type T and rank N from one
+/// layout to another on a mesh. Construction communicates nothing (every rank works out
+/// the same choice from the same data); `execute` is collective over the mesh.
+template <class T, std::size_t N>
+class redistribution_plan {
+public:
+    using shape_type = std::array<std::size_t, N>;
+
+    /// Plans `from` -> `to` for a tensor of global `shape` on `mesh`, choosing among
+    /// `candidates` (those of `plan_redistribution(from, to)` by default).
+    template <mesh_type Mesh>
+    redistribution_plan(const Mesh& mesh, const shape_type& shape, const layout& from,
+                        const layout& to, const cost_model& model = {},
+                        const reduce_tuning& tuning = {})
+        : redistribution_plan(mesh, shape, plan_redistribution(from, to), model, tuning) {}
+
+    template <mesh_type Mesh>
+    redistribution_plan(const Mesh& mesh, const shape_type& shape,
+                        const plan_candidates& candidates, const cost_model& model = {},
+                        const reduce_tuning& tuning = {})
+        : mesh_(mesh.shape())
+        , shape_(shape)
+        , tuning_(tuning)
+        , stats_(std::make_unique<allocation_stats>())
+        , reducer_(tuning, stats_.get()) {
+        const auto& path =
+            candidates.paths[choose_candidate(candidates, mesh_, shape, sizeof(T), model, tuning)];
+        summary_ = summarize(path, mesh_, shape, sizeof(T), mesh.rank(), model, tuning);
+        from_block_ = block_of(candidates.from, mesh_, shape, mesh.rank());
+        to_block_ = block_of(candidates.to, mesh_, shape, mesh.rank());
+        // Intermediate blocks alternate between two buffers: step i writes buffer i % 2
+        // while reading the other.
+        std::size_t sizes[2] = {0, 0};
+        for (std::size_t i = 0; i < path.size(); ++i) {
+            auto g = geometry_of(path[i], mesh_, shape, mesh.rank());
+            if (i + 1 < path.size())
+                sizes[i % 2] = std::max(sizes[i % 2], g.out_block.size());
+            steps_.push_back(compile(mesh, std::move(g), i + 1 == path.size()));
+        }
+        for (int b = 0; b < 2; ++b)
+            intermediate_[b].resize(sizes[b]);
+        identity_ = path.empty();
+    }
+
+    redistribution_plan(redistribution_plan&&) noexcept = default;
+    redistribution_plan& operator=(redistribution_plan&&) noexcept = default;
+
+    /// Runs the plan: reads this rank's source block at `in`, writes its destination block
+    /// at `out` (they must not overlap). Collective over the mesh; allocates nothing.
+    void execute(const T* in, T* out) {
+        bytes_sent_ = 0;
+        if (identity_) {
+            std::copy_n(in, from_block_.size(), out);
+            return;
+        }
+        const T* src = in;
+        for (std::size_t i = 0; i < steps_.size(); ++i) {
+            T* dst = steps_[i].last ? out : intermediate_[i % 2].data();
+            run(steps_[i], src, dst);
+            src = dst;
+        }
+    }
+
+    /// The steps, bytes, memory and predicted time of this rank's part.
+    const plan_summary& summary() const noexcept { return summary_; }
+    /// A printout of the summary.
+    std::string describe() const { return xshard::describe(summary_, mesh_); }
+    /// This rank's source and destination blocks.
+    const box<N>& source_block() const noexcept { return from_block_; }
+    const box<N>& destination_block() const noexcept { return to_block_; }
+    /// The global shape the plan was made for.
+    const shape_type& shape() const noexcept { return shape_; }
+    /// The bytes this rank handed to MPI in the last `execute`.
+    std::size_t bytes_sent() const noexcept { return bytes_sent_; }
+    /// What the plan allocated for its intermediate blocks and scratch buffers.
+    const allocation_stats& allocations() const noexcept { return *stats_; }
+
+private:
+    using buffer = std::vector<T, counting_allocator<T>>;
+
+    /// A message: `count` items of `type` at element offset `offset` of its buffer.
+    struct message {
+        int peer;
+        std::size_t offset;
+        int count;
+        MPI_Datatype type;
+        std::size_t elements;
+    };
+
+    struct compiled_step {
+        step_geometry<N> geo;
+        communicator comm;
+        std::vector<message> sends, recvs;
+        std::vector<MPI_Request> requests;
+        std::vector<reduce_piece> pieces; ///< reduce_scatter: every member's piece
+        bool chunked = false;             ///< reduce_scatter: contiguous pieces, pipelined
+        bool last = false;
+    };
+
+    /// A message for `region` inside `block` of a local buffer: a plain count when the
+    /// region is one contiguous run, an MPI subarray datatype otherwise.
+    message describe_region(int peer, const box<N>& block, const box<N>& region) {
+        message m{peer, 0, 1, MPI_DATATYPE_NULL, region.size()};
+        if (detail::is_contiguous_in(block.extent, region) &&
+            region.size() <= std::size_t(INT_MAX)) {
+            m.offset = detail::offset_in(block.extent, block.offset, region);
+            m.count = int(region.size());
+            m.type = datatype_of<T>();
+            return m;
+        }
+        box<N> relative = region;
+        for (std::size_t d = 0; d < N; ++d)
+            relative.offset[d] -= block.offset[d];
+        types_.push_back(detail::box_datatype<T>(block.extent, relative));
+        m.type = types_.back().native();
+        return m;
+    }
+
+    template <mesh_type Mesh>
+    compiled_step compile(const Mesh& mesh, step_geometry<N> g, bool last) {
+        compiled_step s{std::move(g), {}, {}, {}, {}, {}, false, last};
+        const auto& geo = s.geo;
+        s.comm = mesh.sub(geo.group);
+        switch (geo.planned.kind) {
+        case step_kind::all_reduce:
+            reducer_.reserve_all_reduce(geo.in_block.size(), std::size_t(geo.group_size));
+            break;
+        case step_kind::reduce_scatter: {
+            // Every member holds the same input block, so every member makes the same
+            // choice of chunking from the same pieces.
+            s.pieces.resize(std::size_t(geo.group_size));
+            auto piece = [&](const box<N>& region) {
+                const auto m = describe_region(0, geo.in_block, region);
+                return reduce_piece{m.offset, m.elements, m.count, m.type};
+            };
+            s.chunked = pipelined(geo);
+            for (const auto& [peer, region] : geo.sends)
+                s.pieces[std::size_t(peer)] = piece(region);
+            s.pieces[std::size_t(geo.group_rank)].elements = geo.out_block.size();
+            std::size_t largest = 0;
+            for (const auto& p : s.pieces)
+                largest = std::max(largest, p.elements);
+            reducer_.reserve(geo.out_block.size(), largest, s.chunked);
+            break;
+        }
+        case step_kind::zero:
+            break;
+        default:
+            for (const auto& [peer, region] : geo.sends)
+                s.sends.push_back(describe_region(peer, geo.in_block, region));
+            for (const auto& [peer, region] : geo.recvs)
+                s.recvs.push_back(describe_region(peer, geo.out_block, region));
+            s.requests.resize(s.sends.size() + s.recvs.size());
+            break;
+        }
+        return s;
+    }
+
+    void run(compiled_step& s, const T* in, T* out) {
+        const auto& geo = s.geo;
+        switch (geo.planned.kind) {
+        case step_kind::all_reduce:
+            bytes_sent_ +=
+                reducer_.all_reduce(s.comm, in, out, geo.in_block.size(), geo.planned.from.op);
+            break;
+        case step_kind::zero:
+            if (geo.holds_term)
+                std::copy_n(in, geo.out_block.size(), out);
+            else
+                std::fill_n(out, geo.out_block.size(), T{});
+            break;
+        case step_kind::reduce_scatter:
+            // This rank's own term of its piece first, then the others' terms added in.
+            detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, out,
+                                geo.out_block.extent, geo.out_block.offset, geo.out_block);
+            bytes_sent_ +=
+                reducer_.reduce_scatter(s.comm.native(), geo.group_size, geo.group_rank, in,
+                                        s.pieces, out, geo.planned.from.op, s.chunked);
+            break;
+        default:
+            run_exchange(s, in, out);
+            break;
+        }
+    }
+
+    void run_exchange(compiled_step& s, const T* in, T* out) {
+        const auto& geo = s.geo;
+        std::size_t r = 0;
+        const MPI_Comm comm = s.comm.native();
+        for (const auto& m : s.recvs)
+            detail::check_mpi(
+                MPI_Irecv(out + m.offset, m.count, m.type, m.peer, 0, comm, &s.requests[r++]),
+                "MPI_Irecv");
+        for (const auto& m : s.sends) {
+            detail::check_mpi(
+                MPI_Isend(in + m.offset, m.count, m.type, m.peer, 0, comm, &s.requests[r++]),
+                "MPI_Isend");
+            bytes_sent_ += m.elements * sizeof(T);
+        }
+        detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, out, geo.out_block.extent,
+                            geo.out_block.offset, geo.kept);
+        detail::check_mpi(MPI_Waitall(int(r), s.requests.data(), MPI_STATUSES_IGNORE),
+                          "MPI_Waitall");
+    }
+
+    mesh_shape mesh_;
+    shape_type shape_;
+    reduce_tuning tuning_;
+    std::unique_ptr<allocation_stats> stats_;
+    reducer<T> reducer_;
+    buffer intermediate_[2] = {buffer(counting_allocator<T>(stats_.get())),
+                               buffer(counting_allocator<T>(stats_.get()))};
+    std::vector<derived_datatype> types_;
+    std::vector<compiled_step> steps_;
+    plan_summary summary_;
+    box<N> from_block_, to_block_;
+    bool identity_ = false;
+    std::size_t bytes_sent_ = 0;
+};
+
+} // namespace xshard

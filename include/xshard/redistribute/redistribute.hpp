@@ -1,0 +1,140 @@
+#pragma once
+/// \file
+/// Redistribution of distributed tensors: `redistribute<To>(t)` for a one-off, and
+/// `make_redistribution<To>(t)` for a plan built once and run many times.
+
+#include <xshard/comm/error.hpp>
+#include <xshard/redistribute/cost_model.hpp>
+#include <xshard/redistribute/plan.hpp>
+#include <xshard/redistribute/planner.hpp>
+#include <xshard/tensor/dtensor.hpp>
+
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace xshard {
+
+namespace detail {
+
+/// The candidates from `from` to `to`: computed at compile time when both are layout types.
+template <layout From, layout To>
+plan_candidates candidates_for(const layout& from, const layout& to) {
+    if constexpr (!From.dynamic && !To.dynamic) {
+        static constexpr plan_candidates fixed = plan_redistribution(From, To);
+        return fixed;
+    } else {
+        return plan_redistribution(from, to);
+    }
+}
+
+/// Throws on every rank if any rank's shard of `t` does not have the shape its layout gives
+/// it (one all-reduce of an int).
+template <distributed_tensor D>
+void check_shard_shape(const D& t, const char* operation) {
+    const bool bad = to_array<D::rank>(t.local().shape()) != t.block().extent;
+    int any = bad ? 1 : 0;
+    allreduce(t.mesh().comm(), std::span(&any, 1), reduce_op::max);
+    if (any)
+        throw error(std::string("xshard: ") + operation + ": a local shard (on rank(s) where " +
+                    "it was resized) no longer has the shape layout " + t.layout().to_string() +
+                    " gives it; global shape " + shape_string(t.shape()));
+}
+
+} // namespace detail
+
+/// A plan turning tensors of type D (on D's mesh, with D's global shape) into layout To.
+/// Built once (planning, MPI datatypes, buffers), run many times: calling it checks the
+/// tensor against the plan on every rank alike, then runs the plan, allocating only the
+/// result (`execute` into an existing tensor allocates nothing).
+template <distributed_tensor D, layout To>
+class redistribution {
+public:
+    using source_type = D;
+    using result_type = dtensor<typename D::value_type, typename D::mesh_type, To>;
+    static constexpr std::size_t rank = D::rank;
+
+    redistribution(const D& like, const layout& to = To, const cost_model& model = {},
+                   const reduce_tuning& tuning = {})
+        : mesh_(like.mesh())
+        , from_(like.layout())
+        , to_(detail::layout_for<To>(to, like.mesh().shape()))
+        , plan_(like.mesh(), like.shape(),
+                detail::candidates_for<D::static_layout, To>(like.layout(), to_), model, tuning) {}
+
+    /// The result of redistributing `t`. Collective.
+    result_type operator()(const D& t) {
+        result_type out(detail::unchecked, mesh_, t.shape(),
+                        result_type::local_type::from_shape(plan_.destination_block().extent), to_);
+        execute(t, out);
+        return out;
+    }
+
+    /// Redistributes `t` into `out` (a tensor of the destination layout and the same global
+    /// shape, e.g. the result of an earlier call). Collective; allocates nothing.
+    void execute(const D& t, result_type& out) {
+        check(t, out);
+        plan_.execute(t.local().data(), out.local().data());
+    }
+
+    /// The underlying plan (its summary, its printout).
+    const redistribution_plan<typename D::value_type, rank>& plan() const noexcept { return plan_; }
+    /// The plan's printout: steps, communicators, bytes, memory, predicted time.
+    std::string describe() const { return plan_.describe(); }
+
+private:
+    void check(const D& t, const result_type& out) const {
+        // Meshes, shapes and layouts are the same data on every rank: every rank throws
+        // alike, before any message.
+        if (!(t.mesh() == mesh_) || !(out.mesh() == mesh_))
+            throw error("xshard: redistribution: the tensor lives on another mesh than the plan");
+        if (t.shape() != plan_.shape() || out.shape() != plan_.shape())
+            throw error("xshard: redistribution: the plan is for global shape " +
+                        detail::shape_string(plan_.shape()) + ", the tensor has " +
+                        detail::shape_string(t.shape()));
+        if (!(t.layout() == from_) || !(out.layout() == to_))
+            throw error("xshard: redistribution: the plan is from " + from_.to_string() + " to " +
+                        to_.to_string() + ", the tensors are " + t.layout().to_string() + " and " +
+                        out.layout().to_string());
+        detail::check_shard_shape(t, "redistribute");
+        if (detail::to_array<rank>(out.local().shape()) != plan_.destination_block().extent)
+            throw error("xshard: redistribution: the destination shard has the wrong shape");
+    }
+
+    typename D::mesh_type mesh_;
+    layout from_;
+    layout to_;
+    redistribution_plan<typename D::value_type, rank> plan_;
+};
+
+/// A reusable plan from the layout of tensors like `like` to To (with
+/// `To = dynamic_layout(rank)`, to the run-time layout `to`).
+template <layout To, distributed_tensor D>
+redistribution<std::remove_cvref_t<D>, To> make_redistribution(const D& like, const layout& to = To,
+                                                               const cost_model& model = {}) {
+    static_assert(To.rank() == std::remove_cvref_t<D>::rank,
+                  "xshard: redistribution between layouts of different ranks");
+    return redistribution<std::remove_cvref_t<D>, To>(like, to, model);
+}
+
+/// `t` in layout To (with `To = dynamic_layout(rank)`, in the run-time layout `to`): the
+/// collectives of the cheapest plan (see planner.hpp), planned at compile time for layout
+/// types. A tensor already in layout To is returned as it is: moved if the caller moves it
+/// in, copied otherwise. Collective over the mesh.
+template <layout To, distributed_tensor D>
+auto redistribute(D&& t, const layout& to = To) {
+    using X = std::remove_cvref_t<D>;
+    static_assert(To.rank() == X::rank,
+                  "xshard: redistribution between layouts of different ranks");
+    using result_type = dtensor<typename X::value_type, typename X::mesh_type, To>;
+    const auto& target = detail::layout_for<To>(to, t.mesh().shape());
+    if (t.layout() == target) {
+        auto mesh = t.mesh();
+        auto shape = t.shape();
+        return result_type(detail::unchecked, mesh, shape,
+                           typename result_type::local_type(std::forward<D>(t).local()), target);
+    }
+    return redistribution<X, To>(t, target)(t);
+}
+
+} // namespace xshard
