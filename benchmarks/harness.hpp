@@ -61,7 +61,7 @@ inline double median(std::vector<double> v) {
 /// Seconds per call of `f` over a batch of `calls` calls, on the slowest rank, after a
 /// barrier.
 template <class F>
-double time_batch(const communicator& c, F& f, int calls) {
+double time_batch(const communicator& c, F&& f, int calls) {
     barrier(c);
     const double start = MPI_Wtime();
     for (int i = 0; i < calls; ++i)

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <string>
 #include <vector>
 
 namespace xshard {
@@ -107,5 +108,19 @@ std::vector<int> ranks_holding(const layout& l, const mesh_shape& mesh,
     }
     return mesh.group_ranks(mesh.rank_of(c), mesh.all_axes() - l.split_axes(mesh));
 }
+
+namespace detail {
+
+/// "(6, 5)".
+template <class Shape>
+std::string shape_string(const Shape& shape) {
+    std::string s = "(";
+    std::size_t i = 0;
+    for (auto e : shape)
+        s += (i++ ? ", " : "") + std::to_string(e);
+    return s + (i == 1 ? ",)" : ")");
+}
+
+} // namespace detail
 
 } // namespace xshard

@@ -30,13 +30,14 @@ struct link_cost {
 };
 
 struct cost_model {
-    link_cost all_gather{4.0e-6, 1.0 / 6.0e9};
-    link_cost all_to_all{4.0e-6, 1.0 / 6.0e9};
-    link_cost reduce_scatter{4.0e-6, 1.0 / 4.5e9};
-    link_cost all_reduce{4.0e-6, 1.0 / 4.5e9};
-    link_cost exchange{4.0e-6, 1.0 / 6.0e9};
+    // Fitted by bench_calibrate on the development machine (2 ranks, 8 bytes and 64 MiB).
+    link_cost all_gather{0.9e-6, 1.0 / 3.9e9};
+    link_cost all_to_all{0.5e-6, 1.0 / 3.3e9};
+    link_cost reduce_scatter{1.0e-6, 1.0 / 3.3e9};
+    link_cost all_reduce{0.6e-6, 1.0 / 2.7e9};
+    link_cost exchange{0.5e-6, 1.0 / 3.3e9};
     /// Seconds per byte of a local copy (slice, zero, the part of an exchange a rank keeps).
-    double copy = 1.0 / 8.0e9;
+    double copy = 1.0 / 5.4e9;
 
     constexpr const link_cost& of(step_kind k) const {
         switch (k) {

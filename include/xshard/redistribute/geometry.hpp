@@ -189,14 +189,19 @@ step_summary summarize(const step_geometry<N>& g, const mesh_shape& mesh, std::s
     const std::size_t p = std::size_t(g.group_size);
     switch (g.planned.kind) {
     case step_kind::all_reduce: {
-        const std::size_t n = g.in_block.size() * element;
+        const std::size_t count = g.in_block.size(), n = count * element;
         if (p > 1) {
             r.messages = 2 * (p - 1);
-            r.bytes_sent = r.bytes_received = 2 * (p - 1) * n / p;
-            const std::size_t segment = g.in_block.size() / p + 1;
-            r.scratch_bytes = tuning.pairwise_all_reduce(g.in_block.size(), p, element)
-                                  ? tuning.scratch_elements(segment, true, element) * element
-                                  : 0;
+            if (tuning.pairwise_all_reduce(count, p, element)) {
+                // Pairwise: every other member's segment out, then this rank's segment to
+                // every other member; and the same in.
+                const std::size_t mine =
+                    block_extent(count, p, std::size_t(g.group_rank)) * element;
+                r.bytes_sent = r.bytes_received = (n - mine) + (p - 1) * mine;
+                r.scratch_bytes = tuning.scratch_elements(count / p + 1, true, element) * element;
+            } else {
+                r.bytes_sent = r.bytes_received = 2 * (p - 1) * n / p;
+            }
         } else {
             r.bytes_copied = n;
         }

@@ -28,17 +28,20 @@ plan_candidates candidates_for(const layout& from, const layout& to) {
     }
 }
 
-/// Throws on every rank if any rank's shard of `t` does not have the shape its layout gives
-/// it (one all-reduce of an int).
-template <distributed_tensor D>
-void check_shard_shape(const D& t, const char* operation) {
-    const bool bad = to_array<D::rank>(t.local().shape()) != t.block().extent;
+/// Throws `what` on every rank if any rank reports `bad` (one all-reduce of an int): how a
+/// fault only one rank can see still raises everywhere instead of leaving the others in a
+/// collective.
+inline void raise_everywhere_if(const communicator& c, bool bad, const std::string& what) {
     int any = bad ? 1 : 0;
-    allreduce(t.mesh().comm(), std::span(&any, 1), reduce_op::max);
+    allreduce(c, std::span(&any, 1), reduce_op::max);
     if (any)
-        throw error(std::string("xshard: ") + operation + ": a local shard (on rank(s) where " +
-                    "it was resized) no longer has the shape layout " + t.layout().to_string() +
-                    " gives it; global shape " + shape_string(t.shape()));
+        throw error(what);
+}
+
+/// Whether this rank's shard of `t` still has the shape its layout gives it.
+template <distributed_tensor D>
+bool shard_resized(const D& t) {
+    return to_array<D::rank>(t.local().shape()) != t.block().extent;
 }
 
 } // namespace detail
@@ -71,9 +74,24 @@ public:
     }
 
     /// Redistributes `t` into `out` (a tensor of the destination layout and the same global
-    /// shape, e.g. the result of an earlier call). Collective; allocates nothing.
+    /// shape, e.g. the result of an earlier call). Collective; allocates nothing. Checks
+    /// the tensors against the plan, including (one all-reduce of an int) that no rank's
+    /// shard was resized, so that misuse throws on every rank.
     void execute(const D& t, result_type& out) {
-        check(t, out);
+        check_common(t, out);
+        detail::raise_everywhere_if(mesh_.comm(),
+                                    detail::shard_resized(t) || detail::shard_resized(out),
+                                    "xshard: redistribute: a local shard was resized (it no longer "
+                                    "has the shape its layout gives it)");
+        plan_.execute(t.local().data(), out.local().data());
+    }
+
+    /// `execute` without the all-reduce that guards against resized shards: for loops in
+    /// which the caller knows the shards keep their shapes. The checks every rank can make
+    /// alone (mesh, shape, layout) still run.
+    void execute_unchecked(const D& t, result_type& out) {
+        check_common(t, out);
+        check_local(t, out);
         plan_.execute(t.local().data(), out.local().data());
     }
 
@@ -83,9 +101,9 @@ public:
     std::string describe() const { return plan_.describe(); }
 
 private:
-    void check(const D& t, const result_type& out) const {
-        // Meshes, shapes and layouts are the same data on every rank: every rank throws
-        // alike, before any message.
+    /// What every rank can check alone, from data every rank has: every rank throws
+    /// alike, before any message.
+    void check_common(const D& t, const result_type& out) const {
         if (!(t.mesh() == mesh_) || !(out.mesh() == mesh_))
             throw error("xshard: redistribution: the tensor lives on another mesh than the plan");
         if (t.shape() != plan_.shape() || out.shape() != plan_.shape())
@@ -96,9 +114,13 @@ private:
             throw error("xshard: redistribution: the plan is from " + from_.to_string() + " to " +
                         to_.to_string() + ", the tensors are " + t.layout().to_string() + " and " +
                         out.layout().to_string());
-        detail::check_shard_shape(t, "redistribute");
-        if (detail::to_array<rank>(out.local().shape()) != plan_.destination_block().extent)
-            throw error("xshard: redistribution: the destination shard has the wrong shape");
+    }
+
+    /// This rank's shards: never read or write past them.
+    void check_local(const D& t, const result_type& out) const {
+        if (detail::shard_resized(t) || detail::shard_resized(out))
+            throw error("xshard: redistribute: a shard on rank " + std::to_string(mesh_.rank()) +
+                        " was resized (it no longer has the shape its layout gives it)");
     }
 
     typename D::mesh_type mesh_;
@@ -111,10 +133,11 @@ private:
 /// `To = dynamic_layout(rank)`, to the run-time layout `to`).
 template <layout To, distributed_tensor D>
 redistribution<std::remove_cvref_t<D>, To> make_redistribution(const D& like, const layout& to = To,
-                                                               const cost_model& model = {}) {
+                                                               const cost_model& model = {},
+                                                               const reduce_tuning& tuning = {}) {
     static_assert(To.rank() == std::remove_cvref_t<D>::rank,
                   "xshard: redistribution between layouts of different ranks");
-    return redistribution<std::remove_cvref_t<D>, To>(like, to, model);
+    return redistribution<std::remove_cvref_t<D>, To>(like, to, model, tuning);
 }
 
 /// `t` in layout To (with `To = dynamic_layout(rank)`, in the run-time layout `to`): the

@@ -100,7 +100,7 @@ struct reduce_tuning {
     /// Below this many bytes per rank all-reduce uses MPI_Allreduce.
     std::size_t min_bytes = std::size_t(1) << 20;
     /// The chunk of a pipelined round. Every member of a group must use the same value.
-    std::size_t chunk_bytes = std::size_t(1) << 20;
+    std::size_t chunk_bytes = std::size_t(256) << 10;
 
     /// Elements of `element` bytes in a chunk.
     std::size_t chunk_elements(std::size_t element) const {
@@ -194,9 +194,10 @@ public:
     /// Makes room for `all_reduce` of `n` elements on `p` ranks.
     void reserve_all_reduce(std::size_t n, std::size_t p) {
         if (tuning_.pairwise_all_reduce(n, p, sizeof(T))) {
-            reserve(n / p + 1, n / p + 1, true);
-            requests_.reserve(2 * p + n / p / tuning_.chunk_elements(sizeof(T)) + 2);
-            segments_.reserve(p + 1);
+            const std::size_t segment = n / p + 1;
+            const std::size_t chunks = segment / tuning_.chunk_elements(sizeof(T)) + 1;
+            reserve(segment, segment, true);
+            gather_requests_.reserve(2 * (p - 1) * chunks);
             pieces_.reserve(p);
         }
     }
@@ -205,13 +206,24 @@ public:
     std::size_t scratch_bytes() const noexcept { return scratch_.size() * sizeof(T); }
 
     /// Reduce-scatter over the `p` members of `comm` (this rank is `me`): `pieces[g]`
-    /// locates member g's piece in `in`; `out` (contiguous, pieces[me].elements long) must
-    /// already hold this rank's own term, and receives the reduction of all terms. With
-    /// `chunked`, every piece must be contiguous (type = the element type). Returns the
-    /// bytes sent.
+    /// locates member g's piece in `in`; `out` (contiguous, pieces[me].elements long)
+    /// receives the reduction of all terms of this rank's piece. This rank's own term is
+    /// read from `own` (contiguous) when given, fused with the first addition; otherwise
+    /// `out` must already hold it. With `chunked`, every piece must be contiguous (type =
+    /// the element type). Returns the bytes sent.
     std::size_t reduce_scatter(MPI_Comm comm, int p, int me, const T* in,
                                std::span<const reduce_piece> pieces, T* out, reduction op,
-                               bool chunked) {
+                               bool chunked, const T* own = nullptr) {
+        return reduce_scatter(comm, p, me, in, pieces, out, op, chunked, own,
+                              [](std::size_t, std::size_t) {});
+    }
+
+    /// The same, calling `done(lo, len)` as soon as elements [lo, lo + len) of `out` hold
+    /// their final value (so that a caller can send them on at once).
+    template <class Done>
+    std::size_t reduce_scatter(MPI_Comm comm, int p, int me, const T* in,
+                               std::span<const reduce_piece> pieces, T* out, reduction op,
+                               bool chunked, const T* own, Done&& done) {
         const std::size_t n = pieces[std::size_t(me)].elements;
         reserve(n, 0, chunked); // a no-op once reserved
         const std::size_t chunk =
@@ -225,18 +237,20 @@ public:
             if (theirs.elements > 0) {
                 if (chunked) {
                     for (std::size_t lo = 0; lo < theirs.elements; lo += chunk)
-                        post_send(in + theirs.offset + lo,
+                        post_send(requests_, in + theirs.offset + lo,
                                   int(std::min(chunk, theirs.elements - lo)), datatype_of<T>(), to,
-                                  int(lo / chunk), comm);
+                                  scatter_tag(lo / chunk), comm);
                 } else {
-                    post_send(in + theirs.offset, theirs.count, theirs.type, to, 0, comm);
+                    post_send(requests_, in + theirs.offset, theirs.count, theirs.type, to,
+                              scatter_tag(0), comm);
                 }
                 sent += theirs.elements * sizeof(T);
             }
             MPI_Request pending[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
             auto post = [&](std::size_t j) {
                 detail::check_mpi(MPI_Irecv(slot(j, chunk), int(std::min(chunk, n - j * chunk)),
-                                            datatype_of<T>(), from, int(j), comm, &pending[j % 2]),
+                                            datatype_of<T>(), from, scatter_tag(j), comm,
+                                            &pending[j % 2]),
                                   "MPI_Irecv");
             };
             if (chunks > 0)
@@ -246,7 +260,10 @@ public:
                     post(j + 1);
                 detail::check_mpi(MPI_Wait(&pending[j % 2], MPI_STATUS_IGNORE), "MPI_Wait");
                 const std::size_t lo = j * chunk;
-                combine(out + lo, out + lo, slot(j, chunk), std::min(chunk, n - lo), op);
+                const T* mine = k == 1 && own ? own + lo : out + lo;
+                combine(out + lo, mine, slot(j, chunk), std::min(chunk, n - lo), op);
+                if (k == p - 1)
+                    done(lo, std::min(chunk, n - lo));
             }
             detail::check_mpi(
                 MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE),
@@ -255,40 +272,11 @@ public:
         return sent;
     }
 
-    /// Pairwise all-gather of contiguous segments of `buf`: member g's segment
-    /// [offsets[g], offsets[g+1]) is in place on g and lands at the same place everywhere.
-    /// Returns the bytes sent.
-    std::size_t all_gather(MPI_Comm comm, int p, int me, T* buf,
-                           std::span<const std::size_t> offsets) {
-        requests_.clear();
-        std::size_t sent = 0;
-        const auto seg = [&](int g) {
-            return std::pair(offsets[std::size_t(g)], offsets[std::size_t(g) + 1]);
-        };
-        for (int k = 1; k < p; ++k) {
-            const int from = (me - k + p) % p;
-            const auto [lo, hi] = seg(from);
-            if (hi > lo) {
-                requests_.emplace_back();
-                detail::check_mpi(MPI_Irecv(buf + lo, int(hi - lo), datatype_of<T>(), from, 0, comm,
-                                            &requests_.back()),
-                                  "MPI_Irecv");
-            }
-        }
-        const auto [lo, hi] = seg(me);
-        for (int k = 1; k < p && hi > lo; ++k) {
-            post_send(buf + lo, int(hi - lo), datatype_of<T>(), (me + k) % p, 0, comm);
-            sent += (hi - lo) * sizeof(T);
-        }
-        detail::check_mpi(MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE),
-                          "MPI_Waitall");
-        return sent;
-    }
-
     /// All-reduce of `in` into `out` (n elements each; they may be the same buffer) over
-    /// `c`: pairwise reduce-scatter + all-gather from `tuning().min_bytes` on, MPI_Allreduce
-    /// below. Returns the bytes this rank sent (for MPI_Allreduce, the bandwidth-optimal
-    /// figure 2 (p-1)/p n).
+    /// `c`: for `tuning().min_bytes` and more, the pairwise reduce-scatter, each chunk of
+    /// this rank's segment sent to every other member as soon as it is reduced (the
+    /// all-gather overlaps the reduce-scatter); MPI_Allreduce below. Returns the bytes this
+    /// rank sent (for MPI_Allreduce, the bandwidth-optimal figure 2 (p-1)/p n).
     std::size_t all_reduce(const communicator& c, const T* in, T* out, std::size_t n,
                            reduction op) {
         const auto p = std::size_t(c.size());
@@ -300,22 +288,43 @@ public:
                 allreduce(c, std::span(in, n), std::span(out, n), detail::to_reduce_op(op));
             return p == 1 ? 0 : 2 * (p - 1) * bytes / p;
         }
-        segments_.resize(p + 1);
+        reserve_all_reduce(n, p);
         pieces_.resize(p);
-        for (std::size_t g = 0; g < p; ++g) {
-            segments_[g] = block_offset(n, p, g);
-            pieces_[g] = {segments_[g], block_extent(n, p, g), int(block_extent(n, p, g)),
+        for (std::size_t g = 0; g < p; ++g)
+            pieces_[g] = {block_offset(n, p, g), block_extent(n, p, g), int(block_extent(n, p, g)),
                           datatype_of<T>()};
-        }
-        segments_[p] = n;
         const int me = c.rank();
+        const MPI_Comm comm = c.native();
+        const std::size_t chunk = tuning_.chunk_elements(sizeof(T));
+        // Every other member's segment, chunk by chunk, as its owner finishes it.
+        gather_requests_.clear();
+        for (std::size_t g = 0; g < p; ++g) {
+            if (int(g) == me)
+                continue;
+            const auto& seg = pieces_[g];
+            for (std::size_t lo = 0; lo < seg.elements; lo += chunk) {
+                gather_requests_.emplace_back();
+                detail::check_mpi(MPI_Irecv(out + seg.offset + lo,
+                                            int(std::min(chunk, seg.elements - lo)),
+                                            datatype_of<T>(), int(g), gather_tag(lo / chunk), comm,
+                                            &gather_requests_.back()),
+                                  "MPI_Irecv");
+            }
+        }
         const auto mine = pieces_[std::size_t(me)];
-        if (in != out)
-            std::copy_n(in + mine.offset, mine.elements, out + mine.offset);
-        std::size_t sent =
-            reduce_scatter(c.native(), int(p), me, in, pieces_, out + mine.offset, op, true);
-        sent += all_gather(c.native(), int(p), me, out, segments_);
-        return sent;
+        std::size_t gathered = 0;
+        const std::size_t scattered = reduce_scatter(
+            comm, int(p), me, in, pieces_, out + mine.offset, op, true, in + mine.offset,
+            [&](std::size_t lo, std::size_t len) {
+                for (std::size_t k = 1; k < p; ++k)
+                    post_send(gather_requests_, out + mine.offset + lo, int(len), datatype_of<T>(),
+                              int((std::size_t(me) + k) % p), gather_tag(lo / chunk), comm);
+                gathered += (p - 1) * len * sizeof(T);
+            });
+        detail::check_mpi(
+            MPI_Waitall(int(gather_requests_.size()), gather_requests_.data(), MPI_STATUSES_IGNORE),
+            "MPI_Waitall");
+        return scattered + gathered;
     }
 
 private:
@@ -323,16 +332,22 @@ private:
         return scratch_.data() + (scratch_.size() >= 2 * chunk ? (j % 2) * chunk : 0);
     }
 
-    void post_send(const T* data, int count, MPI_Datatype type, int to, int tag, MPI_Comm comm) {
-        requests_.emplace_back();
-        detail::check_mpi(MPI_Isend(data, count, type, to, tag, comm, &requests_.back()),
+    // Tags of the two phases; chunks reuse them cyclically (MPI keeps the order of messages
+    // between two ranks with one tag, and receives are posted in order).
+    static int scatter_tag(std::size_t chunk) { return int(chunk % 8192); }
+    static int gather_tag(std::size_t chunk) { return 8192 + int(chunk % 8192); }
+
+    static void post_send(std::vector<MPI_Request>& requests, const T* data, int count,
+                          MPI_Datatype type, int to, int tag, MPI_Comm comm) {
+        requests.emplace_back();
+        detail::check_mpi(MPI_Isend(data, count, type, to, tag, comm, &requests.back()),
                           "MPI_Isend");
     }
 
     reduce_tuning tuning_;
     std::vector<T, counting_allocator<T>> scratch_;
     std::vector<MPI_Request> requests_;
-    std::vector<std::size_t> segments_;
+    std::vector<MPI_Request> gather_requests_;
     std::vector<reduce_piece> pieces_;
 };
 

@@ -36,16 +36,6 @@ concept mesh_type = requires(const M& m) {
 
 namespace detail {
 
-/// "(6, 5)".
-template <class Shape>
-std::string shape_string(const Shape& shape) {
-    std::string s = "(";
-    std::size_t i = 0;
-    for (auto e : shape)
-        s += (i++ ? ", " : "") + std::to_string(e);
-    return s + (i == 1 ? ",)" : ")");
-}
-
 template <std::size_t N, class Shape>
 std::array<std::size_t, N> to_array(const Shape& shape) {
     std::array<std::size_t, N> a{};

@@ -1,0 +1,109 @@
+// Calibrates the cost model of redistribution plans on this machine. For each kind of step
+// it times a plan at a tiny and a large size (one JSON line each: measured seconds against
+// the default model's prediction, ratio = measured / predicted), fits latency and bandwidth
+// from the two, and prints the fitted cost_model on stderr, ready to paste into
+// include/xshard/redistribute/cost_model.hpp.
+//
+//   mpirun -n 2 build/benchmarks/bench_calibrate
+
+#include "harness.hpp"
+
+#include <xshard/xshard.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace bench = xshard::bench;
+using mesh_1d = xshard::mesh<"x">;
+
+namespace {
+
+struct measured {
+    double seconds;
+    xshard::plan_summary summary;
+    std::size_t global_bytes;
+};
+
+template <xshard::layout From, xshard::layout To>
+measured time_plan(const mesh_1d& m, const bench::options& o, std::size_t elements) {
+    std::array<std::size_t, From.rank()> shape{};
+    shape.fill(1);
+    shape[0] = std::size_t(m.size());
+    shape[From.rank() - 1] *= elements / std::size_t(m.size()); // rank 1: elements; rank 2: p x n/p
+    auto src = xshard::full<double, From>(m, shape, 1.0);
+    auto plan = xshard::make_redistribution<To>(src);
+    auto dst = plan(src);
+    std::vector<double> t;
+    for (int r = 0; r < o.reps; ++r)
+        t.push_back(bench::time_batch(
+            m.comm(), [&] { plan.execute_unchecked(src, dst); }, elements < 1024 ? 200 : 1));
+    return {bench::median(t), plan.plan().summary(), src.size() * sizeof(double)};
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    xshard::environment env(argc, argv);
+    const auto o = bench::options::parse(argc, argv);
+    const mesh_1d m({xshard::auto_size});
+    const std::size_t small = std::size_t(m.size()), large = o.quick ? 1u << 16 : 8u << 20;
+
+    // Local copies: the `copy` term.
+    std::vector<char> a(large * 8, 1), b(large * 8);
+    std::vector<double> ct;
+    for (int r = 0; r < o.reps; ++r)
+        ct.push_back(bench::time_batch(
+            m.comm(), [&] { std::memcpy(b.data(), a.data(), a.size()); }, 1));
+    xshard::cost_model fitted;
+    fitted.copy = bench::median(ct) / double(a.size());
+
+    auto fit = [&](const char* name, xshard::link_cost& into, const measured& tiny,
+                   const measured& big) {
+        for (const auto* x : {&tiny, &big})
+            bench::report(m.comm(), std::string("calibrate_") + name, x->global_bytes, "cost_model",
+                          {x->seconds, x->summary.seconds});
+        // t = alpha * messages + beta * bytes + copy * copied, from the two sizes.
+        auto terms = [](const measured& x) {
+            std::size_t messages = 0, bytes = 0, copied = 0;
+            for (const auto& s : x.summary.steps) {
+                messages += s.messages;
+                bytes += std::max(s.bytes_sent, s.bytes_received);
+                copied += s.bytes_copied;
+            }
+            return std::array<double, 3>{double(messages), double(bytes), double(copied)};
+        };
+        const auto t0 = terms(tiny), t1 = terms(big);
+        const double rest0 = tiny.seconds - fitted.copy * t0[2];
+        const double rest1 = big.seconds - fitted.copy * t1[2];
+        into.alpha = t0[0] > 0 ? std::max(0.0, rest0 / t0[0]) : into.alpha;
+        into.beta = t1[1] > 0 ? std::max(0.0, (rest1 - into.alpha * t1[0]) / t1[1]) : into.beta;
+    };
+    fit("all_gather", fitted.all_gather, time_plan<"[x]", "[-]">(m, o, small),
+        time_plan<"[x]", "[-]">(m, o, large));
+    fit("all_to_all", fitted.all_to_all, time_plan<"[x, -]", "[-, x]">(m, o, small),
+        time_plan<"[x, -]", "[-, x]">(m, o, large));
+    // exchange: the same movement as all_to_all, named by the planner when several axes move;
+    // on a 1-D mesh it is priced like all_to_all.
+    fitted.exchange = fitted.all_to_all;
+    fit("reduce_scatter", fitted.reduce_scatter,
+        time_plan<"[-] partial(sum: x)", "[x]">(m, o, small),
+        time_plan<"[-] partial(sum: x)", "[x]">(m, o, large));
+    fit("all_reduce", fitted.all_reduce, time_plan<"[-] partial(sum: x)", "[-]">(m, o, small),
+        time_plan<"[-] partial(sum: x)", "[-]">(m, o, large));
+    if (m.rank() == 0) {
+        auto line = [](const char* name, const xshard::link_cost& c) {
+            std::fprintf(stderr, "    link_cost %s{%.3g, 1.0 / %.3g};\n", name, c.alpha,
+                         1.0 / c.beta);
+        };
+        std::fprintf(stderr, "fitted cost_model on %d ranks:\n", m.size());
+        line("all_gather", fitted.all_gather);
+        line("all_to_all", fitted.all_to_all);
+        line("reduce_scatter", fitted.reduce_scatter);
+        line("all_reduce", fitted.all_reduce);
+        line("exchange", fitted.exchange);
+        std::fprintf(stderr, "    double copy = 1.0 / %.3g;\n", 1.0 / fitted.copy);
+    }
+    return 0;
+}

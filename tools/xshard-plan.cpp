@@ -1,0 +1,181 @@
+// xshard-plan: prints the redistribution plan between two layouts, for a mesh, a global
+// shape and an element type, with its predicted cost; on meshes of any size (no MPI run
+// needed: the plan is priced for one rank from the shapes alone).
+//
+//   xshard-plan --mesh dp=2,mp=4 --shape 4096,4096 --dtype f32 --from "[(dp,mp),-]" --to "[-,mp]"
+//   xshard-plan --mesh dp=auto,mp=8 --ranks 16384 --shape 65536,8192 --from "[dp,mp]" --to "[mp,-]"
+//
+// Bad input gives one line on stderr and exit status 2.
+
+#include <xshard/redistribute/geometry.hpp>
+#include <xshard/redistribute/planner.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+struct usage_error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+std::vector<std::string> split(const std::string& text) {
+    std::vector<std::string> items;
+    std::size_t start = 0;
+    for (auto comma = text.find(',');; comma = text.find(',', start)) {
+        items.push_back(text.substr(start, comma == std::string::npos ? comma : comma - start));
+        if (comma == std::string::npos)
+            return items;
+        start = comma + 1;
+    }
+}
+
+std::size_t parse_count(const std::string& text, const char* option) {
+    if (text.empty() || text.size() > 12 ||
+        text.find_first_not_of("0123456789") != std::string::npos)
+        throw usage_error(std::string(option) + ": '" + text + "' is not a count");
+    return std::stoull(text);
+}
+
+/// "dp=2,mp=auto" with --ranks N: the mesh shape (at most one size "auto").
+xshard::mesh_shape parse_mesh(const std::string& text, int ranks) {
+    xshard::static_vector<xshard::axis_name, xshard::max_mesh_axes> names;
+    xshard::static_vector<int, xshard::max_mesh_axes> sizes;
+    for (const auto& item : split(text)) {
+        const auto eq = item.find('=');
+        if (eq == std::string::npos)
+            throw usage_error("--mesh: write name=size,name=size (a size may be 'auto')");
+        if (names.size() == xshard::max_mesh_axes)
+            throw usage_error("--mesh: a mesh has at most 6 axes");
+        names.push_back(xshard::axis_name(item.substr(0, eq)));
+        const auto size = item.substr(eq + 1);
+        sizes.push_back(size == "auto" ? xshard::auto_size : int(parse_count(size, "--mesh")));
+    }
+    if (ranks == 0) {
+        if (sizes.contains(xshard::auto_size))
+            throw usage_error("--mesh: an 'auto' size needs --ranks");
+        return xshard::mesh_shape(names, sizes);
+    }
+    return xshard::mesh_shape::fit(names, sizes, ranks);
+}
+
+std::vector<std::size_t> parse_shape(const std::string& text) {
+    std::vector<std::size_t> shape;
+    for (const auto& item : split(text))
+        shape.push_back(parse_count(item, "--shape"));
+    if (shape.size() > xshard::max_tensor_rank)
+        throw usage_error("--shape: at most 8 dimensions");
+    return shape;
+}
+
+std::size_t element_size(const std::string& dtype) {
+    static const std::map<std::string, std::size_t> sizes{
+        {"f16", 2}, {"bf16", 2}, {"f32", 4}, {"f64", 8}, {"i8", 1},  {"u8", 1},   {"i16", 2},
+        {"i32", 4}, {"i64", 8},  {"u32", 4}, {"u64", 8}, {"c64", 8}, {"c128", 16}};
+    const auto it = sizes.find(dtype);
+    if (it == sizes.end())
+        throw usage_error("--dtype: one of f16, bf16, f32, f64, i8, u8, i16, i32, i64, u32, u64, "
+                          "c64, c128");
+    return it->second;
+}
+
+std::string mib(std::size_t bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f MiB", double(bytes) / double(1 << 20));
+    return buf;
+}
+
+template <std::size_t N>
+int print_plan(const xshard::mesh_shape& mesh, const std::vector<std::size_t>& extents,
+               std::size_t element, const xshard::layout& from, const xshard::layout& to,
+               int rank) {
+    std::array<std::size_t, N> shape{};
+    std::size_t total = element;
+    for (std::size_t d = 0; d < N; ++d) {
+        shape[d] = extents[d];
+        total *= extents[d];
+    }
+    const xshard::cost_model model{};
+    const auto candidates = xshard::plan_redistribution(from, to);
+    const auto chosen = xshard::choose_candidate(candidates, mesh, shape, element, model);
+    std::printf("mesh(%s), %d ranks; global shape %s, %s; plan for rank %d\n",
+                mesh.to_string().c_str(), mesh.size(), xshard::detail::shape_string(shape).c_str(),
+                mib(total).c_str(), rank);
+    std::printf("from %s to %s\n", from.to_string().c_str(), to.to_string().c_str());
+    for (std::size_t i = 0; i < candidates.paths.size(); ++i) {
+        const auto s = xshard::summarize(candidates.paths[i], mesh, shape, element, rank, model);
+        if (i == chosen) {
+            std::printf("\n%s", xshard::describe(s, mesh).c_str());
+        } else {
+            std::printf(
+                "\nalternative (not chosen%s): %zu steps, predicted %.1f us, peak extra %s\n",
+                s.valid ? "" : ": its pieces do not tile for these extents", s.steps.size(),
+                s.seconds * 1e6, mib(s.peak_extra_bytes).c_str());
+        }
+    }
+    return 0;
+}
+
+template <std::size_t... I>
+int dispatch(std::size_t n, std::index_sequence<I...>, auto&&... args) {
+    int rc = 0;
+    ((n == I ? (rc = print_plan<I>(args...), true) : false) || ...);
+    return rc;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"xshard-plan: the redistribution plan between two layouts, with its cost"};
+    std::string mesh_text, shape_text, dtype = "f64", from_text, to_text;
+    int ranks = 0, rank = 0;
+    app.add_option("--mesh", mesh_text,
+                   "mesh axes and sizes, e.g. dp=2,mp=4 (one size may be auto)")
+        ->required();
+    app.add_option("--shape", shape_text, "global shape, e.g. 4096,4096")->required();
+    app.add_option("--dtype", dtype,
+                   "element type: f16 bf16 f32 f64 i8 u8 i16 i32 i64 u32 u64 c64 c128");
+    app.add_option("--from", from_text, "source layout, e.g. \"[(dp,mp), -]\"")->required();
+    app.add_option("--to", to_text, "destination layout, e.g. \"[-, mp]\"")->required();
+    app.add_option("--ranks", ranks,
+                   "number of ranks (fills an 'auto' mesh size; must match the mesh)");
+    app.add_option("--rank", rank, "the rank whose part is printed (default 0)");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        std::fprintf(stderr, "xshard-plan: %s (see --help)\n", e.what());
+        return 2;
+    }
+    try {
+        if (ranks < 0)
+            throw usage_error("--ranks must be positive");
+        const auto mesh = parse_mesh(mesh_text, ranks);
+        const auto shape = parse_shape(shape_text);
+        const auto element = element_size(dtype);
+        const auto from = xshard::layout::parse(from_text);
+        const auto to = xshard::layout::parse(to_text);
+        from.validate(mesh);
+        to.validate(mesh);
+        if (from.rank() != shape.size() || to.rank() != shape.size())
+            throw usage_error("the layouts must have one entry per dimension of --shape (" +
+                              std::to_string(shape.size()) + ")");
+        if (rank < 0 || rank >= mesh.size())
+            throw usage_error("--rank must be a rank of the mesh");
+        return dispatch(shape.size(), std::make_index_sequence<xshard::max_tensor_rank + 1>{}, mesh,
+                        shape, element, from, to, rank);
+    } catch (const std::exception& e) {
+        std::string what = e.what();
+        if (what.rfind("xshard: ", 0) == 0)
+            what = what.substr(8);
+        std::fprintf(stderr, "xshard-plan: %s\n", what.c_str());
+        return 2;
+    }
+}
