@@ -15,7 +15,9 @@
 ///     (2, 4) -> [dp, mp]      (8, 1) -> [(dp,mp), -]      (4, 1) -> [mp, -]   (dp repeats)
 ///     (1, 2) -> error: count 2 of dimension 1 fits no run of axes ending at mp (size 4)
 ///
-/// Axes of size 1 are never used.
+/// Axes of size 1 are never used. Operators have their own device matrix: for MatMul
+/// ((a, b), (b, c)) it is [a, b, c] (`resolve_matmul`), so that both operands split the
+/// contraction dimension over the same axes.
 
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
@@ -48,10 +50,16 @@ struct strategy {
     }
 
     /// "(2, 4)".
-    std::string to_string() const {
+    constexpr std::string to_string() const {
         std::string s = "(";
-        for (std::size_t i = 0; i < counts.size(); ++i)
-            s += (i ? ", " : "") + std::to_string(counts[i]);
+        for (std::size_t i = 0; i < counts.size(); ++i) {
+            if (i)
+                s += ", ";
+            std::string digits;
+            for (int c = counts[i] < 0 ? -counts[i] : counts[i]; digits.empty() || c > 0; c /= 10)
+                digits.insert(digits.begin(), char('0' + c % 10));
+            s += (counts[i] < 0 ? "-" : "") + digits;
+        }
         return s + (counts.size() == 1 ? ",)" : ")");
     }
 
@@ -61,40 +69,95 @@ struct strategy {
     friend constexpr bool operator==(const strategy&, const strategy&) = default;
 };
 
-/// The layout of strategy `s` on `mesh` (see the file comment for the rule). Throws
-/// std::invalid_argument naming the count that fits no axis.
-constexpr layout resolve(const strategy& s, const mesh_shape& mesh) {
-    for (int c : s.counts)
+/// The mesh axes of each dimension of a device matrix [p / q, c0, ..., c(n-1)] on `mesh`
+/// (q = the product of the counts): count i takes a run of consecutive mesh axes, matched
+/// from the last mesh axis backwards; the leading axes left over repeat. Throws
+/// std::invalid_argument naming the count that fits no axis; `what` names the strategy in
+/// the message.
+constexpr static_vector<dim_axes, max_tensor_rank + 2>
+resolve_device_matrix(const static_vector<int, max_tensor_rank + 2>& counts, const mesh_shape& mesh,
+                      const std::string& what) {
+    int product = 1;
+    for (int c : counts) {
         if (c < 1)
-            throw std::invalid_argument("xshard: strategy " + s.to_string() +
-                                        ": split counts must be at least 1");
-    if (mesh.size() % s.blocks() != 0)
-        throw std::invalid_argument("xshard: strategy " + s.to_string() + " needs " +
-                                    std::to_string(s.blocks()) + " blocks, which do not divide " +
-                                    "the " + std::to_string(mesh.size()) + " ranks of mesh(" +
+            throw std::invalid_argument("xshard: " + what + ": split counts must be at least 1");
+        product *= c;
+    }
+    if (mesh.size() % product != 0)
+        throw std::invalid_argument("xshard: " + what + " needs " + std::to_string(product) +
+                                    " blocks, which do not divide the " +
+                                    std::to_string(mesh.size()) + " ranks of mesh(" +
                                     mesh.to_string() + ")");
-    layout l = layout::replicated(s.rank());
+    static_vector<dim_axes, max_tensor_rank + 2> groups;
+    groups.count = counts.size();
     std::size_t next = mesh.ndim(); // mesh axes [next, ndim) are taken
-    for (std::size_t d = s.rank(); d-- > 0;) {
+    for (std::size_t d = counts.size(); d-- > 0;) {
         dim_axes axes; // collected minor to major, reversed below
-        int product = 1;
-        while (product < s.counts[d] && next > 0) {
+        int got = 1;
+        while (got < counts[d] && next > 0) {
             --next;
             if (mesh.sizes[next] == 1)
                 continue;
-            product *= mesh.sizes[next];
+            got *= mesh.sizes[next];
             axes.push_back(mesh.names[next]);
         }
-        if (product != s.counts[d])
+        if (got != counts[d])
             throw std::invalid_argument(
-                "xshard: strategy " + s.to_string() + ": count " + std::to_string(s.counts[d]) +
-                " of dimension " + std::to_string(d) +
+                "xshard: " + what + ": count " + std::to_string(counts[d]) + " of dimension " +
+                std::to_string(d) +
                 " fits no run of mesh axes (matched from the last axis of mesh(" +
                 mesh.to_string() + ") backwards)");
         for (std::size_t i = axes.size(); i-- > 0;)
-            l.dims[d].push_back(axes[i]);
+            groups[d].push_back(axes[i]);
     }
+    return groups;
+}
+
+/// The layout of strategy `s` on `mesh` (see the file comment for the rule). Throws
+/// std::invalid_argument naming the count that fits no axis.
+constexpr layout resolve(const strategy& s, const mesh_shape& mesh) {
+    static_vector<int, max_tensor_rank + 2> counts;
+    for (int c : s.counts)
+        counts.push_back(c);
+    const auto groups = resolve_device_matrix(counts, mesh, "strategy " + s.to_string());
+    layout l = layout::replicated(s.rank());
+    for (std::size_t d = 0; d < s.rank(); ++d)
+        l.dims[d] = groups[d];
     return l;
+}
+
+/// The layouts of a MindSpore MatMul strategy ((a, b), (b, c)) on `mesh`: the device matrix
+/// [a, b, c] (with repetition in front), x = [A, B] and w = [B, C]; batched
+/// ((n.., a, b), (n.., b, c)) adds the batch counts in front. The contraction count must
+/// agree. The product, laid out [A, C] partial(sum: B), follows from the matmul rule.
+struct matmul_layouts {
+    layout x;
+    layout w;
+};
+
+constexpr matmul_layouts resolve_matmul(const strategy& x, const strategy& w,
+                                        const mesh_shape& mesh) {
+    const std::string what = "MatMul strategy (" + x.to_string() + ", " + w.to_string() + ")";
+    if (x.rank() < 2 || w.rank() != x.rank() || x.counts[x.rank() - 1] != w.counts[w.rank() - 2])
+        throw std::invalid_argument("xshard: " + what +
+                                    ": the strategies must be ((.., a, b), "
+                                    "(.., b, c)) with the same contraction count b");
+    for (std::size_t d = 0; d + 2 < x.rank(); ++d)
+        if (x.counts[d] != w.counts[d])
+            throw std::invalid_argument("xshard: " + what + ": the batch counts must agree");
+    static_vector<int, max_tensor_rank + 2> counts; // [batch.., a, b, c]
+    for (std::size_t d = 0; d < x.rank(); ++d)
+        counts.push_back(x.counts[d]);
+    counts.push_back(w.counts[w.rank() - 1]);
+    const auto g = resolve_device_matrix(counts, mesh, what);
+    const std::size_t r = x.rank();
+    matmul_layouts out{layout::replicated(r), layout::replicated(r)};
+    for (std::size_t d = 0; d + 2 < r; ++d)
+        out.x.dims[d] = out.w.dims[d] = g[d];
+    out.x.dims[r - 2] = g[r - 2];
+    out.x.dims[r - 1] = out.w.dims[r - 2] = g[r - 1];
+    out.w.dims[r - 1] = g[r];
+    return out;
 }
 
 } // namespace xshard

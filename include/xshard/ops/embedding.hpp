@@ -1,0 +1,201 @@
+#pragma once
+/// \file
+/// Vocabulary-parallel embedding lookup and cross-entropy (Megatron's vocab-parallel ops).
+///
+/// embedding(ids, table): table [V, H] with the vocabulary split over axes A; each rank looks
+/// up the ids that fall in its vocabulary block (zeros for the others), and one all-reduce
+/// over A completes the rows. The output [ids.., H] is laid out like the ids, then like the
+/// table's H. The ids and the table must not share mesh axes.
+///
+/// cross_entropy(logits, labels): logits [B, V] with the classes split over axes A, labels [B]
+/// (integers) laid out like the logits' batch (a replicated label vector is sliced). Per row,
+/// log sum_c exp(x_c) - x_label from three all-reduces over A of one value per row (the max,
+/// the sum of exponentials, the target logit); the logits are never gathered. The output [B]
+/// is laid out like the batch.
+
+#include <xshard/comm/collectives.hpp>
+#include <xshard/ops/operand.hpp>
+#include <xshard/ops/rules.hpp>
+
+#include <xtensor/xmath.hpp>
+#include <xtensor/xreducer.hpp>
+#include <xtensor/xtensor.hpp>
+
+#include <cmath>
+#include <concepts>
+#include <limits>
+#include <span>
+#include <string>
+
+namespace xshard {
+
+/// embedding's rule: the output is [ids dims.., H]; the table gives up the axes the ids use.
+constexpr rule_result embedding_rule(const layout& ids, const layout& table) {
+    rule_result r{ids, table, layout::replicated(ids.rank() + 1)};
+    if (table.rank() != 2)
+        return detail::fail(r, rule_problem::rank_mismatch);
+    if (ids.is_partial() || table.is_partial()) {
+        r = detail::fail(r, rule_problem::nonlinear_partial);
+        r.a.partial.clear();
+        r.b.partial.clear();
+    }
+    for (auto& d : r.b.dims) {
+        dim_axes kept;
+        for (const auto& x : d) {
+            if (r.a.uses(x))
+                r = detail::fail(r, rule_problem::axis_conflict);
+            else
+                kept.push_back(x);
+        }
+        d = kept;
+    }
+    for (std::size_t d = 0; d < ids.rank(); ++d)
+        r.out.dims[d] = r.a.dims[d];
+    r.out.dims[ids.rank()] = r.b.dims[1];
+    return r;
+}
+
+/// cross_entropy's rule: labels laid out like the logits' batch; the output [B] too.
+constexpr rule_result cross_entropy_rule(const layout& logits, const layout& labels) {
+    rule_result r{logits, labels, layout::replicated(1)};
+    if (logits.rank() != 2 || labels.rank() != 1)
+        return detail::fail(r, rule_problem::rank_mismatch);
+    if (logits.is_partial() || labels.is_partial()) {
+        r = detail::fail(r, rule_problem::nonlinear_partial);
+        r.a.partial.clear();
+        r.b.partial.clear();
+    }
+    dim_axes batch;
+    if (!detail::merge_dim(logits.dims[0], labels.dims[0], batch))
+        r = detail::fail(r, rule_problem::split_mismatch);
+    r.a.dims[0] = r.b.dims[0] = r.out.dims[0] = batch;
+    if (detail::uses_twice(r.a))
+        r = detail::fail(r, rule_problem::axis_conflict);
+    return r;
+}
+
+namespace detail {
+
+struct embedding_rule_fn {
+    constexpr rule_result operator()(const layout& i, const layout& t) const {
+        return embedding_rule(i, t);
+    }
+};
+struct cross_entropy_rule_fn {
+    constexpr rule_result operator()(const layout& x, const layout& y) const {
+        return cross_entropy_rule(x, y);
+    }
+};
+
+/// Every rank throws if any rank holds a class index outside [0, classes).
+template <class Labels>
+void check_labels(const communicator& c, const Labels& labels, std::size_t classes,
+                  const char* operation) {
+    bool bad = false;
+    for (auto y : labels)
+        bad = bad || y < 0 || std::size_t(y) >= classes;
+    int any = bad ? 1 : 0;
+    allreduce(c, std::span(&any, 1), reduce_op::max);
+    if (any)
+        throw error(std::string("xshard: ") + operation + ": a label is outside [0, " +
+                    std::to_string(classes) + ")");
+}
+
+} // namespace detail
+
+/// Looks up rows of `table` [V, H] for integer `ids` (see the file comment). Collective: one
+/// all-reduce over the vocabulary axes (and one of an int to check the ids on every rank).
+template <distributed_tensor I, distributed_tensor W>
+auto embedding(const I& ids, const W& table) {
+    using T = typename W::value_type;
+    using Id = typename I::value_type;
+    static_assert(std::integral<Id>, "xshard: embedding ids must be integers");
+    static_assert(std::is_same_v<typename I::mesh_type, typename W::mesh_type>,
+                  "xshard: embedding: the ids and the table live on meshes of different types");
+    constexpr std::size_t R = I::rank + 1;
+    using rule = detail::rule_for<detail::embedding_rule_fn, I, W>;
+    const rule_result res = rule::get("embedding", ids, table);
+    const auto pi = detail::prepare(ids, res.a, rule::may_redistribute, "embedding");
+    const auto pt = detail::prepare(table, res.b, rule::may_redistribute, "embedding");
+    const auto& li = pi.get();
+    const auto& lt = pt.get();
+    const auto& mesh = ids.mesh();
+    detail::check_labels(mesh.comm(), li, table.shape()[0], "embedding");
+    const auto tb = block_of(res.b, mesh.shape(), table.shape(), mesh.rank());
+    std::array<std::size_t, R> shape{};
+    for (std::size_t d = 0; d + 1 < R; ++d)
+        shape[d] = ids.shape()[d];
+    shape[R - 1] = table.shape()[1];
+    auto extent = detail::to_array<R>(li.shape());
+    extent[R - 1] = tb.extent[1];
+    auto local = xt::xtensor<T, R>::from_shape(extent);
+    const std::size_t width = tb.extent[1];
+    for (std::size_t i = 0; i < li.size(); ++i) {
+        const auto v = std::size_t(li.data()[i]);
+        T* row = local.data() + i * width;
+        if (v >= tb.offset[0] && v < tb.offset[0] + tb.extent[0])
+            std::copy_n(lt.data() + (v - tb.offset[0]) * width, width, row);
+        else
+            std::fill_n(row, width, T{});
+    }
+    const auto vocab = res.b.split_axes(0, mesh.shape());
+    if (!vocab.empty() && local.size() > 0)
+        allreduce(mesh.sub(vocab), std::span(local.data(), local.size()), reduce_op::sum);
+    using result = detail::result_t<T, typename I::mesh_type, rule::is_static, rule::value.out, R>;
+    return result(detail::unchecked, mesh, shape, std::move(local), res.out);
+}
+
+/// The cross-entropy of each row of `logits` [B, V] against integer `labels` [B] (see the
+/// file comment). Collective: three all-reduces over the class axes of one value per row.
+template <distributed_tensor X, distributed_tensor Y>
+auto cross_entropy(const X& logits, const Y& labels) {
+    using T = typename X::value_type;
+    static_assert(std::integral<typename Y::value_type>,
+                  "xshard: cross_entropy labels must be integers");
+    static_assert(std::is_same_v<typename X::mesh_type, typename Y::mesh_type>,
+                  "xshard: cross_entropy: the operands live on meshes of different types");
+    using rule = detail::rule_for<detail::cross_entropy_rule_fn, X, Y>;
+    const rule_result res = rule::get("cross_entropy", logits, labels);
+    const auto px = detail::prepare(logits, res.a, rule::may_redistribute, "cross_entropy");
+    const auto py = detail::prepare(labels, res.b, rule::may_redistribute, "cross_entropy");
+    const auto& x = px.get();
+    const auto& y = py.get();
+    const auto& mesh = logits.mesh();
+    if (logits.shape()[0] != labels.shape()[0])
+        throw error("xshard: cross_entropy: " + detail::shape_string(logits.shape()) +
+                    " logits for " + detail::shape_string(labels.shape()) + " labels");
+    detail::check_labels(mesh.comm(), y, logits.shape()[1], "cross_entropy");
+    const auto xb = block_of(res.a, mesh.shape(), logits.shape(), mesh.rank());
+    const std::size_t rows = xb.extent[0], cols = xb.extent[1];
+    // Per row: max, sum of exponentials, target logit; each all-reduced over the class axes.
+    xt::xtensor<T, 1> m = xt::xtensor<T, 1>::from_shape({rows});
+    xt::xtensor<T, 1> s = xt::zeros<T>({rows});
+    xt::xtensor<T, 1> target = xt::zeros<T>({rows});
+    const auto classes = res.a.split_axes(1, mesh.shape());
+    auto reduce = [&](auto& v, reduce_op op) {
+        if (!classes.empty() && rows > 0)
+            allreduce(mesh.sub(classes), std::span(v.data(), v.size()), op);
+    };
+    for (std::size_t i = 0; i < rows; ++i) {
+        T mi = std::numeric_limits<T>::lowest();
+        for (std::size_t j = 0; j < cols; ++j)
+            mi = std::max(mi, x(i, j));
+        m(i) = mi;
+    }
+    reduce(m, reduce_op::max);
+    for (std::size_t i = 0; i < rows; ++i) {
+        for (std::size_t j = 0; j < cols; ++j)
+            s(i) += std::exp(x(i, j) - m(i));
+        const auto c = std::size_t(y(i));
+        if (c >= xb.offset[1] && c < xb.offset[1] + cols)
+            target(i) = x(i, c - xb.offset[1]);
+    }
+    reduce(s, reduce_op::sum);
+    reduce(target, reduce_op::sum);
+    xt::xtensor<T, 1> loss = xt::log(s) + m - target;
+    using result = detail::result_t<T, typename X::mesh_type, rule::is_static, rule::value.out, 1>;
+    return result(detail::unchecked, mesh, std::array<std::size_t, 1>{logits.shape()[0]},
+                  std::move(loss), res.out);
+}
+
+} // namespace xshard

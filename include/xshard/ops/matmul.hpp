@@ -1,0 +1,106 @@
+#pragma once
+/// \file
+/// Matrix products of distributed tensors, local GEMM through BLAS.
+///
+/// Rule (rules.hpp, `matmul_rule`): a [batch.., i, k] @ b [batch.., k, j] (or b [k, j]):
+/// the contraction and batch dimensions must be split alike (a replicated operand is sliced
+/// to the other, no messages); the product is [batch.., I, J] partial(sum: K): with a split
+/// contraction each rank holds a term, and the consumer resolves it (`resolve` all-reduces,
+/// a redistribution to a split layout reduce-scatters). Layouts that do not fit are a
+/// compile error for layout types unless the mesh type inserts redistributions.
+///
+/// MindSpore's MatMul strategies ((a, b), (b, c)) resolve on a mesh with the device matrix
+/// [a, b, c] (`resolve_matmul` in core/strategy.hpp): shard the operands with those layouts.
+
+#include <xshard/ops/operand.hpp>
+#include <xshard/ops/rules.hpp>
+
+#include <xtensor-blas/xblas.hpp>
+#include <xtensor/xtensor.hpp>
+
+#include <complex>
+#include <type_traits>
+
+namespace xshard {
+
+namespace detail {
+
+struct matmul_rule_fn {
+    constexpr rule_result operator()(const layout& a, const layout& b) const {
+        return matmul_rule(a, b);
+    }
+};
+
+template <class T>
+constexpr bool blas_type =
+    std::is_same_v<T, float> || std::is_same_v<T, double> ||
+    std::is_same_v<T, std::complex<float>> || std::is_same_v<T, std::complex<double>>;
+
+/// C (m x n, row-major, leading dimension ldc) = A (m x k) B (k x n), by BLAS.
+template <class T>
+void gemm(std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda, const T* b,
+          std::size_t ldb, T* c, std::size_t ldc) {
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0) {
+        std::fill_n(c, m * ldc, T{});
+        return;
+    }
+    using index = xt::blas_index_t;
+    cxxblas::gemm<index>(cxxblas::StorageOrder::RowMajor, cxxblas::Transpose::NoTrans,
+                         cxxblas::Transpose::NoTrans, index(m), index(n), index(k), T(1), a,
+                         index(lda), b, index(ldb), T(0), c, index(ldc));
+}
+
+} // namespace detail
+
+/// The matrix product (batched for rank > 2), with the sharding rule above. Local products
+/// are BLAS gemm calls (one per batch element); no messages unless the mesh type inserts
+/// redistributions and the operands need one.
+struct matmul_fn {
+    template <distributed_tensor A, distributed_tensor B>
+    auto operator()(const A& a, const B& b) const {
+        using T = typename A::value_type;
+        static_assert(std::is_same_v<T, typename B::value_type>,
+                      "xshard: matmul: the operands must have the same element type");
+        static_assert(detail::blas_type<T>,
+                      "xshard: matmul: the element type must be float, double or complex (BLAS)");
+        static_assert(std::is_same_v<typename A::mesh_type, typename B::mesh_type>,
+                      "xshard: matmul: the operands live on meshes of different types");
+        constexpr std::size_t ra = A::rank, rb = B::rank;
+        static_assert(ra >= 2 && (rb == 2 || rb == ra),
+                      "xshard: matmul: a is [batch.., i, k] and b is [batch.., k, j] or [k, j]");
+        using rule = detail::rule_for<detail::matmul_rule_fn, A, B>;
+        const auto& sa = a.shape();
+        const auto& sb = b.shape();
+        bool fits = sa[ra - 1] == sb[rb - 2];
+        for (std::size_t d = 0; d + 2 < ra && rb == ra; ++d)
+            fits = fits && sa[d] == sb[d];
+        if (!fits || !(a.mesh() == b.mesh()))
+            throw error("xshard: matmul: shapes " + detail::shape_string(sa) + " and " +
+                        detail::shape_string(sb) + " do not multiply (or the meshes differ)");
+        const rule_result r = rule::get("matmul", a, b);
+        const auto pa = detail::prepare(a, r.a, rule::may_redistribute, "matmul");
+        const auto pb = detail::prepare(b, r.b, rule::may_redistribute, "matmul");
+        const auto& la = pa.get();
+        const auto& lb = pb.get();
+
+        std::array<std::size_t, ra> shape = sa;
+        shape[ra - 1] = sb[rb - 1];
+        const auto out_block = block_of(r.out, a.mesh().shape(), shape, a.mesh().rank());
+        auto local = xt::xtensor<T, ra>::from_shape(out_block.extent);
+        const std::size_t m = la.shape()[ra - 2], k = la.shape()[ra - 1], n = lb.shape()[rb - 1];
+        const std::size_t batches = local.size() / std::max<std::size_t>(1, m * n);
+        for (std::size_t i = 0; i < (m > 0 && n > 0 ? batches : 0); ++i)
+            detail::gemm(m, n, k, la.data() + i * m * k, k, lb.data() + (rb == ra ? i * k * n : 0),
+                         n, local.data() + i * m * n, n);
+        using result =
+            detail::result_t<T, typename A::mesh_type, rule::is_static, rule::value.out, ra>;
+        return result(detail::unchecked, a.mesh(), shape, std::move(local), r.out);
+    }
+};
+
+/// a @ b, distributed (see matmul_fn).
+inline constexpr matmul_fn matmul{};
+
+} // namespace xshard

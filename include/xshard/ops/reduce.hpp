@@ -1,0 +1,128 @@
+#pragma once
+/// \file
+/// Reductions along a dimension (sum, mean, max, min), and `resolve` for pending reductions.
+///
+/// Rule (rules.hpp, `reduction_rule`): the output drops dimension Dim (keeps it unsplit, of
+/// extent 1, with KeepDims). Along an unsplit Dim the reduction is local. Along a split Dim
+/// each rank reduces its block and the result is *partial* over Dim's axes (a pending sum
+/// for sum and mean, max or min for those): no message until a consumer needs the value;
+/// `resolve` (or a redistribution, or shard's out_strategy) all-reduces it then, and a
+/// redistribution to a split layout reduce-scatters it. Pending sums enter sums and means
+/// only.
+
+#include <xshard/ops/operand.hpp>
+#include <xshard/ops/rules.hpp>
+#include <xshard/redistribute/redistribute.hpp>
+
+#include <xtensor/xmath.hpp>
+#include <xtensor/xreducer.hpp>
+#include <xtensor/xtensor.hpp>
+
+#include <limits>
+
+namespace xshard {
+
+namespace detail {
+
+template <std::size_t Dim, reduction Op, bool KeepDims>
+struct reduction_rule_fn {
+    constexpr rule_result operator()(const layout& a) const {
+        return reduction_rule(a, Dim, Op, KeepDims);
+    }
+};
+
+template <reduction Op, bool Mean, std::size_t Dim, bool KeepDims, class A>
+auto reduce_along(const A& a, const char* name) {
+    using T = typename A::value_type;
+    constexpr std::size_t N = A::rank, R = KeepDims ? N : N - 1;
+    static_assert(Dim < N, "xshard: the reduced dimension is not a dimension of the tensor");
+    using rule = rule_for<reduction_rule_fn<Dim, Op, KeepDims>, A>;
+    const rule_result res = rule::get(name, a);
+    const auto pa = prepare(a, res.a, rule::may_redistribute, name);
+    const auto& in = pa.get();
+    std::array<std::size_t, R> shape{};
+    for (std::size_t d = 0, o = 0; d < N; ++d) {
+        if (d != Dim)
+            shape[o++] = a.shape()[d];
+        else if (KeepDims)
+            shape[o++] = 1;
+    }
+    xt::xtensor<T, R> local;
+    if (in.shape()[Dim] == 0) {
+        // An empty block: the identity of the reduction.
+        std::array<std::size_t, R> s{};
+        for (std::size_t d = 0, o = 0; d < N; ++d) {
+            if (d != Dim)
+                s[o++] = in.shape()[d];
+            else if (KeepDims)
+                s[o++] = 1;
+        }
+        local = xt::xtensor<T, R>::from_shape(s);
+        local.fill(Op == reduction::sum   ? T(0)
+                   : Op == reduction::max ? std::numeric_limits<T>::lowest()
+                                          : std::numeric_limits<T>::max());
+    } else if constexpr (KeepDims) {
+        if constexpr (Op == reduction::sum)
+            local = xt::sum(in, {Dim}, xt::keep_dims);
+        else if constexpr (Op == reduction::max)
+            local = xt::amax(in, {Dim}, xt::keep_dims);
+        else
+            local = xt::amin(in, {Dim}, xt::keep_dims);
+    } else {
+        if constexpr (Op == reduction::sum)
+            local = xt::sum(in, {Dim});
+        else if constexpr (Op == reduction::max)
+            local = xt::amax(in, {Dim});
+        else
+            local = xt::amin(in, {Dim});
+    }
+    if constexpr (Mean)
+        local /= T(a.shape()[Dim]);
+    using result = result_t<T, typename A::mesh_type, rule::is_static, rule::value.out, R>;
+    return result(unchecked, a.mesh(), shape, std::move(local), res.out);
+}
+
+} // namespace detail
+
+/// The sum along Dim (partial over Dim's axes when Dim is split).
+template <std::size_t Dim, bool KeepDims = false, distributed_tensor A>
+auto sum(const A& a) {
+    return detail::reduce_along<reduction::sum, false, Dim, KeepDims>(a, "sum");
+}
+
+/// The mean along Dim (a pending sum of block sums divided by the global extent when Dim is
+/// split).
+template <std::size_t Dim, bool KeepDims = false, distributed_tensor A>
+auto mean(const A& a) {
+    return detail::reduce_along<reduction::sum, true, Dim, KeepDims>(a, "mean");
+}
+
+/// The maximum along Dim (partial(max) over Dim's axes when Dim is split).
+template <std::size_t Dim, bool KeepDims = false, distributed_tensor A>
+auto max(const A& a) {
+    return detail::reduce_along<reduction::max, false, Dim, KeepDims>(a, "max");
+}
+
+/// The minimum along Dim (partial(min) over Dim's axes when Dim is split).
+template <std::size_t Dim, bool KeepDims = false, distributed_tensor A>
+auto min(const A& a) {
+    return detail::reduce_along<reduction::min, false, Dim, KeepDims>(a, "min");
+}
+
+/// The layout `l` without its pending reduction.
+constexpr layout resolved(layout l) {
+    l.partial.clear();
+    return l;
+}
+
+/// `t` with its pending reduction carried out: an all-reduce over its partial axes (xshard's
+/// pairwise all-reduce for large tensors); `t` itself when nothing is pending.
+template <distributed_tensor D>
+auto resolve(D&& t) {
+    using X = std::remove_cvref_t<D>;
+    constexpr layout L = X::static_layout.dynamic ? X::static_layout : resolved(X::static_layout);
+    const layout target = resolved(t.layout());
+    return redistribute<L>(std::forward<D>(t), target);
+}
+
+} // namespace xshard
