@@ -18,6 +18,12 @@
 
 namespace xshard {
 
+/// How shard() lays out inputs and outputs that have no strategy of their own (MindSpore's
+/// dataset_strategy). `unset`: inputs held whole by every rank are replicated, outputs keep
+/// the layout the computation gives them. `full_batch`: inputs and outputs are not split.
+/// `data_parallel`: their first (batch) dimension is split over the data-parallel axis.
+enum class dataset_strategy { unset, full_batch, data_parallel };
+
 namespace detail {
 template <fixed_string... Names>
 constexpr bool names_distinct() {
@@ -125,6 +131,20 @@ public:
         return shape().group_ranks(r, axes);
     }
 
+    /// A copy of the mesh with the dataset strategy shard() applies to inputs and outputs
+    /// without a strategy; `data_parallel` splits their batch dimension over axis
+    /// `data_axis` (the first axis by default). Throws if the mesh has no such axis.
+    mesh with_dataset_strategy(dataset_strategy s, std::string_view data_axis = {}) const {
+        mesh m = *this;
+        m.dataset_ = s;
+        m.data_axis_ = data_axis.empty() ? 0 : shape().index(data_axis);
+        return m;
+    }
+    /// The dataset strategy (see `with_dataset_strategy`).
+    dataset_strategy dataset() const noexcept { return dataset_; }
+    /// The data-parallel axis of the dataset strategy.
+    std::size_t data_axis() const noexcept { return data_axis_; }
+
     /// Whether two meshes are the same mesh object (copies of one construction).
     friend bool operator==(const mesh& a, const mesh& b) noexcept { return a.state_ == b.state_; }
 
@@ -193,6 +213,8 @@ private:
     }
 
     std::shared_ptr<const state> state_;
+    dataset_strategy dataset_ = dataset_strategy::unset;
+    std::size_t data_axis_ = 0;
 };
 
 } // namespace xshard

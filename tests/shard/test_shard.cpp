@@ -1,0 +1,190 @@
+// shard() in its two modes, with typed, run-time and strategy specs, parameter plans and
+// dataset strategies, against serial xtensor.
+
+#include <xshard/ops/elementwise.hpp>
+#include <xshard/ops/matmul.hpp>
+#include <xshard/ops/reduce.hpp>
+#include <xshard/shard/shard.hpp>
+#include <xshard/tensor/gather.hpp>
+
+#include "mpi_test.hpp"
+
+#include <gtest/gtest.h>
+#include <xtensor-blas/xlinalg.hpp>
+#include <xtensor/xrandom.hpp>
+
+#include <random>
+
+namespace {
+
+using xshard::layout;
+using xshard::none;
+using xshard::spec;
+using xshard::strategy;
+using xshard::testing::world;
+using M = xshard::mesh<"dp", "mp">;
+
+M make_mesh() {
+    const auto w = world();
+    return M(w, {xshard::auto_size, w.size() % 2 == 0 ? 2 : 1});
+}
+
+template <std::size_t N>
+xt::xtensor<double, N> random_array(const std::array<std::size_t, N>& shape, unsigned seed) {
+    std::mt19937 e(seed);
+    return xt::random::rand<double>(shape, -1.0, 1.0, e);
+}
+
+TEST(shard, global_semantics_with_layout_types) {
+    const auto m = make_mesh();
+    const auto gx = random_array<2>({9, 6}, 1), gw = random_array<2>({6, 5}, 2);
+    const xt::xtensor<double, 2> expected = xt::linalg::dot(gx, gw);
+    auto f = xshard::shard(
+        m, [](const auto& x, const auto& w) { return xshard::matmul(x, w); },
+        std::tuple(spec<"[dp, -]">, spec<"[-, mp]">), spec<"[dp, mp]">);
+    const auto x = xshard::distribute<"[-, -]">(m, gx);
+    const auto y = f(x, gw);
+    static_assert(std::is_same_v<decltype(y), const xshard::dtensor<double, M, "[dp, mp]">>);
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(y), expected));
+    // A contraction split over mp: a pending sum, resolved by the output spec.
+    auto g = xshard::shard(
+        m, [](const auto& x, const auto& w) { return xshard::matmul(x, w); },
+        std::tuple(spec<"[-, mp]">, none), spec<"[-, -]">);
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(g(x, gw)), expected));
+}
+
+TEST(shard, inputs_already_laid_out_are_passed_by_reference) {
+    const auto m = make_mesh();
+    const auto x = xshard::distribute<"[dp, mp]">(m, random_array<2>({4, 4}, 3));
+    const double* seen = nullptr;
+    auto f = xshard::shard(
+        m,
+        [&](const auto& t) {
+            seen = t.local().data();
+            return xshard::neg(t);
+        },
+        std::tuple(spec<"[dp, mp]">));
+    (void)f(x);
+    EXPECT_EQ(seen, x.local().data());
+}
+
+TEST(shard, strategies_and_automatic_redistribution) {
+    // dense_relu with in_strategy ((p/2, 2), None, None), as MindSpore's functional shard.
+    const auto m = make_mesh();
+    const int p = m.size();
+    const auto gx = random_array<2>({32, 16}, 4), gw = random_array<2>({16, 10}, 5);
+    const auto gb = random_array<1>({10}, 6);
+    const xt::xtensor<double, 2> expected = xt::maximum(xt::linalg::dot(gx, gw) + gb, 0.0);
+    auto dense_relu = [](const auto& x, const auto& w, const auto& b) {
+        return xshard::relu(xshard::bias_add(xshard::matmul(x, w), b));
+    };
+    const strategy s{p / m.axis_size<"mp">(), m.axis_size<"mp">()};
+    // Without the option the pending sum reaching relu is an error, on every rank.
+    auto strict = xshard::shard(m, dense_relu, std::tuple(s, none, none));
+    if (m.axis_size<"mp">() > 1) {
+        EXPECT_THROW((void)strict(gx, gw, gb), xshard::error);
+    }
+    auto f = xshard::shard(m, dense_relu, std::tuple(s, none, none), spec<"[-, -]">,
+                           xshard::auto_redistribute);
+    f.traced();
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(f(gx, gw, gb)), expected));
+    const layout lx = xshard::resolve(s, m.shape());
+    const std::string moved = lx == layout("[-, -]") ? " (kept)" : " -> " + lx.to_string();
+    EXPECT_NE(f.describe().find("input 0 (array held whole): [-, -]" + moved), std::string::npos)
+        << f.describe();
+}
+
+TEST(shard, local_semantics_declare_partial_outputs) {
+    // Seed 002's hybrid net: x @ weight-slice, reduce the last axis, the sum pending over mp.
+    const auto m = make_mesh();
+    const auto gx = random_array<2>({7, 12}, 7), gw = random_array<2>({12, 8}, 8);
+    const xt::xtensor<double, 1> expected = xt::sum(xt::linalg::dot(gx, gw), {1});
+    auto hybrid = xshard::shard_local(
+        m,
+        [](const auto& x, const auto& w) {
+            return xt::xtensor<double, 1>(xt::sum(xt::linalg::dot(x, w), {1}));
+        },
+        std::tuple(spec<"[-, -]">, spec<"[-, mp]">), spec<"[-] partial(sum: mp)">);
+    const auto y = hybrid(gx, gw);
+    EXPECT_EQ(y.shape()[0], 7u);
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(y), expected));
+    // Rows over dp (uneven: 7 rows), declared at run time.
+    auto rows = xshard::shard_local(
+        m, [](const auto& x) { return xt::xtensor<double, 2>(2.0 * x); },
+        std::tuple(spec<"[dp, -]">), layout("[dp, -]"));
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(rows(gx)), 2.0 * gx));
+}
+
+TEST(shard, a_local_result_that_contradicts_its_layout_throws_everywhere) {
+    const auto m = make_mesh();
+    if (m.axis_size<"dp">() < 2)
+        GTEST_SKIP() << "needs dp > 1";
+    auto bad = xshard::shard_local(
+        m,
+        [&](const auto& x) {
+            // Rank 0 claims one row too many.
+            const std::size_t rows = x.shape()[0] + (m.rank() == 0 ? 2 : 0);
+            return xt::xtensor<double, 2>(xt::zeros<double>({rows, x.shape()[1]}));
+        },
+        std::tuple(spec<"[dp, -]">), spec<"[dp, -]">);
+    EXPECT_THROW((void)bad(random_array<2>({8, 3}, 9)), xshard::error);
+}
+
+TEST(shard, tuples_and_arguments_that_are_not_tensors) {
+    const auto m = make_mesh();
+    const auto gx = random_array<2>({6, 4}, 10);
+    auto f = xshard::shard(
+        m,
+        [](const auto& x, double factor) {
+            return std::tuple(
+                xshard::resolve(xshard::sum<1>(x)),
+                xshard::mul(x, xshard::full<double, "[-, -]">(x.mesh(), {1, 1}, factor)));
+        },
+        std::tuple(spec<"[dp, mp]">, none), std::tuple(spec<"[-]">, spec<"[-, -]">));
+    const auto [s, scaled] = f(gx, 3.0);
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(s), xt::sum(gx, {1})));
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(scaled), 3.0 * gx));
+}
+
+TEST(shard, parameter_plans_lay_parameters_out_once_and_agree) {
+    const auto m = make_mesh();
+    const auto gw = random_array<2>({6, 4}, 11);
+    xshard::parameter w{"dense.weight",
+                        xshard::distribute<xshard::dynamic_layout(2)>(m, gw, layout("[-, -]"))};
+    auto use = [](const auto& x, const auto& weight) {
+        return xshard::matmul(x, weight);
+    };
+    auto f = xshard::shard(m, use, std::tuple(spec<"[-, -]">, none), spec<"[-, -]">,
+                           xshard::parameter_plan{{"dense.weight", layout("[-, mp]")}});
+    const auto gx = random_array<2>({3, 6}, 12);
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(f(gx, w)), xt::linalg::dot(gx, gw)));
+    EXPECT_EQ(w.value.layout(), layout("[-, mp]")); // laid out in place
+    // A second shard() planning another layout for the same parameter.
+    auto g = xshard::shard(m, use, std::tuple(spec<"[-, -]">, none), spec<"[-, -]">,
+                           xshard::parameter_plan{{"dense.weight", layout("[mp, -]")}});
+    try {
+        (void)g(gx, w);
+        ADD_FAILURE() << "no error";
+    } catch (const xshard::error& e) {
+        EXPECT_STREQ(e.what(),
+                     "xshard: parameter 'dense.weight' is laid out [-, mp] by one shard() "
+                     "and [mp, -] by another");
+    }
+}
+
+TEST(shard, dataset_strategy_splits_the_batch_of_inputs_and_outputs) {
+    const auto m = make_mesh().with_dataset_strategy(xshard::dataset_strategy::data_parallel, "dp");
+    const auto gx = random_array<2>({10, 3}, 13);
+    auto f = xshard::shard(
+        m, [](const auto& x) { return xshard::relu(x); }, std::tuple(none));
+    f.traced();
+    const auto y = f(gx);
+    EXPECT_EQ(y.layout(), layout("[dp, -]")) << f.describe();
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(y), xt::maximum(gx, 0.0)));
+    const auto full = make_mesh().with_dataset_strategy(xshard::dataset_strategy::full_batch);
+    auto g = xshard::shard(
+        full, [](const auto& x) { return xshard::relu(x); }, std::tuple(strategy{full.size(), 1}));
+    EXPECT_EQ(g(gx).layout(), layout("[-, -]"));
+}
+
+} // namespace
