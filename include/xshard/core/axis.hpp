@@ -60,8 +60,12 @@ struct axis_name {
         return {text, n};
     }
 
+    /// Equal names (the unused characters are zero, so the whole arrays compare).
     friend constexpr bool operator==(const axis_name& a, const axis_name& b) {
-        return a.view() == b.view();
+        for (std::size_t i = 0; i <= max_axis_name_length; ++i)
+            if (a.text[i] != b.text[i])
+                return false;
+        return true;
     }
 };
 

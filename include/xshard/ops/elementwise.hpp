@@ -61,7 +61,7 @@ auto binary(const A& a, const B& b, const char* name, F f) {
                         " and " + shape_string(b.shape()) + " do not broadcast");
         shape[r - 1 - i] = std::max(ea, eb);
     }
-    rule_result res = rule::get(name, a, b);
+    auto res = rule::get(name, a, b);
     // A dimension broadcast from extent 1 stays whole on its operand.
     for (std::size_t i = 0; i < r; ++i) {
         if (i < ra && a.shape()[ra - 1 - i] == 1 && shape[r - 1 - i] != 1)
@@ -81,7 +81,7 @@ template <bool Linear, class A, class F>
 auto unary(const A& a, const char* name, F f) {
     using T = typename A::value_type;
     using rule = rule_for<unary_rule_fn<Linear>, A>;
-    const rule_result res = rule::get(name, a);
+    const auto& res = rule::get(name, a);
     const auto pa = prepare(a, res.a, rule::may_redistribute, name);
     xt::xtensor<T, A::rank> local = f(pa.get());
     using result = result_t<T, typename A::mesh_type, rule::is_static, rule::value.out, A::rank>;

@@ -114,7 +114,7 @@ auto embedding(const I& ids, const W& table) {
                   "xshard: embedding: the ids and the table live on meshes of different types");
     constexpr std::size_t R = I::rank + 1;
     using rule = detail::rule_for<detail::embedding_rule_fn, I, W>;
-    const rule_result res = rule::get("embedding", ids, table);
+    const auto& res = rule::get("embedding", ids, table);
     const auto pi = detail::prepare(ids, res.a, rule::may_redistribute, "embedding");
     const auto pt = detail::prepare(table, res.b, rule::may_redistribute, "embedding");
     const auto& li = pi.get();
@@ -155,7 +155,7 @@ auto cross_entropy(const X& logits, const Y& labels) {
     static_assert(std::is_same_v<typename X::mesh_type, typename Y::mesh_type>,
                   "xshard: cross_entropy: the operands live on meshes of different types");
     using rule = detail::rule_for<detail::cross_entropy_rule_fn, X, Y>;
-    const rule_result res = rule::get("cross_entropy", logits, labels);
+    const auto& res = rule::get("cross_entropy", logits, labels);
     const auto px = detail::prepare(logits, res.a, rule::may_redistribute, "cross_entropy");
     const auto py = detail::prepare(labels, res.b, rule::may_redistribute, "cross_entropy");
     const auto& x = px.get();

@@ -79,7 +79,7 @@ struct matmul_fn {
         if (!fits || !(a.mesh() == b.mesh()))
             throw error("xshard: matmul: shapes " + detail::shape_string(sa) + " and " +
                         detail::shape_string(sb) + " do not multiply (or the meshes differ)");
-        const rule_result r = rule::get("matmul", a, b);
+        const auto& r = rule::get("matmul", a, b);
         const auto pa = detail::prepare(a, r.a, rule::may_redistribute, "matmul");
         const auto pb = detail::prepare(b, r.b, rule::may_redistribute, "matmul");
         const auto& la = pa.get();

@@ -44,7 +44,7 @@ auto normalize(const A& a, const char* name, F f) {
     static_assert(Dim < A::rank,
                   "xshard: the normalised dimension is not a dimension of the tensor");
     using rule = rule_for<normalization_rule_fn<Dim>, A>;
-    const rule_result res = rule::get(name, a);
+    const auto& res = rule::get(name, a);
     const auto pa = prepare(a, res.a, rule::may_redistribute, name);
     xt::xtensor<typename A::value_type, A::rank> local = f(pa.get(), res.a);
     using result = result_t<typename A::value_type, typename A::mesh_type, rule::is_static,

@@ -72,7 +72,7 @@ struct prepared {
 /// redistribution, which needs `may_redistribute`. `keep_dims` marks the dimensions the
 /// caller broadcasts (extent 1 against a longer one): those stay whole.
 template <distributed_tensor D>
-auto prepare(const D& t, layout to, bool may_redistribute, const char* operation) {
+auto prepare(const D& t, const layout& to, bool may_redistribute, const char* operation) {
     using T = typename D::value_type;
     constexpr std::size_t N = D::rank;
     prepared<T, N> p;
@@ -147,12 +147,15 @@ struct rule_for {
     static constexpr bool may_redistribute = inserts_redistributions_v<mesh_type>;
     static constexpr rule_result value = Rule{}(std::remove_cvref_t<D>::static_layout...);
 
-    static rule_result get(const char* operation, const D&... operands) {
+    /// The rule's result: a reference to the compile-time constant for layout types (no
+    /// work at run time), a value computed now for run-time layouts.
+    static decltype(auto) get(const char* operation, const D&... operands) {
         if constexpr (is_static) {
             if constexpr (!may_redistribute)
                 static_check<value.problem>();
-            check_rule(value, operation, may_redistribute);
-            return value;
+            else
+                check_rule(value, operation, may_redistribute);
+            return (value);
         } else {
             const rule_result r = Rule{}(operands.layout()...);
             check_rule(r, operation, may_redistribute);

@@ -37,7 +37,7 @@ auto reduce_along(const A& a, const char* name) {
     constexpr std::size_t N = A::rank, R = KeepDims ? N : N - 1;
     static_assert(Dim < N, "xshard: the reduced dimension is not a dimension of the tensor");
     using rule = rule_for<reduction_rule_fn<Dim, Op, KeepDims>, A>;
-    const rule_result res = rule::get(name, a);
+    const auto& res = rule::get(name, a);
     const auto pa = prepare(a, res.a, rule::may_redistribute, name);
     const auto& in = pa.get();
     std::array<std::size_t, R> shape{};

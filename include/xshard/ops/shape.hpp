@@ -86,7 +86,7 @@ template <std::size_t... P, distributed_tensor A>
 auto transpose(const A& a) {
     static_assert(sizeof...(P) == A::rank, "xshard: transpose needs one index per dimension");
     using rule = detail::rule_for<detail::transpose_rule_fn<P...>, A>;
-    const rule_result res = rule::get("transpose", a);
+    const auto& res = rule::get("transpose", a);
     constexpr std::array<std::size_t, sizeof...(P)> perm{P...};
     std::array<std::size_t, A::rank> shape{};
     for (std::size_t d = 0; d < A::rank; ++d)

@@ -95,6 +95,12 @@ public:
         plan_.execute(t.local().data(), out.local().data());
     }
 
+    /// Whether this plan is for tensors like `t` going to layout `to` (same mesh, global
+    /// shape and layouts).
+    bool fits(const D& t, const layout& to) const {
+        return t.mesh() == mesh_ && t.shape() == plan_.shape() && t.layout() == from_ && to == to_;
+    }
+
     /// The underlying plan (its summary, its printout).
     const redistribution_plan<typename D::value_type, rank>& plan() const noexcept { return plan_; }
     /// The plan's printout: steps, communicators, bytes, memory, predicted time.

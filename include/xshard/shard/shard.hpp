@@ -54,6 +54,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace xshard {
 
@@ -142,37 +143,65 @@ auto on_mesh(D&& t, const NewMesh& m) {
     }
 }
 
-/// Appends "what: from -> to" and the plan's steps to `report` (when tracing).
-inline void note(std::string* report, const std::string& what, const layout& from, const layout& to,
-                 const std::string& plan) {
-    if (!report)
+/// Where a call records what it did (when traced) and keeps its plans between calls.
+struct call_log {
+    std::string* report = nullptr;                       ///< null when not tracing
+    std::vector<std::shared_ptr<void>>* plans = nullptr; ///< one slot per input and output
+};
+
+/// An input or output of a call: "input 1", "output 0"; the label is built only when traced.
+struct slot {
+    const char* kind;
+    std::size_t index;
+    std::size_t plan; ///< its plan slot
+    std::string label() const { return std::string(kind) + " " + std::to_string(index); }
+};
+
+/// Appends "label: from -> to" and the plan's steps to the report (when tracing).
+inline void note(const call_log& log, const slot& s, const char* what, const layout& from,
+                 const layout& to, const std::string& plan) {
+    if (!log.report)
         return;
-    *report += what + ": " + from.to_string();
+    *log.report += s.label() + what + ": " + from.to_string();
     if (from == to)
-        *report += " (kept)\n";
+        *log.report += " (kept)\n";
     else
-        *report += " -> " + to.to_string() + "\n" + plan;
+        *log.report += " -> " + to.to_string() + "\n" + plan;
 }
 
-/// Redistributes a distributed tensor to `to` (recording the plan), or returns it as it is.
+/// Redistributes a distributed tensor to `to`, with the plan kept in the call's slot for the
+/// next call (plans are built once per call site, shape and layouts), or returns it as it is.
+/// The tensors a call hands itself are its own, so the plan runs without the collective
+/// check for resized shards.
 template <layout To, class D>
-auto relayout(D&& t, const layout& to, std::string* report, const std::string& what) {
+auto relayout(D&& t, const layout& to, const call_log& log, const slot& s) {
     using X = std::remove_cvref_t<D>;
-    if (!(t.layout() == to)) {
-        redistribution<X, To> plan(t, to);
-        note(report, what, t.layout(), to, plan.describe());
-        return plan(t);
+    using plan_type = redistribution<X, To>;
+    if (t.layout() == to) {
+        note(log, s, "", t.layout(), to, "");
+        return redistribute<To>(std::forward<D>(t), to);
     }
-    note(report, what, t.layout(), to, "");
-    return redistribute<To>(std::forward<D>(t), to);
+    auto& cached = (*log.plans)[s.plan];
+    auto* plan = static_cast<plan_type*>(cached.get());
+    if (!plan || !plan->fits(t, to)) {
+        cached = std::make_shared<plan_type>(t, to);
+        plan = static_cast<plan_type*>(cached.get());
+    }
+    if (log.report) // the printout only when tracing: it is not free
+        note(log, s, "", t.layout(), to, plan->describe());
+    typename plan_type::result_type out(
+        unchecked, t.mesh(), t.shape(),
+        plan_type::result_type::local_type::from_shape(plan->plan().destination_block().extent),
+        to);
+    plan->execute_unchecked(t, out);
+    return out;
 }
 
 /// One input of a call, prepared by its spec: a reference to the argument itself when
 /// nothing changes (and the mesh type stays), a new tensor otherwise.
 template <class Mesh, class CallMesh, class Arg, class Spec>
 decltype(auto) shard_input(const Mesh& mesh, const CallMesh& call_mesh, Arg&& arg, const Spec& spec,
-                           const parameter_plan* plan, std::string* report,
-                           const std::string& what) {
+                           const parameter_plan* plan, const call_log& log, const slot& what) {
     using A = std::remove_cvref_t<Arg>;
     if constexpr (is_parameter<A>::value) {
         static_assert(
@@ -185,23 +214,21 @@ decltype(auto) shard_input(const Mesh& mesh, const CallMesh& call_mesh, Arg&& ar
                 using D = typename A::tensor_type;
                 if (!(arg.value.layout() == it->second)) {
                     if constexpr (D::static_layout.dynamic)
-                        arg.value =
-                            relayout<D::static_layout>(arg.value, it->second, report,
-                                                       what + " (parameter '" + arg.name + "')");
+                        arg.value = relayout<D::static_layout>(arg.value, it->second, log, what);
                     else
                         throw error("xshard: the plan lays parameter '" + arg.name + "' out as " +
                                     it->second.to_string() + " but its type fixes " +
                                     D::static_layout.to_string());
                 }
-                return shard_input(mesh, call_mesh, arg.value, none, nullptr, report, what);
+                return shard_input(mesh, call_mesh, arg.value, none, nullptr, log, what);
             }
         }
-        return shard_input(mesh, call_mesh, arg.value, spec, nullptr, report, what);
+        return shard_input(mesh, call_mesh, arg.value, spec, nullptr, log, what);
     } else if constexpr (is_xtensor<A>::value) {
         // A global array every rank holds whole.
         constexpr std::size_t N = A::rank;
         if constexpr (is_layout_spec<Spec>) {
-            note(report, what + " (array held whole)", layout::replicated(N), Spec::value,
+            note(log, what, " (array held whole)", layout::replicated(N), Spec::value,
                  "   (local slicing)\n");
             return on_mesh(distribute<Spec::value>(mesh, arg), call_mesh);
         } else {
@@ -210,13 +237,13 @@ decltype(auto) shard_input(const Mesh& mesh, const CallMesh& call_mesh, Arg&& ar
                 l = dataset_layout(mesh, N, layout::replicated(N));
             else
                 l = spec_layout(spec, N, mesh.shape());
-            note(report, what + " (array held whole)", layout::replicated(N), l,
+            note(log, what, " (array held whole)", layout::replicated(N), l,
                  "   (local slicing)\n");
             return on_mesh(distribute<dynamic_layout(N)>(mesh, arg, l), call_mesh);
         }
     } else if constexpr (distributed_tensor<A>) {
         if constexpr (std::is_same_v<Spec, none_t>) {
-            note(report, what, arg.layout(), arg.layout(), "");
+            note(log, what, "", arg.layout(), arg.layout(), "");
             if constexpr (std::is_same_v<typename A::mesh_type, CallMesh>)
                 return std::forward<Arg>(arg); // nothing to do: passed on as it is
             else
@@ -224,18 +251,17 @@ decltype(auto) shard_input(const Mesh& mesh, const CallMesh& call_mesh, Arg&& ar
         } else if constexpr (is_layout_spec<Spec>) {
             if constexpr (A::static_layout == Spec::value &&
                           std::is_same_v<typename A::mesh_type, CallMesh>) {
-                note(report, what, arg.layout(), arg.layout(), "");
+                note(log, what, "", arg.layout(), arg.layout(), "");
                 return std::forward<Arg>(arg);
             } else {
                 return on_mesh(
-                    relayout<Spec::value>(std::forward<Arg>(arg), Spec::value, report, what),
+                    relayout<Spec::value>(std::forward<Arg>(arg), Spec::value, log, what),
                     call_mesh);
             }
         } else {
             const layout l = spec_layout(spec, A::rank, mesh.shape());
-            return on_mesh(
-                relayout<dynamic_layout(A::rank)>(std::forward<Arg>(arg), l, report, what),
-                call_mesh);
+            return on_mesh(relayout<dynamic_layout(A::rank)>(std::forward<Arg>(arg), l, log, what),
+                           call_mesh);
         }
     } else {
         static_assert(std::is_same_v<Spec, none_t>,
@@ -246,32 +272,32 @@ decltype(auto) shard_input(const Mesh& mesh, const CallMesh& call_mesh, Arg&& ar
 
 /// One output of a call, redistributed by its spec and back on the plain mesh type.
 template <class Mesh, class Out, class Spec>
-auto shard_output(const Mesh& mesh, Out&& out, const Spec& spec, std::string* report,
-                  const std::string& what) {
+auto shard_output(const Mesh& mesh, Out&& out, const Spec& spec, const call_log& log,
+                  const slot& what) {
     using O = std::remove_cvref_t<Out>;
     if constexpr (!distributed_tensor<O>) {
         return O(std::forward<Out>(out));
     } else {
         auto plain = on_mesh(std::forward<Out>(out), mesh);
         if constexpr (is_layout_spec<Spec>) {
-            return relayout<Spec::value>(std::move(plain), Spec::value, report, what);
+            return relayout<Spec::value>(std::move(plain), Spec::value, log, what);
         } else if constexpr (std::is_same_v<Spec, none_t>) {
             // Kept, or laid out by the mesh's dataset strategy: a run-time layout follows it;
             // a layout type must already agree (the result's type cannot depend on a setting).
             const layout l = dataset_layout(mesh, O::rank, plain.layout());
             if constexpr (O::static_layout.dynamic) {
-                return relayout<O::static_layout>(std::move(plain), l, report, what);
+                return relayout<O::static_layout>(std::move(plain), l, log, what);
             } else {
                 if (!(l == plain.layout()))
-                    throw error("xshard: shard: " + what + " has layout type " +
+                    throw error("xshard: shard: " + what.label() + " has layout type " +
                                 plain.layout().to_string() + " but the dataset strategy asks for " +
                                 l.to_string() + "; give the output a spec");
-                note(report, what, l, l, "");
+                note(log, what, "", l, l, "");
                 return plain;
             }
         } else {
             const layout l = spec_layout(spec, O::rank, mesh.shape());
-            return relayout<dynamic_layout(O::rank)>(std::move(plain), l, report, what);
+            return relayout<dynamic_layout(O::rank)>(std::move(plain), l, log, what);
         }
     }
 }
@@ -290,7 +316,7 @@ const auto& spec_at(const Specs& specs) {
 template <class Mesh, std::size_t N>
 std::array<std::size_t, N> global_shape_of(const Mesh& mesh, const layout& l,
                                            const std::array<std::size_t, N>& local,
-                                           const std::string& what) {
+                                           const slot& what) {
     const auto& ms = mesh.shape();
     std::vector<unsigned long long> all(std::size_t(mesh.size()) * N);
     std::array<unsigned long long, N> mine{};
@@ -312,18 +338,19 @@ std::array<std::size_t, N> global_shape_of(const Mesh& mesh, const layout& l,
         const auto b = block_of(l, ms, shape, r);
         for (std::size_t d = 0; d < N; ++d)
             if (b.extent[d] != extent(r, d))
-                throw error("xshard: " + what + ": the local result of rank " + std::to_string(r) +
-                            " has extent " + std::to_string(extent(r, d)) + " in dimension " +
-                            std::to_string(d) + ", which layout " + l.to_string() +
-                            " cannot give it (global shape " + shape_string(shape) + ")");
+                throw error("xshard: " + what.label() + ": the local result of rank " +
+                            std::to_string(r) + " has extent " + std::to_string(extent(r, d)) +
+                            " in dimension " + std::to_string(d) + ", which layout " +
+                            l.to_string() + " cannot give it (global shape " + shape_string(shape) +
+                            ")");
     }
     return shape;
 }
 
 /// A local result wrapped as a distributed tensor laid out by its (required) spec.
 template <class Mesh, class Local, class Spec>
-auto wrap_local(const Mesh& mesh, Local&& local, const Spec& spec, std::string* report,
-                const std::string& what) {
+auto wrap_local(const Mesh& mesh, Local&& local, const Spec& spec, const call_log& log,
+                const slot& what) {
     using L = std::remove_cvref_t<Local>;
     static_assert(is_xtensor<L>::value,
                   "xshard: shard_local: the callable must return xt::xtensor results (a tuple of "
@@ -334,13 +361,13 @@ auto wrap_local(const Mesh& mesh, Local&& local, const Spec& spec, std::string* 
     const auto extent = to_array<N>(local.shape());
     if constexpr (is_layout_spec<Spec>) {
         const auto shape = global_shape_of(mesh, Spec::value, extent, what);
-        note(report, what + " (declared)", Spec::value, Spec::value, "");
+        note(log, what, " (declared)", Spec::value, Spec::value, "");
         return dtensor<typename L::value_type, Mesh, Spec::value>(unchecked, mesh, shape,
                                                                   std::forward<Local>(local));
     } else {
         const layout l = spec_layout(spec, N, mesh.shape());
         const auto shape = global_shape_of(mesh, l, extent, what);
-        note(report, what + " (declared)", l, l, "");
+        note(log, what, " (declared)", l, l, "");
         return dtensor<typename L::value_type, Mesh, dynamic_layout(N)>(
             unchecked, mesh, shape, std::forward<Local>(local), l);
     }
@@ -366,7 +393,8 @@ public:
         , in_(std::move(in))
         , out_(std::move(out))
         , plan_(std::move(plan))
-        , report_(std::make_shared<std::string>()) {}
+        , report_(std::make_shared<std::string>())
+        , plans_(std::make_shared<std::vector<std::shared_ptr<void>>>()) {}
 
     /// Records, from the next call on, the layouts and redistributions of each call.
     sharded& traced(bool on = true) {
@@ -381,26 +409,36 @@ public:
     auto operator()(Args&&... args) const {
         static_assert(std::tuple_size_v<In> == sizeof...(Args),
                       "xshard: shard: give one input spec per argument (xshard::none to keep one)");
-        std::string* report = trace_ ? report_.get() : nullptr;
-        if (report)
-            report->clear();
-        return call(report, std::index_sequence_for<Args...>{}, std::forward<Args>(args)...);
+        const detail::call_log log{trace_ ? report_.get() : nullptr, plans_.get()};
+        if (log.report)
+            log.report->clear();
+        if (plans_->empty())
+            plans_->resize(sizeof...(Args) + outputs);
+        return call(log, std::index_sequence_for<Args...>{}, std::forward<Args>(args)...);
     }
 
 private:
     using call_mesh = std::conditional_t<Auto, redistributing_mesh<Mesh>, Mesh>;
 
+    static constexpr std::size_t outputs = [] {
+        if constexpr (detail::is_tuple<Out>::value)
+            return std::tuple_size_v<Out>;
+        else
+            return std::size_t(1);
+    }();
+
     template <std::size_t... I, class... Args>
-    auto call(std::string* report, std::index_sequence<I...>, Args&&... args) const {
+    auto call(const detail::call_log& log, std::index_sequence<I...>, Args&&... args) const {
         const call_mesh cm = make_call_mesh();
         const parameter_plan* plan = plan_ ? &*plan_ : nullptr;
         // The prepared inputs, held by reference where nothing changes, by value otherwise.
         std::tuple<decltype(detail::shard_input(mesh_, cm, std::forward<Args>(args),
-                                                std::get<I>(in_), plan, report, std::string()))...>
+                                                std::get<I>(in_), plan, log,
+                                                detail::slot{"input", I, I}))...>
             inputs{detail::shard_input(mesh_, cm, std::forward<Args>(args), std::get<I>(in_), plan,
-                                       report, "input " + std::to_string(I))...};
+                                       log, detail::slot{"input", I, I})...};
         decltype(auto) result = invoke(inputs, std::index_sequence<I...>{});
-        return finish(std::forward<decltype(result)>(result), report);
+        return finish(std::forward<decltype(result)>(result), log, sizeof...(I));
     }
 
     call_mesh make_call_mesh() const {
@@ -419,29 +457,28 @@ private:
     }
 
     template <class R>
-    auto finish(R&& result, std::string* report) const {
+    auto finish(R&& result, const detail::call_log& log, std::size_t inputs) const {
         using X = std::remove_cvref_t<R>;
         if constexpr (detail::is_tuple<X>::value) {
             return [&]<std::size_t... J>(std::index_sequence<J...>) {
                 return std::make_tuple(
-                    one_output<J>(std::get<J>(std::forward<R>(result)), report)...);
+                    one_output<J>(std::get<J>(std::forward<R>(result)), log, inputs)...);
             }
             (std::make_index_sequence<std::tuple_size_v<X>>{});
         } else {
-            return one_output<0>(std::forward<R>(result), report);
+            return one_output<0>(std::forward<R>(result), log, inputs);
         }
     }
 
     template <std::size_t J, class R>
-    auto one_output(R&& r, std::string* report) const {
-        const std::string what = "output " + std::to_string(J);
-        if constexpr (Local) {
-            return detail::wrap_local(mesh_, std::forward<R>(r), detail::spec_at<Out, J>(out_),
-                                      report, what);
-        } else {
+    auto one_output(R&& r, const detail::call_log& log, std::size_t inputs) const {
+        const detail::slot what{"output", J, inputs + J};
+        if constexpr (Local)
+            return detail::wrap_local(mesh_, std::forward<R>(r), detail::spec_at<Out, J>(out_), log,
+                                      what);
+        else
             return detail::shard_output(mesh_, std::forward<R>(r), detail::spec_at<Out, J>(out_),
-                                        report, what);
-        }
+                                        log, what);
     }
 
     Mesh mesh_;
@@ -451,6 +488,8 @@ private:
     std::optional<parameter_plan> plan_;
     bool trace_ = false;
     std::shared_ptr<std::string> report_;
+    std::shared_ptr<std::vector<std::shared_ptr<void>>>
+        plans_; // the plans of each input and output
 };
 
 /// shard(mesh, fn, in_specs [, out_specs] [, auto_redistribute] [, parameter_plan]): global
