@@ -66,6 +66,16 @@ static_assert(resolve(strategy{2, 2, 2}, m222) == layout("[dp, mp, sp]"));
 static_assert(resolve(strategy{4, 2}, m222) == layout("[(dp,mp), sp]"));
 static_assert(resolve(strategy{1, 4}, m222) == layout("[-, (mp,sp)]"));
 
+// MindSpore MatMul strategies: one device matrix [a, b, c] for both operands, the leading
+// axes left over repeat the computation.
+static_assert(resolve_matmul({2, 4}, {4, 1}, m24).x == layout("[dp, mp]"));
+static_assert(resolve_matmul({2, 4}, {4, 1}, m24).w == layout("[mp, -]"));
+static_assert(resolve_matmul({1, 1}, {1, 2}, m222).x == layout("[-, -]")); // dp, mp repeat
+static_assert(resolve_matmul({1, 1}, {1, 2}, m222).w == layout("[-, sp]"));
+static_assert(resolve_matmul({2, 2}, {2, 2}, m222).x == layout("[dp, mp]")); // contraction on mp
+static_assert(resolve_matmul({2, 2}, {2, 2}, m222).w == layout("[mp, sp]")); // for both sides
+static_assert(resolve_matmul({2, 1, 2}, {2, 2, 1}, m222).w == layout("[dp, sp, -]")); // batched
+
 // Partition arithmetic.
 static_assert(xshard::block_extent(10, 4, 0) == 3 && xshard::block_extent(10, 4, 3) == 2);
 static_assert(xshard::block_offset(10, 4, 2) == 6 && xshard::block_holding(10, 4, 6) == 2);

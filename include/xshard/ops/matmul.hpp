@@ -56,10 +56,43 @@ void gemm(std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t l
 
 /// The matrix product (batched for rank > 2), with the sharding rule above. Local products
 /// are BLAS gemm calls (one per batch element); no messages unless the mesh type inserts
-/// redistributions and the operands need one.
+/// redistributions and the operands need one. `matmul(a, b, out)` writes into an existing
+/// result (of the type and shape `matmul(a, b)` returns) without allocating.
 struct matmul_fn {
     template <distributed_tensor A, distributed_tensor B>
     auto operator()(const A& a, const B& b) const {
+        using rule = detail::rule_for<detail::matmul_rule_fn, A, B>;
+        constexpr std::size_t ra = A::rank, rb = B::rank;
+        check(a, b);
+        const auto& r = rule::get("matmul", a, b);
+        std::array<std::size_t, ra> shape = a.shape();
+        shape[ra - 1] = b.shape()[rb - 1];
+        const auto out_block = block_of(r.out, a.mesh().shape(), shape, a.mesh().rank());
+        using result = detail::result_t<typename A::value_type, typename A::mesh_type,
+                                        rule::is_static, rule::value.out, ra>;
+        result out(detail::unchecked, a.mesh(), shape,
+                   xt::xtensor<typename A::value_type, ra>::from_shape(out_block.extent), r.out);
+        compute(a, b, r, out);
+        return out;
+    }
+
+    template <distributed_tensor A, distributed_tensor B, distributed_tensor C>
+    void operator()(const A& a, const B& b, C& out) const {
+        using rule = detail::rule_for<detail::matmul_rule_fn, A, B>;
+        check(a, b);
+        const auto& r = rule::get("matmul", a, b);
+        auto shape = a.shape();
+        shape[A::rank - 1] = b.shape()[B::rank - 1];
+        if (!(out.mesh() == a.mesh()) || out.shape() != shape || !(out.layout() == r.out) ||
+            detail::to_array<C::rank>(out.local().shape()) != out.block().extent)
+            throw error("xshard: matmul: the output tensor is not the product's (mesh, shape " +
+                        detail::shape_string(shape) + ", layout " + r.out.to_string() + ")");
+        compute(a, b, r, out);
+    }
+
+private:
+    template <class A, class B>
+    static void check(const A& a, const B& b) {
         using T = typename A::value_type;
         static_assert(std::is_same_v<T, typename B::value_type>,
                       "xshard: matmul: the operands must have the same element type");
@@ -70,7 +103,6 @@ struct matmul_fn {
         constexpr std::size_t ra = A::rank, rb = B::rank;
         static_assert(ra >= 2 && (rb == 2 || rb == ra),
                       "xshard: matmul: a is [batch.., i, k] and b is [batch.., k, j] or [k, j]");
-        using rule = detail::rule_for<detail::matmul_rule_fn, A, B>;
         const auto& sa = a.shape();
         const auto& sb = b.shape();
         bool fits = sa[ra - 1] == sb[rb - 2];
@@ -79,24 +111,22 @@ struct matmul_fn {
         if (!fits || !(a.mesh() == b.mesh()))
             throw error("xshard: matmul: shapes " + detail::shape_string(sa) + " and " +
                         detail::shape_string(sb) + " do not multiply (or the meshes differ)");
-        const auto& r = rule::get("matmul", a, b);
+    }
+
+    template <class A, class B, class C>
+    static void compute(const A& a, const B& b, const rule_result& r, C& out) {
+        using rule = detail::rule_for<detail::matmul_rule_fn, A, B>;
+        constexpr std::size_t ra = A::rank, rb = B::rank;
         const auto pa = detail::prepare(a, r.a, rule::may_redistribute, "matmul");
         const auto pb = detail::prepare(b, r.b, rule::may_redistribute, "matmul");
         const auto& la = pa.get();
         const auto& lb = pb.get();
-
-        std::array<std::size_t, ra> shape = sa;
-        shape[ra - 1] = sb[rb - 1];
-        const auto out_block = block_of(r.out, a.mesh().shape(), shape, a.mesh().rank());
-        auto local = xt::xtensor<T, ra>::from_shape(out_block.extent);
+        auto& local = out.local();
         const std::size_t m = la.shape()[ra - 2], k = la.shape()[ra - 1], n = lb.shape()[rb - 1];
-        const std::size_t batches = local.size() / std::max<std::size_t>(1, m * n);
-        for (std::size_t i = 0; i < (m > 0 && n > 0 ? batches : 0); ++i)
+        const std::size_t batches = m > 0 && n > 0 ? local.size() / (m * n) : 0;
+        for (std::size_t i = 0; i < batches; ++i)
             detail::gemm(m, n, k, la.data() + i * m * k, k, lb.data() + (rb == ra ? i * k * n : 0),
                          n, local.data() + i * m * n, n);
-        using result =
-            detail::result_t<T, typename A::mesh_type, rule::is_static, rule::value.out, ra>;
-        return result(detail::unchecked, a.mesh(), shape, std::move(local), r.out);
     }
 };
 
