@@ -74,7 +74,8 @@ static_assert(resolve_matmul({1, 1}, {1, 2}, m222).x == layout("[-, -]")); // dp
 static_assert(resolve_matmul({1, 1}, {1, 2}, m222).w == layout("[-, sp]"));
 static_assert(resolve_matmul({2, 2}, {2, 2}, m222).x == layout("[dp, mp]")); // contraction on mp
 static_assert(resolve_matmul({2, 2}, {2, 2}, m222).w == layout("[mp, sp]")); // for both sides
-static_assert(resolve_matmul({2, 1, 2}, {2, 2, 1}, m222).w == layout("[dp, sp, -]")); // batched
+static_assert(resolve_matmul({2, 1, 2}, {2, 2, 1}, m222).w == layout("[mp, sp, -]")); // batched:
+static_assert(resolve_matmul({2, 1, 2}, {2, 2, 1}, m222).x == layout("[mp, -, sp]")); // dp repeats
 
 // Partition arithmetic.
 static_assert(xshard::block_extent(10, 4, 0) == 3 && xshard::block_extent(10, 4, 3) == 2);
