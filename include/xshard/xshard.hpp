@@ -35,4 +35,10 @@
 #include <xshard/tensor/expression.hpp>
 #include <xshard/tensor/gather.hpp>
 #include <xshard/tensor/parameter.hpp>
+#include <xshard/train/broadcast.hpp>
+#include <xshard/train/float16.hpp>
+#include <xshard/train/fusion.hpp>
+#include <xshard/train/gradients.hpp>
+#include <xshard/train/norms.hpp>
+#include <xshard/train/parameters.hpp>
 #include <xshard/tensor/visualize.hpp>

@@ -281,12 +281,17 @@ public:
                            reduction op) {
         const auto p = std::size_t(c.size());
         const std::size_t bytes = n * sizeof(T);
-        if (!tuning_.pairwise_all_reduce(n, p, sizeof(T))) {
-            if (in == out)
-                allreduce(c, std::span(out, n), detail::to_reduce_op(op));
-            else
-                allreduce(c, std::span(in, n), std::span(out, n), detail::to_reduce_op(op));
-            return p == 1 ? 0 : 2 * (p - 1) * bytes / p;
+        if constexpr (summable<T>) {
+            if (!tuning_.pairwise_all_reduce(n, p, sizeof(T))) {
+                if (in == out)
+                    allreduce(c, std::span(out, n), detail::to_reduce_op(op));
+                else
+                    allreduce(c, std::span(in, n), std::span(out, n), detail::to_reduce_op(op));
+                return p == 1 ? 0 : 2 * (p - 1) * bytes / p;
+            }
+        } else if (p == 1) { // types MPI cannot add (16-bit floats) always take the pairwise path
+            std::copy_n(in, n, out);
+            return 0;
         }
         reserve_all_reduce(n, p);
         pieces_.resize(p);

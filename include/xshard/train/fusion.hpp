@@ -1,0 +1,187 @@
+#pragma once
+/// \file
+/// What parameter broadcast and gradient synchronisation see of a parameter container: one
+/// record per parameter (its local shard as bytes, its element type, the group of ranks
+/// holding identical copies), and fusion into buckets: small parameters that travel together
+/// are packed into one buffer so that one collective moves them all.
+
+#include <xshard/comm/collectives.hpp>
+#include <xshard/comm/communicator.hpp>
+#include <xshard/core/axis.hpp>
+#include <xshard/core/mesh_shape.hpp>
+#include <xshard/core/partition.hpp>
+#include <xshard/train/float16.hpp>
+#include <xshard/train/parameters.hpp>
+
+#include <algorithm>
+#include <complex>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <typeindex>
+#include <vector>
+
+namespace xshard {
+
+/// Fusion of one kind of collective (MindSpore's comm_fusion): `automatic` buckets up to
+/// 64 MiB; `size` up to `threshold_mib` (0: every parameter on its own).
+struct fusion_threshold {
+    enum class mode { automatic, size } how = mode::automatic;
+    double threshold_mib = 64;
+
+    std::size_t bytes() const {
+        return how == mode::automatic ? std::size_t(64) << 20
+                                      : std::size_t(threshold_mib * double(1 << 20));
+    }
+};
+
+namespace detail {
+
+/// One parameter's local shard, type-erased.
+struct param_ref {
+    std::string name;
+    std::byte* data = nullptr;
+    std::size_t count = 0;   ///< elements
+    std::size_t element = 0; ///< bytes per element
+    std::type_index type = typeid(void);
+    MPI_Datatype mpi_type = MPI_DATATYPE_NULL;
+    axis_set replicated;                 ///< the axes along which ranks hold identical copies
+    const communicator* group = nullptr; ///< the communicator of those ranks
+    mesh_shape mesh;
+    int mesh_rank = 0;
+    const communicator* mesh_comm = nullptr; ///< the whole mesh (parameters must share one)
+    layout lay;                              ///< the layout (its own, or the dictionary's)
+    std::vector<std::size_t> shape;          ///< the global shape
+    std::string problem;                     ///< what is wrong with it on this rank ("" if nothing)
+
+    std::size_t bytes() const { return count * element; }
+
+    /// The bytes of the block rank `r` holds: every rank can compute it for every rank.
+    std::size_t block_bytes(int r) const {
+        const auto c = mesh.coords(r);
+        std::size_t n = element;
+        for (std::size_t d = 0; d < shape.size(); ++d)
+            n *= block_extent(shape[d], std::size_t(lay.split_count(d, mesh)),
+                              std::size_t(lay.block_index(d, mesh, c)));
+        return n;
+    }
+};
+
+/// The records of every parameter of a container (a tensor's mesh must outlive them). A
+/// parameter named in `layouts` takes its redundancy from that layout instead of its own; a
+/// name there that no parameter has, a layout that does not fit the mesh, or a shard whose
+/// shape contradicts its layout is recorded as a problem (in the last record for names the
+/// container does not have).
+template <parameter_container C>
+std::vector<param_ref> param_refs(C& c, const layout_dict* layouts = nullptr) {
+    std::vector<param_ref> refs;
+    std::size_t found = 0;
+    for_each_parameter(c, [&](const std::string& name, auto& t) {
+        using D = std::remove_cvref_t<decltype(t)>;
+        using T = typename D::value_type;
+        const auto& mesh = t.mesh();
+        std::string problem;
+        layout l = t.layout();
+        if (layouts) {
+            if (const auto it = layouts->find(name); it != layouts->end()) {
+                ++found;
+                try {
+                    it->second.validate(mesh.shape());
+                    if (it->second.rank() != D::rank)
+                        throw std::invalid_argument("xshard: the layout " + it->second.to_string() +
+                                                    " has another rank than the tensor");
+                    l = it->second;
+                } catch (const std::invalid_argument& e) {
+                    problem = std::string(e.what()) + " (parameter '" + name + "')";
+                }
+            }
+        }
+        if (to_array<D::rank>(t.local().shape()) !=
+            block_of(l, mesh.shape(), t.shape(), mesh.rank()).extent)
+            problem = "xshard: parameter '" + name + "' has a local shard of shape " +
+                      shape_string(t.local().shape()) + ", which its layout " + l.to_string() +
+                      " does not give rank " + std::to_string(mesh.rank());
+        const auto replicated = l.replicated_axes(mesh.shape());
+        auto& local = const_cast<typename D::local_type&>(t.local());
+        refs.push_back({name, reinterpret_cast<std::byte*>(local.data()), local.size(), sizeof(T),
+                        typeid(T), datatype_of<T>(), replicated, &mesh.sub(replicated),
+                        mesh.shape(), mesh.rank(), &mesh.comm(), l,
+                        std::vector<std::size_t>(t.shape().begin(), t.shape().end()), problem});
+    });
+    if (layouts && found != layouts->size() && !refs.empty()) {
+        for (const auto& [name, l] : *layouts)
+            if (std::none_of(refs.begin(), refs.end(),
+                             [&](const auto& r) { return r.name == name; })) {
+                refs.back().problem = "xshard: the layout dictionary names parameter '" + name +
+                                      "', which the container does not have";
+                break;
+            }
+    }
+    return refs;
+}
+
+/// The first problem of the records, or of their meshes (the parameters of one call must
+/// share a mesh).
+inline std::optional<std::string> first_problem(const std::vector<param_ref>& refs) {
+    for (const auto& r : refs) {
+        if (!r.problem.empty())
+            return r.problem;
+        if (r.mesh_comm != refs.front().mesh_comm)
+            return "xshard: parameter '" + r.name + "' lives on another mesh than '" +
+                   refs.front().name + "'";
+    }
+    return std::nullopt;
+}
+
+/// A bucket: parameters (indices into the records) that travel in one collective, in order.
+struct bucket {
+    std::vector<std::size_t> members;
+    std::size_t bytes = 0;
+    int root = 0; ///< broadcast: the owner's rank in the group
+};
+
+/// Groups the records `chosen` into buckets: one per key (parameters of different keys
+/// never share a bucket), each closed when adding a parameter would pass `limit` bytes (0:
+/// one parameter per bucket). The order of buckets and of their members follows `chosen`
+/// within a key, and keys in order: the same on every rank that computes it from the same
+/// records.
+template <class Key, class KeyOf>
+std::vector<bucket> make_buckets(const std::vector<param_ref>& refs,
+                                 const std::vector<std::size_t>& chosen, std::size_t limit,
+                                 KeyOf key_of) {
+    std::map<Key, std::vector<bucket>> by_key;
+    for (std::size_t i : chosen) {
+        auto& list = by_key[key_of(i)];
+        if (list.empty() || limit == 0 || list.back().bytes + refs[i].bytes() > limit)
+            list.emplace_back();
+        list.back().members.push_back(i);
+        list.back().bytes += refs[i].bytes();
+    }
+    std::vector<bucket> out;
+    for (auto& [key, list] : by_key)
+        for (auto& b : list)
+            out.push_back(std::move(b));
+    return out;
+}
+
+/// Packs the members of `b` into `buffer` (or unpacks them from it).
+inline void pack(const std::vector<param_ref>& refs, const bucket& b, std::byte* buffer) {
+    for (std::size_t i : b.members) {
+        std::memcpy(buffer, refs[i].data, refs[i].bytes());
+        buffer += refs[i].bytes();
+    }
+}
+inline void unpack(const std::vector<param_ref>& refs, const bucket& b, const std::byte* buffer) {
+    for (std::size_t i : b.members) {
+        std::memcpy(refs[i].data, buffer, refs[i].bytes());
+        buffer += refs[i].bytes();
+    }
+}
+
+} // namespace detail
+
+} // namespace xshard

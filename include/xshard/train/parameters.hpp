@@ -1,0 +1,186 @@
+#pragma once
+/// \file
+/// Containers of named parameters, and what the training algorithms see of them.
+///
+/// `for_each_parameter(container, f)` calls `f(name, tensor)` for every parameter, with
+/// dotted names for nested containers ("block1.dense2.weight"). It understands:
+///  * a distributed tensor (one parameter, named by its prefix) or a `parameter<D>`;
+///  * `std::map<std::string, T>` and `std::unordered_map<std::string, T>`;
+///  * any range (std or range-v3) of such things: a parameter's own name is used, other
+///    elements are named by their index;
+///  * `std::tuple` of such things (of different element types, float and double together):
+///    named by their own names, or their index;
+///  * a user type that opts in with a hidden friend (found by ADL, like mdspan's customisation
+///    points):
+///
+///        struct dense {
+///            xshard::dtensor<float, mesh_t, "[-, mp]"> weight, bias;
+///            friend void visit_parameters(dense& d, auto&& visit) {
+///                visit("weight", d.weight);
+///                visit("bias", d.bias);
+///            }
+///        };
+///
+///    `visit(name, member)` accepts a tensor, a parameter, or anything this list accepts
+///    (a sub-module, a vector of layers...), so models nest to any depth. The one overload
+///    taking `T&` also serves traversals of a const container (members are then const).
+
+#include <xshard/comm/collectives.hpp>
+#include <xshard/comm/error.hpp>
+#include <xshard/core/layout.hpp>
+#include <xshard/tensor/dtensor.hpp>
+#include <xshard/tensor/parameter.hpp>
+
+#include <map>
+#include <optional>
+#include <ranges>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace xshard {
+
+namespace detail {
+
+inline std::string join_name(std::string_view prefix, std::string_view name) {
+    if (prefix.empty())
+        return std::string(name);
+    return std::string(prefix) + "." + std::string(name);
+}
+
+template <class T>
+struct is_std_tuple : std::false_type {};
+template <class... T>
+struct is_std_tuple<std::tuple<T...>> : std::true_type {};
+
+template <class T>
+struct is_param : std::false_type {};
+template <class D>
+struct is_param<parameter<D>> : std::true_type {};
+
+template <class M>
+concept string_keyed_map = requires {
+    typename M::key_type;
+    typename M::mapped_type;
+}
+&&std::same_as<typename M::key_type, std::string>;
+
+template <class T>
+concept has_visit_parameters = requires(T& t) {
+    visit_parameters(t, [](std::string_view, auto&) {});
+};
+
+} // namespace detail
+
+/// Calls `f(name, tensor)` for every parameter of `c` (see the file comment); `tensor` is a
+/// reference to the distributed tensor (const if `c` is).
+template <class C, class F>
+void for_each_parameter(C&& c, F&& f, std::string_view prefix = {}) {
+    using X = std::remove_cvref_t<C>;
+    if constexpr (distributed_tensor<X>) {
+        f(std::string(prefix), c);
+    } else if constexpr (detail::is_param<X>::value) {
+        f(prefix.empty() ? c.name : std::string(prefix), c.value);
+    } else if constexpr (detail::has_visit_parameters<X>) {
+        // One hidden friend taking T& serves const traversals too: members are handed on const.
+        constexpr bool is_const = std::is_const_v<std::remove_reference_t<C>>;
+        visit_parameters(const_cast<X&>(c), [&](std::string_view name, auto& member) {
+            if constexpr (is_const)
+                for_each_parameter(std::as_const(member), f, detail::join_name(prefix, name));
+            else
+                for_each_parameter(member, f, detail::join_name(prefix, name));
+        });
+    } else if constexpr (detail::string_keyed_map<X>) {
+        for (auto& [name, value] : c)
+            for_each_parameter(value, f, detail::join_name(prefix, name));
+    } else if constexpr (detail::is_std_tuple<X>::value) {
+        std::size_t i = 0;
+        std::apply(
+            [&](auto&... elements) {
+                (
+                    [&](auto& e) {
+                        using E = std::remove_cvref_t<decltype(e)>;
+                        if constexpr (detail::is_param<E>::value)
+                            f(detail::join_name(prefix, e.name), e.value);
+                        else
+                            for_each_parameter(e, f, detail::join_name(prefix, std::to_string(i)));
+                        ++i;
+                    }(elements),
+                    ...);
+            },
+            c);
+    } else if constexpr (std::ranges::range<X>) {
+        std::size_t i = 0;
+        for (auto&& e : c) {
+            using E = std::remove_cvref_t<decltype(e)>;
+            if constexpr (detail::is_param<E>::value)
+                f(detail::join_name(prefix, e.name), e.value);
+            else
+                for_each_parameter(e, f, detail::join_name(prefix, std::to_string(i)));
+            ++i;
+        }
+    } else {
+        static_assert(std::is_void_v<X>,
+                      "xshard: not a parameter container: use a distributed tensor, a parameter, "
+                      "a map from names, a range, a tuple, or give the type a hidden friend "
+                      "visit_parameters(T&, visit)");
+    }
+}
+
+/// Whether xshard can enumerate the parameters of C.
+template <class C>
+concept parameter_container = requires(C& c) {
+    for_each_parameter(c, [](const std::string&, auto&) {});
+};
+
+/// Parameter name -> layout (a layout dictionary, MindSpore's parameter_layout_dict).
+using layout_dict = std::map<std::string, layout>;
+
+/// The layout dictionary of a container: every parameter's current layout.
+template <parameter_container C>
+layout_dict layouts_of(const C& c) {
+    layout_dict d;
+    for_each_parameter(c, [&](const std::string& name, const auto& t) { d[name] = t.layout(); });
+    return d;
+}
+
+/// The names of a container's parameters, in enumeration order.
+template <parameter_container C>
+std::vector<std::string> parameter_names(const C& c) {
+    std::vector<std::string> names;
+    for_each_parameter(c, [&](const std::string& name, const auto&) { names.push_back(name); });
+    return names;
+}
+
+namespace detail {
+
+/// Raises on every rank the error of the first rank (in `c`) that found one, with that
+/// rank's message: an all-gather of one int, then a broadcast of the message. So an error
+/// only some ranks can see still raises the same exception everywhere, before anything else
+/// is sent.
+inline void raise_first_error(const communicator& c, const std::optional<std::string>& mine) {
+    const int bad = mine ? 1 : 0;
+    std::vector<int> all(std::size_t(c.size()));
+    allgather(c, std::span(&bad, 1), all);
+    int first = -1;
+    for (std::size_t r = 0; r < all.size() && first < 0; ++r)
+        if (all[r])
+            first = int(r);
+    if (first < 0)
+        return;
+    unsigned long long length = c.rank() == first ? mine->size() : 0;
+    bcast(c, std::span(&length, 1), first);
+    std::string text(std::size_t(length), '\0');
+    if (c.rank() == first)
+        text = *mine;
+    bcast(c, std::span(text.data(), text.size()), first);
+    throw error(text);
+}
+
+} // namespace detail
+
+} // namespace xshard
