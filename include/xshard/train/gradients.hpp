@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -114,8 +115,12 @@ public:
                 bucket_of_[i] = int(k);
             const auto& first = refs_[buckets_[k].members.front()];
             const bool widen = options.fp32_communication && first.element == 2;
-            buffers_.emplace_back(buckets_[k].bytes / first.element *
-                                  (widen ? sizeof(float) : first.element));
+            // No buffer for a bucket reduced in place (one parameter in its own type).
+            const std::size_t size =
+                buckets_[k].members.size() == 1 && !widen
+                    ? 0
+                    : buckets_[k].bytes / first.element * (widen ? sizeof(float) : first.element);
+            buffers_.push_back(std::unique_ptr<std::byte[]>(size ? new std::byte[size] : nullptr));
         }
         waiting_.assign(buckets_.size(), 0);
         requests_.resize(buckets_.size());
@@ -175,18 +180,25 @@ private:
         });
     }
 
-    /// All-reduces bucket k in type Wire (the gradients' type T, or float for T 16-bit).
+    /// All-reduces bucket k in type Wire (the gradients' type T, or float for T 16-bit): in
+    /// place for a bucket of one parameter, through the bucket's buffer otherwise.
     template <class Wire, class T>
     void reduce(std::size_t k, bool nonblocking) {
         const auto& b = buckets_[k];
         const auto& group = *refs_[b.members.front()].group;
-        auto* wire = reinterpret_cast<Wire*>(buffers_[k].data());
-        std::size_t n = 0;
-        for (std::size_t i : b.members) {
-            const auto* g = reinterpret_cast<const T*>(refs_[i].data);
-            std::copy(g, g + refs_[i].count, wire + n); // converts to Wire
-            n += refs_[i].count;
+        Wire* wire = wire_of<Wire, T>(k);
+        if (static_cast<void*>(wire) != static_cast<void*>(refs_[b.members.front()].data)) {
+            std::size_t n = 0;
+            for (std::size_t i : b.members) {
+                const auto* g = reinterpret_cast<const T*>(refs_[i].data);
+                if constexpr (std::is_same_v<Wire, T>)
+                    std::memcpy(wire + n, g, refs_[i].bytes());
+                else
+                    std::copy(g, g + refs_[i].count, wire + n); // widens
+                n += refs_[i].count;
+            }
         }
+        const std::size_t n = b.bytes / sizeof(T);
         if (nonblocking) {
             MPI_Request h = MPI_REQUEST_NULL;
             detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, wire, int(n), datatype_of<Wire>(),
@@ -197,6 +209,16 @@ private:
         } else {
             reducer_for<Wire>().all_reduce(group, wire, wire, n, reduction::sum);
         }
+    }
+
+    /// Where bucket k is reduced: the gradient itself for a bucket of one parameter in its own
+    /// type, the bucket's buffer otherwise.
+    template <class Wire, class T>
+    Wire* wire_of(std::size_t k) {
+        const auto& b = buckets_[k];
+        if (b.members.size() == 1 && std::is_same_v<Wire, T>)
+            return reinterpret_cast<Wire*>(refs_[b.members.front()].data);
+        return reinterpret_cast<Wire*>(buffers_[k].get());
     }
 
     template <class Wire>
@@ -233,11 +255,27 @@ private:
 
     template <class Wire, class T>
     void unpack(std::size_t k, double copies) {
-        const auto* wire = reinterpret_cast<const Wire*>(buffers_[k].data());
-        for (std::size_t i : buckets_[k].members) {
+        const auto& b = buckets_[k];
+        Wire* wire = wire_of<Wire, T>(k);
+        const std::size_t n = b.bytes / sizeof(T);
+        if (options_.mean) {
+            if constexpr (std::is_floating_point_v<Wire>) {
+                const Wire scale = Wire(1.0 / copies);
+                for (std::size_t j = 0; j < n; ++j)
+                    wire[j] *= scale;
+            } else {
+                for (std::size_t j = 0; j < n; ++j)
+                    wire[j] = Wire(double(wire[j]) / copies);
+            }
+        }
+        if (static_cast<void*>(wire) == static_cast<void*>(refs_[b.members.front()].data))
+            return; // reduced in place
+        for (std::size_t i : b.members) {
             auto* g = reinterpret_cast<T*>(refs_[i].data);
-            for (std::size_t j = 0; j < refs_[i].count; ++j)
-                g[j] = options_.mean ? T(double(wire[j]) / copies) : T(wire[j]);
+            if constexpr (std::is_same_v<Wire, T>)
+                std::memcpy(g, wire, refs_[i].bytes());
+            else
+                std::copy(wire, wire + refs_[i].count, g); // narrows
             wire += refs_[i].count;
         }
     }
@@ -246,7 +284,7 @@ private:
     std::vector<detail::param_ref> refs_;
     std::vector<detail::bucket> buckets_;
     std::vector<int> bucket_of_;
-    std::vector<std::vector<std::byte>> buffers_;
+    std::vector<std::unique_ptr<std::byte[]>> buffers_; // uninitialised: filled by packing
     std::vector<std::size_t> waiting_;
     std::vector<request> requests_;
     std::map<std::type_index, std::shared_ptr<void>> reducers_;
