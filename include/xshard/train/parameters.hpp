@@ -76,10 +76,24 @@ concept has_visit_parameters = requires(T& t) {
 
 } // namespace detail
 
+template <class C, class F>
+void for_each_parameter(C&& c, F&& f, std::string_view prefix = {});
+
+namespace detail {
+/// An element of a tuple or a range: a parameter by its own name, anything else by its index.
+template <class E, class F>
+void visit_element(E& e, F& f, std::string_view prefix, std::size_t index) {
+    if constexpr (is_param<std::remove_const_t<E>>::value)
+        f(join_name(prefix, e.name), e.value);
+    else
+        for_each_parameter(e, f, join_name(prefix, std::to_string(index)));
+}
+} // namespace detail
+
 /// Calls `f(name, tensor)` for every parameter of `c` (see the file comment); `tensor` is a
 /// reference to the distributed tensor (const if `c` is).
 template <class C, class F>
-void for_each_parameter(C&& c, F&& f, std::string_view prefix = {}) {
+void for_each_parameter(C&& c, F&& f, std::string_view prefix) {
     using X = std::remove_cvref_t<C>;
     if constexpr (distributed_tensor<X>) {
         f(std::string(prefix), c);
@@ -100,29 +114,11 @@ void for_each_parameter(C&& c, F&& f, std::string_view prefix = {}) {
     } else if constexpr (detail::is_std_tuple<X>::value) {
         std::size_t i = 0;
         std::apply(
-            [&](auto&... elements) {
-                (
-                    [&](auto& e) {
-                        using E = std::remove_cvref_t<decltype(e)>;
-                        if constexpr (detail::is_param<E>::value)
-                            f(detail::join_name(prefix, e.name), e.value);
-                        else
-                            for_each_parameter(e, f, detail::join_name(prefix, std::to_string(i)));
-                        ++i;
-                    }(elements),
-                    ...);
-            },
-            c);
+            [&](auto&... elements) { (detail::visit_element(elements, f, prefix, i++), ...); }, c);
     } else if constexpr (std::ranges::range<X>) {
         std::size_t i = 0;
-        for (auto&& e : c) {
-            using E = std::remove_cvref_t<decltype(e)>;
-            if constexpr (detail::is_param<E>::value)
-                f(detail::join_name(prefix, e.name), e.value);
-            else
-                for_each_parameter(e, f, detail::join_name(prefix, std::to_string(i)));
-            ++i;
-        }
+        for (auto&& e : c)
+            detail::visit_element(e, f, prefix, i++);
     } else {
         static_assert(std::is_void_v<X>,
                       "xshard: not a parameter container: use a distributed tensor, a parameter, "
