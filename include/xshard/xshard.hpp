@@ -15,6 +15,10 @@
 #include <xshard/core/partition.hpp>
 #include <xshard/core/static_vector.hpp>
 #include <xshard/core/strategy.hpp>
+#include <xshard/io/checkpoint.hpp>
+#include <xshard/io/files.hpp>
+#include <xshard/io/safetensors.hpp>
+#include <xshard/io/strategy_file.hpp>
 #include <xshard/ops/elementwise.hpp>
 #include <xshard/ops/embedding.hpp>
 #include <xshard/ops/matmul.hpp>

@@ -22,6 +22,9 @@ struct parameter {
     std::string name;
     D value;
     std::optional<layout> planned = std::nullopt;
+    /// Whether an optimizer updates it (strategy files and checkpoints keep only trainable
+    /// parameters unless asked for all).
+    bool trainable = true;
 
     /// Records that a plan lays the parameter out as `l`; throws (on every rank alike: the
     /// plans are the same data everywhere) if another plan said otherwise.

@@ -46,6 +46,15 @@ namespace xshard {
 
 namespace detail {
 
+/// Calls `f(name, tensor, trainable)` if `f` takes the flag, `f(name, tensor)` otherwise.
+template <class F, class T>
+void call_visitor(F& f, const std::string& name, T& tensor, bool trainable) {
+    if constexpr (std::is_invocable_v<F&, const std::string&, T&, bool>)
+        f(name, tensor, trainable);
+    else
+        f(name, tensor);
+}
+
 inline std::string join_name(std::string_view prefix, std::string_view name) {
     if (prefix.empty())
         return std::string(name);
@@ -84,21 +93,24 @@ namespace detail {
 template <class E, class F>
 void visit_element(E& e, F& f, std::string_view prefix, std::size_t index) {
     if constexpr (is_param<std::remove_const_t<E>>::value)
-        f(join_name(prefix, e.name), e.value);
+        call_visitor(f, join_name(prefix, e.name), e.value, e.trainable);
     else
         for_each_parameter(e, f, join_name(prefix, std::to_string(index)));
 }
 } // namespace detail
 
 /// Calls `f(name, tensor)` for every parameter of `c` (see the file comment); `tensor` is a
-/// reference to the distributed tensor (const if `c` is).
+/// reference to the distributed tensor (const if `c` is). A callback that takes a third
+/// argument also gets whether the parameter is trainable (a `parameter`'s flag; true for a
+/// bare tensor).
 template <class C, class F>
 void for_each_parameter(C&& c, F&& f, std::string_view prefix) {
     using X = std::remove_cvref_t<C>;
     if constexpr (distributed_tensor<X>) {
-        f(std::string(prefix), c);
+        detail::call_visitor(f, std::string(prefix), c, true);
     } else if constexpr (detail::is_param<X>::value) {
-        f(prefix.empty() ? c.name : std::string(prefix), c.value);
+        detail::call_visitor(f, prefix.empty() ? c.name : std::string(prefix), c.value,
+                             c.trainable);
     } else if constexpr (detail::has_visit_parameters<X>) {
         // One hidden friend taking T& serves const traversals too: members are handed on const.
         constexpr bool is_const = std::is_const_v<std::remove_reference_t<C>>;
@@ -158,7 +170,8 @@ namespace detail {
 /// rank's message: an all-gather of one int, then a broadcast of the message. So an error
 /// only some ranks can see still raises the same exception everywhere, before anything else
 /// is sent.
-inline void raise_first_error(const communicator& c, const std::optional<std::string>& mine) {
+template <class Error = error>
+void raise_first_error(const communicator& c, const std::optional<std::string>& mine) {
     const int bad = mine ? 1 : 0;
     std::vector<int> all(std::size_t(c.size()));
     allgather(c, std::span(&bad, 1), all);
@@ -174,7 +187,7 @@ inline void raise_first_error(const communicator& c, const std::optional<std::st
     if (c.rank() == first)
         text = *mine;
     bcast(c, std::span(text.data(), text.size()), first);
-    throw error(text);
+    throw Error(text);
 }
 
 } // namespace detail

@@ -1,0 +1,296 @@
+#pragma once
+/// \file
+/// What checkpoints need from the file system: durable writes that replace a file only when
+/// the new one is complete (write to a temporary name, flush, fsync, rename, fsync the
+/// directory), reads of byte ranges and of boxes of a tensor stored row-major, and CRC-32
+/// checksums (zlib's, so that Python's `zlib.crc32` checks them too) that combine over pieces
+/// read by different ranks.
+
+#include <xshard/core/partition.hpp>
+#include <xshard/io/safetensors.hpp>
+
+#include <zlib.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+namespace xshard {
+
+namespace detail {
+
+[[noreturn]] inline void io_fail(const std::string& what, const std::string& path) {
+    throw io_error("xshard: " + what + " " + path + ": " + std::strerror(errno));
+}
+
+/// An open file descriptor, closed with the object.
+class file {
+public:
+    file() = default;
+    file(const std::string& path, int flags, mode_t mode = 0644)
+        : path_(path) {
+        fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+        if (fd_ < 0)
+            io_fail("cannot open", path);
+    }
+    file(file&& o) noexcept
+        : fd_(std::exchange(o.fd_, -1))
+        , path_(std::move(o.path_)) {}
+    file& operator=(file&& o) noexcept {
+        std::swap(fd_, o.fd_);
+        std::swap(path_, o.path_);
+        return *this;
+    }
+    ~file() {
+        if (fd_ >= 0)
+            ::close(fd_);
+    }
+    int fd() const noexcept { return fd_; }
+    const std::string& path() const noexcept { return path_; }
+
+    std::size_t size() const {
+        struct stat st {};
+        if (::fstat(fd_, &st) != 0)
+            io_fail("cannot stat", path_);
+        return std::size_t(st.st_size);
+    }
+    /// Reads exactly `n` bytes at `offset` (a short file is an error).
+    void read_at(void* out, std::size_t n, std::size_t offset) const {
+        auto* p = static_cast<char*>(out);
+        while (n > 0) {
+            const auto got = ::pread(fd_, p, n, off_t(offset));
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got < 0)
+                io_fail("cannot read", path_);
+            if (got == 0)
+                throw io_error("xshard: " + path_ + " is truncated");
+            p += got;
+            n -= std::size_t(got);
+            offset += std::size_t(got);
+        }
+    }
+    void write_at(const void* data, std::size_t n, std::size_t offset) const {
+        const auto* p = static_cast<const char*>(data);
+        while (n > 0) {
+            const auto put = ::pwrite(fd_, p, n, off_t(offset));
+            if (put < 0 && errno == EINTR)
+                continue;
+            if (put < 0)
+                io_fail("cannot write", path_);
+            p += put;
+            n -= std::size_t(put);
+            offset += std::size_t(put);
+        }
+    }
+    void sync() const {
+        if (::fsync(fd_) != 0)
+            io_fail("cannot fsync", path_);
+    }
+
+private:
+    int fd_ = -1;
+    std::string path_;
+};
+
+/// fsyncs the directory holding `path`, so that a rename there is durable.
+inline void sync_directory_of(const std::string& path) {
+    auto dir = std::filesystem::path(path).parent_path();
+    if (dir.empty())
+        dir = ".";
+    file d(dir.string(), O_RDONLY | O_DIRECTORY);
+    ::fsync(d.fd());
+}
+
+/// Makes `from` (complete and synced) replace `to` atomically, durably.
+inline void commit_rename(const std::string& from, const std::string& to) {
+    if (::rename(from.c_str(), to.c_str()) != 0)
+        io_fail("cannot rename " + from + " to", to);
+    sync_directory_of(to);
+}
+
+/// Writes `bytes` to `path` durably and atomically (temporary name, fsync, rename).
+inline void write_file_atomically(const std::string& path, std::string_view bytes) {
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    {
+        file f(tmp, O_WRONLY | O_CREAT | O_TRUNC);
+        f.write_at(bytes.data(), bytes.size(), 0);
+        f.sync();
+    }
+    commit_rename(tmp, path);
+}
+
+/// The whole of a small file.
+inline std::string read_file(const std::string& path) {
+    file f(path, O_RDONLY);
+    std::string s(f.size(), '\0');
+    f.read_at(s.data(), s.size(), 0);
+    return s;
+}
+
+/// The header of the safetensors file `f`.
+inline safetensors_header read_header(const file& f) {
+    const std::size_t size = f.size();
+    std::string head(std::min<std::size_t>(size, 8), '\0');
+    f.read_at(head.data(), head.size(), 0);
+    if (head.size() == 8) {
+        std::uint64_t length = 0;
+        for (int i = 7; i >= 0; --i)
+            length = length << 8 | std::uint8_t(head[std::size_t(i)]);
+        if (length <= max_header_bytes && length <= size - 8) {
+            head.resize(8 + std::size_t(length));
+            f.read_at(head.data() + 8, std::size_t(length), 8);
+        }
+    }
+    try {
+        return parse_header(head, size);
+    } catch (const io_error& e) {
+        throw io_error(std::string(e.what()) + " (" + f.path() + ")");
+    }
+}
+
+/// The CRC-32 of `n` bytes.
+inline std::uint32_t crc32_of(const void* data, std::size_t n, std::uint32_t crc = 0) {
+    const auto* p = static_cast<const Bytef*>(data);
+    while (n > 0) {
+        const auto chunk = uInt(std::min<std::size_t>(n, std::size_t(1) << 30));
+        crc = std::uint32_t(::crc32(uLong(crc), p, chunk));
+        p += chunk;
+        n -= chunk;
+    }
+    return crc;
+}
+
+/// "0a1b2c3d".
+inline std::string crc_hex(std::uint32_t crc) {
+    char text[9];
+    std::snprintf(text, sizeof text, "%08x", crc);
+    return text;
+}
+
+/// A piece of a stored tensor whose checksum a rank computed: which tensor (an index agreed
+/// on by every rank), where in its bytes, how long, and the CRC of those bytes.
+struct crc_run {
+    std::uint64_t tensor;
+    std::uint64_t offset;
+    std::uint64_t length;
+    std::uint64_t crc;
+};
+
+/// The checksum of each tensor from runs that tile it exactly once (sorted here): the runs
+/// of a tensor must cover [0, size) without gap or overlap, else the tensor's checksum is
+/// reported missing (nullopt).
+inline std::vector<std::optional<std::uint32_t>>
+combine_runs(std::vector<crc_run> runs, const std::vector<std::uint64_t>& sizes) {
+    std::sort(runs.begin(), runs.end(), [](const auto& a, const auto& b) {
+        return std::tie(a.tensor, a.offset) < std::tie(b.tensor, b.offset);
+    });
+    std::vector<std::optional<std::uint32_t>> out(sizes.size());
+    std::vector<std::uint64_t> covered(sizes.size(), 0);
+    std::vector<bool> broken(sizes.size(), false);
+    std::vector<std::uint32_t> crc(sizes.size(), 0);
+    for (const auto& r : runs) {
+        const auto t = std::size_t(r.tensor);
+        if (t >= sizes.size() || r.offset != covered[t]) {
+            if (t < sizes.size())
+                broken[t] = true;
+            continue;
+        }
+        crc[t] = std::uint32_t(::crc32_combine(uLong(crc[t]), uLong(r.crc), z_off_t(r.length)));
+        covered[t] += r.length;
+    }
+    for (std::size_t t = 0; t < sizes.size(); ++t)
+        if (!broken[t] && covered[t] == sizes[t])
+            out[t] = crc[t];
+    return out;
+}
+
+/// The byte runs (offset in a row-major array of `shape` with `element`-byte elements, length)
+/// of `region`, in increasing order, whole trailing dimensions merged.
+inline std::vector<std::pair<std::size_t, std::size_t>>
+runs_of(const std::vector<std::size_t>& shape, const std::vector<std::size_t>& offset,
+        const std::vector<std::size_t>& extent, std::size_t element) {
+    const std::size_t n = shape.size();
+    std::vector<std::pair<std::size_t, std::size_t>> runs;
+    std::size_t size = 1;
+    for (auto e : extent)
+        size *= e;
+    if (size == 0)
+        return runs;
+    if (n == 0) {
+        runs.emplace_back(0, element);
+        return runs;
+    }
+    std::size_t inner = n - 1, run = extent[n - 1];
+    while (inner > 0 && extent[inner] == shape[inner]) {
+        --inner;
+        run *= extent[inner];
+    }
+    std::vector<std::size_t> stride(n, 1);
+    for (std::size_t d = n - 1; d-- > 0;)
+        stride[d] = stride[d + 1] * shape[d + 1];
+    std::vector<std::size_t> idx(inner, 0);
+    for (std::size_t k = 0; k < size / run; ++k) {
+        std::size_t at = 0;
+        for (std::size_t d = 0; d < n; ++d)
+            at += (offset[d] + (d < inner ? idx[d] : 0)) * stride[d];
+        runs.emplace_back(at * element, run * element);
+        for (std::size_t d = inner; d-- > 0;) {
+            if (++idx[d] < extent[d])
+                break;
+            idx[d] = 0;
+        }
+    }
+    return runs;
+}
+
+/// Box-to-box copy runs: for `region` (global coordinates), pairs of byte offsets in the source
+/// block (offset `so`, extent `se`) and destination block (`dof`, `de`) with the run length.
+inline std::vector<std::array<std::size_t, 3>>
+copy_runs(const std::vector<std::size_t>& ro, const std::vector<std::size_t>& re,
+          const std::vector<std::size_t>& so, const std::vector<std::size_t>& se,
+          const std::vector<std::size_t>& dof, const std::vector<std::size_t>& de,
+          std::size_t element) {
+    std::vector<std::size_t> rel_src(ro.size()), rel_dst(ro.size());
+    for (std::size_t d = 0; d < ro.size(); ++d) {
+        rel_src[d] = ro[d] - so[d];
+        rel_dst[d] = ro[d] - dof[d];
+    }
+    const auto src = runs_of(se, rel_src, re, element);
+    std::vector<std::array<std::size_t, 3>> out;
+    // The destination runs may be shorter (fewer whole dimensions): split source runs to them.
+    const auto dst = runs_of(de, rel_dst, re, element);
+    std::size_t i = 0, j = 0, si = 0, dj = 0;
+    while (i < src.size() && j < dst.size()) {
+        const std::size_t n = std::min(src[i].second - si, dst[j].second - dj);
+        out.push_back({src[i].first + si, dst[j].first + dj, n});
+        si += n;
+        dj += n;
+        if (si == src[i].second) {
+            ++i;
+            si = 0;
+        }
+        if (dj == dst[j].second) {
+            ++j;
+            dj = 0;
+        }
+    }
+    return out;
+}
+
+} // namespace detail
+
+} // namespace xshard

@@ -1,0 +1,233 @@
+#pragma once
+/// \file
+/// The safetensors format: an 8-byte little-endian header length, a JSON header mapping each
+/// tensor's name to its dtype, shape and data offsets (plus an optional "__metadata__" map of
+/// strings), then the raw little-endian data of every tensor, contiguous.
+///
+/// `parse_header` reads a header defensively: every length, shape and offset is checked
+/// against the file before anything is allocated for it, so a truncated, corrupted or hostile
+/// file gives an `xshard::io_error` naming what is wrong, never a crash or a huge
+/// allocation. (tests/io/fuzz_safetensors.cpp fuzzes it.)
+
+#include <xshard/comm/error.hpp>
+#include <xshard/train/float16.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <complex>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+namespace xshard {
+
+/// A checkpoint or strategy file that cannot be read as asked (truncated, corrupted, not
+/// matching the model).
+class io_error : public error {
+public:
+    using error::error;
+};
+
+/// The safetensors name of an element type ("F64", "BF16", ...), and its size.
+struct dtype_info {
+    std::string_view name;
+    std::size_t size;
+};
+
+template <class T>
+constexpr dtype_info dtype_of() {
+    using U = std::remove_cv_t<T>;
+    if constexpr (std::is_same_v<U, double>)
+        return {"F64", 8};
+    else if constexpr (std::is_same_v<U, float>)
+        return {"F32", 4};
+    else if constexpr (std::is_same_v<U, float16>)
+        return {"F16", 2};
+    else if constexpr (std::is_same_v<U, bfloat16>)
+        return {"BF16", 2};
+    else if constexpr (std::is_same_v<U, std::int64_t>)
+        return {"I64", 8};
+    else if constexpr (std::is_same_v<U, std::int32_t>)
+        return {"I32", 4};
+    else if constexpr (std::is_same_v<U, std::int16_t>)
+        return {"I16", 2};
+    else if constexpr (std::is_same_v<U, std::int8_t>)
+        return {"I8", 1};
+    else if constexpr (std::is_same_v<U, std::uint64_t>)
+        return {"U64", 8};
+    else if constexpr (std::is_same_v<U, std::uint32_t>)
+        return {"U32", 4};
+    else if constexpr (std::is_same_v<U, std::uint16_t>)
+        return {"U16", 2};
+    else if constexpr (std::is_same_v<U, std::uint8_t>)
+        return {"U8", 1};
+    else if constexpr (std::is_same_v<U, bool>)
+        return {"BOOL", 1};
+    else if constexpr (std::is_same_v<U, std::complex<float>>)
+        return {"C64", 8};
+    else
+        static_assert(std::is_void_v<U>, "xshard: this element type has no safetensors dtype");
+}
+
+/// The size of a safetensors dtype, 0 if it is not one.
+inline std::size_t dtype_size(std::string_view name) {
+    static const std::map<std::string_view, std::size_t> sizes{
+        {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},  {"I16", 2},
+        {"I8", 1},  {"U64", 8}, {"U32", 4}, {"U16", 2},  {"U8", 1},  {"BOOL", 1}, {"C64", 8}};
+    const auto it = sizes.find(name);
+    return it == sizes.end() ? 0 : it->second;
+}
+
+/// One tensor of a safetensors file.
+struct tensor_entry {
+    std::string name;
+    std::string dtype;
+    std::vector<std::size_t> shape;
+    std::size_t begin = 0; ///< offset of the first byte in the data section
+    std::size_t end = 0;   ///< one past the last byte
+
+    std::size_t elements() const {
+        std::size_t n = 1;
+        for (auto e : shape)
+            n *= e;
+        return n;
+    }
+};
+
+/// A parsed header: the tensors (in data order), the metadata, and where the data begins.
+struct safetensors_header {
+    std::vector<tensor_entry> tensors;
+    std::map<std::string, std::string> metadata;
+    std::size_t data_start = 0; ///< 8 + header length
+
+    const tensor_entry* find(std::string_view name) const {
+        for (const auto& t : tensors)
+            if (t.name == name)
+                return &t;
+        return nullptr;
+    }
+};
+
+/// The largest header xshard reads (the format's own reference reader uses 100 MB).
+inline constexpr std::size_t max_header_bytes = std::size_t(100) << 20;
+
+/// Parses the header of a safetensors file of `file_size` bytes whose first bytes are
+/// `head` (at least the 8 length bytes; the whole header when the length fits). Throws
+/// io_error for anything malformed or inconsistent with the file's size.
+inline safetensors_header parse_header(std::string_view head, std::size_t file_size) {
+    if (head.size() < 8 || file_size < 8)
+        throw io_error("xshard: not a safetensors file: shorter than its 8-byte header length");
+    std::uint64_t length = 0;
+    for (int i = 7; i >= 0; --i)
+        length = length << 8 | std::uint8_t(head[std::size_t(i)]);
+    if (length > max_header_bytes || length > file_size - 8)
+        throw io_error("xshard: safetensors header length " + std::to_string(length) +
+                       " does not fit the file (" + std::to_string(file_size) + " bytes)");
+    if (head.size() < 8 + length)
+        throw io_error("xshard: safetensors header truncated");
+    safetensors_header h;
+    h.data_start = 8 + std::size_t(length);
+    const std::size_t data_bytes = file_size - h.data_start;
+    nlohmann::json json;
+    try {
+        json = nlohmann::json::parse(head.substr(8, std::size_t(length)));
+    } catch (const nlohmann::json::exception& e) {
+        throw io_error(std::string("xshard: safetensors header is not valid JSON: ") + e.what());
+    }
+    if (!json.is_object())
+        throw io_error("xshard: safetensors header is not a JSON object");
+    for (const auto& [name, value] : json.items()) {
+        if (name == "__metadata__") {
+            if (!value.is_object())
+                throw io_error("xshard: safetensors __metadata__ is not an object");
+            for (const auto& [key, text] : value.items()) {
+                if (!text.is_string())
+                    throw io_error("xshard: safetensors metadata '" + key + "' is not a string");
+                h.metadata[key] = text.get<std::string>();
+            }
+            continue;
+        }
+        if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") ||
+            !value.contains("data_offsets") || !value["dtype"].is_string() ||
+            !value["shape"].is_array() || !value["data_offsets"].is_array() ||
+            value["data_offsets"].size() != 2)
+            throw io_error("xshard: safetensors entry '" + name +
+                           "' lacks dtype, shape or data_offsets");
+        tensor_entry t;
+        t.name = name;
+        t.dtype = value["dtype"].get<std::string>();
+        const std::size_t element = dtype_size(t.dtype);
+        if (element == 0)
+            throw io_error("xshard: tensor '" + name + "' has unknown dtype '" + t.dtype + "'");
+        std::size_t bytes = element;
+        for (const auto& e : value["shape"]) {
+            if (!e.is_number_unsigned())
+                throw io_error("xshard: tensor '" + name +
+                               "' has a shape that is not a list of counts");
+            const auto n = e.get<std::uint64_t>();
+            if (n != 0 && bytes > data_bytes / n) // more bytes than the file could hold
+                throw io_error("xshard: tensor '" + name + "' has a shape larger than the file");
+            bytes *= std::size_t(n);
+            t.shape.push_back(std::size_t(n));
+        }
+        for (const auto& o : value["data_offsets"])
+            if (!o.is_number_unsigned())
+                throw io_error("xshard: tensor '" + name +
+                               "' has data offsets that are not counts");
+        t.begin = std::size_t(value["data_offsets"][0].get<std::uint64_t>());
+        t.end = std::size_t(value["data_offsets"][1].get<std::uint64_t>());
+        if (t.begin > t.end || t.end > data_bytes)
+            throw io_error("xshard: tensor '" + name + "' has data offsets beyond the file");
+        if (t.end - t.begin != bytes)
+            throw io_error("xshard: tensor '" + name + "' has " + std::to_string(t.end - t.begin) +
+                           " bytes of data for a shape of " + std::to_string(bytes));
+        h.tensors.push_back(std::move(t));
+    }
+    std::sort(h.tensors.begin(), h.tensors.end(), [](const auto& a, const auto& b) {
+        return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+    });
+    const tensor_entry* last =
+        nullptr; // the last one holding bytes (empty tensors overlap nothing)
+    for (const auto& t : h.tensors) {
+        if (t.begin == t.end)
+            continue;
+        if (last && t.begin < last->end)
+            throw io_error("xshard: tensors '" + last->name + "' and '" + t.name +
+                           "' overlap in the file");
+        last = &t;
+    }
+    return h;
+}
+
+/// The header bytes (length + JSON, padded with spaces to a multiple of 8) of tensors laid
+/// out one after the other in the order given, with `metadata`. Returns the header and sets
+/// each entry's offsets.
+inline std::string make_header(std::vector<tensor_entry>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
+    nlohmann::ordered_json json;
+    if (!metadata.empty())
+        json["__metadata__"] = metadata;
+    std::size_t at = 0;
+    for (auto& t : tensors) {
+        t.begin = at;
+        t.end = at + t.elements() * dtype_size(t.dtype);
+        at = t.end;
+        json[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
+    }
+    std::string text = json.dump();
+    text.append((8 - (8 + text.size()) % 8) % 8, ' ');
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i)
+        out[std::size_t(i)] = char((std::uint64_t(text.size()) >> (8 * i)) & 0xff);
+    return out + text;
+}
+
+} // namespace xshard

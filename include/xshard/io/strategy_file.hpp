@@ -1,0 +1,178 @@
+#pragma once
+/// \file
+/// Strategy files (MindSpore's save/load_param_strategy_file): for each parameter its global
+/// shape, element type and layout, with the mesh and the pipeline-stage count. JSON, version 1:
+///
+///     {
+///       "format": "xshard-strategy", "version": 1,
+///       "mesh": {"axes": ["dp", "mp"], "sizes": [2, 2]},
+///       "pipeline_stages": 1,
+///       "parameters": [
+///         {"name": "layer1.weight", "shape": [784, 512], "dtype": "F64",
+///          "layout": "[-, mp]", "trainable": true}
+///       ]
+///     }
+///
+/// dtypes are safetensors' ("F64", "F32", "F16", "BF16", "I64", ...), layouts are in xshard's
+/// notation. Only trainable parameters are written unless `all_parameters` is set.
+/// Loading gives run-time layouts that redistribution and checkpoint loading use directly.
+
+#include <xshard/core/layout.hpp>
+#include <xshard/core/mesh_shape.hpp>
+#include <xshard/io/files.hpp>
+#include <xshard/io/safetensors.hpp>
+#include <xshard/train/parameters.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace xshard {
+
+/// One parameter of a strategy file.
+struct strategy_entry {
+    std::string name;
+    std::vector<std::size_t> shape;
+    std::string dtype;
+    layout lay;
+    bool trainable = true;
+};
+
+/// The contents of a strategy file.
+struct strategy_file {
+    static constexpr int current_version = 1;
+    mesh_shape mesh;
+    int pipeline_stages = 1;
+    std::vector<strategy_entry> parameters;
+
+    const strategy_entry* find(std::string_view name) const {
+        for (const auto& p : parameters)
+            if (p.name == name)
+                return &p;
+        return nullptr;
+    }
+
+    /// name -> layout, for parameter_broadcast, gradient synchronisation and redistribution.
+    layout_dict layouts() const {
+        layout_dict d;
+        for (const auto& p : parameters)
+            d[p.name] = p.lay;
+        return d;
+    }
+
+    std::string to_json() const {
+        nlohmann::ordered_json j;
+        j["format"] = "xshard-strategy";
+        j["version"] = current_version;
+        std::vector<std::string> axes;
+        for (const auto& a : mesh.names)
+            axes.emplace_back(a.view());
+        j["mesh"] = {{"axes", axes},
+                     {"sizes", std::vector<int>(mesh.sizes.begin(), mesh.sizes.end())}};
+        j["pipeline_stages"] = pipeline_stages;
+        j["parameters"] = nlohmann::ordered_json::array();
+        for (const auto& p : parameters)
+            j["parameters"].push_back({{"name", p.name},
+                                       {"shape", p.shape},
+                                       {"dtype", p.dtype},
+                                       {"layout", p.lay.to_string()},
+                                       {"trainable", p.trainable}});
+        return j.dump(2) + "\n";
+    }
+
+    /// Parses a strategy file's text; throws io_error naming what is wrong.
+    static strategy_file from_json(std::string_view text) {
+        strategy_file f;
+        try {
+            const auto j = nlohmann::json::parse(text);
+            if (j.value("format", "") != "xshard-strategy")
+                throw io_error(
+                    "xshard: not an xshard strategy file (no \"format\": \"xshard-strategy\")");
+            if (j.value("version", 0) != current_version)
+                throw io_error(
+                    "xshard: strategy file version " + std::to_string(j.value("version", 0)) +
+                    " (this xshard reads version " + std::to_string(current_version) + ")");
+            static_vector<axis_name, max_mesh_axes> names;
+            static_vector<int, max_mesh_axes> sizes;
+            for (const auto& a : j.at("mesh").at("axes"))
+                names.push_back(axis_name(a.get<std::string>()));
+            for (const auto& s : j.at("mesh").at("sizes"))
+                sizes.push_back(s.get<int>());
+            f.mesh = mesh_shape(names, sizes);
+            f.pipeline_stages = j.value("pipeline_stages", 1);
+            for (const auto& p : j.at("parameters")) {
+                strategy_entry e{
+                    p.at("name").get<std::string>(), p.at("shape").get<std::vector<std::size_t>>(),
+                    p.at("dtype").get<std::string>(),
+                    layout::parse(p.at("layout").get<std::string>()), p.value("trainable", true)};
+                if (dtype_size(e.dtype) == 0)
+                    throw io_error("xshard: parameter '" + e.name + "' has unknown dtype '" +
+                                   e.dtype + "'");
+                if (e.lay.rank() != e.shape.size())
+                    throw io_error("xshard: parameter '" + e.name +
+                                   "' has a layout of another rank than its shape");
+                e.lay.validate(f.mesh);
+                f.parameters.push_back(std::move(e));
+            }
+        } catch (const io_error&) {
+            throw;
+        } catch (const std::exception& e) {
+            throw io_error(std::string("xshard: malformed strategy file: ") + e.what());
+        }
+        return f;
+    }
+
+    /// Throws io_error, naming both meshes, unless the file's mesh has `current`'s axes and
+    /// sizes.
+    void check_mesh(const mesh_shape& current) const {
+        if (!(mesh == current))
+            throw io_error("xshard: the strategy file's mesh(" + mesh.to_string() +
+                           ") does not fit this mesh(" + current.to_string() + ")");
+    }
+};
+
+/// The strategy of a parameter container (trainable parameters only, unless `all`).
+template <parameter_container C>
+strategy_file strategy_of(const C& params, bool all = false, int pipeline_stages = 1) {
+    strategy_file f;
+    f.pipeline_stages = pipeline_stages;
+    for_each_parameter(params, [&](const std::string& name, const auto& t, bool trainable) {
+        using D = std::remove_cvref_t<decltype(t)>;
+        f.mesh = t.mesh().shape();
+        if (trainable || all)
+            f.parameters.push_back(
+                {name, std::vector<std::size_t>(t.shape().begin(), t.shape().end()),
+                 std::string(dtype_of<typename D::value_type>().name), t.layout(), trainable});
+    });
+    return f;
+}
+
+/// Writes the strategy of `params` to `path` (durably, replacing it atomically). Every rank
+/// may call it; rank 0 of the parameters' mesh writes, and the others wait for it.
+template <parameter_container C>
+void save_strategy_file(const std::string& path, const C& params, bool all = false,
+                        int pipeline_stages = 1) {
+    const auto f = strategy_of(params, all, pipeline_stages);
+    const communicator* comm = nullptr;
+    for_each_parameter(params, [&](const std::string&, const auto& t) { comm = &t.mesh().comm(); });
+    std::optional<std::string> problem;
+    if (!comm || comm->rank() == 0) {
+        try {
+            detail::write_file_atomically(path, f.to_json());
+        } catch (const std::exception& e) {
+            problem = e.what();
+        }
+    }
+    if (comm)
+        detail::raise_first_error<io_error>(*comm, problem);
+    else if (problem)
+        throw io_error(*problem);
+}
+
+/// Reads a strategy file; with `mesh`, also checks that the file was written for it.
+inline strategy_file load_strategy_file(const std::string& path) {
+    return strategy_file::from_json(detail::read_file(path));
+}
+
+} // namespace xshard

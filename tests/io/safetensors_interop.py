@@ -1,0 +1,89 @@
+"""Interoperability of xshard's integrated checkpoints with Python, through numpy alone.
+
+Usage: safetensors_interop.py DATA_DIR
+
+1. Reads DATA_DIR/saved_2x2/model.safetensors (written by xshard on a 2x2 mesh, step 3),
+   parsing the safetensors header in a few lines, and checks every tensor's values (the
+   formula of tests/io/model.hpp) and its CRC-32 from the header's metadata.
+2. Writes DATA_DIR/from_python.safetensors (the model's parameters at step 0, in another
+   order than xshard's), which the test program then loads into every layout.
+"""
+
+import json
+import struct
+import sys
+import zlib
+
+import numpy as np
+
+DTYPES = {"F64": np.float64, "F32": np.float32, "I32": np.int32, "BF16": np.uint16}
+
+
+def tensor_id(name):
+    return sum(name.encode()) % 89
+
+
+def expected(name, dtype, shape, step):
+    """tests/io/model.hpp's expected_value for every element, as stored (BF16 as its bits)."""
+    i = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)
+    k = tensor_id(name) + step * 31
+    if dtype == "BF16":
+        values = ((i * 7 + k * 13) % 61) * 0.5 - 15  # exact in bfloat16: its bits are a float32's top half
+        return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).reshape(shape)
+    if dtype == "I32":
+        return (((i * 7 + k * 13) % 1001) - 500).astype(np.int32).reshape(shape)
+    return (((i * 7 + k * 13) % 1001) * 0.125 - 50).astype(DTYPES[dtype]).reshape(shape)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    body = data[8 + length :]
+    metadata = header.pop("__metadata__", {})
+    tensors = {}
+    for name, entry in header.items():
+        begin, end = entry["data_offsets"]
+        dtype = np.dtype(DTYPES[entry["dtype"]]).newbyteorder("<")
+        tensors[name] = (entry["dtype"], np.frombuffer(body[begin:end], dtype=dtype).reshape(entry["shape"]), body[begin:end])
+    return tensors, metadata
+
+
+def write_safetensors(path, tensors):
+    header, offset, blobs = {}, 0, []
+    for name, (dtype, array) in tensors.items():
+        blob = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
+        offset += len(blob)
+        blobs.append(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def main():
+    data_dir = sys.argv[1]
+    tensors, metadata = read_safetensors(data_dir + "/saved_2x2/model.safetensors")
+    crcs = json.loads(metadata["xshard.crc32"])
+    strategy = json.loads(metadata["xshard.strategy"])
+    assert metadata["xshard.step"] == "3", metadata["xshard.step"]
+    assert strategy["mesh"] == {"axes": ["dp", "mp"], "sizes": [2, 2]}, strategy["mesh"]
+    names = {"w1", "w2", "b", "e", "h", "counts", "optimizer.momentum.w1", "optimizer.momentum.w2"}
+    assert set(tensors) == names, sorted(tensors)
+    for name, (dtype, array, raw) in tensors.items():
+        want = expected(name, dtype, array.shape, 3)
+        assert np.array_equal(array, want), f"{name}: values differ from the formula"
+        assert f"{zlib.crc32(raw):08x}" == crcs[name], f"{name}: CRC-32 differs"
+    print(f"read {len(tensors)} tensors written by xshard: values and CRC-32s match")
+
+    shapes = {"w1": ("F64", (12, 10)), "w2": ("F32", (7, 5)), "b": ("F64", (9,)), "e": ("F64", (3, 4, 6)),
+              "h": ("BF16", (6, 4)), "counts": ("I32", (10,))}
+    out = {name: (dtype, expected(name, dtype, shape, 0)) for name, (dtype, shape) in reversed(shapes.items())}
+    write_safetensors(data_dir + "/from_python.safetensors", out)
+    print(f"wrote {len(out)} tensors for xshard to load")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,464 @@
+// Strategy files and distributed checkpoints: saved in one set of layouts, loaded into
+// others on every mesh of the world, and damaged in every way the loader must catch. Every
+// value is checked against `expected_value` (model.hpp), which any rank computes alone.
+
+#include <xshard/io/checkpoint.hpp>
+#include <xshard/redistribute/redistribute.hpp>
+#include <xshard/tensor/gather.hpp>
+
+#include "model.hpp"
+#include "mpi_test.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace xshard::testing;
+using xshard::checkpoint_format;
+using xshard::io_error;
+
+/// The meshes of the whole world: (W, 1), (1, W) and (2, W/2).
+template <class F>
+void for_each_world_mesh(F&& f) {
+    const auto w = world();
+    std::vector<std::array<int, 2>> shapes{{w.size(), 1}, {1, w.size()}};
+    if (w.size() > 2 && w.size() % 2 == 0)
+        shapes.push_back({2, w.size() / 2});
+    for (const auto& s : shapes)
+        f(ckpt_mesh(w, s));
+}
+
+std::string scratch() {
+    return shared_directory(world(), XSHARD_TEST_DATA_DIR "/scratch");
+}
+
+/// Runs `f` on rank 0 (file surgery), then waits for it everywhere.
+void on_rank0(const std::function<void()>& f) {
+    if (world().rank() == 0)
+        f();
+    xshard::barrier(world());
+}
+
+std::string slurp(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), {}};
+}
+void spit(const std::string& path, const std::string& bytes) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+/// Rewrites the JSON header of safetensors file `from` with `edit`, keeping the data, into `to`.
+void edit_header(const std::string& from, const std::string& to,
+                 const std::function<void(nlohmann::json&)>& edit) {
+    const auto bytes = slurp(from);
+    std::uint64_t length = 0;
+    for (int i = 7; i >= 0; --i)
+        length = length << 8 | std::uint8_t(bytes[std::size_t(i)]);
+    auto json = nlohmann::json::parse(bytes.substr(8, std::size_t(length)));
+    edit(json);
+    const auto text = json.dump();
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i)
+        out[std::size_t(i)] = char((text.size() >> (8 * i)) & 0xff);
+    spit(to, out + text + bytes.substr(8 + std::size_t(length)));
+}
+
+/// Expects `f` to throw io_error whose message contains `what`, on every rank.
+template <class F>
+void expect_io_error(F&& f, const std::string& what, const std::string& context) {
+    try {
+        f();
+        ADD_FAILURE() << context << ": no error, expected one about \"" << what << "\"";
+    } catch (const io_error& e) {
+        EXPECT_NE(std::string(e.what()).find(what), std::string::npos)
+            << context << ": \"" << e.what() << "\" does not mention \"" << what << "\"";
+    }
+}
+
+// --- strategy files ---------------------------------------------------------------------
+
+TEST(strategy_file, round_trips_trainable_parameters_unless_asked_for_all) {
+    for_each_world_mesh([&](const ckpt_mesh& m) {
+        net n(m, saved_layouts);
+        const auto dir = scratch();
+        xshard::save_strategy_file(dir + "/trainable.json", n);
+        xshard::save_strategy_file(dir + "/all.json", n, true, 3);
+        const auto t = xshard::load_strategy_file(dir + "/trainable.json");
+        const auto a = xshard::load_strategy_file(dir + "/all.json");
+        EXPECT_EQ(t.mesh, m.shape()) << where(m);
+        EXPECT_EQ(t.pipeline_stages, 1);
+        EXPECT_EQ(a.pipeline_stages, 3);
+        EXPECT_EQ(t.parameters.size(), 5u) << "the non-trainable 'counts' is left out";
+        EXPECT_EQ(t.find("counts"), nullptr);
+        ASSERT_EQ(a.parameters.size(), 6u);
+        const auto* w2 = a.find("w2");
+        ASSERT_NE(w2, nullptr);
+        EXPECT_EQ(w2->dtype, "F32");
+        EXPECT_EQ(w2->shape, (std::vector<std::size_t>{7, 5}));
+        EXPECT_EQ(w2->lay, xshard::layout("[mp, -]"));
+        EXPECT_FALSE(a.find("counts")->trainable);
+        EXPECT_EQ(a.find("counts")->dtype, "I32");
+        EXPECT_EQ(a.find("h")->dtype, "BF16");
+        EXPECT_EQ(a.layouts(), xshard::layouts_of(n));
+        EXPECT_NO_THROW(a.check_mesh(m.shape()));
+    });
+}
+
+TEST(strategy_file, gives_run_time_layouts_that_redistribution_uses) {
+    for_each_world_mesh([&](const ckpt_mesh& m) {
+        net saved(m, saved_layouts), now(m, other_layouts);
+        saved.fill_all();
+        const auto dir = scratch();
+        xshard::save_strategy_file(dir + "/s.json", saved);
+        const auto layouts = xshard::load_strategy_file(dir + "/s.json").layouts();
+        // Bring `now`'s tensors into the saved strategy's layouts.
+        auto w1 = xshard::redistribute<xshard::dynamic_layout(2)>(saved.w1, layouts.at("w1"));
+        auto e = xshard::redistribute<xshard::dynamic_layout(3)>(
+            xshard::redistribute<xshard::dynamic_layout(3)>(saved.e, other_layouts.at("e")),
+            layouts.at("e"));
+        EXPECT_EQ(w1.layout(), saved.w1.layout());
+        EXPECT_EQ(e.layout(), saved.e.layout());
+        EXPECT_EQ(mismatches(e, "e"), 0u) << where(m);
+    });
+}
+
+TEST(strategy_file, reports_a_mesh_that_does_not_fit_with_both_meshes) {
+    const auto w = world();
+    const ckpt_mesh m(w, {w.size(), 1});
+    net n(m, saved_layouts);
+    const auto dir = scratch();
+    xshard::save_strategy_file(dir + "/s.json", n);
+    const auto f = xshard::load_strategy_file(dir + "/s.json");
+    const auto other = xshard::mesh_shape::parse("tp=" + std::to_string(w.size()));
+    const auto both = "the strategy file's mesh(dp=" + std::to_string(w.size()) +
+                      ", mp=1) does not fit this mesh(tp=" + std::to_string(w.size()) + ")";
+    expect_io_error([&] { f.check_mesh(other); }, both, "check_mesh");
+}
+
+TEST(strategy_file, rejects_malformed_files) {
+    const auto dir = scratch();
+    const std::string good = R"({"format": "xshard-strategy", "version": 1,
+        "mesh": {"axes": ["dp"], "sizes": [2]}, "pipeline_stages": 1,
+        "parameters": [{"name": "w", "shape": [4, 2], "dtype": "F64", "layout": "[dp, -]"}]})";
+    const std::vector<std::pair<std::string, std::string>> cases{
+        {"{", "malformed strategy file"},
+        {R"({"format": "other", "version": 1})", "not an xshard strategy file"},
+        {std::string(good).replace(good.find("\"version\": 1"), 12, "\"version\": 7"), "version 7"},
+        {std::string(good).replace(good.find("F64"), 3, "F65"), "unknown dtype 'F65'"},
+        {std::string(good).replace(good.find("[dp, -]"), 7, "[dp]"), "layout of another rank"},
+        {std::string(good).replace(good.find("[dp, -]"), 7, "[tp, -]"), "names an axis"},
+    };
+    EXPECT_NO_THROW(xshard::strategy_file::from_json(good));
+    for (const auto& [text, what] : cases)
+        expect_io_error([&] { xshard::strategy_file::from_json(text); }, what, text);
+    expect_io_error([&] { xshard::load_strategy_file(dir + "/missing.json"); }, "cannot open",
+                    "missing file");
+}
+
+// --- checkpoints: round trips -----------------------------------------------------------
+
+TEST(checkpoint, loads_into_other_layouts_in_both_forms_with_optimizer_state_and_step) {
+    for_each_world_mesh([&](const ckpt_mesh& m) {
+        for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank}) {
+            const auto context =
+                where(m) +
+                (format == checkpoint_format::integrated ? ", integrated" : ", per-rank");
+            const auto path = scratch() + "/ckpt";
+            net saved(m, saved_layouts);
+            momentum state(m, "[dp, mp]", "[mp, -]");
+            saved.fill_all(5);
+            state.fill_all(5);
+            xshard::save_checkpoint(path, saved,
+                                    {.format = format, .all_parameters = true, .step = 5}, state);
+
+            net loaded(m, other_layouts);
+            momentum loaded_state(m, "[-, -]", "[-, (mp, dp)]");
+            const auto info = xshard::load_checkpoint(path, loaded, loaded_state, true);
+            EXPECT_EQ(info.step, 5) << context;
+            EXPECT_EQ(info.format, format) << context;
+            EXPECT_EQ(info.strategy.mesh, m.shape()) << context;
+            EXPECT_EQ(info.strategy.find("w1")->lay, xshard::layout("[dp, mp]")) << context;
+            EXPECT_EQ(loaded.mismatches_all(5), 0u) << context;
+            EXPECT_EQ(loaded_state.mismatches_all(5), 0u) << context;
+
+            // Trainable parameters only, by default: 'counts' keeps its value.
+            net trainable(m, other_layouts);
+            xshard::load_checkpoint(path, trainable);
+            EXPECT_EQ(trainable.mismatches_all(5, false), 0u) << context;
+            const auto& counts = trainable.counts.value.local();
+            EXPECT_TRUE(std::all_of(counts.begin(), counts.end(), [](auto v) { return v == 0; }))
+                << context;
+        }
+    });
+}
+
+TEST(checkpoint, a_new_save_replaces_the_previous_one_and_leaves_no_temporary) {
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank}) {
+        const auto dir = scratch();
+        net n(m, saved_layouts);
+        for (std::int64_t step : {1, 2}) {
+            n.fill_all(step);
+            xshard::save_checkpoint(dir + "/ckpt", n, {.format = format, .step = step});
+        }
+        net loaded(m, other_layouts);
+        EXPECT_EQ(xshard::load_checkpoint(dir + "/ckpt", loaded).step, 2);
+        EXPECT_EQ(loaded.mismatches_all(2, false), 0u);
+        xshard::barrier(w);
+        std::vector<std::string> names;
+        for (const auto& entry : fs::directory_iterator(dir))
+            names.push_back(entry.path().filename().string());
+        EXPECT_EQ(names, std::vector<std::string>{"ckpt"}) << "no .tmp or .old is left behind";
+    }
+}
+
+TEST(checkpoint, refuses_partial_tensors) {
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    auto p =
+        xshard::zeros<double, xshard::dynamic_layout(2)>(m, {4, 4}, "[dp, -] partial(sum: mp)");
+    const auto dir = scratch();
+    EXPECT_THROW(xshard::save_checkpoint(dir + "/c", std::tuple(xshard::parameter{"p", p})),
+                 xshard::error);
+}
+
+// --- checkpoints: damage ----------------------------------------------------------------
+
+/// Loading `path` into a model holding sentinel values raises io_error mentioning `what`, and
+/// leaves every value as it was.
+void expect_refused(const ckpt_mesh& m, const std::string& path, const std::string& what,
+                    const std::string& context) {
+    net n(m, other_layouts);
+    momentum state(m, "[dp, -]", "[-, mp]");
+    n.fill_all(9);
+    state.fill_all(9);
+    expect_io_error([&] { xshard::load_checkpoint(path, n, state, true); }, what,
+                    context + " (" + where(m) + ")");
+    EXPECT_EQ(n.mismatches_all(9), 0u) << context << ": the model changed";
+    EXPECT_EQ(state.mismatches_all(9), 0u) << context << ": the optimizer state changed";
+}
+
+/// A checkpoint of `format` saved from the 'saved' layouts on `m`, in a new directory.
+std::string saved_checkpoint(const ckpt_mesh& m, checkpoint_format format) {
+    const auto path = scratch() + "/ckpt";
+    net n(m, saved_layouts);
+    momentum state(m, "[dp, mp]", "[mp, -]");
+    n.fill_all();
+    state.fill_all();
+    xshard::save_checkpoint(path, n, {.format = format, .all_parameters = true}, state);
+    return path;
+}
+
+TEST(checkpoint, damaged_integrated_files_raise_everywhere_and_change_nothing) {
+    const auto w = world();
+    const ckpt_mesh m(w, {2 - w.size() % 2, w.size() / (2 - w.size() % 2)});
+    const auto path = saved_checkpoint(m, checkpoint_format::integrated);
+    const auto bytes = slurp(path);
+    const auto h = xshard::checkpoint_reader(path).header(0);
+    const auto w1 = h.data_start + h.find("w1")->begin;
+
+    struct damage {
+        std::string name, what;
+        std::function<void(const std::string&)> make;
+    };
+    const std::vector<damage> cases{
+        {"truncated in the data", "beyond the file",
+         [&](auto& to) {
+             spit(to, bytes.substr(0, bytes.size() - 3));
+         }},
+        {"truncated in the length", "shorter than its 8-byte header length",
+         [&](auto& to) {
+             spit(to, bytes.substr(0, 5));
+         }},
+        {"truncated in the header", "does not fit the file",
+         [&](auto& to) {
+             spit(to, bytes.substr(0, 100));
+         }},
+        {"a flipped data byte", "checksum mismatch in w1",
+         [&](auto& to) {
+             auto b = bytes;
+             b[w1 + 17] = char(b[w1 + 17] ^ 0x10);
+             spit(to, b);
+         }},
+        {"a flipped header byte", "not valid JSON",
+         [&](auto& to) {
+             auto b = bytes;
+             b[8] = '}';
+             spit(to, b);
+         }},
+        {"an absurd header length", "does not fit the file",
+         [&](auto& to) {
+             auto b = bytes;
+             b[6] = '\x7f';
+             spit(to, b);
+         }},
+        {"offsets beyond the file", "data offsets beyond the file",
+         [&](auto& to) {
+             edit_header(path, to, [](auto& j) { j["w1"]["data_offsets"][1] = 1ull << 40; });
+         }},
+        {"an absurd shape", "shape larger than the file",
+         [&](auto& to) {
+             edit_header(path, to, [](auto& j) { j["w1"]["shape"] = {1ull << 40, 1ull << 40}; });
+         }},
+        {"a wrong dtype", "is stored as F32",
+         [&](auto& to) {
+             edit_header(path, to, [](auto& j) {
+                 j["w1"]["dtype"] = "F32";
+                 j["w1"]["shape"] = {12, 20};
+                 j["__metadata__"].erase("xshard.strategy");
+             });
+         }},
+        {"a missing tensor", "no tensor 'optimizer.momentum.w2'",
+         [&](auto& to) {
+             edit_header(path, to, [](auto& j) {
+                 j.erase("optimizer.momentum.w2");
+                 j["__metadata__"].erase("xshard.strategy");
+             });
+         }},
+        {"not a file", "cannot open",
+         [&](auto&) {
+         }},
+    };
+    for (const auto& c : cases) {
+        const auto to = path + ".damaged";
+        on_rank0([&] {
+            fs::remove(to);
+            c.make(to);
+        });
+        expect_refused(m, to, c.what, c.name);
+    }
+}
+
+TEST(checkpoint, damaged_per_rank_directories_raise_everywhere_and_change_nothing) {
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    const auto path = saved_checkpoint(m, checkpoint_format::per_rank);
+    const auto last = xshard::checkpoint_reader::rank_file(path, w.size() - 1);
+    const auto bytes = slurp(last);
+    const auto h = xshard::checkpoint_reader(path).header(w.size() - 1);
+    const auto at =
+        h.data_start + h.find("w1")->begin; // w1 is split: every file holds a block of it
+
+    struct damage {
+        std::string name, what;
+        std::function<void(const std::string&)> make;
+    };
+    const std::vector<damage> cases{
+        {"a flipped data byte", "checksum mismatch in w1",
+         [&](auto& to) {
+             auto b = bytes;
+             b[at + 3] = char(b[at + 3] ^ 0x01);
+             spit(xshard::checkpoint_reader::rank_file(to, w.size() - 1), b);
+         }},
+        {"a truncated rank file", "beyond the file",
+         [&](auto& to) {
+             spit(xshard::checkpoint_reader::rank_file(to, w.size() - 1),
+                  bytes.substr(0, bytes.size() - 1));
+         }},
+        {"a missing rank file", "cannot open",
+         [&](auto& to) {
+             fs::remove(xshard::checkpoint_reader::rank_file(to, w.size() - 1));
+         }},
+        {"a damaged strategy file", "malformed strategy file",
+         [&](auto& to) {
+             spit(to + "/strategy.json", "{\"format\": \"xshard-strategy\", \"version\": 1");
+         }},
+        {"a rank file not as its strategy says", "as its strategy says",
+         [&](auto& to) {
+             edit_header(xshard::checkpoint_reader::rank_file(path, w.size() - 1),
+                         xshard::checkpoint_reader::rank_file(to, w.size() - 1),
+                         [](auto& j) { j.erase("w1"); });
+         }},
+    };
+    for (const auto& c : cases) {
+        const auto to = path + ".damaged";
+        on_rank0([&] {
+            fs::remove_all(to);
+            fs::copy(path, to);
+            c.make(to);
+        });
+        expect_refused(m, to, c.what, c.name);
+    }
+}
+
+TEST(checkpoint, a_model_that_does_not_match_raises_everywhere) {
+    const auto w = world();
+    const ckpt_mesh m(w, {w.size(), 1});
+    for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank}) {
+        const auto path = saved_checkpoint(m, format);
+        auto wide = std::tuple(xshard::parameter{
+            "w1", xshard::zeros<double, xshard::dynamic_layout(2)>(m, {12, 11}, "[-, dp]")});
+        expect_io_error([&] { xshard::load_checkpoint(path, wide); },
+                        "stored with shape (12, 10), the model has (12, 11)", "shape");
+        auto single = std::tuple(xshard::parameter{
+            "w1", xshard::zeros<float, xshard::dynamic_layout(2)>(m, {12, 10}, "[-, dp]")});
+        expect_io_error([&] { xshard::load_checkpoint(path, single); },
+                        "'w1' is stored as F64, the model has F32", "dtype");
+        auto extra = std::tuple(xshard::parameter{
+            "extra", xshard::zeros<double, xshard::dynamic_layout(1)>(m, {3}, "[-]")});
+        expect_io_error([&] { xshard::load_checkpoint(path, extra); }, "no tensor 'extra'",
+                        "missing");
+    }
+}
+
+// --- across worlds: saved on 2x2 by the io.save_2x2 fixture ------------------------------
+
+const std::string saved_2x2 = XSHARD_TEST_DATA_DIR "/saved_2x2";
+
+TEST(saved_on_2x2, save) {
+    const auto w = world();
+    ASSERT_EQ(w.size(), 4) << "the fixture runs on 4 ranks";
+    const ckpt_mesh m(w, {2, 2});
+    net n(m, saved_layouts);
+    momentum state(m, "[dp, mp]", "[mp, -]");
+    n.fill_all(3);
+    state.fill_all(3);
+    on_rank0([] {
+        fs::remove_all(XSHARD_TEST_DATA_DIR); // this fixture runs first: start clean
+        fs::create_directories(saved_2x2);
+    });
+    for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank})
+        xshard::save_checkpoint(
+            saved_2x2 + (format == checkpoint_format::integrated ? "/model.safetensors" : "/model"),
+            n, {.format = format, .all_parameters = true, .step = 3}, state);
+}
+
+TEST(saved_on_2x2, loads_on_this_world_in_other_layouts) {
+    ASSERT_TRUE(fs::exists(saved_2x2 + "/model"))
+        << "run through ctest: the io.save_2x2 fixture writes " << saved_2x2;
+    const auto w = world();
+    const ckpt_mesh m(w, {w.size() >= 4 ? 2 : 1, w.size() >= 4 ? w.size() / 2 : w.size()});
+    for (const auto* form : {"/model.safetensors", "/model"}) {
+        net n(m, other_layouts);
+        momentum state(m, "[-, mp]", "[(mp, dp), -]");
+        const auto info = xshard::load_checkpoint(saved_2x2 + form, n, state, true);
+        EXPECT_EQ(info.step, 3) << form;
+        EXPECT_EQ(info.strategy.mesh.to_string(), "dp=2, mp=2") << form;
+        EXPECT_EQ(n.mismatches_all(3), 0u) << form << " " << where(m);
+        EXPECT_EQ(state.mismatches_all(3), 0u) << form << " " << where(m);
+    }
+}
+
+// Written by tests/io/safetensors_interop.py with numpy (the io.python fixture).
+TEST(python, a_safetensors_file_written_by_numpy_loads) {
+    const auto path = XSHARD_TEST_DATA_DIR "/from_python.safetensors";
+    ASSERT_TRUE(fs::exists(path)) << "run through ctest: the io.python fixture writes " << path;
+    for_each_world_mesh([&](const ckpt_mesh& m) {
+        net n(m, other_layouts);
+        const auto info = xshard::load_checkpoint(path, n, std::tuple<>(), true);
+        EXPECT_EQ(info.step, 0);
+        EXPECT_EQ(n.mismatches_all(0), 0u) << where(m);
+    });
+}
+
+} // namespace
