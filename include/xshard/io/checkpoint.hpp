@@ -463,7 +463,11 @@ inline void save_per_rank(ckpt_model& m, const std::string& path, std::int64_t s
         nlohmann::ordered_json j{
             {"format", "xshard-checkpoint"}, {"version", 1}, {"step", step}, {"ranks", c.size()}};
         write_file_atomically(tmp + "/checkpoint.json", j.dump(2) + "\n");
+        // The swap: <path> -> <path>.old, <path>.tmp -> <path>. A save killed between the two
+        // renames left only <path>.old, which loads read: put it back first.
         const std::string old = path + ".old";
+        if (!std::filesystem::exists(path) && std::filesystem::exists(old))
+            commit_rename(old, path);
         std::filesystem::remove_all(old);
         if (std::filesystem::exists(path))
             commit_rename(path, old);
