@@ -17,6 +17,7 @@
 #include <xshard/core/strategy.hpp>
 #include <xshard/io/checkpoint.hpp>
 #include <xshard/io/files.hpp>
+#include <xshard/io/format.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>
 #include <xshard/ops/elementwise.hpp>

@@ -5,7 +5,8 @@ Usage: safetensors_interop.py DATA_DIR
 1. Reads DATA_DIR/saved_2x2/model.safetensors (written by xshard on a 2x2 mesh, step 3),
    parsing the safetensors header in a few lines, and checks every tensor's values (the
    formula of tests/io/model.hpp) and its CRC-32 from the header's metadata.
-2. Writes DATA_DIR/from_python.safetensors (the model's parameters at step 0, in another
+2. Writes DATA_DIR/damaged.safetensors, a copy with one bit flipped in w2's data.
+3. Writes DATA_DIR/from_python.safetensors (the model's parameters at step 0, in another
    order than xshard's), which the test program then loads into every layout.
 """
 
@@ -77,6 +78,14 @@ def main():
         assert np.array_equal(array, want), f"{name}: values differ from the formula"
         assert f"{zlib.crc32(raw):08x}" == crcs[name], f"{name}: CRC-32 differs"
     print(f"read {len(tensors)} tensors written by xshard: values and CRC-32s match")
+
+    # A copy with one flipped bit in w2's data, for `xshard-ckpt verify` to catch.
+    with open(data_dir + "/saved_2x2/model.safetensors", "rb") as f:
+        damaged = bytearray(f.read())
+    (length,) = struct.unpack("<Q", damaged[:8])
+    damaged[8 + length + json.loads(damaged[8 : 8 + length])["w2"]["data_offsets"][0] + 5] ^= 0x04
+    with open(data_dir + "/damaged.safetensors", "wb") as f:
+        f.write(damaged)
 
     shapes = {"w1": ("F64", (12, 10)), "w2": ("F32", (7, 5)), "b": ("F64", (9,)), "e": ("F64", (3, 4, 6)),
               "h": ("BF16", (6, 4)), "counts": ("I32", (10,))}

@@ -343,7 +343,7 @@ TEST(checkpoint, damaged_per_rank_directories_raise_everywhere_and_change_nothin
     const auto w = world();
     const ckpt_mesh m(w, {1, w.size()});
     const auto path = saved_checkpoint(m, checkpoint_format::per_rank);
-    const auto last = xshard::checkpoint_reader::rank_file(path, w.size() - 1);
+    const auto last = xshard::detail::rank_file(path, w.size() - 1);
     const auto bytes = slurp(last);
     const auto h = xshard::checkpoint_reader(path).header(w.size() - 1);
     const auto at =
@@ -358,16 +358,15 @@ TEST(checkpoint, damaged_per_rank_directories_raise_everywhere_and_change_nothin
          [&](auto& to) {
              auto b = bytes;
              b[at + 3] = char(b[at + 3] ^ 0x01);
-             spit(xshard::checkpoint_reader::rank_file(to, w.size() - 1), b);
+             spit(xshard::detail::rank_file(to, w.size() - 1), b);
          }},
         {"a truncated rank file", "beyond the file",
          [&](auto& to) {
-             spit(xshard::checkpoint_reader::rank_file(to, w.size() - 1),
-                  bytes.substr(0, bytes.size() - 1));
+             spit(xshard::detail::rank_file(to, w.size() - 1), bytes.substr(0, bytes.size() - 1));
          }},
         {"a missing rank file", "cannot open",
          [&](auto& to) {
-             fs::remove(xshard::checkpoint_reader::rank_file(to, w.size() - 1));
+             fs::remove(xshard::detail::rank_file(to, w.size() - 1));
          }},
         {"a damaged strategy file", "malformed strategy file",
          [&](auto& to) {
@@ -375,8 +374,8 @@ TEST(checkpoint, damaged_per_rank_directories_raise_everywhere_and_change_nothin
          }},
         {"a rank file not as its strategy says", "as its strategy says",
          [&](auto& to) {
-             edit_header(xshard::checkpoint_reader::rank_file(path, w.size() - 1),
-                         xshard::checkpoint_reader::rank_file(to, w.size() - 1),
+             edit_header(xshard::detail::rank_file(path, w.size() - 1),
+                         xshard::detail::rank_file(to, w.size() - 1),
                          [](auto& j) { j.erase("w1"); });
          }},
     };
@@ -459,6 +458,29 @@ TEST(python, a_safetensors_file_written_by_numpy_loads) {
         EXPECT_EQ(info.step, 0);
         EXPECT_EQ(n.mismatches_all(0), 0u) << where(m);
     });
+}
+
+// Written by `xshard-ckpt merge` and `xshard-ckpt reshard` (the io_tool fixture) from the
+// io.save_2x2 checkpoints.
+TEST(xshard_ckpt, merged_and_resharded_checkpoints_load_here) {
+    const std::string merged = XSHARD_TEST_DATA_DIR "/merged.safetensors",
+                      resharded = XSHARD_TEST_DATA_DIR "/resharded";
+    ASSERT_TRUE(fs::exists(merged) && fs::exists(resharded))
+        << "run through ctest: the io_tool fixture writes them";
+    for_each_world_mesh([&](const ckpt_mesh& m) {
+        for (const auto& path : {merged, resharded}) {
+            net n(m, saved_layouts);
+            momentum state(m, "[mp, dp]", "[-, -]");
+            const auto info = xshard::load_checkpoint(path, n, state, true);
+            EXPECT_EQ(info.step, 3) << path;
+            EXPECT_EQ(n.mismatches_all(3), 0u) << path << " " << where(m);
+            EXPECT_EQ(state.mismatches_all(3), 0u) << path << " " << where(m);
+        }
+    });
+    const auto s = xshard::checkpoint_reader(resharded).strategy();
+    EXPECT_EQ(s.mesh.to_string(), "dp=2, mp=4");
+    EXPECT_EQ(s.find("e")->lay, xshard::layout("[-, dp, mp]"));
+    EXPECT_EQ(xshard::checkpoint_reader(merged).format(), checkpoint_format::integrated);
 }
 
 } // namespace

@@ -32,7 +32,7 @@
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/io/files.hpp>
-#include <xshard/io/reader.hpp>
+#include <xshard/io/format.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>
 #include <xshard/train/parameters.hpp>
@@ -290,18 +290,7 @@ inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t
     std::vector<tensor_entry> entries;
     for (const auto& t : m.tensors)
         entries.push_back({t.name, t.dtype, t.shape, 0, 0});
-    std::map<std::string, std::string> meta{{"format", "xshard"},
-                                            {"xshard.version", "1"},
-                                            {"xshard.step", std::to_string(step)},
-                                            {"xshard.strategy", m.strategy.to_json()}};
-    auto crc_map = [&](const std::vector<std::optional<std::uint32_t>>& crcs) {
-        nlohmann::ordered_json j = nlohmann::ordered_json::object();
-        for (std::size_t i = 0; i < entries.size(); ++i)
-            j[entries[i].name] = crc_hex(i < crcs.size() && crcs[i] ? *crcs[i] : 0);
-        return j.dump();
-    };
-    meta["xshard.crc32"] = crc_map({}); // fixed-width placeholders: the header keeps its length
-    std::string header = make_header(entries, meta);
+    std::string header = integrated_header(entries, m.strategy, step);
     const std::string tmp = path + ".tmp";
     on_rank0(c, [&] { std::filesystem::remove(tmp); });
     MPI_File fh = MPI_FILE_NULL;
@@ -327,9 +316,7 @@ inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t
     check_mpi(MPI_File_set_view(fh, 0, MPI_BYTE, MPI_BYTE, "native", MPI_INFO_NULL),
               "MPI_File_set_view");
     if (c.rank() == 0) {
-        meta["xshard.crc32"] = crc_map(crcs);
-        std::vector<tensor_entry> again = entries;
-        header = make_header(again, meta);
+        header = integrated_header(entries, m.strategy, step, crcs);
         check_mpi(MPI_File_write_at(fh, 0, header.data(), int(header.size()), MPI_BYTE,
                                     MPI_STATUS_IGNORE),
                   "MPI_File_write_at");
@@ -443,37 +430,14 @@ inline void save_per_rank(ckpt_model& m, const std::string& path, std::int64_t s
     });
     everywhere(c, [&] {
         std::vector<tensor_entry> entries;
-        nlohmann::ordered_json crcs = nlohmann::ordered_json::object();
+        std::vector<const std::byte*> data;
         for (const auto& t : m.tensors) {
             entries.push_back({t.name, t.dtype, t.extent, 0, 0});
-            crcs[t.name] = crc_hex(crc32_of(t.data, t.local_bytes()));
+            data.push_back(t.data);
         }
-        const std::string header = make_header(entries, {{"format", "xshard-rank"},
-                                                         {"xshard.rank", std::to_string(m.rank)},
-                                                         {"xshard.crc32", crcs.dump()}});
-        file f(checkpoint_reader::rank_file(tmp, m.rank), O_WRONLY | O_CREAT | O_TRUNC);
-        f.write_at(header.data(), header.size(), 0);
-        for (std::size_t i = 0; i < m.tensors.size(); ++i)
-            f.write_at(m.tensors[i].data, m.tensors[i].local_bytes(),
-                       header.size() + entries[i].begin);
-        f.sync();
+        write_rank_file(tmp, m.rank, std::move(entries), data);
     });
-    on_rank0(c, [&] {
-        write_file_atomically(tmp + "/strategy.json", m.strategy.to_json());
-        nlohmann::ordered_json j{
-            {"format", "xshard-checkpoint"}, {"version", 1}, {"step", step}, {"ranks", c.size()}};
-        write_file_atomically(tmp + "/checkpoint.json", j.dump(2) + "\n");
-        // The swap: <path> -> <path>.old, <path>.tmp -> <path>. A save killed between the two
-        // renames left only <path>.old, which loads read: put it back first.
-        const std::string old = path + ".old";
-        if (!std::filesystem::exists(path) && std::filesystem::exists(old))
-            commit_rename(old, path);
-        std::filesystem::remove_all(old);
-        if (std::filesystem::exists(path))
-            commit_rename(path, old);
-        commit_rename(tmp, path);
-        std::filesystem::remove_all(old);
-    });
+    on_rank0(c, [&] { finish_per_rank(tmp, path, m.strategy, step); });
 }
 
 } // namespace detail

@@ -1,7 +1,16 @@
 #pragma once
 /// \file
-/// A checkpoint on disk, read by one process with plain POSIX reads: what a per-rank load
-/// reads its pieces from, and what the `xshard-ckpt` tool works on offline.
+/// The two on-disk forms of a checkpoint: the headers and the finishing steps their writers
+/// share (the collective saves of checkpoint.hpp and the offline `xshard-ckpt`), and
+/// `checkpoint_reader`, which reads either form in one process with plain POSIX reads: what a
+/// per-rank load reads its pieces from, and what `xshard-ckpt` works on.
+///
+/// Integrated form: one safetensors file, every tensor whole, with `__metadata__`
+/// {"format": "xshard", "xshard.version": "1", "xshard.step": "<step>",
+///  "xshard.strategy": <the strategy file's JSON>, "xshard.crc32": {name: "<8 hex digits>"}}.
+/// Per-rank form: a directory of `rank_<r>.safetensors` (rank r's blocks, with
+/// {"format": "xshard-rank", "xshard.rank": "<r>", "xshard.crc32": {...}}), `strategy.json`
+/// and `checkpoint.json` ({"format": "xshard-checkpoint", "version": 1, "step", "ranks"}).
 ///
 /// A checkpoint is a set of *stored blocks*: for the integrated form, every tensor whole in
 /// one file; for the per-rank form, the block of each tensor that each rank held, in that
@@ -26,6 +35,73 @@
 namespace xshard {
 
 enum class checkpoint_format { integrated, per_rank };
+
+namespace detail {
+
+/// Rank `rank`'s file in per-rank checkpoint directory `dir`.
+inline std::string rank_file(const std::string& dir, int rank) {
+    return dir + "/rank_" + std::to_string(rank) + ".safetensors";
+}
+
+/// The header of an integrated checkpoint of `entries` (offsets set here), with the CRC-32 of
+/// each (in entry order; zeros where not known yet: the header keeps its length whatever the
+/// checksums, so that it can be written first and rewritten once they are known).
+inline std::string integrated_header(std::vector<tensor_entry>& entries,
+                                     const strategy_file& strategy, std::int64_t step,
+                                     const std::vector<std::optional<std::uint32_t>>& crcs = {}) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    for (std::size_t i = 0; i < entries.size(); ++i)
+        j[entries[i].name] = crc_hex(i < crcs.size() && crcs[i] ? *crcs[i] : 0);
+    return make_header(entries, {{"format", "xshard"},
+                                 {"xshard.version", "1"},
+                                 {"xshard.step", std::to_string(step)},
+                                 {"xshard.strategy", strategy.to_json()},
+                                 {"xshard.crc32", j.dump()}});
+}
+
+/// Writes rank `rank`'s file of a per-rank checkpoint in directory `dir`: each tensor's block
+/// (entries with the block's extent as shape, and its bytes), checksummed, fsynced.
+inline void write_rank_file(const std::string& dir, int rank, std::vector<tensor_entry> entries,
+                            const std::vector<const std::byte*>& data) {
+    nlohmann::ordered_json crcs = nlohmann::ordered_json::object();
+    for (std::size_t i = 0; i < entries.size(); ++i)
+        crcs[entries[i].name] =
+            crc_hex(crc32_of(data[i], entries[i].elements() * dtype_size(entries[i].dtype)));
+    const std::string header = make_header(entries, {{"format", "xshard-rank"},
+                                                     {"xshard.rank", std::to_string(rank)},
+                                                     {"xshard.crc32", crcs.dump()}});
+    file f(rank_file(dir, rank), O_WRONLY | O_CREAT | O_TRUNC);
+    f.write_at(header.data(), header.size(), 0);
+    for (std::size_t i = 0; i < entries.size(); ++i)
+        f.write_at(data[i], entries[i].end - entries[i].begin, header.size() + entries[i].begin);
+    f.sync();
+}
+
+/// Completes a per-rank checkpoint written in `tmp` (its rank files complete and synced):
+/// writes strategy.json and checkpoint.json, then puts it in place of `path` without ever
+/// leaving no complete checkpoint: <path> -> <path>.old, <tmp> -> <path>, remove <path>.old.
+/// (A process killed between the two renames leaves <path>.old, which readers fall back to
+/// and the next save puts back first.)
+inline void finish_per_rank(const std::string& tmp, const std::string& path,
+                            const strategy_file& strategy, std::int64_t step) {
+    namespace fs = std::filesystem;
+    write_file_atomically(tmp + "/strategy.json", strategy.to_json());
+    const nlohmann::ordered_json j{{"format", "xshard-checkpoint"},
+                                   {"version", 1},
+                                   {"step", step},
+                                   {"ranks", strategy.mesh.size()}};
+    write_file_atomically(tmp + "/checkpoint.json", j.dump(2) + "\n");
+    const std::string old = path + ".old";
+    if (!fs::exists(path) && fs::exists(old))
+        commit_rename(old, path);
+    fs::remove_all(old);
+    if (fs::exists(path))
+        commit_rename(path, old);
+    commit_rename(tmp, path);
+    fs::remove_all(old);
+}
+
+} // namespace detail
 
 /// A stored block: which file (a source rank for the per-rank form, 0 for the integrated
 /// form) holds which box of a tensor.
@@ -181,14 +257,10 @@ public:
 
     /// The file of stored blocks `file`.
     std::string file_path(int file) const {
-        return format_ == checkpoint_format::integrated ? path_ : rank_file(path_, file);
+        return format_ == checkpoint_format::integrated ? path_ : detail::rank_file(path_, file);
     }
     /// The parsed header of file `file`.
     const safetensors_header& header(int file) const { return open(file).second; }
-
-    static std::string rank_file(const std::string& dir, int rank) {
-        return dir + "/rank_" + std::to_string(rank) + ".safetensors";
-    }
 
 private:
     const std::pair<detail::file, safetensors_header>& open(int file) const {
