@@ -8,8 +8,8 @@
 //
 // PATH is either form: an integrated safetensors file or a per-rank directory. Nothing is
 // ever held whole: merge streams slabs of rows, reshard one destination block at a time, and
-// both check the checksums of everything they read. Outputs appear complete or not at all
-// (temporary name, fsync, rename). Exit status: 0 done, 1 verify found damage, 2 bad input.
+// both first check every stored byte they use against its checksum. Outputs appear complete or not
+// at all (temporary name, fsync, rename). Exit status: 0 done, 1 verify found damage, 2 bad input.
 
 #include <xshard/io/format.hpp>
 
@@ -127,27 +127,17 @@ int verify(const std::string& path) {
     return bad.empty() ? 0 : 1;
 }
 
-/// Checks the checksum runs read from `r` against its stored checksums; throws naming the
-/// damaged tensors. `runs` must tile every stored block of `tensors` exactly once.
-void check_runs(const checkpoint_reader& r, const std::vector<strategy_entry>& tensors,
-                std::vector<xshard::detail::crc_run> runs) {
-    const std::size_t nt = tensors.size();
-    const std::size_t files =
-        r.format() == checkpoint_format::integrated ? 1 : std::size_t(r.strategy().mesh.size());
-    std::vector<std::uint64_t> sizes(files * nt, 0);
-    for (std::size_t i = 0; i < nt; ++i)
-        for (const auto& b : r.blocks(tensors[i]))
-            sizes[std::size_t(b.file) * nt + i] = b.size() * xshard::dtype_size(tensors[i].dtype);
-    const auto got = xshard::detail::combine_runs(std::move(runs), sizes);
-    std::string bad;
-    for (std::size_t i = 0; i < nt; ++i)
-        for (const auto& b : r.blocks(tensors[i])) {
-            const auto want = r.checksum(b.file, tensors[i].name);
-            const auto& have = got[std::size_t(b.file) * nt + i];
-            if (want && b.size() > 0 && (!have || xshard::detail::crc_hex(*have) != *want))
-                bad += (bad.empty() ? "" : ", ") + tensors[i].name + " in " + r.file_path(b.file);
-        }
-    if (!bad.empty())
+/// Checks every stored byte of `tensors` against its CRC-32 (in 16 MiB pieces); throws
+/// naming the damaged tensors.
+void verify_stored(const checkpoint_reader& r, const std::vector<strategy_entry>& tensors) {
+    std::vector<const strategy_entry*> list;
+    for (const auto& e : tensors)
+        list.push_back(&e);
+    std::vector<xshard::detail::crc_run> runs;
+    std::vector<std::byte> buffer;
+    for (const auto& p : r.pieces_to_verify(list, std::size_t(16) << 20))
+        runs.push_back(r.checksum_of(p, buffer));
+    if (const auto bad = r.damaged(list, std::move(runs)); !bad.empty())
         throw xshard::io_error("xshard: checksum mismatch in " + bad +
                                ": the checkpoint is corrupted");
 }
@@ -160,8 +150,8 @@ int merge(const std::string& path, const std::string& out) {
         entries.push_back({e.name, e.dtype, e.shape, 0, 0});
     std::string header = xshard::detail::integrated_header(entries, r.strategy(), r.step());
     const std::string tmp = out + ".tmp";
+    verify_stored(r, tensors);
     std::vector<std::optional<std::uint32_t>> crcs;
-    std::vector<xshard::detail::crc_run> runs;
     const removed_on_failure guard{tmp};
     {
         const xshard::detail::file f(tmp, O_WRONLY | O_CREAT | O_TRUNC);
@@ -186,13 +176,12 @@ int merge(const std::string& path, const std::string& out) {
                 }
                 const auto n = (e.shape.empty() ? 1 : extent[0]) * row;
                 slab.resize(n);
-                r.read_box(e, offset, extent, slab.data(), &runs, i, tensors.size());
+                r.read_box(e, offset, extent, slab.data());
                 f.write_at(slab.data(), n, header.size() + entries[i].begin + r0 * row);
                 crc = xshard::detail::crc32_of(slab.data(), n, crc);
             }
             crcs.push_back(crc);
         }
-        check_runs(r, tensors, std::move(runs));
         header = xshard::detail::integrated_header(entries, r.strategy(), r.step(), crcs);
         f.write_at(header.data(), header.size(), 0);
         f.sync();
@@ -233,7 +222,7 @@ int reshard(const std::string& path, const std::string& strategy_path, const std
     fs::remove_all(tmp);
     fs::create_directories(tmp);
     const removed_on_failure guard{tmp};
-    std::vector<xshard::detail::crc_run> runs;
+    verify_stored(r, tensors);
     for (int rank = 0; rank < mesh.size(); ++rank) {
         std::vector<xshard::tensor_entry> entries;
         std::vector<std::vector<std::byte>> blocks;
@@ -249,18 +238,13 @@ int reshard(const std::string& path, const std::string& strategy_path, const std
             }
             entries.push_back({want.name, want.dtype, extent, 0, 0});
             blocks.emplace_back(entries.back().elements() * xshard::dtype_size(want.dtype));
-            // The first holder of each destination block checksums what it read: every stored
-            // byte once.
-            const bool first = mesh.group_rank(rank, want.lay.replicated_axes(mesh)) == 0;
-            r.read_box(tensors[i], offset, extent, blocks.back().data(), first ? &runs : nullptr, i,
-                       tensors.size());
+            r.read_box(tensors[i], offset, extent, blocks.back().data());
         }
         std::vector<const std::byte*> data;
         for (const auto& b : blocks)
             data.push_back(b.data());
         xshard::detail::write_rank_file(tmp, rank, std::move(entries), data);
     }
-    check_runs(r, tensors, std::move(runs));
     xshard::detail::finish_per_rank(tmp, out, written, r.step());
     std::printf(
         "resharded %zu tensors from %s (%s, mesh(%s)) into %s: per-rank, mesh(%s), %d files\n",

@@ -213,8 +213,11 @@ struct layout {
                 s += axes[0].view();
             else {
                 s += '(';
-                for (std::size_t i = 0; i < axes.size(); ++i)
-                    s += (i ? "," : "") + std::string(axes[i].view());
+                for (std::size_t i = 0; i < axes.size(); ++i) {
+                    if (i)
+                        s += ',';
+                    s += axes[i].view();
+                }
                 s += ')';
             }
         }

@@ -234,10 +234,8 @@ inline void block_runs(std::vector<crc_run>& out, std::uint64_t key,
     }
 }
 
-/// Gathers everyone's checksum runs on rank 0 of `c` and combines them per tensor.
-inline std::vector<std::optional<std::uint32_t>>
-gather_checksums(const communicator& c, const std::vector<crc_run>& mine,
-                 const std::vector<std::uint64_t>& sizes) {
+/// Everyone's checksum runs, on rank 0 of `c`.
+inline std::vector<crc_run> gather_runs(const communicator& c, const std::vector<crc_run>& mine) {
     const int n = int(mine.size() * 4);
     std::vector<int> counts(std::size_t(c.size())), displs(std::size_t(c.size()));
     gather(c, std::span(&n, 1), c.rank() == 0 ? std::span(counts) : std::span<int>(), 0);
@@ -256,7 +254,7 @@ gather_checksums(const communicator& c, const std::vector<crc_run>& mine,
         return {};
     std::vector<crc_run> runs(all.size() / 4);
     std::memcpy(runs.data(), all.data(), all.size() * sizeof(std::uint64_t));
-    return combine_runs(std::move(runs), sizes);
+    return runs;
 }
 
 /// Runs `f` on rank 0 of `c` and raises its error, if any, on every rank.
@@ -312,7 +310,7 @@ inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t
         }
     }
     transfer_blocks(fh, true, header.size(), m.tensors, writers, begins, where);
-    const auto crcs = gather_checksums(c, runs, sizes);
+    const auto crcs = combine_runs(gather_runs(c, runs), sizes);
     check_mpi(MPI_File_set_view(fh, 0, MPI_BYTE, MPI_BYTE, "native", MPI_INFO_NULL),
               "MPI_File_set_view");
     if (c.rank() == 0) {
@@ -329,8 +327,14 @@ inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t
     });
 }
 
-/// Reads the blocks of `m` from `r` into staging buffers, checks every stored block that was
-/// read against its checksum, and only then copies them into the model.
+/// The bytes a load verifies at a time: the one buffer it needs beyond the model.
+inline constexpr std::size_t verify_chunk = std::size_t(8) << 20;
+
+/// Loads the blocks of `m` from `r` in two passes: first every stored byte to be loaded is
+/// checked against its CRC-32 (each read once, by one rank: a contiguous share of the pieces,
+/// balanced by bytes, through one buffer of verify_chunk bytes); then, if all passed, each
+/// rank reads its blocks straight into the model. So a damaged checkpoint changes nothing, and
+/// a load needs no memory beyond the model's and one buffer.
 inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
     const auto& c = *m.comm;
     const std::string where = "load_checkpoint " + r.path();
@@ -352,62 +356,25 @@ inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
                                shape_string(t.shape));
         }
     });
-    std::vector<std::vector<std::byte>> staged(nt);
-    for (std::size_t i = 0; i < nt; ++i)
-        staged[i].resize(m.tensors[i].local_bytes());
-    // The first holder of each destination block checksums what it read.
+    // Pass 1: verification.
     std::vector<crc_run> runs;
-    if (r.format() == checkpoint_format::integrated) {
-        // One collective MPI-IO read of every rank's blocks.
-        std::vector<std::size_t> all, begins;
-        std::vector<std::byte*> into;
-        const auto& h = r.header(0);
-        for (std::size_t i = 0; i < nt; ++i) {
-            all.push_back(i);
-            begins.push_back(h.find(m.tensors[i].name)->begin);
-            into.push_back(staged[i].data());
+    everywhere(c, [&] {
+        const auto pieces = r.pieces_to_verify(stored, verify_chunk);
+        std::uint64_t total = 0, at = 0;
+        for (const auto& p : pieces)
+            total += p.length;
+        std::vector<std::byte> buffer;
+        for (const auto& p : pieces) {
+            if (at * std::uint64_t(c.size()) / total == std::uint64_t(c.rank()))
+                runs.push_back(r.checksum_of(p, buffer));
+            at += p.length;
         }
-        MPI_File fh = MPI_FILE_NULL;
-        check_mpi(MPI_File_open(c.native(), r.path().c_str(), MPI_MODE_RDONLY, MPI_INFO_NULL, &fh),
-                  "MPI_File_open " + r.path());
-        transfer_blocks(fh, false, h.data_start, m.tensors, all, begins, into);
-        check_mpi(MPI_File_close(&fh), "MPI_File_close");
-        for (std::size_t i = 0; i < nt; ++i) {
-            const auto& t = m.tensors[i];
-            if (t.primary)
-                block_runs(runs, i, t.shape, t.offset, t.extent, t.element, staged[i].data());
-        }
-    } else {
-        // The intersecting pieces of the stored blocks, from the files that hold them.
-        everywhere(c, [&] {
-            for (std::size_t i = 0; i < nt; ++i) {
-                const auto& t = m.tensors[i];
-                r.read_box(*stored[i], t.offset, t.extent, staged[i].data(),
-                           t.primary ? &runs : nullptr, i, nt);
-            }
-        });
-    }
-    // Every stored block, as combined from the pieces read, against its checksum.
-    const std::size_t files =
-        r.format() == checkpoint_format::integrated ? 1 : std::size_t(r.strategy().mesh.size());
-    std::vector<std::uint64_t> sizes(files * nt, 0);
-    for (std::size_t i = 0; i < nt; ++i)
-        for (const auto& b : r.blocks(*stored[i]))
-            sizes[std::size_t(b.file) * nt + i] = b.size() * m.tensors[i].element;
-    const auto got = gather_checksums(c, runs, sizes);
+    });
+    const auto all = gather_runs(c, runs);
     std::optional<std::string> problem;
     if (c.rank() == 0) {
         try {
-            std::string bad;
-            for (std::size_t i = 0; i < nt; ++i)
-                for (const auto& b : r.blocks(*stored[i])) {
-                    const auto want = r.checksum(b.file, m.tensors[i].name);
-                    const auto& have = got[std::size_t(b.file) * nt + i];
-                    if (want && b.size() > 0 && (!have || crc_hex(*have) != *want))
-                        bad += (bad.empty() ? "" : ", ") + m.tensors[i].name +
-                               (files > 1 ? " (in " + r.file_path(b.file) + ")" : "");
-                }
-            if (!bad.empty())
+            if (const auto bad = r.damaged(stored, all); !bad.empty())
                 problem = "xshard: " + where + ": checksum mismatch in " + bad +
                           ": the checkpoint is corrupted";
         } catch (const std::exception& e) {
@@ -415,9 +382,31 @@ inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
         }
     }
     raise_first_error<io_error>(c, problem);
-    for (std::size_t i = 0; i < nt; ++i)
-        if (!staged[i].empty())
-            std::memcpy(m.tensors[i].data, staged[i].data(), staged[i].size());
+    // Pass 2: the blocks, into the model.
+    if (r.format() == checkpoint_format::integrated) {
+        // One collective MPI-IO read of every rank's blocks.
+        std::vector<std::size_t> all_tensors, begins;
+        std::vector<std::byte*> into;
+        const auto& h = r.header(0);
+        for (std::size_t i = 0; i < nt; ++i) {
+            all_tensors.push_back(i);
+            begins.push_back(h.find(m.tensors[i].name)->begin);
+            into.push_back(m.tensors[i].data);
+        }
+        MPI_File fh = MPI_FILE_NULL;
+        check_mpi(MPI_File_open(c.native(), r.path().c_str(), MPI_MODE_RDONLY, MPI_INFO_NULL, &fh),
+                  "MPI_File_open " + r.path());
+        transfer_blocks(fh, false, h.data_start, m.tensors, all_tensors, begins, into);
+        check_mpi(MPI_File_close(&fh), "MPI_File_close");
+    } else {
+        // The intersecting pieces of the stored blocks, from the files that hold them.
+        everywhere(c, [&] {
+            for (std::size_t i = 0; i < nt; ++i) {
+                const auto& t = m.tensors[i];
+                r.read_box(*stored[i], t.offset, t.extent, t.data);
+            }
+        });
+    }
     return {r.step(), r.format(), r.strategy()};
 }
 

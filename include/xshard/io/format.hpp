@@ -15,7 +15,9 @@
 /// A checkpoint is a set of *stored blocks*: for the integrated form, every tensor whole in
 /// one file; for the per-rank form, the block of each tensor that each rank held, in that
 /// rank's file (replicated blocks once each: the copy of the first holder). `read_box` reads
-/// any box of a tensor, wherever its bytes are, reading only the bytes it needs.
+/// any box of a tensor, wherever its bytes are, reading only the bytes it needs;
+/// `pieces_to_verify`, `checksum_of` and `damaged` check the stored bytes against their
+/// CRC-32s, in pieces any process may take a share of.
 
 #include <xshard/core/partition.hpp>
 #include <xshard/io/files.hpp>
@@ -200,12 +202,8 @@ public:
     }
 
     /// Reads the box (`offset`, `extent`) of tensor `e` into `out` (row-major, contiguous).
-    /// With `runs`, also appends the checksum of every piece read, as runs of the stored
-    /// block it came from keyed `file * count + index` (see detail::combine_runs).
     void read_box(const strategy_entry& e, const std::vector<std::size_t>& offset,
-                  const std::vector<std::size_t>& extent, std::byte* out,
-                  std::vector<detail::crc_run>* runs = nullptr, std::size_t index = 0,
-                  std::size_t count = 1) const {
+                  const std::vector<std::size_t>& extent, std::byte* out) const {
         const std::size_t element = dtype_size(e.dtype);
         for (const auto& b : blocks(e)) {
             std::vector<std::size_t> ro(offset.size()), re(offset.size());
@@ -219,19 +217,73 @@ public:
             }
             if (empty)
                 continue;
-            const auto& [f, h] = open(b.file);
-            const auto* stored = h.find(e.name);
-            if (!stored || stored->shape != b.extent || stored->dtype != e.dtype)
-                throw io_error("xshard: " + f.path() + " does not hold '" + e.name +
-                               "' as its strategy says");
+            const auto& f = open(b.file).first;
+            const auto begin = stored_begin(b, e);
             for (const auto& [from, to, n] :
-                 detail::copy_runs(ro, re, b.offset, b.extent, offset, extent, element)) {
-                f.read_at(out + to, n, h.data_start + stored->begin + from);
-                if (runs)
-                    runs->push_back({std::uint64_t(b.file) * count + index, from, n,
-                                     detail::crc32_of(out + to, n)});
-            }
+                 detail::copy_runs(ro, re, b.offset, b.extent, offset, extent, element))
+                f.read_at(out + to, n, begin + from);
         }
+    }
+
+    /// A piece of the stored bytes that verification reads: `length` bytes at `at` in file
+    /// `file`, bytes [offset, offset + length) of stored block `key` (file * count + index of
+    /// the tensor in the list verified).
+    struct piece {
+        int file;
+        std::size_t at, length;
+        std::uint64_t key, offset;
+    };
+
+    /// The stored bytes of `tensors` that carry a checksum, in pieces of at most `chunk`
+    /// bytes: reading each once, wherever and by whomever, verifies them all.
+    std::vector<piece> pieces_to_verify(const std::vector<const strategy_entry*>& tensors,
+                                        std::size_t chunk) const {
+        std::vector<piece> out;
+        for (std::size_t i = 0; i < tensors.size(); ++i)
+            for (const auto& b : blocks(*tensors[i])) {
+                if (!checksum(b.file, tensors[i]->name))
+                    continue;
+                const auto begin = stored_begin(b, *tensors[i]);
+                const auto bytes = b.size() * dtype_size(tensors[i]->dtype);
+                for (std::size_t o = 0; o < bytes; o += chunk)
+                    out.push_back({b.file, begin + o, std::min(chunk, bytes - o),
+                                   std::uint64_t(b.file) * tensors.size() + i, o});
+            }
+        return out;
+    }
+
+    /// Reads piece `p` (into `buffer`) and returns its checksum run.
+    detail::crc_run checksum_of(const piece& p, std::vector<std::byte>& buffer) const {
+        buffer.resize(std::max(buffer.size(), p.length));
+        open(p.file).first.read_at(buffer.data(), p.length, p.at);
+        return {p.key, p.offset, p.length, detail::crc32_of(buffer.data(), p.length)};
+    }
+
+    /// The stored blocks of `tensors` whose checksum `runs` (of all their pieces to verify)
+    /// do not give, e.g. "w1 (in dir/rank_3.safetensors), b"; empty if none.
+    std::string damaged(const std::vector<const strategy_entry*>& tensors,
+                        std::vector<detail::crc_run> runs) const {
+        const std::size_t n = tensors.size(), files = file_count();
+        std::vector<std::uint64_t> sizes(files * n, 0);
+        for (std::size_t i = 0; i < n; ++i)
+            for (const auto& b : blocks(*tensors[i]))
+                sizes[std::size_t(b.file) * n + i] = b.size() * dtype_size(tensors[i]->dtype);
+        const auto got = detail::combine_runs(std::move(runs), sizes);
+        std::string bad;
+        for (std::size_t i = 0; i < n; ++i)
+            for (const auto& b : blocks(*tensors[i])) {
+                const auto want = checksum(b.file, tensors[i]->name);
+                const auto& have = got[std::size_t(b.file) * n + i];
+                if (want && (!have || detail::crc_hex(*have) != *want))
+                    bad += (bad.empty() ? "" : ", ") + tensors[i]->name +
+                           (files > 1 ? " (in " + file_path(b.file) + ")" : "");
+            }
+        return bad;
+    }
+
+    /// How many files hold stored blocks.
+    std::size_t file_count() const {
+        return format_ == checkpoint_format::integrated ? 1 : std::size_t(strategy_.mesh.size());
     }
 
     /// The stored checksum (8 hex digits) of tensor `name` in file `file`, if any.
@@ -263,6 +315,17 @@ public:
     const safetensors_header& header(int file) const { return open(file).second; }
 
 private:
+    /// Where stored block `b` of `e` begins in its file (checking that it is stored there as
+    /// the strategy says).
+    std::size_t stored_begin(const stored_block& b, const strategy_entry& e) const {
+        const auto& [f, h] = open(b.file);
+        const auto* stored = h.find(e.name);
+        if (!stored || stored->shape != b.extent || stored->dtype != e.dtype)
+            throw io_error("xshard: " + f.path() + " does not hold '" + e.name +
+                           "' as its strategy says");
+        return h.data_start + stored->begin;
+    }
+
     const std::pair<detail::file, safetensors_header>& open(int file) const {
         auto it = files_.find(file);
         if (it == files_.end()) {
