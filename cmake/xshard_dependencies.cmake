@@ -9,3 +9,9 @@ find_dependency(MPI REQUIRED COMPONENTS CXX)
 find_dependency(range-v3 REQUIRED)
 find_dependency(nlohmann_json REQUIRED)
 find_dependency(ZLIB REQUIRED)
+# libdeflate's CRC-32 (twice zlib's speed, same values) for checkpoints; it ships no CMake
+# package in Debian, only a pkg-config file.
+find_dependency(PkgConfig REQUIRED)
+if(NOT TARGET PkgConfig::libdeflate)
+  pkg_check_modules(libdeflate REQUIRED IMPORTED_TARGET GLOBAL libdeflate)
+endif()

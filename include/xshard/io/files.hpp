@@ -3,12 +3,13 @@
 /// What checkpoints need from the file system: durable writes that replace a file only when
 /// the new one is complete (write to a temporary name, flush, fsync, rename, fsync the
 /// directory), reads of byte ranges and of boxes of a tensor stored row-major, and CRC-32
-/// checksums (zlib's, so that Python's `zlib.crc32` checks them too) that combine over pieces
-/// read by different ranks.
+/// checksums (zlib's, so that Python's `zlib.crc32` checks them too; libdeflate computes
+/// them, zlib combines them) that combine over pieces read by different ranks.
 
 #include <xshard/core/partition.hpp>
 #include <xshard/io/safetensors.hpp>
 
+#include <libdeflate.h>
 #include <zlib.h>
 
 #include <fcntl.h>
@@ -162,16 +163,9 @@ inline safetensors_header read_header(const file& f) {
     }
 }
 
-/// The CRC-32 of `n` bytes.
+/// The CRC-32 of `n` bytes (zlib's; computed by libdeflate, twice as fast), continuing `crc`.
 inline std::uint32_t crc32_of(const void* data, std::size_t n, std::uint32_t crc = 0) {
-    const auto* p = static_cast<const Bytef*>(data);
-    while (n > 0) {
-        const auto chunk = uInt(std::min<std::size_t>(n, std::size_t(1) << 30));
-        crc = std::uint32_t(::crc32(uLong(crc), p, chunk));
-        p += chunk;
-        n -= chunk;
-    }
-    return crc;
+    return std::uint32_t(::libdeflate_crc32(crc, data, n));
 }
 
 /// "0a1b2c3d".
