@@ -426,7 +426,12 @@ inline void save_per_rank(ckpt_model& m, const std::string& path, std::int64_t s
         }
         write_rank_file(tmp, m.rank, std::move(entries), data);
     });
-    on_rank0(c, [&] { finish_per_rank(tmp, path, m.strategy, step); });
+    on_rank0(c, [&] { finish_per_rank(tmp, path, m.strategy, step, false); });
+    // The previous checkpoint's files, removed by their ranks at once (freeing a large file's
+    // blocks takes a while).
+    const std::string old = path + ".old";
+    everywhere(c, [&] { std::filesystem::remove(rank_file(old, m.rank)); });
+    on_rank0(c, [&] { std::filesystem::remove_all(old); });
 }
 
 } // namespace detail

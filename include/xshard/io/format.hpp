@@ -81,11 +81,13 @@ inline void write_rank_file(const std::string& dir, int rank, std::vector<tensor
 
 /// Completes a per-rank checkpoint written in `tmp` (its rank files complete and synced):
 /// writes strategy.json and checkpoint.json, then puts it in place of `path` without ever
-/// leaving no complete checkpoint: <path> -> <path>.old, <tmp> -> <path>, remove <path>.old.
+/// leaving no complete checkpoint: <path> -> <path>.old, <tmp> -> <path>, remove <path>.old
+/// (unless `remove_old` is false: the caller removes it).
 /// (A process killed between the two renames leaves <path>.old, which readers fall back to
 /// and the next save puts back first.)
 inline void finish_per_rank(const std::string& tmp, const std::string& path,
-                            const strategy_file& strategy, std::int64_t step) {
+                            const strategy_file& strategy, std::int64_t step,
+                            bool remove_old = true) {
     namespace fs = std::filesystem;
     write_file_atomically(tmp + "/strategy.json", strategy.to_json());
     const nlohmann::ordered_json j{{"format", "xshard-checkpoint"},
@@ -100,7 +102,8 @@ inline void finish_per_rank(const std::string& tmp, const std::string& path,
     if (fs::exists(path))
         commit_rename(path, old);
     commit_rename(tmp, path);
-    fs::remove_all(old);
+    if (remove_old)
+        fs::remove_all(old);
 }
 
 } // namespace detail
