@@ -2,9 +2,11 @@
 /// \file
 /// Containers of named parameters, and what the training algorithms see of them.
 ///
-/// `for_each_parameter(container, f)` calls `f(name, tensor)` for every parameter, with
-/// dotted names for nested containers ("block1.dense2.weight"). It understands:
-///  * a distributed tensor (one parameter, named by its prefix) or a `parameter<D>`;
+/// `for_each_parameter(container, f)` calls `f(name, tensor)` for every parameter
+/// (`for_each_weight` every `weight`, `gradients_of(container)` their gradients), with dotted names
+/// for nested containers ("block1.dense2.weight"). It understands:
+///  * a distributed tensor (one parameter, named by its prefix), a `parameter<D>`, or a
+///    `weight<D>` (its value; xshard/nn/ layers hold them);
 ///  * `std::map<std::string, T>` and `std::unordered_map<std::string, T>`;
 ///  * any range (std or range-v3) of such things: a parameter's own name is used, other
 ///    elements are named by their index;
@@ -71,6 +73,11 @@ struct is_param : std::false_type {};
 template <class D>
 struct is_param<parameter<D>> : std::true_type {};
 
+template <class T>
+struct is_weight : std::false_type {};
+template <class D>
+struct is_weight<weight<D>> : std::true_type {};
+
 template <class M>
 concept string_keyed_map = requires {
     typename M::key_type;
@@ -83,54 +90,57 @@ concept has_visit_parameters = requires(T& t) {
     visit_parameters(t, [](std::string_view, auto&) {});
 };
 
-} // namespace detail
+/// What a traversal visits: parameters (tensors, `parameter`s, the values of `weight`s) or
+/// weights (`weight` objects, for optimizers and gradients).
+enum class leaves { parameters, weights };
 
-template <class C, class F>
-void for_each_parameter(C&& c, F&& f, std::string_view prefix = {});
+template <leaves L, class C, class F>
+void traverse(C&& c, F& f, std::string_view prefix);
 
-namespace detail {
 /// An element of a tuple or a range: a parameter by its own name, anything else by its index.
-template <class E, class F>
+template <leaves L, class E, class F>
 void visit_element(E& e, F& f, std::string_view prefix, std::size_t index) {
     if constexpr (is_param<std::remove_const_t<E>>::value)
-        call_visitor(f, join_name(prefix, e.name), e.value, e.trainable);
+        traverse<L>(e, f, join_name(prefix, e.name));
     else
-        for_each_parameter(e, f, join_name(prefix, std::to_string(index)));
+        traverse<L>(e, f, join_name(prefix, std::to_string(index)));
 }
-} // namespace detail
 
-/// Calls `f(name, tensor)` for every parameter of `c` (see the file comment); `tensor` is a
-/// reference to the distributed tensor (const if `c` is). A callback that takes a third
-/// argument also gets whether the parameter is trainable (a `parameter`'s flag; true for a
-/// bare tensor).
-template <class C, class F>
-void for_each_parameter(C&& c, F&& f, std::string_view prefix) {
+/// Walks container `c` (see the file comment), calling `f` for each leaf of kind L.
+template <leaves L, class C, class F>
+void traverse(C&& c, F& f, std::string_view prefix) {
     using X = std::remove_cvref_t<C>;
     if constexpr (distributed_tensor<X>) {
-        detail::call_visitor(f, std::string(prefix), c, true);
-    } else if constexpr (detail::is_param<X>::value) {
-        detail::call_visitor(f, prefix.empty() ? c.name : std::string(prefix), c.value,
-                             c.trainable);
-    } else if constexpr (detail::has_visit_parameters<X>) {
+        if constexpr (L == leaves::parameters)
+            call_visitor(f, std::string(prefix), c, true);
+    } else if constexpr (is_param<X>::value) {
+        if constexpr (L == leaves::parameters)
+            call_visitor(f, prefix.empty() ? c.name : std::string(prefix), c.value, c.trainable);
+    } else if constexpr (is_weight<X>::value) {
+        if constexpr (L == leaves::parameters)
+            call_visitor(f, std::string(prefix), c.value, true);
+        else
+            f(std::string(prefix), c);
+    } else if constexpr (has_visit_parameters<X>) {
         // One hidden friend taking T& serves const traversals too: members are handed on const.
         constexpr bool is_const = std::is_const_v<std::remove_reference_t<C>>;
         visit_parameters(const_cast<X&>(c), [&](std::string_view name, auto& member) {
             if constexpr (is_const)
-                for_each_parameter(std::as_const(member), f, detail::join_name(prefix, name));
+                traverse<L>(std::as_const(member), f, join_name(prefix, name));
             else
-                for_each_parameter(member, f, detail::join_name(prefix, name));
+                traverse<L>(member, f, join_name(prefix, name));
         });
-    } else if constexpr (detail::string_keyed_map<X>) {
+    } else if constexpr (string_keyed_map<X>) {
         for (auto& [name, value] : c)
-            for_each_parameter(value, f, detail::join_name(prefix, name));
-    } else if constexpr (detail::is_std_tuple<X>::value) {
+            traverse<L>(value, f, join_name(prefix, name));
+    } else if constexpr (is_std_tuple<X>::value) {
         std::size_t i = 0;
-        std::apply(
-            [&](auto&... elements) { (detail::visit_element(elements, f, prefix, i++), ...); }, c);
+        std::apply([&](auto&... elements) { (visit_element<L>(elements, f, prefix, i++), ...); },
+                   c);
     } else if constexpr (std::ranges::range<X>) {
         std::size_t i = 0;
         for (auto&& e : c)
-            detail::visit_element(e, f, prefix, i++);
+            visit_element<L>(e, f, prefix, i++);
     } else {
         static_assert(std::is_void_v<X>,
                       "xshard: not a parameter container: use a distributed tensor, a parameter, "
@@ -138,6 +148,36 @@ void for_each_parameter(C&& c, F&& f, std::string_view prefix) {
                       "visit_parameters(T&, visit)");
     }
 }
+
+} // namespace detail
+
+/// Calls `f(name, tensor)` for every parameter of `c` (see the file comment); `tensor` is a
+/// reference to the distributed tensor (const if `c` is). A callback that takes a third
+/// argument also gets whether the parameter is trainable (a `parameter`'s flag; true for a
+/// bare tensor or a weight).
+template <class C, class F>
+void for_each_parameter(C&& c, F&& f, std::string_view prefix = {}) {
+    detail::traverse<detail::leaves::parameters>(std::forward<C>(c), f, prefix);
+}
+
+/// Calls `f(name, w)` for every `weight` of `c` (named as for_each_parameter names its value).
+template <class C, class F>
+void for_each_weight(C&& c, F&& f) {
+    detail::traverse<detail::leaves::weights>(std::forward<C>(c), f, {});
+}
+
+/// The gradients of the weights of `c`, as a parameter container with the same names (for
+/// synchronize_gradients, norms and clipping).
+template <class C>
+struct gradients_of {
+    C& container;
+    friend void visit_parameters(gradients_of& g, auto&& visit) {
+        for_each_weight(g.container,
+                        [&](const std::string& name, auto& w) { visit(name, w.grad); });
+    }
+};
+template <class C>
+gradients_of(C&) -> gradients_of<C>;
 
 /// Whether xshard can enumerate the parameters of C.
 template <class C>
