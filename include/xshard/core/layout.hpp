@@ -258,6 +258,29 @@ constexpr layout dynamic_layout(std::size_t rank) {
     return l;
 }
 
+/// The layout of the gradient of a tensor laid out as `l` on `mesh`: its replicated axes
+/// become pending sums and its pending sums become replicated, the splits stay. This is the
+/// adjoint under the inner product of the ranks' local data summed over the ranks: a
+/// redistribution from `from` to `to` has the redistribution from dual(to) to dual(from) as
+/// its adjoint (all-gather <-> reduce-scatter, slice <-> zero-fill, all-reduce <-> all-reduce,
+/// all-to-all <-> all-to-all). Gradients laid out so need no collective where each rank's term
+/// is its own contribution (Megatron's copy region) and complete themselves, as sums over the
+/// replicas, where the forward pass reduced. Max and min are not linear: a partial(max) or
+/// partial(min) layout has no dual.
+constexpr layout dual(const layout& l, const mesh_shape& mesh) {
+    if (l.is_partial() && l.op != reduction::sum)
+        throw std::invalid_argument("xshard: a partial(" + std::string(to_string(l.op)) +
+                                    ") layout has no adjoint: " + std::string(to_string(l.op)) +
+                                    " is not linear");
+    layout d = l;
+    d.partial.clear();
+    d.op = reduction::sum;
+    for (const auto& a : mesh.names)
+        if (!l.uses(a))
+            d.partial.push_back(a);
+    return d;
+}
+
 namespace detail {
 
 /// A small recursive-descent reader of the layout notation.

@@ -145,6 +145,49 @@ auto embedding(const I& ids, const W& table) {
     return result(detail::unchecked, mesh, shape, std::move(local), res.out);
 }
 
+namespace detail {
+
+/// Per row of logits split by classes: the maximum, the sum of exp(x - max) and the label's
+/// logit, each all-reduced over the class axes (three all-reduces of one value per row).
+template <class T>
+struct softmax_row_stats {
+    xt::xtensor<T, 1> max, sum_exp, target;
+};
+
+/// The row statistics of this rank's block `x` (at `xb` in logits laid out as `l`) against
+/// the labels `y` of its rows.
+template <class Mesh, class X, class Y, class Box>
+auto softmax_rows(const Mesh& mesh, const layout& l, const X& x, const Y& y, const Box& xb) {
+    using T = typename X::value_type;
+    const std::size_t rows = xb.extent[0], cols = xb.extent[1];
+    softmax_row_stats<T> r{xt::xtensor<T, 1>::from_shape({rows}), xt::zeros<T>({rows}),
+                           xt::zeros<T>({rows})};
+    const auto classes = l.split_axes(1, mesh.shape());
+    auto reduce = [&](auto& v, reduce_op op) {
+        if (!classes.empty() && rows > 0)
+            allreduce(mesh.sub(classes), std::span(v.data(), v.size()), op);
+    };
+    for (std::size_t i = 0; i < rows; ++i) {
+        T mi = std::numeric_limits<T>::lowest();
+        for (std::size_t j = 0; j < cols; ++j)
+            mi = std::max(mi, x(i, j));
+        r.max(i) = mi;
+    }
+    reduce(r.max, reduce_op::max);
+    for (std::size_t i = 0; i < rows; ++i) {
+        for (std::size_t j = 0; j < cols; ++j)
+            r.sum_exp(i) += std::exp(x(i, j) - r.max(i));
+        const auto c = std::size_t(y(i));
+        if (c >= xb.offset[1] && c < xb.offset[1] + cols)
+            r.target(i) = x(i, c - xb.offset[1]);
+    }
+    reduce(r.sum_exp, reduce_op::sum);
+    reduce(r.target, reduce_op::sum);
+    return r;
+}
+
+} // namespace detail
+
 /// The cross-entropy of each row of `logits` [B, V] against integer `labels` [B] (see the
 /// file comment). Collective: three all-reduces over the class axes of one value per row.
 template <distributed_tensor X, distributed_tensor Y>
@@ -166,33 +209,8 @@ auto cross_entropy(const X& logits, const Y& labels) {
                     " logits for " + detail::shape_string(labels.shape()) + " labels");
     detail::check_labels(mesh.comm(), y, logits.shape()[1], "cross_entropy");
     const auto xb = block_of(res.a, mesh.shape(), logits.shape(), mesh.rank());
-    const std::size_t rows = xb.extent[0], cols = xb.extent[1];
-    // Per row: max, sum of exponentials, target logit; each all-reduced over the class axes.
-    xt::xtensor<T, 1> m = xt::xtensor<T, 1>::from_shape({rows});
-    xt::xtensor<T, 1> s = xt::zeros<T>({rows});
-    xt::xtensor<T, 1> target = xt::zeros<T>({rows});
-    const auto classes = res.a.split_axes(1, mesh.shape());
-    auto reduce = [&](auto& v, reduce_op op) {
-        if (!classes.empty() && rows > 0)
-            allreduce(mesh.sub(classes), std::span(v.data(), v.size()), op);
-    };
-    for (std::size_t i = 0; i < rows; ++i) {
-        T mi = std::numeric_limits<T>::lowest();
-        for (std::size_t j = 0; j < cols; ++j)
-            mi = std::max(mi, x(i, j));
-        m(i) = mi;
-    }
-    reduce(m, reduce_op::max);
-    for (std::size_t i = 0; i < rows; ++i) {
-        for (std::size_t j = 0; j < cols; ++j)
-            s(i) += std::exp(x(i, j) - m(i));
-        const auto c = std::size_t(y(i));
-        if (c >= xb.offset[1] && c < xb.offset[1] + cols)
-            target(i) = x(i, c - xb.offset[1]);
-    }
-    reduce(s, reduce_op::sum);
-    reduce(target, reduce_op::sum);
-    xt::xtensor<T, 1> loss = xt::log(s) + m - target;
+    const auto rows = detail::softmax_rows(mesh, res.a, x, y, xb);
+    xt::xtensor<T, 1> loss = xt::log(rows.sum_exp) + rows.max - rows.target;
     using result = detail::result_t<T, typename X::mesh_type, rule::is_static, rule::value.out, 1>;
     return result(detail::unchecked, mesh, std::array<std::size_t, 1>{logits.shape()[0]},
                   std::move(loss), res.out);

@@ -166,4 +166,16 @@ auto redistribute(D&& t, const layout& to = To) {
     return redistribution<X, To>(t, target)(t);
 }
 
+/// The backward pass of `redistribute`: from the gradient of a redistribution's output
+/// (laid out as the dual of the output's layout, see `dual`), the gradient of its input, laid
+/// out as the dual of `from`, the input's layout. That is the adjoint redistribution, derived
+/// from the layout transition alone: no layer writes its own backward collectives.
+/// Collective over the mesh.
+template <distributed_tensor G>
+auto redistribute_adjoint(G&& grad, const layout& from) {
+    constexpr std::size_t rank = std::remove_cvref_t<G>::rank;
+    const auto to = dual(from, grad.mesh().shape());
+    return redistribute<dynamic_layout(rank)>(std::forward<G>(grad), to);
+}
+
 } // namespace xshard

@@ -1,0 +1,118 @@
+#pragma once
+/// \file
+/// Vocabulary-parallel embedding and cross-entropy (Megatron's VocabParallelEmbedding and
+/// vocab-parallel loss).
+///
+/// vocab_parallel_embedding: a table [V, H] split by vocabulary over the tensor axis; ids [N]
+/// (rows split over the data axis) -> [N, H] (xshard::embedding: each rank looks up its
+/// vocabulary block, one all-reduce completes the rows). Backward: the adjoint all-reduce,
+/// then each rank adds the rows of its vocabulary block.
+///
+/// parallel_cross_entropy: the mean over all rows of -log softmax(logits)[label], logits
+/// [N, V] with the classes split over the tensor axis (or not) and the rows over the data
+/// axis; labels [N] split like the rows. Three all-reduces of one value per row, never the
+/// logits; the loss is the same on every rank. Backward: (softmax - one_hot) / N, local.
+
+#include <xshard/nn/module.hpp>
+#include <xshard/ops/embedding.hpp>
+
+#include <optional>
+#include <random>
+
+namespace xshard::nn {
+
+template <class T, mesh_type Mesh>
+class vocab_parallel_embedding {
+public:
+    /// Rows drawn from N(0, `scale`^2).
+    vocab_parallel_embedding(const Mesh& mesh, std::size_t vocabulary, std::size_t features,
+                             unsigned seed, nn::axes axes = {}, T scale = T(0.02))
+        : table_(make_weight<T>(mesh, std::array{vocabulary, features},
+                                make_layout({axes.tensor, ""}), seed,
+                                std::normal_distribution<T>(T(0), scale))) {}
+
+    tensor<T, Mesh> forward(const tensor<std::int64_t, Mesh, 1>& ids) {
+        ids_ = ids;
+        auto y = xshard::embedding(ids, table_.value);
+        z_layout_ = y.layout();
+        z_layout_.partial = table_.value.layout().axes(0); // before the all-reduce
+        return y;
+    }
+
+    /// Adds the gradient rows to the table; the ids have no gradient.
+    void backward(const tensor<T, Mesh>& dy) {
+        const auto dz = redistribute_adjoint(dy, z_layout_);
+        const auto rows = table_.value.block();
+        const auto& ids = ids_->local();
+        const std::size_t width = rows.extent[1];
+        for (std::size_t i = 0; i < ids.size(); ++i) {
+            const auto v = std::size_t(ids(i));
+            if (v >= rows.offset[0] && v < rows.offset[0] + rows.extent[0])
+                for (std::size_t j = 0; j < width; ++j)
+                    table_.grad.local()(v - rows.offset[0], j) += dz.local()(i, j);
+        }
+    }
+
+    friend void visit_parameters(vocab_parallel_embedding& e, auto&& visit) {
+        visit("table", e.table_);
+    }
+
+private:
+    weight<tensor<T, Mesh, 2>> table_;
+    std::optional<tensor<std::int64_t, Mesh, 1>> ids_;
+    layout z_layout_;
+};
+
+template <class T, mesh_type Mesh>
+class parallel_cross_entropy {
+public:
+    /// The mean loss (the same on every rank). The labels' rows must be split like the
+    /// logits' rows.
+    T forward(const tensor<T, Mesh>& logits, const tensor<std::int64_t, Mesh, 1>& labels) {
+        const auto& l = logits.layout();
+        if (l.is_partial() || labels.layout().is_partial() ||
+            !(labels.layout().axes(0) == l.axes(0)))
+            throw error("xshard: parallel_cross_entropy: labels " + labels.layout().to_string() +
+                        " must split their rows as the logits " + l.to_string() +
+                        " do, with no pending sum");
+        const auto& mesh = logits.mesh();
+        const auto xb = logits.block();
+        const auto stats =
+            xshard::detail::softmax_rows(mesh, l, logits.local(), labels.local(), xb);
+        // Every rank holding a block of rows knows their losses: one of them counts each.
+        const auto& ms = mesh.shape();
+        T sum = 0;
+        if (ms.group_rank(mesh.rank(), ms.all_axes() - l.split_axes(0, ms)) == 0)
+            sum = xt::sum(xt::log(stats.sum_exp) + stats.max - stats.target)();
+        allreduce(mesh.comm(), std::span(&sum, 1), reduce_op::sum);
+        rows_ = logits.shape()[0];
+        logits_ = logits;
+        labels_ = labels;
+        stats_ = stats;
+        return sum / T(rows_);
+    }
+
+    /// The gradient of `scale` times the loss with respect to the logits.
+    tensor<T, Mesh> backward(T scale = T(1)) const {
+        const auto xb = logits_->block();
+        auto d = *logits_;
+        auto& g = d.local();
+        g = xt::exp(logits_->local() - xt::view(stats_->max, xt::all(), xt::newaxis())) /
+            xt::view(stats_->sum_exp, xt::all(), xt::newaxis());
+        for (std::size_t i = 0; i < xb.extent[0]; ++i) {
+            const auto c = std::size_t(labels_->local()(i));
+            if (c >= xb.offset[1] && c < xb.offset[1] + xb.extent[1])
+                g(i, c - xb.offset[1]) -= T(1);
+        }
+        g *= scale / T(rows_);
+        return as_gradient(std::move(d));
+    }
+
+private:
+    std::size_t rows_ = 0;
+    std::optional<tensor<T, Mesh>> logits_;
+    std::optional<tensor<std::int64_t, Mesh, 1>> labels_;
+    std::optional<xshard::detail::softmax_row_stats<T>> stats_;
+};
+
+} // namespace xshard::nn

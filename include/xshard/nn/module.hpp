@@ -1,0 +1,146 @@
+#pragma once
+/// \file
+/// What the layers of xshard/nn/ share: activations, the gradient convention, and the
+/// sequential container.
+///
+/// Activations are distributed tensors with run-time layouts, [tokens, features] (rows split
+/// over the data-parallel axis, features split over the tensor-parallel axis or replicated).
+/// A layer is a module: `forward(x)` returns its output and keeps what its backward needs;
+/// `backward(dy)` takes the gradient of the output and returns that of the input, adding the
+/// gradients of its weights to their `grad` (see `weight` in tensor/parameter.hpp); a hidden
+/// friend `visit_parameters` lists the weights, so that every parameter algorithm
+/// (parameter_broadcast, synchronize_gradients over `gradients_of(model)`, norms, optimizers,
+/// checkpoints) works on a model as on any parameter container.
+///
+/// Gradients are laid out as the duals of their tensors' layouts (core/layout.hpp, `dual`):
+/// along an axis where a tensor is replicated, each rank holds its own term of the gradient,
+/// the sum over the axis being the gradient. So a backward pass needs a collective only where
+/// its forward pass had one (the adjoint redistribution, `redistribute_adjoint`), a weight's
+/// gradient is each rank's term until `synchronize_gradients` sums it over the weight's
+/// replicas (the data-parallel all-reduce, fused in buckets), and layers never hand-write
+/// their backward collectives.
+
+#include <xshard/core/layout.hpp>
+#include <xshard/ops/elementwise.hpp>
+#include <xshard/ops/matmul.hpp>
+#include <xshard/ops/reduce.hpp>
+#include <xshard/ops/shape.hpp>
+#include <xshard/redistribute/redistribute.hpp>
+#include <xshard/tensor/distribute.hpp>
+#include <xshard/tensor/parameter.hpp>
+#include <xshard/train/parameters.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <tuple>
+#include <utility>
+
+namespace xshard::nn {
+
+/// The mesh axis a layer splits its features, heads or vocabulary over ("" for none). The
+/// rows (tokens, samples) keep whatever split the input has (the data-parallel axis).
+struct axes {
+    std::string tensor = "tp";
+};
+
+/// A distributed tensor of rank N with a run-time layout: what layers take and return.
+template <class T, mesh_type Mesh, std::size_t N = 2>
+using tensor = dtensor<T, Mesh, dynamic_layout(N)>;
+
+/// "[dp, -]" from {"dp", ""}: a layout from the axis splitting each dimension ("" for none).
+inline layout make_layout(std::initializer_list<std::string> dims) {
+    std::string text = "[";
+    for (const auto& d : dims)
+        text += (text.size() > 1 ? ", " : "") + (d.empty() ? std::string("-") : d);
+    return layout::parse(text + "]");
+}
+
+/// `l` with its features (dimension 1) split over `axis` ("" for whole), its rows as they
+/// are, nothing pending: the layout a layer's output keeps from its input's.
+inline layout with_features(layout l, const std::string& axis) {
+    l.dims[1] = axis.empty() ? dim_axes{} : dim_axes{axis_name(axis)};
+    l.partial.clear();
+    return l;
+}
+
+/// The gradient of a quantity held as `t` (every replica holding the whole gradient, as a
+/// loss computes it), laid out as the gradient convention wants: the dual of `t`'s layout
+/// (one term per replica; the others zero). Collective (local work only).
+template <distributed_tensor D>
+auto as_gradient(D&& t) {
+    constexpr std::size_t rank = std::remove_cvref_t<D>::rank;
+    const auto to = dual(t.layout(), t.mesh().shape());
+    return redistribute<dynamic_layout(rank)>(std::forward<D>(t), to);
+}
+
+/// Adds the gradient `g` (any layout of the weight's global shape) to `w.grad`: brought to
+/// the dual of the weight's layout, then each rank's term added locally.
+template <class D, distributed_tensor G>
+void accumulate(weight<D>& w, G&& g) {
+    const auto term = redistribute<dynamic_layout(D::rank)>(
+        std::forward<G>(g), dual(w.value.layout(), w.value.mesh().shape()));
+    w.grad.local() += term.local();
+}
+
+/// A weight with values from `dist(std::mt19937(seed))` drawn in global row-major order (so
+/// the same on any mesh and layout as serially), laid out as `l`.
+template <class T, std::size_t N, mesh_type Mesh, class Distribution>
+weight<tensor<T, Mesh, N>> make_weight(const Mesh& mesh, const std::array<std::size_t, N>& shape,
+                                       const layout& l, unsigned seed, Distribution dist) {
+    return weight<tensor<T, Mesh, N>>(
+        generate<dynamic_layout(N)>(mesh, shape, std::mt19937(seed), dist, l));
+}
+
+/// A weight of constant `value`, laid out as `l`.
+template <class T, std::size_t N, mesh_type Mesh>
+weight<tensor<T, Mesh, N>> constant_weight(const Mesh& mesh,
+                                           const std::array<std::size_t, N>& shape, const layout& l,
+                                           T value) {
+    return weight<tensor<T, Mesh, N>>(full<T, dynamic_layout(N)>(mesh, shape, value, l));
+}
+
+/// Layers applied one after the other; backward in reverse order. Its weights are named by
+/// position ("0.weight", "1.bias", ...).
+template <class... Layers>
+class sequential {
+public:
+    explicit sequential(Layers... layers)
+        : layers_(std::move(layers)...) {}
+
+    template <class X>
+    auto forward(X x) {
+        std::apply([&](auto&... l) { ((x = l.forward(x)), ...); }, layers_);
+        return x;
+    }
+
+    template <class G>
+    auto backward(G g) {
+        backward_from<sizeof...(Layers)>(g);
+        return g;
+    }
+
+    template <std::size_t I>
+    auto& get() noexcept {
+        return std::get<I>(layers_);
+    }
+
+    friend void visit_parameters(sequential& s, auto&& visit) {
+        std::size_t i = 0;
+        std::apply([&](auto&... l) { (visit(std::to_string(i++), l), ...); }, s.layers_);
+    }
+
+private:
+    template <std::size_t I, class G>
+    void backward_from(G& g) {
+        if constexpr (I > 0) {
+            g = std::get<I - 1>(layers_).backward(g);
+            backward_from<I - 1>(g);
+        }
+    }
+
+    std::tuple<Layers...> layers_;
+};
+
+} // namespace xshard::nn
