@@ -16,6 +16,8 @@
 #include <xshard/nn/module.hpp>
 #include <xshard/ops/embedding.hpp>
 
+#include <xtensor/xview.hpp>
+
 #include <optional>
 #include <random>
 

@@ -1,0 +1,312 @@
+#pragma once
+/// \file
+/// The loader: a dataset's global batches, step by step, as distributed tensors on a mesh.
+///
+/// Two modes, MindSpore's dataset_strategy (core/mesh.hpp):
+///
+///  * `data_parallel`: the ranks with the same coordinate on the data axis (default "dp")
+///    form one data-parallel group and read one shard: num_shards = the axis size,
+///    shard_id = the rank's coordinate on it. A global batch of B samples gives each shard
+///    B / num_shards of them, and the batch tensors are split over the data axis in their
+///    first dimension: x "[dp, -]", y "[dp]" (replicated over the other axes).
+///  * `full_batch`: every rank reads the whole global batch; the tensors are replicated
+///    ("[-, -]", "[-]"), no rank holds less than the batch.
+///
+/// In both modes the global batch of step s holds samples s*B .. s*B + B - 1 of the epoch's
+/// order (`permutation(n, seed, epoch)`, or 0 .. n-1 without shuffling), whatever the
+/// number of shards: shard k takes those at positions k, k + num_shards, ... of the batch
+/// (`shard` applied to each global batch; for full batches this is exactly
+/// `data | shuffle(seed, epoch) | shard(num_shards, k) | batch(B / num_shards)`). So a
+/// training run sees the same batches on 1 rank and on any number, and only the order of
+/// rows inside a batch differs: shard k's rows come k-th in the data-parallel tensor. A
+/// last, shorter batch (drop_remainder off) is dealt out the same way, which gives the
+/// first shards one row more than the others: the block partition of core/partition.hpp.
+
+#include <xshard/comm/error.hpp>
+#include <xshard/core/layout.hpp>
+#include <xshard/core/mesh.hpp>
+#include <xshard/data/dataset.hpp>
+#include <xshard/data/views.hpp>
+#include <xshard/tensor/dtensor.hpp>
+
+#include <range/v3/view/all.hpp>
+#include <range/v3/view/drop.hpp>
+#include <range/v3/view/iota.hpp>
+#include <range/v3/view/slice.hpp>
+#include <range/v3/view/stride.hpp>
+#include <range/v3/view/take.hpp>
+#include <range/v3/view/transform.hpp>
+
+#include <algorithm>
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace xshard::data {
+
+/// How a loader reads a dataset.
+struct loader_options {
+    /// The global batch size: samples per step over all data-parallel groups together.
+    std::size_t batch_size = 0;
+    /// Seed of the per-epoch shuffle (`permutation(n, seed, epoch)`).
+    std::uint64_t seed = 0;
+    /// Shuffle every epoch; off: samples in dataset order.
+    bool shuffle = true;
+    /// Leave out the last global batch when it is shorter than batch_size.
+    bool drop_remainder = true;
+    /// data_parallel or full_batch; default: the mesh's `dataset()`, and data_parallel when
+    /// the mesh has none (`unset`).
+    std::optional<dataset_strategy> strategy{};
+    /// The data-parallel axis; default: the mesh's `data_axis()` when it has a dataset
+    /// strategy, else "dp" when the mesh has such an axis, else its first axis.
+    std::string data_axis{};
+};
+
+/// A batch of classification samples on a mesh: x (batch, features) and y (batch).
+template <ordered T, mesh_type Mesh>
+struct distributed_examples {
+    dtensor<T, Mesh, dynamic_layout(2)> x;
+    dtensor<std::int64_t, Mesh, dynamic_layout(1)> y;
+};
+
+namespace detail {
+
+template <class B, class Mesh>
+struct distributed_batch_of;
+template <class T, class Mesh>
+struct distributed_batch_of<example_batch<T>, Mesh> {
+    using type = distributed_examples<T, Mesh>;
+};
+template <class V, class Mesh>
+struct distributed_batch_of<xt::xtensor<V, 2>, Mesh> {
+    using type = dtensor<V, Mesh, dynamic_layout(2)>;
+};
+
+/// The view a loader keeps of a dataset given as `R`: the view itself, or a ref_view of a
+/// container (an lvalue the caller keeps alive, or an rvalue the loader takes over).
+template <class R>
+using stored_view_t = ranges::views::all_t<const std::remove_cvref_t<R>&>;
+
+template <class T>
+std::size_t batch_width(const example_batch<T>& b) {
+    return b.x.shape()[1];
+}
+template <class V>
+std::size_t batch_width(const xt::xtensor<V, 2>& b) {
+    return b.shape()[1];
+}
+
+/// The identity order 0 .. n-1.
+inline std::vector<index_type> identity_order(std::size_t n) {
+    std::vector<index_type> order(checked_index(n, "loader"));
+    std::iota(order.begin(), order.end(), index_type{0});
+    return order;
+}
+
+} // namespace detail
+
+/// The distributed batch a loader of samples S gives on mesh type Mesh:
+/// `distributed_examples<T, Mesh>` for `example<T>`, a rank-2 dtensor for token windows.
+template <sample S, mesh_type Mesh>
+using distributed_batch_t = typename detail::distributed_batch_of<batch_t<S>, Mesh>::type;
+
+/// Reads a dataset in global batches on a mesh (see the file comment for the two modes).
+///
+///     data::loader load(mesh, dataset, {.batch_size = 64, .seed = 1});
+///     for (std::uint64_t e = 0; e < epochs; ++e)
+///         for (auto&& [x, y] : load.epoch(e)) { ... }
+///
+/// The loader keeps a view of the dataset: an lvalue container must outlive it; an rvalue
+/// one is moved into it. Copies share their state. Construction throws xshard::error on
+/// every rank alike for a batch size of 0 or one the number of shards does not divide, an
+/// empty dataset, one smaller than a batch with drop_remainder, and an unknown data axis.
+template <mesh_type Mesh, viewable_dataset V>
+class loader {
+public:
+    /// The dataset's samples.
+    using sample_type = ranges::range_value_t<V>;
+    /// What a step gives (see distributed_batch_t).
+    using batch_type = distributed_batch_t<sample_type, Mesh>;
+
+    /// A loader of `data` (a container or a view of samples) on `mesh`.
+    template <class R>
+    requires std::same_as<detail::stored_view_t<R>, V> loader(const Mesh& mesh, R&& data,
+                                                              const loader_options& options)
+        : state_(make_state(mesh, std::forward<R>(data), options)) {}
+
+    /// Steps per epoch: n / B with drop_remainder, else ceil(n / B).
+    std::size_t steps_per_epoch() const noexcept { return state_->steps; }
+    /// Samples in the dataset.
+    std::size_t size() const noexcept { return state_->samples; }
+    /// The global batch size.
+    std::size_t batch_size() const noexcept { return state_->options.batch_size; }
+    /// Samples this rank reads in a full step: B / num_shards (data_parallel) or B.
+    std::size_t local_batch_size() const noexcept {
+        return state_->options.batch_size / state_->num_shards;
+    }
+    /// The mode in use.
+    dataset_strategy strategy() const noexcept { return state_->strategy; }
+    /// Number of shards (the data axis size in data_parallel mode, 1 in full_batch).
+    std::size_t num_shards() const noexcept { return state_->num_shards; }
+    /// This rank's shard (its data-axis coordinate in data_parallel mode, 0 in full_batch).
+    std::size_t shard_id() const noexcept { return state_->shard_id; }
+    /// The layout of the batch's first tensor: "[dp, -]" or "[-, -]".
+    const layout& batch_layout() const noexcept { return state_->layout2; }
+
+    /// The batches of epoch `epoch`: a sized random-access view of `batch_type`, one per
+    /// step, each made when it is read (a range-for reads each once). Reading a batch is
+    /// collective over the mesh (from_local's shape check: an all-reduce and an all-gather
+    /// of a few integers per tensor), so every rank reads the same steps in the same order.
+    /// Computing the epoch's order costs O(n) time and 4n bytes, once per call.
+    auto epoch(std::uint64_t epoch) const {
+        auto ordered = detail::permuted(state_->data, order(epoch));
+        return ranges::views::iota(index_type{0}, index_type(state_->steps)) |
+               ranges::views::transform([s = state_,
+                                         ordered = std::move(ordered)](index_type step) {
+                   return s->wrap(collate(s->local_part(ordered, step), s->width), s->rows(step));
+               });
+    }
+
+    /// The dataset indices of the samples this rank reads at `step` of `epoch`, in the order
+    /// of its rows (no communication). Throws xshard::error if there is no such step.
+    std::vector<index_type> sample_indices(std::uint64_t epoch, std::size_t step) const {
+        if (step >= state_->steps)
+            throw error("xshard: loader: step " + std::to_string(step) + " of an epoch of " +
+                        std::to_string(state_->steps));
+        const auto o = order(epoch);
+        const auto part = state_->local_part(ranges::views::all(*o), step);
+        return std::vector<index_type>(ranges::begin(part), ranges::end(part));
+    }
+
+private:
+    struct state {
+        state(const Mesh& m, V d, const loader_options& o)
+            : mesh(m)
+            , options(o)
+            , data(std::move(d)) {}
+
+        Mesh mesh;
+        loader_options options;
+        V data;
+        std::shared_ptr<const void> owner; // an rvalue container given to the loader
+        dataset_strategy strategy = dataset_strategy::data_parallel;
+        std::size_t num_shards = 1, shard_id = 0, samples = 0, steps = 0, width = 0;
+        layout layout1, layout2;
+
+        void check() {
+            samples = std::size_t(ranges::size(data));
+            detail::checked_index(samples, "loader");
+            strategy = options.strategy.value_or(mesh.dataset());
+            if (strategy == dataset_strategy::unset)
+                strategy = dataset_strategy::data_parallel;
+            const std::string axis = data_axis();
+            if (strategy == dataset_strategy::data_parallel) {
+                const auto i = mesh.shape().index(axis);
+                num_shards = std::size_t(mesh.shape().sizes[i]);
+                shard_id = std::size_t(mesh.coords()[i]);
+                layout1 = layout::parse("[" + axis + "]");
+                layout2 = layout::parse("[" + axis + ", -]");
+            } else {
+                layout1 = layout::replicated(1);
+                layout2 = layout::replicated(2);
+            }
+            const auto b = options.batch_size;
+            if (b == 0)
+                throw error("xshard: loader: the batch size is 0");
+            if (b % num_shards != 0)
+                throw error("xshard: loader: the global batch size " + std::to_string(b) +
+                            " is not a multiple of the " + std::to_string(num_shards) +
+                            " shards of axis " + axis + " on mesh(" + mesh.shape().to_string() +
+                            ")");
+            if (samples == 0)
+                throw error("xshard: loader: the dataset is empty");
+            if (options.drop_remainder && samples < b)
+                throw error("xshard: loader: the dataset has " + std::to_string(samples) +
+                            " samples, fewer than one batch of " + std::to_string(b) +
+                            " (drop_remainder leaves no step)");
+            steps = options.drop_remainder ? samples / b : (samples + b - 1) / b;
+            width = detail::batch_width(collate(data | ranges::views::take(1)));
+        }
+
+        /// The data axis (see loader_options::data_axis); checked against the mesh.
+        std::string data_axis() const {
+            std::string axis = options.data_axis;
+            if (axis.empty()) {
+                const auto& shape = mesh.shape();
+                if (mesh.dataset() != dataset_strategy::unset)
+                    axis = std::string(shape.names[mesh.data_axis()].view());
+                else
+                    axis = std::string(shape.names[shape.find("dp").value_or(0)].view());
+            }
+            if (!mesh.shape().find(axis))
+                throw error("xshard: loader: the mesh(" + mesh.shape().to_string() +
+                            ") has no data axis '" + axis + "'");
+            return axis;
+        }
+
+        /// Rows of the global batch of `step`.
+        std::size_t rows(std::size_t step) const {
+            const auto b = options.batch_size;
+            return std::min(b, samples - step * b);
+        }
+
+        /// This rank's part of the global batch of `step` in `ordered` (the epoch's order):
+        /// every num_shards-th sample from position shard_id.
+        template <class O>
+        auto local_part(O ordered, std::size_t step) const {
+            const auto first = step * options.batch_size;
+            return std::move(ordered) |
+                   ranges::views::slice(std::ptrdiff_t(first), std::ptrdiff_t(first + rows(step))) |
+                   ranges::views::drop(std::ptrdiff_t(shard_id)) |
+                   ranges::views::stride(std::ptrdiff_t(num_shards));
+        }
+
+        template <class T>
+        distributed_examples<T, Mesh> wrap(example_batch<T> local, std::size_t rows) const {
+            return {from_local(mesh, std::array{rows, width}, std::move(local.x), layout2),
+                    from_local(mesh, std::array{rows}, std::move(local.y), layout1)};
+        }
+        template <class T>
+        dtensor<T, Mesh, dynamic_layout(2)> wrap(xt::xtensor<T, 2> local, std::size_t rows) const {
+            return from_local(mesh, std::array{rows, width}, std::move(local), layout2);
+        }
+    };
+
+    template <class R>
+    static std::shared_ptr<state> make_state(const Mesh& mesh, R&& data,
+                                             const loader_options& options) {
+        std::shared_ptr<state> s;
+        if constexpr (ranges::view_<std::remove_cvref_t<R>> || std::is_lvalue_reference_v<R>) {
+            s = std::make_shared<state>(mesh, ranges::views::all(std::as_const(data)), options);
+        } else {
+            auto owned = std::make_shared<const std::remove_cvref_t<R>>(std::move(data));
+            s = std::make_shared<state>(mesh, ranges::views::all(*owned), options);
+            s->owner = std::move(owned);
+        }
+        s->check();
+        return s;
+    }
+
+    std::shared_ptr<const std::vector<index_type>> order(std::uint64_t epoch) const {
+        const auto& o = state_->options;
+        return std::make_shared<const std::vector<index_type>>(
+            o.shuffle ? permutation(state_->samples, o.seed, epoch)
+                      : detail::identity_order(state_->samples));
+    }
+
+    std::shared_ptr<state> state_;
+};
+
+template <mesh_type Mesh, class R>
+loader(const Mesh&, R&&, const loader_options&) -> loader<Mesh, detail::stored_view_t<R>>;
+
+} // namespace xshard::data

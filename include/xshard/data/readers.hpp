@@ -1,0 +1,175 @@
+#pragma once
+/// \file
+/// Readers of the classic image-classification files, giving datasets of `example<T>` with
+/// pixels scaled to [0, 1]:
+///
+///  * MNIST (IDX): an image file (magic 2051, then big-endian u32 count, rows, cols, and
+///    count * rows * cols u8 pixels, row-major) and a label file (magic 2049, big-endian u32
+///    count, count u8 labels). Features: rows * cols values, row-major.
+///  * CIFAR-10 (binary version): records of 1 label byte (0..9) and 3072 pixel bytes, a
+///    32x32 image per channel, red then green then blue. Features: 3072 values in that
+///    (channel-major) order.
+///
+/// Every rank reads the whole file (each rank's loader picks its own samples from it); the
+/// files are not compressed (gunzip them first). Malformed files raise xshard::error naming
+/// the file and what is wrong with it: wrong magic number, truncated or over-long data,
+/// image and label counts that differ, CIFAR-10 labels out of range.
+
+#include <xshard/comm/error.hpp>
+#include <xshard/data/dataset.hpp>
+
+#include <xtensor/xtensor.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <iterator>
+#include <string>
+#include <vector>
+
+namespace xshard::data {
+
+namespace detail {
+
+/// The bytes of `file`; throws xshard::error (naming `reader`) if it cannot be read.
+inline std::vector<unsigned char> read_bytes(const std::filesystem::path& file,
+                                             const char* reader) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in)
+        throw error(std::string("xshard: ") + reader + ": cannot open " + file.string());
+    std::vector<unsigned char> bytes{std::istreambuf_iterator<char>(in),
+                                     std::istreambuf_iterator<char>()};
+    if (in.bad())
+        throw error(std::string("xshard: ") + reader + ": cannot read " + file.string());
+    return bytes;
+}
+
+/// The big-endian u32 at byte `at`.
+inline std::uint32_t big_endian_u32(const std::vector<unsigned char>& b, std::size_t at) {
+    return std::uint32_t(b[at]) << 24 | std::uint32_t(b[at + 1]) << 16 |
+           std::uint32_t(b[at + 2]) << 8 | std::uint32_t(b[at + 3]);
+}
+
+/// An IDX file's header after checking its magic number and that it holds exactly the
+/// data it announces: the dimensions (count first) and the offset of the data.
+struct idx_header {
+    std::vector<std::size_t> dims;
+    std::size_t data_offset = 0;
+};
+
+inline idx_header read_idx_header(const std::vector<unsigned char>& bytes,
+                                  const std::filesystem::path& file, std::uint32_t magic,
+                                  const char* what) {
+    const std::string name = "xshard: read_mnist: " + file.string();
+    if (bytes.size() >= 2 && bytes[0] == 0x1f && bytes[1] == 0x8b)
+        throw error(name + " is gzip-compressed; decompress it first");
+    const std::size_t ndim = magic & 0xff;
+    const std::size_t header = 4 + 4 * ndim;
+    if (bytes.size() < header)
+        throw error(name + " is truncated: " + std::to_string(bytes.size()) +
+                    " bytes, shorter than the " + std::to_string(header) + "-byte header of " +
+                    what);
+    if (const auto found = big_endian_u32(bytes, 0); found != magic)
+        throw error(name + " is not an IDX file of " + what + ": magic number " +
+                    std::to_string(found) + ", expected " + std::to_string(magic));
+    idx_header h{{}, header};
+    std::size_t expected = 1;
+    bool huge = false; // more bytes than a size_t counts: certainly truncated
+    for (std::size_t d = 0; d < ndim; ++d) {
+        h.dims.push_back(big_endian_u32(bytes, 4 + 4 * d));
+        if (h.dims.back() != 0 && expected > SIZE_MAX / h.dims.back())
+            huge = true;
+        else
+            expected *= h.dims.back();
+    }
+    const std::size_t held = bytes.size() - header;
+    if (huge || held != expected)
+        throw error(name + (huge || held < expected ? " is truncated" : " is too long") +
+                    ": its header announces " + std::to_string(h.dims[0]) + " " + what + " (" +
+                    (huge ? std::string("over 2^64") : std::to_string(expected)) +
+                    " bytes of data) but it holds " + std::to_string(held));
+    return h;
+}
+
+} // namespace detail
+
+/// The MNIST examples of an IDX image file and an IDX label file (see the file comment):
+/// features rows * cols pixels / 255, labels as stored. Throws xshard::error for an
+/// unreadable file, a wrong magic number, a file shorter or longer than its header says,
+/// and image and label files of different counts.
+template <std::floating_point T = float>
+std::vector<example<T>> read_mnist(const std::filesystem::path& images,
+                                   const std::filesystem::path& labels) {
+    const auto image_bytes = detail::read_bytes(images, "read_mnist");
+    const auto label_bytes = detail::read_bytes(labels, "read_mnist");
+    const auto ih = detail::read_idx_header(image_bytes, images, 2051, "images");
+    const auto lh = detail::read_idx_header(label_bytes, labels, 2049, "labels");
+    if (ih.dims[0] != lh.dims[0])
+        throw error("xshard: read_mnist: " + images.string() + " has " +
+                    std::to_string(ih.dims[0]) + " images but " + labels.string() + " has " +
+                    std::to_string(lh.dims[0]) + " labels");
+    const std::size_t pixels = ih.dims[1] * ih.dims[2];
+    std::vector<example<T>> out(ih.dims[0]);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+        auto& s = out[i];
+        s.features = xt::xtensor<T, 1>::from_shape({pixels});
+        const unsigned char* p = image_bytes.data() + ih.data_offset + i * pixels;
+        for (std::size_t j = 0; j < pixels; ++j)
+            s.features(j) = T(p[j]) / T(255);
+        s.label = label_bytes[lh.data_offset + i];
+    }
+    return out;
+}
+
+/// Bytes of a CIFAR-10 record: the label and 3 x 32 x 32 pixels.
+inline constexpr std::size_t cifar10_record_bytes = 1 + 3 * 32 * 32;
+
+/// The CIFAR-10 examples of binary batch files, in file order (see the file comment):
+/// features the 3072 pixels / 255 (channel-major), labels 0..9. Throws xshard::error for an
+/// unreadable or empty file, a size that is not a whole number of records, and a label
+/// above 9 (a CIFAR-100 file has two label bytes).
+template <std::floating_point T = float>
+std::vector<example<T>> read_cifar10(const std::vector<std::filesystem::path>& files) {
+    std::vector<example<T>> out;
+    constexpr std::size_t pixels = cifar10_record_bytes - 1;
+    for (const auto& file : files) {
+        const auto bytes = detail::read_bytes(file, "read_cifar10");
+        const std::string name = "xshard: read_cifar10: " + file.string();
+        if (bytes.empty())
+            throw error(name + " is empty");
+        if (bytes.size() % cifar10_record_bytes != 0)
+            throw error(name + " is truncated: " + std::to_string(bytes.size()) +
+                        " bytes are not a whole number of " + std::to_string(cifar10_record_bytes) +
+                        "-byte records (" + std::to_string(bytes.size() / cifar10_record_bytes) +
+                        " and " + std::to_string(bytes.size() % cifar10_record_bytes) + " bytes)");
+        const std::size_t records = bytes.size() / cifar10_record_bytes;
+        for (std::size_t r = 0; r < records; ++r) {
+            const unsigned char* p = bytes.data() + r * cifar10_record_bytes;
+            if (p[0] > 9)
+                throw error(name + ": record " + std::to_string(r) + " has label " +
+                            std::to_string(p[0]) + "; CIFAR-10 labels are 0..9");
+            example<T> s{xt::xtensor<T, 1>::from_shape({pixels}), p[0]};
+            for (std::size_t j = 0; j < pixels; ++j)
+                s.features(j) = T(p[1 + j]) / T(255);
+            out.push_back(std::move(s));
+        }
+    }
+    return out;
+}
+
+/// `read_cifar10` of one file.
+template <std::floating_point T = float>
+std::vector<example<T>> read_cifar10(const std::filesystem::path& file) {
+    return read_cifar10<T>(std::vector<std::filesystem::path>{file});
+}
+
+/// `read_cifar10` of a list of files: `read_cifar10({"data_batch_1.bin", ...})`.
+template <std::floating_point T = float>
+std::vector<example<T>> read_cifar10(std::initializer_list<std::filesystem::path> files) {
+    return read_cifar10<T>(std::vector<std::filesystem::path>(files));
+}
+
+} // namespace xshard::data
