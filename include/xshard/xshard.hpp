@@ -42,6 +42,8 @@
 #include <xshard/ops/reduce.hpp>
 #include <xshard/ops/rules.hpp>
 #include <xshard/ops/shape.hpp>
+#include <xshard/optim/optimizers.hpp>
+#include <xshard/optim/schedules.hpp>
 #include <xshard/redistribute/cost_model.hpp>
 #include <xshard/redistribute/geometry.hpp>
 #include <xshard/redistribute/plan.hpp>

@@ -31,12 +31,17 @@ auto gather(const D& t, int root = 0) {
     const T* send = t.local().data();
     std::vector<T> reduced;
     if (lay.is_partial()) {
-        const auto& partial = mesh.sub(lay.partial_axes(ms));
-        if (partial.rank() == 0)
-            reduced.resize(t.local().size());
-        reduce(partial, std::span(t.local().data(), t.local().size()), reduced,
-               detail::to_reduce_op(lay.op), 0);
-        send = reduced.data();
+        if constexpr (summable<T>) {
+            const auto& partial = mesh.sub(lay.partial_axes(ms));
+            if (partial.rank() == 0)
+                reduced.resize(t.local().size());
+            reduce(partial, std::span(t.local().data(), t.local().size()), reduced,
+                   detail::to_reduce_op(lay.op), 0);
+            send = reduced.data();
+        } else {
+            throw error("xshard: gather: MPI cannot reduce this element type: resolve the "
+                        "partial tensor first (xshard::resolve)");
+        }
     }
 
     const auto spread = detail::spread_axes(lay, ms);

@@ -1,0 +1,491 @@
+#pragma once
+/// \file
+/// Optimizers over the `weight`s of any parameter container: `sgd`, `momentum` (MindSpore's
+/// Momentum), `adam` and `adamw` (PyTorch's Adam and AdamW).
+///
+///     xshard::optim::adam opt({.lr = 1e-3});
+///     ...                                   // forward, backward, synchronize_gradients
+///     opt.step(model);                      // or opt.step(model, schedule(opt.steps()))
+///
+/// `step` needs complete gradients (synchronised: see xshard/train/gradients.hpp). A weight's
+/// value, gradient and state slots share one layout, so an update is elementwise on this rank's
+/// blocks (vectorised xtensor expressions): a step communicates nothing, and the redundant
+/// copies of a replicated weight take identical steps. The state slots (momentum, Adam's
+/// moments) live in `weight::state`, laid out like the value; a weight without them gets zeros
+/// at its first step (or at `state_of`). Every check looks only at what all ranks share
+/// (options, names, layouts, global shapes), so misuse throws `xshard::error` on every rank.
+///
+/// Element types: float and double weights are updated in their own type; float16 and
+/// bfloat16 ones are computed in float and stored, value and slots alike, in 16 bits (so
+/// Adam's second moment underflows for gradients below about 2e-4 in float16: keep float
+/// master weights for mixed precision).
+///
+/// Checkpoints: `state_of(model)` is a parameter container of the slots, named
+/// "<slot>.<weight name>" ("adam_m.dense1.weight"). Save it with the model, with the step count
+/// (Adam's bias correction depends on it), and restore both:
+///
+///     xshard::save_checkpoint(path, model, {.step = opt.steps()}, opt.state_of(model));
+///     const auto info = xshard::load_checkpoint(path, model, opt.state_of(model));
+///     opt.set_steps(info.step);
+
+#include <xshard/comm/error.hpp>
+#include <xshard/core/partition.hpp>
+#include <xshard/tensor/parameter.hpp>
+#include <xshard/train/float16.hpp>
+#include <xshard/train/parameters.hpp>
+
+#include <xtensor/xmath.hpp>
+#include <xtensor/xnoalias.hpp>
+#include <xtensor/xtensor.hpp>
+
+#include <array>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <cstdio>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace xshard {
+
+namespace optim {
+
+/// The element types of the weights an optimizer updates.
+template <class T>
+concept trainable_element =
+    std::same_as<T, float> || std::same_as<T, double> || sixteen_bit_float<T>;
+
+} // namespace optim
+
+namespace detail {
+
+/// Runs `rule(p, g, slot)` on weight `w`'s blocks in the compute type: `p` its value, `g` its
+/// gradient, `slot(k)` its state slot k (all `xt::xtensor<C, N>&`). Blocks of 16-bit weights go
+/// through float copies, rounded back to 16 bits afterwards.
+template <class W, class Rule>
+void update_locally(W& w, Rule&& rule) {
+    using D = typename W::tensor_type;
+    using T = typename D::value_type;
+    if constexpr (sixteen_bit_float<T>) {
+        using F = xt::xtensor<float, D::rank>;
+        F p = xt::cast<float>(w.value.local());
+        const F g = xt::cast<float>(w.grad.local());
+        std::vector<F> s;
+        for (const auto& t : w.state)
+            s.push_back(xt::cast<float>(t.local()));
+        rule(p, g, [&](std::size_t k) -> F& { return s[k]; });
+        xt::noalias(w.value.local()) = xt::cast<T>(p);
+        for (std::size_t k = 0; k < s.size(); ++k)
+            xt::noalias(w.state[k].local()) = xt::cast<T>(s[k]);
+    } else {
+        rule(w.value.local(), std::as_const(w.grad.local()),
+             [&](std::size_t k) -> typename D::local_type& { return w.state[k].local(); });
+    }
+}
+
+/// Calls `f(g)`, or `f(g + decay * p)` with an L2 penalty (none then costs nothing).
+template <class G, class P, class C, class F>
+void with_l2(const G& g, const P& p, C decay, F&& f) {
+    if (decay == C(0))
+        f(g);
+    else
+        f(g + decay * p);
+}
+
+inline std::string optim_number(double x) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", x);
+    return text;
+}
+
+/// Throws unless option `option` of optimizer `who` is finite and not negative.
+inline void require_nonnegative(std::string_view who, std::string_view option, double value) {
+    if (!(std::isfinite(value) && value >= 0))
+        throw error("xshard: " + std::string(who) + ": " + std::string(option) +
+                    " must be a finite number >= 0, not " + optim_number(value));
+}
+
+/// Throws unless option `option` of optimizer `who` lies in [0, 1).
+inline void require_unit(std::string_view who, std::string_view option, double value) {
+    if (!(value >= 0 && value < 1))
+        throw error("xshard: " + std::string(who) + ": " + std::string(option) +
+                    " must lie in [0, 1), not " + optim_number(value));
+}
+
+/// "[-, mp] (7, 5)".
+template <class D>
+std::string optim_describe(const D& t) {
+    return t.layout().to_string() + " " + shape_string(t.shape());
+}
+
+/// Throws unless `t` (the `what` of weight `name`) has the layout and shape of the value.
+template <class D>
+void require_like_value(std::string_view who, const std::string& name, const std::string& what,
+                        const D& t, const D& value) {
+    if (!(t.layout() == value.layout()) || t.shape() != value.shape())
+        throw error("xshard: " + std::string(who) + ": the " + what + " of weight '" + name +
+                    "' is " + optim_describe(t) + " but its value is " + optim_describe(value) +
+                    "; they must have the same layout and shape");
+}
+
+/// Throws if weight `name`'s gradient is partial: each rank's term of a sum still pending.
+template <class W>
+void require_complete_gradient(std::string_view who, const std::string& name, const W& w) {
+    if (w.grad.layout().is_partial())
+        throw error("xshard: " + std::string(who) + ": the gradient of weight '" + name +
+                    "' is partial " + optim_describe(w.grad) +
+                    "; sum it over the weight's replicas (synchronize_gradients) before a step");
+}
+
+/// Gives weight `name` zero state slots, one per name in `slots`, if it has none; throws if
+/// it has another number of them or one unlike its value.
+template <class W>
+void prepare_slots(std::string_view who, std::span<const std::string_view> slots,
+                   const std::string& name, W& w) {
+    using D = typename W::tensor_type;
+    using T = typename D::value_type;
+    static_assert(optim::trainable_element<T>,
+                  "xshard: optimizers update weights of float, double, float16 or bfloat16");
+    if (w.state.empty()) {
+        for (std::size_t k = 0; k < slots.size(); ++k) {
+            D s = w.value;
+            s.local().fill(T(0));
+            w.state.push_back(std::move(s));
+        }
+        return;
+    }
+    if (w.state.size() != slots.size()) {
+        std::string kept;
+        for (auto s : slots)
+            kept += (kept.empty() ? "" : ", ") + std::string(s);
+        throw error("xshard: " + std::string(who) + ": weight '" + name + "' has " +
+                    std::to_string(w.state.size()) + " state slot(s) but " + std::string(who) +
+                    " keeps " + std::to_string(slots.size()) +
+                    (kept.empty() ? std::string() : " (" + kept + ")") +
+                    "; another optimizer stepped it: xshard::optim::clear_state(model) drops "
+                    "its state");
+    }
+    for (std::size_t k = 0; k < slots.size(); ++k)
+        require_like_value(who, name, "state slot '" + std::string(slots[k]) + "'", w.state[k],
+                           w.value);
+}
+
+} // namespace detail
+
+namespace optim {
+
+/// The optimizer state of the weights of container `C` as a parameter container: weight
+/// "dense1.weight"'s slot "adam_m" is the parameter "adam_m.dense1.weight" (slot by slot, each
+/// in the container's order). Made by an optimizer's `state_of`; visiting it gives weights
+/// without state their zero slots, so a checkpoint can be loaded into it before the first
+/// step. It refers to the container, which must outlive it.
+template <class C>
+struct state_view {
+    C& container;
+    std::string_view optimizer;
+    std::span<const std::string_view> slots;
+
+    friend void visit_parameters(state_view& s, auto&& visit) {
+        for (std::size_t k = 0; k < s.slots.size(); ++k)
+            for_each_weight(s.container, [&](const std::string& name, auto& w) {
+                xshard::detail::prepare_slots(s.optimizer, s.slots, name, w);
+                visit(std::string(s.slots[k]) + "." + name, w.state[k]);
+            });
+    }
+};
+
+/// Drops the optimizer state of every weight of `model` (to change optimizers, or to start
+/// afresh). No communication.
+template <parameter_container M>
+void clear_state(M& model) {
+    for_each_weight(model, [](const std::string&, auto& w) { w.state.clear(); });
+}
+
+} // namespace optim
+
+namespace detail {
+
+/// What the optimizers share (CRTP): the step count, the checks and allocation of the
+/// weights' state slots, and `state_of`. `Derived` has `name` and `slots` (static), and
+/// `options()` and `update(w, lr, t)` (one weight's local update at step t, 1-based).
+template <class Derived>
+class optimizer_base {
+public:
+    /// The number of steps taken (0 before the first; the index a schedule takes).
+    std::int64_t steps() const noexcept { return steps_; }
+
+    /// Sets the step count: after loading a checkpoint, to the step saved with it.
+    void set_steps(std::int64_t steps) {
+        if (steps < 0)
+            throw error("xshard: " + std::string(Derived::name) +
+                        ": the step count must be >= 0, not " + std::to_string(steps));
+        steps_ = steps;
+    }
+
+    /// Updates every weight of `model` from its gradient at the options' learning rate and
+    /// counts a step. Local (no communication). Throws before updating any weight if one has
+    /// another optimizer's state, or a gradient or slot unlike its value.
+    template <parameter_container M>
+    void step(M& model) {
+        step(model, self().options().lr);
+    }
+
+    /// `step(model)` at learning rate `lr` for this step (a schedule's, say).
+    template <parameter_container M>
+    void step(M& model, double lr) {
+        static_assert(!std::is_const_v<M>, "xshard: an optimizer updates its model: pass it "
+                                           "non-const");
+        require_nonnegative(Derived::name, "lr", lr);
+        for_each_weight(model, [&](const std::string& name, auto& w) {
+            prepare_slots(Derived::name, Derived::slots, name, w);
+            require_complete_gradient(Derived::name, name, w);
+            require_like_value(Derived::name, name, "gradient", w.grad, w.value);
+        });
+        ++steps_;
+        for_each_weight(model, [&](const std::string&, auto& w) { self().update(w, lr, steps_); });
+    }
+
+    /// The optimizer's state of `model`'s weights, as a parameter container named
+    /// "<slot>.<weight name>" (see `state_view`), for save_checkpoint and load_checkpoint.
+    /// Gives weights without state their zero slots now; throws if one has another
+    /// optimizer's. No communication.
+    template <parameter_container M>
+    optim::state_view<M> state_of(M& model) const {
+        static_assert(!std::is_const_v<M>, "xshard: state_of may allocate state slots: pass the "
+                                           "model non-const");
+        for_each_weight(model, [&](const std::string& name, auto& w) {
+            prepare_slots(Derived::name, Derived::slots, name, w);
+        });
+        return {model, Derived::name, Derived::slots};
+    }
+
+protected:
+    optimizer_base() = default;
+
+private:
+    Derived& self() { return static_cast<Derived&>(*this); }
+
+    std::int64_t steps_ = 0;
+};
+
+/// Adam's moments and parameter update at step t (PyTorch's Adam, after any weight decay) on
+/// blocks `p`, `g`, slot(0) = m, slot(1) = v: m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g²,
+/// p -= lr / (1 - b1^t) · m / (√v / √(1 - b2^t) + eps).
+template <class P, class G, class S>
+void adam_update(P& p, const G& g, S&& slot, double lr, std::int64_t t, double beta1, double beta2,
+                 double eps) {
+    using C = typename P::value_type;
+    auto& m = slot(0);
+    auto& v = slot(1);
+    xt::noalias(m) = C(beta1) * m + C(1 - beta1) * g;
+    xt::noalias(v) = C(beta2) * v + C(1 - beta2) * g * g;
+    const C step_size = C(lr / (1 - std::pow(beta1, double(t))));
+    const C correction2 = C(std::sqrt(1 - std::pow(beta2, double(t))));
+    xt::noalias(p) = p - step_size * m / (xt::sqrt(v) / correction2 + C(eps));
+}
+
+} // namespace detail
+
+namespace optim {
+
+/// Options of `sgd`.
+struct sgd_options {
+    /// The learning rate.
+    double lr = 1e-3;
+    /// L2 penalty: weight_decay · w is added to the gradient.
+    double weight_decay = 0;
+};
+
+/// Stochastic gradient descent: w -= lr · (g + weight_decay · w). No state.
+class sgd : public detail::optimizer_base<sgd> {
+public:
+    using options_type = sgd_options;
+    static constexpr std::string_view name = "sgd";
+    static constexpr std::array<std::string_view, 0> slots{};
+
+    /// Throws xshard::error if an option is out of range.
+    explicit sgd(const sgd_options& options = {})
+        : options_(options) {
+        detail::require_nonnegative(name, "lr", options.lr);
+        detail::require_nonnegative(name, "weight_decay", options.weight_decay);
+    }
+
+    const sgd_options& options() const noexcept { return options_; }
+
+private:
+    friend class detail::optimizer_base<sgd>;
+
+    template <class W>
+    void update(W& w, double lr, std::int64_t) const {
+        detail::update_locally(w, [&](auto& p, const auto& grad, auto&&) {
+            using C = typename std::remove_cvref_t<decltype(p)>::value_type;
+            detail::with_l2(grad, p, C(options_.weight_decay),
+                            [&](const auto& g) { xt::noalias(p) = p - C(lr) * g; });
+        });
+    }
+
+    sgd_options options_;
+};
+
+/// Options of `momentum`.
+struct momentum_options {
+    /// The learning rate.
+    double lr = 1e-3;
+    /// The decay of the accumulated velocity.
+    double momentum = 0.9;
+    /// Nesterov's look-ahead form.
+    bool nesterov = false;
+    /// L2 penalty: weight_decay · w is added to the gradient.
+    double weight_decay = 0;
+};
+
+/// SGD with momentum, MindSpore's Momentum: with g' = g + weight_decay · w,
+/// v = momentum · v + g', then w -= lr · v, or with Nesterov w -= lr · (g' + momentum · v).
+/// One state slot, "momentum" (v).
+class momentum : public detail::optimizer_base<momentum> {
+public:
+    using options_type = momentum_options;
+    static constexpr std::string_view name = "momentum";
+    static constexpr std::array<std::string_view, 1> slots{"momentum"};
+
+    /// Throws xshard::error if an option is out of range.
+    explicit momentum(const momentum_options& options = {})
+        : options_(options) {
+        detail::require_nonnegative(name, "lr", options.lr);
+        detail::require_nonnegative(name, "momentum", options.momentum);
+        detail::require_nonnegative(name, "weight_decay", options.weight_decay);
+    }
+
+    const momentum_options& options() const noexcept { return options_; }
+
+private:
+    friend class detail::optimizer_base<momentum>;
+
+    template <class W>
+    void update(W& w, double lr, std::int64_t) const {
+        detail::update_locally(w, [&](auto& p, const auto& grad, auto&& slot) {
+            using C = typename std::remove_cvref_t<decltype(p)>::value_type;
+            auto& v = slot(0);
+            const C mu = C(options_.momentum);
+            detail::with_l2(grad, p, C(options_.weight_decay), [&](const auto& g) {
+                xt::noalias(v) = mu * v + g;
+                if (options_.nesterov)
+                    xt::noalias(p) = p - C(lr) * (g + mu * v);
+                else
+                    xt::noalias(p) = p - C(lr) * v;
+            });
+        });
+    }
+
+    momentum_options options_;
+};
+
+/// Options of `adam`.
+struct adam_options {
+    /// The learning rate.
+    double lr = 1e-3;
+    /// The decay of the first moment (mean of the gradients).
+    double beta1 = 0.9;
+    /// The decay of the second moment (mean of their squares).
+    double beta2 = 0.999;
+    /// Added to the root of the second moment (numerical stability).
+    double eps = 1e-8;
+    /// L2 penalty: weight_decay · w is added to the gradient.
+    double weight_decay = 0;
+};
+
+/// Adam with bias correction, PyTorch's: see detail::adam_update, with g + weight_decay · w
+/// for the gradient. Two state slots, "adam_m" and "adam_v" (the moments).
+class adam : public detail::optimizer_base<adam> {
+public:
+    using options_type = adam_options;
+    static constexpr std::string_view name = "adam";
+    static constexpr std::array<std::string_view, 2> slots{"adam_m", "adam_v"};
+
+    /// Throws xshard::error if an option is out of range.
+    explicit adam(const adam_options& options = {})
+        : options_(options) {
+        detail::require_nonnegative(name, "lr", options.lr);
+        detail::require_unit(name, "beta1", options.beta1);
+        detail::require_unit(name, "beta2", options.beta2);
+        detail::require_nonnegative(name, "eps", options.eps);
+        detail::require_nonnegative(name, "weight_decay", options.weight_decay);
+    }
+
+    const adam_options& options() const noexcept { return options_; }
+
+private:
+    friend class detail::optimizer_base<adam>;
+
+    template <class W>
+    void update(W& w, double lr, std::int64_t t) const {
+        const auto& o = options_;
+        detail::update_locally(w, [&](auto& p, const auto& grad, auto&& slot) {
+            using C = typename std::remove_cvref_t<decltype(p)>::value_type;
+            detail::with_l2(grad, p, C(o.weight_decay), [&](const auto& g) {
+                detail::adam_update(p, g, slot, lr, t, o.beta1, o.beta2, o.eps);
+            });
+        });
+    }
+
+    adam_options options_;
+};
+
+/// Options of `adamw`.
+struct adamw_options {
+    /// The learning rate.
+    double lr = 1e-3;
+    /// The decay of the first moment (mean of the gradients).
+    double beta1 = 0.9;
+    /// The decay of the second moment (mean of their squares).
+    double beta2 = 0.999;
+    /// Added to the root of the second moment (numerical stability).
+    double eps = 1e-8;
+    /// Decoupled weight decay: w -= lr · weight_decay · w before each update.
+    double weight_decay = 1e-2;
+};
+
+/// Adam with decoupled weight decay, PyTorch's AdamW: w -= lr · weight_decay · w, then Adam's
+/// update without L2 penalty. Two state slots, "adam_m" and "adam_v".
+class adamw : public detail::optimizer_base<adamw> {
+public:
+    using options_type = adamw_options;
+    static constexpr std::string_view name = "adamw";
+    static constexpr std::array<std::string_view, 2> slots{"adam_m", "adam_v"};
+
+    /// Throws xshard::error if an option is out of range.
+    explicit adamw(const adamw_options& options = {})
+        : options_(options) {
+        detail::require_nonnegative(name, "lr", options.lr);
+        detail::require_unit(name, "beta1", options.beta1);
+        detail::require_unit(name, "beta2", options.beta2);
+        detail::require_nonnegative(name, "eps", options.eps);
+        detail::require_nonnegative(name, "weight_decay", options.weight_decay);
+    }
+
+    const adamw_options& options() const noexcept { return options_; }
+
+private:
+    friend class detail::optimizer_base<adamw>;
+
+    template <class W>
+    void update(W& w, double lr, std::int64_t t) const {
+        const auto& o = options_;
+        detail::update_locally(w, [&](auto& p, const auto& g, auto&& slot) {
+            using C = typename std::remove_cvref_t<decltype(p)>::value_type;
+            if (o.weight_decay != 0)
+                p *= C(1 - lr * o.weight_decay);
+            detail::adam_update(p, g, slot, lr, t, o.beta1, o.beta2, o.eps);
+        });
+    }
+
+    adamw_options options_;
+};
+
+} // namespace optim
+
+} // namespace xshard
