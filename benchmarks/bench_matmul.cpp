@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
     }
     auto one_rank = [&] {
         if (m.rank() == 0)
-            xshard::detail::gemm(n, n, n, full_a.data(), n, full_b.data(), n, full_c.data(), n);
+            xshard::detail::gemm(false, false, n, n, n, full_a.data(), n, full_b.data(), n, false,
+                                 full_c.data(), n);
     };
 
 #ifdef XSHARD_HAVE_SCALAPACK
@@ -121,8 +122,8 @@ int main(int argc, char** argv) {
         const MPI_Comm comm = m.comm().native();
         auto hand = [&] {
             xt::xtensor<double, 2> part = xt::xtensor<double, 2>::from_shape({t, t});
-            xshard::detail::gemm(t, t, la.shape()[1], la.data(), la.shape()[1], lb.data(), t,
-                                 part.data(), t);
+            xshard::detail::gemm(false, false, t, t, la.shape()[1], la.data(), la.shape()[1],
+                                 lb.data(), t, false, part.data(), t);
             MPI_Allreduce(part.data(), c.data(), int(t * t), MPI_DOUBLE, MPI_SUM, comm);
         };
         bench::report(m.comm(), "shard_dispatch_8x8", t * t * sizeof(double), "hand_written",

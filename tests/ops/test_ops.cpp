@@ -87,6 +87,61 @@ TEST(matmul, every_layout_pair_matches_a_serial_product) {
     });
 }
 
+TEST(matmul, transposed_operands_and_accumulation) {
+    for_each_mesh([](const auto& m) {
+        using M = std::remove_cvref_t<decltype(m)>;
+        // Stored as a^T [10, 7] and b^T [5, 10]: the product is a b = [7, 5].
+        const auto gat = random_array(std::array<std::size_t, 2>{10, 7}, 11);
+        const auto gbt = random_array(std::array<std::size_t, 2>{5, 10}, 12);
+        const auto gb = random_array(std::array<std::size_t, 2>{10, 5}, 13);
+        const xt::xtensor<double, 2> ga = xt::transpose(gat), gbt_t = xt::transpose(gbt);
+        const xt::xtensor<double, 2> both = xt::linalg::dot(ga, gbt_t),
+                                     left = xt::linalg::dot(ga, gb);
+        const auto layouts = all_layouts(m.shape(), 2, false);
+        const auto as = sample(layouts, 16, 14), bs = sample(layouts, 16, 15);
+        const xshard::redistributing_mesh<M> rm(m);
+        for (std::size_t i = 0; i < as.size(); ++i) {
+            const auto at = xshard::distribute<dynamic_layout(2)>(m, gat, as[i]);
+            const auto bt = xshard::distribute<dynamic_layout(2)>(m, gbt, bs[i]);
+            const auto b = xshard::distribute<dynamic_layout(2)>(m, gb, bs[i]);
+            const auto a_ = xshard::transposed(at);
+            EXPECT_EQ(a_.shape(), (std::array<std::size_t, 2>{7, 10}));
+            const std::string what =
+                as[i].to_string() + "^T @ " + bs[i].to_string() + " " + where(m);
+            for (const bool transpose_b : {false, true}) {
+                const auto& expected = transpose_b ? both : left;
+                const auto rule = xshard::matmul_rule(
+                    a_.layout(), transpose_b ? xshard::transposed(bt).layout() : b.layout());
+                auto product = [&] {
+                    return transpose_b ? xshard::matmul(a_, xshard::transposed(bt))
+                                       : xshard::matmul(a_, b);
+                };
+                if (rule.problem != xshard::rule_problem::none) {
+                    EXPECT_TRUE(throws([&] { (void)product(); })) << what;
+                    continue;
+                }
+                auto c = product();
+                EXPECT_EQ(c.layout(), rule.out) << what;
+                EXPECT_TRUE(xt::allclose(xshard::gather_all(c), expected, 1e-12, 1e-12)) << what;
+                // Accumulating adds a second product into c.
+                if (transpose_b)
+                    xshard::matmul(a_, xshard::transposed(bt), c, {.accumulate = true});
+                else
+                    xshard::matmul(a_, b, c, {.accumulate = true});
+                EXPECT_TRUE(xt::allclose(xshard::gather_all(c), 2.0 * expected, 1e-12, 1e-12))
+                    << what << " (accumulated)";
+            }
+            // With redistributions allowed every pair works.
+            const auto rat = xshard::distribute<dynamic_layout(2)>(rm, gat, as[i]);
+            const auto rbt = xshard::distribute<dynamic_layout(2)>(rm, gbt, bs[i]);
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::matmul(xshard::transposed(rat),
+                                                                       xshard::transposed(rbt))),
+                                     both, 1e-12, 1e-12))
+                << what << " (redistributing)";
+        }
+    });
+}
+
 TEST(matmul, batched_and_shared_weights) {
     for_each_mesh([](const auto& m) {
         const std::array<std::size_t, 3> sa{3, 5, 4}, sb{3, 4, 6};
@@ -102,6 +157,14 @@ TEST(matmul, batched_and_shared_weights) {
             const auto w = xshard::distribute<dynamic_layout(2)>(m, gw, layout::replicated(2));
             const auto c = xshard::gather_all(xshard::matmul(a, b));
             const auto cw = xshard::gather_all(xshard::matmul(a, w));
+            // b stored transposed per batch element ([3, 6, 4]), laid out like b.
+            const xt::xtensor<double, 3> gbt = xt::transpose(gb, {0, 2, 1});
+            auto lbt = lb;
+            std::swap(lbt.dims[1], lbt.dims[2]);
+            const auto bt = xshard::distribute<dynamic_layout(3)>(m, gbt, lbt);
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::matmul(a, xshard::transposed(bt))),
+                                     c, 1e-12, 1e-12))
+                << l << " " << where(m);
             for (std::size_t i = 0; i < 3; ++i) {
                 const xt::xtensor<double, 2> ai = xt::view(ga, i);
                 const xt::xtensor<double, 2> bi = xt::view(gb, i);

@@ -56,8 +56,8 @@ struct affine {
 
     /// Adds dW = x^T dz; returns dx = dz W^T, laid out as x's gradient.
     tensor<T, Mesh> product_backward(const tensor<T, Mesh>& x, const tensor<T, Mesh>& dz) {
-        accumulate(w, xshard::matmul(xshard::transpose<1, 0>(x), dz));
-        return redistribute<dynamic_layout(2)>(xshard::matmul(dz, xshard::transpose<1, 0>(w.value)),
+        accumulate_product(w, xshard::transposed(x), dz);
+        return redistribute<dynamic_layout(2)>(xshard::matmul(dz, xshard::transposed(w.value)),
                                                dual(x.layout(), x.mesh().shape()));
     }
 };

@@ -84,6 +84,28 @@ void accumulate(weight<D>& w, G&& g) {
     w.grad.local() += term.local();
 }
 
+/// Adds the product a b (matmul operands) to `w.grad`: by BLAS straight into the gradient's
+/// storage when the product comes out in the dual of the weight's layout (the usual case: x^T dy
+/// of a linear layer), through `accumulate` otherwise.
+template <class D, class A, class B>
+void accumulate_product(weight<D>& w, const A& a, const B& b) {
+    const auto term_layout = dual(w.value.layout(), w.value.mesh().shape());
+    if (!(matmul_rule(a.layout(), b.layout()).out == term_layout)) {
+        accumulate(w, xshard::matmul(a, b));
+        return;
+    }
+    // The gradient's storage, lent to a tensor labelled with the layout of the terms it holds.
+    D term(xshard::detail::unchecked, w.value.mesh(), w.value.shape(), std::move(w.grad.local()),
+           term_layout);
+    try {
+        xshard::matmul(a, b, term, {.accumulate = true});
+    } catch (...) {
+        w.grad.local() = std::move(term.local());
+        throw;
+    }
+    w.grad.local() = std::move(term.local());
+}
+
 /// A weight with values from `dist(std::mt19937(seed))` drawn in global row-major order (so
 /// the same on any mesh and layout as serially), laid out as `l`.
 template <class T, std::size_t N, mesh_type Mesh, class Distribution>

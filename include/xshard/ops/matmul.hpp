@@ -11,6 +11,10 @@
 ///
 /// MindSpore's MatMul strategies ((a, b), (b, c)) resolve on a mesh with the device matrix
 /// [a, b, c] (`resolve_matmul` in core/strategy.hpp): shard the operands with those layouts.
+///
+/// `transposed(a)` is an operand with a's last two dimensions swapped, read by BLAS as stored
+/// (no copy): `matmul(transposed(x), dy)` is x^T dy. `matmul(a, b, out, {.accumulate = true})`
+/// adds the product to `out` (no temporary), as gradients are summed.
 
 #include <xshard/ops/operand.hpp>
 #include <xshard/ops/rules.hpp>
@@ -36,30 +40,96 @@ constexpr bool blas_type =
     std::is_same_v<T, float> || std::is_same_v<T, double> ||
     std::is_same_v<T, std::complex<float>> || std::is_same_v<T, std::complex<double>>;
 
-/// C (m x n, row-major, leading dimension ldc) = A (m x k) B (k x n), by BLAS.
+/// C (m x n, row-major, leading dimension ldc) = A (m x k) B (k x n), plus C if `add`, by
+/// BLAS; A and B are stored transposed (k x m, n x k) where `ta`, `tb` say so.
 template <class T>
-void gemm(std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda, const T* b,
-          std::size_t ldb, T* c, std::size_t ldc) {
+void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const T* a,
+          std::size_t lda, const T* b, std::size_t ldb, bool add, T* c, std::size_t ldc) {
     if (m == 0 || n == 0)
         return;
     if (k == 0) {
-        std::fill_n(c, m * ldc, T{});
+        if (!add)
+            std::fill_n(c, m * ldc, T{});
         return;
     }
     using index = xt::blas_index_t;
-    cxxblas::gemm<index>(cxxblas::StorageOrder::RowMajor, cxxblas::Transpose::NoTrans,
-                         cxxblas::Transpose::NoTrans, index(m), index(n), index(k), T(1), a,
-                         index(lda), b, index(ldb), T(0), c, index(ldc));
+    auto op = [](bool t) {
+        return t ? cxxblas::Transpose::Trans : cxxblas::Transpose::NoTrans;
+    };
+    cxxblas::gemm<index>(cxxblas::StorageOrder::RowMajor, op(ta), op(tb), index(m), index(n),
+                         index(k), T(1), a, index(lda), b, index(ldb), T(add ? 1 : 0), c,
+                         index(ldc));
+}
+
+/// The layout with its last two dimensions swapped.
+constexpr layout swap_last_two(layout l) {
+    const std::size_t r = l.rank();
+    if (r >= 2)
+        std::swap(l.dims[r - 2], l.dims[r - 1]);
+    return l;
 }
 
 } // namespace detail
+
+/// A matmul operand: tensor `of` with its last two dimensions swapped, not copied (see
+/// `transposed`). It has the layout and shape of the transpose.
+template <distributed_tensor A>
+struct transposed_operand {
+    using value_type = typename A::value_type;
+    using mesh_type = typename A::mesh_type;
+    static constexpr std::size_t rank = A::rank;
+    static constexpr xshard::layout static_layout = detail::swap_last_two(A::static_layout);
+    static_assert(rank >= 2, "xshard: transposed: the tensor needs two dimensions to swap");
+
+    const A& of;
+
+    xshard::layout layout() const { return detail::swap_last_two(of.layout()); }
+    const mesh_type& mesh() const noexcept { return of.mesh(); }
+    std::array<std::size_t, rank> shape() const {
+        auto s = of.shape();
+        std::swap(s[rank - 2], s[rank - 1]);
+        return s;
+    }
+};
+
+/// `a` with its last two dimensions swapped, as an operand of matmul (BLAS reads a as stored).
+template <distributed_tensor A>
+transposed_operand<A> transposed(const A& a) {
+    return {a};
+}
+
+namespace detail {
+template <class A>
+constexpr bool is_transposed = false;
+template <class A>
+constexpr bool is_transposed<transposed_operand<A>> = true;
+
+/// The tensor an operand reads.
+template <class A>
+const auto& tensor_of(const A& a) {
+    if constexpr (is_transposed<A>)
+        return a.of;
+    else
+        return a;
+}
+} // namespace detail
+
+/// What matmul multiplies: a distributed tensor or a transposed one.
+template <class A>
+concept matmul_operand = distributed_tensor<A> || detail::is_transposed<A>;
+
+/// Options of matmul(a, b, out, options).
+struct matmul_options {
+    /// out += a b instead of out = a b.
+    bool accumulate = false;
+};
 
 /// The matrix product (batched for rank > 2), with the sharding rule above. Local products
 /// are BLAS gemm calls (one per batch element); no messages unless the mesh type inserts
 /// redistributions and the operands need one. `matmul(a, b, out)` writes into an existing
 /// result (of the type and shape `matmul(a, b)` returns) without allocating.
 struct matmul_fn {
-    template <distributed_tensor A, distributed_tensor B>
+    template <matmul_operand A, matmul_operand B>
     auto operator()(const A& a, const B& b) const {
         using rule = detail::rule_for<detail::matmul_rule_fn, A, B>;
         constexpr std::size_t ra = A::rank, rb = B::rank;
@@ -72,12 +142,12 @@ struct matmul_fn {
                                         rule::is_static, rule::value.out, ra>;
         result out(detail::unchecked, a.mesh(), shape,
                    xt::xtensor<typename A::value_type, ra>::from_shape(out_block.extent), r.out);
-        compute(a, b, r, out);
+        compute(a, b, r, out, false);
         return out;
     }
 
-    template <distributed_tensor A, distributed_tensor B, distributed_tensor C>
-    void operator()(const A& a, const B& b, C& out) const {
+    template <matmul_operand A, matmul_operand B, distributed_tensor C>
+    void operator()(const A& a, const B& b, C& out, matmul_options o = {}) const {
         using rule = detail::rule_for<detail::matmul_rule_fn, A, B>;
         check(a, b);
         const auto& r = rule::get("matmul", a, b);
@@ -87,7 +157,7 @@ struct matmul_fn {
             detail::to_array<C::rank>(out.local().shape()) != out.block().extent)
             throw error("xshard: matmul: the output tensor is not the product's (mesh, shape " +
                         detail::shape_string(shape) + ", layout " + r.out.to_string() + ")");
-        compute(a, b, r, out);
+        compute(a, b, r, out, o.accumulate);
     }
 
 private:
@@ -114,19 +184,25 @@ private:
     }
 
     template <class A, class B, class C>
-    static void compute(const A& a, const B& b, const rule_result& r, C& out) {
+    static void compute(const A& a, const B& b, const rule_result& r, C& out, bool add) {
         using rule = detail::rule_for<detail::matmul_rule_fn, A, B>;
         constexpr std::size_t ra = A::rank, rb = B::rank;
-        const auto pa = detail::prepare(a, r.a, rule::may_redistribute, "matmul");
-        const auto pb = detail::prepare(b, r.b, rule::may_redistribute, "matmul");
+        constexpr bool ta = detail::is_transposed<A>, tb = detail::is_transposed<B>;
+        // A transposed operand is prepared as stored, in the transpose of the rule's layout.
+        const auto pa = detail::prepare(detail::tensor_of(a), ta ? detail::swap_last_two(r.a) : r.a,
+                                        rule::may_redistribute, "matmul");
+        const auto pb = detail::prepare(detail::tensor_of(b), tb ? detail::swap_last_two(r.b) : r.b,
+                                        rule::may_redistribute, "matmul");
         const auto& la = pa.get();
         const auto& lb = pb.get();
         auto& local = out.local();
-        const std::size_t m = la.shape()[ra - 2], k = la.shape()[ra - 1], n = lb.shape()[rb - 1];
+        const std::size_t m = la.shape()[ra - (ta ? 1 : 2)], k = la.shape()[ra - (ta ? 2 : 1)],
+                          n = lb.shape()[rb - (tb ? 2 : 1)];
         const std::size_t batches = m > 0 && n > 0 ? local.size() / (m * n) : 0;
         for (std::size_t i = 0; i < batches; ++i)
-            detail::gemm(m, n, k, la.data() + i * m * k, k, lb.data() + (rb == ra ? i * k * n : 0),
-                         n, local.data() + i * m * n, n);
+            detail::gemm(ta, tb, m, n, k, la.data() + i * m * k, ta ? m : k,
+                         lb.data() + (rb == ra ? i * k * n : 0), tb ? k : n, add,
+                         local.data() + i * m * n, n);
     }
 };
 

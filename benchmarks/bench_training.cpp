@@ -1,0 +1,353 @@
+// One training step (forward, backward, gradient synchronisation, optimizer update and zeroing
+// of the gradients) of xshard's tensor-parallel layers on p ranks, against the same step for
+// the same global batch on a mesh of one rank (rank 0 alone, over MPI_COMM_SELF, while the
+// other ranks wait in the harness's closing all-reduce: the baseline's time is rank 0's).
+//
+//   OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS=1 mpirun -n 2 build/benchmarks/bench_training
+//
+// Cases (f64 and f32 each; "tp<p>": mesh dp 1 x tp p, "dp<p>": mesh dp p x tp 1, the batch
+// split over dp), all against baseline "one_rank":
+//   mlp_step_*:         column_parallel_linear(1024 -> 4096), gelu, row_parallel_linear(4096 ->
+//                       1024), batch 64, parallel_cross_entropy over the 1024 outputs as classes.
+//   mlp_step_dp*_f64_batch512: the MLP in double with batch 512, data-parallel: where the
+//                       products outweigh the weight-sized work (update, gradient all-reduce).
+//   transformer_step_*: one nn::transformer_block (512 features, 8 heads, MLP hidden 2048),
+//                       8 sequences of 64 tokens, parallel_cross_entropy over the 512 outputs.
+// Labels are random; the optimizer is Momentum (lr 1e-3, 0.9); gradients are synchronised as
+// the examples do (`synchronize_gradients(model, gradients_of{model})`). --quick shrinks
+// everything to a few kilobytes. "bytes" is the size of the model's weights.
+//
+// After each case's JSON line comes a "<case>.communication" line:
+//   speedup, target_speedup, target_met: baseline_seconds / seconds of the case's line, and
+//       the aim: 85 % of p for tensor parallelism (1.7x on 2 ranks), 90 % for data
+//       parallelism (1.8x); reported, not asserted.
+//   step_seconds, forward_backward_seconds, gradient_sync_seconds, optimizer_seconds: per rank,
+//       medians over --reps more steps timed phase by phase (optimizer: update and zero_grad).
+//   mpi_in_forward_backward_seconds: per rank, the time spent inside MPI calls during forward
+//       and backward (the layers' all-reduces, the loss's; counted by intercepting the MPI
+//       calls xshard makes, through the MPI profiling interface). It includes waiting for the
+//       other ranks, and leaves out the local additions of xshard's pairwise all-reduce.
+//   communication_seconds, share: per rank, mpi_in_forward_backward + gradient_sync, and its
+//       fraction of step_seconds.
+//   baseline_forward_backward_seconds, baseline_optimizer_seconds: the one-rank step's phases.
+
+#include "harness.hpp"
+
+#include <xshard/xshard.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace bench = xshard::bench;
+namespace nn = xshard::nn;
+using mesh_t = xshard::mesh<"dp", "tp">;
+
+// ---------------------------------------------------------------------------------------------
+// Time inside MPI: the calls xshard's collectives, redistributions and all-reduces make, each
+// forwarded to its PMPI_ name and timed while `mpi_clock.counting` is set.
+
+namespace {
+struct {
+    bool counting = false;
+    double seconds = 0;
+} mpi_clock;
+
+template <class F>
+int timed(F&& call) {
+    if (!mpi_clock.counting)
+        return call();
+    const double start = PMPI_Wtime();
+    const int code = call();
+    mpi_clock.seconds += PMPI_Wtime() - start;
+    return code;
+}
+} // namespace
+
+extern "C" {
+int MPI_Allreduce(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c) {
+    return timed([&] { return PMPI_Allreduce(s, r, n, t, op, c); });
+}
+int MPI_Iallreduce(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c,
+                   MPI_Request* q) {
+    return timed([&] { return PMPI_Iallreduce(s, r, n, t, op, c, q); });
+}
+int MPI_Allgather(const void* s, int sn, MPI_Datatype st, void* r, int rn, MPI_Datatype rt,
+                  MPI_Comm c) {
+    return timed([&] { return PMPI_Allgather(s, sn, st, r, rn, rt, c); });
+}
+int MPI_Allgatherv(const void* s, int sn, MPI_Datatype st, void* r, const int rn[], const int rd[],
+                   MPI_Datatype rt, MPI_Comm c) {
+    return timed([&] { return PMPI_Allgatherv(s, sn, st, r, rn, rd, rt, c); });
+}
+int MPI_Alltoall(const void* s, int sn, MPI_Datatype st, void* r, int rn, MPI_Datatype rt,
+                 MPI_Comm c) {
+    return timed([&] { return PMPI_Alltoall(s, sn, st, r, rn, rt, c); });
+}
+int MPI_Alltoallv(const void* s, const int sn[], const int sd[], MPI_Datatype st, void* r,
+                  const int rn[], const int rd[], MPI_Datatype rt, MPI_Comm c) {
+    return timed([&] { return PMPI_Alltoallv(s, sn, sd, st, r, rn, rd, rt, c); });
+}
+int MPI_Reduce_scatter(const void* s, void* r, const int rn[], MPI_Datatype t, MPI_Op op,
+                       MPI_Comm c) {
+    return timed([&] { return PMPI_Reduce_scatter(s, r, rn, t, op, c); });
+}
+int MPI_Reduce_scatter_block(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c) {
+    return timed([&] { return PMPI_Reduce_scatter_block(s, r, n, t, op, c); });
+}
+int MPI_Bcast(void* b, int n, MPI_Datatype t, int root, MPI_Comm c) {
+    return timed([&] { return PMPI_Bcast(b, n, t, root, c); });
+}
+int MPI_Barrier(MPI_Comm c) {
+    return timed([&] { return PMPI_Barrier(c); });
+}
+int MPI_Send(const void* b, int n, MPI_Datatype t, int to, int tag, MPI_Comm c) {
+    return timed([&] { return PMPI_Send(b, n, t, to, tag, c); });
+}
+int MPI_Recv(void* b, int n, MPI_Datatype t, int from, int tag, MPI_Comm c, MPI_Status* st) {
+    return timed([&] { return PMPI_Recv(b, n, t, from, tag, c, st); });
+}
+int MPI_Sendrecv(const void* s, int sn, MPI_Datatype stype, int to, int stag, void* r, int rn,
+                 MPI_Datatype rtype, int from, int rtag, MPI_Comm c, MPI_Status* st) {
+    return timed(
+        [&] { return PMPI_Sendrecv(s, sn, stype, to, stag, r, rn, rtype, from, rtag, c, st); });
+}
+int MPI_Isend(const void* b, int n, MPI_Datatype t, int to, int tag, MPI_Comm c, MPI_Request* q) {
+    return timed([&] { return PMPI_Isend(b, n, t, to, tag, c, q); });
+}
+int MPI_Irecv(void* b, int n, MPI_Datatype t, int from, int tag, MPI_Comm c, MPI_Request* q) {
+    return timed([&] { return PMPI_Irecv(b, n, t, from, tag, c, q); });
+}
+int MPI_Wait(MPI_Request* q, MPI_Status* st) {
+    return timed([&] { return PMPI_Wait(q, st); });
+}
+int MPI_Waitall(int n, MPI_Request q[], MPI_Status st[]) {
+    return timed([&] { return PMPI_Waitall(n, q, st); });
+}
+int MPI_Test(MPI_Request* q, int* done, MPI_Status* st) {
+    return timed([&] { return PMPI_Test(q, done, st); });
+}
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// The phases of one step on this rank, in seconds.
+struct phases {
+    double step = 0, forward_backward = 0, mpi_in_forward_backward = 0, sync = 0, optimizer = 0;
+};
+
+/// A model with its loss, optimizer and one batch (rows split over dp): `step()` is one
+/// training step.
+template <class T, class Model>
+class trainer {
+public:
+    trainer(const mesh_t& mesh, Model model, std::size_t rows, std::size_t features)
+        : model_(std::move(model))
+        , x_(xshard::generate<xshard::dynamic_layout(2)>(
+              mesh, std::array{rows, features}, std::mt19937(11), std::normal_distribution<T>(0, 1),
+              nn::make_layout({"dp", ""})))
+        , labels_(xshard::generate<xshard::dynamic_layout(1)>(
+              mesh, std::array{rows}, std::mt19937(12),
+              std::uniform_int_distribution<std::int64_t>(0, std::int64_t(features) - 1),
+              nn::make_layout({"dp"}))) {}
+
+    /// One step; its phases timed into `*p` if given.
+    void step(phases* p = nullptr) {
+        const double start = MPI_Wtime();
+        mpi_clock.seconds = 0;
+        mpi_clock.counting = p != nullptr;
+        loss_value_ = loss_.forward(model_.forward(x_), labels_);
+        model_.backward(loss_.backward());
+        mpi_clock.counting = false;
+        const double backward_done = MPI_Wtime();
+        auto grads = xshard::gradients_of{model_};
+        xshard::synchronize_gradients(model_, grads);
+        const double sync_done = MPI_Wtime();
+        optimizer_.step(model_);
+        xshard::for_each_weight(model_, [](const std::string&, auto& w) { w.zero_grad(); });
+        const double end = MPI_Wtime();
+        if (p)
+            *p = {end - start, backward_done - start, mpi_clock.seconds, sync_done - backward_done,
+                  end - sync_done};
+    }
+
+    /// The bytes of the model's weights (global).
+    std::size_t bytes() {
+        std::size_t n = 0;
+        xshard::for_each_weight(
+            model_, [&](const std::string&, auto& w) { n += w.value.size() * sizeof(T); });
+        return n;
+    }
+
+private:
+    Model model_;
+    nn::tensor<T, mesh_t> x_;
+    nn::tensor<std::int64_t, mesh_t, 1> labels_;
+    nn::parallel_cross_entropy<T, mesh_t> loss_;
+    xshard::optim::momentum optimizer_{{.lr = 1e-3, .momentum = 0.9}};
+    T loss_value_ = 0;
+};
+
+template <class T, class Model>
+trainer<T, Model> make_trainer(const mesh_t& mesh, Model model, std::size_t rows,
+                               std::size_t features) {
+    return trainer<T, Model>(mesh, std::move(model), rows, features);
+}
+
+struct mlp_sizes {
+    std::size_t features, hidden, batch;
+};
+
+template <class T>
+auto make_mlp(const mesh_t& mesh, const mlp_sizes& s) {
+    return make_trainer<T>(
+        mesh,
+        nn::sequential(nn::column_parallel_linear<T, mesh_t>(mesh, s.features, s.hidden, 1),
+                       nn::gelu<T, mesh_t>(mesh),
+                       nn::row_parallel_linear<T, mesh_t>(mesh, s.hidden, s.features, 2)),
+        s.batch, s.features);
+}
+
+struct transformer_sizes {
+    std::size_t features, heads, sequence, sequences, hidden;
+};
+
+template <class T>
+auto make_transformer(const mesh_t& mesh, const transformer_sizes& s) {
+    return make_trainer<T>(
+        mesh,
+        nn::transformer_block<T, mesh_t>(
+            mesh, s.features, 3, {.heads = s.heads, .sequence = s.sequence, .hidden = s.hidden}),
+        s.sequences * s.sequence, s.features);
+}
+
+/// The median of each phase over `v`.
+phases medians(const std::vector<phases>& v) {
+    auto of = [&](double phases::*field) {
+        std::vector<double> x;
+        for (const auto& p : v)
+            x.push_back(p.*field);
+        return bench::median(x);
+    };
+    return {of(&phases::step), of(&phases::forward_backward), of(&phases::mpi_in_forward_backward),
+            of(&phases::sync), of(&phases::optimizer)};
+}
+
+/// A JSON array of `value` from every rank of `c` (on rank 0; empty elsewhere).
+std::string per_rank(const xshard::communicator& c, double value) {
+    std::vector<double> all(std::size_t(c.size()));
+    xshard::gather(c, std::span(&value, 1),
+                   c.rank() == 0 ? std::span(all) : std::span(all).first(0), 0);
+    std::string out = "[";
+    char number[32];
+    for (std::size_t r = 0; r < all.size(); ++r) {
+        std::snprintf(number, sizeof number, "%.4g", all[r]);
+        out += (r ? ", " : "") + std::string(number);
+    }
+    return out + "]";
+}
+
+/// Runs case `name`: the step of `make(mesh)` against that of `make(one)` on rank 0.
+template <class Make>
+void run_case(const bench::options& o, const std::string& name, const mesh_t& mesh,
+              const std::optional<mesh_t>& one, double target_efficiency, Make&& make) {
+    if (!o.wants(name))
+        return;
+    const auto& c = mesh.comm();
+    auto ours = make(mesh);
+    std::optional<decltype(make(mesh))> theirs;
+    if (one)
+        theirs.emplace(make(*one));
+    const auto t = bench::compare(
+        c, o, [&] { ours.step(); },
+        [&] {
+            if (theirs)
+                theirs->step();
+        });
+    bench::report(c, name, ours.bytes(), "one_rank", t);
+
+    std::vector<phases> mine(std::size_t(o.reps)), base(std::size_t(o.reps));
+    for (auto& p : mine) {
+        xshard::barrier(c);
+        ours.step(&p);
+    }
+    if (theirs)
+        for (auto& p : base)
+            theirs->step(&p);
+    xshard::barrier(c);
+    const auto m = medians(mine), b = medians(base);
+    const double speedup = t.baseline_seconds / t.seconds,
+                 target = target_efficiency * double(c.size()),
+                 communication = m.mpi_in_forward_backward + m.sync;
+    const auto steps = per_rank(c, m.step), forward_backward = per_rank(c, m.forward_backward),
+               mpi = per_rank(c, m.mpi_in_forward_backward), sync = per_rank(c, m.sync),
+               optimizer = per_rank(c, m.optimizer), comm = per_rank(c, communication),
+               share = per_rank(c, communication / m.step);
+    if (c.rank() != 0)
+        return;
+    std::printf("{\"name\": \"%s.communication\", \"ranks\": %d, \"speedup\": %.3f, "
+                "\"target_speedup\": %.2f, \"target_met\": %s, \"step_seconds\": %s, "
+                "\"forward_backward_seconds\": %s, \"mpi_in_forward_backward_seconds\": %s, "
+                "\"gradient_sync_seconds\": %s, \"optimizer_seconds\": %s, "
+                "\"communication_seconds\": %s, \"share\": %s, "
+                "\"baseline_forward_backward_seconds\": %.4g, "
+                "\"baseline_optimizer_seconds\": %.4g}\n",
+                name.c_str(), c.size(), speedup, target, speedup >= target ? "true" : "false",
+                steps.c_str(), forward_backward.c_str(), mpi.c_str(), sync.c_str(),
+                optimizer.c_str(), comm.c_str(), share.c_str(), b.forward_backward, b.optimizer);
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "%s: %.2fx faster than one rank (target %.2fx: %s), communication %.0f %%\n",
+                 name.c_str(), speedup, target, speedup >= target ? "met" : "missed",
+                 100 * communication / m.step);
+}
+
+int main(int argc, char** argv) {
+    xshard::environment env(argc, argv);
+    const auto o = bench::options::parse(argc, argv);
+    const mesh_t tp({1, xshard::auto_size}), dp({xshard::auto_size, 1});
+    const auto& c = tp.comm();
+    std::optional<mesh_t> one; // the baseline's mesh: rank 0 alone
+    if (c.rank() == 0)
+        one.emplace(xshard::communicator::self(), std::array{1, 1});
+    const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+    const char* threads = std::getenv("OPENBLAS_NUM_THREADS");
+    if (c.rank() == 0)
+        std::fprintf(stderr,
+                     "bench_training: %d ranks, OPENBLAS_CORETYPE=%s OPENBLAS_NUM_THREADS=%s\n",
+                     c.size(), coretype ? coretype : "(unset)", threads ? threads : "(unset)");
+
+    const mlp_sizes mlp = o.quick ? mlp_sizes{64, 256, 16} : mlp_sizes{1024, 4096, 64};
+    const transformer_sizes block =
+        o.quick ? transformer_sizes{32, 4, 8, 4, 64} : transformer_sizes{512, 8, 64, 8, 2048};
+    const std::string p = std::to_string(c.size());
+    constexpr double tp_efficiency = 0.85, dp_efficiency = 0.9;
+
+    // The MLP cases, then the transformer's; double precision, then single.
+    auto mlp_cases = [&](auto zero, const std::string& type) {
+        auto make = [&](const mesh_t& m) {
+            return make_mlp<decltype(zero)>(m, mlp);
+        };
+        run_case(o, "mlp_step_tp" + p + "_" + type, tp, one, tp_efficiency, make);
+        run_case(o, "mlp_step_dp" + p + "_" + type, dp, one, dp_efficiency, make);
+    };
+    auto transformer_cases = [&](auto zero, const std::string& type) {
+        auto make = [&](const mesh_t& m) {
+            return make_transformer<decltype(zero)>(m, block);
+        };
+        run_case(o, "transformer_step_tp" + p + "_" + type, tp, one, tp_efficiency, make);
+        run_case(o, "transformer_step_dp" + p + "_" + type, dp, one, dp_efficiency, make);
+    };
+    mlp_cases(double{}, "f64");
+    run_case(o, "mlp_step_dp" + p + "_f64_batch512", dp, one, dp_efficiency, [&](const mesh_t& m) {
+        return make_mlp<double>(m, {mlp.features, mlp.hidden, 8 * mlp.batch});
+    });
+    mlp_cases(float{}, "f32");
+    transformer_cases(double{}, "f64");
+    transformer_cases(float{}, "f32");
+    return 0;
+}
