@@ -8,8 +8,10 @@
 //   mpirun -n 2 build/examples/train_transformer --text README.md --tp 2 --steps 300
 #include <xshard/xshard.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -134,6 +136,7 @@ int main(int argc, char** argv) {
         mesh,
         {.steps_per_epoch = std::size_t(steps), .epochs = 1, .print_every = 1, .precision = 15});
     std::int64_t step = 0;
+    std::vector<double> losses;
     for (std::uint64_t epoch = 0; step < steps; ++epoch)
         for (auto&& windows : batches.epoch(epoch)) {
             if (step == steps)
@@ -147,7 +150,16 @@ int main(int argc, char** argv) {
             optimizer.step(model, schedule(optimizer.steps()));
             xshard::for_each_weight(model, [](const std::string&, auto& w) { w.zero_grad(); });
             monitor.step(loss, windows.shape()[0] * sequence);
+            losses.push_back(double(loss));
         }
     monitor.end_epoch();
+    // The loss of one batch is noisy: compare the means of the first and the last ten steps.
+    const std::size_t n = std::min<std::size_t>(10, losses.size());
+    auto mean = [&](auto first) {
+        return std::accumulate(first, first + long(n), 0.0) / double(n);
+    };
+    if (mesh.rank() == 0 && n > 0)
+        std::printf("mean loss of the first %zu steps %.3f, of the last %zu steps %.3f\n", n,
+                    mean(losses.begin()), n, mean(losses.end() - long(n)));
     return 0;
 }
