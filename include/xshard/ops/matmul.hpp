@@ -93,6 +93,7 @@ struct transposed_operand {
 };
 
 /// `a` with its last two dimensions swapped, as an operand of matmul (BLAS reads a as stored).
+/// It refers to `a`: pass it straight to matmul rather than keeping it beyond `a`'s life.
 template <distributed_tensor A>
 transposed_operand<A> transposed(const A& a) {
     return {a};
