@@ -166,21 +166,4 @@ inline const layouts other_layouts{{"w1", "[mp, dp]"},     {"w2", "[-, (dp, mp)]
                                    {"b", "[(mp, dp)]"},    {"e", "[dp, -, mp]"},
                                    {"h", "[(dp, mp), -]"}, {"counts", "[-]"}};
 
-/// A directory every rank of `c` shares, new for each call (under `base`).
-inline std::string shared_directory(const xshard::communicator& c, const std::string& base) {
-    std::string path;
-    if (c.rank() == 0) {
-        std::filesystem::create_directories(base);
-        std::string pattern = base + "/ckpt.XXXXXX";
-        if (!::mkdtemp(pattern.data()))
-            throw std::runtime_error("cannot create a directory under " + base);
-        path = pattern;
-    }
-    unsigned long long n = path.size();
-    xshard::bcast(c, std::span(&n, 1), 0);
-    path.resize(std::size_t(n));
-    xshard::bcast(c, std::span(path.data(), path.size()), 0);
-    return path;
-}
-
 } // namespace xshard::testing

@@ -26,17 +26,6 @@ using namespace xshard::testing;
 using xshard::checkpoint_format;
 using xshard::io_error;
 
-/// The meshes of the whole world: (W, 1), (1, W) and (2, W/2).
-template <class F>
-void for_each_world_mesh(F&& f) {
-    const auto w = world();
-    std::vector<std::array<int, 2>> shapes{{w.size(), 1}, {1, w.size()}};
-    if (w.size() > 2 && w.size() % 2 == 0)
-        shapes.push_back({2, w.size() / 2});
-    for (const auto& s : shapes)
-        f(ckpt_mesh(w, s));
-}
-
 std::string scratch() {
     return shared_directory(world(), XSHARD_TEST_DATA_DIR "/scratch");
 }

@@ -33,6 +33,8 @@ namespace {
 
 namespace optim = xshard::optim;
 using xshard::layout;
+using xshard::testing::for_each_world_mesh;
+using xshard::testing::shared_directory;
 using xshard::testing::where;
 using xshard::testing::world;
 using M = xshard::mesh<"dp", "mp">;
@@ -64,18 +66,6 @@ static_assert(optim::warmup_cosine{.base_lr = 2, .total_steps = 4}(0) == 2);
 static_assert(optim::warmup_cosine{.base_lr = 2, .warmup_steps = 2, .total_steps = 2}(2) == 0);
 
 // --- meshes and data --------------------------------------------------------------------
-
-/// Calls `f(mesh)` for the meshes of the whole world: (W, 1), (1, W) and, for an even W > 2,
-/// (2, W/2).
-template <class F>
-void for_each_world_mesh(F&& f) {
-    const auto w = world();
-    std::vector<std::array<int, 2>> shapes{{w.size(), 1}, {1, w.size()}};
-    if (w.size() > 2 && w.size() % 2 == 0)
-        shapes.push_back({2, w.size() / 2});
-    for (const auto& s : shapes)
-        f(M(w, s));
-}
 
 using shape_t = std::vector<std::size_t>;
 
@@ -455,23 +445,6 @@ TEST(state_of, names_each_slot_then_the_weight_and_allocates_zeros) {
     EXPECT_EQ(xshard::parameter_names(optim::adamw().state_of(n)), state_names<optim::adamw>());
 }
 
-/// A directory every rank of `c` sees, made by rank 0.
-std::string shared_directory(const xshard::communicator& c) {
-    std::string path;
-    if (c.rank() == 0) {
-        std::filesystem::create_directories(XSHARD_OPTIM_SCRATCH);
-        std::string pattern = XSHARD_OPTIM_SCRATCH "/optim.XXXXXX";
-        if (!::mkdtemp(pattern.data()))
-            throw std::runtime_error("cannot create a directory under " XSHARD_OPTIM_SCRATCH);
-        path = pattern;
-    }
-    unsigned long long n = path.size();
-    xshard::bcast(c, std::span(&n, 1), 0);
-    path.resize(std::size_t(n));
-    xshard::bcast(c, std::span(path.data(), path.size()), 0);
-    return path;
-}
-
 /// Three steps on mesh (W, 1) with layouts_a, saved (integrated) with the optimizer's state
 /// and step; loaded on every mesh of the world into a net with layouts_b and a fresh
 /// optimizer; three more steps there must give what three more steps of the first run give,
@@ -479,7 +452,7 @@ std::string shared_directory(const xshard::communicator& c) {
 template <class Opt>
 void check_resume(const typename Opt::options_type& o) {
     const auto w = world();
-    const std::string dir = shared_directory(w);
+    const std::string dir = shared_directory(w, XSHARD_OPTIM_SCRATCH);
     const std::string path = dir + "/ckpt.safetensors";
     auto a = make_dynamic_net(M(w, {w.size(), 1}), layouts_a);
     Opt opt_a(o);

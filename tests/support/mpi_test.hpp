@@ -1,12 +1,18 @@
 #pragma once
 // Shared helpers of xshard's MPI tests.
 
+#include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/core/mesh.hpp>
 
 #include <array>
 #include <cstddef>
+#include <cstdlib>
+#include <filesystem>
+#include <span>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace xshard::testing {
 
@@ -51,6 +57,35 @@ void for_each_mesh(F&& f) {
     run(std::array{2, 4});
     run(std::array{4, 2});
     run(std::array{2, 2, 2});
+}
+
+/// Calls `f(mesh)` for the (dp, mp) meshes of the whole world: (W, 1), (1, W) and, for an
+/// even W > 2, (2, W/2).
+template <class F>
+void for_each_world_mesh(F&& f) {
+    const auto w = world();
+    std::vector<std::array<int, 2>> shapes{{w.size(), 1}, {1, w.size()}};
+    if (w.size() > 2 && w.size() % 2 == 0)
+        shapes.push_back({2, w.size() / 2});
+    for (const auto& s : shapes)
+        f(mesh<"dp", "mp">(w, s));
+}
+
+/// A fresh directory under `base` that every rank of `c` sees, made by rank 0.
+inline std::string shared_directory(const communicator& c, const std::string& base) {
+    std::string path;
+    if (c.rank() == 0) {
+        std::filesystem::create_directories(base);
+        std::string pattern = base + "/scratch.XXXXXX";
+        if (!::mkdtemp(pattern.data()))
+            throw std::runtime_error("cannot create a directory under " + base);
+        path = pattern;
+    }
+    unsigned long long n = path.size();
+    bcast(c, std::span(&n, 1), 0);
+    path.resize(std::size_t(n));
+    bcast(c, std::span(path.data(), path.size()), 0);
+    return path;
 }
 
 /// "on mesh(dp=2, mp=2), rank 3": context for failure messages.

@@ -54,6 +54,13 @@ struct affine {
             accumulate(*b, xshard::sum<0>(dy));
     }
 
+    /// Visits "weight" and, if there is one, "bias".
+    void visit(auto&& visit) {
+        visit("weight", w);
+        if (b)
+            visit("bias", *b);
+    }
+
     /// Adds dW = x^T dz; returns dx = dz W^T, laid out as x's gradient.
     tensor<T, Mesh> product_backward(const tensor<T, Mesh>& x, const tensor<T, Mesh>& dz) {
         accumulate_product(w, xshard::transposed(x), dz);
@@ -94,11 +101,7 @@ public:
         return f_.product_backward(*x_, g);
     }
 
-    friend void visit_parameters(column_parallel_linear& l, auto&& visit) {
-        visit("weight", l.f_.w);
-        if (l.f_.b)
-            visit("bias", *l.f_.b);
-    }
+    friend void visit_parameters(column_parallel_linear& l, auto&& visit) { l.f_.visit(visit); }
 
 private:
     options o_;
@@ -136,11 +139,7 @@ public:
         return f_.product_backward(*x_, redistribute_adjoint(dy, z_layout_));
     }
 
-    friend void visit_parameters(row_parallel_linear& l, auto&& visit) {
-        visit("weight", l.f_.w);
-        if (l.f_.b)
-            visit("bias", *l.f_.b);
-    }
+    friend void visit_parameters(row_parallel_linear& l, auto&& visit) { l.f_.visit(visit); }
 
 private:
     options o_;

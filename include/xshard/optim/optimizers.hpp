@@ -116,6 +116,16 @@ inline void require_unit(std::string_view who, std::string_view option, double v
                     " must lie in [0, 1), not " + optim_number(value));
 }
 
+/// Checks the options Adam and AdamW share.
+template <class Options>
+void require_adam_options(std::string_view who, const Options& o) {
+    require_nonnegative(who, "lr", o.lr);
+    require_unit(who, "beta1", o.beta1);
+    require_unit(who, "beta2", o.beta2);
+    require_nonnegative(who, "eps", o.eps);
+    require_nonnegative(who, "weight_decay", o.weight_decay);
+}
+
 /// "[-, mp] (7, 5)".
 template <class D>
 std::string optim_describe(const D& t) {
@@ -409,11 +419,7 @@ public:
     /// Throws xshard::error if an option is out of range.
     explicit adam(const adam_options& options = {})
         : options_(options) {
-        detail::require_nonnegative(name, "lr", options.lr);
-        detail::require_unit(name, "beta1", options.beta1);
-        detail::require_unit(name, "beta2", options.beta2);
-        detail::require_nonnegative(name, "eps", options.eps);
-        detail::require_nonnegative(name, "weight_decay", options.weight_decay);
+        detail::require_adam_options(name, options);
     }
 
     const adam_options& options() const noexcept { return options_; }
@@ -460,11 +466,7 @@ public:
     /// Throws xshard::error if an option is out of range.
     explicit adamw(const adamw_options& options = {})
         : options_(options) {
-        detail::require_nonnegative(name, "lr", options.lr);
-        detail::require_unit(name, "beta1", options.beta1);
-        detail::require_unit(name, "beta2", options.beta2);
-        detail::require_nonnegative(name, "eps", options.eps);
-        detail::require_nonnegative(name, "weight_decay", options.weight_decay);
+        detail::require_adam_options(name, options);
     }
 
     const adamw_options& options() const noexcept { return options_; }
