@@ -1,0 +1,103 @@
+#pragma once
+/// \file
+/// Agreement on errors: how a fault that only some ranks see (a bad local file, a failed
+/// write, a throwing user callable) still raises an exception on every rank before the next
+/// collective, instead of leaving the others waiting in it. The one primitive every folder
+/// above comm/ uses for this.
+
+#include <xshard/comm/collectives.hpp>
+#include <xshard/comm/communicator.hpp>
+#include <xshard/comm/error.hpp>
+
+#include <concepts>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace xshard {
+
+/// The lowest rank of `c` whose `bad` is true, or -1 when no rank's is; every rank gets the
+/// same answer. Collective: one all-reduce of one int.
+inline int first_reporting_rank(const communicator& c, bool bad) {
+    int first = bad ? c.rank() : c.size();
+    allreduce(c, std::span(&first, 1), reduce_op::min);
+    return first == c.size() ? -1 : first;
+}
+
+namespace detail {
+
+/// Rank `first`'s `mine`, on every rank of `c` (two broadcasts: length, text).
+inline std::string message_from(const communicator& c, int first,
+                                const std::optional<std::string>& mine) {
+    unsigned long long length = c.rank() == first ? mine->size() : 0;
+    bcast(c, std::span(&length, 1), first);
+    std::string text(static_cast<std::size_t>(length), '\0');
+    if (c.rank() == first)
+        text = *mine;
+    bcast(c, std::span(text.data(), text.size()), first);
+    return text;
+}
+
+/// Stands for the result of a callable that returns void.
+struct nothing {};
+
+} // namespace detail
+
+/// Raises `Error` on every rank of `c` with the message of the lowest rank that has one
+/// (`mine` set), or returns on every rank when none has. Collective: one all-reduce of one
+/// int, plus two broadcasts (length, text) when some rank has an error.
+template <class Error = error>
+void agree_on_error(const communicator& c, const std::optional<std::string>& mine) {
+    const int first = first_reporting_rank(c, mine.has_value());
+    if (first >= 0)
+        throw Error(detail::message_from(c, first, mine));
+}
+
+/// Runs `f()` on every rank of `c` and agrees on the outcome before returning: when `f`
+/// throws on some ranks, each of them rethrows its own exception and every other rank
+/// throws `Error` naming the lowest failing rank and its message; otherwise returns what
+/// `f` returned. Collective: one all-reduce of one int (plus two broadcasts on failure).
+template <class Error = error, class F>
+    requires std::invocable<F&>
+decltype(auto) agreed(const communicator& c, F&& f) {
+    using result_t = std::invoke_result_t<F&>;
+    using stored_t =
+        std::conditional_t<std::is_reference_v<result_t>,
+                           std::reference_wrapper<std::remove_reference_t<result_t>>, result_t>;
+    std::exception_ptr failure;
+    std::optional<std::string> message;
+    [[maybe_unused]] std::optional<
+        std::conditional_t<std::is_void_v<result_t>, detail::nothing, stored_t>>
+        result;
+    try {
+        if constexpr (std::is_void_v<result_t>)
+            f();
+        else
+            result.emplace(f());
+    } catch (const std::exception& e) {
+        failure = std::current_exception();
+        message = e.what();
+    } catch (...) {
+        failure = std::current_exception();
+        message = "an exception not derived from std::exception";
+    }
+    const int first = first_reporting_rank(c, failure != nullptr);
+    if (first >= 0) {
+        // Failing ranks take part in sending the message too, so none is left in a
+        // collective; then each rethrows its own exception.
+        auto text = detail::message_from(c, first, message);
+        if (failure)
+            std::rethrow_exception(failure);
+        throw Error("xshard: rank " + std::to_string(first) + " failed: " + text);
+    }
+    if constexpr (std::is_reference_v<result_t>)
+        return static_cast<result_t>(result->get());
+    else if constexpr (!std::is_void_v<result_t>)
+        return std::move(*result);
+}
+
+} // namespace xshard
