@@ -2,6 +2,7 @@
 /// \file
 /// Everything xshard offers, in one include.
 
+#include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/datatype.hpp>
@@ -15,6 +16,7 @@
 #include <xshard/core/partition.hpp>
 #include <xshard/core/static_vector.hpp>
 #include <xshard/core/strategy.hpp>
+#include <xshard/core/volume.hpp>
 #include <xshard/data/dataset.hpp>
 #include <xshard/data/loader.hpp>
 #include <xshard/data/random.hpp>
@@ -44,6 +46,9 @@
 #include <xshard/ops/shape.hpp>
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/optim/schedules.hpp>
+#include <xshard/param/parameter.hpp>
+#include <xshard/param/traversal.hpp>
+#include <xshard/param/weight.hpp>
 #include <xshard/redistribute/cost_model.hpp>
 #include <xshard/redistribute/geometry.hpp>
 #include <xshard/redistribute/plan.hpp>
@@ -55,12 +60,10 @@
 #include <xshard/tensor/dtensor.hpp>
 #include <xshard/tensor/expression.hpp>
 #include <xshard/tensor/gather.hpp>
-#include <xshard/tensor/parameter.hpp>
+#include <xshard/tensor/visualize.hpp>
 #include <xshard/train/broadcast.hpp>
 #include <xshard/train/float16.hpp>
 #include <xshard/train/fusion.hpp>
 #include <xshard/train/gradients.hpp>
 #include <xshard/train/monitor.hpp>
 #include <xshard/train/norms.hpp>
-#include <xshard/train/parameters.hpp>
-#include <xshard/tensor/visualize.hpp>

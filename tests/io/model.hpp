@@ -7,7 +7,7 @@
 #include <xshard/comm/collectives.hpp>
 #include <xshard/core/mesh.hpp>
 #include <xshard/tensor/distribute.hpp>
-#include <xshard/tensor/parameter.hpp>
+#include <xshard/param/parameter.hpp>
 #include <xshard/train/float16.hpp>
 
 #include <array>

@@ -28,6 +28,7 @@
 /// Optimizer state (momentum, Adam moments, any container of tensors) is saved and restored
 /// with the parameters under the prefix "optimizer.", and the step counter with them.
 
+#include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/error.hpp>
@@ -35,7 +36,7 @@
 #include <xshard/io/format.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>
-#include <xshard/train/parameters.hpp>
+#include <xshard/param/traversal.hpp>
 
 #include <mpi.h>
 #include <nlohmann/json.hpp>
@@ -268,7 +269,7 @@ void on_rank0(const communicator& c, F&& f) {
             problem = e.what();
         }
     }
-    raise_first_error<io_error>(c, problem);
+    agree_on_error<io_error>(c, problem);
 }
 
 /// Runs `f` everywhere; raises the first rank's error on every rank.
@@ -280,7 +281,7 @@ void everywhere(const communicator& c, F&& f) {
     } catch (const std::exception& e) {
         problem = e.what();
     }
-    raise_first_error<io_error>(c, problem);
+    agree_on_error<io_error>(c, problem);
 }
 
 inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t step) {
@@ -381,7 +382,7 @@ inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
             problem = e.what();
         }
     }
-    raise_first_error<io_error>(c, problem);
+    agree_on_error<io_error>(c, problem);
     // Pass 2: the blocks, into the model.
     if (r.format() == checkpoint_format::integrated) {
         // One collective MPI-IO read of every rank's blocks.

@@ -17,11 +17,12 @@
 /// notation. Only trainable parameters are written unless `all_parameters` is set.
 /// Loading gives run-time layouts that redistribution and checkpoint loading use directly.
 
+#include <xshard/comm/agree.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/io/files.hpp>
 #include <xshard/io/safetensors.hpp>
-#include <xshard/train/parameters.hpp>
+#include <xshard/param/traversal.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -165,7 +166,7 @@ void save_strategy_file(const std::string& path, const C& params, bool all = fal
         }
     }
     if (comm)
-        detail::raise_first_error<io_error>(*comm, problem);
+        agree_on_error<io_error>(*comm, problem);
     else if (problem)
         throw io_error(*problem);
 }

@@ -27,8 +27,9 @@
 #include <xshard/ops/shape.hpp>
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/tensor/distribute.hpp>
-#include <xshard/tensor/parameter.hpp>
-#include <xshard/train/parameters.hpp>
+#include <xshard/param/parameter.hpp>
+#include <xshard/param/weight.hpp>
+#include <xshard/param/traversal.hpp>
 
 #include <cmath>
 #include <cstdint>

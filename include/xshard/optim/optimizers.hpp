@@ -30,9 +30,9 @@
 
 #include <xshard/comm/error.hpp>
 #include <xshard/core/partition.hpp>
-#include <xshard/tensor/parameter.hpp>
+#include <xshard/param/parameter.hpp>
 #include <xshard/train/float16.hpp>
-#include <xshard/train/parameters.hpp>
+#include <xshard/param/traversal.hpp>
 
 #include <xtensor/xmath.hpp>
 #include <xtensor/xnoalias.hpp>

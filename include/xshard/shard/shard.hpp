@@ -44,7 +44,7 @@
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/dtensor.hpp>
-#include <xshard/tensor/parameter.hpp>
+#include <xshard/param/parameter.hpp>
 
 #include <xtensor/xtensor.hpp>
 

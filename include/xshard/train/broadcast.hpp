@@ -25,11 +25,12 @@
 /// dictionary naming a parameter the container does not have, a shard whose shape
 /// contradicts its layout) are raised on every rank, before any data moves.
 
+#include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/request.hpp>
 #include <xshard/train/fusion.hpp>
-#include <xshard/train/parameters.hpp>
+#include <xshard/param/traversal.hpp>
 
 #include <algorithm>
 #include <map>
@@ -133,7 +134,7 @@ broadcast_report parameter_broadcast(C& params, const broadcast_options& options
                   " stages of " + std::to_string(stage_size) + " ranks)";
     else
         problem = detail::first_problem(refs);
-    detail::raise_first_error(*refs.front().mesh_comm, problem);
+    agree_on_error(*refs.front().mesh_comm, problem);
 
     const auto owners = detail::choose_owners(refs, report);
     std::vector<std::size_t> redundant;

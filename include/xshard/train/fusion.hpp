@@ -12,7 +12,7 @@
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/partition.hpp>
 #include <xshard/train/float16.hpp>
-#include <xshard/train/parameters.hpp>
+#include <xshard/param/traversal.hpp>
 
 #include <algorithm>
 #include <complex>

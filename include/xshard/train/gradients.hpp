@@ -19,13 +19,14 @@
 /// addition, unless `fp32_communication` (MindSpore's enable_fp32_communication / gradient
 /// fp32 sync) converts each bucket to float32 for the all-reduce and back afterwards.
 
+#include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/request.hpp>
 #include <xshard/redistribute/reduce.hpp>
 #include <xshard/train/float16.hpp>
 #include <xshard/train/fusion.hpp>
-#include <xshard/train/parameters.hpp>
+#include <xshard/param/traversal.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -100,7 +101,7 @@ public:
         if (!problem && names != parameter_names(grads))
             problem =
                 "xshard: synchronize_gradients: the gradients do not have the parameters' names";
-        detail::raise_first_error(*refs_.front().mesh_comm, problem);
+        agree_on_error(*refs_.front().mesh_comm, problem);
         // Buckets in reverse order: the backward pass produces the last layers' gradients first.
         std::vector<std::size_t> chosen;
         for (std::size_t i = refs_.size(); i-- > 0;)

@@ -12,7 +12,7 @@
 
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/error.hpp>
-#include <xshard/train/parameters.hpp>
+#include <xshard/param/traversal.hpp>
 
 #include <cmath>
 #include <cstdio>

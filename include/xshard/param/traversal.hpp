@@ -27,14 +27,13 @@
 ///    (a sub-module, a vector of layers...), so models nest to any depth. The one overload
 ///    taking `T&` also serves traversals of a const container (members are then const).
 
-#include <xshard/comm/collectives.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/tensor/dtensor.hpp>
-#include <xshard/tensor/parameter.hpp>
+#include <xshard/param/parameter.hpp>
+#include <xshard/param/weight.hpp>
 
 #include <map>
-#include <optional>
 #include <ranges>
 #include <string>
 #include <string_view>
@@ -203,33 +202,5 @@ std::vector<std::string> parameter_names(const C& c) {
     for_each_parameter(c, [&](const std::string& name, const auto&) { names.push_back(name); });
     return names;
 }
-
-namespace detail {
-
-/// Raises on every rank the error of the first rank (in `c`) that found one, with that
-/// rank's message: an all-gather of one int, then a broadcast of the message. So an error
-/// only some ranks can see still raises the same exception everywhere, before anything else
-/// is sent.
-template <class Error = error>
-void raise_first_error(const communicator& c, const std::optional<std::string>& mine) {
-    const int bad = mine ? 1 : 0;
-    std::vector<int> all(std::size_t(c.size()));
-    allgather(c, std::span(&bad, 1), all);
-    int first = -1;
-    for (std::size_t r = 0; r < all.size() && first < 0; ++r)
-        if (all[r])
-            first = int(r);
-    if (first < 0)
-        return;
-    unsigned long long length = c.rank() == first ? mine->size() : 0;
-    bcast(c, std::span(&length, 1), first);
-    std::string text(std::size_t(length), '\0');
-    if (c.rank() == first)
-        text = *mine;
-    bcast(c, std::span(text.data(), text.size()), first);
-    throw Error(text);
-}
-
-} // namespace detail
 
 } // namespace xshard
