@@ -7,7 +7,7 @@
 /// over the data-parallel axis, features split over the tensor-parallel axis or replicated).
 /// A layer is a module: `forward(x)` returns its output and keeps what its backward needs;
 /// `backward(dy)` takes the gradient of the output and returns that of the input, adding the
-/// gradients of its weights to their `grad` (see `weight` in tensor/parameter.hpp); a hidden
+/// gradients of its weights to their `grad` (see `weight` in param/weight.hpp); a hidden
 /// friend `visit_parameters` lists the weights, so that every parameter algorithm
 /// (parameter_broadcast, synchronize_gradients over `gradients_of(model)`, norms, optimizers,
 /// checkpoints) works on a model as on any parameter container.
