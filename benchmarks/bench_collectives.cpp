@@ -10,7 +10,7 @@
 #include <vector>
 
 namespace bench = xshard::bench;
-using xshard::reduce_op;
+using xshard::reduction;
 
 int main(int argc, char** argv) {
     xshard::environment env(argc, argv);
@@ -47,11 +47,11 @@ int main(int argc, char** argv) {
                              raw);
             });
         run(
-            "allreduce", [&] { xshard::allreduce(c, full, full_out, reduce_op::sum); },
+            "allreduce", [&] { xshard::allreduce(c, full, full_out, reduction::sum); },
             [&] { MPI_Allreduce(full.data(), full_out.data(), int(n), MPI_DOUBLE, MPI_SUM, raw); });
         run(
             "reduce_scatter",
-            [&] { xshard::reduce_scatter_block(c, full, part_out, reduce_op::sum); },
+            [&] { xshard::reduce_scatter_block(c, full, part_out, reduction::sum); },
             [&] {
                 MPI_Reduce_scatter_block(full.data(), part_out.data(), piece, MPI_DOUBLE, MPI_SUM,
                                          raw);

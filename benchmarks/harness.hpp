@@ -67,7 +67,7 @@ double time_batch(const communicator& c, F&& f, int calls) {
     for (int i = 0; i < calls; ++i)
         f();
     double elapsed = (MPI_Wtime() - start) / calls;
-    allreduce(c, std::span(&elapsed, 1), reduce_op::max);
+    allreduce(c, std::span(&elapsed, 1), reduction::max);
     return elapsed;
 }
 

@@ -4,10 +4,15 @@
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
+#include <xshard/comm/combine.hpp>
 #include <xshard/comm/communicator.hpp>
+#include <xshard/comm/counting_allocator.hpp>
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/environment.hpp>
 #include <xshard/comm/error.hpp>
+#include <xshard/comm/float16.hpp>
+#include <xshard/comm/pairwise_reduce.hpp>
+#include <xshard/comm/reduction.hpp>
 #include <xshard/comm/request.hpp>
 #include <xshard/core/axis.hpp>
 #include <xshard/core/layout.hpp>
@@ -54,7 +59,6 @@
 #include <xshard/redistribute/plan.hpp>
 #include <xshard/redistribute/planner.hpp>
 #include <xshard/redistribute/redistribute.hpp>
-#include <xshard/redistribute/reduce.hpp>
 #include <xshard/shard/shard.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/dtensor.hpp>
@@ -62,7 +66,6 @@
 #include <xshard/tensor/gather.hpp>
 #include <xshard/tensor/visualize.hpp>
 #include <xshard/train/broadcast.hpp>
-#include <xshard/train/float16.hpp>
 #include <xshard/train/fusion.hpp>
 #include <xshard/train/gradients.hpp>
 #include <xshard/train/monitor.hpp>

@@ -14,7 +14,7 @@
 
 namespace {
 
-using xshard::reduce_op;
+using xshard::reduction;
 using xshard::testing::world;
 
 /// The value rank `r` contributes at position `i`: distinct for every (r, i).
@@ -54,7 +54,7 @@ TYPED_TEST(typed_collectives, allreduce_sum) {
     const auto w = world();
     const std::size_t n = 17;
     std::vector<T> out(n);
-    xshard::allreduce(w, values<T>(w.rank(), n), out, reduce_op::sum);
+    xshard::allreduce(w, values<T>(w.rank(), n), out, reduction::sum);
     std::vector<T> expected(n, T{});
     for (int r = 0; r < w.size(); ++r)
         for (std::size_t i = 0; i < n; ++i)
@@ -77,9 +77,9 @@ TEST(collectives, allreduce_prod_min_max) {
     const auto w = world();
     const std::vector<double> mine{double(w.rank() + 2), double(-w.rank()), 1.5};
     std::vector<double> prod(3), lo(3), hi(3);
-    xshard::allreduce(w, mine, prod, reduce_op::prod);
-    xshard::allreduce(w, mine, lo, reduce_op::min);
-    xshard::allreduce(w, mine, hi, reduce_op::max);
+    xshard::allreduce(w, mine, prod, reduction::prod);
+    xshard::allreduce(w, mine, lo, reduction::min);
+    xshard::allreduce(w, mine, hi, reduction::max);
     double expected_prod = 1;
     for (int r = 0; r < w.size(); ++r)
         expected_prod *= r + 2;
@@ -94,7 +94,7 @@ TEST(collectives, allreduce_in_place_on_xtensor) {
     xt::xtensor<double, 2> a = xt::zeros<double>({3, 4});
     for (std::size_t i = 0; i < a.size(); ++i)
         a.data()[i] = double(w.rank()) * double(i);
-    xshard::allreduce(w, a, reduce_op::sum);
+    xshard::allreduce(w, a, reduction::sum);
     const double ranks = double(w.size()) * (w.size() - 1) / 2.0;
     for (std::size_t i = 0; i < a.size(); ++i)
         EXPECT_EQ(a.data()[i], ranks * double(i));
@@ -104,7 +104,7 @@ TEST(collectives, reduce_to_root) {
     const auto w = world();
     const int root = w.size() / 2;
     std::vector<long long> out(w.rank() == root ? 4 : 0);
-    xshard::reduce(w, values<long long>(w.rank(), 4), out, reduce_op::sum, root);
+    xshard::reduce(w, values<long long>(w.rank(), 4), out, reduction::sum, root);
     if (w.rank() == root) {
         for (std::size_t i = 0; i < 4; ++i) {
             long long expected = 0;
@@ -211,7 +211,7 @@ TEST(collectives, reduce_scatter_forms) {
     const auto p = std::size_t(w.size());
     const std::size_t n = 3;
     std::vector<double> block(n);
-    xshard::reduce_scatter_block(w, values<double>(w.rank(), n * p), block, reduce_op::sum);
+    xshard::reduce_scatter_block(w, values<double>(w.rank(), n * p), block, reduction::sum);
     for (std::size_t i = 0; i < n; ++i) {
         double expected = 0;
         for (int r = 0; r < w.size(); ++r)
@@ -222,7 +222,7 @@ TEST(collectives, reduce_scatter_forms) {
     const ragged layout(w.size());
     std::vector<double> piece(std::size_t(w.rank() + 1));
     xshard::reduce_scatter(w, values<double>(w.rank(), std::size_t(layout.total)), piece,
-                           layout.counts, reduce_op::max);
+                           layout.counts, reduction::max);
     for (std::size_t i = 0; i < piece.size(); ++i) {
         double expected = value<double>(0, std::size_t(layout.displs[std::size_t(w.rank())]) + i);
         for (int r = 1; r < w.size(); ++r)
@@ -261,10 +261,10 @@ TEST(nonblocking, collectives_complete_through_requests) {
     const auto a = values<double>(w.rank(), 4);
     const auto b = values<double>(w.rank(), 2 * p);
     std::vector<xshard::request> pending;
-    pending.push_back(xshard::iallreduce(w, a, sum, reduce_op::sum));
+    pending.push_back(xshard::iallreduce(w, a, sum, reduction::sum));
     pending.push_back(xshard::iallgather(w, a, gathered));
     pending.push_back(xshard::ialltoall(w, b, exchanged));
-    pending.push_back(xshard::ireduce_scatter_block(w, b, scattered, reduce_op::sum));
+    pending.push_back(xshard::ireduce_scatter_block(w, b, scattered, reduction::sum));
     pending.push_back(xshard::ibcast(w, shared, 0));
     pending.push_back(xshard::ibarrier(w));
     xshard::wait_all(pending);
@@ -292,19 +292,19 @@ TEST(nonblocking, destroyed_request_is_completed) {
     const auto w = world();
     std::vector<int> out(3);
     const auto in = values<int>(w.rank(), 3);
-    { auto r = xshard::iallreduce(w, in, out, reduce_op::max); } // the destructor waits
+    { auto r = xshard::iallreduce(w, in, out, reduction::max); } // the destructor waits
     EXPECT_EQ(out, values<int>(w.size() - 1, 3));
 }
 
 TEST(collectives, size_mismatch_is_an_error) {
     const auto w = world();
     std::vector<double> small(1);
-    EXPECT_THROW(xshard::allreduce(w, std::vector<double>(2), small, reduce_op::sum),
+    EXPECT_THROW(xshard::allreduce(w, std::vector<double>(2), small, reduction::sum),
                  xshard::error);
     std::vector<double> wrong(w.size() + 1);
     EXPECT_THROW(xshard::allgather(w, std::vector<double>(1), wrong), xshard::error);
     std::vector<std::complex<double>> z(1);
-    EXPECT_THROW(xshard::allreduce(w, z, reduce_op::max), xshard::error);
+    EXPECT_THROW(xshard::allreduce(w, z, reduction::max), xshard::error);
 }
 
 } // namespace

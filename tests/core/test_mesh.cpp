@@ -134,7 +134,7 @@ TEST(mesh, sizes_that_do_not_fit_throw_on_every_rank) {
     }
     // After the failures every rank is still in step: a collective completes.
     int one = 1;
-    xshard::allreduce(w, std::span(&one, 1), xshard::reduce_op::sum);
+    xshard::allreduce(w, std::span(&one, 1), xshard::reduction::sum);
     EXPECT_EQ(one, w.size());
 }
 

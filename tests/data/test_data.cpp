@@ -488,7 +488,7 @@ TEST(loader, training_gives_the_same_losses_on_any_number_of_ranks) {
                 return out;
             },
             [&](std::vector<double>& sums) {
-                xshard::allreduce(dp, std::span(sums), xshard::reduce_op::sum);
+                xshard::allreduce(dp, std::span(sums), xshard::reduction::sum);
             });
     };
     auto compare = [&](const std::vector<double>& losses, const std::string& context, bool exact) {

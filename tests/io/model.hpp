@@ -8,7 +8,7 @@
 #include <xshard/core/mesh.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/param/parameter.hpp>
-#include <xshard/train/float16.hpp>
+#include <xshard/comm/float16.hpp>
 
 #include <array>
 #include <cstdint>

@@ -2,7 +2,7 @@
 // serial reductions; and plans whose reductions take that path.
 
 #include <xshard/redistribute/redistribute.hpp>
-#include <xshard/redistribute/reduce.hpp>
+#include <xshard/comm/pairwise_reduce.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/gather.hpp>
 

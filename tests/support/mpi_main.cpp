@@ -59,6 +59,6 @@ int main(int argc, char** argv) {
         delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new rank_reporter(world));
     int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
-    xshard::allreduce(world, std::span(&failed, 1), xshard::reduce_op::max);
+    xshard::allreduce(world, std::span(&failed, 1), xshard::reduction::max);
     return failed;
 }

@@ -24,7 +24,7 @@ namespace xshard {
 /// same answer. Collective: one all-reduce of one int.
 inline int first_reporting_rank(const communicator& c, bool bad) {
     int first = bad ? c.rank() : c.size();
-    allreduce(c, std::span(&first, 1), reduce_op::min);
+    allreduce(c, std::span(&first, 1), reduction::min);
     return first == c.size() ? -1 : first;
 }
 

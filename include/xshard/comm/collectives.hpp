@@ -9,14 +9,21 @@
 /// errors into `mpi_error`. Every blocking call `f` has a nonblocking twin `if` that
 /// returns a `request`; its buffers must stay alive until the request completes.
 ///
+/// Counts have no int limit: a buffer of more than INT_MAX elements travels as one item of
+/// a derived contiguous datatype (and is reduced by xshard's own operator, since MPI's
+/// predefined operators take only predefined datatypes). The counts and displacements of
+/// the v-collectives are MPI's ints.
+///
 /// Costs are those of the MPI library (Open MPI's tuned collectives); with n the bytes
 /// of the result and p the communicator size, the usual lower bounds are: all-gather and
 /// reduce-scatter (p-1)/p·n bytes per rank, all-reduce 2(p-1)/p·n, broadcast n,
 /// all-to-all (p-1)/p·n.
 
+#include <xshard/comm/combine.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/error.hpp>
+#include <xshard/comm/reduction.hpp>
 #include <xshard/comm/request.hpp>
 
 #include <mpi.h>
@@ -24,6 +31,7 @@
 #include <climits>
 #include <complex>
 #include <cstddef>
+#include <memory>
 #include <ranges>
 #include <span>
 #include <string>
@@ -43,8 +51,19 @@ template <class B>
 concept output_buffer = contiguous_buffer<B> &&
     !std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<B>>>;
 
-/// The reduction of a reducing collective.
-enum class reduce_op { sum, prod, min, max };
+/// `count` items of MPI datatype `type` at `data`: a type-erased buffer (the element type
+/// known only at run time), or with `bottom`, the memory a derived datatype of absolute
+/// addresses describes.
+struct mpi_buffer {
+    void* data = nullptr;
+    std::size_t count = 0;
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+
+    /// One item of `type` on MPI_BOTTOM (see `derived_datatype::at_addresses`).
+    static mpi_buffer bottom(const derived_datatype& type) {
+        return {MPI_BOTTOM, 1, type.native()};
+    }
+};
 
 /// Element counts and displacements of the v-collectives.
 using counts_view = std::span<const int>;
@@ -54,11 +73,63 @@ namespace detail {
 template <class B>
 using buffer_value_t = std::remove_cv_t<std::ranges::range_value_t<B>>;
 
-inline int to_count(std::size_t n, std::string_view operation) {
-    if (n > static_cast<std::size_t>(INT_MAX))
-        throw error("xshard: " + std::string(operation) + ": " + std::to_string(n) +
-                    " elements exceed MPI's int count limit");
-    return static_cast<int>(n);
+/// A datatype argument of an MPI call that may own a derived datatype (for counts beyond
+/// int): the owner lives as long as the call's argument tuple. MPI keeps a freed type alive
+/// while an operation started with it is pending.
+struct wire_type {
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+    std::shared_ptr<const derived_datatype> owner;
+    operator MPI_Datatype() const noexcept { return type; }
+};
+
+/// `n` items of `element` as MPI's (count, datatype): (n, element) when n fits an int, else
+/// one item of a derived contiguous type of n elements.
+inline std::pair<int, wire_type> wire_count(std::size_t n, MPI_Datatype element) {
+    if (n <= static_cast<std::size_t>(INT_MAX))
+        return {static_cast<int>(n), wire_type{element, nullptr}};
+    auto owner =
+        std::make_shared<const derived_datatype>(derived_datatype::contiguous_large(n, element));
+    return {1, wire_type{owner->native(), owner}};
+}
+
+/// `n` elements of T as MPI's (count, datatype).
+template <class T>
+std::pair<int, wire_type> wire_count(std::size_t n) {
+    return wire_count(n, datatype_of<T>());
+}
+
+/// The MPI operator for items of a derived contiguous type of T (see `wire_count`): reduces
+/// every element of each item with `combine`.
+template <class T, reduction R>
+void reduce_items(void* in, void* inout, int* len, MPI_Datatype* type) {
+    MPI_Count bytes = 0;
+    MPI_Type_size_x(*type, &bytes);
+    const auto n = static_cast<std::size_t>(*len) * static_cast<std::size_t>(bytes) / sizeof(T);
+    combine(static_cast<T*>(inout), static_cast<const T*>(in), static_cast<const T*>(inout), n, R);
+}
+
+/// The operator of `r` for elements of T travelling as `type`: MPI's (or T's own) for
+/// elements, xshard's `reduce_items` for a derived contiguous type.
+template <class T>
+MPI_Op op_for(reduction r, const wire_type& type) {
+    const MPI_Op op = op_of<T>(r); // also rejects what T does not define
+    if (!type.owner)
+        return op;
+    static const user_op sum(reduce_items<T, reduction::sum>);
+    static const user_op prod(reduce_items<T, reduction::prod>);
+    static const user_op max(reduce_items<T, reduction::max>);
+    static const user_op min(reduce_items<T, reduction::min>);
+    switch (r) {
+    case reduction::sum:
+        return sum.native();
+    case reduction::prod:
+        return prod.native();
+    case reduction::max:
+        return max.native();
+    case reduction::min:
+        return min.native();
+    }
+    return op;
 }
 
 inline void require(bool condition, std::string_view operation, const std::string& what) {
@@ -69,25 +140,6 @@ inline void require(bool condition, std::string_view operation, const std::strin
 template <class B>
 auto* data_of(B&& buffer) {
     return std::ranges::data(buffer);
-}
-
-template <class T>
-MPI_Op native_op(reduce_op op) {
-    if constexpr (!std::is_arithmetic_v<T>) {
-        if (op == reduce_op::min || op == reduce_op::max)
-            throw error("xshard: min and max are not defined for complex values");
-    }
-    switch (op) {
-    case reduce_op::sum:
-        return MPI_SUM;
-    case reduce_op::prod:
-        return MPI_PROD;
-    case reduce_op::min:
-        return MPI_MIN;
-    case reduce_op::max:
-        return MPI_MAX;
-    }
-    return MPI_OP_NULL;
 }
 
 template <class S, class R>
@@ -122,43 +174,55 @@ inline auto barrier_args(const communicator& c) {
 template <class B>
 auto bcast_args(const communicator& c, B& buffer, int root) {
     using T = buffer_value_t<B>;
-    return std::tuple(static_cast<void*>(data_of(buffer)),
-                      to_count(std::ranges::size(buffer), "bcast"), datatype_of<T>(), root,
-                      c.native());
+    auto [count, type] = wire_count<T>(std::ranges::size(buffer));
+    return std::tuple(static_cast<void*>(data_of(buffer)), count, type, root, c.native());
+}
+
+inline auto bcast_args(const communicator& c, const mpi_buffer& buffer, int root) {
+    auto [count, type] = wire_count(buffer.count, buffer.type);
+    return std::tuple(buffer.data, count, type, root, c.native());
 }
 
 template <class S, class R>
-auto reduce_args(const communicator& c, const S& send, R& recv, reduce_op op, int root) {
+auto reduce_args(const communicator& c, const S& send, R& recv, reduction op, int root) {
     require_same_type<S, R>();
     using T = buffer_value_t<S>;
-    static_assert(summable<T>, "xshard: reductions need an arithmetic or complex element type");
+    static_assert(reducible<T>, "xshard: reductions need an element type with reduction_traits "
+                                 "(arithmetic, complex, float16, bfloat16)");
     const auto n = std::ranges::size(send);
     require(c.rank() != root || std::ranges::size(recv) == n, "reduce",
             "the root's receive buffer must have the size of the send buffer");
+    auto [count, type] = wire_count<T>(n);
+    const MPI_Op mpi_op = op_for<T>(op, type);
     return std::tuple(static_cast<const void*>(data_of(send)),
-                      c.rank() == root ? static_cast<void*>(data_of(recv)) : nullptr,
-                      to_count(n, "reduce"), datatype_of<T>(), native_op<T>(op), root, c.native());
+                      c.rank() == root ? static_cast<void*>(data_of(recv)) : nullptr, count, type,
+                      mpi_op, root, c.native());
 }
 
 template <class S, class R>
-auto allreduce_args(const communicator& c, const S& send, R& recv, reduce_op op) {
+auto allreduce_args(const communicator& c, const S& send, R& recv, reduction op) {
     require_same_type<S, R>();
     using T = buffer_value_t<S>;
-    static_assert(summable<T>, "xshard: reductions need an arithmetic or complex element type");
+    static_assert(reducible<T>, "xshard: reductions need an element type with reduction_traits "
+                                 "(arithmetic, complex, float16, bfloat16)");
     const auto n = std::ranges::size(send);
     require(std::ranges::size(recv) == n, "allreduce",
             "send and receive buffers must have the same size");
+    auto [count, type] = wire_count<T>(n);
+    const MPI_Op mpi_op = op_for<T>(op, type);
     return std::tuple(static_cast<const void*>(data_of(send)), static_cast<void*>(data_of(recv)),
-                      to_count(n, "allreduce"), datatype_of<T>(), native_op<T>(op), c.native());
+                      count, type, mpi_op, c.native());
 }
 
 template <class B>
-auto allreduce_in_place_args(const communicator& c, B& buffer, reduce_op op) {
+auto allreduce_in_place_args(const communicator& c, B& buffer, reduction op) {
     using T = buffer_value_t<B>;
-    static_assert(summable<T>, "xshard: reductions need an arithmetic or complex element type");
-    return std::tuple(MPI_IN_PLACE, static_cast<void*>(data_of(buffer)),
-                      to_count(std::ranges::size(buffer), "allreduce"), datatype_of<T>(),
-                      native_op<T>(op), c.native());
+    static_assert(reducible<T>, "xshard: reductions need an element type with reduction_traits "
+                                 "(arithmetic, complex, float16, bfloat16)");
+    auto [count, type] = wire_count<T>(std::ranges::size(buffer));
+    const MPI_Op mpi_op = op_for<T>(op, type);
+    return std::tuple(MPI_IN_PLACE, static_cast<void*>(data_of(buffer)), count, type, mpi_op,
+                      c.native());
 }
 
 template <class S, class R>
@@ -168,9 +232,9 @@ auto gather_args(const communicator& c, const S& send, R& recv, int root) {
     const auto n = std::ranges::size(send);
     require(c.rank() != root || std::ranges::size(recv) == n * c.size(), "gather",
             "the root's receive buffer must hold size() send buffers");
-    const int count = to_count(n, "gather");
-    return std::tuple(static_cast<const void*>(data_of(send)), count, datatype_of<T>(),
-                      static_cast<void*>(data_of(recv)), count, datatype_of<T>(), root, c.native());
+    auto [count, type] = wire_count<T>(n);
+    return std::tuple(static_cast<const void*>(data_of(send)), count, type,
+                      static_cast<void*>(data_of(recv)), count, type, root, c.native());
 }
 
 template <class S, class R>
@@ -182,7 +246,7 @@ auto gatherv_args(const communicator& c, const S& send, R& recv, counts_view cou
     require(!is_root || (counts.size() == std::size_t(c.size()) && displs.size() == counts.size()),
             "gatherv", "counts and displacements need one entry per rank");
     return std::tuple(static_cast<const void*>(data_of(send)),
-                      to_count(std::ranges::size(send), "gatherv"), datatype_of<T>(),
+                      to_int_count(std::ranges::size(send)), datatype_of<T>(),
                       static_cast<void*>(data_of(recv)), is_root ? counts.data() : nullptr,
                       is_root ? displs.data() : nullptr, datatype_of<T>(), root, c.native());
 }
@@ -194,9 +258,9 @@ auto scatter_args(const communicator& c, const S& send, R& recv, int root) {
     const auto n = std::ranges::size(recv);
     require(c.rank() != root || std::ranges::size(send) == n * c.size(), "scatter",
             "the root's send buffer must hold size() receive buffers");
-    const int count = to_count(n, "scatter");
-    return std::tuple(static_cast<const void*>(data_of(send)), count, datatype_of<T>(),
-                      static_cast<void*>(data_of(recv)), count, datatype_of<T>(), root, c.native());
+    auto [count, type] = wire_count<T>(n);
+    return std::tuple(static_cast<const void*>(data_of(send)), count, type,
+                      static_cast<void*>(data_of(recv)), count, type, root, c.native());
 }
 
 template <class S, class R>
@@ -210,7 +274,7 @@ auto scatterv_args(const communicator& c, const S& send, counts_view counts, cou
     return std::tuple(
         static_cast<const void*>(data_of(send)), is_root ? counts.data() : nullptr,
         is_root ? displs.data() : nullptr, datatype_of<T>(), static_cast<void*>(data_of(recv)),
-        to_count(std::ranges::size(recv), "scatterv"), datatype_of<T>(), root, c.native());
+        to_int_count(std::ranges::size(recv)), datatype_of<T>(), root, c.native());
 }
 
 template <class S, class R>
@@ -220,9 +284,9 @@ auto allgather_args(const communicator& c, const S& send, R& recv) {
     const auto n = std::ranges::size(send);
     require(std::ranges::size(recv) == n * c.size(), "allgather",
             "the receive buffer must hold size() send buffers");
-    const int count = to_count(n, "allgather");
-    return std::tuple(static_cast<const void*>(data_of(send)), count, datatype_of<T>(),
-                      static_cast<void*>(data_of(recv)), count, datatype_of<T>(), c.native());
+    auto [count, type] = wire_count<T>(n);
+    return std::tuple(static_cast<const void*>(data_of(send)), count, type,
+                      static_cast<void*>(data_of(recv)), count, type, c.native());
 }
 
 template <class S, class R>
@@ -235,7 +299,7 @@ auto allgatherv_args(const communicator& c, const S& send, R& recv, counts_view 
     require(std::size_t(counts[std::size_t(c.rank())]) == std::ranges::size(send), "allgatherv",
             "this rank's count must equal its send buffer's size");
     return std::tuple(static_cast<const void*>(data_of(send)),
-                      to_count(std::ranges::size(send), "allgatherv"), datatype_of<T>(),
+                      to_int_count(std::ranges::size(send)), datatype_of<T>(),
                       static_cast<void*>(data_of(recv)), counts.data(), displs.data(),
                       datatype_of<T>(), c.native());
 }
@@ -247,9 +311,9 @@ auto alltoall_args(const communicator& c, const S& send, R& recv) {
     const auto n = std::ranges::size(send);
     require(n % std::size_t(c.size()) == 0 && std::ranges::size(recv) == n, "alltoall",
             "send and receive buffers must have the same size, a multiple of size()");
-    const int count = to_count(n / std::size_t(c.size()), "alltoall");
-    return std::tuple(static_cast<const void*>(data_of(send)), count, datatype_of<T>(),
-                      static_cast<void*>(data_of(recv)), count, datatype_of<T>(), c.native());
+    auto [count, type] = wire_count<T>(n / std::size_t(c.size()));
+    return std::tuple(static_cast<const void*>(data_of(send)), count, type,
+                      static_cast<void*>(data_of(recv)), count, type, c.native());
 }
 
 template <class S, class R>
@@ -269,45 +333,47 @@ auto alltoallv_args(const communicator& c, const S& send, counts_view send_count
 
 template <class S, class R>
 auto reduce_scatter_args(const communicator& c, const S& send, R& recv, counts_view counts,
-                         reduce_op op) {
+                         reduction op) {
     require_same_type<S, R>();
     using T = buffer_value_t<S>;
-    static_assert(summable<T>, "xshard: reductions need an arithmetic or complex element type");
+    static_assert(reducible<T>, "xshard: reductions need an element type with reduction_traits "
+                                 "(arithmetic, complex, float16, bfloat16)");
     require(counts.size() == std::size_t(c.size()), "reduce_scatter",
             "counts need one entry per rank");
     require(std::size_t(counts[std::size_t(c.rank())]) == std::ranges::size(recv), "reduce_scatter",
             "this rank's count must equal its receive buffer's size");
     return std::tuple(static_cast<const void*>(data_of(send)), static_cast<void*>(data_of(recv)),
-                      counts.data(), datatype_of<T>(), native_op<T>(op), c.native());
+                      counts.data(), datatype_of<T>(), op_of<T>(op), c.native());
 }
 
 template <class S, class R>
-auto reduce_scatter_block_args(const communicator& c, const S& send, R& recv, reduce_op op) {
+auto reduce_scatter_block_args(const communicator& c, const S& send, R& recv, reduction op) {
     require_same_type<S, R>();
     using T = buffer_value_t<S>;
-    static_assert(summable<T>, "xshard: reductions need an arithmetic or complex element type");
+    static_assert(reducible<T>, "xshard: reductions need an element type with reduction_traits "
+                                 "(arithmetic, complex, float16, bfloat16)");
     const auto n = std::ranges::size(recv);
     require(std::ranges::size(send) == n * c.size(), "reduce_scatter_block",
             "the send buffer must hold size() receive buffers");
+    auto [count, type] = wire_count<T>(n);
+    const MPI_Op mpi_op = op_for<T>(op, type);
     return std::tuple(static_cast<const void*>(data_of(send)), static_cast<void*>(data_of(recv)),
-                      to_count(n, "reduce_scatter_block"), datatype_of<T>(), native_op<T>(op),
-                      c.native());
+                      count, type, mpi_op, c.native());
 }
 
 template <class B>
 auto send_args(const communicator& c, const B& buffer, int dest, int tag) {
     using T = buffer_value_t<B>;
-    return std::tuple(static_cast<const void*>(data_of(buffer)),
-                      to_count(std::ranges::size(buffer), "send"), datatype_of<T>(), dest, tag,
+    auto [count, type] = wire_count<T>(std::ranges::size(buffer));
+    return std::tuple(static_cast<const void*>(data_of(buffer)), count, type, dest, tag,
                       c.native());
 }
 
 template <class B>
 auto recv_args(const communicator& c, B& buffer, int source, int tag) {
     using T = buffer_value_t<B>;
-    return std::tuple(static_cast<void*>(data_of(buffer)),
-                      to_count(std::ranges::size(buffer), "recv"), datatype_of<T>(), source, tag,
-                      c.native());
+    auto [count, type] = wire_count<T>(std::ranges::size(buffer));
+    return std::tuple(static_cast<void*>(data_of(buffer)), count, type, source, tag, c.native());
 }
 
 } // namespace detail
@@ -335,28 +401,36 @@ requires output_buffer<B&> request ibcast(const communicator& c, B&& buffer, int
     return detail::start(MPI_Ibcast, "MPI_Ibcast", detail::bcast_args(c, buffer, root));
 }
 
+/// `bcast` of a type-erased buffer (see `mpi_buffer`).
+inline void bcast(const communicator& c, const mpi_buffer& buffer, int root) {
+    detail::run(MPI_Bcast, "MPI_Bcast", detail::bcast_args(c, buffer, root));
+}
+inline request ibcast(const communicator& c, const mpi_buffer& buffer, int root) {
+    return detail::start(MPI_Ibcast, "MPI_Ibcast", detail::bcast_args(c, buffer, root));
+}
+
 /// Element-wise reduction of every rank's `send` into `recv` at `root` (recv is ignored
 /// elsewhere and may be empty there).
 template <contiguous_buffer S, class R>
 requires output_buffer<R&>
-void reduce(const communicator& c, const S& send, R&& recv, reduce_op op, int root) {
+void reduce(const communicator& c, const S& send, R&& recv, reduction op, int root) {
     detail::run(MPI_Reduce, "MPI_Reduce", detail::reduce_args(c, send, recv, op, root));
 }
 template <contiguous_buffer S, class R>
 requires output_buffer<R&> request ireduce(const communicator& c, const S& send, R&& recv,
-                                           reduce_op op, int root) {
+                                           reduction op, int root) {
     return detail::start(MPI_Ireduce, "MPI_Ireduce", detail::reduce_args(c, send, recv, op, root));
 }
 
 /// Element-wise reduction of every rank's `send` into every rank's `recv`.
 template <contiguous_buffer S, class R>
 requires output_buffer<R&>
-void allreduce(const communicator& c, const S& send, R&& recv, reduce_op op) {
+void allreduce(const communicator& c, const S& send, R&& recv, reduction op) {
     detail::run(MPI_Allreduce, "MPI_Allreduce", detail::allreduce_args(c, send, recv, op));
 }
 template <contiguous_buffer S, class R>
 requires output_buffer<R&> request iallreduce(const communicator& c, const S& send, R&& recv,
-                                              reduce_op op) {
+                                              reduction op) {
     return detail::start(MPI_Iallreduce, "MPI_Iallreduce",
                          detail::allreduce_args(c, send, recv, op));
 }
@@ -364,11 +438,11 @@ requires output_buffer<R&> request iallreduce(const communicator& c, const S& se
 /// In-place all-reduce: every rank's `buffer` becomes the reduction of all of them.
 template <class B>
 requires output_buffer<B&>
-void allreduce(const communicator& c, B&& buffer, reduce_op op) {
+void allreduce(const communicator& c, B&& buffer, reduction op) {
     detail::run(MPI_Allreduce, "MPI_Allreduce", detail::allreduce_in_place_args(c, buffer, op));
 }
 template <class B>
-requires output_buffer<B&> request iallreduce(const communicator& c, B&& buffer, reduce_op op) {
+requires output_buffer<B&> request iallreduce(const communicator& c, B&& buffer, reduction op) {
     return detail::start(MPI_Iallreduce, "MPI_Iallreduce",
                          detail::allreduce_in_place_args(c, buffer, op));
 }
@@ -491,13 +565,13 @@ requires output_buffer<R&> request ialltoallv(const communicator& c, const S& se
 template <contiguous_buffer S, class R>
 requires output_buffer<R&>
 void reduce_scatter(const communicator& c, const S& send, R&& recv, counts_view counts,
-                    reduce_op op) {
+                    reduction op) {
     detail::run(MPI_Reduce_scatter, "MPI_Reduce_scatter",
                 detail::reduce_scatter_args(c, send, recv, counts, op));
 }
 template <contiguous_buffer S, class R>
 requires output_buffer<R&> request ireduce_scatter(const communicator& c, const S& send, R&& recv,
-                                                   counts_view counts, reduce_op op) {
+                                                   counts_view counts, reduction op) {
     return detail::start(MPI_Ireduce_scatter, "MPI_Ireduce_scatter",
                          detail::reduce_scatter_args(c, send, recv, counts, op));
 }
@@ -505,13 +579,13 @@ requires output_buffer<R&> request ireduce_scatter(const communicator& c, const 
 /// Reduce-scatter with equal pieces of `recv.size()` elements.
 template <contiguous_buffer S, class R>
 requires output_buffer<R&>
-void reduce_scatter_block(const communicator& c, const S& send, R&& recv, reduce_op op) {
+void reduce_scatter_block(const communicator& c, const S& send, R&& recv, reduction op) {
     detail::run(MPI_Reduce_scatter_block, "MPI_Reduce_scatter_block",
                 detail::reduce_scatter_block_args(c, send, recv, op));
 }
 template <contiguous_buffer S, class R>
 requires output_buffer<R&> request ireduce_scatter_block(const communicator& c, const S& send,
-                                                         R&& recv, reduce_op op) {
+                                                         R&& recv, reduction op) {
     return detail::start(MPI_Ireduce_scatter_block, "MPI_Ireduce_scatter_block",
                          detail::reduce_scatter_block_args(c, send, recv, op));
 }

@@ -20,12 +20,15 @@
 
 #include <mpi.h>
 
+#include <climits>
 #include <complex>
 #include <concepts>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace xshard {
 
@@ -78,6 +81,14 @@ MPI_Datatype datatype_of() noexcept {
 }
 
 namespace detail {
+
+/// `n` as an MPI count, or throws `xshard::error` when it exceeds MPI's int limit.
+inline int to_int_count(std::size_t n) {
+    if (n > std::size_t(INT_MAX))
+        throw error("xshard: a count of " + std::to_string(n) + " exceeds MPI's int limit");
+    return int(n);
+}
+
 template <class T>
 struct is_complex : std::false_type {};
 template <class T>
@@ -109,6 +120,58 @@ public:
     static derived_datatype contiguous(int count, MPI_Datatype element) {
         MPI_Datatype type = MPI_DATATYPE_NULL;
         detail::check_mpi(MPI_Type_contiguous(count, element, &type), "MPI_Type_contiguous");
+        return derived_datatype(type);
+    }
+
+    /// `n` consecutive elements of `element` for any n, also beyond MPI's int counts: a
+    /// contiguous type of int-sized chunks, plus the remainder (MPI_Type_create_struct). Its
+    /// type signature is n elements of `element`, so it matches n elements sent or received
+    /// one by one.
+    static derived_datatype contiguous_large(std::size_t n, MPI_Datatype element) {
+        constexpr std::size_t chunk = std::size_t(1) << 30;
+        if (n <= std::size_t(INT_MAX))
+            return contiguous(int(n), element);
+        derived_datatype chunk_type = contiguous(int(chunk), element);
+        derived_datatype chunks = contiguous(detail::to_int_count(n / chunk), chunk_type.native());
+        const std::size_t rest = n % chunk;
+        if (rest == 0)
+            return chunks;
+        MPI_Aint lb = 0, extent = 0;
+        detail::check_mpi(MPI_Type_get_extent(element, &lb, &extent), "MPI_Type_get_extent");
+        int lengths[2] = {1, int(rest)};
+        MPI_Aint places[2] = {0, MPI_Aint(n / chunk * chunk) * extent};
+        MPI_Datatype types[2] = {chunks.native(), element};
+        MPI_Datatype type = MPI_DATATYPE_NULL;
+        detail::check_mpi(MPI_Type_create_struct(2, lengths, places, types, &type),
+                          "MPI_Type_create_struct");
+        return derived_datatype(type);
+    }
+
+    /// Blocks of `element` at absolute addresses, for a call on MPI_BOTTOM: block i is
+    /// `lengths[i]` elements at `addresses[i]` (any length, see `contiguous_large`). One
+    /// collective over several buffers without packing them.
+    static derived_datatype at_addresses(std::span<const std::size_t> lengths,
+                                         std::span<const void* const> addresses,
+                                         MPI_Datatype element) {
+        std::vector<int> ones(lengths.size(), 1);
+        std::vector<MPI_Aint> places(lengths.size());
+        std::vector<derived_datatype> blocks;
+        std::vector<MPI_Datatype> types(lengths.size());
+        blocks.reserve(lengths.size());
+        for (std::size_t i = 0; i < lengths.size(); ++i) {
+            detail::check_mpi(MPI_Get_address(addresses[i], &places[i]), "MPI_Get_address");
+            if (lengths[i] <= std::size_t(INT_MAX)) {
+                ones[i] = int(lengths[i]);
+                types[i] = element;
+            } else {
+                blocks.push_back(contiguous_large(lengths[i], element));
+                types[i] = blocks.back().native();
+            }
+        }
+        MPI_Datatype type = MPI_DATATYPE_NULL;
+        detail::check_mpi(MPI_Type_create_struct(int(ones.size()), ones.data(), places.data(),
+                                                 types.data(), &type),
+                          "MPI_Type_create_struct");
         return derived_datatype(type);
     }
 

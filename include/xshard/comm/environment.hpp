@@ -67,6 +67,20 @@ public:
     /// MPI_COMM_WORLD, borrowed.
     communicator world() const { return communicator::world(); }
 
+    /// This process's rank in MPI_COMM_WORLD (MindSpore's global rank), -1 when MPI is not
+    /// running: for naming the process (files, log lines), not for communicating.
+    static int world_rank() noexcept { return detail::world_rank(); }
+
+    /// The number of processes in MPI_COMM_WORLD (MindSpore's rank size), 0 when MPI is not
+    /// running.
+    static int world_size() noexcept {
+        if (!initialized() || finalized())
+            return 0;
+        int size = 0;
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        return size;
+    }
+
 private:
     environment(int* argc, char*** argv, thread_level required) {
         if (finalized())

@@ -2,10 +2,12 @@
 /// \file
 /// A nonblocking operation in flight.
 
+#include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
 
 #include <mpi.h>
 
+#include <cstddef>
 #include <cstdio>
 #include <span>
 #include <utility>
@@ -81,5 +83,67 @@ inline void wait_all(std::span<request> requests) {
         *requests[i].native() = handles[i];
     detail::check_mpi(code, "MPI_Waitall");
 }
+
+/// Point-to-point messages posted together and completed together (MPI_Waitall), each
+/// `count` items of an MPI datatype at a pointer: how plans exchange blocks. Its request
+/// slots are reserved once, so that posting allocates nothing afterwards. Destroyed with
+/// messages in flight, it waits for them (reporting a failure on stderr).
+class message_batch {
+public:
+    message_batch() = default;
+    message_batch(message_batch&&) noexcept = default;
+    message_batch& operator=(message_batch&& other) noexcept {
+        if (this != &other) {
+            finish_quietly();
+            handles_ = std::move(other.handles_);
+        }
+        return *this;
+    }
+    ~message_batch() { finish_quietly(); }
+
+    /// Room for `n` messages in flight without allocating.
+    void reserve(std::size_t n) { handles_.reserve(n); }
+
+    /// Starts sending `count` items of `type` at `data` to rank `peer` of `c`.
+    void isend(const communicator& c, const void* data, int count, MPI_Datatype type, int peer,
+               int tag) {
+        handles_.push_back(MPI_REQUEST_NULL);
+        detail::check_mpi(MPI_Isend(data, count, type, peer, tag, c.native(), &handles_.back()),
+                          "MPI_Isend");
+    }
+
+    /// Starts receiving `count` items of `type` at `data` from rank `peer` of `c`.
+    void irecv(const communicator& c, void* data, int count, MPI_Datatype type, int peer,
+               int tag) {
+        handles_.push_back(MPI_REQUEST_NULL);
+        detail::check_mpi(MPI_Irecv(data, count, type, peer, tag, c.native(), &handles_.back()),
+                          "MPI_Irecv");
+    }
+
+    /// Waits for every message posted since the last wait.
+    void wait_all() {
+        const int code =
+            MPI_Waitall(static_cast<int>(handles_.size()), handles_.data(), MPI_STATUSES_IGNORE);
+        handles_.clear();
+        detail::check_mpi(code, "MPI_Waitall");
+    }
+
+    /// Messages posted and not yet waited for.
+    std::size_t size() const noexcept { return handles_.size(); }
+
+private:
+    void finish_quietly() noexcept {
+        if (handles_.empty())
+            return;
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized && MPI_Waitall(static_cast<int>(handles_.size()), handles_.data(),
+                                      MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+            std::fprintf(stderr, "xshard: messages in flight at destruction failed in MPI_Waitall\n");
+        handles_.clear();
+    }
+
+    std::vector<MPI_Request> handles_;
+};
 
 } // namespace xshard

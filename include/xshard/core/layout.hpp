@@ -20,6 +20,7 @@
 /// argument, a strategy file or the command line gives it at run time, and the same
 /// constexpr functions answer both.
 
+#include <xshard/comm/reduction.hpp>
 #include <xshard/core/axis.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/static_vector.hpp>
@@ -36,13 +37,6 @@ namespace xshard {
 
 /// Highest tensor rank a layout describes.
 inline constexpr std::size_t max_tensor_rank = 8;
-
-/// How the terms of a partial tensor combine.
-enum class reduction : std::uint8_t { sum, max, min };
-
-constexpr std::string_view to_string(reduction r) {
-    return r == reduction::sum ? "sum" : r == reduction::max ? "max" : "min";
-}
 
 /// The mesh axes a tensor dimension is split over, major to minor.
 using dim_axes = static_vector<axis_name, max_mesh_axes>;

@@ -7,6 +7,7 @@
 #include <xshard/core/mesh_shape.hpp>
 
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -215,6 +216,15 @@ private:
     std::shared_ptr<const state> state_;
     dataset_strategy dataset_ = dataset_strategy::unset;
     std::size_t data_axis_ = 0;
+};
+
+/// A `mesh<...>` type.
+template <class M>
+concept mesh_type = requires(const M& m) {
+    { M::ndim } -> std::convertible_to<std::size_t>;
+    M::axis_names;
+    { m.shape() } -> std::same_as<const mesh_shape&>;
+    { m.comm() } -> std::same_as<const communicator&>;
 };
 
 } // namespace xshard

@@ -8,8 +8,10 @@
 /// rank computes every rank's blocks from the layout, the mesh shape and the global
 /// shape alone, without communication.
 
+#include <xshard/comm/datatype.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
+#include <xshard/core/volume.hpp>
 
 #include <algorithm>
 #include <array>
@@ -42,12 +44,8 @@ struct box {
     std::array<std::size_t, N> offset{};
     std::array<std::size_t, N> extent{};
 
-    constexpr std::size_t size() const {
-        std::size_t n = 1;
-        for (auto e : extent)
-            n *= e;
-        return n;
-    }
+    /// The number of elements (throws `xshard::error` when it does not fit a std::size_t).
+    constexpr std::size_t size() const { return volume(extent); }
     constexpr bool empty() const { return size() == 0; }
 
     /// The intersection with `other` (extents 0 where they do not meet).
@@ -119,6 +117,19 @@ std::string shape_string(const Shape& shape) {
     for (auto e : shape)
         s += (i++ ? ", " : "") + std::to_string(e);
     return s + (i == 1 ? ",)" : ")");
+}
+
+/// The MPI datatype of box `b` inside a row-major array of shape `shape` (every extent and
+/// offset within MPI's int limit).
+template <class T, std::size_t N>
+derived_datatype box_datatype(const std::array<std::size_t, N>& shape, const box<N>& b) {
+    std::array<int, N> sizes{}, subsizes{}, starts{};
+    for (std::size_t d = 0; d < N; ++d) {
+        sizes[d] = to_int_count(shape[d]);
+        subsizes[d] = to_int_count(b.extent[d]);
+        starts[d] = to_int_count(b.offset[d]);
+    }
+    return derived_datatype::subarray(sizes, subsizes, starts, datatype_of<T>());
 }
 
 } // namespace detail

@@ -10,7 +10,7 @@
 /// allocation. (tests/io/fuzz_safetensors.cpp fuzzes it.)
 
 #include <xshard/comm/error.hpp>
-#include <xshard/train/float16.hpp>
+#include <xshard/comm/float16.hpp>
 
 #include <nlohmann/json.hpp>
 

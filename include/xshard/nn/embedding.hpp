@@ -86,7 +86,7 @@ public:
         T sum = 0;
         if (ms.group_rank(mesh.rank(), ms.all_axes() - l.split_axes(0, ms)) == 0)
             sum = xt::sum(xt::log(stats.sum_exp) + stats.max - stats.target)();
-        allreduce(mesh.comm(), std::span(&sum, 1), reduce_op::sum);
+        allreduce(mesh.comm(), std::span(&sum, 1), reduction::sum);
         rows_ = logits.shape()[0];
         logits_ = logits;
         labels_ = labels;

@@ -13,6 +13,7 @@
 /// the sum of exponentials, the target logit); the logits are never gathered. The output [B]
 /// is laid out like the batch.
 
+#include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/ops/operand.hpp>
 #include <xshard/ops/rules.hpp>
@@ -24,6 +25,7 @@
 #include <cmath>
 #include <concepts>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -94,11 +96,11 @@ void check_labels(const communicator& c, const Labels& labels, std::size_t class
     bool bad = false;
     for (auto y : labels)
         bad = bad || y < 0 || std::size_t(y) >= classes;
-    int any = bad ? 1 : 0;
-    allreduce(c, std::span(&any, 1), reduce_op::max);
-    if (any)
-        throw error(std::string("xshard: ") + operation + ": a label is outside [0, " +
-                    std::to_string(classes) + ")");
+    std::optional<std::string> problem;
+    if (bad)
+        problem = std::string("xshard: ") + operation + ": a label is outside [0, " +
+                  std::to_string(classes) + ")";
+    agree_on_error(c, problem);
 }
 
 } // namespace detail
@@ -140,7 +142,7 @@ auto embedding(const I& ids, const W& table) {
     }
     const auto vocab = res.b.split_axes(0, mesh.shape());
     if (!vocab.empty() && local.size() > 0)
-        allreduce(mesh.sub(vocab), std::span(local.data(), local.size()), reduce_op::sum);
+        allreduce(mesh.sub(vocab), std::span(local.data(), local.size()), reduction::sum);
     using result = detail::result_t<T, typename I::mesh_type, rule::is_static, rule::value.out, R>;
     return result(detail::unchecked, mesh, shape, std::move(local), res.out);
 }
@@ -163,7 +165,7 @@ auto softmax_rows(const Mesh& mesh, const layout& l, const X& x, const Y& y, con
     softmax_row_stats<T> r{xt::xtensor<T, 1>::from_shape({rows}), xt::zeros<T>({rows}),
                            xt::zeros<T>({rows})};
     const auto classes = l.split_axes(1, mesh.shape());
-    auto reduce = [&](auto& v, reduce_op op) {
+    auto reduce = [&](auto& v, reduction op) {
         if (!classes.empty() && rows > 0)
             allreduce(mesh.sub(classes), std::span(v.data(), v.size()), op);
     };
@@ -173,7 +175,7 @@ auto softmax_rows(const Mesh& mesh, const layout& l, const X& x, const Y& y, con
             mi = std::max(mi, x(i, j));
         r.max(i) = mi;
     }
-    reduce(r.max, reduce_op::max);
+    reduce(r.max, reduction::max);
     for (std::size_t i = 0; i < rows; ++i) {
         for (std::size_t j = 0; j < cols; ++j)
             r.sum_exp(i) += std::exp(x(i, j) - r.max(i));
@@ -181,8 +183,8 @@ auto softmax_rows(const Mesh& mesh, const layout& l, const X& x, const Y& y, con
         if (c >= xb.offset[1] && c < xb.offset[1] + cols)
             r.target(i) = x(i, c - xb.offset[1]);
     }
-    reduce(r.sum_exp, reduce_op::sum);
-    reduce(r.target, reduce_op::sum);
+    reduce(r.sum_exp, reduction::sum);
+    reduce(r.target, reduction::sum);
     return r;
 }
 

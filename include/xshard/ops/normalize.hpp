@@ -31,7 +31,7 @@ struct normalization_rule_fn {
 
 /// All-reduces `stat` (a statistic per row, `xt::xtensor`) over the axes splitting Dim.
 template <class D, class S>
-void all_reduce_over(const D& t, const layout& l, std::size_t dim, S& stat, reduce_op op) {
+void all_reduce_over(const D& t, const layout& l, std::size_t dim, S& stat, reduction op) {
     const auto axes = l.split_axes(dim, t.mesh().shape());
     if (!axes.empty() && stat.size() > 0)
         allreduce(t.mesh().sub(axes), std::span(stat.data(), stat.size()), op);
@@ -65,7 +65,7 @@ auto global_max(const A& a, const L& x, const layout& l) {
     } else {
         m = xt::amax(x, {Dim}, xt::keep_dims);
     }
-    all_reduce_over(a, l, Dim, m, reduce_op::max);
+    all_reduce_over(a, l, Dim, m, reduction::max);
     return m;
 }
 
@@ -79,7 +79,7 @@ auto softmax(const A& a) {
         auto m = detail::global_max<Dim>(a, x, l);
         xt::xtensor<typename A::value_type, A::rank> e = xt::exp(x - m);
         xt::xtensor<typename A::value_type, A::rank> s = xt::sum(e, {Dim}, xt::keep_dims);
-        detail::all_reduce_over(a, l, Dim, s, reduce_op::sum);
+        detail::all_reduce_over(a, l, Dim, s, reduction::sum);
         return xt::xtensor<typename A::value_type, A::rank>(e / s);
     });
 }
@@ -91,7 +91,7 @@ auto log_softmax(const A& a) {
         auto m = detail::global_max<Dim>(a, x, l);
         xt::xtensor<typename A::value_type, A::rank> s =
             xt::sum(xt::exp(x - m), {Dim}, xt::keep_dims);
-        detail::all_reduce_over(a, l, Dim, s, reduce_op::sum);
+        detail::all_reduce_over(a, l, Dim, s, reduction::sum);
         return xt::xtensor<typename A::value_type, A::rank>(x - m - xt::log(s));
     });
 }
@@ -104,11 +104,11 @@ auto layer_norm(const A& a, typename A::value_type eps = typename A::value_type(
     return detail::normalize<Dim>(a, "layer_norm", [&](const auto& x, const layout& l) {
         const T n = T(a.shape()[Dim]);
         xt::xtensor<T, A::rank> mu = xt::sum(x, {Dim}, xt::keep_dims);
-        detail::all_reduce_over(a, l, Dim, mu, reduce_op::sum);
+        detail::all_reduce_over(a, l, Dim, mu, reduction::sum);
         mu /= n;
         xt::xtensor<T, A::rank> centred = x - mu;
         xt::xtensor<T, A::rank> var = xt::sum(centred * centred, {Dim}, xt::keep_dims);
-        detail::all_reduce_over(a, l, Dim, var, reduce_op::sum);
+        detail::all_reduce_over(a, l, Dim, var, reduction::sum);
         var /= n;
         return xt::xtensor<T, A::rank>(centred / xt::sqrt(var + eps));
     });
@@ -137,7 +137,7 @@ auto batch_norm(const A& a, typename A::value_type eps = typename A::value_type(
             axes = axes | l.split_axes(d, a.mesh().shape());
         auto reduce = [&](auto& stat) {
             if (!axes.empty())
-                allreduce(a.mesh().sub(axes), std::span(stat.data(), stat.size()), reduce_op::sum);
+                allreduce(a.mesh().sub(axes), std::span(stat.data(), stat.size()), reduction::sum);
         };
         xt::xtensor<T, N> mu = xt::sum(x, over, xt::keep_dims);
         reduce(mu);

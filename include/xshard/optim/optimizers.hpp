@@ -31,7 +31,7 @@
 #include <xshard/comm/error.hpp>
 #include <xshard/core/partition.hpp>
 #include <xshard/param/parameter.hpp>
-#include <xshard/train/float16.hpp>
+#include <xshard/comm/float16.hpp>
 #include <xshard/param/traversal.hpp>
 
 #include <xtensor/xmath.hpp>

@@ -5,15 +5,14 @@
 /// shape (no communicator), so the same code prices a plan on this machine and on a mesh of
 /// 16384 ranks, and the executor (plan.hpp) runs exactly what was priced.
 
+#include <xshard/comm/error.hpp>
+#include <xshard/comm/pairwise_reduce.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/partition.hpp>
 #include <xshard/redistribute/copy.hpp>
 #include <xshard/redistribute/cost_model.hpp>
 #include <xshard/redistribute/planner.hpp>
-#include <xshard/redistribute/reduce.hpp>
-
-#include <xshard/comm/error.hpp>
 
 #include <algorithm>
 #include <array>

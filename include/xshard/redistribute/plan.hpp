@@ -4,17 +4,16 @@
 /// out every message, making the MPI datatypes, allocating the buffers), executed many
 /// times (the cheap part: posting the messages and copying; nothing is allocated).
 
-#include <xshard/comm/collectives.hpp>
+#include <xshard/comm/counting_allocator.hpp>
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/error.hpp>
+#include <xshard/comm/pairwise_reduce.hpp>
+#include <xshard/comm/request.hpp>
 #include <xshard/core/mesh.hpp>
+#include <xshard/core/partition.hpp>
 #include <xshard/redistribute/copy.hpp>
 #include <xshard/redistribute/geometry.hpp>
 #include <xshard/redistribute/planner.hpp>
-#include <xshard/redistribute/reduce.hpp>
-#include <xshard/tensor/dtensor.hpp>
-
-#include <mpi.h>
 
 #include <algorithm>
 #include <array>
@@ -120,21 +119,26 @@ private:
         step_geometry<N> geo;
         communicator comm;
         std::vector<message> sends, recvs;
-        std::vector<MPI_Request> requests;
+        message_batch messages;
         std::vector<reduce_piece> pieces; ///< reduce_scatter: every member's piece
         bool chunked = false;             ///< reduce_scatter: contiguous pieces, pipelined
         bool last = false;
     };
 
     /// A message for `region` inside `block` of a local buffer: a plain count when the
-    /// region is one contiguous run, an MPI subarray datatype otherwise.
+    /// region is one contiguous run (one item of a derived contiguous type beyond an int
+    /// count), an MPI subarray datatype otherwise.
     message describe_region(int peer, const box<N>& block, const box<N>& region) {
         message m{peer, 0, 1, MPI_DATATYPE_NULL, region.size()};
-        if (detail::is_contiguous_in(block.extent, region) &&
-            region.size() <= std::size_t(INT_MAX)) {
+        if (detail::is_contiguous_in(block.extent, region)) {
             m.offset = detail::offset_in(block.extent, block.offset, region);
-            m.count = int(region.size());
-            m.type = datatype_of<T>();
+            if (region.size() <= std::size_t(INT_MAX)) {
+                m.count = int(region.size());
+                m.type = datatype_of<T>();
+            } else {
+                types_.push_back(derived_datatype::contiguous_large(region.size(), datatype_of<T>()));
+                m.type = types_.back().native();
+            }
             return m;
         }
         box<N> relative = region;
@@ -179,7 +183,7 @@ private:
                 s.sends.push_back(describe_region(peer, geo.in_block, region));
             for (const auto& [peer, region] : geo.recvs)
                 s.recvs.push_back(describe_region(peer, geo.out_block, region));
-            s.requests.resize(s.sends.size() + s.recvs.size());
+            s.messages.reserve(s.sends.size() + s.recvs.size());
             break;
         }
         return s;
@@ -203,8 +207,7 @@ private:
             detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, out,
                                 geo.out_block.extent, geo.out_block.offset, geo.out_block);
             bytes_sent_ +=
-                reducer_.reduce_scatter(s.comm.native(), geo.group_size, geo.group_rank, in,
-                                        s.pieces, out, geo.planned.from.op, s.chunked);
+                reducer_.reduce_scatter(s.comm, in, s.pieces, out, geo.planned.from.op, s.chunked);
             break;
         default:
             run_exchange(s, in, out);
@@ -214,22 +217,15 @@ private:
 
     void run_exchange(compiled_step& s, const T* in, T* out) {
         const auto& geo = s.geo;
-        std::size_t r = 0;
-        const MPI_Comm comm = s.comm.native();
         for (const auto& m : s.recvs)
-            detail::check_mpi(
-                MPI_Irecv(out + m.offset, m.count, m.type, m.peer, 0, comm, &s.requests[r++]),
-                "MPI_Irecv");
+            s.messages.irecv(s.comm, out + m.offset, m.count, m.type, m.peer, 0);
         for (const auto& m : s.sends) {
-            detail::check_mpi(
-                MPI_Isend(in + m.offset, m.count, m.type, m.peer, 0, comm, &s.requests[r++]),
-                "MPI_Isend");
+            s.messages.isend(s.comm, in + m.offset, m.count, m.type, m.peer, 0);
             bytes_sent_ += m.elements * sizeof(T);
         }
         detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, out, geo.out_block.extent,
                             geo.out_block.offset, geo.kept);
-        detail::check_mpi(MPI_Waitall(int(r), s.requests.data(), MPI_STATUSES_IGNORE),
-                          "MPI_Waitall");
+        s.messages.wait_all();
     }
 
     mesh_shape mesh_;

@@ -3,12 +3,14 @@
 /// Redistribution of distributed tensors: `redistribute<To>(t)` for a one-off, and
 /// `make_redistribution<To>(t)` for a plan built once and run many times.
 
+#include <xshard/comm/agree.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/redistribute/cost_model.hpp>
 #include <xshard/redistribute/plan.hpp>
 #include <xshard/redistribute/planner.hpp>
 #include <xshard/tensor/dtensor.hpp>
 
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -26,16 +28,6 @@ plan_candidates candidates_for(const layout& from, const layout& to) {
     } else {
         return plan_redistribution(from, to);
     }
-}
-
-/// Throws `what` on every rank if any rank reports `bad` (one all-reduce of an int): how a
-/// fault only one rank can see still raises everywhere instead of leaving the others in a
-/// collective.
-inline void raise_everywhere_if(const communicator& c, bool bad, const std::string& what) {
-    int any = bad ? 1 : 0;
-    allreduce(c, std::span(&any, 1), reduce_op::max);
-    if (any)
-        throw error(what);
 }
 
 /// Whether this rank's shard of `t` still has the shape its layout gives it.
@@ -79,10 +71,11 @@ public:
     /// shard was resized, so that misuse throws on every rank.
     void execute(const D& t, result_type& out) {
         check_common(t, out);
-        detail::raise_everywhere_if(mesh_.comm(),
-                                    detail::shard_resized(t) || detail::shard_resized(out),
-                                    "xshard: redistribute: a local shard was resized (it no longer "
-                                    "has the shape its layout gives it)");
+        std::optional<std::string> resized;
+        if (detail::shard_resized(t) || detail::shard_resized(out))
+            resized = "xshard: redistribute: a local shard was resized (it no longer has the shape "
+                      "its layout gives it)";
+        agree_on_error(mesh_.comm(), resized);
         plan_.execute(t.local().data(), out.local().data());
     }
 

@@ -8,6 +8,7 @@
 
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/datatype.hpp>
+#include <xshard/comm/request.hpp>
 #include <xshard/tensor/dtensor.hpp>
 
 #include <xtensor/xstrided_view.hpp>
@@ -102,6 +103,7 @@ dtensor<T, Mesh, L> distribute_from(const Mesh& mesh, const xt::xtensor<T, N>& g
     auto local = xt::xtensor<T, N>::from_shape(b.extent);
 
     std::vector<request> pending;
+    message_batch sends;
     std::vector<derived_datatype> types;
     if (ms.group_rank(mesh.rank(), spread) == 0 && !b.empty())
         pending.push_back(irecv(comm, std::span(local.data(), local.size()), root, 0));
@@ -111,14 +113,11 @@ dtensor<T, Mesh, L> distribute_from(const Mesh& mesh, const xt::xtensor<T, N>& g
             if (ms.group_rank(r, spread) != 0 || rb.empty())
                 continue;
             types.push_back(detail::box_datatype<T>(shape, rb));
-            MPI_Request h = MPI_REQUEST_NULL;
-            detail::check_mpi(
-                MPI_Isend(global.data(), 1, types.back().native(), r, 0, comm.native(), &h),
-                "MPI_Isend");
-            pending.emplace_back(h);
+            sends.isend(comm, global.data(), 1, types.back().native(), r, 0);
         }
     }
     wait_all(pending);
+    sends.wait_all();
     // The owner (coordinate 0 on the spread axes) shares the block with its group; along
     // partial(sum) axes only one term keeps the values.
     if (!b.empty() && !spread.empty())

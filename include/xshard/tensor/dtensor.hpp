@@ -2,12 +2,14 @@
 /// \file
 /// The distributed tensor: a mesh, a global shape, a layout and this rank's shard.
 
+#include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh.hpp>
 #include <xshard/core/partition.hpp>
+#include <xshard/core/volume.hpp>
 
 #include <xtensor/xtensor.hpp>
 
@@ -15,6 +17,7 @@
 #include <climits>
 #include <concepts>
 #include <cstddef>
+#include <optional>
 #include <ostream>
 #include <span>
 #include <stdexcept>
@@ -24,15 +27,6 @@
 #include <vector>
 
 namespace xshard {
-
-/// A `mesh<...>` type.
-template <class M>
-concept mesh_type = requires(const M& m) {
-    { M::ndim } -> std::convertible_to<std::size_t>;
-    M::axis_names;
-    { m.shape() } -> std::same_as<const mesh_shape&>;
-    { m.comm() } -> std::same_as<const communicator&>;
-};
 
 namespace detail {
 
@@ -50,19 +44,6 @@ std::array<std::size_t, N> to_array(const Shape& shape) {
 struct unchecked_t {};
 inline constexpr unchecked_t unchecked{};
 
-/// Every rank learns which ranks reported `bad` (an all-gather of one int), so that all
-/// ranks raise the same error or none does.
-inline std::vector<int> ranks_reporting(const communicator& c, bool bad) {
-    const int mine = bad ? 1 : 0;
-    std::vector<int> all(std::size_t(c.size()));
-    allgather(c, std::span(&mine, 1), all);
-    std::vector<int> ranks;
-    for (std::size_t r = 0; r < all.size(); ++r)
-        if (all[r])
-            ranks.push_back(int(r));
-    return ranks;
-}
-
 /// `l` if it is a layout of a rank-`rank` tensor that fits `mesh`; throws xshard::error
 /// naming the problem otherwise. Every rank holds the same layout and mesh, so every rank
 /// throws alike.
@@ -78,24 +59,6 @@ inline const layout& checked_layout(const layout& l, std::size_t rank, const mes
         throw error(e.what());
     }
     return l;
-}
-
-inline int to_int(std::size_t n) {
-    if (n > std::size_t(INT_MAX))
-        throw error("xshard: an extent exceeds MPI's int limit");
-    return int(n);
-}
-
-/// The MPI datatype of box `b` inside a row-major array of shape `shape`.
-template <class T, std::size_t N>
-derived_datatype box_datatype(const std::array<std::size_t, N>& shape, const box<N>& b) {
-    std::array<int, N> sizes{}, subsizes{}, starts{};
-    for (std::size_t d = 0; d < N; ++d) {
-        sizes[d] = to_int(shape[d]);
-        subsizes[d] = to_int(b.extent[d]);
-        starts[d] = to_int(b.offset[d]);
-    }
-    return derived_datatype::subarray(sizes, subsizes, starts, datatype_of<T>());
 }
 
 struct no_layout {};
@@ -214,12 +177,7 @@ public:
     /// The global shape.
     const shape_type& shape() const noexcept { return shape_; }
     /// The number of elements of the global tensor.
-    std::size_t size() const noexcept {
-        std::size_t n = 1;
-        for (auto e : shape_)
-            n *= e;
-        return n;
-    }
+    std::size_t size() const { return volume(shape_); }
 
     /// This rank's shard.
     local_type& local() & noexcept { return local_; }
@@ -246,31 +204,28 @@ private:
         for (auto e : shape_)
             h = h * 1000003 + static_cast<long long>(e);
         long long hashes[2] = {h, -h};
-        allreduce(mesh_.comm(), std::span(hashes), reduce_op::max);
+        allreduce(mesh_.comm(), std::span(hashes), reduction::max);
         if (hashes[0] != -hashes[1])
             throw error("xshard: from_local: the ranks disagree on the global shape (this rank "
                         "has " +
                         detail::shape_string(shape_) + ")");
-        const auto bad = detail::ranks_reporting(mesh_.comm(), expected != actual);
-        if (bad.empty())
+        const bool wrong = expected != actual;
+        const int first = first_reporting_rank(mesh_.comm(), wrong);
+        if (first < 0)
             return;
-        // Everyone learns the first bad rank's shape, so every rank throws the same text.
-        std::vector<unsigned long long> shapes(std::size_t(mesh_.size()) * rank);
-        std::array<unsigned long long, rank> mine{};
-        for (std::size_t d = 0; d < rank; ++d)
-            mine[d] = actual[d];
-        allgather(mesh_.comm(), mine, shapes);
-        const int r = bad.front();
-        shape_type theirs{};
-        for (std::size_t d = 0; d < rank; ++d)
-            theirs[d] = std::size_t(shapes[std::size_t(r) * rank + d]);
-        throw error("xshard: from_local: the local shard of rank " + std::to_string(r) +
-                    " has shape " + detail::shape_string(theirs) + " but layout " +
-                    layout().to_string() + " on mesh(" + mesh_.shape().to_string() + ") gives it " +
-                    detail::shape_string(block(r).extent) + " of global shape " +
-                    detail::shape_string(shape_) +
-                    (bad.size() > 1 ? " (" + std::to_string(bad.size()) + " ranks are wrong)"
-                                    : std::string()));
+        // The first wrong rank describes its shard; every rank raises its text.
+        int wrong_ranks = wrong ? 1 : 0;
+        allreduce(mesh_.comm(), std::span(&wrong_ranks, 1), reduction::sum);
+        std::optional<std::string> mine;
+        if (mesh_.rank() == first)
+            mine = "xshard: from_local: the local shard of rank " + std::to_string(first) +
+                   " has shape " + detail::shape_string(actual) + " but layout " +
+                   layout().to_string() + " on mesh(" + mesh_.shape().to_string() + ") gives it " +
+                   detail::shape_string(expected) + " of global shape " +
+                   detail::shape_string(shape_) +
+                   (wrong_ranks > 1 ? " (" + std::to_string(wrong_ranks) + " ranks are wrong)"
+                                    : std::string());
+        agree_on_error(mesh_.comm(), mine);
     }
 
     Mesh mesh_;

@@ -3,7 +3,7 @@
 /// Turning a distributed tensor back into a global array.
 
 #include <xshard/comm/collectives.hpp>
-#include <xshard/redistribute/reduce.hpp>
+#include <xshard/comm/request.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/dtensor.hpp>
 
@@ -35,8 +35,7 @@ auto gather(const D& t, int root = 0) {
             const auto& partial = mesh.sub(lay.partial_axes(ms));
             if (partial.rank() == 0)
                 reduced.resize(t.local().size());
-            reduce(partial, std::span(t.local().data(), t.local().size()), reduced,
-                   detail::to_reduce_op(lay.op), 0);
+            reduce(partial, std::span(t.local().data(), t.local().size()), reduced, lay.op, 0);
             send = reduced.data();
         } else {
             throw error("xshard: gather: MPI cannot reduce this element type: resolve the "
@@ -46,7 +45,7 @@ auto gather(const D& t, int root = 0) {
 
     const auto spread = detail::spread_axes(lay, ms);
     xt::xtensor<T, N> result;
-    std::vector<request> pending;
+    message_batch pending;
     std::vector<derived_datatype> types;
     if (comm.rank() == root) {
         result = xt::xtensor<T, N>::from_shape(t.shape());
@@ -55,16 +54,14 @@ auto gather(const D& t, int root = 0) {
             if (ms.group_rank(r, spread) != 0 || b.empty())
                 continue;
             types.push_back(detail::box_datatype<T>(t.shape(), b));
-            MPI_Request h = MPI_REQUEST_NULL;
-            detail::check_mpi(
-                MPI_Irecv(result.data(), 1, types.back().native(), r, 1, comm.native(), &h),
-                "MPI_Irecv");
-            pending.emplace_back(h);
+            pending.irecv(comm, result.data(), 1, types.back().native(), r, 1);
         }
     }
+    request sent;
     if (ms.group_rank(comm.rank(), spread) == 0 && !t.block().empty())
-        pending.push_back(isend(comm, std::span(send, t.local().size()), root, 1));
-    wait_all(pending);
+        sent = isend(comm, std::span(send, t.local().size()), root, 1);
+    pending.wait_all();
+    sent.wait();
     return result;
 }
 

@@ -27,8 +27,10 @@
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
+#include <xshard/comm/environment.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/request.hpp>
+#include <xshard/core/volume.hpp>
 #include <xshard/train/fusion.hpp>
 #include <xshard/param/traversal.hpp>
 
@@ -78,10 +80,7 @@ inline std::vector<int> choose_owners(const std::vector<param_ref>& refs,
     std::iota(order.begin(), order.end(), 0);
     // Global sizes and names: the same order on every rank (local sizes differ).
     auto global = [&](std::size_t i) {
-        std::size_t n = refs[i].element;
-        for (auto e : refs[i].shape)
-            n *= e;
-        return n;
+        return checked_mul(refs[i].element, volume(refs[i].shape), "a parameter's size");
     };
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
         return global(a) != global(b) ? global(a) > global(b) : refs[a].name < refs[b].name;
@@ -119,18 +118,18 @@ broadcast_report parameter_broadcast(C& params, const broadcast_options& options
     auto refs = detail::param_refs(params, options.layouts ? &*options.layouts : nullptr);
     if (refs.empty())
         return report;
-    const auto world = communicator::world();
+    const int world_rank = environment::world_rank(), world_size = environment::world_size();
     // Every check first, raised everywhere alike.
     std::optional<std::string> problem;
     const int stages = options.pipeline_stages;
-    const int stage_size = stages > 0 && world.size() % stages == 0 ? world.size() / stages : 0;
-    if (options.cur_rank >= 0 && options.cur_rank != world.rank())
+    const int stage_size = stages > 0 && world_size % stages == 0 ? world_size / stages : 0;
+    if (options.cur_rank >= 0 && options.cur_rank != world_rank)
         problem = "xshard: parameter_broadcast: cur_rank " + std::to_string(options.cur_rank) +
-                  " is not this process's rank " + std::to_string(world.rank());
-    else if (stage_size == 0 || options.initial_rank != world.rank() / stage_size * stage_size)
+                  " is not this process's rank " + std::to_string(world_rank);
+    else if (stage_size == 0 || options.initial_rank != world_rank / stage_size * stage_size)
         problem = "xshard: parameter_broadcast: initial_rank " +
                   std::to_string(options.initial_rank) + " is not the first rank of rank " +
-                  std::to_string(world.rank()) + "'s pipeline stage (" + std::to_string(stages) +
+                  std::to_string(world_rank) + "'s pipeline stage (" + std::to_string(stages) +
                   " stages of " + std::to_string(stage_size) + " ranks)";
     else
         problem = detail::first_problem(refs);
@@ -161,18 +160,13 @@ broadcast_report parameter_broadcast(C& params, const broadcast_options& options
     for (auto& b : buckets) {
         const auto& first = refs[b.members.front()];
         b.root = first.mesh.group_rank(owners[b.members.front()], first.replicated);
-        MPI_Request h = MPI_REQUEST_NULL;
         if (b.members.size() == 1) {
-            detail::check_mpi(MPI_Ibcast(first.data, int(first.count), first.mpi_type, b.root,
-                                         first.group->native(), &h),
-                              "MPI_Ibcast");
+            pending.push_back(
+                ibcast(*first.group, mpi_buffer{first.data, first.count, first.mpi_type}, b.root));
         } else {
             types.push_back(detail::fused_datatype(refs, b));
-            detail::check_mpi(
-                MPI_Ibcast(MPI_BOTTOM, 1, types.back().native(), b.root, first.group->native(), &h),
-                "MPI_Ibcast");
+            pending.push_back(ibcast(*first.group, mpi_buffer::bottom(types.back()), b.root));
         }
-        pending.emplace_back(h);
     }
     wait_all(pending);
     return report;

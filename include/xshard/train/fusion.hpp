@@ -11,7 +11,8 @@
 #include <xshard/core/axis.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/partition.hpp>
-#include <xshard/train/float16.hpp>
+#include <xshard/core/volume.hpp>
+#include <xshard/comm/float16.hpp>
 #include <xshard/param/traversal.hpp>
 
 #include <algorithm>
@@ -69,8 +70,9 @@ struct param_ref {
         const auto c = mesh.coords(r);
         std::size_t n = element;
         for (std::size_t d = 0; d < shape.size(); ++d)
-            n *= block_extent(shape[d], std::size_t(lay.split_count(d, mesh)),
-                              std::size_t(lay.block_index(d, mesh, c)));
+            n = checked_mul(n, block_extent(shape[d], std::size_t(lay.split_count(d, mesh)),
+                                            std::size_t(lay.block_index(d, mesh, c))),
+                            "a block's size");
         return n;
     }
 };
@@ -176,19 +178,13 @@ std::vector<bucket> make_buckets(const std::vector<param_ref>& refs,
 /// on MPI_BOTTOM): a fused collective without a pack buffer. Every rank's type has the same
 /// signature (the same element type and counts, in order).
 inline derived_datatype fused_datatype(const std::vector<param_ref>& refs, const bucket& b) {
-    std::vector<int> lengths;
-    std::vector<MPI_Aint> places;
+    std::vector<std::size_t> lengths;
+    std::vector<const void*> addresses;
     for (std::size_t i : b.members) {
-        lengths.push_back(int(refs[i].count));
-        MPI_Aint at = 0;
-        check_mpi(MPI_Get_address(refs[i].data, &at), "MPI_Get_address");
-        places.push_back(at);
+        lengths.push_back(refs[i].count);
+        addresses.push_back(refs[i].data);
     }
-    MPI_Datatype type = MPI_DATATYPE_NULL;
-    check_mpi(MPI_Type_create_hindexed(int(lengths.size()), lengths.data(), places.data(),
-                                       refs[b.members.front()].mpi_type, &type),
-              "MPI_Type_create_hindexed");
-    return derived_datatype(type);
+    return derived_datatype::at_addresses(lengths, addresses, refs[b.members.front()].mpi_type);
 }
 
 /// Packs the members of `b` into `buffer` (or unpacks them from it).

@@ -22,9 +22,9 @@
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/error.hpp>
+#include <xshard/comm/float16.hpp>
+#include <xshard/comm/pairwise_reduce.hpp>
 #include <xshard/comm/request.hpp>
-#include <xshard/redistribute/reduce.hpp>
-#include <xshard/train/float16.hpp>
 #include <xshard/train/fusion.hpp>
 #include <xshard/param/traversal.hpp>
 
@@ -34,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -201,12 +202,7 @@ private:
         }
         const std::size_t n = b.bytes / sizeof(T);
         if (nonblocking) {
-            MPI_Request h = MPI_REQUEST_NULL;
-            detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, wire, int(n), datatype_of<Wire>(),
-                                             mpi_reduction<Wire>(reduction::sum), group.native(),
-                                             &h),
-                              "MPI_Iallreduce");
-            requests_[k] = request(h);
+            requests_[k] = iallreduce(group, std::span(wire, n), reduction::sum);
         } else {
             reducer_for<Wire>().all_reduce(group, wire, wire, n, reduction::sum);
         }

@@ -11,6 +11,7 @@
 /// A partial tensor (pending sum) has no norm until it is reduced: that is an error.
 
 #include <xshard/comm/collectives.hpp>
+#include <xshard/comm/environment.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/param/traversal.hpp>
 
@@ -54,7 +55,7 @@ double global_norm(const G& grads) {
         comm = &t.mesh().comm();
     });
     if (comm)
-        allreduce(*comm, std::span(&sum, 1), reduce_op::sum);
+        allreduce(*comm, std::span(&sum, 1), reduction::sum);
     return std::sqrt(sum);
 }
 
@@ -77,8 +78,7 @@ double clip_by_global_norm(G& grads, double max_norm) {
 /// Prints this rank's local norms, one line each: "rank R <name> <norm>".
 template <parameter_container G>
 void print_local_norm(const G& grads, std::ostream& out) {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    const int rank = environment::world_rank();
     char line[64];
     for (const auto& [name, norm] : local_norms(grads)) {
         std::snprintf(line, sizeof line, " %.9g\n", norm);
@@ -90,8 +90,7 @@ void print_local_norm(const G& grads, std::ostream& out) {
 /// file per rank, one line per tensor: "<step> <name> <norm>"). The directory must exist.
 template <parameter_container G>
 void dump_local_norm(const G& grads, const std::string& directory, long step) {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    const int rank = environment::world_rank();
     const std::string path = directory + "/local_norm_rank" + std::to_string(rank) + ".txt";
     std::ofstream file(path, std::ios::app);
     if (!file)

@@ -12,12 +12,13 @@
 
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/error.hpp>
-#include <xshard/core/layout.hpp>
+#include <xshard/comm/reduction.hpp>
 
 #include <mpi.h>
 
 #include <bit>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <ostream>
 
@@ -159,6 +160,7 @@ struct datatype_traits<bfloat16> {
 
 namespace detail {
 
+/// inout[i] = in[i] (R) inout[i], computed in float and rounded back to 16 bits.
 template <class T, reduction R>
 void reduce_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
     const auto* a = static_cast<const T*>(in);
@@ -166,47 +168,35 @@ void reduce_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
     for (int i = 0; i < *len; ++i) {
         const float x = float(a[i]), y = float(b[i]);
         b[i] = R == reduction::sum   ? T(x + y)
-               : R == reduction::max ? T(x > y ? x : y)
-                                     : T(x < y ? x : y);
+               : R == reduction::prod ? T(x * y)
+               : R == reduction::max  ? T(x > y ? x : y)
+                                      : T(x < y ? x : y);
     }
 }
-
-/// An MPI reduction operator, created once per process.
-class created_op {
-public:
-    explicit created_op(MPI_User_function* f) {
-        check_mpi(MPI_Op_create(f, 1, &op_), "MPI_Op_create");
-    }
-    ~created_op() {
-        int finalized = 0;
-        MPI_Finalized(&finalized);
-        if (!finalized)
-            MPI_Op_free(&op_);
-    }
-    created_op(const created_op&) = delete;
-    created_op& operator=(const created_op&) = delete;
-    MPI_Op native() const noexcept { return op_; }
-
-private:
-    MPI_Op op_ = MPI_OP_NULL;
-};
 
 } // namespace detail
 
-/// The MPI reduction operator for `r` on T: MPI's own for arithmetic types, xshard's for the
-/// 16-bit floats (adding in float, rounding back).
-template <class T>
-MPI_Op mpi_reduction(reduction r) {
-    if constexpr (sixteen_bit_float<T>) {
-        static const detail::created_op sum(detail::reduce_16bit<T, reduction::sum>);
-        static const detail::created_op max(detail::reduce_16bit<T, reduction::max>);
-        static const detail::created_op min(detail::reduce_16bit<T, reduction::min>);
-        return r == reduction::sum   ? sum.native()
-               : r == reduction::max ? max.native()
-                                     : min.native();
-    } else {
-        return r == reduction::sum ? MPI_SUM : r == reduction::max ? MPI_MAX : MPI_MIN;
+/// The reductions of the 16-bit floats: xshard's own MPI operators (adding in float,
+/// rounding back), created once per process.
+template <sixteen_bit_float T>
+struct reduction_traits<T> {
+    static MPI_Op get(reduction r) {
+        static const user_op sum(detail::reduce_16bit<T, reduction::sum>);
+        static const user_op max(detail::reduce_16bit<T, reduction::max>);
+        static const user_op min(detail::reduce_16bit<T, reduction::min>);
+        static const user_op prod(detail::reduce_16bit<T, reduction::prod>);
+        switch (r) {
+        case reduction::sum:
+            return sum.native();
+        case reduction::max:
+            return max.native();
+        case reduction::min:
+            return min.native();
+        case reduction::prod:
+            return prod.native();
+        }
+        return MPI_OP_NULL;
     }
-}
+};
 
 } // namespace xshard

@@ -4,8 +4,8 @@
 /// vectorised by xsimd.
 ///
 /// Open MPI 4.1's reducing collectives reach a fraction of the memory bandwidth on one node
-/// (MPI_Allreduce about 1.5 GB/s and MPI_Reduce_scatter_block about 1.2 GB/s on the
-/// development machine, against 5 GB/s for MPI_Alltoall). `reducer` runs the textbook
+/// (a fraction of what its all-to-all reaches; bench_collectives measures both). `reducer`
+/// runs the textbook
 /// bandwidth-optimal algorithms instead: a pairwise reduce-scatter (in round k, member g
 /// sends its term of member g+k's piece and receives member g-k's term of its own piece,
 /// adding it chunk by chunk as it arrives so that each addition overlaps the next chunk's
@@ -15,85 +15,23 @@
 /// latency-optimal algorithms win there.
 
 #include <xshard/comm/collectives.hpp>
+#include <xshard/comm/combine.hpp>
+#include <xshard/comm/communicator.hpp>
+#include <xshard/comm/counting_allocator.hpp>
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/error.hpp>
-#include <xshard/core/layout.hpp>
-#include <xshard/core/partition.hpp>
+#include <xshard/comm/reduction.hpp>
 
-#include <xsimd/xsimd.hpp>
+#include <mpi.h>
 
 #include <algorithm>
-#include <complex>
+#include <climits>
 #include <cstddef>
-#include <cstdint>
-#include <memory>
 #include <span>
 #include <type_traits>
 #include <vector>
 
 namespace xshard {
-
-namespace detail {
-
-template <class T>
-constexpr bool simd_reducible =
-    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||
-    std::is_same_v<T, std::int64_t> || std::is_same_v<T, std::uint32_t> ||
-    std::is_same_v<T, std::uint64_t>;
-
-template <class T>
-T combine_one(T a, T b, reduction op) {
-    if constexpr (is_complex<T>::value) {
-        return a + b; // only sums are defined for complex values
-    } else {
-        switch (op) {
-        case reduction::sum:
-            return T(a + b);
-        case reduction::max:
-            return std::max(a, b);
-        case reduction::min:
-            return std::min(a, b);
-        }
-        return a;
-    }
-}
-
-constexpr reduce_op to_reduce_op(reduction r) {
-    return r == reduction::sum   ? reduce_op::sum
-           : r == reduction::max ? reduce_op::max
-                                 : reduce_op::min;
-}
-
-} // namespace detail
-
-/// out[i] = a[i] (op) b[i] for i < n; `out` may alias `a` or `b`.
-template <class T>
-void combine(T* out, const T* a, const T* b, std::size_t n, reduction op) {
-    std::size_t i = 0;
-    if constexpr (detail::simd_reducible<T>) {
-        using batch = xsimd::batch<T>;
-        constexpr std::size_t w = batch::size;
-        const std::size_t vec_end = n - n % w;
-        auto run = [&](auto f) {
-            for (; i < vec_end; i += w)
-                f(batch::load_unaligned(a + i), batch::load_unaligned(b + i))
-                    .store_unaligned(out + i);
-        };
-        switch (op) {
-        case reduction::sum:
-            run([](batch x, batch y) { return x + y; });
-            break;
-        case reduction::max:
-            run([](batch x, batch y) { return xsimd::max(x, y); });
-            break;
-        case reduction::min:
-            run([](batch x, batch y) { return xsimd::min(x, y); });
-            break;
-        }
-    }
-    for (; i < n; ++i)
-        out[i] = detail::combine_one(a[i], b[i], op);
-}
 
 /// Tuning of the point-to-point reductions.
 struct reduce_tuning {
@@ -116,46 +54,6 @@ struct reduce_tuning {
     /// (rather than MPI_Allreduce).
     bool pairwise_all_reduce(std::size_t n, std::size_t p, std::size_t element) const {
         return p > 1 && n * element >= min_bytes && n >= p;
-    }
-};
-
-/// Counts the bytes allocated through a `counting_allocator`.
-struct allocation_stats {
-    std::size_t live = 0;
-    std::size_t peak = 0;
-    std::size_t allocations = 0;
-};
-
-/// std::allocator that records into an allocation_stats (when given one): how plans and
-/// reducers account for their scratch buffers.
-template <class T>
-struct counting_allocator {
-    using value_type = T;
-    allocation_stats* stats = nullptr;
-
-    counting_allocator() = default;
-    explicit counting_allocator(allocation_stats* s)
-        : stats(s) {}
-    template <class U>
-    counting_allocator(const counting_allocator<U>& o)
-        : stats(o.stats) {}
-
-    T* allocate(std::size_t n) {
-        if (stats) {
-            stats->live += n * sizeof(T);
-            stats->peak = std::max(stats->peak, stats->live);
-            ++stats->allocations;
-        }
-        return std::allocator<T>().allocate(n);
-    }
-    void deallocate(T* p, std::size_t n) {
-        if (stats)
-            stats->live -= n * sizeof(T);
-        std::allocator<T>().deallocate(p, n);
-    }
-    template <class U>
-    friend bool operator==(const counting_allocator& a, const counting_allocator<U>& b) {
-        return a.stats == b.stats;
     }
 };
 
@@ -205,25 +103,27 @@ public:
     /// The scratch this reducer holds, in bytes.
     std::size_t scratch_bytes() const noexcept { return scratch_.size() * sizeof(T); }
 
-    /// Reduce-scatter over the `p` members of `comm` (this rank is `me`): `pieces[g]`
+    /// Reduce-scatter over the members of `c`: `pieces[g]`
     /// locates member g's piece in `in`; `out` (contiguous, pieces[me].elements long)
     /// receives the reduction of all terms of this rank's piece. This rank's own term is
     /// read from `own` (contiguous) when given, fused with the first addition; otherwise
     /// `out` must already hold it. With `chunked`, every piece must be contiguous (type =
     /// the element type). Returns the bytes sent.
-    std::size_t reduce_scatter(MPI_Comm comm, int p, int me, const T* in,
+    std::size_t reduce_scatter(const communicator& c, const T* in,
                                std::span<const reduce_piece> pieces, T* out, reduction op,
                                bool chunked, const T* own = nullptr) {
-        return reduce_scatter(comm, p, me, in, pieces, out, op, chunked, own,
+        return reduce_scatter(c, in, pieces, out, op, chunked, own,
                               [](std::size_t, std::size_t) {});
     }
 
     /// The same, calling `done(lo, len)` as soon as elements [lo, lo + len) of `out` hold
     /// their final value (so that a caller can send them on at once).
     template <class Done>
-    std::size_t reduce_scatter(MPI_Comm comm, int p, int me, const T* in,
+    std::size_t reduce_scatter(const communicator& c, const T* in,
                                std::span<const reduce_piece> pieces, T* out, reduction op,
                                bool chunked, const T* own, Done&& done) {
+        const int p = c.size(), me = c.rank();
+        const MPI_Comm comm = c.native();
         const std::size_t n = pieces[std::size_t(me)].elements;
         reserve(n, 0, chunked); // a no-op once reserved
         const std::size_t chunk =
@@ -248,9 +148,11 @@ public:
             }
             MPI_Request pending[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
             auto post = [&](std::size_t j) {
-                detail::check_mpi(MPI_Irecv(slot(j, chunk), int(std::min(chunk, n - j * chunk)),
-                                            datatype_of<T>(), from, scatter_tag(j), comm,
-                                            &pending[j % 2]),
+                // One message of n elements when not chunked: beyond an int count it is one
+                // item of a derived type.
+                const auto [count, type] = detail::wire_count<T>(std::min(chunk, n - j * chunk));
+                detail::check_mpi(MPI_Irecv(slot(j, chunk), count, type, from, scatter_tag(j),
+                                            comm, &pending[j % 2]),
                                   "MPI_Irecv");
             };
             if (chunks > 0)
@@ -284,9 +186,9 @@ public:
         if constexpr (summable<T>) {
             if (!tuning_.pairwise_all_reduce(n, p, sizeof(T))) {
                 if (in == out)
-                    allreduce(c, std::span(out, n), detail::to_reduce_op(op));
+                    allreduce(c, std::span(out, n), op);
                 else
-                    allreduce(c, std::span(in, n), std::span(out, n), detail::to_reduce_op(op));
+                    allreduce(c, std::span(in, n), std::span(out, n), op);
                 return p == 1 ? 0 : 2 * (p - 1) * bytes / p;
             }
         } else if (p == 1) { // types MPI cannot add (16-bit floats) always take the pairwise path
@@ -295,8 +197,10 @@ public:
         }
         reserve_all_reduce(n, p);
         pieces_.resize(p);
+        // Segment g: n / p elements, one more for the first n % p (sent in chunks, so the
+        // count of a piece is unused).
         for (std::size_t g = 0; g < p; ++g)
-            pieces_[g] = {block_offset(n, p, g), block_extent(n, p, g), int(block_extent(n, p, g)),
+            pieces_[g] = {g * (n / p) + std::min(g, n % p), n / p + (g < n % p ? 1 : 0), 0,
                           datatype_of<T>()};
         const int me = c.rank();
         const MPI_Comm comm = c.native();
@@ -319,7 +223,7 @@ public:
         const auto mine = pieces_[std::size_t(me)];
         std::size_t gathered = 0;
         const std::size_t scattered = reduce_scatter(
-            comm, int(p), me, in, pieces_, out + mine.offset, op, true, in + mine.offset,
+            c, in, pieces_, out + mine.offset, op, true, in + mine.offset,
             [&](std::size_t lo, std::size_t len) {
                 for (std::size_t k = 1; k < p; ++k)
                     post_send(gather_requests_, out + mine.offset + lo, int(len), datatype_of<T>(),
