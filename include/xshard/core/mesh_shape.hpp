@@ -8,6 +8,7 @@
 #include <xshard/core/static_vector.hpp>
 
 #include <cstddef>
+#include <limits>
 #include <optional>
 #include <ostream>
 #include <stdexcept>
@@ -37,9 +38,15 @@ struct mesh_shape {
         , sizes(axis_sizes) {
         if (names.size() != sizes.size())
             throw std::invalid_argument("xshard: a mesh needs one size per axis");
+        long long ranks = 1; // the product must fit the int of MPI's ranks
         for (std::size_t i = 0; i < names.size(); ++i) {
             if (sizes[i] < 1)
                 throw std::invalid_argument("xshard: mesh axis sizes must be at least 1");
+            ranks *= sizes[i];
+            if (ranks > std::numeric_limits<int>::max())
+                throw std::invalid_argument("xshard: a mesh of more than " +
+                                            std::to_string(std::numeric_limits<int>::max()) +
+                                            " ranks");
             for (std::size_t j = 0; j < i; ++j)
                 if (names[i] == names[j])
                     throw std::invalid_argument("xshard: a mesh axis name appears twice");
@@ -50,7 +57,7 @@ struct mesh_shape {
     /// `world_size`. Throws std::invalid_argument, with both numbers, when it cannot.
     static constexpr mesh_shape fit(static_vector<axis_name, max_mesh_axes> axis_names,
                                     static_vector<int, max_mesh_axes> axis_sizes, int world_size) {
-        int known = 1;
+        long long known = 1;
         std::optional<std::size_t> open;
         for (std::size_t i = 0; i < axis_sizes.size(); ++i) {
             if (axis_sizes[i] == auto_size) {
@@ -62,6 +69,10 @@ struct mesh_shape {
                 throw std::invalid_argument("xshard: mesh axis sizes must be at least 1");
             } else {
                 known *= axis_sizes[i];
+                if (known > std::numeric_limits<int>::max())
+                    throw std::invalid_argument("xshard: a mesh of " +
+                                                describe(axis_names, axis_sizes) +
+                                                " has more ranks than MPI counts");
             }
         }
         if (open) {
@@ -70,7 +81,7 @@ struct mesh_shape {
                     "xshard: cannot fit a mesh of " + describe(axis_names, axis_sizes) + " to " +
                     std::to_string(world_size) + " ranks: " + std::to_string(world_size) +
                     " is not a multiple of " + std::to_string(known));
-            axis_sizes[*open] = world_size / known;
+            axis_sizes[*open] = int(world_size / known);
         } else if (known != world_size) {
             throw std::invalid_argument("xshard: a mesh of " + describe(axis_names, axis_sizes) +
                                         " has " + std::to_string(known) +

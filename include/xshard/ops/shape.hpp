@@ -14,6 +14,7 @@
 /// reshape follows a redistribution to a layout where it can.
 
 #include <xshard/comm/error.hpp>
+#include <xshard/core/volume.hpp>
 #include <xshard/ops/operand.hpp>
 #include <xshard/ops/rules.hpp>
 
@@ -103,9 +104,7 @@ template <layout To, distributed_tensor A, std::size_t M>
 auto reshape(const A& a, const std::array<std::size_t, M>& shape, const layout& to = To) {
     static_assert(To.rank() == M, "xshard: the layout's rank differs from the new shape's");
     const auto& lay = detail::layout_for<To>(to, a.mesh().shape());
-    std::size_t n = 1;
-    for (auto e : shape)
-        n *= e;
+    const std::size_t n = volume(shape);
     if (n != a.size())
         throw error("xshard: reshape: " + detail::shape_string(a.shape()) + " has " +
                     std::to_string(a.size()) + " elements, " + detail::shape_string(shape) + " " +
