@@ -92,18 +92,18 @@ int main(int argc, char** argv) {
         // Strategy ((1, 1), (1, p)): A whole, B split by columns; no messages.
         const auto a = xshard::full<double, "[-, -]">(m, {n, n}, 1.0);
         const auto b = xshard::full<double, "[-, x]">(m, {n, n}, 1.0);
-        auto c = xshard::matmul(a, b);
-        report_all("column_parallel_" + size, [&] { xshard::matmul(a, b, c); });
+        auto c = xshard::ops::matmul(a, b);
+        report_all("column_parallel_" + size, [&] { xshard::ops::matmul(a, b, c); });
     }
     if (o.wants("row_parallel")) {
         // The contraction split: a pending sum, all-reduced.
         const auto a = xshard::full<double, "[-, x]">(m, {n, n}, 1.0);
         const auto b = xshard::full<double, "[x, -]">(m, {n, n}, 1.0);
-        auto partial = xshard::matmul(a, b);
+        auto partial = xshard::ops::matmul(a, b);
         auto resolve = xshard::make_redistribution<"[-, -]">(partial);
         auto c = resolve(partial);
         report_all("row_parallel_" + size, [&] {
-            xshard::matmul(a, b, partial);
+            xshard::ops::matmul(a, b, partial);
             resolve.execute(partial, c);
         });
     }
@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
         const std::size_t t = 8;
         const auto a = xshard::full<double, "[-, x]">(m, {t, t}, 1.0);
         const auto b = xshard::full<double, "[x, -]">(m, {t, t}, 1.0);
-        auto f = xshard::shard(m, xshard::matmul,
+        auto f = xshard::shard(m, xshard::ops::matmul,
                                std::tuple(xshard::spec<"[-, x]">, xshard::spec<"[x, -]">),
                                xshard::spec<"[-, -]">);
         xt::xtensor<double, 2> c = xt::zeros<double>({t, t});

@@ -1,7 +1,7 @@
 // Parameter broadcast and gradient all-reduce of a model of 1000 parameters of mixed sizes
 // totalling 64 MiB (and of one 64 MiB parameter), data-parallel (replicated) doubles, against
 // one MPI_Bcast / MPI_Allreduce of the same 64 MiB, one MPI_Bcast per parameter, and the
-// seed's "zero every non-owner copy, then all-reduce". 2 ranks:
+// MindSpore's "zero every non-owner copy, then all-reduce". 2 ranks:
 //
 //   mpirun -n 2 build/benchmarks/bench_parameters
 
@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
                                       MPI_Bcast(p.value.local().data(), int(p.value.local().size()),
                                                 MPI_DOUBLE, 0, comm);
                               }));
-                // The seed's algorithm: every non-owner zeroes its copies, then one all-reduce
+                // MindSpore's algorithm: every non-owner zeroes its copies, then one all-reduce
                 // (fused) adds them up.
                 std::vector<double> sums(total / sizeof(double));
                 bench::report(

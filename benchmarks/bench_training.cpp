@@ -207,7 +207,7 @@ auto make_mlp(const mesh_t& mesh, const mlp_sizes& s) {
     return make_trainer<T>(
         mesh,
         nn::sequential(nn::column_parallel_linear<T, mesh_t>(mesh, s.features, s.hidden, 1),
-                       nn::gelu<T, mesh_t>(mesh),
+                       nn::gelu_activation<T, mesh_t>(mesh),
                        nn::row_parallel_linear<T, mesh_t>(mesh, s.hidden, s.features, 2)),
         s.batch, s.features);
 }

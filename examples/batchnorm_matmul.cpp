@@ -1,7 +1,7 @@
-// Seed 003's sub-model: BatchNorm with strategy [4, 1] (the batch split over 4 ranks), then
-// MatMul with strategy ((1, 1), (1, 4)) (the weight split by columns). The two layouts of
-// the activations differ, so a redistribution goes between them: an all-gather along the
-// batch axis, which this example prints. 4 ranks.
+// MindSpore's semi-auto parallel sub-model: BatchNorm with strategy [4, 1] (the batch split over 4
+// ranks), then MatMul with strategy ((1, 1), (1, 4)) (the weight split by columns). The two layouts
+// of the activations differ, so a redistribution goes between them: an all-gather along the batch
+// axis, which this example prints. 4 ranks.
 //
 //   mpirun -n 4 build/examples/batchnorm_matmul
 #include <xshard/xshard.hpp>
@@ -22,14 +22,14 @@ int main(int argc, char** argv) {
 
     // BatchNorm, strategy [p, 1]: statistics all-reduced over the batch axis.
     auto bn = xshard::shard(
-        mesh, [](const auto& x) { return xshard::batch_norm(x); },
+        mesh, [](const auto& x) { return xshard::ops::batch_norm(x); },
         std::tuple(xshard::strategy{p, 1}));
     bn.traced();
     const auto y = bn(x);
 
     // MatMul, strategy ((1, 1), (1, p)): x whole, the weight split by columns.
     const auto [lx, lw] = xshard::resolve_matmul({1, 1}, {1, p}, mesh.shape());
-    auto mm = xshard::shard(mesh, xshard::matmul, std::tuple(lx, lw));
+    auto mm = xshard::shard(mesh, xshard::ops::matmul, std::tuple(lx, lw));
     mm.traced();
     const auto z = mm(y, w);
 

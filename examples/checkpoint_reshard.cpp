@@ -64,14 +64,16 @@ struct optimizer_state {
 /// One step: the loss at the current weights, then the momentum update. The products
 /// follow the weight's layout (xshard's matmul rule), and their pending sums are resolved.
 double step(model& m, const matrix& x, const matrix& y) {
-    const auto prediction = xshard::resolve(xshard::matmul(x, m.weight));
-    const auto residual =
-        xshard::sub(xshard::redistribute<xshard::dynamic_layout(2)>(prediction, y.layout()), y);
+    const auto prediction = xshard::ops::resolve(xshard::ops::matmul(x, m.weight));
+    const auto residual = xshard::ops::sub(
+        xshard::redistribute<xshard::dynamic_layout(2)>(prediction, y.layout()), y);
     const double loss =
-        xshard::resolve(xshard::mean<0>(xshard::mean<1>(xshard::mul(residual, residual))))
+        xshard::ops::resolve(
+            xshard::ops::mean<0>(xshard::ops::mean<1>(xshard::ops::mul(residual, residual))))
             .local()();
     const auto gradient = xshard::redistribute<xshard::dynamic_layout(2)>(
-        xshard::resolve(xshard::matmul(xshard::transpose<1, 0>(x), residual)), m.weight.layout());
+        xshard::ops::resolve(xshard::ops::matmul(xshard::ops::transpose<1, 0>(x), residual)),
+        m.weight.layout());
     // Same layouts: the update is local.
     m.velocity.local() =
         momentum * m.velocity.local() + gradient.local() * (2.0 / double(samples * outputs));

@@ -19,14 +19,14 @@ int main(int argc, char** argv) {
     const auto mesh = mesh_2d({xshard::auto_size, mp})
                           .with_dataset_strategy(xshard::dataset_strategy::full_batch);
 
-    // The same inputs on every rank (as the seed's numpy arrays).
+    // The same inputs on every rank (as the numpy arrays of MindSpore's shard() example).
     std::mt19937 engine(0);
     const xt::xtensor<double, 2> x = xt::random::rand<double>({32, 128}, 0.0, 1.0, engine);
     const xt::xtensor<double, 2> weight = xt::random::rand<double>({128, 10}, 0.0, 1.0, engine);
     const xt::xtensor<double, 1> bias = xt::random::rand<double>({10}, 0.0, 1.0, engine);
 
     auto dense_relu = [](const auto& x, const auto& w, const auto& b) {
-        return xshard::relu(xshard::bias_add(xshard::matmul(x, w), b));
+        return xshard::ops::relu(xshard::ops::bias_add(xshard::ops::matmul(x, w), b));
     };
     auto sharded = xshard::shard(
         mesh, dense_relu, std::tuple(xshard::strategy{world / mp, mp}, xshard::none, xshard::none),

@@ -1,7 +1,8 @@
-// Seed 000's three-layer MLP (784 -> 512 -> 512 -> 10) with per-operator strategies on 8
-// ranks: matmul1 ((2, 4), (4, 1)), relu1 (4, 1), matmul2 ((1, 8), (8, 1)), relu2 (8, 1),
-// matmul3 data parallel; a forward pass on a batch of 64. Each operator is a shard() with its
-// strategy; xshard redistributes the activations between them and prints every step.
+// The three-layer MLP of MindSpore's parameter_broadcast example (784 -> 512 -> 512 -> 10) with
+// per-operator strategies on 8 ranks: matmul1 ((2, 4), (4, 1)), relu1 (4, 1), matmul2 ((1, 8), (8,
+// 1)), relu2 (8, 1), matmul3 data parallel; a forward pass on a batch of 64. Each operator is a
+// shard() with its strategy; xshard redistributes the activations between them and prints every
+// step.
 //
 //   mpirun -n 8 build/examples/mlp_strategies
 #include <xshard/xshard.hpp>
@@ -38,15 +39,15 @@ int main(int argc, char** argv) {
     const auto mm3 = xshard::resolve_matmul({p, 1}, {1, 1}, mesh.shape());
     auto h1 = step("matmul1 ((" + std::to_string(dp) + ", " + std::to_string(mp) + "), (" +
                        std::to_string(mp) + ", 1))",
-                   xshard::shard(mesh, xshard::matmul, std::tuple(mm1.x, mm1.w)), x, w1);
+                   xshard::shard(mesh, xshard::ops::matmul, std::tuple(mm1.x, mm1.w)), x, w1);
     auto a1 = step("relu1 (" + std::to_string(mp) + ", 1)",
-                   xshard::shard(mesh, xshard::relu, std::tuple(xshard::strategy{mp, 1})), h1);
+                   xshard::shard(mesh, xshard::ops::relu, std::tuple(xshard::strategy{mp, 1})), h1);
     auto h2 = step("matmul2 ((1, " + std::to_string(p) + "), (" + std::to_string(p) + ", 1))",
-                   xshard::shard(mesh, xshard::matmul, std::tuple(mm2.x, mm2.w)), a1, w2);
+                   xshard::shard(mesh, xshard::ops::matmul, std::tuple(mm2.x, mm2.w)), a1, w2);
     auto a2 = step("relu2 (" + std::to_string(p) + ", 1)",
-                   xshard::shard(mesh, xshard::relu, std::tuple(xshard::strategy{p, 1})), h2);
+                   xshard::shard(mesh, xshard::ops::relu, std::tuple(xshard::strategy{p, 1})), h2);
     auto logits = step("matmul3 data parallel ((" + std::to_string(p) + ", 1), (1, 1))",
-                       xshard::shard(mesh, xshard::matmul, std::tuple(mm3.x, mm3.w)), a2, w3);
+                       xshard::shard(mesh, xshard::ops::matmul, std::tuple(mm3.x, mm3.w)), a2, w3);
 
     const xt::xtensor<double, 2> r1 = xt::maximum(xt::linalg::dot(x, w1), 0.0);
     const xt::xtensor<double, 2> r2 = xt::maximum(xt::linalg::dot(r1, w2), 0.0);

@@ -1,6 +1,7 @@
-// Seed 002's two ways to split a weight: semi-auto parallel, MatMul().shard(((1, 1), (1, 2)))
-// followed by ReduceSum over the last axis; and hybrid parallel, where the callable computes
-// on its weight slice and declares its output a pending sum over the split axis. 2 ranks.
+// The two ways MindSpore's distributed training tutorial splits a weight: semi-auto parallel,
+// MatMul().shard(((1, 1), (1, 2))) followed by ReduceSum over the last axis; and hybrid parallel,
+// where the callable computes on its weight slice and declares its output a pending sum over the
+// split axis. 2 ranks.
 //
 //   mpirun -n 2 build/examples/semi_auto_matmul
 #include <xshard/xshard.hpp>
@@ -26,7 +27,8 @@ int main(int argc, char** argv) {
     // Semi-auto: the MatMul strategy ((1, 1), (1, p)) resolves with MatMul's device matrix.
     const auto [lx, lw] = xshard::resolve_matmul({1, 1}, {1, p}, mesh.shape());
     auto semi_auto = xshard::shard(
-        mesh, [](const auto& x, const auto& w) { return xshard::sum<1>(xshard::matmul(x, w)); },
+        mesh,
+        [](const auto& x, const auto& w) { return xshard::ops::sum<1>(xshard::ops::matmul(x, w)); },
         std::tuple(lx, lw), xshard::layout("[-]"));
     semi_auto.traced();
     const auto a = xshard::gather_all(semi_auto(x, weight));
@@ -41,7 +43,7 @@ int main(int argc, char** argv) {
         xshard::spec<"[-] partial(sum: mp)">);
     hybrid.traced();
     const auto partial = hybrid(x, weight);
-    const auto b = xshard::gather_all(xshard::resolve(partial)); // the AllReduce.Sum of the seed
+    const auto b = xshard::gather_all(xshard::ops::resolve(partial)); // MindSpore's AllReduce(Sum)
 
     const float ea = xt::amax(xt::abs(a - expected))(), eb = xt::amax(xt::abs(b - expected))();
     const bool ok = ea <= 1e-5f && eb <= 1e-5f;

@@ -24,10 +24,11 @@ using T = double;
 
 /// features -> 256 -> 128 -> classes.
 auto make_model(const mesh_2d& mesh, std::size_t features, std::size_t classes) {
-    return nn::sequential(
-        nn::column_parallel_linear<T, mesh_2d>(mesh, features, 256, 1), nn::gelu<T, mesh_2d>(mesh),
-        nn::row_parallel_linear<T, mesh_2d>(mesh, 256, 128, 2), nn::gelu<T, mesh_2d>(mesh),
-        nn::column_parallel_linear<T, mesh_2d>(mesh, 128, classes, 3));
+    return nn::sequential(nn::column_parallel_linear<T, mesh_2d>(mesh, features, 256, 1),
+                          nn::gelu_activation<T, mesh_2d>(mesh),
+                          nn::row_parallel_linear<T, mesh_2d>(mesh, 256, 128, 2),
+                          nn::gelu_activation<T, mesh_2d>(mesh),
+                          nn::column_parallel_linear<T, mesh_2d>(mesh, 128, classes, 3));
 }
 
 struct options {
@@ -78,7 +79,8 @@ int main(int argc, char** argv) {
         classes = std::max(classes, e.label + 1);
 
     auto model = make_model(mesh, features, std::size_t(classes));
-    xshard::parameter_broadcast(model); // the same weights everywhere (they are, from the seeds)
+    xshard::parameter_broadcast(
+        model); // the same weights everywhere (they are, from the random seeds)
     xshard::optim::momentum optimizer({.lr = 0.05, .momentum = 0.9});
     nn::parallel_cross_entropy<T, mesh_2d> loss_fn;
     const data::loader batches(mesh, train, {.batch_size = 64, .seed = 7});

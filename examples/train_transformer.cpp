@@ -98,7 +98,7 @@ private:
     nn::vocab_parallel_embedding<T, mesh_2d> tokens_;
     positions positions_;
     std::vector<nn::transformer_block<T, mesh_2d>> blocks_;
-    nn::layer_norm<T, mesh_2d> norm_;
+    nn::layer_normalization<T, mesh_2d> norm_;
     nn::column_parallel_linear<T, mesh_2d> head_;
     nn::parallel_cross_entropy<T, mesh_2d> loss_;
 };

@@ -38,7 +38,7 @@
 #include <xshard/nn/attention.hpp>
 #include <xshard/nn/blocks.hpp>
 #include <xshard/nn/embedding.hpp>
-#include <xshard/nn/layer_norm.hpp>
+#include <xshard/nn/layer_normalization.hpp>
 #include <xshard/nn/linear.hpp>
 #include <xshard/nn/module.hpp>
 #include <xshard/ops/elementwise.hpp>

@@ -3,5 +3,5 @@
 using M = xshard::mesh<"dp", "mp">;
 auto f(const xshard::dtensor<double, M, "[-, dp]">& a,
        const xshard::dtensor<double, M, "[mp, -]">& b) {
-    return xshard::matmul(a, b);
+    return xshard::ops::matmul(a, b);
 }

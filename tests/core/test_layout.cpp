@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <set>
 #include <string>
 
@@ -57,7 +58,8 @@ static_assert(layout("[dp, -] partial(sum: dp)").check(m24.names) ==
               xshard::layout_problem::axis_used_twice);
 static_assert(layout("[tp, -]").check(m24.names) == xshard::layout_problem::unknown_axis);
 
-// Strategies resolve with the device-matrix rule (last axis backwards).
+// Strategies resolve with xshard's device-matrix rule (last axis backwards, repetition on the
+// leading axes).
 static_assert(resolve(strategy{2, 4}, m24) == dp_mp);
 static_assert(resolve(strategy{8, 1}, m24) == fused);
 static_assert(resolve(strategy{4, 1}, m24) == layout("[mp, -]")); // dp repeats
@@ -188,9 +190,11 @@ TEST(strategy, counts_that_fit_no_axis_are_named) {
     EXPECT_EQ(strategy({8}).to_string(), "(8,)");
 }
 
-TEST(strategy, resolution_matches_the_device_matrix) {
-    // On any mesh, a resolved strategy gives rank r the block the device matrix
-    // [p / q, s0, s1] (row-major over the ranks) assigns it.
+TEST(strategy, resolution_follows_xshards_device_matrix) {
+    // On any mesh, a resolved strategy gives rank r the block xshard's device matrix
+    // [p / q, s0, s1] (row-major over the ranks, the repetition leading) assigns it.
+    // MindSpore's operators put the repetition last by default, [s0, s1, p / q]: the same
+    // blocks, each on p / q ranks, placed on other ranks.
     for (const char* mesh : {"x=8", "dp=2,mp=4", "a=2,b=2,c=2", "a=4,b=2"}) {
         const auto m = mesh_shape::parse(mesh);
         for (const strategy s : {strategy{2, 4}, strategy{8, 1}, strategy{1, 2}, strategy{4, 1},
@@ -201,13 +205,29 @@ TEST(strategy, resolution_matches_the_device_matrix) {
             } catch (const std::invalid_argument&) {
                 continue; // does not fit this mesh; covered above
             }
-            for (int r = 0; r < m.size(); ++r) {
-                const int within = r % s.blocks(); // drop the repeated (leading) dimension
+            const int p = m.size(), q = s.blocks(), repeats = p / q;
+            const std::array<std::size_t, 2> shape{16, 16};
+            std::multiset<std::array<std::size_t, 2>> ours, mindspore;
+            for (int r = 0; r < p; ++r) {
+                const int within = r % q; // drop the repeated (leading) dimension
                 const int i0 = within / s.counts[1], i1 = within % s.counts[1];
-                const auto b = xshard::block_of(l, m, std::array<std::size_t, 2>{16, 16}, r);
+                const auto b = xshard::block_of(l, m, shape, r);
                 EXPECT_EQ(b.offset[0], std::size_t(i0 * 16 / s.counts[0])) << mesh << " " << s;
                 EXPECT_EQ(b.offset[1], std::size_t(i1 * 16 / s.counts[1])) << mesh << " " << s;
+                ours.insert({b.offset[0], b.offset[1]});
+                // MindSpore's default: device matrix [s0, s1, p / q], the repetition last.
+                const int block = r / repeats;
+                mindspore.insert({std::size_t(block / s.counts[1] * 16 / s.counts[0]),
+                                  std::size_t(block % s.counts[1] * 16 / s.counts[1])});
             }
+            // The same blocks, each on p / q ranks: only the rank placement differs.
+            EXPECT_EQ(ours, mindspore) << mesh << " " << s;
+            // With repetition, ranks 0 and 1 hold different blocks here (MindSpore's default
+            // makes them repeat each other); without, the placements coincide.
+            if (repeats > 1 && q > 1)
+                EXPECT_NE(xshard::block_of(l, m, shape, 0).offset,
+                          xshard::block_of(l, m, shape, 1).offset)
+                    << mesh << " " << s;
         }
     }
 }

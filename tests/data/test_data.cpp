@@ -122,7 +122,7 @@ TEST(views, shard_deals_round_robin_and_drops_the_tail) {
         for (std::size_t shards = 1; shards <= 5; ++shards) {
             std::multiset<std::int64_t> seen;
             for (std::size_t k = 0; k < shards; ++k) {
-                const auto part = data | xd::shard(shards, k);
+                const auto part = data | xd::take_shard(shards, k);
                 static_assert(xd::dataset<decltype(part)>);
                 ASSERT_EQ(part.size(), n / shards) << "n=" << n << " shard " << k << "/" << shards;
                 for (std::size_t i = 0; i < part.size(); ++i) {
@@ -137,15 +137,16 @@ TEST(views, shard_deals_round_robin_and_drops_the_tail) {
         }
     }
     const auto data = numbered(4);
-    expect_error([&] { (void)(data | xd::shard(2, 2)); }, "shard_id 2 is not below num_shards 2");
-    expect_error([&] { (void)(data | xd::shard(0, 0)); }, "num_shards 0");
+    expect_error([&] { (void)(data | xd::take_shard(2, 2)); },
+                 "shard_id 2 is not below num_shards 2");
+    expect_error([&] { (void)(data | xd::take_shard(0, 0)); }, "num_shards 0");
 }
 
 TEST(views, shards_of_a_shuffle_partition_it_across_ranks) {
     const auto w = world();
     const auto data = numbered(37);
     const auto part =
-        data | xd::shuffle(7, 1) | xd::shard(std::size_t(w.size()), std::size_t(w.rank()));
+        data | xd::shuffle(7, 1) | xd::take_shard(std::size_t(w.size()), std::size_t(w.rank()));
     std::vector<std::int64_t> mine;
     for (const auto& s : part)
         mine.push_back(s.label);
@@ -202,7 +203,7 @@ TEST(views, the_pipeline_equals_a_serial_loop) {
     for (std::size_t shards : {1, 2, 3}) {
         for (std::size_t k = 0; k < shards; ++k) {
             const auto batches =
-                data | xd::shuffle(5, 2) | xd::shard(shards, k) | xd::batch(3, true);
+                data | xd::shuffle(5, 2) | xd::take_shard(shards, k) | xd::batch(3, true);
             // Serial: the shard's samples are p[k], p[k + shards], ... of the first
             // 29 / shards * shards; batches of 3, the short one dropped.
             std::vector<std::int64_t> mine;
@@ -310,7 +311,7 @@ TEST(loader, full_batches_equal_the_shard_then_batch_pipeline) {
     const xd::loader load(m, data, {.batch_size = 12, .seed = 3});
     EXPECT_EQ(load.batch_layout().to_string(), "[dp, -]");
     const auto pipeline = data | xd::shuffle(3, 1) |
-                          xd::shard(std::size_t(w.size()), std::size_t(w.rank())) |
+                          xd::take_shard(std::size_t(w.size()), std::size_t(w.rank())) |
                           xd::batch(12 / std::size_t(w.size()), true);
     auto batches = load.epoch(1);
     ASSERT_EQ(batches.size(), 3u);

@@ -126,7 +126,7 @@ void nudge(D& t, std::size_t index, double delta) {
 /// The global values of a gradient (its terms summed).
 template <class D>
 auto resolved(const D& g) {
-    return xshard::gather_all(xshard::resolve(g));
+    return xshard::gather_all(xshard::ops::resolve(g));
 }
 
 /// Checks a layer made by `make(mesh)`: forward and backward on `m` against the same layer on
@@ -234,13 +234,13 @@ TEST(layers, row_parallel_linear) {
 TEST(layers, activations_and_layer_norm) {
     for_each_dp_tp([](const mesh_t& m) {
         check_layer(
-            m, [](const mesh_t& mm) { return nn::gelu<double, mesh_t>(mm); }, rows_by_features,
-            rows_split(), "gelu");
+            m, [](const mesh_t& mm) { return nn::gelu_activation<double, mesh_t>(mm); },
+            rows_by_features, rows_split(), "gelu");
         check_layer(
-            m, [](const mesh_t& mm) { return nn::relu<double, mesh_t>(mm); }, rows_by_features,
-            rows_split(), "relu");
+            m, [](const mesh_t& mm) { return nn::relu_activation<double, mesh_t>(mm); },
+            rows_by_features, rows_split(), "relu");
         check_layer(
-            m, [](const mesh_t& mm) { return nn::layer_norm<double, mesh_t>(mm, 6); },
+            m, [](const mesh_t& mm) { return nn::layer_normalization<double, mesh_t>(mm, 6); },
             rows_by_features, rows_split(), "layer_norm");
     });
 }
@@ -254,9 +254,9 @@ TEST(layers, mlp_and_sequential) {
             m,
             [](const mesh_t& mm) {
                 return nn::sequential(nn::column_parallel_linear<double, mesh_t>(mm, 6, 8, 6),
-                                      nn::gelu<double, mesh_t>(mm),
+                                      nn::gelu_activation<double, mesh_t>(mm),
                                       nn::row_parallel_linear<double, mesh_t>(mm, 8, 3, 7),
-                                      nn::layer_norm<double, mesh_t>(mm, 3));
+                                      nn::layer_normalization<double, mesh_t>(mm, 3));
             },
             rows_by_features, rows_split(), "sequential");
     });

@@ -70,18 +70,18 @@ TEST(matmul, every_layout_pair_matches_a_serial_product) {
             const auto rule = xshard::matmul_rule(as[i], bs[i]);
             const std::string what = as[i].to_string() + " @ " + bs[i].to_string() + " " + where(m);
             if (rule.problem == xshard::rule_problem::none) {
-                const auto c = xshard::matmul(a, b);
+                const auto c = xshard::ops::matmul(a, b);
                 EXPECT_EQ(c.layout(), rule.out) << what;
                 EXPECT_TRUE(xt::allclose(xshard::gather_all(c), expected, 1e-12, 1e-12)) << what;
             } else {
-                EXPECT_TRUE(throws([&] { (void)xshard::matmul(a, b); })) << what;
+                EXPECT_TRUE(throws([&] { (void)xshard::ops::matmul(a, b); })) << what;
             }
             // With redistributions allowed every pair works.
             const xshard::redistributing_mesh<M> rm(m);
             const auto ra = xshard::distribute<dynamic_layout(2)>(rm, ga, as[i]);
             const auto rb = xshard::distribute<dynamic_layout(2)>(rm, gb, bs[i]);
-            EXPECT_TRUE(
-                xt::allclose(xshard::gather_all(xshard::matmul(ra, rb)), expected, 1e-12, 1e-12))
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::matmul(ra, rb)), expected,
+                                     1e-12, 1e-12))
                 << what << " (redistributing)";
         }
     });
@@ -104,17 +104,17 @@ TEST(matmul, transposed_operands_and_accumulation) {
             const auto at = xshard::distribute<dynamic_layout(2)>(m, gat, as[i]);
             const auto bt = xshard::distribute<dynamic_layout(2)>(m, gbt, bs[i]);
             const auto b = xshard::distribute<dynamic_layout(2)>(m, gb, bs[i]);
-            const auto a_ = xshard::transposed(at);
+            const auto a_ = xshard::ops::transposed(at);
             EXPECT_EQ(a_.shape(), (std::array<std::size_t, 2>{7, 10}));
             const std::string what =
                 as[i].to_string() + "^T @ " + bs[i].to_string() + " " + where(m);
             for (const bool transpose_b : {false, true}) {
                 const auto& expected = transpose_b ? both : left;
                 const auto rule = xshard::matmul_rule(
-                    a_.layout(), transpose_b ? xshard::transposed(bt).layout() : b.layout());
+                    a_.layout(), transpose_b ? xshard::ops::transposed(bt).layout() : b.layout());
                 auto product = [&] {
-                    return transpose_b ? xshard::matmul(a_, xshard::transposed(bt))
-                                       : xshard::matmul(a_, b);
+                    return transpose_b ? xshard::ops::matmul(a_, xshard::ops::transposed(bt))
+                                       : xshard::ops::matmul(a_, b);
                 };
                 if (rule.problem != xshard::rule_problem::none) {
                     EXPECT_TRUE(throws([&] { (void)product(); })) << what;
@@ -125,18 +125,19 @@ TEST(matmul, transposed_operands_and_accumulation) {
                 EXPECT_TRUE(xt::allclose(xshard::gather_all(c), expected, 1e-12, 1e-12)) << what;
                 // Accumulating adds a second product into c.
                 if (transpose_b)
-                    xshard::matmul(a_, xshard::transposed(bt), c, {.accumulate = true});
+                    xshard::ops::matmul(a_, xshard::ops::transposed(bt), c, {.accumulate = true});
                 else
-                    xshard::matmul(a_, b, c, {.accumulate = true});
+                    xshard::ops::matmul(a_, b, c, {.accumulate = true});
                 EXPECT_TRUE(xt::allclose(xshard::gather_all(c), 2.0 * expected, 1e-12, 1e-12))
                     << what << " (accumulated)";
             }
             // With redistributions allowed every pair works.
             const auto rat = xshard::distribute<dynamic_layout(2)>(rm, gat, as[i]);
             const auto rbt = xshard::distribute<dynamic_layout(2)>(rm, gbt, bs[i]);
-            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::matmul(xshard::transposed(rat),
-                                                                       xshard::transposed(rbt))),
-                                     both, 1e-12, 1e-12))
+            EXPECT_TRUE(
+                xt::allclose(xshard::gather_all(xshard::ops::matmul(xshard::ops::transposed(rat),
+                                                                    xshard::ops::transposed(rbt))),
+                             both, 1e-12, 1e-12))
                 << what << " (redistributing)";
         }
     });
@@ -155,15 +156,16 @@ TEST(matmul, batched_and_shared_weights) {
             const auto a = xshard::distribute<dynamic_layout(3)>(m, ga, l);
             const auto b = xshard::distribute<dynamic_layout(3)>(m, gb, lb);
             const auto w = xshard::distribute<dynamic_layout(2)>(m, gw, layout::replicated(2));
-            const auto c = xshard::gather_all(xshard::matmul(a, b));
-            const auto cw = xshard::gather_all(xshard::matmul(a, w));
+            const auto c = xshard::gather_all(xshard::ops::matmul(a, b));
+            const auto cw = xshard::gather_all(xshard::ops::matmul(a, w));
             // b stored transposed per batch element ([3, 6, 4]), laid out like b.
             const xt::xtensor<double, 3> gbt = xt::transpose(gb, {0, 2, 1});
             auto lbt = lb;
             std::swap(lbt.dims[1], lbt.dims[2]);
             const auto bt = xshard::distribute<dynamic_layout(3)>(m, gbt, lbt);
-            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::matmul(a, xshard::transposed(bt))),
-                                     c, 1e-12, 1e-12))
+            EXPECT_TRUE(xt::allclose(
+                xshard::gather_all(xshard::ops::matmul(a, xshard::ops::transposed(bt))), c, 1e-12,
+                1e-12))
                 << l << " " << where(m);
             for (std::size_t i = 0; i < 3; ++i) {
                 const xt::xtensor<double, 2> ai = xt::view(ga, i);
@@ -190,31 +192,34 @@ TEST(elementwise, broadcasting_and_partial_sums_match_serial) {
             const auto y = xshard::distribute<dynamic_layout(2)>(m, gy, layout::replicated(2));
             const std::string what = lx.to_string() + " " + where(m);
             if (!lx.is_partial()) {
-                EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::relu(x)), xt::maximum(gx, 0.0)))
+                EXPECT_TRUE(
+                    xt::allclose(xshard::gather_all(xshard::ops::relu(x)), xt::maximum(gx, 0.0)))
                     << what;
-                EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::gelu(x)),
+                EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::gelu(x)),
                                          0.5 * gx * (1.0 + xt::erf(gx / std::sqrt(2.0)))))
                     << what;
-                EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::sigmoid(x)),
+                EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::sigmoid(x)),
                                          1.0 / (1.0 + xt::exp(-gx))))
                     << what;
-                EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::exp(x)), xt::exp(gx))) << what;
-                EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::tanh(x)), xt::tanh(gx)))
+                EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::exp(x)), xt::exp(gx)))
                     << what;
-                EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::div(y, x)), gy / gx)) << what;
-                EXPECT_TRUE(
-                    xt::allclose(xshard::gather_all(xshard::maximum(x, y)), xt::maximum(gx, gy)))
+                EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::tanh(x)), xt::tanh(gx)))
+                    << what;
+                EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::div(y, x)), gy / gx))
+                    << what;
+                EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::maximum(x, y)),
+                                         xt::maximum(gx, gy)))
                     << what;
             } else {
-                EXPECT_TRUE(throws([&] { (void)xshard::relu(x); })) << what;
-                EXPECT_TRUE(throws([&] { (void)xshard::mul(x, x); })) << what;
-                EXPECT_TRUE(throws([&] { (void)xshard::div(y, x); })) << what;
+                EXPECT_TRUE(throws([&] { (void)xshard::ops::relu(x); })) << what;
+                EXPECT_TRUE(throws([&] { (void)xshard::ops::mul(x, x); })) << what;
+                EXPECT_TRUE(throws([&] { (void)xshard::ops::div(y, x); })) << what;
             }
             // Linear in pending sums: sums, scaling, negation; and a bias added once.
-            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::add(x, y)), gx + gy)) << what;
-            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::mul(x, y)), gx * gy)) << what;
-            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::div(x, y)), gx / gy)) << what;
-            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::neg(x)), -gx)) << what;
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::add(x, y)), gx + gy)) << what;
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::mul(x, y)), gx * gy)) << what;
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::div(x, y)), gx / gy)) << what;
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::neg(x)), -gx)) << what;
             for (const auto& lb : l1) {
                 if (lb.is_partial())
                     continue;
@@ -222,10 +227,11 @@ TEST(elementwise, broadcasting_and_partial_sums_match_serial) {
                 const auto rule =
                     xshard::elementwise_rule(lx, lb, xshard::elementwise_kind::additive);
                 if (rule.problem == xshard::rule_problem::none)
-                    EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::bias_add(x, b)), gx + gb))
+                    EXPECT_TRUE(
+                        xt::allclose(xshard::gather_all(xshard::ops::bias_add(x, b)), gx + gb))
                         << what << " + " << lb;
                 else
-                    EXPECT_TRUE(throws([&] { (void)xshard::bias_add(x, b); }))
+                    EXPECT_TRUE(throws([&] { (void)xshard::ops::bias_add(x, b); }))
                         << what << " + " << lb;
             }
         }
@@ -234,7 +240,7 @@ TEST(elementwise, broadcasting_and_partial_sums_match_serial) {
         const auto g1 = random_array(s1, 13);
         const auto x = xshard::distribute<dynamic_layout(2)>(m, gx, layouts.front());
         const auto c = xshard::distribute<dynamic_layout(2)>(m, g1, layout::replicated(2));
-        EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::mul(x, c)), gx * g1)) << where(m);
+        EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::mul(x, c)), gx * g1)) << where(m);
     });
 }
 
@@ -245,24 +251,27 @@ TEST(reduce, every_dimension_of_every_layout) {
         for (const auto& l : sample(all_layouts(m.shape(), 3, false), 20, 15)) {
             const auto t = xshard::distribute<dynamic_layout(3)>(m, g, l);
             const std::string what = l.to_string() + " " + where(m);
-            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::resolve(xshard::sum<1>(t))),
-                                     xt::sum(g, {1})))
+            EXPECT_TRUE(xt::allclose(
+                xshard::gather_all(xshard::ops::resolve(xshard::ops::sum<1>(t))), xt::sum(g, {1})))
                 << what;
-            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::resolve(xshard::mean<2, true>(t))),
-                                     xt::mean(g, {2}, xt::keep_dims)))
+            EXPECT_TRUE(xt::allclose(
+                xshard::gather_all(xshard::ops::resolve(xshard::ops::mean<2, true>(t))),
+                xt::mean(g, {2}, xt::keep_dims)))
                 << what;
             if (!l.is_partial()) {
-                EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::resolve(xshard::max<0>(t))),
-                                         xt::amax(g, {0})))
+                EXPECT_TRUE(
+                    xt::allclose(xshard::gather_all(xshard::ops::resolve(xshard::ops::max<0>(t))),
+                                 xt::amax(g, {0})))
                     << what;
-                EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::resolve(xshard::min<2>(t))),
-                                         xt::amin(g, {2})))
+                EXPECT_TRUE(
+                    xt::allclose(xshard::gather_all(xshard::ops::resolve(xshard::ops::min<2>(t))),
+                                 xt::amin(g, {2})))
                     << what;
             } else {
-                EXPECT_TRUE(throws([&] { (void)xshard::max<0>(t); })) << what;
+                EXPECT_TRUE(throws([&] { (void)xshard::ops::max<0>(t); })) << what;
             }
             // A sum along a split dimension is partial over its axes, until resolved.
-            const auto p = xshard::sum<0>(t);
+            const auto p = xshard::ops::sum<0>(t);
             for (const auto& a : l.dims[0])
                 EXPECT_TRUE(p.layout().partial.contains(a)) << what;
         }
@@ -286,15 +295,15 @@ TEST(normalize, softmax_layer_norm_batch_norm_along_split_dimensions) {
             const auto t = xshard::distribute<dynamic_layout(2)>(m, g, l);
             const std::string what = l.to_string() + " " + where(m);
             EXPECT_TRUE(
-                xt::allclose(xshard::gather_all(xshard::softmax<1>(t)), e / se, 1e-12, 1e-14))
+                xt::allclose(xshard::gather_all(xshard::ops::softmax<1>(t)), e / se, 1e-12, 1e-14))
                 << what;
-            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::log_softmax<1>(t)),
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::log_softmax<1>(t)),
                                      g - mx - xt::log(se), 1e-12, 1e-14))
                 << what;
-            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::layer_norm<1>(t)),
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::layer_norm<1>(t)),
                                      (g - mu1) / xt::sqrt(var1 + 1e-5), 1e-12, 1e-12))
                 << what;
-            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::batch_norm(t)),
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::batch_norm(t)),
                                      (g - mu0) / xt::sqrt(var0 + 1e-5), 1e-12, 1e-12))
                 << what;
         }
@@ -325,11 +334,11 @@ TEST(vocab_parallel, embedding_and_cross_entropy) {
             const auto t = xshard::distribute<dynamic_layout(2)>(m, table, lt);
             const auto i = xshard::distribute<dynamic_layout(1)>(m, ids, layout::replicated(1));
             EXPECT_TRUE(
-                xt::allclose(xshard::gather_all(xshard::embedding(i, t)), rows, 1e-14, 1e-14))
+                xt::allclose(xshard::gather_all(xshard::ops::embedding(i, t)), rows, 1e-14, 1e-14))
                 << what;
             const auto x = xshard::distribute<dynamic_layout(2)>(m, logits, lt);
-            EXPECT_TRUE(
-                xt::allclose(xshard::gather_all(xshard::cross_entropy(x, i)), loss, 1e-12, 1e-12))
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::cross_entropy(x, i)), loss,
+                                     1e-12, 1e-12))
                 << what;
         }
         // A label out of range raises on every rank.
@@ -338,7 +347,7 @@ TEST(vocab_parallel, embedding_and_cross_entropy) {
             bad(B - 1) = int(V);
         const auto x = xshard::distribute<dynamic_layout(2)>(m, logits, layout::replicated(2));
         const auto b = xshard::distribute<dynamic_layout(1)>(m, bad, layout::replicated(1));
-        EXPECT_TRUE(throws([&] { (void)xshard::cross_entropy(x, b); })) << where(m);
+        EXPECT_TRUE(throws([&] { (void)xshard::ops::cross_entropy(x, b); })) << where(m);
     });
 }
 
@@ -348,7 +357,7 @@ TEST(shape_ops, transpose_and_reshape) {
         const auto g = random_array(s, 19);
         for (const auto& l : all_layouts(m.shape(), 3, false)) {
             const auto t = xshard::distribute<dynamic_layout(3)>(m, g, l);
-            const auto tt = xshard::transpose<2, 0, 1>(t);
+            const auto tt = xshard::ops::transpose<2, 0, 1>(t);
             EXPECT_EQ(xshard::gather_all(tt), xt::transpose(g, {2, 0, 1})) << l << " " << where(m);
         }
         // [4, 3, 2] split on dim 0 -> [4, 6] split the same way: local when 4 divides.
@@ -356,12 +365,12 @@ TEST(shape_ops, transpose_and_reshape) {
         if constexpr (std::is_same_v<std::remove_cvref_t<decltype(m)>, xshard::mesh<"x">>) {
             if (4 % p == 0) {
                 const auto t = xshard::distribute<"[x, -, -]">(m, g);
-                const auto r = xshard::reshape<"[x, -]">(t, std::array<std::size_t, 2>{4, 6});
+                const auto r = xshard::ops::reshape<"[x, -]">(t, std::array<std::size_t, 2>{4, 6});
                 EXPECT_EQ(xshard::gather_all(r), xt::reshape_view(g, {4, 6}));
                 // Merging the split dimension into a later one cannot follow.
                 if (p > 1) {
                     EXPECT_TRUE(throws([&] {
-                        (void)xshard::reshape<"[-, x]">(t, std::array<std::size_t, 2>{4, 6});
+                        (void)xshard::ops::reshape<"[-, x]">(t, std::array<std::size_t, 2>{4, 6});
                     }));
                 }
             }

@@ -40,7 +40,7 @@ TEST(shard, global_semantics_with_layout_types) {
     const auto gx = random_array<2>({9, 6}, 1), gw = random_array<2>({6, 5}, 2);
     const xt::xtensor<double, 2> expected = xt::linalg::dot(gx, gw);
     auto f = xshard::shard(
-        m, [](const auto& x, const auto& w) { return xshard::matmul(x, w); },
+        m, [](const auto& x, const auto& w) { return xshard::ops::matmul(x, w); },
         std::tuple(spec<"[dp, -]">, spec<"[-, mp]">), spec<"[dp, mp]">);
     const auto x = xshard::distribute<"[-, -]">(m, gx);
     const auto y = f(x, gw);
@@ -48,7 +48,7 @@ TEST(shard, global_semantics_with_layout_types) {
     EXPECT_TRUE(xt::allclose(xshard::gather_all(y), expected));
     // A contraction split over mp: a pending sum, resolved by the output spec.
     auto g = xshard::shard(
-        m, [](const auto& x, const auto& w) { return xshard::matmul(x, w); },
+        m, [](const auto& x, const auto& w) { return xshard::ops::matmul(x, w); },
         std::tuple(spec<"[-, mp]">, none), spec<"[-, -]">);
     EXPECT_TRUE(xt::allclose(xshard::gather_all(g(x, gw)), expected));
 }
@@ -61,7 +61,7 @@ TEST(shard, inputs_already_laid_out_are_passed_by_reference) {
         m,
         [&](const auto& t) {
             seen = t.local().data();
-            return xshard::neg(t);
+            return xshard::ops::neg(t);
         },
         std::tuple(spec<"[dp, mp]">));
     (void)f(x);
@@ -76,7 +76,7 @@ TEST(shard, strategies_and_automatic_redistribution) {
     const auto gb = random_array<1>({10}, 6);
     const xt::xtensor<double, 2> expected = xt::maximum(xt::linalg::dot(gx, gw) + gb, 0.0);
     auto dense_relu = [](const auto& x, const auto& w, const auto& b) {
-        return xshard::relu(xshard::bias_add(xshard::matmul(x, w), b));
+        return xshard::ops::relu(xshard::ops::bias_add(xshard::ops::matmul(x, w), b));
     };
     const strategy s{p / m.axis_size<"mp">(), m.axis_size<"mp">()};
     // Without the option the pending sum reaching relu is an error, on every rank.
@@ -137,8 +137,8 @@ TEST(shard, tuples_and_arguments_that_are_not_tensors) {
         m,
         [](const auto& x, double factor) {
             return std::tuple(
-                xshard::resolve(xshard::sum<1>(x)),
-                xshard::mul(x, xshard::full<double, "[-, -]">(x.mesh(), {1, 1}, factor)));
+                xshard::ops::resolve(xshard::ops::sum<1>(x)),
+                xshard::ops::mul(x, xshard::full<double, "[-, -]">(x.mesh(), {1, 1}, factor)));
         },
         std::tuple(spec<"[dp, mp]">, none), std::tuple(spec<"[-]">, spec<"[-, -]">));
     const auto [s, scaled] = f(gx, 3.0);
@@ -152,7 +152,7 @@ TEST(shard, parameter_plans_lay_parameters_out_once_and_agree) {
     xshard::parameter w{"dense.weight",
                         xshard::distribute<xshard::dynamic_layout(2)>(m, gw, layout("[-, -]"))};
     auto use = [](const auto& x, const auto& weight) {
-        return xshard::matmul(x, weight);
+        return xshard::ops::matmul(x, weight);
     };
     auto f = xshard::shard(m, use, std::tuple(spec<"[-, -]">, none), spec<"[-, -]">,
                            xshard::parameter_plan{{"dense.weight", layout("[-, mp]")}});
@@ -176,14 +176,15 @@ TEST(shard, dataset_strategy_splits_the_batch_of_inputs_and_outputs) {
     const auto m = make_mesh().with_dataset_strategy(xshard::dataset_strategy::data_parallel, "dp");
     const auto gx = random_array<2>({10, 3}, 13);
     auto f = xshard::shard(
-        m, [](const auto& x) { return xshard::relu(x); }, std::tuple(none));
+        m, [](const auto& x) { return xshard::ops::relu(x); }, std::tuple(none));
     f.traced();
     const auto y = f(gx);
     EXPECT_EQ(y.layout(), layout("[dp, -]")) << f.describe();
     EXPECT_TRUE(xt::allclose(xshard::gather_all(y), xt::maximum(gx, 0.0)));
     const auto full = make_mesh().with_dataset_strategy(xshard::dataset_strategy::full_batch);
     auto g = xshard::shard(
-        full, [](const auto& x) { return xshard::relu(x); }, std::tuple(strategy{full.size(), 1}));
+        full, [](const auto& x) { return xshard::ops::relu(x); },
+        std::tuple(strategy{full.size(), 1}));
     EXPECT_EQ(g(gx).layout(), layout("[-, -]"));
 }
 

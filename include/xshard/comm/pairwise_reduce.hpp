@@ -3,9 +3,8 @@
 /// Bandwidth-optimal reductions over point-to-point messages, with the local reduction
 /// vectorised by xsimd.
 ///
-/// Open MPI 4.1's reducing collectives reach a fraction of the memory bandwidth on one node
-/// (a fraction of what its all-to-all reaches; bench_collectives measures both). `reducer`
-/// runs the textbook
+/// Open MPI 4.1's reducing collectives reach a fraction of the memory bandwidth on one node,
+/// well below its MPI_Alltoall (figures: benchmarks/README.md). `reducer` runs the textbook
 /// bandwidth-optimal algorithms instead: a pairwise reduce-scatter (in round k, member g
 /// sends its term of member g+k's piece and receives member g-k's term of its own piece,
 /// adding it chunk by chunk as it arrives so that each addition overlaps the next chunk's

@@ -3,8 +3,8 @@
 /// MindSpore strategies: split counts per tensor dimension, e.g. (2, 4), resolved against
 /// a mesh into layouts.
 ///
-/// The rule is MindSpore's device matrix. With p ranks and counts (s0, ..., s(r-1)) whose
-/// product q divides p, the ranks form the row-major device matrix
+/// The rule is xshard's own reading of MindSpore's device matrix. With p ranks and counts
+/// (s0, ..., s(r-1)) whose product q divides p, the ranks form the row-major device matrix
 /// [p / q, s0, ..., s(r-1)]: the leading p / q is *repeated computation* (those ranks hold
 /// the same blocks). On a mesh, whose ranks are row-major too, each count must therefore be
 /// the product of a run of consecutive mesh axes, matched from the last axis backwards:
@@ -14,6 +14,16 @@
 ///
 ///     (2, 4) -> [dp, mp]      (8, 1) -> [(dp,mp), -]      (4, 1) -> [mp, -]   (dp repeats)
 ///     (1, 2) -> error: count 2 of dimension 1 fits no run of axes ending at mp (size 4)
+///
+/// Where it differs from MindSpore: MindSpore's operators put the repeated-computation
+/// dimension *last* by default ([s0, ..., s(r-1), p / q]: ranks r and r + 1 repeat each
+/// other), xshard puts it on the leading mesh axes (ranks r and r + q repeat each other).
+/// The blocks, their values and the number of ranks holding each are the same either way;
+/// only which rank holds which block differs, and nothing changes without repetition
+/// (q = p). Leading axes are the data-parallel ones (dp before mp), so the repeated ranks are
+/// the groups gradients are summed over, and every count is a run of whole mesh axes. A
+/// count that fits no run of trailing axes is an error even where MindSpore's placement would
+/// use leading ones ((2, 1) on mesh(dp=2, mp=4)): write that layout, [dp, -], instead.
 ///
 /// Axes of size 1 are never used. Operators have their own device matrix: for MatMul
 /// ((a, b), (b, c)) it is [a, b, c] (`resolve_matmul`), so that both operands split the
@@ -113,7 +123,8 @@ resolve_device_matrix(const static_vector<int, max_tensor_rank + 2>& counts, con
     return groups;
 }
 
-/// The layout of strategy `s` on `mesh` (see the file comment for the rule). Throws
+/// The layout of strategy `s` on `mesh` (xshard's device-matrix rule, see the file comment).
+/// Throws
 /// std::invalid_argument naming the count that fits no axis.
 constexpr layout resolve(const strategy& s, const mesh_shape& mesh) {
     static_vector<int, max_tensor_rank + 2> counts;

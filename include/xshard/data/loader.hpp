@@ -16,7 +16,7 @@
 /// order (`permutation(n, seed, epoch)`, or 0 .. n-1 without shuffling), whatever the
 /// number of shards: shard k takes those at positions k, k + num_shards, ... of the batch
 /// (`shard` applied to each global batch; for full batches this is exactly
-/// `data | shuffle(seed, epoch) | shard(num_shards, k) | batch(B / num_shards)`). So a
+/// `data | shuffle(seed, epoch) | take_shard(num_shards, k) | batch(B / num_shards)`). So a
 /// training run sees the same batches on 1 rank and on any number, and only the order of
 /// rows inside a batch differs: shard k's rows come k-th in the data-parallel tensor. A
 /// last, shorter batch (drop_remainder off) is dealt out the same way, which gives the

@@ -2,10 +2,10 @@
 /// \file
 /// range-v3 views for data parallelism, with MindSpore's dataset semantics:
 ///
-///     data | shuffle(seed, epoch) | shard(num_shards, shard_id) | batch(32, true)
+///     data | shuffle(seed, epoch) | take_shard(num_shards, shard_id) | batch(32, true)
 ///
 /// `shuffle` permutes the samples the same way on every rank (the permutation depends on
-/// the seed and the epoch only); `shard` deals them out round-robin, sample i of the order
+/// the seed and the epoch only); `take_shard` deals them out round-robin, sample i of the order
 /// to shard i % num_shards, dropping the last samples so that every shard has the same
 /// length; `batch` stacks consecutive samples into batch arrays. Every view is a sized
 /// random-access range-v3 view and makes its samples on access; no communication.
@@ -91,15 +91,16 @@ struct shuffle_fn {
 /// Shuffles a dataset the same way on every rank (see shuffle_fn).
 inline constexpr shuffle_fn shuffle{};
 
-/// `data | shard(num_shards, shard_id)`: samples shard_id, shard_id + num_shards, ... of
+/// `data | take_shard(num_shards, shard_id)` (tf.data's `shard`; MindSpore's datasets take
+/// the same num_shards and shard_id): samples shard_id, shard_id + num_shards, ... of
 /// the first floor(n / num_shards) * num_shards (the tail is dropped; see the file
 /// comment), so every shard has floor(n / num_shards) samples. Throws xshard::error unless
 /// shard_id < num_shards.
-struct shard_fn {
+struct take_shard_fn {
     template <viewable_dataset R>
     auto operator()(R&& data, std::size_t num_shards, std::size_t shard_id) const {
         if (num_shards == 0 || shard_id >= num_shards)
-            throw error("xshard: shard: shard_id " + std::to_string(shard_id) +
+            throw error("xshard: take_shard: shard_id " + std::to_string(shard_id) +
                         " is not below num_shards " + std::to_string(num_shards));
         auto base = ranges::views::all(std::forward<R>(data));
         const auto kept = std::size_t(ranges::size(base)) / num_shards * num_shards;
@@ -111,8 +112,8 @@ struct shard_fn {
     }
 };
 
-/// Deals a dataset out to shards round-robin (see shard_fn).
-inline constexpr shard_fn shard{};
+/// Deals a dataset out to shards round-robin and takes one of them (see take_shard_fn).
+inline constexpr take_shard_fn take_shard{};
 
 /// `data | batch(batch_size, drop_remainder)`: consecutive runs of batch_size samples,
 /// each stacked by `collate` into its batch type (`example_batch<T>`, or an

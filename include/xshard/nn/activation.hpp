@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// Elementwise activation layers: relu and gelu (exact, erf form, as xshard::gelu). Any
+/// Elementwise activation layers: relu and gelu (exact, erf form, as xshard::ops::gelu). Any
 /// layout without a pending sum; the backward pass is local: dx = dy f'(x), in dy's layout.
 
 #include <xshard/nn/module.hpp>
@@ -28,7 +28,7 @@ public:
     tensor<T, Mesh> backward(const tensor<T, Mesh>& dy) {
         auto slope = *x_;
         slope.local() = D{}(x_->local());
-        return xshard::mul(dy, slope);
+        return xshard::ops::mul(dy, slope);
     }
 
     friend void visit_parameters(activation&, auto&&) {}
@@ -40,7 +40,7 @@ private:
 struct relu_fn {
     template <class X>
     auto operator()(const X& x) const {
-        return xshard::relu(x);
+        return xshard::ops::relu(x);
     }
 };
 struct relu_slope {
@@ -54,7 +54,7 @@ struct relu_slope {
 struct gelu_fn {
     template <class X>
     auto operator()(const X& x) const {
-        return xshard::gelu(x);
+        return xshard::ops::gelu(x);
     }
 };
 /// d/dx x Phi(x) = Phi(x) + x phi(x).
@@ -71,10 +71,12 @@ struct gelu_slope {
 
 } // namespace detail
 
+/// The ReLU layer: `ops::relu` forward, its slope times dy backward (local, no messages).
 template <class T, mesh_type Mesh>
-using relu = detail::activation<T, Mesh, detail::relu_fn, detail::relu_slope>;
+using relu_activation = detail::activation<T, Mesh, detail::relu_fn, detail::relu_slope>;
 
+/// The GELU layer (exact form): `ops::gelu` forward, its slope times dy backward (local).
 template <class T, mesh_type Mesh>
-using gelu = detail::activation<T, Mesh, detail::gelu_fn, detail::gelu_slope>;
+using gelu_activation = detail::activation<T, Mesh, detail::gelu_fn, detail::gelu_slope>;
 
 } // namespace xshard::nn

@@ -6,7 +6,7 @@
 
 #include <xshard/nn/activation.hpp>
 #include <xshard/nn/attention.hpp>
-#include <xshard/nn/layer_norm.hpp>
+#include <xshard/nn/layer_normalization.hpp>
 #include <xshard/nn/linear.hpp>
 
 namespace xshard::nn {
@@ -34,7 +34,7 @@ public:
 
 private:
     column_parallel_linear<T, Mesh> up_;
-    gelu<T, Mesh> act_;
+    gelu_activation<T, Mesh> act_;
     row_parallel_linear<T, Mesh> down_;
 };
 
@@ -55,13 +55,13 @@ public:
         , mlp_(mesh, features, o.hidden ? o.hidden : 4 * features, seed + 2, o.axes) {}
 
     tensor<T, Mesh> forward(const tensor<T, Mesh>& x) {
-        auto h = xshard::add(x, attention_.forward(norm1_.forward(x)));
-        return xshard::add(h, mlp_.forward(norm2_.forward(h)));
+        auto h = xshard::ops::add(x, attention_.forward(norm1_.forward(x)));
+        return xshard::ops::add(h, mlp_.forward(norm2_.forward(h)));
     }
 
     tensor<T, Mesh> backward(const tensor<T, Mesh>& dy) {
-        const auto dh = xshard::add(dy, norm2_.backward(mlp_.backward(dy)));
-        return xshard::add(dh, norm1_.backward(attention_.backward(dh)));
+        const auto dh = xshard::ops::add(dy, norm2_.backward(mlp_.backward(dy)));
+        return xshard::ops::add(dh, norm1_.backward(attention_.backward(dh)));
     }
 
     friend void visit_parameters(transformer_block& b, auto&& visit) {
@@ -72,9 +72,9 @@ public:
     }
 
 private:
-    layer_norm<T, Mesh> norm1_;
+    layer_normalization<T, Mesh> norm1_;
     self_attention<T, Mesh> attention_;
-    layer_norm<T, Mesh> norm2_;
+    layer_normalization<T, Mesh> norm2_;
     mlp_block<T, Mesh> mlp_;
 };
 

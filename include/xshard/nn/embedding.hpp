@@ -4,7 +4,7 @@
 /// vocab-parallel loss).
 ///
 /// vocab_parallel_embedding: a table [V, H] split by vocabulary over the tensor axis; ids [N]
-/// (rows split over the data axis) -> [N, H] (xshard::embedding: each rank looks up its
+/// (rows split over the data axis) -> [N, H] (xshard::ops::embedding: each rank looks up its
 /// vocabulary block, one all-reduce completes the rows). Backward: the adjoint all-reduce,
 /// then each rank adds the rows of its vocabulary block.
 ///
@@ -35,7 +35,7 @@ public:
 
     tensor<T, Mesh> forward(const tensor<std::int64_t, Mesh, 1>& ids) {
         ids_ = ids;
-        auto y = xshard::embedding(ids, table_.value);
+        auto y = xshard::ops::embedding(ids, table_.value);
         z_layout_ = y.layout();
         z_layout_.partial = table_.value.layout().axes(0); // before the all-reduce
         return y;

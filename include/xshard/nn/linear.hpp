@@ -40,18 +40,20 @@ struct affine {
             b.emplace(constant_weight<T>(mesh, std::array{out}, bl, T(0)));
     }
 
-    tensor<T, Mesh> product(const tensor<T, Mesh>& x) const { return xshard::matmul(x, w.value); }
+    tensor<T, Mesh> product(const tensor<T, Mesh>& x) const {
+        return xshard::ops::matmul(x, w.value);
+    }
 
     tensor<T, Mesh> add_bias(tensor<T, Mesh> y) const {
         if (b)
-            y = xshard::add(y, b->value);
+            y = xshard::ops::add(y, b->value);
         return y;
     }
 
     /// Adds db = the sum of dy's rows.
     void bias_backward(const tensor<T, Mesh>& dy) {
         if (b)
-            accumulate(*b, xshard::sum<0>(dy));
+            accumulate(*b, xshard::ops::sum<0>(dy));
     }
 
     /// Visits "weight" and, if there is one, "bias".
@@ -63,9 +65,10 @@ struct affine {
 
     /// Adds dW = x^T dz; returns dx = dz W^T, laid out as x's gradient.
     tensor<T, Mesh> product_backward(const tensor<T, Mesh>& x, const tensor<T, Mesh>& dz) {
-        accumulate_product(w, xshard::transposed(x), dz);
-        return redistribute<dynamic_layout(2)>(xshard::matmul(dz, xshard::transposed(w.value)),
-                                               dual(x.layout(), x.mesh().shape()));
+        accumulate_product(w, xshard::ops::transposed(x), dz);
+        return redistribute<dynamic_layout(2)>(
+            xshard::ops::matmul(dz, xshard::ops::transposed(w.value)),
+            dual(x.layout(), x.mesh().shape()));
     }
 };
 

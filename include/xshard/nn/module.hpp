@@ -92,14 +92,14 @@ template <class D, class A, class B>
 void accumulate_product(weight<D>& w, const A& a, const B& b) {
     const auto term_layout = dual(w.value.layout(), w.value.mesh().shape());
     if (!(matmul_rule(a.layout(), b.layout()).out == term_layout)) {
-        accumulate(w, xshard::matmul(a, b));
+        accumulate(w, xshard::ops::matmul(a, b));
         return;
     }
     // The gradient's storage, lent to a tensor labelled with the layout of the terms it holds.
     D term(xshard::detail::unchecked, w.value.mesh(), w.value.shape(), std::move(w.grad.local()),
            term_layout);
     try {
-        xshard::matmul(a, b, term, {.accumulate = true});
+        xshard::ops::matmul(a, b, term, {.accumulate = true});
     } catch (...) {
         w.grad.local() = std::move(term.local());
         throw;

@@ -2,7 +2,8 @@
 /// \file
 /// Elementwise operations on distributed tensors, with numpy broadcasting.
 ///
-/// Rule (rules.hpp, `elementwise_rule`): dimensions align at the end; each output dimension
+/// Rule (core/elementwise_rule.hpp, `elementwise_rule`, the one the lazy operators + - * /
+/// follow too): dimensions align at the end; each output dimension
 /// is split like the operand that splits it (the other is sliced, or broadcast when its
 /// extent is 1); two different splits are a mismatch. Pending sums pass through the linear
 /// operations: a + b keeps them (the non-partial operand keeps one term), a * b and a / b
@@ -10,8 +11,9 @@
 /// No messages, except the redistributions a mesh type that inserts them asks for.
 ///
 /// Binary: add, sub, mul, div, maximum, minimum, bias_add. Unary: neg, relu, gelu, exp, log,
-/// tanh, sigmoid, abs, sqrt, square. (For two operands of one layout, the operators
-/// + - * / of tensor/expression.hpp are the lazy form.)
+/// tanh, sigmoid, abs, sqrt, square; all in namespace xshard::ops, where `exp` or `abs`
+/// cannot hide std's. (For two operands of one layout, the operators + - * / of
+/// tensor/expression.hpp are the lazy form.)
 
 #include <xshard/ops/operand.hpp>
 #include <xshard/ops/rules.hpp>
@@ -119,6 +121,8 @@ constexpr unary_fn<Linear, F> make_unary(const char* name, F f) {
 
 } // namespace detail
 
+namespace ops {
+
 inline constexpr auto add = detail::make_binary<elementwise_kind::additive>(
     "add", [](const auto& x, const auto& y) { return x + y; });
 inline constexpr auto sub = detail::make_binary<elementwise_kind::additive>(
@@ -160,5 +164,7 @@ inline constexpr auto sqrt =
     detail::make_unary<false>("sqrt", [](const auto& x) { return xt::sqrt(x); });
 inline constexpr auto square =
     detail::make_unary<false>("square", [](const auto& x) { return x * x; });
+
+} // namespace ops
 
 } // namespace xshard

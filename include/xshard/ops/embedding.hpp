@@ -105,6 +105,8 @@ void check_labels(const communicator& c, const Labels& labels, std::size_t class
 
 } // namespace detail
 
+namespace ops {
+
 /// Looks up rows of `table` [V, H] for integer `ids` (see the file comment). Collective: one
 /// all-reduce over the vocabulary axes (and one of an int to check the ids on every rank).
 template <distributed_tensor I, distributed_tensor W>
@@ -146,6 +148,8 @@ auto embedding(const I& ids, const W& table) {
     using result = detail::result_t<T, typename I::mesh_type, rule::is_static, rule::value.out, R>;
     return result(detail::unchecked, mesh, shape, std::move(local), res.out);
 }
+
+} // namespace ops
 
 namespace detail {
 
@@ -190,6 +194,8 @@ auto softmax_rows(const Mesh& mesh, const layout& l, const X& x, const Y& y, con
 
 } // namespace detail
 
+namespace ops {
+
 /// The cross-entropy of each row of `logits` [B, V] against integer `labels` [B] (see the
 /// file comment). Collective: three all-reduces over the class axes of one value per row.
 template <distributed_tensor X, distributed_tensor Y>
@@ -217,5 +223,7 @@ auto cross_entropy(const X& logits, const Y& labels) {
     return result(detail::unchecked, mesh, std::array<std::size_t, 1>{logits.shape()[0]},
                   std::move(loss), res.out);
 }
+
+} // namespace ops
 
 } // namespace xshard

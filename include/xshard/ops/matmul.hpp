@@ -71,6 +71,8 @@ constexpr layout swap_last_two(layout l) {
 
 } // namespace detail
 
+namespace ops {
+
 /// A matmul operand: tensor `of` with its last two dimensions swapped, not copied (see
 /// `transposed`). It has the layout and shape of the transpose.
 template <distributed_tensor A>
@@ -99,11 +101,13 @@ transposed_operand<A> transposed(const A& a) {
     return {a};
 }
 
+} // namespace ops
+
 namespace detail {
 template <class A>
 constexpr bool is_transposed = false;
 template <class A>
-constexpr bool is_transposed<transposed_operand<A>> = true;
+constexpr bool is_transposed<ops::transposed_operand<A>> = true;
 
 /// The tensor an operand reads.
 template <class A>
@@ -114,6 +118,8 @@ const auto& tensor_of(const A& a) {
         return a;
 }
 } // namespace detail
+
+namespace ops {
 
 /// What matmul multiplies: a distributed tensor or a transposed one.
 template <class A>
@@ -209,5 +215,7 @@ private:
 
 /// a @ b, distributed (see matmul_fn).
 inline constexpr matmul_fn matmul{};
+
+} // namespace ops
 
 } // namespace xshard

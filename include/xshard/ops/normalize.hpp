@@ -71,6 +71,8 @@ auto global_max(const A& a, const L& x, const layout& l) {
 
 } // namespace detail
 
+namespace ops {
+
 /// softmax along Dim: exp(x - max) / sum exp(x - max), with max and sum all-reduced over the
 /// axes splitting Dim (2 all-reduces of one value per row).
 template <std::size_t Dim, distributed_tensor A>
@@ -116,8 +118,8 @@ auto layer_norm(const A& a, typename A::value_type eps = typename A::value_type(
 
 /// Batch normalisation (training statistics) of x [N, C, ...]: every channel normalised
 /// over the batch and every dimension after the channel, statistics all-reduced over the
-/// axes splitting those dimensions (seed 003's BatchNorm with strategy [4, 1]: the batch is
-/// split, so the per-channel sums are all-reduced over its axis).
+/// axes splitting those dimensions (as MindSpore's BatchNorm with strategy (4, 1): the batch
+/// is split, so the per-channel sums are all-reduced over its axis).
 template <distributed_tensor A>
 auto batch_norm(const A& a, typename A::value_type eps = typename A::value_type(1e-5)) {
     using T = typename A::value_type;
@@ -149,5 +151,7 @@ auto batch_norm(const A& a, typename A::value_type eps = typename A::value_type(
         return xt::xtensor<T, N>(centred / xt::sqrt(var + eps));
     });
 }
+
+} // namespace ops
 
 } // namespace xshard

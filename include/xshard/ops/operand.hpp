@@ -6,6 +6,7 @@
 
 #include <xshard/comm/error.hpp>
 #include <xshard/core/mesh.hpp>
+#include <xshard/core/rule.hpp>
 #include <xshard/ops/rules.hpp>
 #include <xshard/redistribute/copy.hpp>
 #include <xshard/redistribute/redistribute.hpp>
@@ -22,9 +23,10 @@
 namespace xshard {
 
 /// The mesh type of tensors whose operations may insert redistributions (MindSpore's
-/// behaviour): a mesh of type M that says so. `shard(fn, ..., shard_options{.insert_redistributions
-/// = true})` hands `fn` its inputs on this mesh type; elsewhere an operation that would need
-/// a redistribution is a compile error (an exception for run-time layouts).
+/// behaviour): a mesh of type M that says so. `shard(mesh, fn, in, out,
+/// xshard::auto_redistribute)` hands `fn` its inputs on this mesh type; elsewhere an
+/// operation that would need a redistribution is a compile error (an exception for run-time
+/// layouts).
 template <mesh_type M>
 class redistributing_mesh : public M {
 public:
@@ -47,16 +49,13 @@ namespace detail {
 template <class... D>
 constexpr bool all_static = (!std::remove_cvref_t<D>::static_layout.dynamic && ...);
 
-/// Raises the rule's problem: at compile time when `Checked` says the layouts are types and
-/// the mesh does not allow redistributions (the static_asserts are in the operations), at
-/// run time otherwise.
+/// Raises the rule's problem at run time (an exception, the same on every rank: every rank
+/// holds the layouts), unless the mesh type may redistribute and the rule worked out a fix
+/// (every problem but a rank mismatch has one).
 inline void check_rule(const rule_result& r, const char* operation, bool may_redistribute) {
-    if (r.problem == rule_problem::none)
+    if (may_redistribute && r.problem != rule_problem::rank_mismatch)
         return;
-    // Every problem but a rank mismatch has a fix the rule worked out (a redistribution).
-    const bool fixable = may_redistribute && r.problem != rule_problem::rank_mismatch;
-    if (!fixable)
-        throw error(std::string("xshard: ") + operation + ": " + describe(r.problem));
+    raise_rule_problem(r.problem, operation);
 }
 
 /// A local shard that is either borrowed from an operand or owned (sliced, redistributed).
@@ -69,8 +68,8 @@ struct prepared {
 
 /// The local shard of `t` in layout `to`. Free steps (replicated -> split: a slice;
 /// replicated -> partial: one rank keeps the values) run locally; anything else is a
-/// redistribution, which needs `may_redistribute`. `keep_dims` marks the dimensions the
-/// caller broadcasts (extent 1 against a longer one): those stay whole.
+/// redistribution, which needs `may_redistribute`. A dimension the caller broadcasts (extent
+/// 1 against a longer one) is whole in `to` already (ops/elementwise.hpp clears its split).
 template <distributed_tensor D>
 auto prepare(const D& t, const layout& to, bool may_redistribute, const char* operation) {
     using T = typename D::value_type;
@@ -111,29 +110,9 @@ auto prepare(const D& t, const layout& to, bool may_redistribute, const char* op
     if (!may_redistribute)
         throw error(std::string("xshard: ") + operation + ": operand layout " + from.to_string() +
                     " would need a redistribution to " + to.to_string() +
-                    "; redistribute it (or let shard() insert redistributions)");
+                    "; redistribute it (or pass xshard::auto_redistribute to shard())");
     p.owned = redistribute<dynamic_layout(N)>(t, to).local();
     return p;
-}
-
-/// Compile errors with a sentence for what a rule found wrong with layout types.
-template <rule_problem P>
-constexpr void static_check() {
-    static_assert(P != rule_problem::split_mismatch,
-                  "xshard: the operands split a dimension over different mesh axes; redistribute "
-                  "one of them (or let shard() insert redistributions)");
-    static_assert(P != rule_problem::axis_conflict,
-                  "xshard: the operands' layouts would put one mesh axis on two dimensions; "
-                  "redistribute one of them (or let shard() insert redistributions)");
-    static_assert(P != rule_problem::partial_product,
-                  "xshard: both operands are partial (pending reductions): their product is not "
-                  "the product of the sums; redistribute one to a non-partial layout");
-    static_assert(P != rule_problem::nonlinear_partial,
-                  "xshard: a partial tensor (pending reduction) cannot enter a non-linear "
-                  "operation; redistribute it to a non-partial layout first (or let shard() "
-                  "insert it)");
-    static_assert(P != rule_problem::rank_mismatch,
-                  "xshard: the operands' ranks do not fit the operation");
 }
 
 /// A sharding rule applied to operands D...: at compile time when every operand has a layout
@@ -152,7 +131,7 @@ struct rule_for {
     static decltype(auto) get(const char* operation, const D&... operands) {
         if constexpr (is_static) {
             if constexpr (!may_redistribute)
-                static_check<value.problem>();
+                static_assert(rule_holds_v<value.problem>);
             else
                 check_rule(value, operation, may_redistribute);
             return (value);

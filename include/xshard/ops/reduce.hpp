@@ -84,6 +84,8 @@ auto reduce_along(const A& a, const char* name) {
 
 } // namespace detail
 
+namespace ops {
+
 /// The sum along Dim (partial over Dim's axes when Dim is split).
 template <std::size_t Dim, bool KeepDims = false, distributed_tensor A>
 auto sum(const A& a) {
@@ -124,5 +126,7 @@ auto resolve(D&& t) {
     const layout target = resolved(t.layout());
     return redistribute<L>(std::forward<D>(t), target);
 }
+
+} // namespace ops
 
 } // namespace xshard

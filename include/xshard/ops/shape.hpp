@@ -82,6 +82,8 @@ bool reshape_follows(const mesh_shape& mesh, const std::array<std::size_t, N>& f
 
 } // namespace detail
 
+namespace ops {
+
 /// The tensor with its dimensions permuted: result dimension d is t's dimension P[d].
 template <std::size_t... P, distributed_tensor A>
 auto transpose(const A& a) {
@@ -122,5 +124,7 @@ auto reshape(const A& a, const std::array<std::size_t, M>& shape, const layout& 
     return dtensor<typename A::value_type, typename A::mesh_type, To>(detail::unchecked, a.mesh(),
                                                                       shape, std::move(local), lay);
 }
+
+} // namespace ops
 
 } // namespace xshard

@@ -1,7 +1,9 @@
 #pragma once
 /// \file
 /// Optimizers over the `weight`s of any parameter container: `sgd`, `momentum` (MindSpore's
-/// Momentum), `adam` and `adamw` (PyTorch's Adam and AdamW).
+/// Momentum), `adam` and `adamw` (PyTorch's Adam and AdamW). Each is `optimizer<Rule>`, the
+/// step count, checks and state slots around an update rule (`sgd_rule`, ...); a rule of
+/// one's own (concept `update_rule`) makes a new optimizer.
 ///
 ///     xshard::optim::adam opt({.lr = 1e-3});
 ///     ...                                   // forward, backward, synchronize_gradients
@@ -217,22 +219,50 @@ void clear_state(M& model) {
 
 } // namespace optim
 
-namespace detail {
+namespace optim {
 
-/// What the optimizers share (CRTP): the step count, the checks and allocation of the
-/// weights' state slots, and `state_of`. `Derived` has `name` and `slots` (static), and
-/// `options()` and `update(w, lr, t)` (one weight's local update at step t, 1-based).
-template <class Derived>
-class optimizer_base {
+/// What an optimizer's update rule provides to `optimizer<Rule>`: its options (checked by
+/// its constructor, which throws xshard::error if one is out of range), its `name` (for
+/// messages) and the names of its per-weight state slots (`slots`, a std::array of
+/// string_view; checkpoints name them), plus a member template `update(w, lr, t)` that
+/// updates one `weight` locally at step t (1-based) with learning rate lr, reading slot k as
+/// `w.state[k]` (detail::update_locally gives it in the compute type).
+template <class R>
+concept update_rule = std::constructible_from<R, const typename R::options_type&> &&
+    requires(const R& r) {
+    { R::name } -> std::convertible_to<std::string_view>;
+    {std::span<const std::string_view>(R::slots)};
+    { r.options() } -> std::same_as<const typename R::options_type&>;
+};
+
+/// An optimizer: the step count, the checks and allocation of the weights' state slots, and
+/// `state_of`, around an update rule (`sgd_rule`, `momentum_rule`, `adam_rule`,
+/// `adamw_rule`, or a user's own). `sgd`, `momentum`, `adam` and `adamw` are its
+/// instances. A step communicates nothing (see the file comment).
+template <update_rule Rule>
+class optimizer {
 public:
+    using rule_type = Rule;
+    using options_type = typename Rule::options_type;
+    static constexpr std::string_view name = Rule::name;
+    /// The names of the per-weight state slots.
+    static constexpr auto slots = Rule::slots;
+
+    /// Throws xshard::error if an option is out of range.
+    explicit optimizer(const options_type& options = {})
+        : rule_(options) {}
+
+    /// The options the optimizer was made with.
+    const options_type& options() const noexcept { return rule_.options(); }
+
     /// The number of steps taken (0 before the first; the index a schedule takes).
     std::int64_t steps() const noexcept { return steps_; }
 
     /// Sets the step count: after loading a checkpoint, to the step saved with it.
     void set_steps(std::int64_t steps) {
         if (steps < 0)
-            throw error("xshard: " + std::string(Derived::name) +
-                        ": the step count must be >= 0, not " + std::to_string(steps));
+            throw error("xshard: " + std::string(name) + ": the step count must be >= 0, not " +
+                        std::to_string(steps));
         steps_ = steps;
     }
 
@@ -241,7 +271,7 @@ public:
     /// another optimizer's state, or a gradient or slot unlike its value.
     template <parameter_container M>
     void step(M& model) {
-        step(model, self().options().lr);
+        step(model, options().lr);
     }
 
     /// `step(model)` at learning rate `lr` for this step (a schedule's, say).
@@ -249,14 +279,14 @@ public:
     void step(M& model, double lr) {
         static_assert(!std::is_const_v<M>, "xshard: an optimizer updates its model: pass it "
                                            "non-const");
-        require_nonnegative(Derived::name, "lr", lr);
-        for_each_weight(model, [&](const std::string& name, auto& w) {
-            prepare_slots(Derived::name, Derived::slots, name, w);
-            require_complete_gradient(Derived::name, name, w);
-            require_like_value(Derived::name, name, "gradient", w.grad, w.value);
+        detail::require_nonnegative(name, "lr", lr);
+        for_each_weight(model, [&](const std::string& weight_name, auto& w) {
+            detail::prepare_slots(name, Rule::slots, weight_name, w);
+            detail::require_complete_gradient(name, weight_name, w);
+            detail::require_like_value(name, weight_name, "gradient", w.grad, w.value);
         });
         ++steps_;
-        for_each_weight(model, [&](const std::string&, auto& w) { self().update(w, lr, steps_); });
+        for_each_weight(model, [&](const std::string&, auto& w) { rule_.update(w, lr, steps_); });
     }
 
     /// The optimizer's state of `model`'s weights, as a parameter container named
@@ -264,23 +294,23 @@ public:
     /// Gives weights without state their zero slots now; throws if one has another
     /// optimizer's. No communication.
     template <parameter_container M>
-    optim::state_view<M> state_of(M& model) const {
+    state_view<M> state_of(M& model) const {
         static_assert(!std::is_const_v<M>, "xshard: state_of may allocate state slots: pass the "
                                            "model non-const");
-        for_each_weight(model, [&](const std::string& name, auto& w) {
-            prepare_slots(Derived::name, Derived::slots, name, w);
+        for_each_weight(model, [&](const std::string& weight_name, auto& w) {
+            detail::prepare_slots(name, Rule::slots, weight_name, w);
         });
-        return {model, Derived::name, Derived::slots};
+        return {model, name, Rule::slots};
     }
 
-protected:
-    optimizer_base() = default;
-
 private:
-    Derived& self() { return static_cast<Derived&>(*this); }
-
+    Rule rule_;
     std::int64_t steps_ = 0;
 };
+
+} // namespace optim
+
+namespace detail {
 
 /// Adam's moments and parameter update at step t (PyTorch's Adam, after any weight decay) on
 /// blocks `p`, `g`, slot(0) = m, slot(1) = v: m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g²,
@@ -310,15 +340,16 @@ struct sgd_options {
     double weight_decay = 0;
 };
 
-/// Stochastic gradient descent: w -= lr · (g + weight_decay · w). No state.
-class sgd : public detail::optimizer_base<sgd> {
+/// The update rule of `sgd`, stochastic gradient descent: w -= lr · (g + weight_decay · w). No
+/// state.
+class sgd_rule {
 public:
     using options_type = sgd_options;
     static constexpr std::string_view name = "sgd";
     static constexpr std::array<std::string_view, 0> slots{};
 
     /// Throws xshard::error if an option is out of range.
-    explicit sgd(const sgd_options& options = {})
+    explicit sgd_rule(const sgd_options& options)
         : options_(options) {
         detail::require_nonnegative(name, "lr", options.lr);
         detail::require_nonnegative(name, "weight_decay", options.weight_decay);
@@ -326,9 +357,7 @@ public:
 
     const sgd_options& options() const noexcept { return options_; }
 
-private:
-    friend class detail::optimizer_base<sgd>;
-
+    /// Updates weight `w` locally at step t with learning rate lr.
     template <class W>
     void update(W& w, double lr, std::int64_t) const {
         detail::update_locally(w, [&](auto& p, const auto& grad, auto&&) {
@@ -338,8 +367,12 @@ private:
         });
     }
 
+private:
     sgd_options options_;
 };
+
+/// Stochastic gradient descent (`sgd_rule`).
+using sgd = optimizer<sgd_rule>;
 
 /// Options of `momentum`.
 struct momentum_options {
@@ -353,17 +386,17 @@ struct momentum_options {
     double weight_decay = 0;
 };
 
-/// SGD with momentum, MindSpore's Momentum: with g' = g + weight_decay · w,
-/// v = momentum · v + g', then w -= lr · v, or with Nesterov w -= lr · (g' + momentum · v).
-/// One state slot, "momentum" (v).
-class momentum : public detail::optimizer_base<momentum> {
+/// The update rule of `momentum`, SGD with momentum (MindSpore's Momentum): with g' = g +
+/// weight_decay · w, v = momentum · v + g', then w -= lr · v, or with Nesterov w -= lr · (g' +
+/// momentum · v). One state slot, "momentum" (v).
+class momentum_rule {
 public:
     using options_type = momentum_options;
     static constexpr std::string_view name = "momentum";
     static constexpr std::array<std::string_view, 1> slots{"momentum"};
 
     /// Throws xshard::error if an option is out of range.
-    explicit momentum(const momentum_options& options = {})
+    explicit momentum_rule(const momentum_options& options)
         : options_(options) {
         detail::require_nonnegative(name, "lr", options.lr);
         detail::require_nonnegative(name, "momentum", options.momentum);
@@ -372,9 +405,7 @@ public:
 
     const momentum_options& options() const noexcept { return options_; }
 
-private:
-    friend class detail::optimizer_base<momentum>;
-
+    /// Updates weight `w` locally at step t with learning rate lr.
     template <class W>
     void update(W& w, double lr, std::int64_t) const {
         detail::update_locally(w, [&](auto& p, const auto& grad, auto&& slot) {
@@ -391,8 +422,12 @@ private:
         });
     }
 
+private:
     momentum_options options_;
 };
+
+/// SGD with momentum, MindSpore's Momentum (`momentum_rule`).
+using momentum = optimizer<momentum_rule>;
 
 /// Options of `adam`.
 struct adam_options {
@@ -408,25 +443,23 @@ struct adam_options {
     double weight_decay = 0;
 };
 
-/// Adam with bias correction, PyTorch's: see detail::adam_update, with g + weight_decay · w
-/// for the gradient. Two state slots, "adam_m" and "adam_v" (the moments).
-class adam : public detail::optimizer_base<adam> {
+/// The update rule of `adam`, Adam with bias correction (PyTorch's): see detail::adam_update, with
+/// g + weight_decay · w for the gradient. Two state slots, "adam_m" and "adam_v" (the moments).
+class adam_rule {
 public:
     using options_type = adam_options;
     static constexpr std::string_view name = "adam";
     static constexpr std::array<std::string_view, 2> slots{"adam_m", "adam_v"};
 
     /// Throws xshard::error if an option is out of range.
-    explicit adam(const adam_options& options = {})
+    explicit adam_rule(const adam_options& options)
         : options_(options) {
         detail::require_adam_options(name, options);
     }
 
     const adam_options& options() const noexcept { return options_; }
 
-private:
-    friend class detail::optimizer_base<adam>;
-
+    /// Updates weight `w` locally at step t with learning rate lr.
     template <class W>
     void update(W& w, double lr, std::int64_t t) const {
         const auto& o = options_;
@@ -438,8 +471,12 @@ private:
         });
     }
 
+private:
     adam_options options_;
 };
+
+/// Adam, PyTorch's (`adam_rule`).
+using adam = optimizer<adam_rule>;
 
 /// Options of `adamw`.
 struct adamw_options {
@@ -455,25 +492,23 @@ struct adamw_options {
     double weight_decay = 1e-2;
 };
 
-/// Adam with decoupled weight decay, PyTorch's AdamW: w -= lr · weight_decay · w, then Adam's
-/// update without L2 penalty. Two state slots, "adam_m" and "adam_v".
-class adamw : public detail::optimizer_base<adamw> {
+/// The update rule of `adamw`, Adam with decoupled weight decay (PyTorch's AdamW): w -= lr ·
+/// weight_decay · w, then Adam's update without L2 penalty. Two state slots, "adam_m" and "adam_v".
+class adamw_rule {
 public:
     using options_type = adamw_options;
     static constexpr std::string_view name = "adamw";
     static constexpr std::array<std::string_view, 2> slots{"adam_m", "adam_v"};
 
     /// Throws xshard::error if an option is out of range.
-    explicit adamw(const adamw_options& options = {})
+    explicit adamw_rule(const adamw_options& options)
         : options_(options) {
         detail::require_adam_options(name, options);
     }
 
     const adamw_options& options() const noexcept { return options_; }
 
-private:
-    friend class detail::optimizer_base<adamw>;
-
+    /// Updates weight `w` locally at step t with learning rate lr.
     template <class W>
     void update(W& w, double lr, std::int64_t t) const {
         const auto& o = options_;
@@ -485,8 +520,12 @@ private:
         });
     }
 
+private:
     adamw_options options_;
 };
+
+/// AdamW, PyTorch's (`adamw_rule`).
+using adamw = optimizer<adamw_rule>;
 
 } // namespace optim
 

@@ -62,15 +62,17 @@ inline std::string join_name(std::string_view prefix, std::string_view name) {
     return std::string(prefix) + "." + std::string(name);
 }
 
+/// Whether T is a std::tuple (the heterogeneous parameter container; shard()'s specs too).
 template <class T>
-struct is_std_tuple : std::false_type {};
+struct is_tuple : std::false_type {};
 template <class... T>
-struct is_std_tuple<std::tuple<T...>> : std::true_type {};
+struct is_tuple<std::tuple<T...>> : std::true_type {};
 
+/// Whether T is a `parameter` (a named tensor).
 template <class T>
-struct is_param : std::false_type {};
+struct is_parameter : std::false_type {};
 template <class D>
-struct is_param<parameter<D>> : std::true_type {};
+struct is_parameter<parameter<D>> : std::true_type {};
 
 template <class T>
 struct is_weight : std::false_type {};
@@ -99,7 +101,7 @@ void traverse(C&& c, F& f, std::string_view prefix);
 /// An element of a tuple or a range: a parameter by its own name, anything else by its index.
 template <leaves L, class E, class F>
 void visit_element(E& e, F& f, std::string_view prefix, std::size_t index) {
-    if constexpr (is_param<std::remove_const_t<E>>::value)
+    if constexpr (is_parameter<std::remove_const_t<E>>::value)
         traverse<L>(e, f, join_name(prefix, e.name));
     else
         traverse<L>(e, f, join_name(prefix, std::to_string(index)));
@@ -112,7 +114,7 @@ void traverse(C&& c, F& f, std::string_view prefix) {
     if constexpr (distributed_tensor<X>) {
         if constexpr (L == leaves::parameters)
             call_visitor(f, std::string(prefix), c, true);
-    } else if constexpr (is_param<X>::value) {
+    } else if constexpr (is_parameter<X>::value) {
         if constexpr (L == leaves::parameters)
             call_visitor(f, prefix.empty() ? c.name : std::string(prefix), c.value, c.trainable);
     } else if constexpr (is_weight<X>::value) {
@@ -132,7 +134,7 @@ void traverse(C&& c, F& f, std::string_view prefix) {
     } else if constexpr (string_keyed_map<X>) {
         for (auto& [name, value] : c)
             traverse<L>(value, f, join_name(prefix, name));
-    } else if constexpr (is_std_tuple<X>::value) {
+    } else if constexpr (is_tuple<X>::value) {
         std::size_t i = 0;
         std::apply([&](auto&... elements) { (visit_element<L>(elements, f, prefix, i++), ...); },
                    c);

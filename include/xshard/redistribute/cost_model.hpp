@@ -12,10 +12,10 @@
 ///     reduce_scatter           (p-1) alpha + (p-1)/p n beta   (plus the local reduction)
 ///     all_reduce               2 (p-1) alpha + 2 (p-1)/p n beta
 ///
-/// The defaults were measured on the development machine (2 cores, shared memory,
-/// Open MPI 4.1) by `bench_calibrate`, which prints a cost_model for the machine it runs
-/// on; set the fields to model another network (e.g. alpha = 2e-6, beta = 1 / 12.5e9 for
-/// 100 Gb/s InfiniBand).
+/// The defaults are one fit by `bench_calibrate` (benchmarks/README.md says on what), which
+/// prints a cost_model for the machine it runs on; only their ratios matter for choosing a
+/// candidate, and printed predictions are as good as the fit. Set the fields to model
+/// another network (e.g. alpha = 2e-6, beta = 1 / 12.5e9 for 100 Gb/s InfiniBand).
 
 #include <xshard/redistribute/planner.hpp>
 
@@ -30,7 +30,7 @@ struct link_cost {
 };
 
 struct cost_model {
-    // Fitted by bench_calibrate on the development machine (2 ranks, 8 bytes and 64 MiB).
+    // Fitted by bench_calibrate (2 ranks, 8 bytes and 64 MiB; see benchmarks/README.md).
     link_cost all_gather{0.9e-6, 1.0 / 3.9e9};
     link_cost all_to_all{0.5e-6, 1.0 / 3.3e9};
     link_cost reduce_scatter{1.0e-6, 1.0 / 3.3e9};

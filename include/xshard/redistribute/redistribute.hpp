@@ -2,6 +2,11 @@
 /// \file
 /// Redistribution of distributed tensors: `redistribute<To>(t)` for a one-off, and
 /// `make_redistribution<To>(t)` for a plan built once and run many times.
+///
+/// What is decided when: the candidate step sequences are constexpr (computed when the
+/// template is instantiated, for layout types); the choice among them (the cost model, for
+/// the actual mesh sizes, shape and element type), the geometry (extents, offsets, counts)
+/// and the MPI datatypes are computed at run time, when a plan is built.
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/error.hpp>
@@ -140,9 +145,11 @@ redistribution<std::remove_cvref_t<D>, To> make_redistribution(const D& like, co
 }
 
 /// `t` in layout To (with `To = dynamic_layout(rank)`, in the run-time layout `to`): the
-/// collectives of the cheapest plan (see planner.hpp), planned at compile time for layout
-/// types. A tensor already in layout To is returned as it is: moved if the caller moves it
-/// in, copied otherwise. Collective over the mesh.
+/// collectives of the cheapest plan (see planner.hpp). For layout types the candidate step
+/// sequences are computed at compile time; choosing among them, the geometry and the
+/// datatypes are run-time work, redone by every call (build a plan with
+/// make_redistribution to do it once). A tensor already in layout To is returned as it is:
+/// moved if the caller moves it in, copied otherwise. Collective over the mesh.
 template <layout To, distributed_tensor D>
 auto redistribute(D&& t, const layout& to = To) {
     using X = std::remove_cvref_t<D>;

@@ -45,6 +45,7 @@
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/dtensor.hpp>
 #include <xshard/param/parameter.hpp>
+#include <xshard/param/traversal.hpp>
 
 #include <xtensor/xtensor.hpp>
 
@@ -83,16 +84,6 @@ template <class T>
 struct is_xtensor : std::false_type {};
 template <class T, std::size_t N, xt::layout_type L>
 struct is_xtensor<xt::xtensor<T, N, L>> : std::true_type {};
-
-template <class T>
-struct is_parameter : std::false_type {};
-template <class D>
-struct is_parameter<parameter<D>> : std::true_type {};
-
-template <class T>
-struct is_tuple : std::false_type {};
-template <class... T>
-struct is_tuple<std::tuple<T...>> : std::true_type {};
 
 template <class S>
 constexpr bool is_layout_spec = false;

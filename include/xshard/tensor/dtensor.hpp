@@ -86,7 +86,9 @@ const layout& layout_for(const layout& given, const mesh_shape& mesh) {
 /// xtensor expression: use it with views, reductions, assignment).
 ///
 /// L is normally a layout literal, `dtensor<double, M, "[dp, mp]">`: the layout is part of
-/// the type and operations on the tensor are planned at compile time. With
+/// the type, so operations' output layouts and the candidate steps of redistributions are
+/// computed at compile time (which candidate runs, and its geometry, are decided at run
+/// time when a plan is built). With
 /// `L = dynamic_layout(rank)` the layout is a run-time value (`layout()`), chosen when the
 /// tensor is made; the same planner runs then at run time.
 ///

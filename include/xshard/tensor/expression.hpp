@@ -8,16 +8,22 @@
 /// one layout hold matching blocks. Operands of different layouts are a compile error that
 /// names `xshard::redistribute` (an exception, for run-time layouts).
 ///
-/// Partial tensors (pending reductions) take part only where the result stays right: sums
-/// and differences of partial(sum) tensors, their negation and their products with (and
-/// quotients by) scalars. Adding a scalar to a partial tensor, multiplying two tensors
-/// of which one is partial, or any arithmetic on a partial(max/min) tensor is a compile
-/// error (an exception, for run-time layouts).
+/// The rule is the elementwise rule of the operations in ops/ (core/elementwise_rule.hpp,
+/// `lazy_elementwise_rule`), with the operands taken as they are. So partial tensors
+/// (pending reductions) take part only where the result stays right: sums and differences
+/// of partial(sum) tensors, their negation and their products with (and quotients by)
+/// scalars. Adding a scalar to a partial tensor, multiplying two partial tensors, or any
+/// arithmetic on a partial(max/min) tensor is a compile error (an exception, for run-time
+/// layouts), in the sentences every operation uses (core/rule.hpp).
 
+#include <xshard/core/elementwise_rule.hpp>
+#include <xshard/core/rule.hpp>
 #include <xshard/tensor/dtensor.hpp>
 
 #include <xtensor/xtensor.hpp>
 
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -72,27 +78,6 @@ auto eval(E&& e) {
 
 namespace detail {
 
-enum class op_kind { additive, multiplicative, divide_by };
-
-/// Whether `a op b` is defined, given which operands are distributed and their layouts
-/// (null for scalars).
-constexpr bool partial_allowed(op_kind kind, const layout* a, const layout* b) {
-    const bool pa = a && a->is_partial(), pb = b && b->is_partial();
-    if (!pa && !pb)
-        return true;
-    if ((pa && a->op != reduction::sum) || (pb && b->op != reduction::sum))
-        return false; // max/min terms do not commute with arithmetic
-    switch (kind) {
-    case op_kind::additive:
-        return a && b; // a sum of sums; never partial + scalar
-    case op_kind::multiplicative:
-        return !(a && b); // scalar * partial only
-    case op_kind::divide_by:
-        return !b; // partial / scalar only
-    }
-    return false;
-}
-
 template <class A>
 constexpr const layout* static_layout_of() {
     if constexpr (distributed<A>)
@@ -125,42 +110,32 @@ const auto& distributed_of(const A& a, const B& b) {
         return b;
 }
 
-/// Rejects partial operands where the operation would be wrong: at compile time for
-/// layout types, at run time for run-time layouts.
-template <op_kind Kind, class A, class B>
-void check_partial(const A& a, const B& b) {
+/// Checks the elementwise rule for the lazy operator `name` (core/elementwise_rule.hpp): at
+/// compile time for layout types, at run time (the same exception on every rank) for
+/// run-time layouts.
+template <elementwise_kind Kind, class A, class B>
+void check_rule(const A& a, const B& b, std::string_view name) {
     constexpr const layout* sa = static_layout_of<A>();
     constexpr const layout* sb = static_layout_of<B>();
-    if constexpr ((sa && sa->dynamic) || (sb && sb->dynamic)) {
-        if (!partial_allowed(Kind, layout_of(a), layout_of(b)))
-            throw error("xshard: a partial tensor (pending reduction) cannot enter this "
-                        "operation; redistribute it to a non-partial layout first");
-    } else {
-        static_assert(partial_allowed(Kind, sa, sb),
-                      "xshard: a partial tensor (pending reduction) cannot enter this "
-                      "operation; redistribute it to a non-partial layout first");
-    }
+    if constexpr ((sa && sa->dynamic) || (sb && sb->dynamic))
+        raise_rule_problem(lazy_elementwise_rule(layout_of(a), layout_of(b), Kind).problem, name);
+    else
+        static_assert(rule_holds_v<lazy_elementwise_rule(sa, sb, Kind).problem>);
 }
 
 /// Builds the expression `f(a, b)` after the compile-time and run-time checks.
-template <op_kind Kind, class A, class B, class F>
-auto combine(A&& a, B&& b, F f) {
+template <elementwise_kind Kind, class A, class B, class F>
+auto combine(A&& a, B&& b, std::string_view name, F f) {
     if constexpr (distributed<A> && distributed<B>) {
         using XA = std::remove_cvref_t<A>;
         using XB = std::remove_cvref_t<B>;
         static_assert(std::is_same_v<typename XA::mesh_type, typename XB::mesh_type>,
                       "xshard: elementwise operands live on meshes of different types");
-        static_assert(XA::static_layout == XB::static_layout,
-                      "xshard: elementwise operands have different layouts; call "
-                      "xshard::redistribute<layout>(tensor) on one of them first");
         if (!(a.mesh() == b.mesh()) || a.shape() != b.shape())
-            throw error("xshard: elementwise operands have different meshes or global shapes");
-        if (!(a.layout() == b.layout()))
-            throw error("xshard: elementwise operands have different layouts (" +
-                        a.layout().to_string() + " and " + b.layout().to_string() +
-                        "); call xshard::redistribute on one of them first");
+            throw error("xshard: " + std::string(name) +
+                        ": the elementwise operands have different meshes or global shapes");
     }
-    check_partial<Kind>(a, b);
+    check_rule<Kind>(a, b, name);
     const auto& d = distributed_of(a, b);
     using X = std::remove_cvref_t<decltype(d)>;
     auto mesh = d.mesh();
@@ -182,8 +157,8 @@ concept elementwise_operands = (distributed<A> && distributed<B>) ||
 template <class A, class B>
 requires detail::elementwise_operands<A, B>
 auto operator+(A&& a, B&& b) {
-    return detail::combine<detail::op_kind::additive>(
-        std::forward<A>(a), std::forward<B>(b), [](auto&& x, auto&& y) {
+    return detail::combine<elementwise_kind::additive>(
+        std::forward<A>(a), std::forward<B>(b), "a + b", [](auto&& x, auto&& y) {
             return std::forward<decltype(x)>(x) + std::forward<decltype(y)>(y);
         });
 }
@@ -192,8 +167,8 @@ auto operator+(A&& a, B&& b) {
 template <class A, class B>
 requires detail::elementwise_operands<A, B>
 auto operator-(A&& a, B&& b) {
-    return detail::combine<detail::op_kind::additive>(
-        std::forward<A>(a), std::forward<B>(b), [](auto&& x, auto&& y) {
+    return detail::combine<elementwise_kind::additive>(
+        std::forward<A>(a), std::forward<B>(b), "a - b", [](auto&& x, auto&& y) {
             return std::forward<decltype(x)>(x) - std::forward<decltype(y)>(y);
         });
 }
@@ -202,8 +177,8 @@ auto operator-(A&& a, B&& b) {
 template <class A, class B>
 requires detail::elementwise_operands<A, B>
 auto operator*(A&& a, B&& b) {
-    return detail::combine<detail::op_kind::multiplicative>(
-        std::forward<A>(a), std::forward<B>(b), [](auto&& x, auto&& y) {
+    return detail::combine<elementwise_kind::multiplicative>(
+        std::forward<A>(a), std::forward<B>(b), "a * b", [](auto&& x, auto&& y) {
             return std::forward<decltype(x)>(x) * std::forward<decltype(y)>(y);
         });
 }
@@ -212,8 +187,8 @@ auto operator*(A&& a, B&& b) {
 template <class A, class B>
 requires detail::elementwise_operands<A, B>
 auto operator/(A&& a, B&& b) {
-    return detail::combine<detail::op_kind::divide_by>(
-        std::forward<A>(a), std::forward<B>(b), [](auto&& x, auto&& y) {
+    return detail::combine<elementwise_kind::division>(
+        std::forward<A>(a), std::forward<B>(b), "a / b", [](auto&& x, auto&& y) {
             return std::forward<decltype(x)>(x) / std::forward<decltype(y)>(y);
         });
 }
@@ -221,8 +196,11 @@ auto operator/(A&& a, B&& b) {
 /// Negation (lazy); fine on partial(sum) tensors, whose negated terms sum to the negation.
 template <distributed A>
 auto operator-(A&& a) {
-    detail::check_partial<detail::op_kind::multiplicative>(a, 0);
     using X = std::remove_cvref_t<A>;
+    if constexpr (X::static_layout.dynamic)
+        raise_rule_problem(unary_rule(a.layout(), true).problem, "-a");
+    else
+        static_assert(rule_holds_v<unary_rule(X::static_layout, true).problem>);
     auto mesh = a.mesh();
     auto shape = a.shape();
     auto l = a.layout();

@@ -39,7 +39,7 @@ auto gather(const D& t, int root = 0) {
             send = reduced.data();
         } else {
             throw error("xshard: gather: MPI cannot reduce this element type: resolve the "
-                        "partial tensor first (xshard::resolve)");
+                        "partial tensor first (xshard::ops::resolve)");
         }
     }
 

@@ -6,7 +6,8 @@
 /// A parameter's redundant copies are the ranks along its replicated mesh axes (from its
 /// layout): ranks that differ only along those axes hold the same block. For each such group
 /// one owner is chosen, and the owners are spread so that every rank originates about as
-/// many bytes as any other (seed 000's remove_param_redundancy): parameters in decreasing
+/// many bytes as any other (as MindSpore's parameter_broadcast picks one owner per redundant
+/// group): parameters in decreasing
 /// size, each group's owner the member that owns the fewest bytes so far (ties: the lowest
 /// rank) — computed alike on every rank, from shapes, layouts and names only. Fully sharded
 /// parameters are untouched.
@@ -16,7 +17,7 @@
 /// parameter on its own), all buckets in flight at once (nonblocking). A bucket travels as
 /// one MPI datatype laid over its parameters' own memory, so fusion costs no pack buffer and
 /// no copies. Per rank that moves
-/// each redundant block once, against twice for the seed's "zero the copies, then
+/// each redundant block once, against twice for MindSpore's "zero every non-owner copy, then
 /// all-reduce", which also adds them up.
 ///
 /// Pipeline stages: with `pipeline_stages` S the world's ranks form S consecutive stages and

@@ -30,10 +30,9 @@
 namespace xshard {
 
 /// Fusion of one kind of collective (MindSpore's comm_fusion): `size` fills buckets up to
-/// `threshold_mib` (0: every parameter on its own); `automatic` lets xshard choose: 4 MiB,
-/// buckets that stay in cache while they are packed, reduced and unpacked (on the development
-/// machine 1000 gradients of 64 MiB in all synchronise in 28 ms with 4 MiB buckets, 46 ms with
-/// MindSpore's 64 MB default).
+/// `threshold_mib` (0: every parameter on its own); `automatic` (the default) lets xshard
+/// choose: 4 MiB, buckets that stay in cache while they are packed, reduced and unpacked
+/// (bench_parameters measures it against MindSpore's 64 MB default: benchmarks/README.md).
 struct fusion_threshold {
     enum class mode { automatic, size } how = mode::automatic;
     double threshold_mib = 64;

@@ -5,8 +5,9 @@
 /// parallelism makes the data-parallel axes.
 ///
 /// Gradients travel in fusion buckets (gradients of one redundancy group and element type,
-/// packed up to the all-reduce threshold of `comm_fusion`, 64 MiB by default): one all-reduce
-/// per bucket, xshard's pairwise all-reduce from 1 MiB on (2-5x MPI's on one node). A
+/// packed up to the all-reduce threshold of `comm_fusion`, 4 MiB by default, its automatic
+/// mode): one all-reduce per bucket, xshard's pairwise all-reduce from 1 MiB on
+/// (benchmarks/README.md compares it with MPI's). A
 /// `gradient_synchronizer` plans the buckets and allocates their buffers once and is reused
 /// every step; `synchronize_gradients` is the one-off form.
 ///

@@ -15,18 +15,21 @@
 
 namespace xshard::nn {
 
+/// The layer-normalisation layer (the operation on tensors is `ops::layer_norm`): see the
+/// file comment.
 template <class T, mesh_type Mesh>
-class layer_norm {
+class layer_normalization {
 public:
-    layer_norm(const Mesh& mesh, std::size_t features, T eps = T(1e-5))
+    layer_normalization(const Mesh& mesh, std::size_t features, T eps = T(1e-5))
         : gamma_(constant_weight<T>(mesh, std::array{features}, make_layout({""}), T(1)))
         , beta_(constant_weight<T>(mesh, std::array{features}, make_layout({""}), T(0)))
         , eps_(eps) {}
 
     tensor<T, Mesh> forward(const tensor<T, Mesh>& x) {
         if (x.layout().is_split(1) || x.layout().is_partial())
-            throw error("xshard: layer_norm needs its features whole and no pending sum, not " +
-                        x.layout().to_string());
+            throw error(
+                "xshard: layer_normalization needs its features whole and no pending sum, not " +
+                x.layout().to_string());
         const auto& a = x.local();
         const std::size_t n = a.shape()[1];
         const xt::xtensor<T, 2> mean = xt::mean(a, {1}, xt::keep_dims);
@@ -65,7 +68,7 @@ public:
         return dx;
     }
 
-    friend void visit_parameters(layer_norm& l, auto&& visit) {
+    friend void visit_parameters(layer_normalization& l, auto&& visit) {
         visit("gamma", l.gamma_);
         visit("beta", l.beta_);
     }
