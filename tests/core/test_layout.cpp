@@ -224,10 +224,11 @@ TEST(strategy, resolution_follows_xshards_device_matrix) {
             EXPECT_EQ(ours, mindspore) << mesh << " " << s;
             // With repetition, ranks 0 and 1 hold different blocks here (MindSpore's default
             // makes them repeat each other); without, the placements coincide.
-            if (repeats > 1 && q > 1)
+            if (repeats > 1 && q > 1) {
                 EXPECT_NE(xshard::block_of(l, m, shape, 0).offset,
                           xshard::block_of(l, m, shape, 1).offset)
                     << mesh << " " << s;
+            }
         }
     }
 }
