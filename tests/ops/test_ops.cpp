@@ -8,6 +8,7 @@
 #include <xshard/ops/reduce.hpp>
 #include <xshard/ops/shape.hpp>
 #include <xshard/tensor/distribute.hpp>
+#include <xshard/tensor/expression.hpp>
 #include <xshard/tensor/gather.hpp>
 
 #include "layouts.hpp"
@@ -19,6 +20,8 @@
 #include <xtensor/xtensor.hpp>
 
 #include <random>
+#include <string>
+#include <type_traits>
 
 namespace {
 
@@ -241,6 +244,65 @@ TEST(elementwise, broadcasting_and_partial_sums_match_serial) {
         const auto x = xshard::distribute<dynamic_layout(2)>(m, gx, layouts.front());
         const auto c = xshard::distribute<dynamic_layout(2)>(m, g1, layout::replicated(2));
         EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::mul(x, c)), gx * g1)) << where(m);
+    });
+}
+
+/// What `f` throws, after the "xshard: <operation>: " prefix ("" if it throws nothing).
+template <class F>
+std::string sentence_of(F&& f) {
+    try {
+        f();
+        return "";
+    } catch (const xshard::error& e) {
+        const std::string w = e.what();
+        const auto colon = w.find(": ", std::string("xshard: ").size());
+        return colon == std::string::npos ? w : w.substr(colon + 2);
+    }
+}
+
+TEST(elementwise, lazy_operators_and_operations_share_one_rule) {
+    // a + a, a * a, a / a lazily (tensor/expression.hpp) and by xshard::ops: allowed on the
+    // same layouts, with the same values, refused with the same sentence.
+    for_each_mesh([](const auto& m) {
+        const std::array<std::size_t, 2> sx{6, 5};
+        const auto gx = random_array(sx, 21, 0.5, 1.5);
+        for (const auto& lx : all_layouts(m.shape(), 2, true)) {
+            const auto x = xshard::distribute<dynamic_layout(2)>(m, gx, lx);
+            const std::string what = lx.to_string() + " " + where(m);
+            using T = xshard::dtensor<double, std::remove_cvref_t<decltype(m)>, dynamic_layout(2)>;
+            const auto lazy_sum = sentence_of([&] { (void)T(x + x); });
+            const auto lazy_product = sentence_of([&] { (void)T(x * x); });
+            const auto lazy_quotient = sentence_of([&] { (void)T(x / x); });
+            EXPECT_EQ(lazy_sum, sentence_of([&] { (void)xshard::ops::add(x, x); })) << what;
+            EXPECT_EQ(lazy_product, sentence_of([&] { (void)xshard::ops::mul(x, x); })) << what;
+            EXPECT_EQ(lazy_quotient, sentence_of([&] { (void)xshard::ops::div(x, x); })) << what;
+            if (!lx.is_partial()) {
+                EXPECT_EQ(lazy_product, "") << what;
+                EXPECT_TRUE(xt::allclose(xshard::gather_all(T(x * x)), gx * gx)) << what;
+                EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::mul(x, x)), gx * gx))
+                    << what;
+            } else if (lx.op == xshard::reduction::sum) {
+                EXPECT_EQ(lazy_sum, "") << what;
+                EXPECT_TRUE(xt::allclose(xshard::gather_all(T(x + x)), 2.0 * gx)) << what;
+                EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::add(x, x)), 2.0 * gx))
+                    << what;
+                EXPECT_NE(lazy_product.find("both operands of a product are partial"),
+                          std::string::npos)
+                    << what << ": " << lazy_product;
+                EXPECT_NE(lazy_quotient.find("cannot enter a non-linear operation"),
+                          std::string::npos)
+                    << what << ": " << lazy_quotient;
+                // Only the lazy form cannot keep a scalar on one term of the sum.
+                EXPECT_NE(
+                    sentence_of([&] { (void)T(x + 1.0); }).find("a scalar added to a partial"),
+                    std::string::npos)
+                    << what;
+            } else {
+                EXPECT_NE(lazy_sum.find("nor a pending max or min any arithmetic"),
+                          std::string::npos)
+                    << what << ": " << lazy_sum;
+            }
+        }
     });
 }
 

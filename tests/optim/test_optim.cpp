@@ -408,6 +408,63 @@ TEST(optimizers, any_parameter_container_is_stepped) {
     });
 }
 
+// --- an optimizer of one's own ------------------------------------------------------------
+
+/// Options of a user's rule: sign descent with a memory of the last signs.
+struct sign_options {
+    double lr = 0.1;
+};
+
+/// A user's update rule for optim::optimizer: w -= lr · sign(g), keeping sign(g) in slot
+/// "last_sign". Nothing of xshard's but the public concept and update_locally's contract.
+class sign_rule {
+public:
+    using options_type = sign_options;
+    static constexpr std::string_view name = "sign_descent";
+    static constexpr std::array<std::string_view, 1> slots{"last_sign"};
+
+    explicit sign_rule(const sign_options& o)
+        : options_(o) {}
+    const sign_options& options() const noexcept { return options_; }
+
+    template <class W>
+    void update(W& w, double lr, std::int64_t) const {
+        optim::update_locally(w, [&](auto& p, const auto& g, auto&& slot) {
+            using C = typename std::remove_cvref_t<decltype(p)>::value_type;
+            slot(0) = xt::sign(g);
+            p -= C(lr) * slot(0);
+        });
+    }
+
+private:
+    sign_options options_;
+};
+
+static_assert(optim::update_rule<sign_rule>);
+static_assert(!optim::update_rule<sign_options>);
+
+void serial_update(const sign_options&, serial_weight& w, double lr, std::int64_t) {
+    w.state.resize(1);
+    w.state[0] = xt::sign(w.grad);
+    w.value -= lr * w.state[0];
+}
+
+TEST(optimizers, a_users_rule_makes_an_optimizer) {
+    using sign_descent = optim::optimizer<sign_rule>;
+    for_each_world_mesh([](const M& m) {
+        auto n = make_static_net<double>(m);
+        auto s = serial_of(n);
+        sign_descent opt({.lr = 0.05});
+        train(opt, n, 3);
+        train_serial(sign_options{.lr = 0.05}, s, 3);
+        EXPECT_EQ(opt.steps(), 3);
+        EXPECT_EQ(opt.options().lr, 0.05);
+        expect_matches(opt, n, s, 1e-12, "sign_descent " + where(m));
+        // Its state is the optimizer's: another optimizer refuses it.
+        EXPECT_THROW(optim::adam().step(n), xshard::error) << where(m);
+    });
+}
+
 // --- state_of and checkpoints -----------------------------------------------------------
 
 template <class Opt>

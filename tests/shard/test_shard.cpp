@@ -95,7 +95,8 @@ TEST(shard, strategies_and_automatic_redistribution) {
 }
 
 TEST(shard, local_semantics_declare_partial_outputs) {
-    // Seed 002's hybrid net: x @ weight-slice, reduce the last axis, the sum pending over mp.
+    // The hybrid net of MindSpore's distributed training tutorial: x @ weight-slice, reduce the
+    // last axis, the sum pending over mp.
     const auto m = make_mesh();
     const auto gx = random_array<2>({7, 12}, 7), gw = random_array<2>({12, 8}, 8);
     const xt::xtensor<double, 1> expected = xt::sum(xt::linalg::dot(gx, gw), {1});

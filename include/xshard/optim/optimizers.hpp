@@ -61,13 +61,10 @@ template <class T>
 concept trainable_element =
     std::same_as<T, float> || std::same_as<T, double> || sixteen_bit_float<T>;
 
-} // namespace optim
-
-namespace detail {
-
-/// Runs `rule(p, g, slot)` on weight `w`'s blocks in the compute type: `p` its value, `g` its
-/// gradient, `slot(k)` its state slot k (all `xt::xtensor<C, N>&`). Blocks of 16-bit weights go
-/// through float copies, rounded back to 16 bits afterwards.
+/// Runs `rule(p, g, slot)` on weight `w`'s blocks in the compute type, for update rules: `p`
+/// its value, `g` its gradient, `slot(k)` its state slot k (all `xt::xtensor<C, N>&`, C float
+/// or double). Blocks of 16-bit weights go through float copies, rounded back to 16 bits
+/// afterwards. Local: no communication.
 template <class W, class Rule>
 void update_locally(W& w, Rule&& rule) {
     using D = typename W::tensor_type;
@@ -88,6 +85,10 @@ void update_locally(W& w, Rule&& rule) {
              [&](std::size_t k) -> typename D::local_type& { return w.state[k].local(); });
     }
 }
+
+} // namespace optim
+
+namespace detail {
 
 /// Calls `f(g)`, or `f(g + decay * p)` with an L2 penalty (none then costs nothing).
 template <class G, class P, class C, class F>
@@ -226,7 +227,7 @@ namespace optim {
 /// messages) and the names of its per-weight state slots (`slots`, a std::array of
 /// string_view; checkpoints name them), plus a member template `update(w, lr, t)` that
 /// updates one `weight` locally at step t (1-based) with learning rate lr, reading slot k as
-/// `w.state[k]` (detail::update_locally gives it in the compute type).
+/// `w.state[k]` (`update_locally` gives it in the compute type).
 template <class R>
 concept update_rule = std::constructible_from<R, const typename R::options_type&> &&
     requires(const R& r) {
@@ -360,7 +361,7 @@ public:
     /// Updates weight `w` locally at step t with learning rate lr.
     template <class W>
     void update(W& w, double lr, std::int64_t) const {
-        detail::update_locally(w, [&](auto& p, const auto& grad, auto&&) {
+        update_locally(w, [&](auto& p, const auto& grad, auto&&) {
             using C = typename std::remove_cvref_t<decltype(p)>::value_type;
             detail::with_l2(grad, p, C(options_.weight_decay),
                             [&](const auto& g) { xt::noalias(p) = p - C(lr) * g; });
@@ -408,7 +409,7 @@ public:
     /// Updates weight `w` locally at step t with learning rate lr.
     template <class W>
     void update(W& w, double lr, std::int64_t) const {
-        detail::update_locally(w, [&](auto& p, const auto& grad, auto&& slot) {
+        update_locally(w, [&](auto& p, const auto& grad, auto&& slot) {
             using C = typename std::remove_cvref_t<decltype(p)>::value_type;
             auto& v = slot(0);
             const C mu = C(options_.momentum);
@@ -463,7 +464,7 @@ public:
     template <class W>
     void update(W& w, double lr, std::int64_t t) const {
         const auto& o = options_;
-        detail::update_locally(w, [&](auto& p, const auto& grad, auto&& slot) {
+        update_locally(w, [&](auto& p, const auto& grad, auto&& slot) {
             using C = typename std::remove_cvref_t<decltype(p)>::value_type;
             detail::with_l2(grad, p, C(o.weight_decay), [&](const auto& g) {
                 detail::adam_update(p, g, slot, lr, t, o.beta1, o.beta2, o.eps);
@@ -512,7 +513,7 @@ public:
     template <class W>
     void update(W& w, double lr, std::int64_t t) const {
         const auto& o = options_;
-        detail::update_locally(w, [&](auto& p, const auto& g, auto&& slot) {
+        update_locally(w, [&](auto& p, const auto& g, auto&& slot) {
             using C = typename std::remove_cvref_t<decltype(p)>::value_type;
             if (o.weight_decay != 0)
                 p *= C(1 - lr * o.weight_decay);

@@ -33,10 +33,12 @@
 /// `parameter`s a call receives, in place, once; a parameter planned differently by two
 /// shard() calls is an error naming it and both layouts.
 ///
-/// Beyond the collectives of its redistributions a call costs nothing at run time: inputs
-/// already in their layout are passed by reference, and the plans of typed specs are
-/// computed at compile time. `describe()` on the returned callable (after a call) prints the
-/// layouts of the inputs and outputs and the redistribution steps taken.
+/// Beyond the collectives of its redistributions a call costs little at run time: inputs
+/// already in their layout are passed by reference; for typed specs the candidate steps
+/// are computed at compile time, and the plans (the choice among them, geometry,
+/// datatypes) are built at the first call and cached. `describe()` on the returned callable
+/// (after a call) prints the layouts of the inputs and outputs and the redistribution steps
+/// taken.
 
 #include <xshard/comm/error.hpp>
 #include <xshard/core/strategy.hpp>
