@@ -3,7 +3,6 @@
 // rank, so these run apart from the fast suite.
 
 #include <xshard/comm/collectives.hpp>
-#include <xshard/comm/datatype.hpp>
 
 #include "mpi_test.hpp"
 
@@ -36,17 +35,6 @@ std::size_t first_mismatch(const std::vector<std::uint8_t>& v, F expected) {
         if (v[i] != expected(i))
             return i;
     return v.size();
-}
-
-TEST(large_counts, contiguous_large_has_the_signature_of_its_elements) {
-    const auto t = xshard::derived_datatype::contiguous_large(large, MPI_BYTE);
-    MPI_Count size = 0;
-    MPI_Type_size_x(t.native(), &size);
-    EXPECT_EQ(std::size_t(size), large);
-    MPI_Aint lb = 0;
-    MPI_Aint extent = 0;
-    MPI_Type_get_extent(t.native(), &lb, &extent);
-    EXPECT_EQ(std::size_t(extent), large);
 }
 
 TEST(large_counts, bcast_beyond_int) {

@@ -84,6 +84,14 @@ TEST(mesh_shape, bad_input_is_rejected_with_a_reason) {
     }
 }
 
+TEST(mesh_shape, rank_counts_beyond_int_are_rejected) {
+    // 65536 x 65536 ranks would wrap around an int to 0.
+    EXPECT_THROW(mesh_shape::parse("dp=65536,mp=65536"), std::invalid_argument);
+    EXPECT_THROW(mesh_shape::fit({"dp", "mp", "pp"}, {65536, 65536, xshard::auto_size}, 4),
+                 std::invalid_argument);
+    EXPECT_EQ(mesh_shape::parse("dp=65536,mp=32767").size(), 65536 * 32767);
+}
+
 TEST(mesh, coordinates_and_sub_communicators) {
     for_each_mesh([](const auto& m) {
         const auto& s = m.shape();

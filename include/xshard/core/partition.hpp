@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <array>
+#include <climits>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -119,10 +120,12 @@ std::string shape_string(const Shape& shape) {
     return s + (i == 1 ? ",)" : ")");
 }
 
-/// The MPI datatype of box `b` inside a row-major array of shape `shape` (every extent and
-/// offset within MPI's int limit).
+/// The MPI datatype of box `b` inside a row-major array of shape `shape` (any extents: beyond
+/// MPI's int, strided vectors instead of a subarray type).
 template <class T, std::size_t N>
 derived_datatype box_datatype(const std::array<std::size_t, N>& shape, const box<N>& b) {
+    if (std::ranges::any_of(shape, [](std::size_t e) { return e > std::size_t(INT_MAX); }))
+        return derived_datatype::subarray_large(shape, b.extent, b.offset, datatype_of<T>());
     std::array<int, N> sizes{}, subsizes{}, starts{};
     for (std::size_t d = 0; d < N; ++d) {
         sizes[d] = to_int_count(shape[d]);
