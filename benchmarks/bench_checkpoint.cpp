@@ -131,9 +131,9 @@ memory measure(F&& f) {
 /// A string of rank 0, on every rank of `c`.
 std::string broadcast(const xshard::communicator& c, std::string s) {
     unsigned long long n = s.size();
-    xshard::bcast(c, std::span(&n, 1), 0);
+    xshard::mpi::bcast(c, std::span(&n, 1), 0);
     s.resize(std::size_t(n));
-    xshard::bcast(c, std::span(s.data(), s.size()), 0);
+    xshard::mpi::bcast(c, std::span(s.data(), s.size()), 0);
     return s;
 }
 
@@ -141,7 +141,7 @@ std::string broadcast(const xshard::communicator& c, std::string s) {
 std::string per_rank(const xshard::communicator& c, std::size_t value) {
     std::vector<unsigned long long> all(std::size_t(c.size()));
     const unsigned long long mine = value;
-    xshard::gather(c, std::span(&mine, 1), c.rank() == 0 ? std::span(all) : std::span(all).first(0),
+    xshard::mpi::gather(c, std::span(&mine, 1), c.rank() == 0 ? std::span(all) : std::span(all).first(0),
                    0);
     std::string out = "[";
     for (std::size_t r = 0; r < all.size(); ++r)
@@ -229,7 +229,7 @@ int main(int argc, char** argv) {
         }
     }
 
-    xshard::barrier(c);
+    xshard::mpi::barrier(c);
     if (c.rank() == 0)
         std::filesystem::remove_all(dir);
     return 0;

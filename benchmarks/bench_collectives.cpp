@@ -35,29 +35,29 @@ int main(int argc, char** argv) {
                               bench::compare(c, o, mine, theirs));
         };
         run(
-            "allgather", [&] { xshard::allgather(c, part, full_out); },
+            "allgather", [&] { xshard::mpi::allgather(c, part, full_out); },
             [&] {
                 MPI_Allgather(part.data(), piece, MPI_DOUBLE, full_out.data(), piece, MPI_DOUBLE,
                               raw);
             });
         run(
-            "alltoall", [&] { xshard::alltoall(c, full, full_out); },
+            "alltoall", [&] { xshard::mpi::alltoall(c, full, full_out); },
             [&] {
                 MPI_Alltoall(full.data(), piece, MPI_DOUBLE, full_out.data(), piece, MPI_DOUBLE,
                              raw);
             });
         run(
-            "allreduce", [&] { xshard::allreduce(c, full, full_out, reduction::sum); },
+            "allreduce", [&] { xshard::mpi::allreduce(c, full, full_out, reduction::sum); },
             [&] { MPI_Allreduce(full.data(), full_out.data(), int(n), MPI_DOUBLE, MPI_SUM, raw); });
         run(
             "reduce_scatter",
-            [&] { xshard::reduce_scatter_block(c, full, part_out, reduction::sum); },
+            [&] { xshard::mpi::reduce_scatter_block(c, full, part_out, reduction::sum); },
             [&] {
                 MPI_Reduce_scatter_block(full.data(), part_out.data(), piece, MPI_DOUBLE, MPI_SUM,
                                          raw);
             });
         run(
-            "bcast", [&] { xshard::bcast(c, full, 0); },
+            "bcast", [&] { xshard::mpi::bcast(c, full, 0); },
             [&] { MPI_Bcast(full.data(), int(n), MPI_DOUBLE, 0, raw); });
     }
     return 0;

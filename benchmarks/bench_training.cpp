@@ -240,7 +240,7 @@ phases medians(const std::vector<phases>& v) {
 /// A JSON array of `value` from every rank of `c` (on rank 0; empty elsewhere).
 std::string per_rank(const xshard::communicator& c, double value) {
     std::vector<double> all(std::size_t(c.size()));
-    xshard::gather(c, std::span(&value, 1),
+    xshard::mpi::gather(c, std::span(&value, 1),
                    c.rank() == 0 ? std::span(all) : std::span(all).first(0), 0);
     std::string out = "[";
     char number[32];
@@ -272,13 +272,13 @@ void run_case(const bench::options& o, const std::string& name, const mesh_t& me
 
     std::vector<phases> mine(std::size_t(o.reps)), base(std::size_t(o.reps));
     for (auto& p : mine) {
-        xshard::barrier(c);
+        xshard::mpi::barrier(c);
         ours.step(&p);
     }
     if (theirs)
         for (auto& p : base)
             theirs->step(&p);
-    xshard::barrier(c);
+    xshard::mpi::barrier(c);
     const auto m = medians(mine), b = medians(base);
     const double speedup = t.baseline_seconds / t.seconds,
                  target = target_efficiency * double(c.size()),

@@ -26,8 +26,8 @@ int main(int argc, char** argv) {
         local += x[i] * y[i];
 
     std::vector<double> partial{local};
-    xshard::allreduce(mesh.sub<"mp">(), partial, xshard::reduction::sum); // within mp
-    xshard::allreduce(mesh.sub<"dp">(), partial, xshard::reduction::sum); // across dp
+    xshard::mpi::allreduce(mesh.sub<"mp">(), partial, xshard::reduction::sum); // within mp
+    xshard::mpi::allreduce(mesh.sub<"dp">(), partial, xshard::reduction::sum); // across dp
     const double expected = double(n) * double(n - 1);                    // 2 * sum(0..n-1)
     if (mesh.rank() == 0)
         std::printf("dot(x, y) = %.0f over %d ranks (expected %.0f): %s\n", partial[0], mesh.size(),

@@ -70,8 +70,8 @@ int main(int argc, char** argv) {
             hi += double(x);
         }
         const auto& group = t.mesh().sub(t.layout().replicated_axes(t.mesh().shape()));
-        xshard::allreduce(group, std::span(&lo, 1), xshard::reduction::min);
-        xshard::allreduce(group, std::span(&hi, 1), xshard::reduction::max);
+        xshard::mpi::allreduce(group, std::span(&lo, 1), xshard::reduction::min);
+        xshard::mpi::allreduce(group, std::span(&hi, 1), xshard::reduction::max);
         agree = agree && lo == hi;
         const int owner = report.owner.at(name);
         table +=
@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
             "\n";
     });
     int ok = agree ? 1 : 0;
-    xshard::allreduce(mesh.comm(), std::span(&ok, 1), xshard::reduction::min);
+    xshard::mpi::allreduce(mesh.comm(), std::span(&ok, 1), xshard::reduction::min);
     if (mesh.rank() == 0) {
         std::printf("parameter broadcast on mesh(%s), rank 0's groups:\n%s",
                     mesh.shape().to_string().c_str(), table.c_str());

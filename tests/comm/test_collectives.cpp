@@ -45,7 +45,7 @@ TYPED_TEST(typed_collectives, bcast_from_last_rank) {
     const auto w = world();
     const int root = w.size() - 1;
     auto buffer = w.rank() == root ? values<T>(root, 13) : std::vector<T>(13);
-    xshard::bcast(w, buffer, root);
+    xshard::mpi::bcast(w, buffer, root);
     EXPECT_EQ(buffer, values<T>(root, 13));
 }
 
@@ -54,7 +54,7 @@ TYPED_TEST(typed_collectives, allreduce_sum) {
     const auto w = world();
     const std::size_t n = 17;
     std::vector<T> out(n);
-    xshard::allreduce(w, values<T>(w.rank(), n), out, reduction::sum);
+    xshard::mpi::allreduce(w, values<T>(w.rank(), n), out, reduction::sum);
     std::vector<T> expected(n, T{});
     for (int r = 0; r < w.size(); ++r)
         for (std::size_t i = 0; i < n; ++i)
@@ -67,7 +67,7 @@ TYPED_TEST(typed_collectives, allgather_in_rank_order) {
     const auto w = world();
     const std::size_t n = 5;
     std::vector<T> out(n * std::size_t(w.size()));
-    xshard::allgather(w, values<T>(w.rank(), n), out);
+    xshard::mpi::allgather(w, values<T>(w.rank(), n), out);
     for (int r = 0; r < w.size(); ++r)
         for (std::size_t i = 0; i < n; ++i)
             EXPECT_EQ(out[std::size_t(r) * n + i], value<T>(r, i)) << "from rank " << r;
@@ -77,9 +77,9 @@ TEST(collectives, allreduce_prod_min_max) {
     const auto w = world();
     const std::vector<double> mine{double(w.rank() + 2), double(-w.rank()), 1.5};
     std::vector<double> prod(3), lo(3), hi(3);
-    xshard::allreduce(w, mine, prod, reduction::prod);
-    xshard::allreduce(w, mine, lo, reduction::min);
-    xshard::allreduce(w, mine, hi, reduction::max);
+    xshard::mpi::allreduce(w, mine, prod, reduction::prod);
+    xshard::mpi::allreduce(w, mine, lo, reduction::min);
+    xshard::mpi::allreduce(w, mine, hi, reduction::max);
     double expected_prod = 1;
     for (int r = 0; r < w.size(); ++r)
         expected_prod *= r + 2;
@@ -94,7 +94,7 @@ TEST(collectives, allreduce_in_place_on_xtensor) {
     xt::xtensor<double, 2> a = xt::zeros<double>({3, 4});
     for (std::size_t i = 0; i < a.size(); ++i)
         a.data()[i] = double(w.rank()) * double(i);
-    xshard::allreduce(w, a, reduction::sum);
+    xshard::mpi::allreduce(w, a, reduction::sum);
     const double ranks = double(w.size()) * (w.size() - 1) / 2.0;
     for (std::size_t i = 0; i < a.size(); ++i)
         EXPECT_EQ(a.data()[i], ranks * double(i));
@@ -104,7 +104,7 @@ TEST(collectives, reduce_to_root) {
     const auto w = world();
     const int root = w.size() / 2;
     std::vector<long long> out(w.rank() == root ? 4 : 0);
-    xshard::reduce(w, values<long long>(w.rank(), 4), out, reduction::sum, root);
+    xshard::mpi::reduce(w, values<long long>(w.rank(), 4), out, reduction::sum, root);
     if (w.rank() == root) {
         for (std::size_t i = 0; i < 4; ++i) {
             long long expected = 0;
@@ -120,7 +120,7 @@ TEST(collectives, gather_and_scatter) {
     const std::size_t n = 3;
     const auto p = std::size_t(w.size());
     std::vector<int> gathered(w.rank() == 0 ? n * p : 0);
-    xshard::gather(w, values<int>(w.rank(), n), gathered, 0);
+    xshard::mpi::gather(w, values<int>(w.rank(), n), gathered, 0);
     if (w.rank() == 0) {
         for (std::size_t r = 0; r < p; ++r)
             for (std::size_t i = 0; i < n; ++i)
@@ -132,7 +132,7 @@ TEST(collectives, gather_and_scatter) {
         for (std::size_t i = 0; i < n; ++i)
             all[r * n + i] = value<int>(int(r), i);
     std::vector<int> piece(n);
-    xshard::scatter(w, w.rank() == 0 ? all : std::vector<int>{}, piece, 0);
+    xshard::mpi::scatter(w, w.rank() == 0 ? all : std::vector<int>{}, piece, 0);
     EXPECT_EQ(piece, values<int>(w.rank(), n));
 }
 
@@ -160,17 +160,17 @@ TEST(collectives, gatherv_scatterv_allgatherv) {
     }
 
     std::vector<double> gathered(w.rank() == 0 ? std::size_t(layout.total) : 0);
-    xshard::gatherv(w, mine, gathered, layout.counts, layout.displs, 0);
+    xshard::mpi::gatherv(w, mine, gathered, layout.counts, layout.displs, 0);
     if (w.rank() == 0) {
         EXPECT_EQ(gathered, expected);
     }
 
     std::vector<double> everywhere(std::size_t(layout.total));
-    xshard::allgatherv(w, mine, everywhere, layout.counts, layout.displs);
+    xshard::mpi::allgatherv(w, mine, everywhere, layout.counts, layout.displs);
     EXPECT_EQ(everywhere, expected);
 
     std::vector<double> piece(std::size_t(w.rank() + 1));
-    xshard::scatterv(w, expected, layout.counts, layout.displs, piece, 0);
+    xshard::mpi::scatterv(w, expected, layout.counts, layout.displs, piece, 0);
     EXPECT_EQ(piece, mine);
 }
 
@@ -180,7 +180,7 @@ TEST(collectives, alltoall_and_alltoallv) {
     const std::size_t n = 2;
     // Piece j of rank r's send: value(r, j * n + i).
     std::vector<int> received(n * p);
-    xshard::alltoall(w, values<int>(w.rank(), n * p), received);
+    xshard::mpi::alltoall(w, values<int>(w.rank(), n * p), received);
     for (std::size_t r = 0; r < p; ++r)
         for (std::size_t i = 0; i < n; ++i)
             EXPECT_EQ(received[r * n + i], value<int>(int(r), std::size_t(w.rank()) * n + i));
@@ -200,7 +200,7 @@ TEST(collectives, alltoall_and_alltoallv) {
         total += rc[r];
     }
     std::vector<int> recv(std::size_t(total), -1);
-    xshard::alltoallv(w, send, sc, sd, recv, rc, rd);
+    xshard::mpi::alltoallv(w, send, sc, sd, recv, rc, rd);
     for (std::size_t r = 0; r < p; ++r)
         for (int k = 0; k < rc[r]; ++k)
             EXPECT_EQ(recv[std::size_t(rd[r] + k)], 100 * int(r) + w.rank());
@@ -211,7 +211,7 @@ TEST(collectives, reduce_scatter_forms) {
     const auto p = std::size_t(w.size());
     const std::size_t n = 3;
     std::vector<double> block(n);
-    xshard::reduce_scatter_block(w, values<double>(w.rank(), n * p), block, reduction::sum);
+    xshard::mpi::reduce_scatter_block(w, values<double>(w.rank(), n * p), block, reduction::sum);
     for (std::size_t i = 0; i < n; ++i) {
         double expected = 0;
         for (int r = 0; r < w.size(); ++r)
@@ -221,7 +221,7 @@ TEST(collectives, reduce_scatter_forms) {
 
     const ragged layout(w.size());
     std::vector<double> piece(std::size_t(w.rank() + 1));
-    xshard::reduce_scatter(w, values<double>(w.rank(), std::size_t(layout.total)), piece,
+    xshard::mpi::reduce_scatter(w, values<double>(w.rank(), std::size_t(layout.total)), piece,
                            layout.counts, reduction::max);
     for (std::size_t i = 0; i < piece.size(); ++i) {
         double expected = value<double>(0, std::size_t(layout.displs[std::size_t(w.rank())]) + i);
@@ -237,18 +237,18 @@ TEST(point_to_point, ring_send_recv_and_sendrecv) {
     const int next = (w.rank() + 1) % w.size();
     const int prev = (w.rank() + w.size() - 1) % w.size();
     std::vector<float> in(6);
-    xshard::sendrecv(w, values<float>(w.rank(), 6), next, in, prev, 7);
+    xshard::mpi::sendrecv(w, values<float>(w.rank(), 6), next, in, prev, 7);
     EXPECT_EQ(in, values<float>(prev, 6));
 
     std::vector<float> got(6);
-    auto r = xshard::irecv(w, got, prev, 3);
-    xshard::send(w, values<float>(w.rank(), 6), next, 3);
+    auto r = xshard::mpi::irecv(w, got, prev, 3);
+    xshard::mpi::send(w, values<float>(w.rank(), 6), next, 3);
     r.wait();
     EXPECT_EQ(got, values<float>(prev, 6));
     std::vector<float> again(6);
     const auto mine = values<float>(w.rank(), 6);
-    auto s = xshard::isend(w, mine, next, 4);
-    xshard::recv(w, again, prev, 4);
+    auto s = xshard::mpi::isend(w, mine, next, 4);
+    xshard::mpi::recv(w, again, prev, 4);
     s.wait();
     EXPECT_EQ(again, values<float>(prev, 6));
 }
@@ -261,12 +261,12 @@ TEST(nonblocking, collectives_complete_through_requests) {
     const auto a = values<double>(w.rank(), 4);
     const auto b = values<double>(w.rank(), 2 * p);
     std::vector<xshard::request> pending;
-    pending.push_back(xshard::iallreduce(w, a, sum, reduction::sum));
-    pending.push_back(xshard::iallgather(w, a, gathered));
-    pending.push_back(xshard::ialltoall(w, b, exchanged));
-    pending.push_back(xshard::ireduce_scatter_block(w, b, scattered, reduction::sum));
-    pending.push_back(xshard::ibcast(w, shared, 0));
-    pending.push_back(xshard::ibarrier(w));
+    pending.push_back(xshard::mpi::iallreduce(w, a, sum, reduction::sum));
+    pending.push_back(xshard::mpi::iallgather(w, a, gathered));
+    pending.push_back(xshard::mpi::ialltoall(w, b, exchanged));
+    pending.push_back(xshard::mpi::ireduce_scatter_block(w, b, scattered, reduction::sum));
+    pending.push_back(xshard::mpi::ibcast(w, shared, 0));
+    pending.push_back(xshard::mpi::ibarrier(w));
     xshard::wait_all(pending);
     for (auto& r : pending)
         EXPECT_FALSE(r.active());
@@ -292,19 +292,19 @@ TEST(nonblocking, destroyed_request_is_completed) {
     const auto w = world();
     std::vector<int> out(3);
     const auto in = values<int>(w.rank(), 3);
-    { auto r = xshard::iallreduce(w, in, out, reduction::max); } // the destructor waits
+    { auto r = xshard::mpi::iallreduce(w, in, out, reduction::max); } // the destructor waits
     EXPECT_EQ(out, values<int>(w.size() - 1, 3));
 }
 
 TEST(collectives, size_mismatch_is_an_error) {
     const auto w = world();
     std::vector<double> small(1);
-    EXPECT_THROW(xshard::allreduce(w, std::vector<double>(2), small, reduction::sum),
+    EXPECT_THROW(xshard::mpi::allreduce(w, std::vector<double>(2), small, reduction::sum),
                  xshard::error);
     std::vector<double> wrong(w.size() + 1);
-    EXPECT_THROW(xshard::allgather(w, std::vector<double>(1), wrong), xshard::error);
+    EXPECT_THROW(xshard::mpi::allgather(w, std::vector<double>(1), wrong), xshard::error);
     std::vector<std::complex<double>> z(1);
-    EXPECT_THROW(xshard::allreduce(w, z, reduction::max), xshard::error);
+    EXPECT_THROW(xshard::mpi::allreduce(w, z, reduction::max), xshard::error);
 }
 
 } // namespace

@@ -84,7 +84,7 @@ TEST(errors, mpi_error_carries_operation_code_and_rank) {
     const auto c = world().dup(); // xshard-made: returns errors
     const std::vector<int> data{1, 2, 3};
     try {
-        xshard::send(c, data, c.size() + 5); // no such rank
+        xshard::mpi::send(c, data, c.size() + 5); // no such rank
         FAIL() << "sending to a missing rank did not throw";
     } catch (const xshard::mpi_error& e) {
         int world_rank = 0;
@@ -133,7 +133,7 @@ TYPED_TEST(builtin_datatypes, size_matches_and_values_round_trip) {
     };
     for (std::size_t i = 0; i < 2; ++i)
         mine[i] = pattern(std::size_t(w.rank()), i);
-    xshard::allgather(w, mine, all);
+    xshard::mpi::allgather(w, mine, all);
     for (std::size_t r = 0; r < p; ++r)
         for (std::size_t i = 0; i < 2; ++i)
             EXPECT_TRUE(all[r * 2 + i] == pattern(r, i)) << "from rank " << r;
@@ -158,7 +158,7 @@ TEST(datatypes, user_type_through_bytes_datatype) {
     const auto w = world();
     const particle mine{w.rank() * 1.5, -w.rank() * 0.5, w.rank()};
     std::vector<particle> all(std::size_t(w.size()));
-    xshard::allgather(w, std::span(&mine, 1), all);
+    xshard::mpi::allgather(w, std::span(&mine, 1), all);
     for (int r = 0; r < w.size(); ++r)
         EXPECT_EQ(all[std::size_t(r)], (particle{r * 1.5, -r * 0.5, r}));
 }

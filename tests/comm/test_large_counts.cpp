@@ -44,7 +44,7 @@ TEST(large_counts, bcast_beyond_int) {
     if (w.rank() == root)
         for (std::size_t i = 0; i < v.size(); ++i)
             v[i] = pattern(i, root);
-    xshard::bcast(w, v, root);
+    xshard::mpi::bcast(w, v, root);
     EXPECT_EQ(first_mismatch(v, [&](std::size_t i) { return pattern(i, root); }), v.size())
         << "rank " << w.rank();
 }
@@ -54,7 +54,7 @@ TEST(large_counts, allreduce_beyond_int) {
     std::vector<std::uint8_t> v(large);
     for (std::size_t i = 0; i < v.size(); ++i)
         v[i] = pattern(i, w.rank());
-    xshard::allreduce(w, v, reduction::sum); // in place
+    xshard::mpi::allreduce(w, v, reduction::sum); // in place
     EXPECT_EQ(first_mismatch(v,
                              [&, p = std::size_t(w.size())](std::size_t i) {
                                  // sum over q of 7 i + 3 q, modulo 256

@@ -105,7 +105,7 @@ TEST(mesh, coordinates_and_sub_communicators) {
             // The members, as each reports itself, are the ranks the shape predicts.
             std::vector<int> members(std::size_t(sub.size()));
             const int me = m.rank();
-            xshard::allgather(sub, std::span(&me, 1), members);
+            xshard::mpi::allgather(sub, std::span(&me, 1), members);
             EXPECT_EQ(members, m.group_ranks(axes)) << where(m) << ", axes " << bits;
         }
     });
@@ -142,7 +142,7 @@ TEST(mesh, sizes_that_do_not_fit_throw_on_every_rank) {
     }
     // After the failures every rank is still in step: a collective completes.
     int one = 1;
-    xshard::allreduce(w, std::span(&one, 1), xshard::reduction::sum);
+    xshard::mpi::allreduce(w, std::span(&one, 1), xshard::reduction::sum);
     EXPECT_EQ(one, w.size());
 }
 

@@ -68,7 +68,7 @@ index_list reference_permutation(std::size_t n, std::uint64_t seed, std::uint64_
 template <class T>
 bool same_on_all_ranks(const xshard::communicator& comm, const std::vector<T>& values) {
     std::vector<T> all(values.size() * std::size_t(comm.size()));
-    xshard::allgather(comm, values, all);
+    xshard::mpi::allgather(comm, values, all);
     for (int r = 0; r < comm.size(); ++r)
         if (!std::equal(values.begin(), values.end(),
                         all.begin() + std::ptrdiff_t(r * values.size())))
@@ -153,7 +153,7 @@ TEST(views, shards_of_a_shuffle_partition_it_across_ranks) {
     const std::size_t per = 37 / std::size_t(w.size());
     ASSERT_EQ(mine.size(), per) << "rank " << w.rank();
     std::vector<std::int64_t> all(per * std::size_t(w.size()));
-    xshard::allgather(w, mine, all);
+    xshard::mpi::allgather(w, mine, all);
     const auto p = reference_permutation(37, 7, 1);
     for (std::size_t r = 0; r < std::size_t(w.size()); ++r)
         for (std::size_t i = 0; i < per; ++i)
@@ -489,7 +489,7 @@ TEST(loader, training_gives_the_same_losses_on_any_number_of_ranks) {
                 return out;
             },
             [&](std::vector<double>& sums) {
-                xshard::allreduce(dp, std::span(sums), xshard::reduction::sum);
+                xshard::mpi::allreduce(dp, std::span(sums), xshard::reduction::sum);
             });
     };
     auto compare = [&](const std::vector<double>& losses, const std::string& context, bool exact) {
@@ -827,7 +827,7 @@ TEST(monitor, plain_lines_on_rank_0_only) {
     const std::string text = out.str();
     std::vector<unsigned long> sizes(std::size_t(w.size()));
     const unsigned long mine = text.size();
-    xshard::allgather(w, std::span(&mine, 1), sizes);
+    xshard::mpi::allgather(w, std::span(&mine, 1), sizes);
     for (int r = 1; r < w.size(); ++r)
         EXPECT_EQ(sizes[std::size_t(r)], 0u) << "rank " << r << " printed";
     if (w.rank() != 0)

@@ -34,7 +34,7 @@ std::string scratch() {
 void on_rank0(const std::function<void()>& f) {
     if (world().rank() == 0)
         f();
-    xshard::barrier(world());
+    xshard::mpi::barrier(world());
 }
 
 std::string slurp(const std::string& path) {
@@ -203,7 +203,7 @@ TEST(checkpoint, a_new_save_replaces_the_previous_one_and_leaves_no_temporary) {
         net loaded(m, other_layouts);
         EXPECT_EQ(xshard::load_checkpoint(dir + "/ckpt", loaded).step, 2);
         EXPECT_EQ(loaded.mismatches_all(2, false), 0u);
-        xshard::barrier(w);
+        xshard::mpi::barrier(w);
         std::vector<std::string> names;
         for (const auto& entry : fs::directory_iterator(dir))
             names.push_back(entry.path().filename().string());

@@ -55,7 +55,7 @@ auto random_tensor(const M& m, const std::array<std::size_t, 2>& shape, const la
 template <class A, class B>
 double local_inner(const A& a, const B& b) {
     double s = xt::sum(a.local() * b.local())();
-    xshard::allreduce(a.mesh().comm(), std::span(&s, 1), xshard::reduction::sum);
+    xshard::mpi::allreduce(a.mesh().comm(), std::span(&s, 1), xshard::reduction::sum);
     return s;
 }
 

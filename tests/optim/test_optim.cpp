@@ -539,7 +539,7 @@ void check_resume(const typename Opt::options_type& o) {
         EXPECT_TRUE(xt::allclose(ra[0], rb[0], 1e-12, 0) && xt::allclose(ra[1], rb[1], 1e-12, 0))
             << context;
     });
-    xshard::barrier(w);
+    xshard::mpi::barrier(w);
     if (w.rank() == 0)
         std::filesystem::remove_all(dir);
 }

@@ -8,7 +8,7 @@ int main(int argc, char** argv) {
     xshard::environment env(argc, argv);
     const xshard::mesh<"dp"> mesh({xshard::auto_size});
     std::vector<int> ones(3, 1);
-    xshard::allreduce(mesh.comm(), ones, xshard::reduction::sum);
+    xshard::mpi::allreduce(mesh.comm(), ones, xshard::reduction::sum);
     if (ones != std::vector<int>(3, mesh.size()))
         return 1;
     if (mesh.rank() == 0)

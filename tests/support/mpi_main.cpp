@@ -30,7 +30,7 @@ public:
     void OnTestEnd(const ::testing::TestInfo& info) override {
         const int failed = info.result()->Failed() ? 1 : 0;
         std::vector<int> all(std::size_t(world_.size()));
-        xshard::allgather(world_, std::span(&failed, 1), all);
+        xshard::mpi::allgather(world_, std::span(&failed, 1), all);
         std::string ranks;
         for (std::size_t r = 0; r < all.size(); ++r)
             if (all[r])
@@ -59,6 +59,6 @@ int main(int argc, char** argv) {
         delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new rank_reporter(world));
     int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
-    xshard::allreduce(world, std::span(&failed, 1), xshard::reduction::max);
+    xshard::mpi::allreduce(world, std::span(&failed, 1), xshard::reduction::max);
     return failed;
 }

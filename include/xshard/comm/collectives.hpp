@@ -378,6 +378,12 @@ auto recv_args(const communicator& c, B& buffer, int source, int tag) {
 
 } // namespace detail
 
+/// The MPI wrappers live in `xshard::mpi` (`xshard::mpi::gather` is MPI_Gather;
+/// `xshard::gather` turns a distributed tensor into an array). Calls with a communicator
+/// argument find them unqualified by argument-dependent lookup, since `communicator` is
+/// declared there too.
+namespace mpi {
+
 /// Wildcards for receives.
 inline constexpr int any_source = MPI_ANY_SOURCE;
 inline constexpr int any_tag = MPI_ANY_TAG;
@@ -624,5 +630,7 @@ void sendrecv(const communicator& c, const S& send, int dest, R&& recv, int sour
                                    c.native(), MPI_STATUS_IGNORE),
                       "MPI_Sendrecv");
 }
+
+} // namespace mpi
 
 } // namespace xshard

@@ -9,6 +9,7 @@
 #include <memory>
 
 namespace xshard {
+namespace mpi {
 
 /// A communicator. Copies share the handle; an owning communicator (one xshard made by
 /// dup, split or MPI_Cart_sub, or one adopted with `communicator::adopt`) is freed when
@@ -94,5 +95,10 @@ private:
     int rank_ = 0;
     int size_ = 0;
 };
+
+} // namespace mpi
+
+/// `mpi::communicator` under its everyday name.
+using mpi::communicator;
 
 } // namespace xshard
