@@ -353,7 +353,7 @@ TEST(checkpoint, damaged_per_rank_directories_raise_everywhere_and_change_nothin
          [&](auto& to) {
              spit(xshard::detail::rank_file(to, w.size() - 1), bytes.substr(0, bytes.size() - 1));
          }},
-        {"a missing rank file", "cannot open",
+        {"a missing rank file", "rank file(s) for a mesh of",
          [&](auto& to) {
              fs::remove(xshard::detail::rank_file(to, w.size() - 1));
          }},

@@ -5,6 +5,7 @@
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/error.hpp>
+#include <xshard/comm/subarray.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh.hpp>
 #include <xshard/core/partition.hpp>
@@ -80,22 +81,11 @@ inline const layout& checked_layout(const layout& l, std::size_t rank, const mes
     return l;
 }
 
-inline int to_int(std::size_t n) {
-    if (n > std::size_t(INT_MAX))
-        throw error("xshard: an extent exceeds MPI's int limit");
-    return int(n);
-}
-
-/// The MPI datatype of box `b` inside a row-major array of shape `shape`.
+/// The MPI datatype of box `b` inside a row-major array of shape `shape` (comm/subarray.hpp:
+/// any extents, empty boxes included).
 template <class T, std::size_t N>
 derived_datatype box_datatype(const std::array<std::size_t, N>& shape, const box<N>& b) {
-    std::array<int, N> sizes{}, subsizes{}, starts{};
-    for (std::size_t d = 0; d < N; ++d) {
-        sizes[d] = to_int(shape[d]);
-        subsizes[d] = to_int(b.extent[d]);
-        starts[d] = to_int(b.offset[d]);
-    }
-    return derived_datatype::subarray(sizes, subsizes, starts, datatype_of<T>());
+    return subarray_datatype(shape, b.offset, b.extent, datatype_of<T>());
 }
 
 struct no_layout {};
