@@ -482,11 +482,8 @@ inline void save_per_rank(ckpt_model& m, const std::string& path, std::int64_t s
             if (committed)
                 return;
             ::unlink(rank_file(tmp, c.rank()).c_str());
-            if (c.rank() == 0) {
-                std::error_code ignored;
-                if (replaceable(tmp) == existing::checkpoint_directory)
-                    remove_checkpoint(tmp);
-            }
+            if (c.rank() == 0)
+                remove_temporary_directory(tmp);
         }
     } guard{c, tmp, committed};
     everywhere(c, [&] {

@@ -191,6 +191,16 @@ inline void remove_checkpoint(const std::string& path) {
     }
 }
 
+/// Removes a temporary directory a failed save created (mkdtemp: nobody else's): the files of
+/// xshard's names in it, then it, if empty. Never throws (it runs during unwinding).
+inline void remove_temporary_directory(const std::string& dir) noexcept {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+        if (checkpoint_file_name(e.path().filename().string()))
+            ::unlink(e.path().c_str());
+    ::rmdir(dir.c_str());
+}
+
 /// Where a save puts the checkpoint it replaces for the moment of the swap.
 inline std::string previous_name(const std::string& path) { return path + ".old"; }
 
