@@ -349,8 +349,12 @@ public:
     /// needs beyond the checksums. Throws io_error naming the first block that is not.
     void check_blocks() const {
         for (const auto& p : strategy_.parameters)
-            for (const auto& b : blocks(p))
-                stored_begin(b, p);
+            check_blocks(p);
+    }
+    /// check_blocks for tensor `e` alone.
+    void check_blocks(const strategy_entry& e) const {
+        for (const auto& b : blocks(e))
+            stored_begin(b, e);
     }
 
     checkpoint_format format() const { return format_; }
@@ -446,6 +450,21 @@ public:
                                    std::uint64_t(b.file) * tensors.size() + i, o});
             }
         return out;
+    }
+
+    /// The CRC-32 of `n` bytes at `at` in file `file`, read through `buffer` in 16 MiB pieces.
+    std::uint32_t crc_of_range(int file, std::size_t at, std::size_t n,
+                               std::vector<std::byte>& buffer) const {
+        const auto& f = open(file).first;
+        buffer.resize(std::max(buffer.size(), std::min<std::size_t>(n, std::size_t(16) << 20)));
+        std::uint32_t crc = 0;
+        for (std::size_t done = 0; done < n;) {
+            const auto k = std::min(buffer.size(), n - done);
+            f.read_at(buffer.data(), k, at + done);
+            crc = detail::crc32_of(buffer.data(), k, crc);
+            done += k;
+        }
+        return crc;
     }
 
     /// Reads piece `p` (into `buffer`) and returns its checksum run.

@@ -198,6 +198,10 @@ inline std::string printable(std::string_view name) {
 
 } // namespace detail
 
+/// `name` with control characters and backslashes escaped ("\\x1b", "\\n"): how xshard prints
+/// a name read from a file, so that it never reaches a terminal raw.
+using detail::printable;
+
 /// Parses the header of a safetensors file of `file_size` bytes whose first bytes are
 /// `head` (at least the 8 length bytes; the whole header when the length fits). Throws
 /// io_error for anything malformed or inconsistent with the file's size.
