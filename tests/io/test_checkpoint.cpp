@@ -2,6 +2,7 @@
 // others on every mesh of the world, and damaged in every way the loader must catch. Every
 // value is checked against `expected_value` (model.hpp), which any rank computes alone.
 
+#include <xshard/comm/subarray.hpp>
 #include <xshard/io/checkpoint.hpp>
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/tensor/gather.hpp>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -608,6 +610,76 @@ TEST(checkpoint, a_stale_old_directory_never_hides_the_checkpoint) {
     net loaded(m, other_layouts);
     EXPECT_EQ(xshard::load_checkpoint(path, loaded).step, 2);
     EXPECT_EQ(loaded.mismatches_all(2, false), 0u);
+}
+
+// --- large counts -----------------------------------------------------------------------
+
+/// The bytes of `t` after MPI packing with `type` (one of it), from `source`.
+std::vector<unsigned char> packed(const xshard::derived_datatype& type,
+                                  const std::vector<unsigned char>& source) {
+    int size = 0;
+    MPI_Pack_size(1, type.native(), MPI_COMM_SELF, &size);
+    if (size == 0)
+        return {};
+    std::vector<unsigned char> out(static_cast<std::size_t>(size), 0);
+    int at = 0;
+    MPI_Pack(source.data(), 1, type.native(), out.data(), size, &at, MPI_COMM_SELF);
+    out.resize(std::size_t(at));
+    return out;
+}
+
+TEST(subarray, split_counts_give_the_same_box_as_mpi_subarray) {
+    // Counts above the limit are split into groups (and groups of groups); with a limit of 2
+    // every count here splits.
+    const std::vector<std::size_t> shape{5, 7, 3}, offset{1, 2, 0}, extent{3, 5, 3};
+    std::vector<unsigned char> source(5 * 7 * 3 * 2);
+    for (std::size_t i = 0; i < source.size(); ++i)
+        source[i] = static_cast<unsigned char>(i);
+    std::vector<unsigned char> want;
+    for (std::size_t i = 0; i < extent[0]; ++i)
+        for (std::size_t j = 0; j < extent[1]; ++j)
+            for (std::size_t k = 0; k < extent[2]; ++k)
+                for (std::size_t b = 0; b < 2; ++b)
+                    want.push_back(source[(((offset[0] + i) * 7 + offset[1] + j) * 3 + k) * 2 + b]);
+    const auto element = xshard::byte_run_datatype(2);
+    for (const std::size_t limit : {std::size_t(2), std::size_t(3), std::size_t(1) << 30}) {
+        const auto split = xshard::detail::box_from_vectors(shape, offset, extent,
+                                                            element.native(), limit);
+        EXPECT_EQ(packed(split, source), want) << "limit " << limit;
+        EXPECT_EQ(xshard::detail::extent_of(split.native()), source.size()) << "limit " << limit;
+    }
+    EXPECT_EQ(packed(xshard::byte_subarray_datatype(shape, offset, extent, 2), source), want);
+    const std::vector<std::size_t> none{3, 0, 3};
+    EXPECT_TRUE(packed(xshard::byte_subarray_datatype(shape, offset, none, 2), source).empty());
+}
+
+// Over 2 GiB in one rank's block (run alone: ctest label "large", one rank).
+TEST(large, a_block_over_2_gib_saves_and_loads_in_both_forms) {
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    const std::size_t cols = (std::size_t(1) << 31) / 3 + 2; // 3 rows: 2^31 + 4 bytes
+    auto make = [&] {
+        return xshard::zeros<std::uint8_t, xshard::dynamic_layout(2)>(m, {3, cols * w.size()},
+                                                                      "[-, mp]");
+    };
+    auto value = [](std::size_t i) { return std::uint8_t((i * 7 + i / 4099) % 251); };
+    auto saved = std::tuple(xshard::parameter{"big", make()});
+    auto& block = std::get<0>(saved).value.local();
+    for (std::size_t i = 0; i < block.size(); ++i)
+        block.data()[i] = value(i);
+    ASSERT_GT(block.size(), std::size_t(INT_MAX));
+    for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank}) {
+        const auto path = scratch() + "/large";
+        xshard::save_checkpoint(path, saved, {.format = format, .step = 1});
+        auto loaded = std::tuple(xshard::parameter{"big", make()});
+        EXPECT_EQ(xshard::load_checkpoint(path, loaded).step, 1);
+        const auto* p = std::get<0>(loaded).value.local().data();
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < block.size(); ++i)
+            bad += p[i] != value(i);
+        EXPECT_EQ(bad, 0u) << (format == checkpoint_format::integrated ? "integrated" : "per-rank");
+        on_rank0([&] { fs::remove_all(path); });
+    }
 }
 
 // --- across worlds: saved on 2x2 by the io.save_2x2 fixture ------------------------------

@@ -9,6 +9,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <limits>
 #include <cstddef>
@@ -41,6 +42,7 @@ inline std::size_t extent_of(MPI_Datatype type) {
 inline derived_datatype strided(std::size_t count, std::size_t stride, MPI_Datatype element,
                                 std::size_t limit = max_type_count) {
     MPI_Datatype type = MPI_DATATYPE_NULL;
+    limit = std::max<std::size_t>(limit, 2); // so that the groups are fewer than the elements
     if (count <= limit) {
         check_mpi(MPI_Type_create_hvector(int(count), 1, to_aint(stride), element, &type),
                   "MPI_Type_create_hvector");
