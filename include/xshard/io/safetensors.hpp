@@ -120,7 +120,7 @@ namespace detail {
 /// hostile file (megabytes of "[[[[") from costing memory out of proportion to its size.
 inline constexpr std::size_t max_json_depth = 32;
 
-/// Parses JSON text, refusing nesting deeper than max_json_depth (io_error).
+/// Parses JSON text, refusing nesting deeper than max_json_depth; any problem is an io_error.
 inline nlohmann::json parse_json(std::string_view text) {
     const nlohmann::json::parser_callback_t bounded = [](int depth, nlohmann::json::parse_event_t,
                                                          nlohmann::json&) {
@@ -129,7 +129,11 @@ inline nlohmann::json parse_json(std::string_view text) {
                            " levels");
         return true;
     };
-    return nlohmann::json::parse(text, bounded);
+    try {
+        return nlohmann::json::parse(text, bounded);
+    } catch (const nlohmann::json::exception& e) {
+        throw io_error(std::string("xshard: not valid JSON: ") + e.what());
+    }
 }
 
 /// `value` as a count in [lo, hi]: a JSON integer (not 2.7, not "3", not 4294967297 when
@@ -222,8 +226,8 @@ inline safetensors_header parse_header(std::string_view head, std::size_t file_s
     nlohmann::json json;
     try {
         json = detail::parse_json(head.substr(8, std::size_t(length)));
-    } catch (const std::exception& e) {
-        throw io_error(std::string("xshard: safetensors header is not valid JSON: ") + e.what());
+    } catch (const io_error& e) {
+        throw io_error(std::string("xshard: safetensors header: ") + (e.what() + 8));
     }
     if (!json.is_object())
         throw io_error("xshard: safetensors header is not a JSON object");

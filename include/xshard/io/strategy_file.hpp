@@ -91,7 +91,12 @@ struct strategy_file {
     static strategy_file from_json(std::string_view text) {
         strategy_file f;
         try {
-            const auto j = detail::parse_json(text);
+            nlohmann::json j;
+            try {
+                j = detail::parse_json(text);
+            } catch (const io_error& e) {
+                throw io_error(std::string("xshard: malformed strategy file: ") + (e.what() + 8));
+            }
             if (!j.is_object() || j.value("format", "") != "xshard-strategy")
                 throw io_error(
                     "xshard: not an xshard strategy file (no \"format\": \"xshard-strategy\")");
