@@ -143,7 +143,7 @@ inline derived_datatype byte_subarray_datatype(std::span<const std::size_t> shap
 /// The buffers `where[i]` of `bytes[i]` bytes each, as one datatype of absolute addresses
 /// (a struct of byte runs), for a transfer of many separate buffers in one call (the
 /// `absolute` transfers of mpi_file). Any run length, any number of runs.
-inline derived_datatype buffers_datatype(std::span<std::byte* const> where,
+inline derived_datatype buffers_datatype(std::span<const std::byte* const> where,
                                          std::span<const std::size_t> bytes) {
     if (where.size() > detail::max_type_count || where.size() != bytes.size())
         throw error("xshard: buffers_datatype: bad buffer lists");

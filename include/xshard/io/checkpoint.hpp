@@ -38,6 +38,7 @@
 #include <xshard/io/format.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>
+#include <xshard/param/tensor_record.hpp>
 #include <xshard/param/traversal.hpp>
 
 #include <nlohmann/json.hpp>
@@ -76,29 +77,19 @@ struct checkpoint_info {
 
 namespace detail {
 
-/// One tensor of a checkpoint, type-erased: its stored name and shape, and this rank's block.
-struct ckpt_tensor {
-    std::string name;
-    std::string dtype;
-    std::size_t element = 0;
-    std::vector<std::size_t> shape;
-    layout lay;
-    std::byte* data = nullptr;
-    std::vector<std::size_t> offset, extent; ///< this rank's block
-    bool primary = true; ///< the first holder of its block (coordinate 0 off the split axes)
-    bool trainable = true;
-
-    std::size_t local_bytes() const { return checked_mul(volume(extent), element); }
-    std::size_t global_bytes() const { return checked_mul(volume(shape), element); }
-};
-
 struct ckpt_model {
-    std::vector<ckpt_tensor> tensors;
+    std::vector<tensor_record> tensors; ///< param/tensor_record.hpp
+    std::vector<std::string> dtypes;    ///< their safetensors dtypes
     const communicator* comm = nullptr;
     mesh_shape mesh;
     int rank = 0;
     strategy_file strategy; ///< of everything saved (parameters, then optimizer state)
 };
+
+/// The bytes of this rank's block of `t`.
+inline std::size_t local_bytes(const tensor_record& t) {
+    return checked_mul(volume(t.extent), t.element);
+}
 
 template <class C>
 void collect(ckpt_model& m, C& container, const std::string& prefix, bool all) {
@@ -110,24 +101,13 @@ void collect(ckpt_model& m, C& container, const std::string& prefix, bool all) {
         if (t.layout().is_partial())
             throw error("xshard: checkpoint: '" + name + "' is partial " + t.layout().to_string() +
                         "; resolve it before saving");
-        const auto& ms = t.mesh().shape();
-        const auto b = t.block();
-        ckpt_tensor c;
-        c.name = prefix + name;
-        c.dtype = std::string(dtype_of<T>().name);
-        c.element = sizeof(T);
-        c.shape.assign(t.shape().begin(), t.shape().end());
-        c.lay = t.layout();
-        c.data = reinterpret_cast<std::byte*>(const_cast<T*>(t.local().data()));
-        c.offset.assign(b.offset.begin(), b.offset.end());
-        c.extent.assign(b.extent.begin(), b.extent.end());
-        c.primary = ms.group_rank(t.mesh().rank(), t.layout().replicated_axes(ms)) == 0;
-        c.trainable = trainable;
-        m.comm = &t.mesh().comm();
-        m.mesh = ms;
-        m.rank = t.mesh().rank();
-        m.strategy.mesh = ms;
-        m.strategy.parameters.push_back({c.name, c.shape, c.dtype, c.lay, trainable});
+        auto c = record_of(prefix + name, t, trainable);
+        m.comm = c.mesh_comm;
+        m.mesh = c.mesh;
+        m.rank = c.mesh_rank;
+        m.strategy.mesh = c.mesh;
+        m.dtypes.emplace_back(dtype_of<T>().name);
+        m.strategy.parameters.push_back({c.name, c.shape, m.dtypes.back(), c.lay, trainable});
         m.tensors.push_back(std::move(c));
     });
 }
@@ -190,25 +170,25 @@ struct block_transfer {
     derived_datatype file_type, memory_type;
     std::size_t bytes = 0;
 
-    block_transfer(std::size_t data_start, const std::vector<ckpt_tensor>& tensors,
+    block_transfer(std::size_t data_start, const std::vector<tensor_record>& tensors,
                    const std::vector<std::size_t>& which, const std::vector<std::size_t>& begins,
-                   const std::vector<std::byte*>& where) {
+                   const std::vector<const std::byte*>& where) {
         std::vector<derived_datatype> parts;
         std::vector<std::size_t> file_at, lengths;
-        std::vector<std::byte*> memory;
+        std::vector<const std::byte*> memory;
         // A file view must move forward through the file: the blocks in file order.
         auto order = which;
         std::sort(order.begin(), order.end(),
                   [&](auto x, auto y) { return begins[x] < begins[y]; });
         for (std::size_t i : order) {
             const auto& t = tensors[i];
-            if (t.local_bytes() == 0)
+            if (local_bytes(t) == 0)
                 continue;
             parts.push_back(byte_subarray_datatype(t.shape, t.offset, t.extent, t.element));
             file_at.push_back(checked_add(data_start, begins[i]));
             memory.push_back(where[i]);
-            lengths.push_back(t.local_bytes());
-            bytes = checked_add(bytes, t.local_bytes());
+            lengths.push_back(local_bytes(t));
+            bytes = checked_add(bytes, local_bytes(t));
         }
         file_type = placed_datatype(file_at, parts);
         memory_type = buffers_datatype(memory, lengths);
@@ -303,7 +283,7 @@ inline void check_same_file(const communicator& c, std::array<std::uint64_t, 4> 
 /// write that failed anywhere (a full disk, a quota, a file-size limit, even one MPI-IO did
 /// not report) raises io_error on every rank.
 inline void check_written(const communicator& c, const std::string& tmp,
-                          const std::string& path, const std::vector<ckpt_tensor>& tensors,
+                          const std::string& path, const std::vector<tensor_record>& tensors,
                           std::size_t expected_size) {
     std::optional<checkpoint_reader> r;
     std::vector<const strategy_entry*> stored;
@@ -321,8 +301,8 @@ inline void check_written(const communicator& c, const std::string& tmp,
 inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t step) {
     const auto& c = *m.comm;
     std::vector<tensor_entry> entries;
-    for (const auto& t : m.tensors)
-        entries.push_back({t.name, t.dtype, t.shape, 0, 0});
+    for (std::size_t i = 0; i < m.tensors.size(); ++i)
+        entries.push_back({m.tensors[i].name, m.dtypes[i], m.tensors[i].shape, 0, 0});
     std::string header = integrated_header(entries, m.strategy, step);
     std::size_t size = header.size();
     for (const auto& e : entries)
@@ -349,7 +329,7 @@ inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t
     } guard{c, tmp, committed};
 
     std::vector<std::size_t> writers, begins;
-    std::vector<std::byte*> where;
+    std::vector<const std::byte*> where;
     std::vector<crc_run> runs;
     std::vector<std::uint64_t> sizes;
     std::optional<block_transfer> transfer;
@@ -357,11 +337,11 @@ inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t
         for (std::size_t i = 0; i < m.tensors.size(); ++i) {
             const auto& t = m.tensors[i];
             begins.push_back(entries[i].begin);
-            where.push_back(t.data);
+            where.push_back(t.cdata);
             sizes.push_back(t.global_bytes());
-            if (t.primary) {
+            if (t.primary()) {
                 writers.push_back(i);
-                block_runs(runs, i, t.shape, t.offset, t.extent, t.element, t.data);
+                block_runs(runs, i, t.shape, t.offset, t.extent, t.element, t.cdata);
             }
         }
         transfer.emplace(header.size(), m.tensors, writers, begins, where);
@@ -405,10 +385,13 @@ inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
             if (!stored[i])
                 throw io_error("xshard: " + where + ": no tensor '" + printable(t.name) +
                                "' in the checkpoint");
-            if (stored[i]->dtype != t.dtype)
+            if (!t.data && t.cdata) // (an empty block has neither)
+                throw error("xshard: " + where + ": '" + printable(t.name) +
+                            "' is const; a load needs tensors it can write");
+            if (stored[i]->dtype != m.dtypes[i])
                 throw io_error("xshard: " + where + ": '" + printable(t.name) +
                                "' is stored as " + stored[i]->dtype + ", the model has " +
-                               t.dtype);
+                               m.dtypes[i]);
             if (stored[i]->shape != t.shape)
                 throw io_error("xshard: " + where + ": '" + printable(t.name) +
                                "' is stored with shape " + shape_string(stored[i]->shape) +
@@ -428,7 +411,7 @@ inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
     if (r.format() == checkpoint_format::integrated) {
         // One collective MPI-IO read of every rank's blocks.
         std::vector<std::size_t> all_tensors, begins;
-        std::vector<std::byte*> into;
+        std::vector<const std::byte*> into;
         std::optional<block_transfer> transfer;
         everywhere(c, [&] {
             const auto& h = r.header(0);
@@ -489,9 +472,9 @@ inline void save_per_rank(ckpt_model& m, const std::string& path, std::int64_t s
     everywhere(c, [&] {
         std::vector<tensor_entry> entries;
         std::vector<const std::byte*> data;
-        for (const auto& t : m.tensors) {
-            entries.push_back({t.name, t.dtype, t.extent, 0, 0});
-            data.push_back(t.data);
+        for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+            entries.push_back({m.tensors[i].name, m.dtypes[i], m.tensors[i].extent, 0, 0});
+            data.push_back(m.tensors[i].cdata);
         }
         write_rank_file(tmp, m.rank, std::move(entries), data);
     });
