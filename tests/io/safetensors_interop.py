@@ -110,6 +110,13 @@ def main():
     with open(path, "w") as f:
         json.dump(strategy, f)
 
+    # Foreign files `xshard-ckpt info` must print safely or refuse clearly: a tensor name with
+    # control characters (an escape sequence), a tensor of 9 dimensions.
+    write_safetensors(data_dir + "/control_name.safetensors",
+                      {"a\x1b[2J\nb": ("F32", np.zeros((2, 3), dtype=np.float32))})
+    write_safetensors(data_dir + "/rank9.safetensors",
+                      {"t": ("F32", np.zeros((1,) * 9, dtype=np.float32))})
+
     shapes = {"w1": ("F64", (12, 10)), "w2": ("F32", (7, 5)), "b": ("F64", (9,)), "e": ("F64", (3, 4, 6)),
               "h": ("BF16", (6, 4)), "counts": ("I32", (10,))}
     out = {name: (dtype, expected(name, dtype, shape, 0)) for name, (dtype, shape) in reversed(shapes.items())}

@@ -7,6 +7,7 @@
 /// them, zlib combines them) that combine over pieces read by different ranks.
 
 #include <xshard/core/partition.hpp>
+#include <xshard/core/volume.hpp>
 #include <xshard/io/safetensors.hpp>
 
 #include <libdeflate.h>
@@ -288,9 +289,7 @@ runs_of(const std::vector<std::size_t>& shape, const std::vector<std::size_t>& o
         const std::vector<std::size_t>& extent, std::size_t element) {
     const std::size_t n = shape.size();
     std::vector<std::pair<std::size_t, std::size_t>> runs;
-    std::size_t size = 1;
-    for (auto e : extent)
-        size *= e;
+    const std::size_t size = volume(extent);
     if (size == 0)
         return runs;
     if (n == 0) {
