@@ -8,10 +8,12 @@
 // Bad input gives one line on stderr and exit status 2.
 
 #include <xshard/redistribute/geometry.hpp>
+#include <xshard/core/volume.hpp>
 #include <xshard/redistribute/planner.hpp>
 
 #include <CLI/CLI.hpp>
 
+#include <climits>
 #include <cstdio>
 #include <map>
 #include <stdexcept>
@@ -55,8 +57,23 @@ xshard::mesh_shape parse_mesh(const std::string& text, int ranks) {
             throw usage_error("--mesh: a mesh has at most 6 axes");
         names.push_back(xshard::axis_name(item.substr(0, eq)));
         const auto size = item.substr(eq + 1);
-        sizes.push_back(size == "auto" ? xshard::auto_size : int(parse_count(size, "--mesh")));
+        if (size == "auto") {
+            sizes.push_back(xshard::auto_size);
+            continue;
+        }
+        const auto n = parse_count(size, "--mesh");
+        if (n < 1 || n > std::size_t(INT_MAX))
+            throw usage_error("--mesh: the size of axis '" + item.substr(0, eq) +
+                              "' must be between 1 and " + std::to_string(INT_MAX));
+        sizes.push_back(int(n));
     }
+    std::size_t product = 1;
+    for (auto s : sizes)
+        if (s != xshard::auto_size)
+            product = xshard::checked_mul(product, std::size_t(s), "the mesh's size");
+    if (product > std::size_t(INT_MAX))
+        throw usage_error("--mesh: a mesh of " + std::to_string(product) + " ranks (at most " +
+                          std::to_string(INT_MAX) + ")");
     if (ranks == 0) {
         if (sizes.contains(xshard::auto_size))
             throw usage_error("--mesh: an 'auto' size needs --ranks");
@@ -96,11 +113,10 @@ int print_plan(const xshard::mesh_shape& mesh, const std::vector<std::size_t>& e
                std::size_t element, const xshard::layout& from, const xshard::layout& to,
                int rank) {
     std::array<std::size_t, N> shape{};
-    std::size_t total = element;
-    for (std::size_t d = 0; d < N; ++d) {
+    for (std::size_t d = 0; d < N; ++d)
         shape[d] = extents[d];
-        total *= extents[d];
-    }
+    const std::size_t total =
+        xshard::checked_mul(xshard::volume(extents), element, "the tensor's size in bytes");
     const xshard::cost_model model{};
     const auto candidates = xshard::plan_redistribution(from, to);
     const auto chosen = xshard::choose_candidate(candidates, mesh, shape, element, model);
@@ -160,6 +176,7 @@ int main(int argc, char** argv) {
         const auto mesh = parse_mesh(mesh_text, ranks);
         const auto shape = parse_shape(shape_text);
         const auto element = element_size(dtype);
+        xshard::checked_mul(xshard::volume(shape), element, "--shape: the tensor's size in bytes");
         const auto from = xshard::layout::parse(from_text);
         const auto to = xshard::layout::parse(to_text);
         from.validate(mesh);

@@ -10,10 +10,12 @@
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/environment.hpp>
 #include <xshard/comm/error.hpp>
+#include <xshard/comm/file.hpp>
 #include <xshard/comm/float16.hpp>
 #include <xshard/comm/pairwise_reduce.hpp>
 #include <xshard/comm/reduction.hpp>
 #include <xshard/comm/request.hpp>
+#include <xshard/comm/subarray.hpp>
 #include <xshard/core/axis.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh.hpp>
@@ -32,6 +34,7 @@
 #include <xshard/io/checkpoint.hpp>
 #include <xshard/io/files.hpp>
 #include <xshard/io/format.hpp>
+#include <xshard/io/offline.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>
 #include <xshard/nn/activation.hpp>
@@ -52,6 +55,7 @@
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/optim/schedules.hpp>
 #include <xshard/param/parameter.hpp>
+#include <xshard/param/tensor_record.hpp>
 #include <xshard/param/traversal.hpp>
 #include <xshard/param/weight.hpp>
 #include <xshard/redistribute/cost_model.hpp>

@@ -1,7 +1,8 @@
-// Derived datatypes beyond MPI's int: contiguous_large and subarray_large describe the same
+// Derived datatypes beyond MPI's int: contiguous_large and subarray_datatype describe the same
 // bytes as MPI's own constructors where those apply, and the right bytes where they do not.
 
 #include <xshard/comm/datatype.hpp>
+#include <xshard/comm/subarray.hpp>
 
 #include <gtest/gtest.h>
 
@@ -27,14 +28,14 @@ std::vector<char> packed(const void* data, MPI_Datatype type) {
     return out;
 }
 
-TEST(datatype, subarray_large_selects_what_subarray_selects) {
+TEST(datatype, subarray_datatype_selects_what_subarray_selects) {
     std::vector<std::int32_t> array(4 * 5 * 6);
     std::iota(array.begin(), array.end(), 0);
     const std::array<std::size_t, 3> sizes{4, 5, 6}, subsizes{2, 3, 2}, starts{1, 2, 3};
     const std::array<int, 3> isizes{4, 5, 6}, isubsizes{2, 3, 2}, istarts{1, 2, 3};
     const auto mpi = xshard::derived_datatype::subarray(isizes, isubsizes, istarts, MPI_INT32_T);
     const auto ours =
-        xshard::derived_datatype::subarray_large(sizes, subsizes, starts, MPI_INT32_T);
+        xshard::subarray_datatype(sizes, starts, subsizes, MPI_INT32_T);
     EXPECT_EQ(packed(array.data(), ours.native()), packed(array.data(), mpi.native()));
     MPI_Aint lb = 0, extent = 0, our_lb = 0, our_extent = 0;
     MPI_Type_get_extent(mpi.native(), &lb, &extent);
@@ -43,12 +44,12 @@ TEST(datatype, subarray_large_selects_what_subarray_selects) {
     EXPECT_EQ(our_extent, extent);
 }
 
-TEST(datatype, subarray_large_beyond_int) {
+TEST(datatype, subarray_datatype_beyond_int) {
     // A box of 2 x (2^31 + 1) bytes at (1, 5) in a 3 x 2^32 array: no memory needed to check
     // which bytes the type covers.
     const std::size_t row = std::size_t(1) << 32, run = std::size_t(INT_MAX) + 2;
     const std::array<std::size_t, 2> sizes{3, row}, subsizes{2, run}, starts{1, 5};
-    const auto t = xshard::derived_datatype::subarray_large(sizes, subsizes, starts, MPI_BYTE);
+    const auto t = xshard::subarray_datatype(sizes, starts, subsizes, MPI_BYTE);
     MPI_Count size = 0, true_lb = 0, true_extent = 0, lb = 0, extent = 0;
     MPI_Type_size_x(t.native(), &size);
     MPI_Type_get_true_extent_x(t.native(), &true_lb, &true_extent);

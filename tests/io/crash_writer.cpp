@@ -3,12 +3,19 @@
 // checks afterwards that the checkpoint left behind loads, checksums and all, and holds the
 // values of one complete step.
 //
-//   crash_writer once|loop|verify PATH integrated|per_rank
+// With `fail` (tests/io/full_disk_test.sh), ranks 0 and n-1 limit the size of the files
+// they write; the save of step 2 must raise io_error on every rank, and the checkpoint of step 1
+// must still load.
+//
+//   crash_writer once|loop|verify|fail PATH integrated|per_rank
 #include <xshard/comm/environment.hpp>
 #include <xshard/io/checkpoint.hpp>
 
 #include "model.hpp"
 
+#include <sys/resource.h>
+
+#include <csignal>
 #include <cstdio>
 #include <string>
 #include <tuple>
@@ -36,7 +43,7 @@ struct model {
 int main(int argc, char** argv) {
     xshard::environment env(argc, argv);
     if (argc != 4) {
-        std::fprintf(stderr, "usage: crash_writer once|loop|verify PATH integrated|per_rank\n");
+        std::fprintf(stderr, "usage: crash_writer once|loop|verify|fail PATH integrated|per_rank\n");
         return 2;
     }
     const std::string mode = argv[1], path = argv[2], format = argv[3];
@@ -55,6 +62,33 @@ int main(int argc, char** argv) {
     const xshard::checkpoint_options options{.format = format == "integrated"
                                                            ? xshard::checkpoint_format::integrated
                                                            : xshard::checkpoint_format::per_rank};
+    if (mode == "fail") {
+        // On rank 0 (an MPI-IO aggregator) and the last rank (a per-rank file of 8/n MiB),
+        // files of at most 1 MiB, set after MPI's own start-up; a write past the limit fails
+        // with EFBIG, as on a full disk, instead of killing the process.
+        std::signal(SIGXFSZ, SIG_IGN);
+        if (mesh.rank() == 0 || mesh.rank() == w.size() - 1) {
+            const rlimit limit{std::size_t(1) << 20, std::size_t(1) << 20};
+            if (::setrlimit(RLIMIT_FSIZE, &limit) != 0)
+                return 3;
+        }
+        m.small.fill_all(2);
+        fill(m.big, "big", 2);
+        auto o = options;
+        o.step = 2;
+        bool raised = false;
+        try {
+            xshard::save_checkpoint(path, m, o);
+        } catch (const xshard::io_error& e) {
+            raised = true;
+            std::printf("rank %d: the save raised: %s\n", mesh.rank(), e.what());
+        }
+        const auto info = xshard::load_checkpoint(path, m);
+        const auto bad = m.small.mismatches_all(1, false) + mismatches(m.big, "big", 1);
+        std::printf("rank %d: loaded step %lld: %s\n", mesh.rank(),
+                    static_cast<long long>(info.step), bad ? "WRONG VALUES" : "ok");
+        return raised && info.step == 1 && !bad ? 0 : 1;
+    }
     for (std::int64_t step = 1; mode == "loop" || step == 1; ++step) {
         m.small.fill_all(step);
         fill(m.big, "big", step);

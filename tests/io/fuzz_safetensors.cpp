@@ -1,29 +1,145 @@
-// libFuzzer target for the safetensors header parser and the strategy-file reader: any
-// bytes must give a header consistent with the file, or an io_error, never a crash, a hang
-// or a huge allocation. Built with clang's -fsanitize=fuzzer,address,undefined when clang is
-// available (tests/CMakeLists.txt), and run for a bounded time by ctest.
+// libFuzzer target for everything xshard reads from a checkpoint: the safetensors header
+// parser, strategy files, the per-rank checkpoint.json, the CRC map, the checkpoint reader
+// of both forms (with `verify_checkpoint` and reads of every stored tensor), and the block
+// arithmetic of a mesh that a strategy file describes. Any bytes must give a consistent
+// result or an io_error, never a crash, a hang or a huge allocation. Built with clang's
+// -fsanitize=fuzzer,address,undefined when clang is available (tests/CMakeLists.txt), and run
+// for a bounded time by ctest.
+//
+// The first byte picks what the rest is: 0 a safetensors file (parsed, then read through
+// checkpoint_reader), 1 a strategy file (and its block arithmetic), 2 a CRC map, 3 a per-rank
+// directory (checkpoint.json, strategy.json and rank_0.safetensors, separated by "\n--\n").
+#include <xshard/core/partition.hpp>
+#include <xshard/io/format.hpp>
+#include <xshard/io/offline.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>
 
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <string_view>
+#include <vector>
+
+namespace {
+
+/// A directory of this process's own, for the files the reader opens.
+const std::string& scratch() {
+    static const std::string dir = [] {
+        std::string d = "/tmp/xshard_fuzz.XXXXXX";
+        if (!::mkdtemp(d.data()))
+            std::abort();
+        return d;
+    }();
+    return dir;
+}
+
+void write(const std::string& path, std::string_view bytes) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+/// Reads every stored tensor that is small, and verifies the checkpoint.
+void read_all(const std::string& path) {
+    try {
+        const xshard::checkpoint_reader r(path);
+        xshard::verify_checkpoint(path);
+        for (const auto& e : r.strategy().parameters) {
+            const auto bytes = xshard::stored_bytes(e);
+            if (bytes > (std::size_t(1) << 20))
+                continue;
+            std::vector<std::byte> out(bytes);
+            r.read_box(e, std::vector<std::size_t>(e.shape.size(), 0), e.shape, out.data());
+        }
+    } catch (const xshard::error&) {
+    }
+}
+
+/// Every block of every parameter, on a sample of ranks: inside the tensor, and the blocks
+/// along each dimension tile it.
+void check_blocks(const xshard::strategy_file& f) {
+    const auto& mesh = f.mesh;
+    const int stride = mesh.size() <= 64 ? 1 : mesh.size() / 64;
+    for (const auto& e : f.parameters) {
+        for (std::size_t d = 0; d < e.shape.size(); ++d) {
+            const auto k = std::size_t(e.lay.split_count(d, mesh));
+            std::size_t sum = 0;
+            for (std::size_t b = 0; b < k && b < 4096; ++b) {
+                if (xshard::block_offset(e.shape[d], k, b) != sum)
+                    __builtin_trap();
+                sum += xshard::block_extent(e.shape[d], k, b);
+            }
+            if (k <= 4096 && sum != e.shape[d])
+                __builtin_trap();
+        }
+        for (int r = 0; r < mesh.size(); r += stride) {
+            const auto c = mesh.coords(r);
+            for (std::size_t d = 0; d < e.shape.size(); ++d) {
+                const auto k = std::size_t(e.lay.split_count(d, mesh));
+                const auto b = std::size_t(e.lay.block_index(d, mesh, c));
+                if (b >= k || xshard::block_offset(e.shape[d], k, b) +
+                                      xshard::block_extent(e.shape[d], k, b) >
+                                  e.shape[d])
+                    __builtin_trap();
+            }
+        }
+    }
+}
+
+} // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-    const std::string_view bytes(reinterpret_cast<const char*>(data), size);
-    try {
-        const auto h = xshard::parse_header(bytes, size);
-        for (const auto& t : h.tensors)
-            if (t.begin > t.end || t.end > size - h.data_start ||
-                t.end - t.begin != t.elements() * xshard::dtype_size(t.dtype))
-                __builtin_trap(); // a header that does not fit the file got through
-        if (const auto it = h.metadata.find("xshard.strategy"); it != h.metadata.end())
-            xshard::strategy_file::from_json(it->second);
-    } catch (const xshard::io_error&) {
+    if (size == 0)
+        return 0;
+    const std::string_view bytes(reinterpret_cast<const char*>(data) + 1, size - 1);
+    switch (data[0] % 4) {
+    case 0:
+        try {
+            const auto h = xshard::parse_header(bytes, bytes.size());
+            for (const auto& t : h.tensors)
+                if (t.begin > t.end || t.end > bytes.size() - h.data_start ||
+                    t.end - t.begin != t.elements() * xshard::dtype_size(t.dtype))
+                    __builtin_trap(); // a header that does not fit the file got through
+        } catch (const xshard::error&) {
+        }
+        write(scratch() + "/file.safetensors", bytes);
+        read_all(scratch() + "/file.safetensors");
+        break;
+    case 1:
+        try {
+            check_blocks(xshard::strategy_file::from_json(bytes));
+        } catch (const xshard::error&) {
+        }
+        break;
+    case 2:
+        try {
+            const auto crcs = xshard::detail::parse_checksums(std::string(bytes));
+            for (const auto& [name, crc] : crcs)
+                if (crc.size() != 8)
+                    __builtin_trap();
+        } catch (const xshard::error&) {
+        }
+        break;
+    default: {
+        const std::string dir = scratch() + "/per_rank";
+        std::filesystem::remove_all(dir);
+        std::filesystem::create_directories(dir);
+        const char* names[] = {"checkpoint.json", "strategy.json", "rank_0.safetensors"};
+        std::size_t at = 0;
+        for (int i = 0; i < 3; ++i) {
+            const auto end = i < 2 ? bytes.find("\n--\n", at) : std::string_view::npos;
+            write(dir + "/" + names[i], bytes.substr(at, end == std::string_view::npos ? end : end - at));
+            if (end == std::string_view::npos)
+                break;
+            at = end + 4;
+        }
+        read_all(dir);
+        break;
     }
-    try {
-        xshard::strategy_file::from_json(bytes);
-    } catch (const xshard::io_error&) {
     }
     return 0;
 }

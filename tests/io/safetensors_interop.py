@@ -87,6 +87,36 @@ def main():
     with open(data_dir + "/damaged.safetensors", "wb") as f:
         f.write(damaged)
 
+    # Per-rank copies a load cannot use although every CRC matches: w1 deleted from one rank
+    # file, w1's shape changed in strategy.json. `xshard-ckpt verify` must find both.
+    import shutil
+    for name in ("missing_block", "changed_shape"):
+        shutil.rmtree(f"{data_dir}/{name}", ignore_errors=True)
+        shutil.copytree(data_dir + "/saved_2x2/model", f"{data_dir}/{name}")
+    path = data_dir + "/missing_block/rank_1.safetensors"
+    with open(path, "rb") as f:
+        data = f.read()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    del header["w1"]
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data[8 + length :])
+    path = data_dir + "/changed_shape/strategy.json"
+    with open(path) as f:
+        strategy = json.load(f)
+    next(p for p in strategy["parameters"] if p["name"] == "w1")["shape"] = [12, 8]
+    with open(path, "w") as f:
+        json.dump(strategy, f)
+
+    # Foreign files `xshard-ckpt info` must print safely or refuse clearly: a tensor name with
+    # control characters (an escape sequence), a tensor of 9 dimensions.
+    write_safetensors(data_dir + "/control_name.safetensors",
+                      {"a\x1b[2J\nb": ("F32", np.zeros((2, 3), dtype=np.float32))})
+    write_safetensors(data_dir + "/rank9.safetensors",
+                      {"t": ("F32", np.zeros((1,) * 9, dtype=np.float32))})
+
     shapes = {"w1": ("F64", (12, 10)), "w2": ("F32", (7, 5)), "b": ("F64", (9,)), "e": ("F64", (3, 4, 6)),
               "h": ("BF16", (6, 4)), "counts": ("I32", (10,))}
     out = {name: (dtype, expected(name, dtype, shape, 0)) for name, (dtype, shape) in reversed(shapes.items())}

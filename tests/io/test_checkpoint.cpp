@@ -2,6 +2,7 @@
 // others on every mesh of the world, and damaged in every way the loader must catch. Every
 // value is checked against `expected_value` (model.hpp), which any rank computes alone.
 
+#include <xshard/comm/subarray.hpp>
 #include <xshard/io/checkpoint.hpp>
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/tensor/gather.hpp>
@@ -12,7 +13,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <climits>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -145,12 +149,53 @@ TEST(strategy_file, rejects_malformed_files) {
         {std::string(good).replace(good.find("F64"), 3, "F65"), "unknown dtype 'F65'"},
         {std::string(good).replace(good.find("[dp, -]"), 7, "[dp]"), "layout of another rank"},
         {std::string(good).replace(good.find("[dp, -]"), 7, "[tp, -]"), "names an axis"},
+        // Integers only, in range; no silent truncation or rounding.
+        {std::string(good).replace(good.find("[2]}"), 3, "[4294967297]"), "a mesh size"},
+        {std::string(good).replace(good.find("[4, 2]"), 6, "[4, 2.7]"), "not a count"},
+        {std::string(good).replace(good.find("[4, 2]"), 6, "[4, -2]"), "not a count"},
+        {std::string(good).replace(good.find("[\"dp\"]"), 6, "\"dp\""), "lists of at most"},
+        {std::string(good).replace(good.find("\"pipeline_stages\": 1"), 20,
+                                   "\"pipeline_stages\": -3"),
+         "pipeline_stages"},
+        {std::string(good).replace(good.find("\"version\": 1"), 12, "\"version\": 1.0"),
+         "version 1.0"},
+        {R"({"format": "xshard-strategy", "version": 1, "parameters": [],
+            "mesh": {"axes": ["dp", "mp"], "sizes": [65536, 65536]}})",
+         "a mesh of 4294967296 ranks"},
+        {std::string(good).replace(good.find("{\"name\""), 0,
+                                   R"({"name": "w", "shape": [1], "dtype": "F64", "layout": "[-]"},)"),
+         "parameter 'w' appears twice"},
+        {std::string(good).replace(good.find("\"w\""), 3, "\"__metadata__\""), "reserved"},
+        {std::string(good).replace(good.find("F64"), 3, "F64\\u001b[2J"), "unknown dtype 'F64\\x1b[2J'"},
+        {std::string(20000, '[') + std::string(20000, ']'), "nested deeper than 32"},
     };
     EXPECT_NO_THROW(xshard::strategy_file::from_json(good));
     for (const auto& [text, what] : cases)
         expect_io_error([&] { xshard::strategy_file::from_json(text); }, what, text);
     expect_io_error([&] { xshard::load_strategy_file(dir + "/missing.json"); }, "cannot open",
                     "missing file");
+}
+
+TEST(strategy_file, checkpoint_json_ranks_must_equal_the_mesh_size) {
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    const auto path = scratch() + "/ckpt";
+    net n(m, saved_layouts);
+    xshard::save_checkpoint(path, n, {.format = checkpoint_format::per_rank});
+    on_rank0([&] {
+        auto j = nlohmann::json::parse(slurp(path + "/checkpoint.json"));
+        j["ranks"] = w.size() + 1;
+        spit(path + "/checkpoint.json", j.dump());
+    });
+    expect_io_error([&] { xshard::checkpoint_reader r(path); }, "'ranks' is", "ranks");
+    xshard::barrier(w);
+    on_rank0([&] {
+        auto j = nlohmann::json::parse(slurp(path + "/checkpoint.json"));
+        j["ranks"] = w.size();
+        j["step"] = 2.5;
+        spit(path + "/checkpoint.json", j.dump());
+    });
+    expect_io_error([&] { xshard::checkpoint_reader r(path); }, "'step' is not a count", "step");
 }
 
 // --- checkpoints: round trips -----------------------------------------------------------
@@ -353,7 +398,7 @@ TEST(checkpoint, damaged_per_rank_directories_raise_everywhere_and_change_nothin
          [&](auto& to) {
              spit(xshard::detail::rank_file(to, w.size() - 1), bytes.substr(0, bytes.size() - 1));
          }},
-        {"a missing rank file", "cannot open",
+        {"a missing rank file", "rank file(s) for a mesh of",
          [&](auto& to) {
              fs::remove(xshard::detail::rank_file(to, w.size() - 1));
          }},
@@ -396,6 +441,244 @@ TEST(checkpoint, a_model_that_does_not_match_raises_everywhere) {
             "extra", xshard::zeros<double, xshard::dynamic_layout(1)>(m, {3}, "[-]")});
         expect_io_error([&] { xshard::load_checkpoint(path, extra); }, "no tensor 'extra'",
                         "missing");
+    }
+}
+
+// --- checkpoints: names, paths and what is already there --------------------------------
+
+/// A user type with two parameters of one name.
+struct twice {
+    dyn<double, 1> a, b;
+    friend void visit_parameters(twice& t, auto&& visit) {
+        visit("x", t.a);
+        visit("x", t.b);
+    }
+};
+
+TEST(checkpoint, duplicate_and_reserved_names_are_refused_in_every_container) {
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    const auto path = scratch() + "/ckpt";
+    auto t = [&] { return xshard::zeros<double, xshard::dynamic_layout(1)>(m, {6}, "[mp]"); };
+    const auto expect = [&](auto&& container, const std::string& what, const std::string& kind) {
+        for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank}) {
+            try {
+                xshard::save_checkpoint(path, container, {.format = format});
+                ADD_FAILURE() << kind << ": saved";
+            } catch (const xshard::error& e) {
+                EXPECT_NE(std::string(e.what()).find(what), std::string::npos)
+                    << kind << ": " << e.what();
+            }
+            try {
+                xshard::load_checkpoint(path, container);
+                ADD_FAILURE() << kind << ": loaded";
+            } catch (const xshard::error& e) {
+                EXPECT_NE(std::string(e.what()).find(what), std::string::npos)
+                    << kind << ": " << e.what();
+            }
+        }
+        EXPECT_FALSE(fs::exists(path)) << kind << ": something was written";
+    };
+    expect(std::tuple(xshard::parameter{"x", t()}, xshard::parameter{"x", t()}),
+           "two parameters are named 'x'", "tuple");
+    std::vector<xshard::parameter<dyn<double, 1>>> v{{"y", t()}, {"z", t()}, {"y", t()}};
+    expect(v, "two parameters are named 'y'", "vector");
+    twice u{t(), t()};
+    expect(u, "two parameters are named 'x'", "user type");
+    expect(std::tuple(xshard::parameter{"__metadata__", t()}), "'__metadata__'", "reserved");
+}
+
+TEST(checkpoint, saves_create_missing_directories) {
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank}) {
+        const auto path = scratch() + "/not/there/yet/ckpt";
+        net n(m, saved_layouts);
+        n.fill_all(4);
+        xshard::save_checkpoint(path, n, {.format = format, .step = 4});
+        net loaded(m, other_layouts);
+        EXPECT_EQ(xshard::load_checkpoint(path, loaded).step, 4);
+        EXPECT_EQ(loaded.mismatches_all(4, false), 0u);
+    }
+}
+
+TEST(checkpoint, never_replaces_or_removes_what_is_not_a_checkpoint) {
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    net n(m, saved_layouts);
+    for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank}) {
+        const auto dir = scratch();
+        const auto path = dir + "/ckpt", victim = dir + "/victim.txt";
+        // A directory of the user's files, a user's file, a link to the user's file.
+        const std::vector<std::pair<std::string, std::function<void()>>> cases{
+            {"a directory of the user's files",
+             [&] {
+                 fs::create_directories(path);
+                 spit(path + "/notes.txt", "mine");
+             }},
+            {"a directory with the user's strategy.json",
+             [&] {
+                 fs::create_directories(path);
+                 spit(path + "/strategy.json", "mine");
+             }},
+            {"a user's file", [&] { spit(path, "mine"); }},
+            {"a link", [&] { fs::create_symlink(victim, path); }},
+        };
+        for (const auto& [name, make] : cases) {
+            on_rank0([&] {
+                fs::remove_all(path);
+                spit(victim, "mine");
+                make();
+            });
+            expect_io_error([&] { xshard::save_checkpoint(path, n, {.format = format}); },
+                            "replaces only its own checkpoints", name);
+            xshard::barrier(w);
+            EXPECT_EQ(slurp(victim), "mine") << name;
+            EXPECT_TRUE(fs::exists(fs::symlink_status(path))) << name << " was removed";
+            if (fs::is_directory(fs::symlink_status(path))) {
+                EXPECT_EQ(std::distance(fs::directory_iterator(path), {}), 1) << name;
+            } else if (!fs::is_symlink(path)) {
+                EXPECT_EQ(slurp(path), "mine") << name;
+            }
+            std::vector<std::string> left;
+            for (const auto& e : fs::directory_iterator(dir))
+                left.push_back(e.path().filename().string());
+            EXPECT_EQ(left.size(), 2u) << name << ": a temporary was left behind";
+            xshard::barrier(w);
+        }
+    }
+}
+
+TEST(checkpoint, planted_links_at_temporary_names_are_not_followed) {
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    net n(m, saved_layouts);
+    n.fill_all(6);
+    for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank}) {
+        const auto dir = scratch();
+        const auto path = dir + "/ckpt", victim = dir + "/victim.txt";
+        on_rank0([&] {
+            spit(victim, "mine");
+            // The names a save used to write through.
+            for (const auto& name : {path + ".tmp", path + ".tmp." + std::to_string(::getpid())})
+                fs::create_symlink(victim, name);
+        });
+        xshard::save_checkpoint(path, n, {.format = format, .step = 6});
+        net loaded(m, other_layouts);
+        EXPECT_EQ(xshard::load_checkpoint(path, loaded).step, 6);
+        EXPECT_EQ(loaded.mismatches_all(6, false), 0u);
+        EXPECT_EQ(slurp(victim), "mine");
+        xshard::barrier(w);
+    }
+}
+
+TEST(checkpoint, either_form_replaces_the_other_and_stale_temporaries_do_not_matter) {
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    const auto dir = scratch();
+    const auto path = dir + "/ckpt";
+    on_rank0([&] {
+        fs::create_directories(path + ".tmp/inside"); // a stale temporary directory
+        spit(path + ".tmp/inside/x", "x");
+    });
+    net n(m, saved_layouts);
+    std::int64_t step = 0;
+    for (const auto format :
+         {checkpoint_format::integrated, checkpoint_format::per_rank,
+          checkpoint_format::integrated, checkpoint_format::per_rank}) {
+        ++step;
+        n.fill_all(step);
+        xshard::save_checkpoint(path, n, {.format = format, .step = step});
+        net loaded(m, other_layouts);
+        const auto info = xshard::load_checkpoint(path, loaded);
+        EXPECT_EQ(info.step, step);
+        EXPECT_EQ(info.format, format);
+        EXPECT_EQ(loaded.mismatches_all(step, false), 0u) << "step " << step;
+        EXPECT_FALSE(fs::exists(path + ".old")) << "step " << step;
+    }
+}
+
+TEST(checkpoint, a_stale_old_directory_never_hides_the_checkpoint) {
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    const auto path = scratch() + "/ckpt";
+    net n(m, saved_layouts);
+    n.fill_all(1);
+    xshard::save_checkpoint(path + ".old", n, {.format = checkpoint_format::per_rank, .step = 1});
+    n.fill_all(2);
+    xshard::save_checkpoint(path, n, {.format = checkpoint_format::integrated, .step = 2});
+    net loaded(m, other_layouts);
+    EXPECT_EQ(xshard::load_checkpoint(path, loaded).step, 2);
+    EXPECT_EQ(loaded.mismatches_all(2, false), 0u);
+}
+
+// --- large counts -----------------------------------------------------------------------
+
+/// The bytes of `t` after MPI packing with `type` (one of it), from `source`.
+std::vector<unsigned char> packed(const xshard::derived_datatype& type,
+                                  const std::vector<unsigned char>& source) {
+    int size = 0;
+    MPI_Pack_size(1, type.native(), MPI_COMM_SELF, &size);
+    if (size == 0)
+        return {};
+    std::vector<unsigned char> out(static_cast<std::size_t>(size), 0);
+    int at = 0;
+    MPI_Pack(source.data(), 1, type.native(), out.data(), size, &at, MPI_COMM_SELF);
+    out.resize(std::size_t(at));
+    return out;
+}
+
+TEST(subarray, split_counts_give_the_same_box_as_mpi_subarray) {
+    // Counts above the limit are split into groups (and groups of groups); with a limit of 2
+    // every count here splits.
+    const std::vector<std::size_t> shape{5, 7, 3}, offset{1, 2, 0}, extent{3, 5, 3};
+    std::vector<unsigned char> source(5 * 7 * 3 * 2);
+    for (std::size_t i = 0; i < source.size(); ++i)
+        source[i] = static_cast<unsigned char>(i);
+    std::vector<unsigned char> want;
+    for (std::size_t i = 0; i < extent[0]; ++i)
+        for (std::size_t j = 0; j < extent[1]; ++j)
+            for (std::size_t k = 0; k < extent[2]; ++k)
+                for (std::size_t b = 0; b < 2; ++b)
+                    want.push_back(source[(((offset[0] + i) * 7 + offset[1] + j) * 3 + k) * 2 + b]);
+    const auto element = xshard::byte_run_datatype(2);
+    for (const std::size_t limit : {std::size_t(2), std::size_t(3), std::size_t(1) << 30}) {
+        const auto split = xshard::detail::box_from_vectors(shape, offset, extent,
+                                                            element.native(), limit);
+        EXPECT_EQ(packed(split, source), want) << "limit " << limit;
+        EXPECT_EQ(xshard::detail::extent_of(split.native()), source.size()) << "limit " << limit;
+    }
+    EXPECT_EQ(packed(xshard::byte_subarray_datatype(shape, offset, extent, 2), source), want);
+    const std::vector<std::size_t> none{3, 0, 3};
+    EXPECT_TRUE(packed(xshard::byte_subarray_datatype(shape, offset, none, 2), source).empty());
+}
+
+// Over 2 GiB in one rank's block (run alone: ctest label "large", one rank).
+TEST(large, a_block_over_2_gib_saves_and_loads_in_both_forms) {
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    const std::size_t cols = (std::size_t(1) << 31) / 3 + 2; // 3 rows: 2^31 + 4 bytes
+    auto make = [&] {
+        return xshard::zeros<std::uint8_t, xshard::dynamic_layout(2)>(m, {3, cols * w.size()},
+                                                                      "[-, mp]");
+    };
+    auto value = [](std::size_t i) { return std::uint8_t((i * 7 + i / 4099) % 251); };
+    auto saved = std::tuple(xshard::parameter{"big", make()});
+    auto& block = std::get<0>(saved).value.local();
+    for (std::size_t i = 0; i < block.size(); ++i)
+        block.data()[i] = value(i);
+    ASSERT_GT(block.size(), std::size_t(INT_MAX));
+    for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank}) {
+        const auto path = scratch() + "/large";
+        xshard::save_checkpoint(path, saved, {.format = format, .step = 1});
+        auto loaded = std::tuple(xshard::parameter{"big", make()});
+        EXPECT_EQ(xshard::load_checkpoint(path, loaded).step, 1);
+        const auto* p = std::get<0>(loaded).value.local().data();
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < block.size(); ++i)
+            bad += p[i] != value(i);
+        EXPECT_EQ(bad, 0u) << (format == checkpoint_format::integrated ? "integrated" : "per-rank");
+        on_rank0([&] { fs::remove_all(path); });
     }
 }
 

@@ -186,40 +186,6 @@ public:
         return derived_datatype(type);
     }
 
-    /// `subarray` for any extents, also beyond MPI's int (sizes[i] may exceed INT_MAX; every
-    /// subsize but the last must fit an int): strided vectors over a contiguous innermost
-    /// run, displaced to the box's first element, with the extent of the whole array like a
-    /// subarray type. Every subsize must be at least 1.
-    static derived_datatype subarray_large(std::span<const std::size_t> sizes,
-                                           std::span<const std::size_t> subsizes,
-                                           std::span<const std::size_t> starts,
-                                           MPI_Datatype element) {
-        const std::size_t n = sizes.size();
-        MPI_Aint lb = 0, extent = 0;
-        detail::check_mpi(MPI_Type_get_extent(element, &lb, &extent), "MPI_Type_get_extent");
-        derived_datatype type = contiguous_large(subsizes[n - 1], element);
-        MPI_Aint stride = extent; // bytes between neighbours along dimension d
-        MPI_Aint first = MPI_Aint(starts[n - 1]) * extent;
-        for (std::size_t d = n - 1; d-- > 0;) {
-            stride *= MPI_Aint(sizes[d + 1]);
-            first += MPI_Aint(starts[d]) * stride;
-            MPI_Datatype outer = MPI_DATATYPE_NULL;
-            detail::check_mpi(MPI_Type_create_hvector(detail::to_int_count(subsizes[d]), 1, stride,
-                                                      type.native(), &outer),
-                              "MPI_Type_create_hvector");
-            type = derived_datatype(outer);
-        }
-        const MPI_Aint whole = stride * MPI_Aint(sizes[0]);
-        MPI_Datatype placed = MPI_DATATYPE_NULL;
-        detail::check_mpi(MPI_Type_create_hindexed_block(1, 1, &first, type.native(), &placed),
-                          "MPI_Type_create_hindexed_block");
-        const derived_datatype at(placed);
-        MPI_Datatype resized = MPI_DATATYPE_NULL;
-        detail::check_mpi(MPI_Type_create_resized(at.native(), 0, whole, &resized),
-                          "MPI_Type_create_resized");
-        return derived_datatype(resized);
-    }
-
     derived_datatype(derived_datatype&& other) noexcept
         : type_(std::exchange(other.type_, MPI_DATATYPE_NULL)) {}
     derived_datatype& operator=(derived_datatype&& other) noexcept {

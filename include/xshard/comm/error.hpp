@@ -18,6 +18,13 @@ public:
     using std::runtime_error::runtime_error;
 };
 
+/// A file that cannot be read or written as asked (missing, truncated, corrupted, not matching
+/// the model, a failed write): checkpoints, strategy files, MPI-IO. The message names the path.
+class io_error : public error {
+public:
+    using error::error;
+};
+
 /// An MPI call returned an error code. Carries the code, the MPI error string, the name
 /// of the operation and the rank (in MPI_COMM_WORLD) that saw it.
 class mpi_error : public error {

@@ -9,6 +9,7 @@
 /// shape alone, without communication.
 
 #include <xshard/comm/datatype.hpp>
+#include <xshard/comm/subarray.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/volume.hpp>
@@ -120,19 +121,11 @@ std::string shape_string(const Shape& shape) {
     return s + (i == 1 ? ",)" : ")");
 }
 
-/// The MPI datatype of box `b` inside a row-major array of shape `shape` (any extents: beyond
-/// MPI's int, strided vectors instead of a subarray type).
+/// The MPI datatype of box `b` inside a row-major array of shape `shape`, for any extents
+/// (comm/subarray.hpp).
 template <class T, std::size_t N>
 derived_datatype box_datatype(const std::array<std::size_t, N>& shape, const box<N>& b) {
-    if (std::ranges::any_of(shape, [](std::size_t e) { return e > std::size_t(INT_MAX); }))
-        return derived_datatype::subarray_large(shape, b.extent, b.offset, datatype_of<T>());
-    std::array<int, N> sizes{}, subsizes{}, starts{};
-    for (std::size_t d = 0; d < N; ++d) {
-        sizes[d] = to_int_count(shape[d]);
-        subsizes[d] = to_int_count(b.extent[d]);
-        starts[d] = to_int_count(b.offset[d]);
-    }
-    return derived_datatype::subarray(sizes, subsizes, starts, datatype_of<T>());
+    return subarray_datatype(shape, b.offset, b.extent, datatype_of<T>());
 }
 
 } // namespace detail

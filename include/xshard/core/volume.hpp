@@ -47,7 +47,13 @@ constexpr std::size_t volume(const R& extents) {
 
 /// `volume` of an initializer list: `volume({rows, cols})`.
 constexpr std::size_t volume(std::initializer_list<std::size_t> extents) {
-    return volume(std::ranges::subrange(extents.begin(), extents.end()));
+    std::size_t n = 1;
+    for (auto e : extents)
+        if (e == 0)
+            return 0;
+    for (auto e : extents)
+        n = checked_mul(n, e, "the number of elements");
+    return n;
 }
 
 } // namespace xshard

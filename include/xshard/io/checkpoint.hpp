@@ -30,25 +30,31 @@
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
-#include <xshard/comm/datatype.hpp>
 #include <xshard/comm/error.hpp>
+#include <xshard/comm/file.hpp>
+#include <xshard/comm/subarray.hpp>
+#include <xshard/core/volume.hpp>
 #include <xshard/io/files.hpp>
 #include <xshard/io/format.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>
+#include <xshard/param/tensor_record.hpp>
 #include <xshard/param/traversal.hpp>
 
-#include <mpi.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -71,39 +77,19 @@ struct checkpoint_info {
 
 namespace detail {
 
-/// One tensor of a checkpoint, type-erased: its stored name and shape, and this rank's block.
-struct ckpt_tensor {
-    std::string name;
-    std::string dtype;
-    std::size_t element = 0;
-    std::vector<std::size_t> shape;
-    layout lay;
-    std::byte* data = nullptr;
-    std::vector<std::size_t> offset, extent; ///< this rank's block
-    bool primary = true; ///< the first holder of its block (coordinate 0 off the split axes)
-    bool trainable = true;
-
-    std::size_t local_bytes() const {
-        std::size_t n = element;
-        for (auto e : extent)
-            n *= e;
-        return n;
-    }
-    std::size_t global_bytes() const {
-        std::size_t n = element;
-        for (auto e : shape)
-            n *= e;
-        return n;
-    }
-};
-
 struct ckpt_model {
-    std::vector<ckpt_tensor> tensors;
+    std::vector<tensor_record> tensors; ///< param/tensor_record.hpp
+    std::vector<std::string> dtypes;    ///< their safetensors dtypes
     const communicator* comm = nullptr;
     mesh_shape mesh;
     int rank = 0;
     strategy_file strategy; ///< of everything saved (parameters, then optimizer state)
 };
+
+/// The bytes of this rank's block of `t`.
+inline std::size_t local_bytes(const tensor_record& t) {
+    return checked_mul(volume(t.extent), t.element);
+}
 
 template <class C>
 void collect(ckpt_model& m, C& container, const std::string& prefix, bool all) {
@@ -115,26 +101,29 @@ void collect(ckpt_model& m, C& container, const std::string& prefix, bool all) {
         if (t.layout().is_partial())
             throw error("xshard: checkpoint: '" + name + "' is partial " + t.layout().to_string() +
                         "; resolve it before saving");
-        const auto& ms = t.mesh().shape();
-        const auto b = t.block();
-        ckpt_tensor c;
-        c.name = prefix + name;
-        c.dtype = std::string(dtype_of<T>().name);
-        c.element = sizeof(T);
-        c.shape.assign(t.shape().begin(), t.shape().end());
-        c.lay = t.layout();
-        c.data = reinterpret_cast<std::byte*>(const_cast<T*>(t.local().data()));
-        c.offset.assign(b.offset.begin(), b.offset.end());
-        c.extent.assign(b.extent.begin(), b.extent.end());
-        c.primary = ms.group_rank(t.mesh().rank(), t.layout().replicated_axes(ms)) == 0;
-        c.trainable = trainable;
-        m.comm = &t.mesh().comm();
-        m.mesh = ms;
-        m.rank = t.mesh().rank();
-        m.strategy.mesh = ms;
-        m.strategy.parameters.push_back({c.name, c.shape, c.dtype, c.lay, trainable});
+        auto c = record_of(prefix + name, t, trainable);
+        m.comm = c.mesh_comm;
+        m.mesh = c.mesh;
+        m.rank = c.mesh_rank;
+        m.strategy.mesh = c.mesh;
+        m.dtypes.emplace_back(dtype_of<T>().name);
+        m.strategy.parameters.push_back({c.name, c.shape, m.dtypes.back(), c.lay, trainable});
         m.tensors.push_back(std::move(c));
     });
+}
+
+/// Throws xshard::error (the same on every rank: every rank holds the same names) when two
+/// tensors of `m` have one name, or one is named like safetensors' metadata entry.
+inline void check_names(const ckpt_model& m) {
+    std::set<std::string_view> seen;
+    for (const auto& t : m.tensors) {
+        if (t.name == "__metadata__")
+            throw error("xshard: checkpoint: a parameter is named '__metadata__', which "
+                        "safetensors reserves");
+        if (!seen.insert(t.name).second)
+            throw error("xshard: checkpoint: two parameters are named '" + printable(t.name) +
+                        "'; checkpoint names must be unique");
+    }
 }
 
 template <class P, class S>
@@ -144,83 +133,67 @@ ckpt_model collect_model(P& params, S& state, bool all) {
     collect(m, state, "optimizer.", true);
     if (!m.comm)
         throw error("xshard: checkpoint: nothing to save or load");
+    check_names(m);
     return m;
 }
 
-inline derived_datatype bytes_type(std::size_t element) {
-    return derived_datatype::contiguous(int(element), MPI_BYTE);
+/// `f()` on every rank of `c`, its failure raised on every rank (agreed, comm/agree.hpp): a
+/// failing rank rethrows its own io_error (any other exception becomes one), the others throw
+/// io_error naming it. Collective (one all-reduce of an int).
+template <class F>
+void everywhere(const communicator& c, F&& f) {
+    agreed<io_error>(c, [&] {
+        try {
+            f();
+        } catch (const error&) {
+            throw;
+        } catch (const std::exception& e) {
+            throw io_error(std::string("xshard: ") + e.what());
+        }
+    });
 }
 
-/// The MPI datatype of `offset`/`extent` inside an array of `shape` (elements of `element`
-/// bytes), for a file view or a read.
-inline derived_datatype block_type(const std::vector<std::size_t>& shape,
-                                   const std::vector<std::size_t>& offset,
-                                   const std::vector<std::size_t>& extent, std::size_t element) {
-    const auto elem = bytes_type(element);
-    if (shape.empty())
-        return derived_datatype::contiguous(1, elem.native());
-    std::vector<int> sizes, subsizes, starts;
-    for (std::size_t d = 0; d < shape.size(); ++d) {
-        sizes.push_back(int(shape[d]));
-        subsizes.push_back(int(extent[d]));
-        starts.push_back(int(offset[d]));
-    }
-    return derived_datatype::subarray(sizes, subsizes, starts, elem.native());
+/// `f()` on rank 0 of `c`, its failure raised on every rank (see everywhere).
+template <class F>
+void on_rank0(const communicator& c, F&& f) {
+    everywhere(c, [&] {
+        if (c.rank() == 0)
+            f();
+    });
 }
 
-/// One collective MPI-IO transfer of the blocks `which` of `tensors` between memory `where[i]`
-/// (contiguous, the block's bytes) and the file at `data_start + begins[i]` (the tensor
-/// stored whole, row-major).
-inline void transfer_blocks(MPI_File fh, bool write, std::size_t data_start,
-                            const std::vector<ckpt_tensor>& tensors,
-                            const std::vector<std::size_t>& which,
-                            const std::vector<std::size_t>& begins,
-                            const std::vector<std::byte*>& where) {
-    std::vector<derived_datatype> parts;
-    std::vector<MPI_Datatype> types;
-    std::vector<MPI_Aint> file_at, memory_at;
-    std::vector<int> ones, lengths;
-    // A file view must move forward through the file: the blocks in file order.
-    auto order = which;
-    std::sort(order.begin(), order.end(), [&](auto a, auto b) { return begins[a] < begins[b]; });
-    for (std::size_t i : order) {
-        const auto& t = tensors[i];
-        if (t.local_bytes() == 0)
-            continue;
-        parts.push_back(block_type(t.shape, t.offset, t.extent, t.element));
-        types.push_back(parts.back().native());
-        file_at.push_back(MPI_Aint(data_start + begins[i]));
-        ones.push_back(1);
-        MPI_Aint at = 0;
-        check_mpi(MPI_Get_address(where[i], &at), "MPI_Get_address");
-        memory_at.push_back(at);
-        lengths.push_back(int(t.local_bytes()));
+/// The file view and memory datatype of one collective transfer of blocks `which` of
+/// `tensors` between memory `where[i]` (contiguous, the block's bytes) and the file at
+/// `data_start + begins[i]` (the tensor stored whole, row-major). Built locally (its errors
+/// agreed on before the collective transfer).
+struct block_transfer {
+    derived_datatype file_type, memory_type;
+    std::size_t bytes = 0;
+
+    block_transfer(std::size_t data_start, const std::vector<tensor_record>& tensors,
+                   const std::vector<std::size_t>& which, const std::vector<std::size_t>& begins,
+                   const std::vector<const std::byte*>& where) {
+        std::vector<derived_datatype> parts;
+        std::vector<std::size_t> file_at, lengths;
+        std::vector<const std::byte*> memory;
+        // A file view must move forward through the file: the blocks in file order.
+        auto order = which;
+        std::sort(order.begin(), order.end(),
+                  [&](auto x, auto y) { return begins[x] < begins[y]; });
+        for (std::size_t i : order) {
+            const auto& t = tensors[i];
+            if (local_bytes(t) == 0)
+                continue;
+            parts.push_back(byte_subarray_datatype(t.shape, t.offset, t.extent, t.element));
+            file_at.push_back(checked_add(data_start, begins[i]));
+            memory.push_back(where[i]);
+            lengths.push_back(local_bytes(t));
+            bytes = checked_add(bytes, local_bytes(t));
+        }
+        file_type = placed_datatype(file_at, parts);
+        memory_type = buffers_datatype(memory, lengths);
     }
-    MPI_Datatype file_type = MPI_BYTE, memory_type = MPI_BYTE;
-    std::optional<derived_datatype> ft, mt;
-    if (!types.empty()) {
-        MPI_Datatype f = MPI_DATATYPE_NULL, m = MPI_DATATYPE_NULL;
-        check_mpi(MPI_Type_create_struct(int(types.size()), ones.data(), file_at.data(),
-                                         types.data(), &f),
-                  "MPI_Type_create_struct");
-        ft.emplace(f);
-        check_mpi(MPI_Type_create_hindexed(int(lengths.size()), lengths.data(), memory_at.data(),
-                                           MPI_BYTE, &m),
-                  "MPI_Type_create_hindexed");
-        mt.emplace(m);
-        file_type = ft->native();
-        memory_type = mt->native();
-    }
-    check_mpi(MPI_File_set_view(fh, 0, MPI_BYTE, file_type, "native", MPI_INFO_NULL),
-              "MPI_File_set_view");
-    const int count = types.empty() ? 0 : 1;
-    if (write)
-        check_mpi(MPI_File_write_all(fh, MPI_BOTTOM, count, memory_type, MPI_STATUS_IGNORE),
-                  "MPI_File_write_all");
-    else
-        check_mpi(MPI_File_read_all(fh, MPI_BOTTOM, count, memory_type, MPI_STATUS_IGNORE),
-                  "MPI_File_read_all");
-}
+};
 
 /// The checksum runs of a block (of `extent` at `offset` in a tensor of `shape`) whose bytes
 /// are contiguous at `data`, as pieces of the stored tensor `key`.
@@ -237,17 +210,21 @@ inline void block_runs(std::vector<crc_run>& out, std::uint64_t key,
 
 /// Everyone's checksum runs, on rank 0 of `c`.
 inline std::vector<crc_run> gather_runs(const communicator& c, const std::vector<crc_run>& mine) {
+    if (mine.size() > std::size_t(INT_MAX / 4))
+        throw io_error("xshard: too many checksum runs on one rank");
     const int n = int(mine.size() * 4);
     std::vector<int> counts(std::size_t(c.size())), displs(std::size_t(c.size()));
     gather(c, std::span(&n, 1), c.rank() == 0 ? std::span(counts) : std::span<int>(), 0);
     std::vector<std::uint64_t> all;
     if (c.rank() == 0) {
-        int total = 0;
+        std::size_t total = 0;
         for (std::size_t r = 0; r < counts.size(); ++r) {
-            displs[r] = total;
-            total += counts[r];
+            if (total > std::size_t(INT_MAX) - std::size_t(counts[r]))
+                throw io_error("xshard: too many checksum runs");
+            displs[r] = int(total);
+            total += std::size_t(counts[r]);
         }
-        all.resize(std::size_t(total));
+        all.resize(total);
     }
     gatherv(c, std::span(reinterpret_cast<const std::uint64_t*>(mine.data()), mine.size() * 4), all,
             counts, displs, 0);
@@ -258,106 +235,15 @@ inline std::vector<crc_run> gather_runs(const communicator& c, const std::vector
     return runs;
 }
 
-/// Runs `f` on rank 0 of `c` and raises its error, if any, on every rank.
-template <class F>
-void on_rank0(const communicator& c, F&& f) {
-    std::optional<std::string> problem;
-    if (c.rank() == 0) {
-        try {
-            f();
-        } catch (const std::exception& e) {
-            problem = e.what();
-        }
-    }
-    agree_on_error<io_error>(c, problem);
-}
-
-/// Runs `f` everywhere; raises the first rank's error on every rank.
-template <class F>
-void everywhere(const communicator& c, F&& f) {
-    std::optional<std::string> problem;
-    try {
-        f();
-    } catch (const std::exception& e) {
-        problem = e.what();
-    }
-    agree_on_error<io_error>(c, problem);
-}
-
-inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t step) {
-    const auto& c = *m.comm;
-    std::vector<tensor_entry> entries;
-    for (const auto& t : m.tensors)
-        entries.push_back({t.name, t.dtype, t.shape, 0, 0});
-    std::string header = integrated_header(entries, m.strategy, step);
-    const std::string tmp = path + ".tmp";
-    on_rank0(c, [&] { std::filesystem::remove(tmp); });
-    MPI_File fh = MPI_FILE_NULL;
-    check_mpi(MPI_File_open(c.native(), tmp.c_str(), MPI_MODE_CREATE | MPI_MODE_WRONLY,
-                            MPI_INFO_NULL, &fh),
-              "MPI_File_open " + tmp);
-    std::vector<std::size_t> writers, begins;
-    std::vector<std::byte*> where;
-    std::vector<crc_run> runs;
-    std::vector<std::uint64_t> sizes;
-    for (std::size_t i = 0; i < m.tensors.size(); ++i) {
-        const auto& t = m.tensors[i];
-        begins.push_back(entries[i].begin);
-        where.push_back(t.data);
-        sizes.push_back(t.global_bytes());
-        if (t.primary) {
-            writers.push_back(i);
-            block_runs(runs, i, t.shape, t.offset, t.extent, t.element, t.data);
-        }
-    }
-    transfer_blocks(fh, true, header.size(), m.tensors, writers, begins, where);
-    const auto crcs = combine_runs(gather_runs(c, runs), sizes);
-    check_mpi(MPI_File_set_view(fh, 0, MPI_BYTE, MPI_BYTE, "native", MPI_INFO_NULL),
-              "MPI_File_set_view");
-    if (c.rank() == 0) {
-        header = integrated_header(entries, m.strategy, step, crcs);
-        check_mpi(MPI_File_write_at(fh, 0, header.data(), int(header.size()), MPI_BYTE,
-                                    MPI_STATUS_IGNORE),
-                  "MPI_File_write_at");
-    }
-    check_mpi(MPI_File_sync(fh), "MPI_File_sync");
-    check_mpi(MPI_File_close(&fh), "MPI_File_close");
-    on_rank0(c, [&] {
-        file(tmp, O_RDONLY).sync();
-        commit_rename(tmp, path);
-    });
-}
-
 /// The bytes a load verifies at a time: the one buffer it needs beyond the model.
 inline constexpr std::size_t verify_chunk = std::size_t(8) << 20;
 
-/// Loads the blocks of `m` from `r` in two passes: first every stored byte to be loaded is
-/// checked against its CRC-32 (each read once, by one rank: a contiguous share of the pieces,
-/// balanced by bytes, through one buffer of verify_chunk bytes); then, if all passed, each
-/// rank reads its blocks straight into the model. So a damaged checkpoint changes nothing, and
-/// a load needs no memory beyond the model's and one buffer.
-inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
-    const auto& c = *m.comm;
-    const std::string where = "load_checkpoint " + r.path();
-    const std::size_t nt = m.tensors.size();
-    std::vector<const strategy_entry*> stored(nt);
-    everywhere(c, [&] {
-        for (std::size_t i = 0; i < nt; ++i) {
-            const auto& t = m.tensors[i];
-            stored[i] = r.strategy().find(t.name);
-            if (!stored[i])
-                throw io_error("xshard: " + where + ": no tensor '" + t.name +
-                               "' in the checkpoint");
-            if (stored[i]->dtype != t.dtype)
-                throw io_error("xshard: " + where + ": '" + t.name + "' is stored as " +
-                               stored[i]->dtype + ", the model has " + t.dtype);
-            if (stored[i]->shape != t.shape)
-                throw io_error("xshard: " + where + ": '" + t.name + "' is stored with shape " +
-                               shape_string(stored[i]->shape) + ", the model has " +
-                               shape_string(t.shape));
-        }
-    });
-    // Pass 1: verification.
+/// Checks every stored byte of `stored` in `r` against its CRC-32, each read once, by one
+/// rank of `c` (a contiguous share of the pieces, balanced by bytes, through one buffer of
+/// verify_chunk bytes); raises io_error on every rank naming the damaged tensors. Collective.
+inline void verify_shared(const communicator& c, const checkpoint_reader& r,
+                          const std::vector<const strategy_entry*>& stored,
+                          const std::string& where) {
     std::vector<crc_run> runs;
     everywhere(c, [&] {
         const auto pieces = r.pieces_to_verify(stored, verify_chunk);
@@ -372,33 +258,183 @@ inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
         }
     });
     const auto all = gather_runs(c, runs);
-    std::optional<std::string> problem;
-    if (c.rank() == 0) {
-        try {
-            if (const auto bad = r.damaged(stored, all); !bad.empty())
-                problem = "xshard: " + where + ": checksum mismatch in " + bad +
-                          ": the checkpoint is corrupted";
-        } catch (const std::exception& e) {
-            problem = e.what();
+    on_rank0(c, [&] {
+        if (const auto bad = r.damaged(stored, all); !bad.empty())
+            throw io_error("xshard: " + where + ": checksum mismatch in " + bad +
+                           ": the checkpoint is corrupted");
+    });
+}
+
+/// Raises io_error on every rank unless every rank's `id` equals rank 0's: the ranks read
+/// one and the same file. Collective (a broadcast and an all-reduce).
+inline void check_same_file(const communicator& c, std::array<std::uint64_t, 4> id,
+                            const std::string& path) {
+    auto first = id;
+    bcast(c, std::span(first), 0);
+    everywhere(c, [&] {
+        if (first != id)
+            throw io_error("xshard: " + path +
+                           " changed while it was being loaded (replaced by another save?)");
+    });
+}
+
+/// The post-write check of a save: the temporary `tmp` read back and checked against the
+/// checksums computed from memory, shared among the ranks as a load's verification is; a
+/// write that failed anywhere (a full disk, a quota, a file-size limit, even one MPI-IO did
+/// not report) raises io_error on every rank.
+inline void check_written(const communicator& c, const std::string& tmp,
+                          const std::string& path, const std::vector<tensor_record>& tensors,
+                          std::size_t expected_size) {
+    std::optional<checkpoint_reader> r;
+    std::vector<const strategy_entry*> stored;
+    everywhere(c, [&] {
+        r.emplace(tmp);
+        if (r->header(0).data_start + r->header(0).tensors.back().end != expected_size &&
+            !tensors.empty())
+            throw io_error("xshard: writing " + path + " failed: the file is not complete");
+        for (const auto& t : tensors)
+            stored.push_back(r->strategy().find(t.name));
+    });
+    verify_shared(c, *r, stored, "writing " + path + " failed: read back");
+}
+
+inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t step) {
+    const auto& c = *m.comm;
+    std::vector<tensor_entry> entries;
+    for (std::size_t i = 0; i < m.tensors.size(); ++i)
+        entries.push_back({m.tensors[i].name, m.dtypes[i], m.tensors[i].shape, 0, 0});
+    std::string header = integrated_header(entries, m.strategy, step);
+    std::size_t size = header.size();
+    for (const auto& e : entries)
+        size = std::max(size, checked_add(header.size(), e.end));
+    // Rank 0 checks what it would replace, makes the directories, creates the temporary.
+    std::optional<std::string> created;
+    on_rank0(c, [&] {
+        replaceable(path);
+        create_parent_directories(path);
+        auto f = create_temporary_file(path);
+        f.close();
+        created = f.path();
+    });
+    const std::string tmp = message_from(c, 0, created);
+    bool committed = false;
+    struct remove_unless_committed {
+        const communicator& c;
+        const std::string& tmp;
+        const bool& committed;
+        ~remove_unless_committed() {
+            if (!committed && c.rank() == 0)
+                ::unlink(tmp.c_str());
         }
-    }
-    agree_on_error<io_error>(c, problem);
+    } guard{c, tmp, committed};
+
+    std::vector<std::size_t> writers, begins;
+    std::vector<const std::byte*> where;
+    std::vector<crc_run> runs;
+    std::vector<std::uint64_t> sizes;
+    std::optional<block_transfer> transfer;
+    everywhere(c, [&] {
+        for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+            const auto& t = m.tensors[i];
+            begins.push_back(entries[i].begin);
+            where.push_back(t.cdata);
+            sizes.push_back(t.global_bytes());
+            if (t.primary()) {
+                writers.push_back(i);
+                block_runs(runs, i, t.shape, t.offset, t.extent, t.element, t.cdata);
+            }
+        }
+        transfer.emplace(header.size(), m.tensors, writers, begins, where);
+    });
+    std::optional<mpi_file> f;
+    everywhere(c, [&] { f.emplace(c, tmp, mpi_file::mode::write); });
+    everywhere(c, [&] { f->set_view(transfer->file_type); });
+    everywhere(c, [&] { f->write_all(transfer->memory_type, transfer->bytes); });
+    const auto crcs = combine_runs(gather_runs(c, runs), sizes);
+    everywhere(c, [&] { f->set_byte_view(); });
+    on_rank0(c, [&] {
+        header = integrated_header(entries, m.strategy, step, crcs);
+        f->write_at(0, header.data(), header.size());
+    });
+    everywhere(c, [&] { f->sync(); });
+    everywhere(c, [&] { f->close(); });
+    check_written(c, tmp, path, m.tensors, size);
+    on_rank0(c, [&] {
+        file(tmp, O_RDONLY | O_NOFOLLOW).sync();
+        replace_checkpoint(tmp, path);
+    });
+    committed = true;
+}
+
+/// Loads the blocks of `m` from `r` in two passes: first every stored byte to be loaded is
+/// checked against its CRC-32 (verify_shared); then, if all passed, each rank reads its
+/// blocks straight into the model. So a damaged checkpoint changes nothing, and a load needs
+/// no memory beyond the model's and one buffer. Every file is opened before the check and
+/// read through the descriptor checked (the integrated form's MPI-IO read checks that the
+/// path still names the file checked), so a save renamed over the checkpoint meanwhile is
+/// never read unverified.
+inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
+    const auto& c = *m.comm;
+    const std::string where = "load_checkpoint " + r.path();
+    const std::size_t nt = m.tensors.size();
+    std::vector<const strategy_entry*> stored(nt);
+    everywhere(c, [&] {
+        for (std::size_t i = 0; i < nt; ++i) {
+            const auto& t = m.tensors[i];
+            stored[i] = r.strategy().find(t.name);
+            if (!stored[i])
+                throw io_error("xshard: " + where + ": no tensor '" + printable(t.name) +
+                               "' in the checkpoint");
+            if (!t.data && t.cdata) // (an empty block has neither)
+                throw error("xshard: " + where + ": '" + printable(t.name) +
+                            "' is const; a load needs tensors it can write");
+            if (stored[i]->dtype != m.dtypes[i])
+                throw io_error("xshard: " + where + ": '" + printable(t.name) +
+                               "' is stored as " + stored[i]->dtype + ", the model has " +
+                               m.dtypes[i]);
+            if (stored[i]->shape != t.shape)
+                throw io_error("xshard: " + where + ": '" + printable(t.name) +
+                               "' is stored with shape " + shape_string(stored[i]->shape) +
+                               ", the model has " + shape_string(t.shape));
+        }
+        if (r.format() == checkpoint_format::per_rank) {
+            for (const auto& p : r.pieces_to_verify(stored, verify_chunk))
+                r.header(p.file);
+            for (std::size_t i = 0; i < nt; ++i)
+                r.open_box(*stored[i], m.tensors[i].offset, m.tensors[i].extent);
+        }
+    });
+    check_same_file(c, r.identity(), r.path());
+    // Pass 1: verification.
+    verify_shared(c, r, stored, where);
     // Pass 2: the blocks, into the model.
     if (r.format() == checkpoint_format::integrated) {
         // One collective MPI-IO read of every rank's blocks.
         std::vector<std::size_t> all_tensors, begins;
-        std::vector<std::byte*> into;
-        const auto& h = r.header(0);
-        for (std::size_t i = 0; i < nt; ++i) {
-            all_tensors.push_back(i);
-            begins.push_back(h.find(m.tensors[i].name)->begin);
-            into.push_back(m.tensors[i].data);
-        }
-        MPI_File fh = MPI_FILE_NULL;
-        check_mpi(MPI_File_open(c.native(), r.path().c_str(), MPI_MODE_RDONLY, MPI_INFO_NULL, &fh),
-                  "MPI_File_open " + r.path());
-        transfer_blocks(fh, false, h.data_start, m.tensors, all_tensors, begins, into);
-        check_mpi(MPI_File_close(&fh), "MPI_File_close");
+        std::vector<const std::byte*> into;
+        std::optional<block_transfer> transfer;
+        everywhere(c, [&] {
+            const auto& h = r.header(0);
+            for (std::size_t i = 0; i < nt; ++i) {
+                all_tensors.push_back(i);
+                begins.push_back(h.find(m.tensors[i].name)->begin);
+                into.push_back(m.tensors[i].data);
+            }
+            transfer.emplace(h.data_start, m.tensors, all_tensors, begins, into);
+        });
+        std::optional<mpi_file> f;
+        everywhere(c, [&] { f.emplace(c, r.path(), mpi_file::mode::read); });
+        everywhere(c, [&] {
+            struct stat st {};
+            const auto id = r.identity();
+            if (::stat(r.path().c_str(), &st) != 0 || std::uint64_t(st.st_ino) != id[0] ||
+                std::uint64_t(st.st_size) != id[1])
+                throw io_error("xshard: " + where +
+                               ": the file was replaced while it was being loaded");
+        });
+        everywhere(c, [&] { f->set_view(transfer->file_type); });
+        everywhere(c, [&] { f->read_all(transfer->memory_type, transfer->bytes); });
+        everywhere(c, [&] { f->close(); });
     } else {
         // The intersecting pieces of the stored blocks, from the files that hold them.
         everywhere(c, [&] {
@@ -413,26 +449,46 @@ inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
 
 inline void save_per_rank(ckpt_model& m, const std::string& path, std::int64_t step) {
     const auto& c = *m.comm;
-    const std::string tmp = path + ".tmp";
+    std::optional<std::string> created;
     on_rank0(c, [&] {
-        std::filesystem::remove_all(tmp);
-        std::filesystem::create_directories(tmp);
+        replaceable(path);
+        create_parent_directories(path);
+        created = create_temporary_directory(path);
     });
+    const std::string tmp = message_from(c, 0, created);
+    bool committed = false;
+    struct remove_unless_committed {
+        const communicator& c;
+        const std::string& tmp;
+        const bool& committed;
+        ~remove_unless_committed() {
+            if (committed)
+                return;
+            ::unlink(rank_file(tmp, c.rank()).c_str());
+            if (c.rank() == 0)
+                remove_temporary_directory(tmp);
+        }
+    } guard{c, tmp, committed};
     everywhere(c, [&] {
         std::vector<tensor_entry> entries;
         std::vector<const std::byte*> data;
-        for (const auto& t : m.tensors) {
-            entries.push_back({t.name, t.dtype, t.extent, 0, 0});
-            data.push_back(t.data);
+        for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+            entries.push_back({m.tensors[i].name, m.dtypes[i], m.tensors[i].extent, 0, 0});
+            data.push_back(m.tensors[i].cdata);
         }
         write_rank_file(tmp, m.rank, std::move(entries), data);
     });
+    // Every rank's file is there before rank 0 commits (everywhere agreed on it).
     on_rank0(c, [&] { finish_per_rank(tmp, path, m.strategy, step, false); });
+    committed = true;
     // The previous checkpoint's files, removed by their ranks at once (freeing a large file's
-    // blocks takes a while).
-    const std::string old = path + ".old";
-    everywhere(c, [&] { std::filesystem::remove(rank_file(old, m.rank)); });
-    on_rank0(c, [&] { std::filesystem::remove_all(old); });
+    // blocks takes a while); then the rest of it by rank 0.
+    const std::string old = previous_name(path);
+    everywhere(c, [&] {
+        if (std::filesystem::is_directory(old) && !std::filesystem::is_symlink(old))
+            ::unlink(rank_file(old, m.rank).c_str());
+    });
+    on_rank0(c, [&] { remove_checkpoint(old); });
 }
 
 } // namespace detail

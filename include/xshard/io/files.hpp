@@ -7,6 +7,7 @@
 /// them, zlib combines them) that combine over pieces read by different ranks.
 
 #include <xshard/core/partition.hpp>
+#include <xshard/core/volume.hpp>
 #include <xshard/io/safetensors.hpp>
 
 #include <libdeflate.h>
@@ -21,9 +22,12 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <random>
+#include <utility>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -59,7 +63,20 @@ public:
         if (fd_ >= 0)
             ::close(fd_);
     }
+    /// Takes ownership of the open descriptor `fd` of `path`.
+    static file adopt(int fd, std::string path) {
+        file f;
+        f.fd_ = fd;
+        f.path_ = std::move(path);
+        return f;
+    }
     int fd() const noexcept { return fd_; }
+    /// Closes the descriptor, reporting a failure (a delayed write error shows here).
+    void close() {
+        const int fd = std::exchange(fd_, -1);
+        if (fd >= 0 && ::close(fd) != 0)
+            io_fail("cannot close", path_);
+    }
     const std::string& path() const noexcept { return path_; }
 
     std::size_t size() const {
@@ -116,27 +133,80 @@ inline void sync_directory_of(const std::string& path) {
     ::fsync(d.fd());
 }
 
-/// Makes `from` (complete and synced) replace `to` atomically, durably.
+/// Makes `from` (complete and synced) replace `to` atomically, durably. rename(2) replaces a
+/// symbolic link at `to` itself, never what it points to.
 inline void commit_rename(const std::string& from, const std::string& to) {
     if (::rename(from.c_str(), to.c_str()) != 0)
         io_fail("cannot rename " + from + " to", to);
     sync_directory_of(to);
 }
 
-/// Writes `bytes` to `path` durably and atomically (temporary name, fsync, rename).
-inline void write_file_atomically(const std::string& path, std::string_view bytes) {
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-    {
-        file f(tmp, O_WRONLY | O_CREAT | O_TRUNC);
-        f.write_at(bytes.data(), bytes.size(), 0);
-        f.sync();
-    }
-    commit_rename(tmp, path);
+/// Eight random hexadecimal digits, for names nobody can predict.
+inline std::string random_suffix() {
+    static thread_local std::mt19937_64 engine{std::random_device{}() ^
+                                               (std::uint64_t(::getpid()) << 32)};
+    char text[17];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(engine()));
+    return text;
 }
 
-/// The whole of a small file.
-inline std::string read_file(const std::string& path) {
+/// Creates the directories above `path` that do not exist yet.
+inline void create_parent_directories(const std::string& path) {
+    const auto dir = std::filesystem::path(path).parent_path();
+    if (dir.empty())
+        return;
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec)
+        throw io_error("xshard: cannot create the directory " + dir.string() + ": " +
+                       ec.message());
+}
+
+/// A new file beside `path`, `<path>.tmp-<random>`, created exclusively (O_EXCL: never an
+/// existing file, O_NOFOLLOW: never through a link) for writing.
+inline file create_temporary_file(const std::string& path) {
+    for (int attempt = 0;; ++attempt) {
+        const auto name = path + ".tmp-" + random_suffix();
+        const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                              0644);
+        if (fd >= 0)
+            return file::adopt(fd, name);
+        if (errno != EEXIST || attempt == 16)
+            io_fail("cannot create", name);
+    }
+}
+
+/// A new directory beside `path`, `<path>.tmp-<random>` (mkdtemp: created exclusively).
+inline std::string create_temporary_directory(const std::string& path) {
+    std::string name = path + ".tmp-XXXXXX";
+    if (!::mkdtemp(name.data()))
+        io_fail("cannot create a directory like", name);
+    return name;
+}
+
+/// Writes `bytes` to `path` durably and atomically (exclusive temporary, fsync, rename).
+inline void write_file_atomically(const std::string& path, std::string_view bytes) {
+    auto f = create_temporary_file(path);
+    try {
+        f.write_at(bytes.data(), bytes.size(), 0);
+        f.sync();
+        f.close();
+        commit_rename(f.path(), path);
+    } catch (...) {
+        ::unlink(f.path().c_str());
+        throw;
+    }
+}
+
+/// The largest JSON file xshard reads whole (strategy files, checkpoint.json).
+inline constexpr std::size_t max_json_file_bytes = std::size_t(100) << 20;
+
+/// The whole of a small file (at most `limit` bytes, else io_error).
+inline std::string read_file(const std::string& path, std::size_t limit = max_json_file_bytes) {
     file f(path, O_RDONLY);
+    if (f.size() > limit)
+        throw io_error("xshard: " + path + " is larger than " + std::to_string(limit) +
+                       " bytes; not reading it");
     std::string s(f.size(), '\0');
     f.read_at(s.data(), s.size(), 0);
     return s;
@@ -219,9 +289,7 @@ runs_of(const std::vector<std::size_t>& shape, const std::vector<std::size_t>& o
         const std::vector<std::size_t>& extent, std::size_t element) {
     const std::size_t n = shape.size();
     std::vector<std::pair<std::size_t, std::size_t>> runs;
-    std::size_t size = 1;
-    for (auto e : extent)
-        size *= e;
+    const std::size_t size = volume(extent);
     if (size == 0)
         return runs;
     if (n == 0) {

@@ -20,12 +20,15 @@
 /// CRC-32s, in pieces any process may take a share of.
 
 #include <xshard/core/partition.hpp>
+#include <xshard/core/volume.hpp>
 #include <xshard/io/files.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>
 
 #include <nlohmann/json.hpp>
 
+#include <array>
+#include <climits>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -62,48 +65,185 @@ inline std::string integrated_header(std::vector<tensor_entry>& entries,
 }
 
 /// Writes rank `rank`'s file of a per-rank checkpoint in directory `dir`: each tensor's block
-/// (entries with the block's extent as shape, and its bytes), checksummed, fsynced.
+/// (entries with the block's extent as shape, and its bytes), checksummed, fsynced, closed,
+/// its size checked. The file is created exclusively (never through a link, never an
+/// existing file).
 inline void write_rank_file(const std::string& dir, int rank, std::vector<tensor_entry> entries,
                             const std::vector<const std::byte*>& data) {
     nlohmann::ordered_json crcs = nlohmann::ordered_json::object();
     for (std::size_t i = 0; i < entries.size(); ++i)
         crcs[entries[i].name] =
-            crc_hex(crc32_of(data[i], entries[i].elements() * dtype_size(entries[i].dtype)));
+            crc_hex(crc32_of(data[i], checked_mul(entries[i].elements(),
+                                                  dtype_size(entries[i].dtype))));
     const std::string header = make_header(entries, {{"format", "xshard-rank"},
                                                      {"xshard.rank", std::to_string(rank)},
                                                      {"xshard.crc32", crcs.dump()}});
-    file f(rank_file(dir, rank), O_WRONLY | O_CREAT | O_TRUNC);
+    const auto path = rank_file(dir, rank);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+        io_fail("cannot create", path);
+    auto f = file::adopt(fd, path);
     f.write_at(header.data(), header.size(), 0);
-    for (std::size_t i = 0; i < entries.size(); ++i)
+    std::size_t end = header.size();
+    for (std::size_t i = 0; i < entries.size(); ++i) {
         f.write_at(data[i], entries[i].end - entries[i].begin, header.size() + entries[i].begin);
+        end = std::max(end, header.size() + entries[i].end);
+    }
     f.sync();
+    if (f.size() != end)
+        throw io_error("xshard: " + path + " has " + std::to_string(f.size()) +
+                       " bytes after writing " + std::to_string(end));
+    f.close();
+}
+
+/// What is at a path a save is about to replace.
+enum class existing { nothing, file, checkpoint_directory };
+
+/// True for the names of a per-rank checkpoint's files ("rank_3.safetensors", "strategy.json",
+/// "checkpoint.json", and the temporaries of the last two).
+inline bool checkpoint_file_name(const std::string& name) {
+    if (name == "strategy.json" || name == "checkpoint.json")
+        return true;
+    for (const char* json : {"strategy.json.tmp-", "checkpoint.json.tmp-"})
+        if (name.rfind(json, 0) == 0 && name.size() == std::strlen(json) + 16)
+            return true;
+    const std::string prefix = "rank_", suffix = ".safetensors";
+    if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
+        !name.ends_with(suffix))
+        return false;
+    const auto digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    return digits.find_first_not_of("0123456789") == std::string::npos;
+}
+
+/// What `path` holds, when a save may replace it: nothing, a safetensors file, or a per-rank
+/// checkpoint directory of xshard's (only files of its names, and a checkpoint.json that says
+/// so; or empty). Throws io_error for anything else (a link, a user's directory or file):
+/// xshard never removes what is not a checkpoint.
+inline existing replaceable(const std::string& path) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const auto st = fs::symlink_status(path, ec);
+    if (ec && st.type() != fs::file_type::not_found)
+        throw io_error("xshard: cannot inspect " + path + ": " + ec.message());
+    const auto refuse = [&](const std::string& why) {
+        return io_error("xshard: " + path + " " + why +
+                        "; xshard replaces only its own checkpoints");
+    };
+    switch (st.type()) {
+    case fs::file_type::not_found:
+        return existing::nothing;
+    case fs::file_type::regular: {
+        try {
+            const file f(path, O_RDONLY | O_NOFOLLOW);
+            if (f.size() > 0)
+                read_header(f);
+        } catch (const io_error&) {
+            throw refuse("is not a safetensors file");
+        }
+        return existing::file;
+    }
+    case fs::file_type::directory: {
+        std::size_t entries = 0;
+        for (const auto& e : fs::directory_iterator(path, ec)) {
+            ++entries;
+            if (!checkpoint_file_name(e.path().filename().string()) ||
+                !e.is_regular_file() || e.is_symlink())
+                throw refuse("holds " + e.path().filename().string() +
+                       ", which is not part of an xshard checkpoint");
+        }
+        if (ec)
+            throw io_error("xshard: cannot list " + path + ": " + ec.message());
+        if (entries == 0)
+            return existing::checkpoint_directory;
+        try {
+            const auto j = nlohmann::json::parse(read_file(path + "/checkpoint.json"));
+            if (j.is_object() && j.value("format", "") == "xshard-checkpoint")
+                return existing::checkpoint_directory;
+        } catch (const std::exception&) {
+        }
+        throw refuse("is a directory without an xshard checkpoint.json");
+    }
+    case fs::file_type::symlink:
+        throw refuse("is a symbolic link");
+    default:
+        throw refuse("is not a regular file or directory");
+    }
+}
+
+/// Removes the checkpoint at `path` (after `replaceable` said what it is): a file, or the
+/// files of xshard's names in a directory and then the directory. Nothing else is removed.
+inline void remove_checkpoint(const std::string& path) {
+    namespace fs = std::filesystem;
+    const auto kind = replaceable(path);
+    if (kind == existing::nothing)
+        return;
+    if (kind == existing::checkpoint_directory) {
+        std::vector<std::string> names;
+        for (const auto& e : fs::directory_iterator(path))
+            names.push_back(e.path().string());
+        for (const auto& n : names)
+            if (::unlink(n.c_str()) != 0 && errno != ENOENT)
+                io_fail("cannot remove", n);
+        if (::rmdir(path.c_str()) != 0 && errno != ENOENT)
+            io_fail("cannot remove", path);
+    } else if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+        io_fail("cannot remove", path);
+    }
+}
+
+/// Removes a temporary directory a failed save created (mkdtemp: nobody else's): the files of
+/// xshard's names in it, then it, if empty. Never throws (it runs during unwinding).
+inline void remove_temporary_directory(const std::string& dir) noexcept {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+        if (checkpoint_file_name(e.path().filename().string()))
+            ::unlink(e.path().c_str());
+    ::rmdir(dir.c_str());
+}
+
+/// Where a save puts the checkpoint it replaces for the moment of the swap.
+inline std::string previous_name(const std::string& path) { return path + ".old"; }
+
+/// Puts the complete, synced checkpoint `tmp` (a file or a per-rank directory) in place of
+/// `path` without ever leaving no complete checkpoint: a file over a file is one rename; a
+/// directory is swapped through <path>.old (a process killed between the two renames leaves
+/// <path>.old, which readers fall back to and the next save puts back first). The previous
+/// checkpoint is removed unless `remove_old` is false (the caller then removes
+/// previous_name(path)). Throws io_error, replacing nothing, when `path` (or <path>.old)
+/// holds something that is not an xshard checkpoint.
+inline void replace_checkpoint(const std::string& tmp, const std::string& path,
+                               bool remove_old = true) {
+    const std::string old = previous_name(path);
+    auto now = replaceable(path);
+    if (now == existing::nothing && replaceable(old) != existing::nothing) {
+        commit_rename(old, path); // finish the swap a killed save left half done
+        now = replaceable(path);
+    }
+    remove_checkpoint(old);
+    const bool is_file = std::filesystem::is_regular_file(tmp);
+    if (now == existing::nothing || (is_file && now == existing::file)) {
+        commit_rename(tmp, path);
+        return;
+    }
+    commit_rename(path, old);
+    commit_rename(tmp, path);
+    if (remove_old)
+        remove_checkpoint(old);
 }
 
 /// Completes a per-rank checkpoint written in `tmp` (its rank files complete and synced):
-/// writes strategy.json and checkpoint.json, then puts it in place of `path` without ever
-/// leaving no complete checkpoint: <path> -> <path>.old, <tmp> -> <path>, remove <path>.old
-/// (unless `remove_old` is false: the caller removes it).
-/// (A process killed between the two renames leaves <path>.old, which readers fall back to
-/// and the next save puts back first.)
+/// writes strategy.json and checkpoint.json, then puts it in place of `path`
+/// (replace_checkpoint).
 inline void finish_per_rank(const std::string& tmp, const std::string& path,
                             const strategy_file& strategy, std::int64_t step,
                             bool remove_old = true) {
-    namespace fs = std::filesystem;
     write_file_atomically(tmp + "/strategy.json", strategy.to_json());
     const nlohmann::ordered_json j{{"format", "xshard-checkpoint"},
                                    {"version", 1},
                                    {"step", step},
                                    {"ranks", strategy.mesh.size()}};
     write_file_atomically(tmp + "/checkpoint.json", j.dump(2) + "\n");
-    const std::string old = path + ".old";
-    if (!fs::exists(path) && fs::exists(old))
-        commit_rename(old, path);
-    fs::remove_all(old);
-    if (fs::exists(path))
-        commit_rename(path, old);
-    commit_rename(tmp, path);
-    if (remove_old)
-        fs::remove_all(old);
+    replace_checkpoint(tmp, path, remove_old);
 }
 
 } // namespace detail
@@ -114,12 +254,7 @@ struct stored_block {
     int file = 0;
     std::vector<std::size_t> offset, extent;
 
-    std::size_t size() const {
-        std::size_t n = 1;
-        for (auto e : extent)
-            n *= e;
-        return n;
-    }
+    std::size_t size() const { return volume(extent); }
 };
 
 class checkpoint_reader {
@@ -130,19 +265,37 @@ public:
     explicit checkpoint_reader(const std::string& path)
         : path_(path) {
         namespace fs = std::filesystem;
-        if (!fs::exists(path_ + "/checkpoint.json") && fs::exists(path_ + ".old/checkpoint.json"))
-            path_ += ".old";
+        std::error_code ec;
+        // Only when nothing is at `path`: a stale <path>.old never hides a checkpoint.
+        if (fs::symlink_status(path_, ec).type() == fs::file_type::not_found &&
+            fs::exists(detail::previous_name(path_), ec))
+            path_ = detail::previous_name(path_);
         if (fs::is_directory(path_)) {
             format_ = checkpoint_format::per_rank;
             strategy_ = strategy_file::from_json(detail::read_file(path_ + "/strategy.json"));
             try {
-                const auto j = nlohmann::json::parse(detail::read_file(path_ + "/checkpoint.json"));
-                if (j.value("format", "") != "xshard-checkpoint" || j.value("version", 0) != 1)
+                const auto j = detail::parse_json(detail::read_file(path_ + "/checkpoint.json"));
+                if (!j.is_object() || j.value("format", "") != "xshard-checkpoint" ||
+                    detail::json_integer(j, "version", 0, 1) != 1)
                     throw io_error("not an xshard checkpoint of version 1");
-                step_ = j.value("step", std::int64_t(0));
+                step_ = std::int64_t(detail::json_integer(j, "step", 0, INT64_MAX));
+                const auto ranks = detail::json_integer(j, "ranks", 1, INT_MAX);
+                if (ranks != std::uint64_t(strategy_.mesh.size()))
+                    throw io_error("'ranks' is " + std::to_string(ranks) +
+                                   " but strategy.json's mesh has " +
+                                   std::to_string(strategy_.mesh.size()) + " ranks");
             } catch (const std::exception& e) {
                 throw io_error("xshard: " + path_ + "/checkpoint.json: " + e.what());
             }
+            // As many rank files as the mesh has ranks, before any work per rank: the work a
+            // load does is bounded by what is on disk, whatever the files say.
+            std::size_t files = 0;
+            for (const auto& e : fs::directory_iterator(path_, ec))
+                files += e.path().filename().string().rfind("rank_", 0) == 0;
+            if (files < std::size_t(strategy_.mesh.size()))
+                throw io_error("xshard: " + path_ + " holds " + std::to_string(files) +
+                               " rank file(s) for a mesh of " +
+                               std::to_string(strategy_.mesh.size()) + " ranks");
             return;
         }
         format_ = checkpoint_format::integrated;
@@ -152,26 +305,56 @@ public:
             if (const auto it = meta.find("xshard.strategy"); it != meta.end())
                 strategy_ = strategy_file::from_json(it->second);
             if (const auto it = meta.find("xshard.step"); it != meta.end())
-                step_ = std::stoll(it->second);
+                step_ = detail::parse_step(it->second);
             if (const auto it = meta.find("xshard.crc32"); it != meta.end())
-                checksums_[0] =
-                    nlohmann::json::parse(it->second).get<std::map<std::string, std::string>>();
-        } catch (const io_error&) {
-            throw;
+                checksums_[0] = detail::parse_checksums(it->second);
         } catch (const std::exception& e) {
             throw io_error("xshard: " + path_ + ": malformed xshard metadata: " + e.what());
         }
         // A file from elsewhere (Python): every tensor, replicated on a mesh of one rank.
         if (strategy_.parameters.empty())
-            for (const auto& t : h.tensors)
+            for (const auto& t : h.tensors) {
+                if (t.shape.size() > max_tensor_rank)
+                    throw io_error("xshard: " + path_ + ": tensor '" + detail::printable(t.name) +
+                                   "' has " + std::to_string(t.shape.size()) +
+                                   " dimensions; xshard reads at most " +
+                                   std::to_string(max_tensor_rank));
                 strategy_.parameters.push_back(
                     {t.name, t.shape, t.dtype, layout::replicated(t.shape.size()), true});
+            }
         for (const auto& p : strategy_.parameters) {
             const auto* t = h.find(p.name);
             if (!t || t->dtype != p.dtype || t->shape != p.shape)
-                throw io_error("xshard: " + path_ + ": tensor '" + p.name +
+                throw io_error("xshard: " + path_ + ": tensor '" + detail::printable(p.name) +
                                "' is not stored as its strategy says");
         }
+    }
+
+    /// What identifies the file read (integrated form; for the per-rank form, checkpoint.json):
+    /// inode, size and modification time. Ranks compare it to know they read one checkpoint.
+    std::array<std::uint64_t, 4> identity() const {
+        struct stat st {};
+        if (format_ == checkpoint_format::integrated) {
+            if (::fstat(open(0).first.fd(), &st) != 0)
+                detail::io_fail("cannot stat", path_);
+        } else if (::stat((path_ + "/checkpoint.json").c_str(), &st) != 0) {
+            detail::io_fail("cannot stat", path_ + "/checkpoint.json");
+        }
+        return {std::uint64_t(st.st_ino), std::uint64_t(st.st_size),
+                std::uint64_t(st.st_mtim.tv_sec), std::uint64_t(st.st_mtim.tv_nsec)};
+    }
+
+    /// Checks that every stored block of every tensor is in its file with the shape and
+    /// dtype the strategy gives (headers only, no data read): what a load of every tensor
+    /// needs beyond the checksums. Throws io_error naming the first block that is not.
+    void check_blocks() const {
+        for (const auto& p : strategy_.parameters)
+            check_blocks(p);
+    }
+    /// check_blocks for tensor `e` alone.
+    void check_blocks(const strategy_entry& e) const {
+        for (const auto& b : blocks(e))
+            stored_begin(b, e);
     }
 
     checkpoint_format format() const { return format_; }
@@ -228,6 +411,20 @@ public:
         }
     }
 
+    /// Opens now the files that read_box(e, offset, extent) reads (so that later reads come
+    /// from the files open at this moment, whatever is renamed meanwhile).
+    void open_box(const strategy_entry& e, const std::vector<std::size_t>& offset,
+                  const std::vector<std::size_t>& extent) const {
+        for (const auto& b : blocks(e)) {
+            bool empty = false;
+            for (std::size_t d = 0; d < offset.size(); ++d)
+                empty = empty || b.offset[d] >= offset[d] + extent[d] ||
+                        offset[d] >= b.offset[d] + b.extent[d];
+            if (!empty)
+                open(b.file);
+        }
+    }
+
     /// A piece of the stored bytes that verification reads: `length` bytes at `at` in file
     /// `file`, bytes [offset, offset + length) of stored block `key` (file * count + index of
     /// the tensor in the list verified).
@@ -255,6 +452,21 @@ public:
         return out;
     }
 
+    /// The CRC-32 of `n` bytes at `at` in file `file`, read through `buffer` in 16 MiB pieces.
+    std::uint32_t crc_of_range(int file, std::size_t at, std::size_t n,
+                               std::vector<std::byte>& buffer) const {
+        const auto& f = open(file).first;
+        buffer.resize(std::max(buffer.size(), std::min<std::size_t>(n, std::size_t(16) << 20)));
+        std::uint32_t crc = 0;
+        for (std::size_t done = 0; done < n;) {
+            const auto k = std::min(buffer.size(), n - done);
+            f.read_at(buffer.data(), k, at + done);
+            crc = detail::crc32_of(buffer.data(), k, crc);
+            done += k;
+        }
+        return crc;
+    }
+
     /// Reads piece `p` (into `buffer`) and returns its checksum run.
     detail::crc_run checksum_of(const piece& p, std::vector<std::byte>& buffer) const {
         buffer.resize(std::max(buffer.size(), p.length));
@@ -278,7 +490,7 @@ public:
                 const auto want = checksum(b.file, tensors[i]->name);
                 const auto& have = got[std::size_t(b.file) * n + i];
                 if (want && (!have || detail::crc_hex(*have) != *want))
-                    bad += (bad.empty() ? "" : ", ") + tensors[i]->name +
+                    bad += (bad.empty() ? "" : ", ") + detail::printable(tensors[i]->name) +
                            (files > 1 ? " (in " + file_path(b.file) + ")" : "");
             }
         return bad;
@@ -295,10 +507,8 @@ public:
             const auto& meta = open(file).second.metadata;
             const auto it = meta.find("xshard.crc32");
             try {
-                checksums_[file] = it == meta.end()
-                                       ? std::map<std::string, std::string>{}
-                                       : nlohmann::json::parse(it->second)
-                                             .get<std::map<std::string, std::string>>();
+                checksums_[file] = it == meta.end() ? std::map<std::string, std::string>{}
+                                                    : detail::parse_checksums(it->second);
             } catch (const std::exception& e) {
                 throw io_error("xshard: " + file_path(file) + ": malformed checksums: " + e.what());
             }
@@ -324,7 +534,7 @@ private:
         const auto& [f, h] = open(b.file);
         const auto* stored = h.find(e.name);
         if (!stored || stored->shape != b.extent || stored->dtype != e.dtype)
-            throw io_error("xshard: " + f.path() + " does not hold '" + e.name +
+            throw io_error("xshard: " + f.path() + " does not hold '" + detail::printable(e.name) +
                            "' as its strategy says");
         return h.data_start + stored->begin;
     }

@@ -11,10 +11,13 @@
 
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/float16.hpp>
+#include <xshard/core/volume.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <complex>
 #include <cstddef>
 #include <cstdint>
@@ -28,13 +31,6 @@
 #include <vector>
 
 namespace xshard {
-
-/// A checkpoint or strategy file that cannot be read as asked (truncated, corrupted, not
-/// matching the model).
-class io_error : public error {
-public:
-    using error::error;
-};
 
 /// The safetensors name of an element type ("F64", "BF16", ...), and its size.
 struct dtype_info {
@@ -94,12 +90,7 @@ struct tensor_entry {
     std::size_t begin = 0; ///< offset of the first byte in the data section
     std::size_t end = 0;   ///< one past the last byte
 
-    std::size_t elements() const {
-        std::size_t n = 1;
-        for (auto e : shape)
-            n *= e;
-        return n;
-    }
+    std::size_t elements() const { return volume(shape); }
 };
 
 /// A parsed header: the tensors (in data order), the metadata, and where the data begins.
@@ -118,6 +109,102 @@ struct safetensors_header {
 
 /// The largest header xshard reads (the format's own reference reader uses 100 MB).
 inline constexpr std::size_t max_header_bytes = std::size_t(100) << 20;
+/// The most dimensions a stored tensor may have (xshard's own tensors have at most 8).
+inline constexpr std::size_t max_stored_rank = 64;
+/// The most tensors a header may list.
+inline constexpr std::size_t max_tensors = std::size_t(1) << 20;
+
+namespace detail {
+
+/// The deepest nesting of JSON xshard reads: its files nest four levels; the bound keeps a
+/// hostile file (megabytes of "[[[[") from costing memory out of proportion to its size.
+inline constexpr std::size_t max_json_depth = 32;
+
+/// Parses JSON text, refusing nesting deeper than max_json_depth; any problem is an io_error.
+inline nlohmann::json parse_json(std::string_view text) {
+    const nlohmann::json::parser_callback_t bounded = [](int depth, nlohmann::json::parse_event_t,
+                                                         nlohmann::json&) {
+        if (std::size_t(depth) > max_json_depth)
+            throw io_error("xshard: JSON nested deeper than " + std::to_string(max_json_depth) +
+                           " levels");
+        return true;
+    };
+    try {
+        return nlohmann::json::parse(text, bounded);
+    } catch (const nlohmann::json::exception& e) {
+        throw io_error(std::string("xshard: not valid JSON: ") + e.what());
+    }
+}
+
+/// `value` as a count in [lo, hi]: a JSON integer (not 2.7, not "3", not 4294967297 when
+/// hi is smaller), else io_error naming `what`.
+inline std::uint64_t json_count(const nlohmann::json& value, const std::string& what,
+                                std::uint64_t lo = 0,
+                                std::uint64_t hi = std::numeric_limits<std::uint64_t>::max()) {
+    if (!value.is_number_integer() || (value.is_number_integer() && !value.is_number_unsigned() &&
+                                       value.get<std::int64_t>() < 0))
+        throw io_error("xshard: " + what + " is not a count (a non-negative integer): " +
+                       value.dump());
+    const auto n = value.get<std::uint64_t>();
+    if (n < lo || n > hi)
+        throw io_error("xshard: " + what + " is " + std::to_string(n) + ", outside [" +
+                       std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return n;
+}
+
+/// Member `key` of object `j` as a count in [lo, hi] (json_count).
+inline std::uint64_t json_integer(const nlohmann::json& j, const char* key, std::uint64_t lo,
+                                  std::uint64_t hi) {
+    if (!j.is_object() || !j.contains(key))
+        throw io_error(std::string("xshard: no '") + key + "'");
+    return json_count(j.at(key), std::string("'") + key + "'", lo, hi);
+}
+
+/// A step written as decimal digits ("12"), else io_error.
+inline std::int64_t parse_step(const std::string& text) {
+    if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != text.npos)
+        throw io_error("xshard: the step '" + text + "' is not a count");
+    return std::stoll(text);
+}
+
+/// A CRC map ({"name": "0a1b2c3d", ...}), each value 8 lowercase hex digits, else io_error.
+inline std::map<std::string, std::string> parse_checksums(const std::string& text) {
+    const auto j = parse_json(text);
+    if (!j.is_object())
+        throw io_error("xshard: the checksums are not a JSON object");
+    std::map<std::string, std::string> out;
+    for (const auto& [name, crc] : j.items()) {
+        if (!crc.is_string() || crc.get<std::string>().size() != 8 ||
+            crc.get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos)
+            throw io_error("xshard: the checksum of a tensor is not 8 hex digits: " + crc.dump());
+        out[name] = crc.get<std::string>();
+    }
+    return out;
+}
+
+/// `name` with control characters and backslashes escaped (\n, \x1b), for messages and
+/// terminal output: a name from a file never reaches a terminal raw.
+inline std::string printable(std::string_view name) {
+    std::string out;
+    for (unsigned char c : name) {
+        if (c == '\\') {
+            out += "\\\\";
+        } else if (c < 0x20 || c == 0x7f) {
+            char code[5];
+            std::snprintf(code, sizeof code, "\\x%02x", c);
+            out += code;
+        } else {
+            out += char(c);
+        }
+    }
+    return out;
+}
+
+} // namespace detail
+
+/// `name` with control characters and backslashes escaped ("\\x1b", "\\n"): how xshard prints
+/// a name read from a file, so that it never reaches a terminal raw.
+using detail::printable;
 
 /// Parses the header of a safetensors file of `file_size` bytes whose first bytes are
 /// `head` (at least the 8 length bytes; the whole header when the length fits). Throws
@@ -138,9 +225,9 @@ inline safetensors_header parse_header(std::string_view head, std::size_t file_s
     const std::size_t data_bytes = file_size - h.data_start;
     nlohmann::json json;
     try {
-        json = nlohmann::json::parse(head.substr(8, std::size_t(length)));
-    } catch (const nlohmann::json::exception& e) {
-        throw io_error(std::string("xshard: safetensors header is not valid JSON: ") + e.what());
+        json = detail::parse_json(head.substr(8, std::size_t(length)));
+    } catch (const io_error& e) {
+        throw io_error(std::string("xshard: safetensors header: ") + (e.what() + 8));
     }
     if (!json.is_object())
         throw io_error("xshard: safetensors header is not a JSON object");
@@ -148,6 +235,8 @@ inline safetensors_header parse_header(std::string_view head, std::size_t file_s
         if (name == "__metadata__") {
             if (!value.is_object())
                 throw io_error("xshard: safetensors __metadata__ is not an object");
+            if (!h.metadata.empty())
+                throw io_error("xshard: safetensors __metadata__ appears twice");
             for (const auto& [key, text] : value.items()) {
                 if (!text.is_string())
                     throw io_error("xshard: safetensors metadata '" + key + "' is not a string");
@@ -159,35 +248,41 @@ inline safetensors_header parse_header(std::string_view head, std::size_t file_s
             !value.contains("data_offsets") || !value["dtype"].is_string() ||
             !value["shape"].is_array() || !value["data_offsets"].is_array() ||
             value["data_offsets"].size() != 2)
-            throw io_error("xshard: safetensors entry '" + name +
+            throw io_error("xshard: safetensors entry '" + detail::printable(name) +
                            "' lacks dtype, shape or data_offsets");
+        if (h.tensors.size() == max_tensors)
+            throw io_error("xshard: more than " + std::to_string(max_tensors) +
+                           " tensors in a safetensors header");
         tensor_entry t;
         t.name = name;
         t.dtype = value["dtype"].get<std::string>();
         const std::size_t element = dtype_size(t.dtype);
         if (element == 0)
-            throw io_error("xshard: tensor '" + name + "' has unknown dtype '" + t.dtype + "'");
+            throw io_error("xshard: tensor '" + detail::printable(name) + "' has unknown dtype '" + detail::printable(t.dtype) + "'");
         std::size_t bytes = element;
+        if (value["shape"].size() > max_stored_rank)
+            throw io_error("xshard: tensor '" + detail::printable(name) + "' has " +
+                           std::to_string(value["shape"].size()) + " dimensions");
         for (const auto& e : value["shape"]) {
             if (!e.is_number_unsigned())
-                throw io_error("xshard: tensor '" + name +
+                throw io_error("xshard: tensor '" + detail::printable(name) +
                                "' has a shape that is not a list of counts");
             const auto n = e.get<std::uint64_t>();
             if (n != 0 && bytes > data_bytes / n) // more bytes than the file could hold
-                throw io_error("xshard: tensor '" + name + "' has a shape larger than the file");
+                throw io_error("xshard: tensor '" + detail::printable(name) + "' has a shape larger than the file");
             bytes *= std::size_t(n);
             t.shape.push_back(std::size_t(n));
         }
         for (const auto& o : value["data_offsets"])
             if (!o.is_number_unsigned())
-                throw io_error("xshard: tensor '" + name +
+                throw io_error("xshard: tensor '" + detail::printable(name) +
                                "' has data offsets that are not counts");
         t.begin = std::size_t(value["data_offsets"][0].get<std::uint64_t>());
         t.end = std::size_t(value["data_offsets"][1].get<std::uint64_t>());
         if (t.begin > t.end || t.end > data_bytes)
-            throw io_error("xshard: tensor '" + name + "' has data offsets beyond the file");
+            throw io_error("xshard: tensor '" + detail::printable(name) + "' has data offsets beyond the file");
         if (t.end - t.begin != bytes)
-            throw io_error("xshard: tensor '" + name + "' has " + std::to_string(t.end - t.begin) +
+            throw io_error("xshard: tensor '" + detail::printable(name) + "' has " + std::to_string(t.end - t.begin) +
                            " bytes of data for a shape of " + std::to_string(bytes));
         h.tensors.push_back(std::move(t));
     }
@@ -200,7 +295,7 @@ inline safetensors_header parse_header(std::string_view head, std::size_t file_s
         if (t.begin == t.end)
             continue;
         if (last && t.begin < last->end)
-            throw io_error("xshard: tensors '" + last->name + "' and '" + t.name +
+            throw io_error("xshard: tensors '" + detail::printable(last->name) + "' and '" + detail::printable(t.name) +
                            "' overlap in the file");
         last = &t;
     }

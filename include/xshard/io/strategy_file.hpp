@@ -20,12 +20,15 @@
 #include <xshard/comm/agree.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
+#include <xshard/core/volume.hpp>
 #include <xshard/io/files.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/param/traversal.hpp>
 
 #include <nlohmann/json.hpp>
 
+#include <climits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -82,37 +85,88 @@ struct strategy_file {
         return j.dump(2) + "\n";
     }
 
-    /// Parses a strategy file's text; throws io_error naming what is wrong.
+    /// Parses a strategy file's text strictly (integers are integers in range, names are
+    /// strings, lists are lists, no name twice, the mesh's size fits an int); throws io_error
+    /// naming what is wrong.
     static strategy_file from_json(std::string_view text) {
         strategy_file f;
         try {
-            const auto j = nlohmann::json::parse(text);
-            if (j.value("format", "") != "xshard-strategy")
+            nlohmann::json j;
+            try {
+                j = detail::parse_json(text);
+            } catch (const io_error& e) {
+                throw io_error(std::string("xshard: malformed strategy file: ") + (e.what() + 8));
+            }
+            if (!j.is_object() || j.value("format", "") != "xshard-strategy")
                 throw io_error(
                     "xshard: not an xshard strategy file (no \"format\": \"xshard-strategy\")");
-            if (j.value("version", 0) != current_version)
-                throw io_error(
-                    "xshard: strategy file version " + std::to_string(j.value("version", 0)) +
-                    " (this xshard reads version " + std::to_string(current_version) + ")");
+            if (!j.contains("version") || !j["version"].is_number_integer() ||
+                j["version"] != current_version)
+                throw io_error("xshard: strategy file version " +
+                               (j.contains("version") ? j["version"].dump() : "(none)") +
+                               " (this xshard reads version " + std::to_string(current_version) +
+                               ")");
+            const auto& mesh = j.at("mesh");
+            const auto& axes = mesh.at("axes");
+            const auto& sizes = mesh.at("sizes");
+            if (!axes.is_array() || !sizes.is_array() || axes.size() != sizes.size() ||
+                axes.size() > max_mesh_axes)
+                throw io_error("xshard: the mesh needs lists of at most " +
+                               std::to_string(max_mesh_axes) + " axes and as many sizes");
             static_vector<axis_name, max_mesh_axes> names;
-            static_vector<int, max_mesh_axes> sizes;
-            for (const auto& a : j.at("mesh").at("axes"))
-                names.push_back(axis_name(a.get<std::string>()));
-            for (const auto& s : j.at("mesh").at("sizes"))
-                sizes.push_back(s.get<int>());
-            f.mesh = mesh_shape(names, sizes);
-            f.pipeline_stages = j.value("pipeline_stages", 1);
-            for (const auto& p : j.at("parameters")) {
-                strategy_entry e{
-                    p.at("name").get<std::string>(), p.at("shape").get<std::vector<std::size_t>>(),
-                    p.at("dtype").get<std::string>(),
-                    layout::parse(p.at("layout").get<std::string>()), p.value("trainable", true)};
+            static_vector<int, max_mesh_axes> counts;
+            std::size_t ranks = 1;
+            for (std::size_t i = 0; i < axes.size(); ++i) {
+                if (!axes[i].is_string() || !is_valid_axis_name(axes[i].get<std::string>()))
+                    throw io_error("xshard: mesh axis " + axes[i].dump() + " is not an axis name");
+                names.push_back(axis_name(axes[i].get<std::string>()));
+                counts.push_back(int(detail::json_count(sizes[i], "a mesh size", 1, INT_MAX)));
+                ranks = checked_mul(ranks, std::size_t(counts.back()), "the mesh's size");
+            }
+            if (ranks > std::size_t(INT_MAX))
+                throw io_error("xshard: a mesh of " + std::to_string(ranks) + " ranks");
+            f.mesh = mesh_shape(names, counts);
+            if (j.contains("pipeline_stages"))
+                f.pipeline_stages =
+                    int(detail::json_count(j["pipeline_stages"], "pipeline_stages", 1, INT_MAX));
+            const auto& params = j.at("parameters");
+            if (!params.is_array())
+                throw io_error("xshard: 'parameters' is not a list");
+            std::set<std::string> seen;
+            for (const auto& p : params) {
+                if (!p.is_object() || !p.contains("name") || !p["name"].is_string() ||
+                    !p.contains("dtype") || !p["dtype"].is_string() || !p.contains("layout") ||
+                    !p["layout"].is_string() || !p.contains("shape") || !p["shape"].is_array())
+                    throw io_error("xshard: a parameter needs a string name, dtype and layout "
+                                   "and a list shape: " +
+                                   p.dump().substr(0, 200));
+                strategy_entry e;
+                e.name = p["name"].get<std::string>();
+                const auto name = "parameter '" + detail::printable(e.name) + "'";
+                if (!seen.insert(e.name).second)
+                    throw io_error("xshard: " + name + " appears twice");
+                if (e.name == "__metadata__")
+                    throw io_error("xshard: " + name + " is reserved by safetensors");
+                if (p["shape"].size() > max_tensor_rank)
+                    throw io_error("xshard: " + name + " has more than " +
+                                   std::to_string(max_tensor_rank) + " dimensions");
+                for (const auto& d : p["shape"])
+                    e.shape.push_back(std::size_t(detail::json_count(d, "a dimension of " + name)));
+                e.dtype = p["dtype"].get<std::string>();
                 if (dtype_size(e.dtype) == 0)
-                    throw io_error("xshard: parameter '" + e.name + "' has unknown dtype '" +
-                                   e.dtype + "'");
+                    throw io_error("xshard: " + name + " has unknown dtype '" +
+                                   detail::printable(e.dtype) + "'");
+                // Its size in bytes must be representable.
+                checked_mul(volume(e.shape), dtype_size(e.dtype), "a parameter's size");
+                e.lay = layout::parse(p["layout"].get<std::string>());
+                if (p.contains("trainable")) {
+                    if (!p["trainable"].is_boolean())
+                        throw io_error("xshard: " + name + "'s 'trainable' is not true or false");
+                    e.trainable = p["trainable"].get<bool>();
+                }
                 if (e.lay.rank() != e.shape.size())
-                    throw io_error("xshard: parameter '" + e.name +
-                                   "' has a layout of another rank than its shape");
+                    throw io_error("xshard: " + name +
+                                   " has a layout of another rank than its shape");
                 e.lay.validate(f.mesh);
                 f.parameters.push_back(std::move(e));
             }

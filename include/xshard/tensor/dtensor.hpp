@@ -6,6 +6,7 @@
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/error.hpp>
+#include <xshard/comm/subarray.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh.hpp>
 #include <xshard/core/partition.hpp>

@@ -11,8 +11,9 @@
 #include <xshard/core/axis.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/partition.hpp>
-#include <xshard/core/volume.hpp>
 #include <xshard/comm/float16.hpp>
+#include <xshard/core/volume.hpp>
+#include <xshard/param/tensor_record.hpp>
 #include <xshard/param/traversal.hpp>
 
 #include <algorithm>
@@ -45,36 +46,8 @@ struct fusion_threshold {
 
 namespace detail {
 
-/// One parameter's local shard, type-erased.
-struct param_ref {
-    std::string name;
-    std::byte* data = nullptr;
-    std::size_t count = 0;   ///< elements
-    std::size_t element = 0; ///< bytes per element
-    std::type_index type = typeid(void);
-    MPI_Datatype mpi_type = MPI_DATATYPE_NULL;
-    axis_set replicated;                 ///< the axes along which ranks hold identical copies
-    const communicator* group = nullptr; ///< the communicator of those ranks
-    mesh_shape mesh;
-    int mesh_rank = 0;
-    const communicator* mesh_comm = nullptr; ///< the whole mesh (parameters must share one)
-    layout lay;                              ///< the layout (its own, or the dictionary's)
-    std::vector<std::size_t> shape;          ///< the global shape
-    std::string problem;                     ///< what is wrong with it on this rank ("" if nothing)
-
-    std::size_t bytes() const { return count * element; }
-
-    /// The bytes of the block rank `r` holds: every rank can compute it for every rank.
-    std::size_t block_bytes(int r) const {
-        const auto c = mesh.coords(r);
-        std::size_t n = element;
-        for (std::size_t d = 0; d < shape.size(); ++d)
-            n = checked_mul(n, block_extent(shape[d], std::size_t(lay.split_count(d, mesh)),
-                                            std::size_t(lay.block_index(d, mesh, c))),
-                            "a block's size");
-        return n;
-    }
-};
+/// One parameter's local shard, type-erased (param/tensor_record.hpp).
+using param_ref = tensor_record;
 
 /// The records of every parameter of a container (a tensor's mesh must outlive them). A
 /// parameter named in `layouts` takes its redundancy from that layout instead of its own; a
@@ -87,7 +60,6 @@ std::vector<param_ref> param_refs(C& c, const layout_dict* layouts = nullptr) {
     std::size_t found = 0;
     for_each_parameter(c, [&](const std::string& name, auto& t) {
         using D = std::remove_cvref_t<decltype(t)>;
-        using T = typename D::value_type;
         const auto& mesh = t.mesh();
         std::string problem;
         layout l = t.layout();
@@ -110,12 +82,12 @@ std::vector<param_ref> param_refs(C& c, const layout_dict* layouts = nullptr) {
             problem = "xshard: parameter '" + name + "' has a local shard of shape " +
                       shape_string(t.local().shape()) + ", which its layout " + l.to_string() +
                       " does not give rank " + std::to_string(mesh.rank());
-        const auto replicated = l.replicated_axes(mesh.shape());
-        auto& local = const_cast<typename D::local_type&>(t.local());
-        refs.push_back({name, reinterpret_cast<std::byte*>(local.data()), local.size(), sizeof(T),
-                        typeid(T), datatype_of<T>(), replicated, &mesh.sub(replicated),
-                        mesh.shape(), mesh.rank(), &mesh.comm(), l,
-                        std::vector<std::size_t>(t.shape().begin(), t.shape().end()), problem});
+        auto r = record_of(name, t);
+        r.lay = l;
+        r.replicated = l.replicated_axes(mesh.shape());
+        r.group = &mesh.sub(r.replicated);
+        r.problem = problem;
+        refs.push_back(std::move(r));
     });
     if (layouts && found != layouts->size() && !refs.empty()) {
         for (const auto& [name, l] : *layouts)
