@@ -188,7 +188,7 @@ TEST(strategy_file, checkpoint_json_ranks_must_equal_the_mesh_size) {
         spit(path + "/checkpoint.json", j.dump());
     });
     expect_io_error([&] { xshard::checkpoint_reader r(path); }, "'ranks' is", "ranks");
-    xshard::barrier(w);
+    xshard::mpi::barrier(w);
     on_rank0([&] {
         auto j = nlohmann::json::parse(slurp(path + "/checkpoint.json"));
         j["ranks"] = w.size();
@@ -532,7 +532,7 @@ TEST(checkpoint, never_replaces_or_removes_what_is_not_a_checkpoint) {
             });
             expect_io_error([&] { xshard::save_checkpoint(path, n, {.format = format}); },
                             "replaces only its own checkpoints", name);
-            xshard::barrier(w);
+            xshard::mpi::barrier(w);
             EXPECT_EQ(slurp(victim), "mine") << name;
             EXPECT_TRUE(fs::exists(fs::symlink_status(path))) << name << " was removed";
             if (fs::is_directory(fs::symlink_status(path))) {
@@ -544,7 +544,7 @@ TEST(checkpoint, never_replaces_or_removes_what_is_not_a_checkpoint) {
             for (const auto& e : fs::directory_iterator(dir))
                 left.push_back(e.path().filename().string());
             EXPECT_EQ(left.size(), 2u) << name << ": a temporary was left behind";
-            xshard::barrier(w);
+            xshard::mpi::barrier(w);
         }
     }
 }
@@ -568,7 +568,7 @@ TEST(checkpoint, planted_links_at_temporary_names_are_not_followed) {
         EXPECT_EQ(xshard::load_checkpoint(path, loaded).step, 6);
         EXPECT_EQ(loaded.mismatches_all(6, false), 0u);
         EXPECT_EQ(slurp(victim), "mine");
-        xshard::barrier(w);
+        xshard::mpi::barrier(w);
     }
 }
 
