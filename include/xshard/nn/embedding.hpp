@@ -69,7 +69,8 @@ template <class T, mesh_type Mesh>
 class parallel_cross_entropy {
 public:
     /// The mean loss (the same on every rank). The labels' rows must be split like the
-    /// logits' rows.
+    /// logits' rows, and each label lie in [0, classes): otherwise every rank throws
+    /// xshard::error (one all-reduce of one int checks the labels).
     T forward(const tensor<T, Mesh>& logits, const tensor<std::int64_t, Mesh, 1>& labels) {
         const auto& l = logits.layout();
         if (l.is_partial() || labels.layout().is_partial() ||
@@ -78,6 +79,9 @@ public:
                         " must split their rows as the logits " + l.to_string() +
                         " do, with no pending sum");
         const auto& mesh = logits.mesh();
+        // Before any rank reads the labels: out of range raises on every rank.
+        xshard::detail::check_labels(mesh.comm(), labels.local(), logits.shape()[1],
+                                     "parallel_cross_entropy");
         const auto xb = logits.block();
         const auto stats =
             xshard::detail::softmax_rows(mesh, l, logits.local(), labels.local(), xb);
