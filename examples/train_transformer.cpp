@@ -38,8 +38,9 @@ public:
     }
     /// Each rank adds its rows' terms (the gradient convention of xshard/nn/module.hpp).
     nn::tensor<T, mesh_2d> backward(const nn::tensor<T, mesh_2d>& dy) {
+        auto& grad = table_.terms().local();
         for (std::size_t r = 0; r < dy.local().shape()[0]; ++r)
-            xt::row(table_.grad.local(), std::ptrdiff_t(r % sequence)) +=
+            xt::row(grad, std::ptrdiff_t(r % sequence)) +=
                 xt::row(dy.local(), std::ptrdiff_t(r));
         return dy;
     }

@@ -47,11 +47,12 @@ public:
         const auto rows = table_.value.block();
         const auto& ids = ids_->local();
         const std::size_t width = rows.extent[1];
+        auto& grad = table_.terms().local();
         for (std::size_t i = 0; i < ids.size(); ++i) {
             const auto v = std::size_t(ids(i));
             if (v >= rows.offset[0] && v < rows.offset[0] + rows.extent[0])
                 for (std::size_t j = 0; j < width; ++j)
-                    table_.grad.local()(v - rows.offset[0], j) += dz.local()(i, j);
+                    grad(v - rows.offset[0], j) += dz.local()(i, j);
         }
     }
 

@@ -77,12 +77,17 @@ auto as_gradient(D&& t) {
 }
 
 /// Adds the gradient `g` (any layout of the weight's global shape) to `w.grad`: brought to
-/// the dual of the weight's layout, then each rank's term added locally.
+/// the dual of the weight's layout, then each rank's term added locally (`w.grad` holds
+/// terms afterwards, see `weight`).
 template <class D, distributed_tensor G>
 void accumulate(weight<D>& w, G&& g) {
-    const auto term = redistribute<dynamic_layout(D::rank)>(
-        std::forward<G>(g), dual(w.value.layout(), w.value.mesh().shape()));
-    w.grad.local() += term.local();
+    auto& grad = w.terms();
+    if (xshard::detail::without_unit_sums(g.layout(), g.mesh().shape()) == grad.layout()) {
+        grad.local() += g.local(); // already this rank's term
+        return;
+    }
+    const auto term = redistribute<dynamic_layout(D::rank)>(std::forward<G>(g), grad.layout());
+    grad.local() += term.local();
 }
 
 /// Adds the product a b (matmul operands) to `w.grad`: by BLAS straight into the gradient's
@@ -90,21 +95,27 @@ void accumulate(weight<D>& w, G&& g) {
 /// of a linear layer), through `accumulate` otherwise.
 template <class D, class A, class B>
 void accumulate_product(weight<D>& w, const A& a, const B& b) {
-    const auto term_layout = dual(w.value.layout(), w.value.mesh().shape());
-    if (!(matmul_rule(a.layout(), b.layout()).out == term_layout)) {
+    using G = typename weight<D>::gradient_type;
+    auto& grad = w.terms();
+    const auto product = matmul_rule(a.layout(), b.layout()).out;
+    if (product == grad.layout()) {
+        xshard::matmul(a, b, grad, {.accumulate = true});
+        return;
+    }
+    if (!(xshard::detail::without_unit_sums(product, grad.mesh().shape()) == grad.layout())) {
         accumulate(w, xshard::matmul(a, b));
         return;
     }
-    // The gradient's storage, lent to a tensor labelled with the layout of the terms it holds.
-    D term(xshard::detail::unchecked, w.value.mesh(), w.value.shape(), std::move(w.grad.local()),
-           term_layout);
+    // The same terms, labelled with sums over axes of one rank: the gradient's storage, lent
+    // to a tensor of the product's layout.
+    G term(xshard::detail::unchecked, grad.mesh(), grad.shape(), std::move(grad.local()), product);
     try {
         xshard::matmul(a, b, term, {.accumulate = true});
     } catch (...) {
-        w.grad.local() = std::move(term.local());
+        grad.local() = std::move(term.local());
         throw;
     }
-    w.grad.local() = std::move(term.local());
+    grad.local() = std::move(term.local());
 }
 
 /// A weight with values from `dist(std::mt19937(seed))` drawn in global row-major order (so
