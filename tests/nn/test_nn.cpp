@@ -461,4 +461,48 @@ TEST(layers, a_gradient_says_whether_it_holds_terms_or_the_sum) {
     });
 }
 
+TEST(layers, kept_redistributions_plan_once_and_replan_when_the_tensors_change) {
+    for_each_dp_tp([](const mesh_t& m) {
+        const auto context = where(m);
+        nn::kept_redistribution<double, mesh_t> keep;
+        EXPECT_FALSE(keep.planned());
+        const layout from = nn::make_layout({"dp", "tp"}), to = nn::make_layout({"tp", ""});
+        for (const std::size_t rows : {9, 9, 5, 9}) { // the same plan, then a new one, twice
+            const auto g = random_array({rows, 7}, unsigned(rows));
+            const auto x = xshard::distribute<xshard::dynamic_layout(2)>(m, g, from);
+            const auto y = keep(x, to);
+            EXPECT_EQ(y.layout(), to) << context;
+            EXPECT_EQ(y.local(), xshard::distribute<xshard::dynamic_layout(2)>(m, g, to).local())
+                << context << ", " << rows << " rows";
+            EXPECT_TRUE(keep.planned() || m.size() == 1 || from == to) << context;
+            // Another target layout from the same source: planned anew.
+            const auto z = keep(x, nn::make_layout({"", "dp"}));
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(z), g)) << context;
+            // A tensor already in the layout comes back as it is.
+            EXPECT_EQ(keep(y, to).local(), y.local()) << context;
+        }
+        // A layer run at two batch sizes in turn keeps matching one rank.
+        nn::row_parallel_linear<double, mesh_t> layer(m, 6, 4, 9);
+        const auto one = serial_mesh();
+        nn::row_parallel_linear<double, mesh_t> serial(one, 6, 4, 9);
+        for (const std::size_t rows : {8, 6, 8}) {
+            const auto gx = random_array({rows, 6}, unsigned(30 + rows));
+            const auto x = xshard::distribute<xshard::dynamic_layout(2)>(
+                m, gx, nn::make_layout({"dp", "tp"}));
+            const auto y = layer.forward(x);
+            const auto sy = serial.forward(
+                xshard::distribute<xshard::dynamic_layout(2)>(one, gx, nn::make_layout({"", ""})));
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(y), sy.local(), 1e-12, 1e-12))
+                << context << ", " << rows << " rows";
+            const auto r = random_array({rows, 4}, unsigned(40 + rows));
+            const auto dx = layer.backward(
+                nn::as_gradient(xshard::distribute<xshard::dynamic_layout(2)>(m, r, y.layout())));
+            const auto sdx = serial.backward(nn::as_gradient(
+                xshard::distribute<xshard::dynamic_layout(2)>(one, r, sy.layout())));
+            EXPECT_TRUE(xt::allclose(resolved(dx), sdx.local(), 1e-12, 1e-12))
+                << context << ", " << rows << " rows";
+        }
+    });
+}
+
 } // namespace

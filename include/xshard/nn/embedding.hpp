@@ -43,7 +43,7 @@ public:
 
     /// Adds the gradient rows to the table; the ids have no gradient.
     void backward(const tensor<T, Mesh>& dy) {
-        const auto dz = redistribute_adjoint(dy, z_layout_);
+        const auto dz = reduce_adjoint_.adjoint(dy, z_layout_);
         const auto rows = table_.value.block();
         const auto& ids = ids_->local();
         const std::size_t width = rows.extent[1];
@@ -64,6 +64,7 @@ private:
     weight<tensor<T, Mesh, 2>> table_;
     std::optional<tensor<std::int64_t, Mesh, 1>> ids_;
     layout z_layout_;
+    kept_redistribution<T, Mesh> reduce_adjoint_;
 };
 
 template <class T, mesh_type Mesh>
@@ -112,7 +113,8 @@ public:
                 g(i, c - xb.offset[1]) -= T(1);
         }
         g *= scale / T(rows_);
-        return as_gradient(std::move(d));
+        const auto terms = dual(d.layout(), d.mesh().shape());
+        return to_terms_(std::move(d), terms);
     }
 
 private:
@@ -120,6 +122,7 @@ private:
     std::optional<tensor<T, Mesh>> logits_;
     std::optional<tensor<std::int64_t, Mesh, 1>> labels_;
     std::optional<xshard::detail::softmax_row_stats<T>> stats_;
+    mutable kept_redistribution<T, Mesh> to_terms_; // the gradient's layout (see as_gradient)
 };
 
 } // namespace xshard::nn

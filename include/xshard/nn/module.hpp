@@ -33,7 +33,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <concepts>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -66,6 +68,58 @@ inline layout with_features(layout l, const std::string& axis) {
     return l;
 }
 
+/// A redistribution a layer runs at every step, Tpetra's discipline: its plan (the pricing
+/// of candidate step sequences, the geometry, the datatypes) is built on first use and
+/// reused while the tensors fit it (the same mesh, global shape and layouts, checked on
+/// every rank alike without communication), rebuilt when they do not. A copy of a layer
+/// starts without plans. Collective over the mesh, like `redistribute`.
+template <class T, mesh_type Mesh, std::size_t N = 2>
+class kept_redistribution {
+public:
+    using tensor_type = tensor<T, Mesh, N>;
+
+    kept_redistribution() = default;
+    kept_redistribution(const kept_redistribution&) noexcept {}
+    kept_redistribution& operator=(const kept_redistribution&) noexcept {
+        plan_.reset();
+        return *this;
+    }
+    kept_redistribution(kept_redistribution&&) noexcept = default;
+    kept_redistribution& operator=(kept_redistribution&&) noexcept = default;
+
+    /// `t` laid out as `to`: `t` itself when it already is (moved when given an rvalue).
+    template <class D>
+        requires std::same_as<std::remove_cvref_t<D>, tensor_type>
+    tensor_type operator()(D&& t, const layout& to) {
+        if (t.layout() == to)
+            return std::forward<D>(t);
+        if (!plan_ || !plan_->fits(t, to))
+            plan_.emplace(t, to);
+        tensor_type out(xshard::detail::unchecked, t.mesh(), t.shape(),
+                        tensor_type::local_type::from_shape(
+                            plan_->plan().destination_block().extent),
+                        to);
+        // The layers' tensors keep the shapes their layouts give them; each rank checks its
+        // own before the plan touches them.
+        plan_->execute_unchecked(t, out);
+        return out;
+    }
+
+    /// The gradient of the input of a redistribution from `from`, given `dy`, that of its
+    /// output (see `redistribute_adjoint`).
+    template <class D>
+        requires std::same_as<std::remove_cvref_t<D>, tensor_type>
+    tensor_type adjoint(D&& dy, const layout& from) {
+        return (*this)(std::forward<D>(dy), dual(from, dy.mesh().shape()));
+    }
+
+    /// Whether a plan is kept (built by an earlier call).
+    bool planned() const noexcept { return plan_.has_value(); }
+
+private:
+    std::optional<redistribution<tensor_type, dynamic_layout(N)>> plan_;
+};
+
 /// The gradient of a quantity held as `t` (every replica holding the whole gradient, as a
 /// loss computes it), laid out as the gradient convention wants: the dual of `t`'s layout
 /// (one term per replica; the others zero). Collective (local work only).
@@ -88,6 +142,18 @@ void accumulate(weight<D>& w, G&& g) {
     }
     const auto term = redistribute<dynamic_layout(D::rank)>(std::forward<G>(g), grad.layout());
     grad.local() += term.local();
+}
+
+/// `accumulate(w, g)` with the redistribution's plan kept in `plan`, for a layer that adds
+/// such a gradient at every step.
+template <class D, class T, mesh_type Mesh, std::size_t N>
+void accumulate(weight<D>& w, const tensor<T, Mesh, N>& g, kept_redistribution<T, Mesh, N>& plan) {
+    auto& grad = w.terms();
+    if (xshard::detail::without_unit_sums(g.layout(), g.mesh().shape()) == grad.layout()) {
+        grad.local() += g.local();
+        return;
+    }
+    grad.local() += plan(g, grad.layout()).local();
 }
 
 /// Adds the product a b (matmul operands) to `w.grad`: by BLAS straight into the gradient's
