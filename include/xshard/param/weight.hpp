@@ -2,6 +2,7 @@
 /// \file
 /// Weights: the trainable tensors of layers, with their gradient and optimizer state.
 
+#include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/dtensor.hpp>
@@ -43,10 +44,12 @@ inline layout without_unit_sums(const layout& l, const mesh_shape& mesh) {
 /// The gradient's layout says what it holds:
 ///  * after construction, `zero_grad()` and a backward pass: each rank's term of the sum
 ///    over the value's redundant copies, laid out as the *dual* of the value's layout (its
-///    replicated axes of more than one rank pending sums, `term_layout()`). Gathering it sums the terms; a norm or
-///    an optimizer step refuses it (a pending sum has neither), on every rank alike.
+///    replicated axes of more than one rank pending sums, `term_layout()`). Gathering it
+///    sums the terms; a norm or an optimizer step refuses it (a pending sum has neither),
+///    on every rank alike.
 ///  * after `synchronize_gradients`: the complete gradient, laid out as the value.
-/// On a mesh where the value has no replicated axis the two layouts are the same.
+/// On a mesh where the value has no replicated axis the two layouts are the same. A
+/// backward pass adds its terms to a synchronised gradient too (`terms()`).
 template <distributed_tensor D>
 struct weight {
     using tensor_type = D;
@@ -78,9 +81,15 @@ struct weight {
     /// The gradient as terms again, ready for a backward pass to add its own: a synchronised
     /// gradient keeps its values on one rank of each group of copies and zeros on the others
     /// (no communication), so the terms still sum to it. Returns the gradient.
+    /// Throws xshard::error (on every rank alike) for a gradient laid out otherwise.
     gradient_type& terms() {
         const auto l = term_layout();
         if (!(grad.layout() == l)) {
+            if (!(grad.layout() == value.layout()) || grad.shape() != value.shape())
+                throw error("xshard: a gradient laid out " + grad.layout().to_string() + " " +
+                            detail::shape_string(grad.shape()) + " takes no terms: neither the " +
+                            "value's layout " + value.layout().to_string() + " nor its terms' " +
+                            l.to_string());
             if (!detail::holds_term(l, value.mesh().shape(), value.mesh().coords()))
                 grad.local().fill(typename D::value_type(0));
             relabel(l);
