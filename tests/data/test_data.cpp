@@ -403,7 +403,8 @@ TEST(loader, datasets_of_different_sizes_raise_on_every_rank) {
     const auto data = numbered(10 + (p > 1 && w.rank() == p - 1 ? 1 : 0));
     if (p > 1)
         expect_error([&] { xd::loader(m, data, {.batch_size = std::size_t(p)}); },
-                     "xshard: loader: the ranks hold datasets of different sizes (10 to 11 samples)");
+                     "xshard: loader: the ranks hold datasets of different sizes (10 to 11 "
+                     "samples)");
     else
         EXPECT_EQ(xd::loader(m, data, {.batch_size = 1}).steps_per_epoch(), 10u);
     // The last rank holds nothing: it must not throw "empty" alone.
@@ -661,7 +662,8 @@ TEST(readers, ranks_that_read_different_files_raise_on_every_rank) {
     const auto good = dir.write("images", idx_images(2051, 5, 3, 4, 60));
     EXPECT_EQ(xd::read_mnist(w, good, labels).size(), 5u);
     // The last rank's copy has one image (and label) more.
-    const auto more = dir.write("more_images", idx_images(2051, last ? 6 : 5, 3, 4, last ? 72 : 60));
+    const auto more =
+        dir.write("more_images", idx_images(2051, last ? 6 : 5, 3, 4, last ? 72 : 60));
     const auto more_labels = dir.write("more_labels", idx_labels(2049, last ? 6 : 5, last ? 6 : 5));
     if (p > 1)
         expect_error([&] { xd::read_mnist(w, more, more_labels); },

@@ -386,7 +386,8 @@ TEST(layers, attention_rejects_zero_heads) {
         nn::self_attention<double, mesh_t> a(m, 8, 1, {.heads = 0, .sequence = 2});
         ADD_FAILURE() << "no exception";
     } catch (const xshard::error& e) {
-        EXPECT_EQ(std::string(e.what()), "xshard: self_attention: 8 features do not split into 0 heads");
+        EXPECT_EQ(std::string(e.what()),
+                  "xshard: self_attention: 8 features do not split into 0 heads");
     }
     EXPECT_THROW((nn::self_attention<double, mesh_t>(m, 8, 1, {.heads = 3, .sequence = 2})),
                  xshard::error);
@@ -419,8 +420,8 @@ TEST(layers, a_gradient_says_whether_it_holds_terms_or_the_sum) {
         });
         const bool replicas = m.shape().axis_size("dp") > 1; // the weights are copied over dp
         std::vector<xt::xarray<double>> expected;
-        xshard::for_each_weight(serial,
-                                [&](const std::string&, auto& w) { expected.emplace_back(w.grad.local()); });
+        xshard::for_each_weight(
+            serial, [&](const std::string&, auto& w) { expected.emplace_back(w.grad.local()); });
         // Before synchronisation: terms, laid out as the dual; gathered, they sum to the
         // gradient; a norm of them is refused on every rank.
         std::size_t i = 0;
@@ -443,7 +444,8 @@ TEST(layers, a_gradient_says_whether_it_holds_terms_or_the_sum) {
             EXPECT_TRUE(xt::allclose(xshard::gather_all(w.grad), expected[i++], 1e-12, 1e-12))
                 << context << ": " << name;
         });
-        EXPECT_NEAR(xshard::global_norm(grads), xshard::global_norm(serial_grads), 1e-12) << context;
+        EXPECT_NEAR(xshard::global_norm(grads), xshard::global_norm(serial_grads), 1e-12)
+            << context;
         // A second backward pass without zero_grad adds its terms to the sum: twice the
         // gradient, whether synchronised again or gathered as terms.
         run_backward(m, layer, nn::make_layout({"dp", ""}));

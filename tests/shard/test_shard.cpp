@@ -270,7 +270,8 @@ TEST(shard, one_callable_serves_float_and_double_tensors_of_one_layout) {
         const auto xd = xshard::distribute<"[-, -]">(m, gx);
         const auto yf = f(xf);
         const auto yd = f(xd);
-        static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(yf)>::value_type, float>);
+        static_assert(
+            std::is_same_v<typename std::remove_cvref_t<decltype(yf)>::value_type, float>);
         EXPECT_TRUE(xt::allclose(xshard::gather_all(yf), xt::xtensor<float, 2>(-gf)))
             << "rank " << m.rank() << ", round " << round;
         EXPECT_TRUE(xt::allclose(xshard::gather_all(yd), -gx)) << "rank " << m.rank() << ", round "

@@ -73,13 +73,15 @@ inline void check_dataset_agrees(const communicator& c, std::size_t samples, std
                                         ~static_cast<unsigned long long>(width)};
     allreduce(c, v, reduce_op::max);
     if (v[0] != ~v[1])
-        throw error(std::string("xshard: ") + who + ": the ranks hold datasets of different sizes (" +
-                    std::to_string(~v[1]) + " to " + std::to_string(v[0]) +
+        throw error(std::string("xshard: ") + who +
+                    ": the ranks hold datasets of different sizes (" + std::to_string(~v[1]) +
+                    " to " + std::to_string(v[0]) +
                     " samples); every rank must read the same dataset");
     if (v[2] != ~v[3])
         throw error(std::string("xshard: ") + who +
                     ": the ranks hold samples of different widths (" + std::to_string(~v[3]) +
-                    " to " + std::to_string(v[2]) + " values); every rank must read the same dataset");
+                    " to " + std::to_string(v[2]) +
+                    " values); every rank must read the same dataset");
 }
 
 template <class S>

@@ -39,8 +39,8 @@
 ///
 /// Beyond that agreement and the collectives of its redistributions a call costs nothing at
 /// run time: inputs already in their layout are passed by reference, and the plans of typed
-/// specs are computed at compile time. `describe()` on the returned callable (after a call) prints the
-/// layouts of the inputs and outputs and the redistribution steps taken.
+/// specs are computed at compile time. `describe()` on the returned callable (after a call)
+/// prints the layouts of the inputs and outputs and the redistribution steps taken.
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/error.hpp>

@@ -109,8 +109,8 @@ public:
         relabel_ = [&grads, layouts] {
             for_each_parameter(grads, [&](const std::string& name, auto& t) {
                 using D = std::remove_cvref_t<decltype(t)>;
-                if constexpr (D::static_layout.dynamic && !std::is_const_v<
-                                                              std::remove_reference_t<decltype(t)>>) {
+                constexpr bool writable = !std::is_const_v<std::remove_reference_t<decltype(t)>>;
+                if constexpr (D::static_layout.dynamic && writable) {
                     const auto it = layouts.find(name);
                     if (it != layouts.end() && !(t.layout() == it->second))
                         t = D(detail::unchecked, t.mesh(), t.shape(), std::move(t).local(),
