@@ -11,8 +11,8 @@
 
 #include <cstdio>
 
-int main(int argc, char** argv) {
-    xshard::environment env(argc, argv);
+/// The example itself; main reports its errors.
+int run() {
     const xshard::mesh<"dev"> mesh({xshard::auto_size});
     const int p = mesh.size();
 
@@ -47,4 +47,16 @@ int main(int argc, char** argv) {
                     error <= 1e-12 ? "ok" : "WRONG");
     }
     return error <= 1e-12 ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+    xshard::environment env(argc, argv);
+    try {
+        return run();
+    } catch (const xshard::error& e) {
+        // xshard raises an error on every rank alike: rank 0 reports it, in one line.
+        if (xshard::communicator::world().rank() == 0)
+            std::fprintf(stderr, "%s\n", e.what());
+        return 1;
+    }
 }

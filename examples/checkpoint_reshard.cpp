@@ -81,8 +81,8 @@ double step(model& m, const matrix& x, const matrix& y) {
     return loss;
 }
 
-int main(int argc, char** argv) {
-    xshard::environment env(argc, argv);
+/// The example itself; main reports its errors.
+int run(int argc, char** argv) {
     if (argc != 3 || (std::string(argv[1]) != "train" && std::string(argv[1]) != "resume")) {
         std::fprintf(stderr, "usage: checkpoint_reshard train|resume DIRECTORY\n");
         return 2;
@@ -137,4 +137,16 @@ int main(int argc, char** argv) {
         std::printf("%s\n",
                     ok ? "losses match the uninterrupted serial run: ok" : "losses differ: WRONG");
     return ok ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+    xshard::environment env(argc, argv);
+    try {
+        return run(argc, argv);
+    } catch (const xshard::error& e) {
+        // xshard raises an error on every rank alike: rank 0 reports it, in one line.
+        if (xshard::communicator::world().rank() == 0)
+            std::fprintf(stderr, "%s\n", e.what());
+        return 1;
+    }
 }

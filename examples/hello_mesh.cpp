@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <vector>
 
-int main(int argc, char** argv) {
-    xshard::environment env(argc, argv);
+/// The example itself; main reports its errors.
+int run() {
     // mp = 2 when the world size is even; dp takes the rest.
     const int world = xshard::communicator::world().size();
     const xshard::mesh<"dp", "mp"> mesh({xshard::auto_size, world % 2 == 0 ? 2 : 1});
@@ -33,4 +33,16 @@ int main(int argc, char** argv) {
         std::printf("dot(x, y) = %.0f over %d ranks (expected %.0f): %s\n", partial[0], mesh.size(),
                     expected, partial[0] == expected ? "ok" : "WRONG");
     return partial[0] == expected ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+    xshard::environment env(argc, argv);
+    try {
+        return run();
+    } catch (const xshard::error& e) {
+        // xshard raises an error on every rank alike: rank 0 reports it, in one line.
+        if (xshard::communicator::world().rank() == 0)
+            std::fprintf(stderr, "%s\n", e.what());
+        return 1;
+    }
 }

@@ -13,8 +13,8 @@
 #include <cstdio>
 #include <string>
 
-int main(int argc, char** argv) {
-    xshard::environment env(argc, argv);
+/// The example itself; main reports its errors.
+int run() {
     const int world = xshard::communicator::world().size();
     // 8 ranks: dp = 2, mp = 4 (the strategies' device matrices [2, 4, 1] and [1, 8, 1]).
     const int mp = world >= 4 ? 4 : world;
@@ -60,4 +60,16 @@ int main(int argc, char** argv) {
                     logits.layout().to_string().c_str(), error, error <= 1e-12 ? "ok" : "WRONG");
     }
     return error <= 1e-12 ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+    xshard::environment env(argc, argv);
+    try {
+        return run();
+    } catch (const xshard::error& e) {
+        // xshard raises an error on every rank alike: rank 0 reports it, in one line.
+        if (xshard::communicator::world().rank() == 0)
+            std::fprintf(stderr, "%s\n", e.what());
+        return 1;
+    }
 }

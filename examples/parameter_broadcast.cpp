@@ -32,8 +32,8 @@ struct net {
     }
 };
 
-int main(int argc, char** argv) {
-    xshard::environment env(argc, argv);
+/// The example itself; main reports its errors.
+int run() {
     const int world = xshard::communicator::world().size();
     const mesh_2d mesh({xshard::auto_size, world % 2 == 0 ? 2 : 1});
     // Different random values on every rank (the seed is the rank).
@@ -91,4 +91,16 @@ int main(int argc, char** argv) {
                     report.buckets, ok ? "ok" : "WRONG");
     }
     return ok ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+    xshard::environment env(argc, argv);
+    try {
+        return run();
+    } catch (const xshard::error& e) {
+        // xshard raises an error on every rank alike: rank 0 reports it, in one line.
+        if (xshard::communicator::world().rank() == 0)
+            std::fprintf(stderr, "%s\n", e.what());
+        return 1;
+    }
 }

@@ -8,6 +8,10 @@
 //   mpirun -n 4 build/examples/train_mlp                      # synthetic task, 2 x 2
 //   mpirun -n 4 build/examples/train_mlp --tp 4 --epochs 10
 //   mpirun -n 4 build/examples/train_mlp --mnist DIR          # DIR/train-images-idx3-ubyte ...
+//   mpirun -n 6 build/examples/train_mlp --batch-size 60      # dp = 3: 20 rows per rank
+//
+// A batch the data-parallel ranks do not divide (64 over dp = 3) is dealt out in blocks of
+// 22, 21 and 21 rows (the loader's uneven_batches): the losses stay those of one rank.
 #include <xshard/xshard.hpp>
 
 #include <xtensor/xsort.hpp>
@@ -33,6 +37,7 @@ auto make_model(const mesh_2d& mesh, std::size_t features, std::size_t classes) 
 
 struct options {
     int tp = 0, epochs = 5;
+    std::size_t batch_size = 64;
     std::string mnist;
 };
 
@@ -44,16 +49,19 @@ options parse(int argc, char** argv) {
             o.tp = std::atoi(argv[++i]);
         else if (i + 1 < argc && a == "--epochs")
             o.epochs = std::atoi(argv[++i]);
+        else if (i + 1 < argc && a == "--batch-size")
+            o.batch_size = std::size_t(std::strtoull(argv[++i], nullptr, 10));
         else if (i + 1 < argc && a == "--mnist")
             o.mnist = argv[++i];
         else
-            throw xshard::error("usage: train_mlp [--tp N] [--epochs N] [--mnist DIR]");
+            throw xshard::error(
+                "usage: train_mlp [--tp N] [--epochs N] [--batch-size N] [--mnist DIR]");
     }
     return o;
 }
 
-int main(int argc, char** argv) {
-    xshard::environment env(argc, argv);
+/// The example itself; main reports its errors.
+int run(int argc, char** argv) {
     const auto o = parse(argc, argv);
     const int world = xshard::communicator::world().size();
     const int tp = o.tp > 0 ? o.tp : world % 2 == 0 ? 2 : 1;
@@ -68,9 +76,11 @@ int main(int argc, char** argv) {
         all.resize(8192);
         train = std::move(all);
     } else {
-        train = data::read_mnist<T>(o.mnist + "/train-images-idx3-ubyte",
+        // Each rank reads the files; a rank that cannot raises the error on every rank.
+        const auto world_comm = xshard::communicator::world();
+        train = data::read_mnist<T>(world_comm, o.mnist + "/train-images-idx3-ubyte",
                                     o.mnist + "/train-labels-idx1-ubyte");
-        test = data::read_mnist<T>(o.mnist + "/t10k-images-idx3-ubyte",
+        test = data::read_mnist<T>(world_comm, o.mnist + "/t10k-images-idx3-ubyte",
                                    o.mnist + "/t10k-labels-idx1-ubyte");
     }
     const std::size_t features = train.front().features.size();
@@ -83,7 +93,8 @@ int main(int argc, char** argv) {
         model); // the same weights everywhere (they are, from the random seeds)
     xshard::optim::momentum optimizer({.lr = 0.05, .momentum = 0.9});
     nn::parallel_cross_entropy<T, mesh_2d> loss_fn;
-    const data::loader batches(mesh, train, {.batch_size = 64, .seed = 7});
+    const data::loader batches(mesh, train,
+                               {.batch_size = o.batch_size, .seed = 7, .uneven_batches = true});
     xshard::loss_monitor monitor(mesh, {.steps_per_epoch = batches.steps_per_epoch(),
                                         .epochs = std::size_t(o.epochs),
                                         .print_every = batches.steps_per_epoch() / 4,
@@ -108,7 +119,10 @@ int main(int argc, char** argv) {
 
     // Accuracy on the held-out samples: the logits gathered batch by batch.
     const data::loader held_out(mesh, test,
-                                {.batch_size = 256, .shuffle = false, .drop_remainder = false});
+                                {.batch_size = 256,
+                                 .shuffle = false,
+                                 .drop_remainder = false,
+                                 .uneven_batches = true});
     std::size_t right = 0, seen = 0;
     for (auto&& [x, y] : held_out.epoch(0)) {
         const auto logits = xshard::gather_all(model.forward(x));
@@ -122,4 +136,16 @@ int main(int argc, char** argv) {
     if (mesh.rank() == 0)
         std::printf("held-out accuracy %.2f %% (%zu of %zu)\n", 100 * accuracy, right, seen);
     return 0;
+}
+
+int main(int argc, char** argv) {
+    xshard::environment env(argc, argv);
+    try {
+        return run(argc, argv);
+    } catch (const xshard::error& e) {
+        // xshard raises an error on every rank alike: rank 0 reports it, in one line.
+        if (xshard::communicator::world().rank() == 0)
+            std::fprintf(stderr, "%s\n", e.what());
+        return 1;
+    }
 }

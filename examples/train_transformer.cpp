@@ -38,8 +38,9 @@ public:
     }
     /// Each rank adds its rows' terms (the gradient convention of xshard/nn/module.hpp).
     nn::tensor<T, mesh_2d> backward(const nn::tensor<T, mesh_2d>& dy) {
+        auto& grad = table_.terms().local();
         for (std::size_t r = 0; r < dy.local().shape()[0]; ++r)
-            xt::row(table_.grad.local(), std::ptrdiff_t(r % sequence)) +=
+            xt::row(grad, std::ptrdiff_t(r % sequence)) +=
                 xt::row(dy.local(), std::ptrdiff_t(r));
         return dy;
     }
@@ -103,8 +104,8 @@ private:
     nn::parallel_cross_entropy<T, mesh_2d> loss_;
 };
 
-int main(int argc, char** argv) {
-    xshard::environment env(argc, argv);
+/// The example itself; main reports its errors.
+int run(int argc, char** argv) {
     std::string text = "README.md";
     int tp = 0;
     std::int64_t steps = 200;
@@ -162,4 +163,16 @@ int main(int argc, char** argv) {
         std::printf("mean loss of the first %zu steps %.3f, of the last %zu steps %.3f\n", n,
                     mean(losses.begin()), n, mean(losses.end() - long(n)));
     return 0;
+}
+
+int main(int argc, char** argv) {
+    xshard::environment env(argc, argv);
+    try {
+        return run(argc, argv);
+    } catch (const xshard::error& e) {
+        // xshard raises an error on every rank alike: rank 0 reports it, in one line.
+        if (xshard::communicator::world().rank() == 0)
+            std::fprintf(stderr, "%s\n", e.what());
+        return 1;
+    }
 }

@@ -22,8 +22,8 @@ bool show(const mesh_2d& mesh, const xt::xtensor<double, 2>& matrix) {
     return same;
 }
 
-int main(int argc, char** argv) {
-    xshard::environment env(argc, argv);
+/// The example itself; main reports its errors.
+int run() {
     const int world = xshard::communicator::world().size();
     const mesh_2d mesh({xshard::auto_size, world % 2 == 0 ? 2 : 1});
 
@@ -37,4 +37,16 @@ int main(int argc, char** argv) {
     ok &= show<"[mp, -]">(mesh, uneven);                // replicated over dp
     ok &= show<"[-, mp] partial(sum: dp)">(mesh, even); // pending sum over dp
     return ok ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+    xshard::environment env(argc, argv);
+    try {
+        return run();
+    } catch (const xshard::error& e) {
+        // xshard raises an error on every rank alike: rank 0 reports it, in one line.
+        if (xshard::communicator::world().rank() == 0)
+            std::fprintf(stderr, "%s\n", e.what());
+        return 1;
+    }
 }

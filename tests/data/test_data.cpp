@@ -290,8 +290,12 @@ TEST(loader, global_batches_are_those_of_one_shard_on_every_mesh) {
     for (bool full : {false, true}) {
         for (bool drop : {true, false}) {
             for (bool shuffle : {true, false}) {
-                xd::loader_options o{
-                    .batch_size = 8, .seed = 11, .shuffle = shuffle, .drop_remainder = drop};
+                // Uneven row blocks where the shards do not divide 8 (3 or 6 ranks).
+                xd::loader_options o{.batch_size = 8,
+                                     .seed = 11,
+                                     .shuffle = shuffle,
+                                     .drop_remainder = drop,
+                                     .uneven_batches = 8 % p != 0};
                 if (full)
                     o.strategy = xshard::dataset_strategy::full_batch;
                 const std::size_t dp = full ? 1 : std::size_t(p);
@@ -327,14 +331,16 @@ TEST(loader, the_mesh_gives_the_mode_and_the_data_axis) {
     const auto w = world();
     const int p = w.size();
     const auto data = numbered(16);
+    const std::size_t n = 8 * std::size_t(p); // two batches of 4 per shard
+    const auto more = numbered(n);
     // The data axis is the mesh's second axis here.
     const auto m = xshard::mesh<"mp", "dp">(w, {1, p}).with_dataset_strategy(
         xshard::dataset_strategy::data_parallel, "dp");
-    const xd::loader load(m, data, {.batch_size = 4 * std::size_t(p)});
+    const xd::loader load(m, more, {.batch_size = 4 * std::size_t(p)});
     EXPECT_EQ(load.num_shards(), std::size_t(p));
     EXPECT_EQ(load.shard_id(), std::size_t(m.coords()[1]));
     EXPECT_EQ(load.batch_layout().to_string(), "[dp, -]");
-    check_loader(m, 16, {.batch_size = 4 * std::size_t(p)}, std::size_t(p));
+    check_loader(m, n, {.batch_size = 4 * std::size_t(p)}, std::size_t(p));
 
     const auto full = m.with_dataset_strategy(xshard::dataset_strategy::full_batch);
     const xd::loader replicated(full, data, {.batch_size = 4});
@@ -374,6 +380,39 @@ TEST(loader, misuse_raises_on_every_rank) {
     const xd::loader small(m, data, {.batch_size = 16 * std::size_t(p), .drop_remainder = false});
     EXPECT_EQ(small.steps_per_epoch(), 1u);
     expect_error([&] { (void)small.sample_indices(0, 1); }, "step 1 of an epoch of 1");
+}
+
+TEST(loader, uneven_batch_blocks_on_request) {
+    const auto w = world();
+    const int p = w.size();
+    // A global batch of p + 1 rows: shard 0 reads two, the others one (at p = 1: even).
+    xd::loader_options o{.batch_size = std::size_t(p) + 1, .seed = 5, .uneven_batches = true};
+    check_loader(xshard::mesh<"dp">(w, {p}), 23, o, std::size_t(p));
+    o.drop_remainder = false;
+    check_loader(xshard::mesh<"dp">(w, {p}), 23, o, std::size_t(p));
+    const xd::loader load(xshard::mesh<"dp">(w, {p}), numbered(23), o);
+    EXPECT_EQ(load.local_batch_size(), xshard::block_extent(std::size_t(p) + 1, std::size_t(p),
+                                                            std::size_t(w.rank())))
+        << "rank " << w.rank();
+}
+
+TEST(loader, datasets_of_different_sizes_raise_on_every_rank) {
+    const auto w = world();
+    const int p = w.size();
+    const xshard::mesh<"dp"> m(w, {p});
+    // The last rank holds one sample more (at one rank: nothing differs).
+    const auto data = numbered(10 + (p > 1 && w.rank() == p - 1 ? 1 : 0));
+    if (p > 1)
+        expect_error([&] { xd::loader(m, data, {.batch_size = std::size_t(p)}); },
+                     "xshard: loader: the ranks hold datasets of different sizes (10 to 11 "
+                     "samples)");
+    else
+        EXPECT_EQ(xd::loader(m, data, {.batch_size = 1}).steps_per_epoch(), 10u);
+    // The last rank holds nothing: it must not throw "empty" alone.
+    const auto none_on_last = numbered(p > 1 && w.rank() == p - 1 ? 0 : 10);
+    if (p > 1)
+        expect_error([&] { xd::loader(m, none_on_last, {.batch_size = std::size_t(p)}); },
+                     "the ranks hold datasets of different sizes (0 to 10 samples)");
 }
 
 TEST(loader, token_windows_become_a_rank_2_tensor) {
@@ -479,7 +518,9 @@ TEST(loader, training_gives_the_same_losses_on_any_number_of_ranks) {
         [](std::vector<double>&) {});
 
     auto run = [&](const auto& m, xshard::dataset_strategy mode, const xshard::communicator& dp) {
-        const xd::loader load(m, data, {.batch_size = 20, .seed = 21, .strategy = mode});
+        // Uneven row blocks where the data axis does not divide 20 (3 or 6 ranks).
+        const xd::loader load(
+            m, data, {.batch_size = 20, .seed = 21, .uneven_batches = true, .strategy = mode});
         return train_softmax(
             6, 3, 3,
             [&](std::size_t e) {
@@ -503,7 +544,7 @@ TEST(loader, training_gives_the_same_losses_on_any_number_of_ranks) {
         }
         EXPECT_LT(losses.back(), 0.9 * losses.front()) << context << ": the model learns";
     };
-    if (20 % p == 0) {
+    {
         const xshard::mesh<"dp"> m(w, {p});
         compare(run(m, xshard::dataset_strategy::data_parallel, m.sub<"dp">()), where(m), false);
     }
@@ -612,6 +653,38 @@ std::vector<unsigned char> cifar_records(std::size_t n, std::size_t first) {
     }
     return b;
 }
+
+TEST(readers, ranks_that_read_different_files_raise_on_every_rank) {
+    const auto w = world();
+    const int p = w.size();
+    const bool last = w.rank() == p - 1;
+    const scratch_dir dir; // one per rank: each rank reads its own copy
+    const auto labels = dir.write("labels", idx_labels(2049, 5, 5));
+    const auto good = dir.write("images", idx_images(2051, 5, 3, 4, 60));
+    EXPECT_EQ(xd::read_mnist(w, good, labels).size(), 5u);
+    // The last rank's copy has one image (and label) more.
+    const auto more =
+        dir.write("more_images", idx_images(2051, last ? 6 : 5, 3, 4, last ? 72 : 60));
+    const auto more_labels = dir.write("more_labels", idx_labels(2049, last ? 6 : 5, last ? 6 : 5));
+    if (p > 1)
+        expect_error([&] { xd::read_mnist(w, more, more_labels); },
+                     "xshard: read_mnist: the ranks hold datasets of different sizes (5 to 6 "
+                     "samples)");
+    // The last rank's copy is damaged: it raises its own error, the others name it.
+    const auto damaged = dir.write("damaged", idx_images(2051, 5, 3, 4, last ? 59 : 60));
+    expect_error([&] { xd::read_mnist(w, damaged, labels); },
+                 last ? std::string("is truncated")
+                      : "rank " + std::to_string(p - 1) + " failed: xshard: read_mnist: ");
+    // CIFAR-10: a file of another record count on the last rank.
+    const auto batch = dir.write("batch.bin", cifar_records(last ? 3 : 2, 0));
+    if (p > 1)
+        expect_error([&] { xd::read_cifar10(w, batch); },
+                     "xshard: read_cifar10: the ranks hold datasets of different sizes (2 to 3 "
+                     "samples)");
+    else
+        EXPECT_EQ(xd::read_cifar10(w, batch).size(), 3u);
+}
+
 
 TEST(readers, cifar10_binary_files) {
     const scratch_dir dir;

@@ -4,8 +4,10 @@
 
 #include <xshard/nn/blocks.hpp>
 #include <xshard/nn/embedding.hpp>
+#include <xshard/optim/optimizers.hpp>
 #include <xshard/tensor/gather.hpp>
 #include <xshard/train/gradients.hpp>
+#include <xshard/train/norms.hpp>
 
 #include "layouts.hpp"
 #include "mpi_test.hpp"
@@ -340,6 +342,167 @@ TEST(layers, vocab_parallel_embedding_and_cross_entropy) {
                 (loss_of(m, up, true).first - loss_of(m, down, true).first) / 2e-5;
             EXPECT_NEAR(dl.data()[index], numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
                 << context;
+        }
+    });
+}
+
+TEST(layers, labels_out_of_range_raise_on_every_rank_before_use) {
+    for_each_dp_tp([](const mesh_t& m) {
+        const auto context = where(m);
+        const std::size_t rows = 6, classes = 5;
+        const auto glogits = random_array({rows, classes}, 8);
+        const auto logits = xshard::distribute<xshard::dynamic_layout(2)>(
+            m, glogits, nn::make_layout({"dp", "tp"}));
+        // The last row's label is out of range: its rank (the last along dp) reports it.
+        for (const std::int64_t bad : {std::int64_t(classes), std::int64_t(-1)}) {
+            xt::xtensor<std::int64_t, 1> glabels = {0, 1, 2, 3, 4, 0};
+            glabels(rows - 1) = bad;
+            const auto labels = xshard::distribute<xshard::dynamic_layout(1)>(
+                m, glabels, nn::make_layout({"dp"}));
+            nn::parallel_cross_entropy<double, mesh_t> ce;
+            try {
+                (void)ce.forward(logits, labels);
+                ADD_FAILURE() << context << ": no exception";
+            } catch (const xshard::error& e) {
+                const int dp = m.shape().axis_size("dp"), tp = m.shape().axis_size("tp");
+                EXPECT_EQ(std::string(e.what()),
+                          "xshard: parallel_cross_entropy: rank " + std::to_string((dp - 1) * tp) +
+                              " holds label " + std::to_string(bad) + ", outside [0, 5)")
+                    << context;
+            }
+        }
+        // The vocabulary-parallel embedding checks its ids too.
+        nn::vocab_parallel_embedding<double, mesh_t> emb(m, 7, 4, 3, {.tensor = "tp"});
+        const xt::xtensor<std::int64_t, 1> gids = {0, 6, 7, 1};
+        const auto ids =
+            xshard::distribute<xshard::dynamic_layout(1)>(m, gids, nn::make_layout({""}));
+        EXPECT_THROW((void)emb.forward(ids), xshard::error) << context;
+    });
+}
+
+TEST(layers, attention_rejects_zero_heads) {
+    const auto m = serial_mesh();
+    try {
+        nn::self_attention<double, mesh_t> a(m, 8, 1, {.heads = 0, .sequence = 2});
+        ADD_FAILURE() << "no exception";
+    } catch (const xshard::error& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  "xshard: self_attention: 8 features do not split into 0 heads");
+    }
+    EXPECT_THROW((nn::self_attention<double, mesh_t>(m, 8, 1, {.heads = 3, .sequence = 2})),
+                 xshard::error);
+    EXPECT_THROW((nn::self_attention<double, mesh_t>(m, 8, 1, {.heads = 2, .sequence = 0})),
+                 xshard::error);
+}
+
+TEST(layers, a_gradient_says_whether_it_holds_terms_or_the_sum) {
+    for_each_dp_tp([](const mesh_t& m) {
+        const auto context = where(m);
+        const auto gx = random_array({8, 6}, 21);
+        const auto r = random_array({8, 4}, 22);
+        auto run_backward = [&](const mesh_t& mm, nn::column_parallel_linear<double, mesh_t>& l,
+                                const layout& rows) {
+            const auto x = xshard::distribute<xshard::dynamic_layout(2)>(mm, gx, rows);
+            const auto y = l.forward(x);
+            (void)l.backward(
+                nn::as_gradient(xshard::distribute<xshard::dynamic_layout(2)>(mm, r, y.layout())));
+        };
+        const auto one = serial_mesh();
+        nn::column_parallel_linear<double, mesh_t> serial(one, 6, 4, 5);
+        run_backward(one, serial, nn::make_layout({"", ""}));
+        nn::column_parallel_linear<double, mesh_t> layer(m, 6, 4, 5);
+        run_backward(m, layer, nn::make_layout({"dp", ""}));
+        auto grads = xshard::gradients_of{layer};
+        auto serial_grads = xshard::gradients_of{serial};
+        // On one rank the terms are the gradient: nothing is pending.
+        xshard::for_each_weight(serial, [&](const std::string& name, auto& w) {
+            EXPECT_EQ(w.grad.layout(), w.value.layout()) << name;
+        });
+        const bool replicas = m.shape().axis_size("dp") > 1; // the weights are copied over dp
+        std::vector<xt::xarray<double>> expected;
+        xshard::for_each_weight(
+            serial, [&](const std::string&, auto& w) { expected.emplace_back(w.grad.local()); });
+        // Before synchronisation: terms, laid out as the dual; gathered, they sum to the
+        // gradient; a norm of them is refused on every rank.
+        std::size_t i = 0;
+        xshard::for_each_weight(layer, [&](const std::string& name, auto& w) {
+            EXPECT_EQ(w.grad.layout(), w.term_layout()) << context << name;
+            EXPECT_EQ(w.grad.layout().is_partial(), replicas) << context << name;
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(w.grad), expected[i++], 1e-12, 1e-12))
+                << context << ": " << name;
+        });
+        if (replicas) {
+            EXPECT_THROW((void)xshard::global_norm(grads), xshard::error) << context;
+            xshard::optim::sgd sgd({.lr = 0.1});
+            EXPECT_THROW(sgd.step(layer), xshard::error) << context;
+        }
+        // After: the sum, laid out as the value; its norm is the serial one.
+        xshard::synchronize_gradients(layer, grads);
+        i = 0;
+        xshard::for_each_weight(layer, [&](const std::string& name, auto& w) {
+            EXPECT_EQ(w.grad.layout(), w.value.layout()) << context << name;
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(w.grad), expected[i++], 1e-12, 1e-12))
+                << context << ": " << name;
+        });
+        EXPECT_NEAR(xshard::global_norm(grads), xshard::global_norm(serial_grads), 1e-12)
+            << context;
+        // A second backward pass without zero_grad adds its terms to the sum: twice the
+        // gradient, whether synchronised again or gathered as terms.
+        run_backward(m, layer, nn::make_layout({"dp", ""}));
+        i = 0;
+        xshard::for_each_weight(layer, [&](const std::string& name, auto& w) {
+            EXPECT_EQ(w.grad.layout().is_partial(), replicas) << context << name;
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(w.grad), 2.0 * expected[i++], 1e-12, 1e-12))
+                << context << ": " << name;
+        });
+        xshard::for_each_weight(layer, [&](const std::string& name, auto& w) {
+            w.zero_grad();
+            EXPECT_EQ(w.grad.layout(), w.term_layout()) << context << name;
+            EXPECT_TRUE(xt::all(xt::equal(w.grad.local(), 0.0))) << context << name;
+        });
+    });
+}
+
+TEST(layers, kept_redistributions_plan_once_and_replan_when_the_tensors_change) {
+    for_each_dp_tp([](const mesh_t& m) {
+        const auto context = where(m);
+        nn::kept_redistribution<double, mesh_t> keep;
+        EXPECT_FALSE(keep.planned());
+        const layout from = nn::make_layout({"dp", "tp"}), to = nn::make_layout({"tp", ""});
+        for (const std::size_t rows : {9, 9, 5, 9}) { // the same plan, then a new one, twice
+            const auto g = random_array({rows, 7}, unsigned(rows));
+            const auto x = xshard::distribute<xshard::dynamic_layout(2)>(m, g, from);
+            const auto y = keep(x, to);
+            EXPECT_EQ(y.layout(), to) << context;
+            EXPECT_EQ(y.local(), xshard::distribute<xshard::dynamic_layout(2)>(m, g, to).local())
+                << context << ", " << rows << " rows";
+            EXPECT_TRUE(keep.planned() || m.size() == 1 || from == to) << context;
+            // Another target layout from the same source: planned anew.
+            const auto z = keep(x, nn::make_layout({"", "dp"}));
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(z), g)) << context;
+            // A tensor already in the layout comes back as it is.
+            EXPECT_EQ(keep(y, to).local(), y.local()) << context;
+        }
+        // A layer run at two batch sizes in turn keeps matching one rank.
+        nn::row_parallel_linear<double, mesh_t> layer(m, 6, 4, 9);
+        const auto one = serial_mesh();
+        nn::row_parallel_linear<double, mesh_t> serial(one, 6, 4, 9);
+        for (const std::size_t rows : {8, 6, 8}) {
+            const auto gx = random_array({rows, 6}, unsigned(30 + rows));
+            const auto x = xshard::distribute<xshard::dynamic_layout(2)>(
+                m, gx, nn::make_layout({"dp", "tp"}));
+            const auto y = layer.forward(x);
+            const auto sy = serial.forward(
+                xshard::distribute<xshard::dynamic_layout(2)>(one, gx, nn::make_layout({"", ""})));
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(y), sy.local(), 1e-12, 1e-12))
+                << context << ", " << rows << " rows";
+            const auto r = random_array({rows, 4}, unsigned(40 + rows));
+            const auto dx = layer.backward(
+                nn::as_gradient(xshard::distribute<xshard::dynamic_layout(2)>(m, r, y.layout())));
+            const auto sdx = serial.backward(nn::as_gradient(
+                xshard::distribute<xshard::dynamic_layout(2)>(one, r, sy.layout())));
+            EXPECT_TRUE(xt::allclose(resolved(dx), sdx.local(), 1e-12, 1e-12))
+                << context << ", " << rows << " rows";
         }
     });
 }

@@ -272,7 +272,7 @@ void train(Opt& opt, C& c, int steps, bool away_from_zero = false) {
     for (int k = 0; k < steps; ++k) {
         const int step = int(opt.steps()) + 1;
         xshard::for_each_weight(c, [&](const std::string& name, auto& w) {
-            w.grad = like(w.value, gradient(name, shape_of(w.value), step, away_from_zero));
+            w.set_gradient(like(w.value, gradient(name, shape_of(w.value), step, away_from_zero)));
         });
         if (step <= 2)
             opt.step(c);
@@ -608,6 +608,12 @@ TEST(errors, misuse_at_a_step_changes_nothing) {
 
     // A gradient or a slot of another layout than its value.
     auto d = make_dynamic_net(m, layouts_a);
+    // Complete zero gradients: a fresh weight's gradient holds terms, which no step takes.
+    xshard::for_each_weight(d, [](const std::string&, auto& w) {
+        auto g = w.value;
+        g.local().fill(0.0);
+        w.set_gradient(std::move(g));
+    });
     d.dense2.weight.grad = xshard::distribute<xshard::dynamic_layout(2)>(
         m, xt::xtensor<double, 2>(xt::zeros<double>({5, 3})), layout("[mp, -]"));
     optim::sgd plain;

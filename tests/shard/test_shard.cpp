@@ -189,4 +189,96 @@ TEST(shard, dataset_strategy_splits_the_batch_of_inputs_and_outputs) {
     EXPECT_EQ(g(gx).layout(), layout("[-, -]"));
 }
 
+/// What the failing callable of the agreement tests throws: not an xshard::error, so that
+/// the test tells the thrower's own exception from the one the other ranks raise.
+struct user_failure : std::exception {
+    const char* what() const noexcept override { return "the user's callable failed"; }
+};
+
+/// Calls `f()`, which must throw on every rank: `user_failure` on the rank that threw it
+/// (the last one), an xshard::error naming that rank on the others.
+template <class F>
+void expect_agreed_failure(const M& m, F&& f) {
+    const int thrower = m.size() - 1;
+    try {
+        f();
+        ADD_FAILURE() << "rank " << m.rank() << " returned normally";
+    } catch (const user_failure&) {
+        EXPECT_EQ(m.rank(), thrower) << "rank " << m.rank() << " got the thrower's exception";
+    } catch (const xshard::error& e) {
+        EXPECT_NE(m.rank(), thrower);
+        EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(thrower) + " failed"),
+                  std::string::npos)
+            << "rank " << m.rank() << ": " << e.what();
+        EXPECT_NE(std::string(e.what()).find("the user's callable failed"), std::string::npos)
+            << "rank " << m.rank() << ": " << e.what();
+    }
+}
+
+TEST(shard, a_callable_that_throws_on_one_rank_raises_on_every_rank) {
+    const auto m = make_mesh();
+    const auto gx = random_array<2>({6, 4}, 14);
+    const auto x = xshard::distribute<"[dp, mp]">(m, gx);
+    const bool throws_here = m.rank() == m.size() - 1;
+    // Global semantics, an output that must be all-gathered after the callable.
+    auto global = xshard::shard(
+        m,
+        [&](const auto& t) {
+            if (throws_here)
+                throw user_failure();
+            return xshard::neg(t);
+        },
+        std::tuple(spec<"[dp, mp]">), spec<"[-, -]">);
+    expect_agreed_failure(m, [&] { (void)global(x); });
+    // No collective after the callable at all: the others must still not return normally.
+    auto kept = xshard::shard(
+        m,
+        [&](const auto& t) {
+            if (throws_here)
+                throw user_failure();
+            return xshard::neg(t);
+        },
+        std::tuple(spec<"[dp, mp]">));
+    expect_agreed_failure(m, [&] { (void)kept(x); });
+    // Local semantics: the global shapes of the results are gathered after the callable.
+    auto local = xshard::shard_local(
+        m,
+        [&](const auto& t) {
+            if (throws_here)
+                throw user_failure();
+            return xt::xtensor<double, 2>(2.0 * t);
+        },
+        std::tuple(spec<"[dp, -]">), spec<"[dp, -]">);
+    expect_agreed_failure(m, [&] { (void)local(gx); });
+    // Every rank is still in step: the same callables work afterwards.
+    auto fine = xshard::shard_local(
+        m, [](const auto& t) { return xt::xtensor<double, 2>(2.0 * t); },
+        std::tuple(spec<"[dp, -]">), spec<"[dp, -]">);
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(fine(gx)), 2.0 * gx));
+}
+
+TEST(shard, one_callable_serves_float_and_double_tensors_of_one_layout) {
+    // The plan of a redistribution is cached per input and output; a plan made for float
+    // tensors must not serve double ones of the same layouts and shape (it would move half
+    // the bytes, or overrun a buffer).
+    const auto m = make_mesh();
+    const auto gx = random_array<2>({9, 7}, 15);
+    const xt::xtensor<float, 2> gf = xt::cast<float>(gx);
+    auto f = xshard::shard(
+        m, [](const auto& t) { return xshard::neg(t); }, std::tuple(layout("[dp, mp]")),
+        layout("[-, -]"));
+    for (int round = 0; round < 2; ++round) {
+        const auto xf = xshard::distribute<"[-, -]">(m, gf);
+        const auto xd = xshard::distribute<"[-, -]">(m, gx);
+        const auto yf = f(xf);
+        const auto yd = f(xd);
+        static_assert(
+            std::is_same_v<typename std::remove_cvref_t<decltype(yf)>::value_type, float>);
+        EXPECT_TRUE(xt::allclose(xshard::gather_all(yf), xt::xtensor<float, 2>(-gf)))
+            << "rank " << m.rank() << ", round " << round;
+        EXPECT_TRUE(xt::allclose(xshard::gather_all(yd), -gx)) << "rank " << m.rank() << ", round "
+                                                               << round;
+    }
+}
+
 } // namespace

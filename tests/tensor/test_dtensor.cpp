@@ -11,6 +11,7 @@
 #include "mpi_test.hpp"
 
 #include <gtest/gtest.h>
+#include <xtensor/xarray.hpp>
 #include <xtensor/xrandom.hpp>
 #include <xtensor/xtensor.hpp>
 
@@ -197,6 +198,42 @@ TEST(dtensor, a_wrong_local_shard_throws_on_every_rank) {
     // A layout that does not fit the mesh, at run time.
     EXPECT_THROW((void)xshard::from_local(m, shape, local, layout("[y, -]")), xshard::error);
     EXPECT_THROW((void)xshard::from_local(m, shape, local, layout("[x]")), xshard::error);
+}
+
+TEST(dtensor, distributing_arrays_of_different_shapes_throws_on_every_rank) {
+    const auto w = world();
+    const xshard::mesh<"x"> m(w, {w.size()});
+    const bool odd_one = m.rank() == m.size() - 1;
+    // The last rank's array has one row more (at one rank: every rank's array agrees).
+    const auto a = iota<double, 2>({std::size_t(5 + (odd_one && w.size() > 1 ? 1 : 0)), 3});
+    if (w.size() > 1) {
+        try {
+            (void)xshard::distribute<"[x, -]">(m, a);
+            ADD_FAILURE() << "rank " << m.rank() << ": no exception";
+        } catch (const xshard::error& e) {
+            EXPECT_EQ(std::string(e.what()),
+                      "xshard: distribute: the ranks hold arrays of different shapes (dimension 0 "
+                      "has extents from 5 to 6); every rank must pass the same global array")
+                << "rank " << m.rank();
+        }
+    } else {
+        EXPECT_EQ(xshard::gather_all(xshard::distribute<"[x, -]">(m, a)), a);
+    }
+    // An array of another rank than the layout's, on the last rank only.
+    xt::xarray<double> b = odd_one ? xt::xarray<double>(xt::zeros<double>({5, 3, 1}))
+                                   : xt::xarray<double>(xt::zeros<double>({5, 3}));
+    try {
+        (void)xshard::distribute<"[x, -]">(m, b);
+        ADD_FAILURE() << "rank " << m.rank() << ": no exception";
+    } catch (const xshard::error& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  "xshard: distribute: the array of rank " + std::to_string(m.size() - 1) +
+                      " has another number of dimensions than the layout [x, -] (2)")
+            << "rank " << m.rank();
+    }
+    // Still in step: a run-time layout on the same arrays where they agree.
+    const auto c = iota<double, 2>({5, 3});
+    EXPECT_EQ(xshard::gather_all(xshard::distribute<dynamic_layout(2)>(m, c, layout("[-, x]"))), c);
 }
 
 TEST(dtensor, elementwise_arithmetic_is_lazy_and_local) {

@@ -9,6 +9,8 @@
 ///     example<T>                         ->  example_batch<T>: x (n, features), y (n)
 ///     xt::xtensor<V, 1> (token_window)   ->  xt::xtensor<V, 2> (n, length)
 
+#include <xshard/comm/collectives.hpp>
+#include <xshard/comm/communicator.hpp>
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/error.hpp>
 
@@ -19,6 +21,7 @@
 #include <xtensor/xtensor.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -58,6 +61,28 @@ using sample_t = std::ranges::range_value_t<D>;
 using index_type = std::uint32_t;
 
 namespace detail {
+
+/// Checks that every rank of `c` holds a dataset of `samples` samples of `width` features
+/// (0 when unknown): otherwise every rank throws, naming the sizes seen, since ranks that
+/// count different steps per epoch would call different collectives. Collective: one
+/// all-reduce of four integers.
+inline void check_dataset_agrees(const communicator& c, std::size_t samples, std::size_t width,
+                                 const char* who) {
+    // max of each value and of its complement (the complement of the minimum).
+    std::array<unsigned long long, 4> v{samples, ~static_cast<unsigned long long>(samples), width,
+                                        ~static_cast<unsigned long long>(width)};
+    allreduce(c, v, reduction::max);
+    if (v[0] != ~v[1])
+        throw error(std::string("xshard: ") + who +
+                    ": the ranks hold datasets of different sizes (" + std::to_string(~v[1]) +
+                    " to " + std::to_string(v[0]) +
+                    " samples); every rank must read the same dataset");
+    if (v[2] != ~v[3])
+        throw error(std::string("xshard: ") + who +
+                    ": the ranks hold samples of different widths (" + std::to_string(~v[3]) +
+                    " to " + std::to_string(v[2]) +
+                    " values); every rank must read the same dataset");
+}
 
 template <class S>
 struct is_example : std::false_type {};

@@ -25,6 +25,7 @@
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh.hpp>
+#include <xshard/core/partition.hpp>
 #include <xshard/data/dataset.hpp>
 #include <xshard/data/views.hpp>
 #include <xshard/tensor/dtensor.hpp>
@@ -63,6 +64,11 @@ struct loader_options {
     bool shuffle = true;
     /// Leave out the last global batch when it is shorter than batch_size.
     bool drop_remainder = true;
+    /// Accept a batch size the number of shards does not divide: shard k then reads
+    /// B / num_shards rows, plus one for the first B % num_shards shards (the block
+    /// partition of core/partition.hpp, as for a last, shorter batch). Off by default, as
+    /// in MindSpore, which requires the division to be exact.
+    bool uneven_batches = false;
     /// data_parallel or full_batch; default: the mesh's `dataset()`, and data_parallel when
     /// the mesh has none (`unset`).
     std::optional<dataset_strategy> strategy{};
@@ -127,8 +133,10 @@ using distributed_batch_t = typename detail::distributed_batch_of<batch_t<S>, Me
 ///
 /// The loader keeps a view of the dataset: an lvalue container must outlive it; an rvalue
 /// one is moved into it. Copies share their state. Construction throws xshard::error on
-/// every rank alike for a batch size of 0 or one the number of shards does not divide, an
-/// empty dataset, one smaller than a batch with drop_remainder, and an unknown data axis.
+/// every rank alike for a batch size of 0 or one the number of shards does not divide
+/// (unless `uneven_batches`), an empty dataset, one smaller than a batch with
+/// drop_remainder, an unknown data axis, and datasets whose sizes differ between ranks
+/// (checked with one all-reduce of four integers: construction is collective).
 template <mesh_type Mesh, viewable_dataset V>
 class loader {
 public:
@@ -149,9 +157,10 @@ public:
     std::size_t size() const noexcept { return state_->samples; }
     /// The global batch size.
     std::size_t batch_size() const noexcept { return state_->options.batch_size; }
-    /// Samples this rank reads in a full step: B / num_shards (data_parallel) or B.
+    /// Samples this rank reads in a full step: its block of B over the shards (B / num_shards
+    /// when they divide it; data_parallel) or B.
     std::size_t local_batch_size() const noexcept {
-        return state_->options.batch_size / state_->num_shards;
+        return block_extent(state_->options.batch_size, state_->num_shards, state_->shard_id);
     }
     /// The mode in use.
     dataset_strategy strategy() const noexcept { return state_->strategy; }
@@ -204,6 +213,10 @@ private:
 
         void check() {
             samples = std::size_t(ranges::size(data));
+            // Before anything that only this rank's data decides can throw: every rank must
+            // count the same steps, or they would call different collectives.
+            width = samples > 0 ? detail::batch_width(collate(data | ranges::views::take(1))) : 0;
+            detail::check_dataset_agrees(mesh.comm(), samples, width, "loader");
             detail::checked_index(samples, "loader");
             strategy = options.strategy.value_or(mesh.dataset());
             if (strategy == dataset_strategy::unset)
@@ -222,11 +235,11 @@ private:
             const auto b = options.batch_size;
             if (b == 0)
                 throw error("xshard: loader: the batch size is 0");
-            if (b % num_shards != 0)
+            if (b % num_shards != 0 && !options.uneven_batches)
                 throw error("xshard: loader: the global batch size " + std::to_string(b) +
                             " is not a multiple of the " + std::to_string(num_shards) +
                             " shards of axis " + axis + " on mesh(" + mesh.shape().to_string() +
-                            ")");
+                            "); choose another batch size or set uneven_batches");
             if (samples == 0)
                 throw error("xshard: loader: the dataset is empty");
             if (options.drop_remainder && samples < b)
@@ -234,7 +247,6 @@ private:
                             " samples, fewer than one batch of " + std::to_string(b) +
                             " (drop_remainder leaves no step)");
             steps = options.drop_remainder ? samples / b : (samples + b - 1) / b;
-            width = detail::batch_width(collate(data | ranges::views::take(1)));
         }
 
         /// The data axis (see loader_options::data_axis); checked against the mesh.

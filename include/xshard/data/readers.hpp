@@ -13,8 +13,13 @@
 /// Every rank reads the whole file (each rank's loader picks its own samples from it); the
 /// files are not compressed (gunzip them first). Malformed files raise xshard::error naming
 /// the file and what is wrong with it: wrong magic number, truncated or over-long data,
-/// image and label counts that differ, CIFAR-10 labels out of range.
+/// image and label counts that differ, CIFAR-10 labels out of range. The overloads that take
+/// a communicator first raise on every rank of it when any rank's read fails, or when the
+/// ranks read datasets of different sizes (each file is read per rank, so one rank can see
+/// another file or a damaged copy).
 
+#include <xshard/comm/agree.hpp>
+#include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/data/dataset.hpp>
 
@@ -170,6 +175,35 @@ std::vector<example<T>> read_cifar10(const std::filesystem::path& file) {
 template <std::floating_point T = float>
 std::vector<example<T>> read_cifar10(std::initializer_list<std::filesystem::path> files) {
     return read_cifar10<T>(std::vector<std::filesystem::path>(files));
+}
+
+/// `read_mnist` on every rank of `c`, agreed: a rank whose read fails rethrows its error and
+/// the others throw xshard::error naming it; ranks that read different numbers of samples
+/// (or sizes of image) all throw. Collective: an all-reduce of one int, one of four integers.
+template <std::floating_point T = float>
+std::vector<example<T>> read_mnist(const communicator& c, const std::filesystem::path& images,
+                                   const std::filesystem::path& labels) {
+    auto out = agreed(c, [&] { return read_mnist<T>(images, labels); });
+    detail::check_dataset_agrees(c, out.size(), out.empty() ? 0 : out.front().features.size(),
+                                 "read_mnist");
+    return out;
+}
+
+/// `read_cifar10` on every rank of `c`, agreed as `read_mnist(c, ...)` is. Collective: an
+/// all-reduce of one int, one of four integers.
+template <std::floating_point T = float>
+std::vector<example<T>> read_cifar10(const communicator& c,
+                                     const std::vector<std::filesystem::path>& files) {
+    auto out = agreed(c, [&] { return read_cifar10<T>(files); });
+    detail::check_dataset_agrees(c, out.size(), out.empty() ? 0 : out.front().features.size(),
+                                 "read_cifar10");
+    return out;
+}
+
+/// `read_cifar10(c, files)` of one file.
+template <std::floating_point T = float>
+std::vector<example<T>> read_cifar10(const communicator& c, const std::filesystem::path& file) {
+    return read_cifar10<T>(c, std::vector<std::filesystem::path>{file});
 }
 
 } // namespace xshard::data

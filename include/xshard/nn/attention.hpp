@@ -34,13 +34,10 @@ public:
     };
 
     self_attention(const Mesh& mesh, std::size_t features, unsigned seed, options o)
-        : o_(std::move(o))
+        : o_(checked(std::move(o), features))
         , head_(features / o_.heads)
         , qkv_(mesh, features, 3 * features, seed, {.axes = o_.axes})
         , out_(mesh, features, features, seed + 1, {.axes = o_.axes}) {
-        if (o_.heads == 0 || features % o_.heads != 0)
-            throw error("xshard: self_attention: " + std::to_string(features) +
-                        " features do not split into " + std::to_string(o_.heads) + " heads");
         const int tp = o_.axes.tensor.empty() ? 1 : mesh.shape().axis_size(o_.axes.tensor);
         if (o_.heads % std::size_t(tp) != 0)
             throw error("xshard: self_attention: " + std::to_string(o_.heads) +
@@ -48,6 +45,19 @@ public:
                         o_.axes.tensor);
     }
 
+private:
+    /// `o` after checking that `features` split into its heads: before anything divides
+    /// by the number of heads.
+    static options checked(options o, std::size_t features) {
+        if (o.heads == 0 || features % o.heads != 0)
+            throw error("xshard: self_attention: " + std::to_string(features) +
+                        " features do not split into " + std::to_string(o.heads) + " heads");
+        if (o.sequence == 0)
+            throw error("xshard: self_attention: a sequence of 0 positions");
+        return o;
+    }
+
+public:
     tensor<T, Mesh> forward(const tensor<T, Mesh>& x) {
         const auto qkv = qkv_.forward(x);
         const auto& a = qkv.local();

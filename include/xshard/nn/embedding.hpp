@@ -43,15 +43,16 @@ public:
 
     /// Adds the gradient rows to the table; the ids have no gradient.
     void backward(const tensor<T, Mesh>& dy) {
-        const auto dz = redistribute_adjoint(dy, z_layout_);
+        const auto dz = reduce_adjoint_.adjoint(dy, z_layout_);
         const auto rows = table_.value.block();
         const auto& ids = ids_->local();
         const std::size_t width = rows.extent[1];
+        auto& grad = table_.terms().local();
         for (std::size_t i = 0; i < ids.size(); ++i) {
             const auto v = std::size_t(ids(i));
             if (v >= rows.offset[0] && v < rows.offset[0] + rows.extent[0])
                 for (std::size_t j = 0; j < width; ++j)
-                    table_.grad.local()(v - rows.offset[0], j) += dz.local()(i, j);
+                    grad(v - rows.offset[0], j) += dz.local()(i, j);
         }
     }
 
@@ -63,13 +64,15 @@ private:
     weight<tensor<T, Mesh, 2>> table_;
     std::optional<tensor<std::int64_t, Mesh, 1>> ids_;
     layout z_layout_;
+    kept_redistribution<T, Mesh> reduce_adjoint_;
 };
 
 template <class T, mesh_type Mesh>
 class parallel_cross_entropy {
 public:
     /// The mean loss (the same on every rank). The labels' rows must be split like the
-    /// logits' rows.
+    /// logits' rows, and each label lie in [0, classes): otherwise every rank throws
+    /// xshard::error (one all-reduce of one int checks the labels).
     T forward(const tensor<T, Mesh>& logits, const tensor<std::int64_t, Mesh, 1>& labels) {
         const auto& l = logits.layout();
         if (l.is_partial() || labels.layout().is_partial() ||
@@ -78,6 +81,9 @@ public:
                         " must split their rows as the logits " + l.to_string() +
                         " do, with no pending sum");
         const auto& mesh = logits.mesh();
+        // Before any rank reads the labels: out of range raises on every rank.
+        xshard::detail::check_labels(mesh.comm(), labels.local(), logits.shape()[1],
+                                     "parallel_cross_entropy");
         const auto xb = logits.block();
         const auto stats =
             xshard::detail::softmax_rows(mesh, l, logits.local(), labels.local(), xb);
@@ -107,7 +113,8 @@ public:
                 g(i, c - xb.offset[1]) -= T(1);
         }
         g *= scale / T(rows_);
-        return as_gradient(std::move(d));
+        const auto terms = dual(d.layout(), d.mesh().shape());
+        return to_terms_(std::move(d), terms);
     }
 
 private:
@@ -115,6 +122,7 @@ private:
     std::optional<tensor<T, Mesh>> logits_;
     std::optional<tensor<std::int64_t, Mesh, 1>> labels_;
     std::optional<xshard::detail::softmax_row_stats<T>> stats_;
+    mutable kept_redistribution<T, Mesh> to_terms_; // the gradient's layout (see as_gradient)
 };
 
 } // namespace xshard::nn

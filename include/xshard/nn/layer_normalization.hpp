@@ -47,8 +47,7 @@ public:
     /// dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy gamma, per row: linear in dy,
     /// so each rank's term of dy gives its term of dx.
     tensor<T, Mesh> backward(const tensor<T, Mesh>& dy_in) {
-        const auto dy =
-            redistribute<dynamic_layout(2)>(dy_in, dual(x_layout_, dy_in.mesh().shape()));
+        const auto dy = to_terms_(dy_in, dual(x_layout_, dy_in.mesh().shape()));
         const auto& d = dy.local();
         const xt::xtensor<T, 2> g = d * xt::view(gamma_.value.local(), xt::newaxis(), xt::all());
         // Reductions with keep_dims are evaluated before broadcasting (xtensor 0.24 misreads
@@ -63,8 +62,8 @@ public:
             return tensor<T, Mesh, 1>(xshard::detail::unchecked, dy.mesh(), gamma_.value.shape(),
                                       std::move(local), terms);
         };
-        accumulate(gamma_, sum_rows(xt::sum(d * xhat_, {0})));
-        accumulate(beta_, sum_rows(xt::sum(d, {0})));
+        accumulate(gamma_, sum_rows(xt::sum(d * xhat_, {0})), to_gamma_terms_);
+        accumulate(beta_, sum_rows(xt::sum(d, {0})), to_beta_terms_);
         return dx;
     }
 
@@ -78,6 +77,8 @@ private:
     T eps_;
     xt::xtensor<T, 2> rstd_, xhat_;
     layout x_layout_;
+    kept_redistribution<T, Mesh> to_terms_;
+    kept_redistribution<T, Mesh, 1> to_gamma_terms_, to_beta_terms_;
 };
 
 } // namespace xshard::nn

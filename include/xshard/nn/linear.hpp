@@ -53,7 +53,7 @@ struct affine {
     /// Adds db = the sum of dy's rows.
     void bias_backward(const tensor<T, Mesh>& dy) {
         if (b)
-            accumulate(*b, xshard::ops::sum<0>(dy));
+            accumulate(*b, xshard::ops::sum<0>(dy), to_bias_terms);
     }
 
     /// Visits "weight" and, if there is one, "bias".
@@ -66,10 +66,13 @@ struct affine {
     /// Adds dW = x^T dz; returns dx = dz W^T, laid out as x's gradient.
     tensor<T, Mesh> product_backward(const tensor<T, Mesh>& x, const tensor<T, Mesh>& dz) {
         accumulate_product(w, xshard::ops::transposed(x), dz);
-        return redistribute<dynamic_layout(2)>(
-            xshard::ops::matmul(dz, xshard::ops::transposed(w.value)),
-            dual(x.layout(), x.mesh().shape()));
+        return to_input_gradient(xshard::ops::matmul(dz, xshard::ops::transposed(w.value)),
+                                 dual(x.layout(), x.mesh().shape()));
     }
+
+    // The plans of the redistributions of every backward pass.
+    kept_redistribution<T, Mesh, 1> to_bias_terms;
+    kept_redistribution<T, Mesh> to_input_gradient;
 };
 
 } // namespace detail
@@ -94,12 +97,12 @@ public:
         auto y = f_.add_bias(f_.product(x));
         y_layout_ = y.layout();
         if (o_.gather_output)
-            return redistribute<dynamic_layout(2)>(std::move(y), with_features(x.layout(), ""));
+            return gather_(std::move(y), with_features(x.layout(), ""));
         return y;
     }
 
     tensor<T, Mesh> backward(const tensor<T, Mesh>& dy) {
-        const auto g = o_.gather_output ? redistribute_adjoint(dy, y_layout_) : dy;
+        const auto g = o_.gather_output ? gather_adjoint_.adjoint(dy, y_layout_) : dy;
         f_.bias_backward(g);
         return f_.product_backward(*x_, g);
     }
@@ -111,6 +114,7 @@ private:
     detail::affine<T, Mesh> f_;
     std::optional<tensor<T, Mesh>> x_;
     layout y_layout_;
+    kept_redistribution<T, Mesh> gather_, gather_adjoint_; // with gather_output
 };
 
 template <class T, mesh_type Mesh>
@@ -134,12 +138,12 @@ public:
         auto z = f_.product(x);
         z_layout_ = z.layout();
         const auto out = o_.output ? *o_.output : with_features(x.layout(), "");
-        return f_.add_bias(redistribute<dynamic_layout(2)>(std::move(z), out));
+        return f_.add_bias(reduce_(std::move(z), out));
     }
 
     tensor<T, Mesh> backward(const tensor<T, Mesh>& dy) {
         f_.bias_backward(dy);
-        return f_.product_backward(*x_, redistribute_adjoint(dy, z_layout_));
+        return f_.product_backward(*x_, reduce_adjoint_.adjoint(dy, z_layout_));
     }
 
     friend void visit_parameters(row_parallel_linear& l, auto&& visit) { l.f_.visit(visit); }
@@ -149,6 +153,7 @@ private:
     detail::affine<T, Mesh> f_;
     std::optional<tensor<T, Mesh>> x_;
     layout z_layout_;
+    kept_redistribution<T, Mesh> reduce_, reduce_adjoint_; // the pending sum and its adjoint
 };
 
 } // namespace xshard::nn

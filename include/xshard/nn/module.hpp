@@ -33,7 +33,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <concepts>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -66,6 +68,58 @@ inline layout with_features(layout l, const std::string& axis) {
     return l;
 }
 
+/// A redistribution a layer runs at every step, Tpetra's discipline: its plan (the pricing
+/// of candidate step sequences, the geometry, the datatypes) is built on first use and
+/// reused while the tensors fit it (the same mesh, global shape and layouts, checked on
+/// every rank alike without communication), rebuilt when they do not. A copy of a layer
+/// starts without plans. Collective over the mesh, like `redistribute`.
+template <class T, mesh_type Mesh, std::size_t N = 2>
+class kept_redistribution {
+public:
+    using tensor_type = tensor<T, Mesh, N>;
+
+    kept_redistribution() = default;
+    kept_redistribution(const kept_redistribution&) noexcept {}
+    kept_redistribution& operator=(const kept_redistribution&) noexcept {
+        plan_.reset();
+        return *this;
+    }
+    kept_redistribution(kept_redistribution&&) noexcept = default;
+    kept_redistribution& operator=(kept_redistribution&&) noexcept = default;
+
+    /// `t` laid out as `to`: `t` itself when it already is (moved when given an rvalue).
+    template <class D>
+        requires std::same_as<std::remove_cvref_t<D>, tensor_type>
+    tensor_type operator()(D&& t, const layout& to) {
+        if (t.layout() == to)
+            return std::forward<D>(t);
+        if (!plan_ || !plan_->fits(t, to))
+            plan_.emplace(t, to);
+        tensor_type out(xshard::detail::unchecked, t.mesh(), t.shape(),
+                        tensor_type::local_type::from_shape(
+                            plan_->plan().destination_block().extent),
+                        to);
+        // The layers' tensors keep the shapes their layouts give them; each rank checks its
+        // own before the plan touches them.
+        plan_->execute_unchecked(t, out);
+        return out;
+    }
+
+    /// The gradient of the input of a redistribution from `from`, given `dy`, that of its
+    /// output (see `redistribute_adjoint`).
+    template <class D>
+        requires std::same_as<std::remove_cvref_t<D>, tensor_type>
+    tensor_type adjoint(D&& dy, const layout& from) {
+        return (*this)(std::forward<D>(dy), dual(from, dy.mesh().shape()));
+    }
+
+    /// Whether a plan is kept (built by an earlier call).
+    bool planned() const noexcept { return plan_.has_value(); }
+
+private:
+    std::optional<redistribution<tensor_type, dynamic_layout(N)>> plan_;
+};
+
 /// The gradient of a quantity held as `t` (every replica holding the whole gradient, as a
 /// loss computes it), laid out as the gradient convention wants: the dual of `t`'s layout
 /// (one term per replica; the others zero). Collective (local work only).
@@ -77,12 +131,29 @@ auto as_gradient(D&& t) {
 }
 
 /// Adds the gradient `g` (any layout of the weight's global shape) to `w.grad`: brought to
-/// the dual of the weight's layout, then each rank's term added locally.
+/// the dual of the weight's layout, then each rank's term added locally (`w.grad` holds
+/// terms afterwards, see `weight`).
 template <class D, distributed_tensor G>
 void accumulate(weight<D>& w, G&& g) {
-    const auto term = redistribute<dynamic_layout(D::rank)>(
-        std::forward<G>(g), dual(w.value.layout(), w.value.mesh().shape()));
-    w.grad.local() += term.local();
+    auto& grad = w.terms();
+    if (xshard::detail::without_unit_sums(g.layout(), g.mesh().shape()) == grad.layout()) {
+        grad.local() += g.local(); // already this rank's term
+        return;
+    }
+    const auto term = redistribute<dynamic_layout(D::rank)>(std::forward<G>(g), grad.layout());
+    grad.local() += term.local();
+}
+
+/// `accumulate(w, g)` with the redistribution's plan kept in `plan`, for a layer that adds
+/// such a gradient at every step.
+template <class D, class T, mesh_type Mesh, std::size_t N>
+void accumulate(weight<D>& w, const tensor<T, Mesh, N>& g, kept_redistribution<T, Mesh, N>& plan) {
+    auto& grad = w.terms();
+    if (xshard::detail::without_unit_sums(g.layout(), g.mesh().shape()) == grad.layout()) {
+        grad.local() += g.local();
+        return;
+    }
+    grad.local() += plan(g, grad.layout()).local();
 }
 
 /// Adds the product a b (matmul operands) to `w.grad`: by BLAS straight into the gradient's
@@ -90,21 +161,27 @@ void accumulate(weight<D>& w, G&& g) {
 /// of a linear layer), through `accumulate` otherwise.
 template <class D, class A, class B>
 void accumulate_product(weight<D>& w, const A& a, const B& b) {
-    const auto term_layout = dual(w.value.layout(), w.value.mesh().shape());
-    if (!(matmul_rule(a.layout(), b.layout()).out == term_layout)) {
+    using G = typename weight<D>::gradient_type;
+    auto& grad = w.terms();
+    const auto product = matmul_rule(a.layout(), b.layout()).out;
+    if (product == grad.layout()) {
+        xshard::ops::matmul(a, b, grad, {.accumulate = true});
+        return;
+    }
+    if (!(xshard::detail::without_unit_sums(product, grad.mesh().shape()) == grad.layout())) {
         accumulate(w, xshard::ops::matmul(a, b));
         return;
     }
-    // The gradient's storage, lent to a tensor labelled with the layout of the terms it holds.
-    D term(xshard::detail::unchecked, w.value.mesh(), w.value.shape(), std::move(w.grad.local()),
-           term_layout);
+    // The same terms, labelled with sums over axes of one rank: the gradient's storage, lent
+    // to a tensor of the product's layout.
+    G term(xshard::detail::unchecked, grad.mesh(), grad.shape(), std::move(grad.local()), product);
     try {
         xshard::ops::matmul(a, b, term, {.accumulate = true});
     } catch (...) {
-        w.grad.local() = std::move(term.local());
+        grad.local() = std::move(term.local());
         throw;
     }
-    w.grad.local() = std::move(term.local());
+    grad.local() = std::move(term.local());
 }
 
 /// A weight with values from `dist(std::mt19937(seed))` drawn in global row-major order (so

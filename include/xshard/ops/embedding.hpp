@@ -28,6 +28,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 
 namespace xshard {
 
@@ -89,18 +90,22 @@ struct cross_entropy_rule_fn {
     }
 };
 
-/// Every rank throws if any rank holds a class index outside [0, classes).
+/// Every rank of `c` throws if any rank holds a class index outside [0, classes), with the
+/// message of the lowest such rank (its rank and the first bad value): checked before any
+/// rank uses the labels. Collective: one all-reduce of one int (two broadcasts more on
+/// failure).
 template <class Labels>
 void check_labels(const communicator& c, const Labels& labels, std::size_t classes,
                   const char* operation) {
-    bool bad = false;
+    std::optional<std::string> bad;
     for (auto y : labels)
-        bad = bad || y < 0 || std::size_t(y) >= classes;
-    std::optional<std::string> problem;
-    if (bad)
-        problem = std::string("xshard: ") + operation + ": a label is outside [0, " +
+        if (y < 0 || static_cast<std::make_unsigned_t<decltype(y)>>(y) >= classes) {
+            bad = std::string("xshard: ") + operation + ": rank " + std::to_string(c.rank()) +
+                  " holds label " + std::to_string(y) + ", outside [0, " +
                   std::to_string(classes) + ")";
-    agree_on_error(c, problem);
+            break;
+        }
+    agree_on_error(c, bad);
 }
 
 } // namespace detail

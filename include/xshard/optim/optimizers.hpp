@@ -136,9 +136,9 @@ std::string optim_describe(const D& t) {
 }
 
 /// Throws unless `t` (the `what` of weight `name`) has the layout and shape of the value.
-template <class D>
+template <class D, class V>
 void require_like_value(std::string_view who, const std::string& name, const std::string& what,
-                        const D& t, const D& value) {
+                        const D& t, const V& value) {
     if (!(t.layout() == value.layout()) || t.shape() != value.shape())
         throw error("xshard: " + std::string(who) + ": the " + what + " of weight '" + name +
                     "' is " + optim_describe(t) + " but its value is " + optim_describe(value) +

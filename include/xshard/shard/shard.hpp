@@ -33,6 +33,10 @@
 /// `parameter`s a call receives, in place, once; a parameter planned differently by two
 /// shard() calls is an error naming it and both layouts.
 ///
+/// A callable that throws on some ranks raises on every rank: the outcome of `fn` is agreed
+/// (one all-reduce of one int) before any collective that follows it; the ranks where it
+/// threw rethrow their exception, the others throw xshard::error naming the lowest of them.
+///
 /// Beyond the collectives of its redistributions a call costs little at run time: inputs
 /// already in their layout are passed by reference; for typed specs the candidate steps
 /// are computed at compile time, and the plans (the choice among them, geometry,
@@ -40,6 +44,7 @@
 /// (after a call) prints the layouts of the inputs and outputs and the redistribution steps
 /// taken.
 
+#include <xshard/comm/agree.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/strategy.hpp>
 #include <xshard/ops/operand.hpp>
@@ -136,10 +141,60 @@ auto on_mesh(D&& t, const NewMesh& m) {
     }
 }
 
+/// A plan kept between calls. The cache holds plans of whatever types the calls bring (a
+/// callable called with float tensors, then with double ones of the same layouts, keeps a
+/// plan of each); a plan is found by its type, never cast to one.
+struct cached_plan {
+    virtual ~cached_plan() = default;
+};
+template <class Plan>
+struct typed_plan final : cached_plan {
+    template <class... A>
+    explicit typed_plan(A&&... a)
+        : plan(std::forward<A>(a)...) {}
+    Plan plan;
+};
+
+/// The plans of a sharded callable: by input or output slot, then by plan type.
+class plan_cache {
+public:
+    /// The cached plan of type Plan in slot `slot`, or null.
+    template <class Plan>
+    Plan* find(std::size_t slot) const {
+        if (slot >= slots_.size())
+            return nullptr;
+        for (const auto& p : slots_[slot])
+            if (auto* typed = dynamic_cast<typed_plan<Plan>*>(p.get()))
+                return &typed->plan;
+        return nullptr;
+    }
+
+    /// Caches a new plan of type Plan in slot `slot` (replacing one of the same type) and
+    /// returns it.
+    template <class Plan, class... A>
+    Plan& emplace(std::size_t slot, A&&... a) {
+        if (slot >= slots_.size())
+            slots_.resize(slot + 1);
+        auto made = std::make_unique<typed_plan<Plan>>(std::forward<A>(a)...);
+        Plan& plan = made->plan;
+        auto& entries = slots_[slot];
+        for (auto& p : entries)
+            if (dynamic_cast<typed_plan<Plan>*>(p.get())) {
+                p = std::move(made);
+                return plan;
+            }
+        entries.push_back(std::move(made));
+        return plan;
+    }
+
+private:
+    std::vector<std::vector<std::unique_ptr<cached_plan>>> slots_;
+};
+
 /// Where a call records what it did (when traced) and keeps its plans between calls.
 struct call_log {
-    std::string* report = nullptr;                       ///< null when not tracing
-    std::vector<std::shared_ptr<void>>* plans = nullptr; ///< one slot per input and output
+    std::string* report = nullptr; ///< null when not tracing
+    plan_cache* plans = nullptr;
 };
 
 /// An input or output of a call: "input 1", "output 0"; the label is built only when traced.
@@ -174,12 +229,9 @@ auto relayout(D&& t, const layout& to, const call_log& log, const slot& s) {
         note(log, s, "", t.layout(), to, "");
         return redistribute<To>(std::forward<D>(t), to);
     }
-    auto& cached = (*log.plans)[s.plan];
-    auto* plan = static_cast<plan_type*>(cached.get());
-    if (!plan || !plan->fits(t, to)) {
-        cached = std::make_shared<plan_type>(t, to);
-        plan = static_cast<plan_type*>(cached.get());
-    }
+    auto* plan = log.plans->find<plan_type>(s.plan);
+    if (!plan || !plan->fits(t, to))
+        plan = &log.plans->emplace<plan_type>(s.plan, t, to);
     if (log.report) // the printout only when tracing: it is not free
         note(log, s, "", t.layout(), to, plan->describe());
     typename plan_type::result_type out(
@@ -387,7 +439,7 @@ public:
         , out_(std::move(out))
         , plan_(std::move(plan))
         , report_(std::make_shared<std::string>())
-        , plans_(std::make_shared<std::vector<std::shared_ptr<void>>>()) {}
+        , plans_(std::make_shared<detail::plan_cache>()) {}
 
     /// Records, from the next call on, the layouts and redistributions of each call.
     sharded& traced(bool on = true) {
@@ -405,20 +457,11 @@ public:
         const detail::call_log log{trace_ ? report_.get() : nullptr, plans_.get()};
         if (log.report)
             log.report->clear();
-        if (plans_->empty())
-            plans_->resize(sizeof...(Args) + outputs);
         return call(log, std::index_sequence_for<Args...>{}, std::forward<Args>(args)...);
     }
 
 private:
     using call_mesh = std::conditional_t<Auto, redistributing_mesh<Mesh>, Mesh>;
-
-    static constexpr std::size_t outputs = [] {
-        if constexpr (detail::is_tuple<Out>::value)
-            return std::tuple_size_v<Out>;
-        else
-            return std::size_t(1);
-    }();
 
     template <std::size_t... I, class... Args>
     auto call(const detail::call_log& log, std::index_sequence<I...>, Args&&... args) const {
@@ -430,7 +473,12 @@ private:
                                                 detail::slot{"input", I, I}))...>
             inputs{detail::shard_input(mesh_, cm, std::forward<Args>(args), std::get<I>(in_), plan,
                                        log, detail::slot{"input", I, I})...};
-        decltype(auto) result = invoke(inputs, std::index_sequence<I...>{});
+        // Agreed before any collective that follows: a callable that throws on some ranks
+        // raises on every rank (its own exception where it threw, xshard::error naming the
+        // rank elsewhere) instead of leaving the others in an output's redistribution.
+        decltype(auto) result = agreed(mesh_.comm(), [&]() -> decltype(auto) {
+            return invoke(inputs, std::index_sequence<I...>{});
+        });
         return finish(std::forward<decltype(result)>(result), log, sizeof...(I));
     }
 
@@ -481,8 +529,7 @@ private:
     std::optional<parameter_plan> plan_;
     bool trace_ = false;
     std::shared_ptr<std::string> report_;
-    std::shared_ptr<std::vector<std::shared_ptr<void>>>
-        plans_; // the plans of each input and output
+    std::shared_ptr<detail::plan_cache> plans_; // the plans of each input and output
 };
 
 /// shard(mesh, fn, in_specs [, out_specs] [, auto_redistribute] [, parameter_plan]): global

@@ -51,21 +51,59 @@ inline axis_set spread_axes(const layout& l, const mesh_shape& mesh) {
     return l.replicated_axes(mesh) | l.partial_axes(mesh);
 }
 
+/// The shape of an array every rank of `mesh` says it holds whole, checked to be the same on
+/// every rank: otherwise every rank throws, naming the extents seen (or the lowest rank whose
+/// array has another number of dimensions than `lay`). Collective: one all-reduce of
+/// 2N + 1 integers.
+template <std::size_t N, class Mesh, class G>
+std::array<std::size_t, N> agreed_shape(const Mesh& mesh, const G& g, const layout& lay) {
+    // One all-reduce (max) of: the lowest rank with a wrong dimension count (stored as
+    // size - rank, so the max picks it), each extent, and each extent's complement (whose
+    // max is the complement of the minimum).
+    const auto& c = mesh.comm();
+    const bool wrong_rank = g.dimension() != N;
+    std::array<unsigned long long, 2 * N + 1> v{};
+    v[0] = wrong_rank ? static_cast<unsigned long long>(c.size() - c.rank()) : 0;
+    for (std::size_t d = 0; d < N; ++d) {
+        const unsigned long long e = wrong_rank ? 0 : g.shape()[d];
+        v[1 + d] = e;
+        v[1 + N + d] = ~e;
+    }
+    allreduce(c, v, reduction::max);
+    if (v[0] != 0) {
+        const int bad = c.size() - static_cast<int>(v[0]);
+        throw error("xshard: distribute: the array of rank " + std::to_string(bad) +
+                    " has another number of dimensions than the layout " + lay.to_string() +
+                    " (" + std::to_string(N) + ")");
+    }
+    std::array<std::size_t, N> shape{};
+    for (std::size_t d = 0; d < N; ++d) {
+        const unsigned long long most = v[1 + d], least = ~v[1 + N + d];
+        if (most != least)
+            throw error("xshard: distribute: the ranks hold arrays of different shapes "
+                        "(dimension " + std::to_string(d) + " has extents from " +
+                        std::to_string(least) + " to " + std::to_string(most) +
+                        "); every rank must pass the same global array");
+        shape[d] = static_cast<std::size_t>(most);
+    }
+    return shape;
+}
+
 } // namespace detail
 
-/// Distributes a global array that every rank holds: each rank keeps a copy of its block
-/// (no communication). For a partial(sum) layout one rank of each group along the partial
-/// axes keeps the values and the others zeros, so that the terms sum to the array.
+/// Distributes a global array that every rank holds: each rank keeps a copy of its block.
+/// For a partial(sum) layout one rank of each group along the partial axes keeps the values
+/// and the others zeros, so that the terms sum to the array. The arrays' shapes are checked
+/// to agree (the values are not): arrays of different shapes, or of another number of
+/// dimensions than the layout on some rank, throw xshard::error on every rank.
+/// Collective: one all-reduce of 2 * rank + 1 integers.
 template <layout L, mesh_type Mesh, class E>
 auto distribute(const Mesh& mesh, const xt::xexpression<E>& global, const layout& l = L) {
     using T = typename E::value_type;
     constexpr std::size_t N = L.rank();
     const auto& lay = detail::layout_for<L>(l, mesh.shape());
     const auto& g = global.derived_cast();
-    if (g.dimension() != N)
-        throw error("xshard: distribute: the array has " + std::to_string(g.dimension()) +
-                    " dimensions but the layout " + lay.to_string() + " has " + std::to_string(N));
-    const auto shape = detail::to_array<N>(g.shape());
+    const auto shape = detail::agreed_shape<N>(mesh, g, lay);
     const auto c = mesh.coords();
     xt::xtensor<T, N> local = detail::view_of(g, block_of(lay, mesh.shape(), shape, c));
     if (!detail::holds_term(lay, mesh.shape(), c))

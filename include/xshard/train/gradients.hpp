@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -39,6 +40,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <typeindex>
 #include <vector>
 
@@ -104,6 +106,20 @@ public:
             problem =
                 "xshard: synchronize_gradients: the gradients do not have the parameters' names";
         agree_on_error(*refs_.front().mesh_comm, problem);
+        // Summed, the gradients hold what their parameters' layouts say (before, a weight's
+        // gradient held this rank's term, laid out as the dual: see param/weight.hpp).
+        relabel_ = [&grads, layouts] {
+            for_each_parameter(grads, [&](const std::string& name, auto& t) {
+                using D = std::remove_cvref_t<decltype(t)>;
+                constexpr bool writable = !std::is_const_v<std::remove_reference_t<decltype(t)>>;
+                if constexpr (D::static_layout.dynamic && writable) {
+                    const auto it = layouts.find(name);
+                    if (it != layouts.end() && !(t.layout() == it->second))
+                        t = D(detail::unchecked, t.mesh(), t.shape(), std::move(t).local(),
+                              it->second);
+                }
+            });
+        };
         // Buckets in reverse order: the backward pass produces the last layers' gradients first.
         std::vector<std::size_t> chosen;
         for (std::size_t i = refs_.size(); i-- > 0;)
@@ -249,6 +265,8 @@ private:
             });
             waiting_[k] = 0;
         }
+        if (relabel_)
+            relabel_();
     }
 
     template <class Wire, class T>
@@ -280,6 +298,7 @@ private:
 
     gradient_options options_;
     std::vector<detail::param_ref> refs_;
+    std::function<void()> relabel_; // the gradients' layouts once summed
     std::vector<detail::bucket> buckets_;
     std::vector<int> bucket_of_;
     std::vector<std::unique_ptr<std::byte[]>> buffers_; // uninitialised: filled by packing

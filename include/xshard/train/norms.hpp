@@ -46,7 +46,8 @@ double global_norm(const G& grads) {
     for_each_parameter(grads, [&](const std::string& name, const auto& t) {
         if (t.layout().is_partial())
             throw error("xshard: global_norm: '" + name + "' is partial " + t.layout().to_string() +
-                        "; reduce it first");
+                        "; reduce it first (a weight's gradient holds each rank's term of a "
+                        "pending sum until synchronize_gradients)");
         double s = 0;
         for (const auto& x : t.local())
             s += double(x) * double(x);
