@@ -9,7 +9,9 @@
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
 
+#include <array>
 #include <concepts>
+#include <cstddef>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -26,6 +28,32 @@ inline int first_reporting_rank(const communicator& c, bool bad) {
     int first = bad ? c.rank() : c.size();
     allreduce(c, std::span(&first, 1), reduction::min);
     return first == c.size() ? -1 : first;
+}
+
+/// The least and the greatest of one value over the ranks of a communicator.
+struct value_range {
+    unsigned long long least = 0, most = 0;
+    /// Whether every rank holds the same value.
+    bool agrees() const noexcept { return least == most; }
+};
+
+/// The least and the greatest of each of `values` over the ranks of `c`, every rank getting
+/// the same answer: how ranks check that they agree on sizes (a global shape, a dataset's
+/// length) before they size collectives by them. Collective: one all-reduce (max) of 2N
+/// integers, each value and its complement (whose maximum is the complement of the minimum).
+template <std::size_t N>
+std::array<value_range, N> value_ranges(const communicator& c,
+                                        const std::array<unsigned long long, N>& values) {
+    std::array<unsigned long long, 2 * N> v{};
+    for (std::size_t i = 0; i < N; ++i) {
+        v[i] = values[i];
+        v[N + i] = ~values[i];
+    }
+    allreduce(c, v, reduction::max);
+    std::array<value_range, N> out{};
+    for (std::size_t i = 0; i < N; ++i)
+        out[i] = {~v[N + i], v[i]};
+    return out;
 }
 
 namespace detail {

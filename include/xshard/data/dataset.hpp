@@ -9,6 +9,7 @@
 ///     example<T>                         ->  example_batch<T>: x (n, features), y (n)
 ///     xt::xtensor<V, 1> (token_window)   ->  xt::xtensor<V, 2> (n, length)
 
+#include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/datatype.hpp>
@@ -68,19 +69,16 @@ namespace detail {
 /// all-reduce of four integers.
 inline void check_dataset_agrees(const communicator& c, std::size_t samples, std::size_t width,
                                  const char* who) {
-    // max of each value and of its complement (the complement of the minimum).
-    std::array<unsigned long long, 4> v{samples, ~static_cast<unsigned long long>(samples), width,
-                                        ~static_cast<unsigned long long>(width)};
-    allreduce(c, v, reduction::max);
-    if (v[0] != ~v[1])
+    const auto r = value_ranges<2>(c, {samples, width});
+    if (!r[0].agrees())
         throw error(std::string("xshard: ") + who +
-                    ": the ranks hold datasets of different sizes (" + std::to_string(~v[1]) +
-                    " to " + std::to_string(v[0]) +
+                    ": the ranks hold datasets of different sizes (" + std::to_string(r[0].least) +
+                    " to " + std::to_string(r[0].most) +
                     " samples); every rank must read the same dataset");
-    if (v[2] != ~v[3])
+    if (!r[1].agrees())
         throw error(std::string("xshard: ") + who +
-                    ": the ranks hold samples of different widths (" + std::to_string(~v[3]) +
-                    " to " + std::to_string(v[2]) +
+                    ": the ranks hold samples of different widths (" + std::to_string(r[1].least) +
+                    " to " + std::to_string(r[1].most) +
                     " values); every rank must read the same dataset");
 }
 

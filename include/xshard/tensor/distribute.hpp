@@ -6,6 +6,7 @@
 /// Each function takes the layout as its template argument L; with
 /// `L = dynamic_layout(rank)` it takes the run-time layout as its last argument instead.
 
+#include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/request.hpp>
@@ -57,34 +58,27 @@ inline axis_set spread_axes(const layout& l, const mesh_shape& mesh) {
 /// 2N + 1 integers.
 template <std::size_t N, class Mesh, class G>
 std::array<std::size_t, N> agreed_shape(const Mesh& mesh, const G& g, const layout& lay) {
-    // One all-reduce (max) of: the lowest rank with a wrong dimension count (stored as
-    // size - rank, so the max picks it), each extent, and each extent's complement (whose
-    // max is the complement of the minimum).
+    // One all-reduce: the lowest rank with a wrong dimension count (this rank, or the size
+    // when it has none), and the range of each extent.
     const auto& c = mesh.comm();
     const bool wrong_rank = g.dimension() != N;
-    std::array<unsigned long long, 2 * N + 1> v{};
-    v[0] = wrong_rank ? static_cast<unsigned long long>(c.size() - c.rank()) : 0;
-    for (std::size_t d = 0; d < N; ++d) {
-        const unsigned long long e = wrong_rank ? 0 : g.shape()[d];
-        v[1 + d] = e;
-        v[1 + N + d] = ~e;
-    }
-    allreduce(c, v, reduction::max);
-    if (v[0] != 0) {
-        const int bad = c.size() - static_cast<int>(v[0]);
-        throw error("xshard: distribute: the array of rank " + std::to_string(bad) +
+    std::array<unsigned long long, N + 1> v{};
+    v[0] = static_cast<unsigned long long>(wrong_rank ? c.rank() : c.size());
+    for (std::size_t d = 0; d < N; ++d)
+        v[1 + d] = wrong_rank ? 0 : g.shape()[d];
+    const auto r = value_ranges(c, v);
+    if (r[0].least < static_cast<unsigned long long>(c.size()))
+        throw error("xshard: distribute: the array of rank " + std::to_string(r[0].least) +
                     " has another number of dimensions than the layout " + lay.to_string() +
                     " (" + std::to_string(N) + ")");
-    }
     std::array<std::size_t, N> shape{};
     for (std::size_t d = 0; d < N; ++d) {
-        const unsigned long long most = v[1 + d], least = ~v[1 + N + d];
-        if (most != least)
+        if (!r[1 + d].agrees())
             throw error("xshard: distribute: the ranks hold arrays of different shapes "
                         "(dimension " + std::to_string(d) + " has extents from " +
-                        std::to_string(least) + " to " + std::to_string(most) +
+                        std::to_string(r[1 + d].least) + " to " + std::to_string(r[1 + d].most) +
                         "); every rank must pass the same global array");
-        shape[d] = static_cast<std::size_t>(most);
+        shape[d] = static_cast<std::size_t>(r[1 + d].most);
     }
     return shape;
 }

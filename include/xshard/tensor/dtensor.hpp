@@ -202,25 +202,29 @@ private:
     void check_shard() const {
         const auto expected = block().extent;
         const auto actual = detail::to_array<rank>(local_.shape());
-        // A hash of the global shape exposes ranks that disagree about it.
-        long long h = 0;
-        for (auto e : shape_)
-            h = h * 1000003 + static_cast<long long>(e);
-        long long hashes[2] = {h, -h};
-        allreduce(mesh_.comm(), std::span(hashes), reduction::max);
-        if (hashes[0] != -hashes[1])
-            throw error("xshard: from_local: the ranks disagree on the global shape (this rank "
-                        "has " +
-                        detail::shape_string(shape_) + ")");
+        // One all-reduce: the range of each global extent, and the lowest rank whose shard
+        // has the wrong shape (this rank, or the size when it is right).
+        const auto& c = mesh_.comm();
         const bool wrong = expected != actual;
-        const int first = first_reporting_rank(mesh_.comm(), wrong);
-        if (first < 0)
+        std::array<unsigned long long, rank + 1> v{};
+        for (std::size_t d = 0; d < rank; ++d)
+            v[d] = shape_[d];
+        v[rank] = static_cast<unsigned long long>(wrong ? c.rank() : c.size());
+        const auto r = value_ranges(c, v);
+        for (std::size_t d = 0; d < rank; ++d)
+            if (!r[d].agrees())
+                throw error("xshard: from_local: the ranks disagree on the global shape "
+                            "(dimension " + std::to_string(d) + " from " +
+                            std::to_string(r[d].least) + " to " + std::to_string(r[d].most) +
+                            "; this rank has " + detail::shape_string(shape_) + ")");
+        const auto first = r[rank].least;
+        if (first == static_cast<unsigned long long>(c.size()))
             return;
-        // The first wrong rank describes its shard; every rank raises its text.
+        // Error path: count the wrong ranks; the first describes its shard to every rank.
         int wrong_ranks = wrong ? 1 : 0;
-        allreduce(mesh_.comm(), std::span(&wrong_ranks, 1), reduction::sum);
+        allreduce(c, std::span(&wrong_ranks, 1), reduction::sum);
         std::optional<std::string> mine;
-        if (mesh_.rank() == first)
+        if (static_cast<unsigned long long>(mesh_.rank()) == first)
             mine = "xshard: from_local: the local shard of rank " + std::to_string(first) +
                    " has shape " + detail::shape_string(actual) + " but layout " +
                    layout().to_string() + " on mesh(" + mesh_.shape().to_string() + ") gives it " +
@@ -228,7 +232,7 @@ private:
                    detail::shape_string(shape_) +
                    (wrong_ranks > 1 ? " (" + std::to_string(wrong_ranks) + " ranks are wrong)"
                                     : std::string());
-        agree_on_error(mesh_.comm(), mine);
+        agree_on_error(c, mine);
     }
 
     Mesh mesh_;
