@@ -226,7 +226,7 @@ TEST(shard, a_callable_that_throws_on_one_rank_raises_on_every_rank) {
         [&](const auto& t) {
             if (throws_here)
                 throw user_failure();
-            return xshard::neg(t);
+            return xshard::ops::neg(t);
         },
         std::tuple(spec<"[dp, mp]">), spec<"[-, -]">);
     expect_agreed_failure(m, [&] { (void)global(x); });
@@ -236,7 +236,7 @@ TEST(shard, a_callable_that_throws_on_one_rank_raises_on_every_rank) {
         [&](const auto& t) {
             if (throws_here)
                 throw user_failure();
-            return xshard::neg(t);
+            return xshard::ops::neg(t);
         },
         std::tuple(spec<"[dp, mp]">));
     expect_agreed_failure(m, [&] { (void)kept(x); });
@@ -265,7 +265,7 @@ TEST(shard, one_callable_serves_float_and_double_tensors_of_one_layout) {
     const auto gx = random_array<2>({9, 7}, 15);
     const xt::xtensor<float, 2> gf = xt::cast<float>(gx);
     auto f = xshard::shard(
-        m, [](const auto& t) { return xshard::neg(t); }, std::tuple(layout("[dp, mp]")),
+        m, [](const auto& t) { return xshard::ops::neg(t); }, std::tuple(layout("[dp, mp]")),
         layout("[-, -]"));
     for (int round = 0; round < 2; ++round) {
         const auto xf = xshard::distribute<"[-, -]">(m, gf);
