@@ -44,7 +44,7 @@ struct step_geometry {
     bool valid = true;      ///< reduce_scatter: whether the pieces tile the block (else unusable)
 };
 
-/// What one step costs one rank.
+/// What one step costs one rank. Byte counts beyond a std::size_t read as its largest value.
 struct step_summary {
     step planned;
     std::string group; ///< the axes of the communicator, "dp,mp" ("" for none)
@@ -70,13 +70,13 @@ struct plan_summary {
     std::size_t bytes_sent() const {
         std::size_t n = 0;
         for (const auto& s : steps)
-            n += s.bytes_sent;
+            n = detail::saturating_add(n, s.bytes_sent);
         return n;
     }
     std::size_t bytes_received() const {
         std::size_t n = 0;
         for (const auto& s : steps)
-            n += s.bytes_received;
+            n = detail::saturating_add(n, s.bytes_received);
         return n;
     }
 };
@@ -219,7 +219,7 @@ step_summary summarize(const step_traffic<N>& t, const mesh_shape& mesh, std::si
                 r.scratch_bytes = tuning.scratch_elements(count / p + 1, true, element) * element;
             } else {
                 // 2 (p-1) n / p, rounded down as 2n - ceil(2n / p) (no overflow for any p).
-                const std::size_t twice = checked_mul(2, n, "the bytes an all-reduce moves");
+                const std::size_t twice = detail::saturating_mul(2, n);
                 r.bytes_sent = r.bytes_received = twice - (twice / p + (twice % p != 0 ? 1 : 0));
             }
         } else {
@@ -231,8 +231,8 @@ step_summary summarize(const step_traffic<N>& t, const mesh_shape& mesh, std::si
         r.bytes_copied = t.holds_term ? r.output_bytes : 0;
         break;
     default:
-        r.bytes_sent = checked_mul(t.elements_sent, element, "the bytes a step sends");
-        r.bytes_received = checked_mul(t.elements_received, element, "the bytes a step receives");
+        r.bytes_sent = detail::saturating_mul(t.elements_sent, element);
+        r.bytes_received = detail::saturating_mul(t.elements_received, element);
         r.messages = std::max(t.sends, t.recvs);
         r.bytes_copied = t.kept.size() * element;
         if (t.planned.kind == step_kind::reduce_scatter)

@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <limits>
 #include <utility>
 
 namespace xshard {
@@ -58,6 +59,21 @@ struct step_traffic {
 };
 
 namespace detail {
+
+/// a x b, or the largest std::size_t when that does not fit: a price is never an error, and
+/// one beyond counting is beyond any budget (a reduce_scatter on 2^30 ranks can really ask
+/// each rank to receive more than 2^64 bytes).
+constexpr std::size_t saturating_mul(std::size_t a, std::size_t b) {
+    return b != 0 && a > std::numeric_limits<std::size_t>::max() / b
+               ? std::numeric_limits<std::size_t>::max()
+               : a * b;
+}
+
+/// a + b, or the largest std::size_t when that does not fit.
+constexpr std::size_t saturating_add(std::size_t a, std::size_t b) {
+    return a > std::numeric_limits<std::size_t>::max() - b ? std::numeric_limits<std::size_t>::max()
+                                                           : a + b;
+}
 
 /// The mesh axes named by `names`.
 inline axis_set axes_of(const mesh_shape& mesh, const dim_axes& names) {
@@ -189,7 +205,7 @@ constexpr std::size_t members_where(const dim_classes& classes, auto pred) {
 }
 
 /// The members whose regions, one class per dimension, are all non-empty; and the sum of
-/// their region sizes. Both times `copies` (members holding the same blocks).
+/// their region sizes (saturating). Both times `copies` (members holding the same blocks).
 template <std::size_t N>
 constexpr std::pair<std::size_t, std::size_t> regions(const std::array<dim_classes, N>& dims,
                                                       std::size_t copies) {
@@ -197,9 +213,8 @@ constexpr std::pair<std::size_t, std::size_t> regions(const std::array<dim_class
     for (const auto& classes : dims) {
         std::size_t sum = 0;
         for (const auto& c : classes)
-            sum = checked_add(sum, checked_mul(c.extent, c.members, "a step's traffic"),
-                              "a step's traffic");
-        elements = checked_mul(elements, sum, "a step's traffic");
+            sum = saturating_add(sum, saturating_mul(c.extent, c.members));
+        elements = saturating_mul(elements, sum);
         nonempty *= members_where(classes, [](std::size_t x) { return x > 0; });
     }
     return {nonempty, elements};
@@ -300,7 +315,7 @@ step_traffic<N> traffic_of(const step& s, const mesh_shape& mesh,
         t.sends = nonempty - (own ? 1 : 0);
         t.elements_sent = covered - t.out_block.size();
         t.recvs = own ? std::size_t(t.group_size - 1) : 0;
-        t.elements_received = t.recvs * t.out_block.size();
+        t.elements_received = detail::saturating_mul(t.recvs, t.out_block.size());
         // Valid: the pieces tile the input block (inside it, and as many elements).
         bool all_inside = true, all_dims_filled = true;
         for (std::size_t d = 0; d < N; ++d) {
