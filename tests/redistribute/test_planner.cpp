@@ -1,4 +1,6 @@
-// The redistribution planner at compile time, and plan costs against closed forms at scale.
+// The redistribution planner at compile time, plan costs against closed forms at scale, and
+// the counted traffic (traffic.hpp, what pricing uses) against the per-peer lists the
+// executor runs.
 
 #include <xshard/redistribute/geometry.hpp>
 #include <xshard/redistribute/planner.hpp>
@@ -9,6 +11,10 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
 
 namespace {
 
@@ -146,6 +152,154 @@ TEST(planner, costs_at_scale_match_the_closed_forms) {
         EXPECT_EQ(sl.bytes_sent(), 0u);
         EXPECT_NEAR(sl.seconds, model.copy * double(n) / pp, 1e-15);
     }
+}
+
+/// A random layout of a rank-`rank` tensor on `m`: each axis replicated, partial or splitting
+/// a dimension (at a random position among its axes); max or sum.
+layout random_layout(std::mt19937& rng, const mesh_shape& m, std::size_t rank) {
+    auto pick = [&](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); };
+    std::vector<std::vector<xshard::axis_name>> dims(rank);
+    layout l = layout::replicated(rank);
+    for (std::size_t a = 0; a < m.ndim(); ++a) {
+        const auto c = pick(rank + 2);
+        if (c < rank)
+            dims[c].insert(dims[c].begin() + std::ptrdiff_t(pick(dims[c].size() + 1)), m.names[a]);
+        else if (c == rank + 1)
+            l.partial.push_back(m.names[a]);
+    }
+    for (std::size_t d = 0; d < rank; ++d)
+        for (const auto& a : dims[d])
+            l.dims[d].push_back(a);
+    if (l.is_partial() && pick(2) == 0)
+        l.op = xshard::reduction::max;
+    return l;
+}
+
+template <std::size_t N>
+std::string describe_traffic(const xshard::step_traffic<N>& t) {
+    std::ostringstream os;
+    os << "group " << t.group_size << " (rank " << t.group_rank << "), " << t.sends << " sends of "
+       << t.elements_sent << " elements, " << t.recvs << " recvs of " << t.elements_received
+       << ", kept " << t.kept.size() << ", valid " << t.valid << ", pipelined " << t.pipelined;
+    return os.str();
+}
+
+/// Checks the counted traffic of `s` against the per-peer lists on every rank of `m`;
+/// returns the number of (step, rank) pairs checked.
+template <std::size_t N>
+std::size_t check_traffic(const xshard::step& s, const mesh_shape& m,
+                          const std::array<std::size_t, N>& shape) {
+    for (int r = 0; r < m.size(); ++r) {
+        const auto counted = xshard::traffic_of(s, m, shape, r);
+        const auto listed = xshard::traffic_of(xshard::geometry_of(s, m, shape, r));
+        EXPECT_TRUE(counted == listed)
+            << to_string(s.kind) << " " << s.from << " -> " << s.to << " on mesh(" << m.to_string()
+            << "), shape " << xshard::detail::shape_string(shape) << ", rank " << r
+            << "\n  counted: " << describe_traffic(counted)
+            << "\n  listed:  " << describe_traffic(listed);
+        if (!(counted == listed))
+            return 0;
+    }
+    return std::size_t(m.size());
+}
+
+template <std::size_t N>
+std::size_t check_random_traffic(std::mt19937& rng, const mesh_shape& m) {
+    auto pick = [&](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); };
+    std::array<std::size_t, N> shape{};
+    for (auto& e : shape) // uneven, smaller and larger than the split counts, sometimes empty
+        e = std::array<std::size_t, 10>{0, 1, 2, 3, 4, 5, 7, 9, 13, 64}[pick(10)];
+    const auto from = random_layout(rng, m, N), to = random_layout(rng, m, N);
+    std::size_t checked = 0;
+    // Every step of every candidate (each kind, with the layouts planning gives) ...
+    for (const auto& path : xshard::plan_redistribution(from, to).paths)
+        for (const auto& s : path)
+            checked += check_traffic(s, m, shape);
+    // ... and any pair of layouts as one exchange or one reduce_scatter over random axes.
+    checked += check_traffic(xshard::step{step_kind::exchange, from, to, {}, 0, 0}, m, shape);
+    xshard::step rs{step_kind::reduce_scatter, from, to, {}, 0, 0};
+    for (std::size_t a = 0; a < m.ndim(); ++a)
+        if (pick(2) == 0 || (a + 1 == m.ndim() && rs.axes.empty()))
+            rs.axes.push_back(m.names[a]);
+    checked += check_traffic(rs, m, shape);
+    return checked;
+}
+
+TEST(planner, counted_traffic_equals_the_per_peer_lists) {
+    // Random meshes of 1 to 3 axes (sizes 1 to 5), layouts and uneven shapes of rank 0 to 3:
+    // the closed form pricing uses must equal, field by field, what the executor's per-peer
+    // lists add up to, on every rank.
+    std::mt19937 rng(20261123);
+    auto pick = [&](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); };
+    std::size_t checked = 0;
+    for (int round = 0; round < 1500; ++round) {
+        xshard::static_vector<xshard::axis_name, xshard::max_mesh_axes> names;
+        xshard::static_vector<int, xshard::max_mesh_axes> sizes;
+        const std::size_t axes = 1 + pick(3);
+        for (std::size_t a = 0; a < axes; ++a) {
+            names.push_back(xshard::axis_name(std::array{"dp", "mp", "sp"}[a]));
+            sizes.push_back(int(1 + pick(5)));
+        }
+        const mesh_shape m(names, sizes);
+        switch (round % 4) {
+        case 0:
+            checked += check_random_traffic<0>(rng, m);
+            break;
+        case 1:
+            checked += check_random_traffic<1>(rng, m);
+            break;
+        case 2:
+            checked += check_random_traffic<2>(rng, m);
+            break;
+        default:
+            checked += check_random_traffic<3>(rng, m);
+            break;
+        }
+        if (testing::Test::HasFailure())
+            return;
+    }
+    EXPECT_GT(checked, 50000u);
+}
+
+TEST(planner, pricing_on_a_billion_ranks_counts_every_peer) {
+    // dp = 2^30 ranks, an all-to-all [dp, -] -> [-, dp] of 3 p + 5 rows and 1000 columns:
+    // rows split 4 (ranks below 5) or 3, columns 1 (ranks below 1000) or 0. Expectations
+    // from the partition rule by hand; the per-peer lists would take minutes and gigabytes.
+    const int p = 1 << 30;
+    const auto m = mesh_shape::parse("dp=" + std::to_string(p));
+    const std::array<std::size_t, 2> shape{3 * std::size_t(p) + 5, 1000};
+    const auto s = plan_redistribution("[dp, -]", "[-, dp]").paths[0][0];
+    ASSERT_EQ(s.kind, step_kind::all_to_all);
+    // Rank 3: sends its 4 rows x 1 column to the 999 other holders of a column; receives
+    // from every other rank its rows of column 3.
+    const auto t = xshard::traffic_of(s, m, shape, 3);
+    EXPECT_EQ(t.sends, 999u);
+    EXPECT_EQ(t.elements_sent, 999u * 4);
+    EXPECT_EQ(t.recvs, std::size_t(p) - 1);
+    EXPECT_EQ(t.elements_received, shape[0] - 4);
+    EXPECT_EQ(t.kept.size(), 4u);
+    // The last rank holds 3 rows and no column: sends 3 x 1 to each of the 1000 column
+    // holders, receives nothing.
+    const auto last = xshard::traffic_of(s, m, shape, p - 1);
+    EXPECT_EQ(last.sends, 1000u);
+    EXPECT_EQ(last.elements_sent, 3000u);
+    EXPECT_EQ(last.recvs, 0u);
+    EXPECT_EQ(last.elements_received, 0u);
+    // Reduce-scatter of a pending sum into the rows: rank 3's piece is 4 x 1000, every
+    // other rank's piece leaves it; the rows tile the block.
+    const auto rs = plan_redistribution("[-, -] partial(sum: dp)", "[dp, -]").paths[0][0];
+    ASSERT_EQ(rs.kind, step_kind::reduce_scatter);
+    const auto r = xshard::traffic_of(rs, m, shape, 3);
+    EXPECT_EQ(r.sends, std::size_t(p) - 1);
+    EXPECT_EQ(r.elements_sent, (shape[0] - 4) * 1000);
+    EXPECT_EQ(r.recvs, std::size_t(p) - 1);
+    EXPECT_EQ(r.elements_received, (std::size_t(p) - 1) * 4000);
+    EXPECT_TRUE(r.valid);
+    EXPECT_TRUE(r.pipelined);
+    // The whole plan prices, and chooses, in no time too.
+    const auto c = plan_redistribution("[-, -] partial(sum: dp)", "[-, dp]");
+    EXPECT_LT(xshard::choose_candidate(c, m, shape, sizeof(double), xshard::cost_model{}),
+              c.paths.size());
 }
 
 TEST(planner, printout_names_steps_communicators_and_costs) {

@@ -2,8 +2,9 @@
 /// \file
 /// What a planned step means for one rank: its communicator, the regions it sends to and
 /// receives from each peer, what it keeps, and what that costs. Pure arithmetic on a mesh
-/// shape (no communicator), so the same code prices a plan on this machine and on a mesh of
-/// 16384 ranks, and the executor (plan.hpp) runs exactly what was priced.
+/// shape (no communicator). The executor (plan.hpp) runs these lists (geometry_of, one
+/// entry per peer); pricing counts the same traffic without listing peers (traffic.hpp),
+/// so a plan is priced on a mesh of 10^8 ranks as fast as on 4, and the two agree exactly.
 
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/pairwise_reduce.hpp>
@@ -13,6 +14,7 @@
 #include <xshard/redistribute/copy.hpp>
 #include <xshard/redistribute/cost_model.hpp>
 #include <xshard/redistribute/planner.hpp>
+#include <xshard/redistribute/traffic.hpp>
 
 #include <algorithm>
 #include <array>
@@ -42,7 +44,7 @@ struct step_geometry {
     bool valid = true;      ///< reduce_scatter: whether the pieces tile the block (else unusable)
 };
 
-/// What one step costs one rank.
+/// What one step costs one rank. Byte counts beyond a std::size_t read as its largest value.
 struct step_summary {
     step planned;
     std::string group; ///< the axes of the communicator, "dp,mp" ("" for none)
@@ -68,13 +70,13 @@ struct plan_summary {
     std::size_t bytes_sent() const {
         std::size_t n = 0;
         for (const auto& s : steps)
-            n += s.bytes_sent;
+            n = detail::saturating_add(n, s.bytes_sent);
         return n;
     }
     std::size_t bytes_received() const {
         std::size_t n = 0;
         for (const auto& s : steps)
-            n += s.bytes_received;
+            n = detail::saturating_add(n, s.bytes_received);
         return n;
     }
 };
@@ -86,13 +88,6 @@ inline std::string axes_string(const mesh_shape& mesh, axis_set axes) {
     for (std::size_t i = 0; i < mesh.ndim(); ++i)
         if (axes.contains(i))
             s += (s.empty() ? "" : ",") + std::string(mesh.names[i].view());
-    return s;
-}
-
-inline axis_set axes_of(const mesh_shape& mesh, const dim_axes& names) {
-    axis_set s;
-    for (const auto& a : names)
-        s = s.with(mesh.index(a.view()));
     return s;
 }
 
@@ -176,30 +171,56 @@ step_geometry<N> geometry_of(const step& s, const mesh_shape& mesh,
     return g;
 }
 
+/// The traffic of a step's geometry: its lists counted (the reference the counted
+/// traffic_of(step, ...) agrees with).
+template <std::size_t N>
+step_traffic<N> traffic_of(const step_geometry<N>& g) {
+    step_traffic<N> t;
+    t.planned = g.planned;
+    t.group = g.group;
+    t.group_size = g.group_size;
+    t.group_rank = g.group_rank;
+    t.in_block = g.in_block;
+    t.out_block = g.out_block;
+    t.kept = g.kept;
+    t.sends = g.sends.size();
+    t.recvs = g.recvs.size();
+    for (const auto& [peer, region] : g.sends)
+        t.elements_sent += region.size();
+    for (const auto& [peer, region] : g.recvs)
+        t.elements_received += region.size();
+    t.holds_term = g.holds_term;
+    t.valid = g.valid;
+    t.pipelined = g.planned.kind == step_kind::reduce_scatter && pipelined(g);
+    return t;
+}
+
 /// The cost of one step for one rank, under `model`.
 template <std::size_t N>
-step_summary summarize(const step_geometry<N>& g, const mesh_shape& mesh, std::size_t element,
+step_summary summarize(const step_traffic<N>& t, const mesh_shape& mesh, std::size_t element,
                        const cost_model& model, const reduce_tuning& tuning = {}) {
     step_summary r;
-    r.planned = g.planned;
-    r.group = detail::axes_string(mesh, g.group);
-    r.group_size = g.group_size;
-    r.output_bytes = g.out_block.size() * element;
-    const std::size_t p = std::size_t(g.group_size);
-    switch (g.planned.kind) {
+    r.planned = t.planned;
+    r.group = detail::axes_string(mesh, t.group);
+    r.group_size = t.group_size;
+    r.output_bytes = t.out_block.size() * element;
+    const std::size_t p = std::size_t(t.group_size);
+    switch (t.planned.kind) {
     case step_kind::all_reduce: {
-        const std::size_t count = g.in_block.size(), n = count * element;
+        const std::size_t count = t.in_block.size(), n = count * element;
         if (p > 1) {
             r.messages = 2 * (p - 1);
             if (tuning.pairwise_all_reduce(count, p, element)) {
                 // Pairwise: every other member's segment out, then this rank's segment to
                 // every other member; and the same in.
                 const std::size_t mine =
-                    block_extent(count, p, std::size_t(g.group_rank)) * element;
+                    block_extent(count, p, std::size_t(t.group_rank)) * element;
                 r.bytes_sent = r.bytes_received = (n - mine) + (p - 1) * mine;
                 r.scratch_bytes = tuning.scratch_elements(count / p + 1, true, element) * element;
             } else {
-                r.bytes_sent = r.bytes_received = 2 * (p - 1) * n / p;
+                // 2 (p-1) n / p, rounded down as 2n - ceil(2n / p) (no overflow for any p).
+                const std::size_t twice = detail::saturating_mul(2, n);
+                r.bytes_sent = r.bytes_received = twice - (twice / p + (twice % p != 0 ? 1 : 0));
             }
         } else {
             r.bytes_copied = n;
@@ -207,23 +228,28 @@ step_summary summarize(const step_geometry<N>& g, const mesh_shape& mesh, std::s
         break;
     }
     case step_kind::zero:
-        r.bytes_copied = g.holds_term ? r.output_bytes : 0;
+        r.bytes_copied = t.holds_term ? r.output_bytes : 0;
         break;
     default:
-        for (const auto& [peer, region] : g.sends)
-            r.bytes_sent += region.size() * element;
-        for (const auto& [peer, region] : g.recvs)
-            r.bytes_received += region.size() * element;
-        r.messages = std::max(g.sends.size(), g.recvs.size());
-        r.bytes_copied = g.kept.size() * element;
-        if (g.planned.kind == step_kind::reduce_scatter)
+        r.bytes_sent = detail::saturating_mul(t.elements_sent, element);
+        r.bytes_received = detail::saturating_mul(t.elements_received, element);
+        r.messages = std::max(t.sends, t.recvs);
+        r.bytes_copied = t.kept.size() * element;
+        if (t.planned.kind == step_kind::reduce_scatter)
             r.scratch_bytes =
-                tuning.scratch_elements(g.out_block.size(), pipelined(g), element) * element;
+                tuning.scratch_elements(t.out_block.size(), t.pipelined, element) * element;
         break;
     }
-    r.seconds = model.seconds(g.planned.kind, r.messages, std::max(r.bytes_sent, r.bytes_received),
+    r.seconds = model.seconds(t.planned.kind, r.messages, std::max(r.bytes_sent, r.bytes_received),
                               r.bytes_copied);
     return r;
+}
+
+/// The cost of one step's geometry for one rank, under `model`.
+template <std::size_t N>
+step_summary summarize(const step_geometry<N>& g, const mesh_shape& mesh, std::size_t element,
+                       const cost_model& model, const reduce_tuning& tuning = {}) {
+    return summarize(traffic_of(g), mesh, element, model, tuning);
 }
 
 /// The cost of a sequence of steps for rank `rank`: per step, and the peak of the
@@ -241,9 +267,9 @@ plan_summary summarize(const step_list& steps, const mesh_shape& mesh,
     // buffer i % 2), each as large as its largest block, and the largest step's scratch.
     std::size_t buffers[2] = {0, 0}, scratch = 0;
     for (std::size_t i = 0; i < steps.size(); ++i) {
-        const auto g = geometry_of(steps[i], mesh, shape, rank);
-        p.valid = p.valid && g.valid;
-        auto s = summarize(g, mesh, element, model, tuning);
+        const auto t = traffic_of(steps[i], mesh, shape, rank);
+        p.valid = p.valid && t.valid;
+        auto s = summarize(t, mesh, element, model, tuning);
         if (i + 1 < steps.size())
             buffers[i % 2] = std::max(buffers[i % 2], s.output_bytes);
         scratch = std::max(scratch, s.scratch_bytes);
