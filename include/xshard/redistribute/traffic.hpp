@@ -228,8 +228,8 @@ std::array<dim_classes, N> meeting(const layout& l, const mesh_shape& mesh,
                                    axis_set group, const box<N>& region) {
     std::array<dim_classes, N> dims;
     for (std::size_t d = 0; d < N; ++d)
-        dims[d] = meeting(shape[d], digits_of(l, d, mesh, c, group), region.offset[d],
-                          region.extent[d]);
+        dims[d] =
+            meeting(shape[d], digits_of(l, d, mesh, c, group), region.offset[d], region.extent[d]);
     return dims;
 }
 
@@ -245,7 +245,9 @@ inline std::size_t copies_of(const layout& l, const mesh_shape& mesh, axis_set g
 template <std::size_t N>
 constexpr bool some_piece_scattered(const std::array<dim_classes, N>& pieces, const box<N>& block,
                                     std::size_t copies) {
-    auto where = [&](std::size_t d, auto pred) { return members_where(pieces[d], pred); };
+    auto where = [&](std::size_t d, auto pred) {
+        return members_where(pieces[d], pred);
+    };
     std::size_t contiguous = 1; // all extents 1
     for (std::size_t d = 0; d < N; ++d)
         contiguous *= where(d, [](std::size_t x) { return x == 1; });
