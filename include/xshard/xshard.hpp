@@ -63,6 +63,7 @@
 #include <xshard/redistribute/plan.hpp>
 #include <xshard/redistribute/planner.hpp>
 #include <xshard/redistribute/redistribute.hpp>
+#include <xshard/redistribute/traffic.hpp>
 #include <xshard/shard/shard.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/dtensor.hpp>

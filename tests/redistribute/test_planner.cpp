@@ -154,23 +154,28 @@ TEST(planner, costs_at_scale_match_the_closed_forms) {
     }
 }
 
+/// A random number below `n`.
+std::size_t pick(std::mt19937& rng, std::size_t n) {
+    return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng);
+}
+
 /// A random layout of a rank-`rank` tensor on `m`: each axis replicated, partial or splitting
 /// a dimension (at a random position among its axes); max or sum.
 layout random_layout(std::mt19937& rng, const mesh_shape& m, std::size_t rank) {
-    auto pick = [&](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); };
     std::vector<std::vector<xshard::axis_name>> dims(rank);
     layout l = layout::replicated(rank);
     for (std::size_t a = 0; a < m.ndim(); ++a) {
-        const auto c = pick(rank + 2);
+        const auto c = pick(rng, rank + 2);
         if (c < rank)
-            dims[c].insert(dims[c].begin() + std::ptrdiff_t(pick(dims[c].size() + 1)), m.names[a]);
+            dims[c].insert(dims[c].begin() + std::ptrdiff_t(pick(rng, dims[c].size() + 1)),
+                           m.names[a]);
         else if (c == rank + 1)
             l.partial.push_back(m.names[a]);
     }
     for (std::size_t d = 0; d < rank; ++d)
         for (const auto& a : dims[d])
             l.dims[d].push_back(a);
-    if (l.is_partial() && pick(2) == 0)
+    if (l.is_partial() && pick(rng, 2) == 0)
         l.op = xshard::reduction::max;
     return l;
 }
@@ -205,10 +210,9 @@ std::size_t check_traffic(const xshard::step& s, const mesh_shape& m,
 
 template <std::size_t N>
 std::size_t check_random_traffic(std::mt19937& rng, const mesh_shape& m) {
-    auto pick = [&](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); };
     std::array<std::size_t, N> shape{};
     for (auto& e : shape) // uneven, smaller and larger than the split counts, sometimes empty
-        e = std::array<std::size_t, 10>{0, 1, 2, 3, 4, 5, 7, 9, 13, 64}[pick(10)];
+        e = std::array<std::size_t, 10>{0, 1, 2, 3, 4, 5, 7, 9, 13, 64}[pick(rng, 10)];
     const auto from = random_layout(rng, m, N), to = random_layout(rng, m, N);
     std::size_t checked = 0;
     // Every step of every candidate (each kind, with the layouts planning gives) ...
@@ -219,7 +223,7 @@ std::size_t check_random_traffic(std::mt19937& rng, const mesh_shape& m) {
     checked += check_traffic(xshard::step{step_kind::exchange, from, to, {}, 0, 0}, m, shape);
     xshard::step rs{step_kind::reduce_scatter, from, to, {}, 0, 0};
     for (std::size_t a = 0; a < m.ndim(); ++a)
-        if (pick(2) == 0 || (a + 1 == m.ndim() && rs.axes.empty()))
+        if (pick(rng, 2) == 0 || (a + 1 == m.ndim() && rs.axes.empty()))
             rs.axes.push_back(m.names[a]);
     checked += check_traffic(rs, m, shape);
     return checked;
@@ -230,15 +234,14 @@ TEST(planner, counted_traffic_equals_the_per_peer_lists) {
     // the closed form pricing uses must equal, field by field, what the executor's per-peer
     // lists add up to, on every rank.
     std::mt19937 rng(20261123);
-    auto pick = [&](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); };
     std::size_t checked = 0;
     for (int round = 0; round < 1500; ++round) {
         xshard::static_vector<xshard::axis_name, xshard::max_mesh_axes> names;
         xshard::static_vector<int, xshard::max_mesh_axes> sizes;
-        const std::size_t axes = 1 + pick(3);
+        const std::size_t axes = 1 + pick(rng, 3);
         for (std::size_t a = 0; a < axes; ++a) {
             names.push_back(xshard::axis_name(std::array{"dp", "mp", "sp"}[a]));
-            sizes.push_back(int(1 + pick(5)));
+            sizes.push_back(int(1 + pick(rng, 5)));
         }
         const mesh_shape m(names, sizes);
         switch (round % 4) {

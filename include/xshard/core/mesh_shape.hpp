@@ -116,8 +116,7 @@ struct mesh_shape {
                                             "'");
             int size = 0;
             for (char c : digits) {
-                if (c < '0' || c > '9' ||
-                    size > (std::numeric_limits<int>::max() - (c - '0')) / 10)
+                if (c < '0' || c > '9' || size > (std::numeric_limits<int>::max() - (c - '0')) / 10)
                     throw std::invalid_argument("xshard: bad size of mesh axis '" +
                                                 std::string(name) + "'");
                 size = size * 10 + (c - '0');

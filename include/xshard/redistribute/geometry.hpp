@@ -292,8 +292,8 @@ std::size_t choose_candidate(const plan_candidates& c, const mesh_shape& mesh,
     std::vector<int> ranks;
     const int p = mesh.size();
     const int stride = p <= 256 ? 1 : p / 64;
-    for (int r = 0; r < p; r += stride)
-        ranks.push_back(r);
+    for (long long r = 0; r < p; r += stride) // long long: r + stride may pass INT_MAX
+        ranks.push_back(int(r));
     std::size_t best = 0;
     bool best_fits = false;
     double best_seconds = std::numeric_limits<double>::infinity();

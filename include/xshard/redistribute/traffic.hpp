@@ -228,8 +228,8 @@ std::array<dim_classes, N> meeting(const layout& l, const mesh_shape& mesh,
                                    axis_set group, const box<N>& region) {
     std::array<dim_classes, N> dims;
     for (std::size_t d = 0; d < N; ++d)
-        dims[d] = meeting(shape[d], digits_of(l, d, mesh, c, group), region.offset[d],
-                          region.extent[d]);
+        dims[d] =
+            meeting(shape[d], digits_of(l, d, mesh, c, group), region.offset[d], region.extent[d]);
     return dims;
 }
 
@@ -243,9 +243,10 @@ inline std::size_t copies_of(const layout& l, const mesh_shape& mesh, axis_set g
 /// contiguous run of `block` (is_contiguous_in): counts the contiguous ones by their first
 /// dimension of extent other than 1.
 template <std::size_t N>
-constexpr bool some_piece_scattered(const std::array<dim_classes, N>& pieces, const box<N>& block,
-                                    std::size_t copies) {
-    auto where = [&](std::size_t d, auto pred) { return members_where(pieces[d], pred); };
+constexpr bool some_piece_scattered(const std::array<dim_classes, N>& pieces, const box<N>& block) {
+    auto where = [&](std::size_t d, auto pred) {
+        return members_where(pieces[d], pred);
+    };
     std::size_t contiguous = 1; // all extents 1
     for (std::size_t d = 0; d < N; ++d)
         contiguous *= where(d, [](std::size_t x) { return x == 1; });
@@ -259,11 +260,11 @@ constexpr bool some_piece_scattered(const std::array<dim_classes, N>& pieces, co
         }
         contiguous += n;
     }
-    return copies > 0 && regions(pieces, 1).first != contiguous;
+    return regions(pieces, 1).first != contiguous;
 }
 
-/// Whether some member's non-empty block of the digits `digits` is not inside the
-/// interval [a, a + e): compares the non-empty blocks with those inside.
+/// How many of the blocks `digits` allows are non-empty, and how many of those lie inside
+/// the interval [a, a + e).
 constexpr std::pair<std::size_t, std::size_t> inside(std::size_t n, const block_digits& digits,
                                                      std::size_t a, std::size_t e) {
     const std::size_t k = digits.blocks();
@@ -316,7 +317,9 @@ step_traffic<N> traffic_of(const step& s, const mesh_shape& mesh,
         t.elements_sent = covered - t.out_block.size();
         t.recvs = own ? std::size_t(t.group_size - 1) : 0;
         t.elements_received = detail::saturating_mul(t.recvs, t.out_block.size());
-        // Valid: the pieces tile the input block (inside it, and as many elements).
+        // Valid: the pieces tile the input block (inside it, and as many elements). Some
+        // non-empty piece is outside when every dimension has a non-empty block and one
+        // dimension has one outside (the dimensions vary independently).
         bool all_inside = true, all_dims_filled = true;
         for (std::size_t d = 0; d < N; ++d) {
             const auto [filled, in] =
@@ -325,9 +328,9 @@ step_traffic<N> traffic_of(const step& s, const mesh_shape& mesh,
             all_dims_filled = all_dims_filled && filled > 0;
             all_inside = all_inside && in == filled;
         }
-        t.valid = (all_inside || !all_dims_filled || copies == 0) && covered == t.in_block.size();
+        t.valid = (all_inside || !all_dims_filled) && covered == t.in_block.size();
         t.pipelined = detail::is_contiguous_in(t.in_block.extent, t.out_block) &&
-                      !detail::some_piece_scattered(pieces, t.in_block, copies);
+                      !detail::some_piece_scattered(pieces, t.in_block);
         t.kept = t.out_block;
         break;
     }
