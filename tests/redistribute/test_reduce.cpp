@@ -1,12 +1,17 @@
 // The point-to-point reductions, forced onto their pipelined path with tiny chunks, against
-// serial reductions; and plans whose reductions take that path.
+// serial reductions; and plans whose reductions take that path. The bytes they send are
+// counted at the MPI boundary and checked against what a reduction must move: every term of
+// an element travels once to the element's owner (reduce-scatter: (p - 1) n in all), and an
+// all-reduce then hands every reduced element to the p - 1 others (2 (p - 1) n in all).
 
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/redistribute/reduce.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/gather.hpp>
 
+#include "layouts.hpp"
 #include "mpi_test.hpp"
+#include "traffic.hpp"
 
 #include <gtest/gtest.h>
 
@@ -18,6 +23,21 @@ namespace {
 
 using xshard::reduction;
 using xshard::testing::world;
+namespace traffic = xshard::testing::traffic;
+
+/// The bytes sent since `traffic::reset()` by every member of `c` together.
+unsigned long long total_sent(const xshard::communicator& c) {
+    unsigned long long n = traffic::sent();
+    xshard::allreduce(c, std::span(&n, 1), xshard::reduce_op::sum);
+    return n;
+}
+
+/// The bytes the members of `c` sent to this rank since `traffic::reset()`.
+unsigned long long bytes_received(const xshard::communicator& c) {
+    auto sent = traffic::sent_to();
+    xshard::allreduce(c, std::span(sent.data(), sent.size()), xshard::reduce_op::sum);
+    return sent[std::size_t(world().rank())];
+}
 
 template <class T>
 T term(int rank, std::size_t i) {
@@ -43,8 +63,18 @@ TYPED_TEST(pairwise_reduction, all_reduce_matches_a_serial_reduction) {
                 for (int q = 1; q < w.size(); ++q)
                     expected[i] = xshard::detail::combine_one(expected[i], term<T>(q, i), op);
             }
-            r.all_reduce(w, in.data(), out.data(), n, op);
+            traffic::reset();
+            const auto reported = r.all_reduce(w, in.data(), out.data(), n, op);
+            const auto sent = traffic::sent();
             EXPECT_EQ(out, expected) << "n " << n << " op " << xshard::to_string(op);
+            // The pairwise path (n >= p) sends point to point, exactly what it reports;
+            // below it MPI_Allreduce sends nothing through MPI_Isend.
+            const auto p = std::size_t(w.size());
+            const bool pairwise = p > 1 && n >= p;
+            if (pairwise) {
+                EXPECT_EQ(sent, reported) << "n " << n;
+            }
+            EXPECT_EQ(total_sent(w), pairwise ? 2 * (p - 1) * n * sizeof(T) : 0) << "n " << n;
             r.all_reduce(w, in.data(), in.data(), n, op); // in place
             EXPECT_EQ(in, expected) << "in place, n " << n;
         }
@@ -91,9 +121,24 @@ TEST(pairwise_reduction, plans_reduce_in_chunks_with_strided_pieces) {
                 for (int q = 0; q < m.size(); ++q)
                     expected.data()[i] += term<double>(q, i);
             }
-            EXPECT_EQ(xshard::gather_all(plan(src)), expected)
+            traffic::reset();
+            const auto out = plan(src);
+            const auto received = bytes_received(m.comm());
+            EXPECT_EQ(traffic::sent(), plan.plan().bytes_sent()) << to;
+            EXPECT_EQ(xshard::gather_all(out), expected)
                 << to << " " << xshard::testing::where(m);
             EXPECT_EQ(plan.plan().bytes_sent(), plan.plan().summary().bytes_sent()) << to;
+            // Reduce-scatter: a rank receives the p - 1 other terms of each element it
+            // holds; all-reduce: 2 (p - 1) n sent in all.
+            const std::size_t n = expected.size(), members = std::size_t(m.size());
+            if (l.is_fully_replicated()) {
+                EXPECT_EQ(total_sent(m.comm()), 2 * (members - 1) * n * sizeof(double)) << to;
+            } else {
+                EXPECT_EQ(received, (members - 1) * sizeof(double) *
+                                        xshard::testing::elements_held(m.shape(), shape, l,
+                                                                       m.rank()))
+                    << to << " " << xshard::testing::where(m);
+            }
             EXPECT_EQ(plan.plan().allocations().peak, plan.plan().summary().peak_extra_bytes) << to;
         }
     });
