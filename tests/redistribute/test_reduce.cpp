@@ -25,11 +25,10 @@ using xshard::reduction;
 using xshard::testing::world;
 namespace traffic = xshard::testing::traffic;
 
-/// The bytes sent since `traffic::reset()` by every member of `c` together.
-unsigned long long total_sent(const xshard::communicator& c) {
-    unsigned long long n = traffic::sent();
-    xshard::allreduce(c, std::span(&n, 1), xshard::reduce_op::sum);
-    return n;
+/// The sum over the members of `c` of their `sent` (bytes).
+unsigned long long total(const xshard::communicator& c, unsigned long long sent) {
+    xshard::allreduce(c, std::span(&sent, 1), xshard::reduce_op::sum);
+    return sent;
 }
 
 /// The bytes the members of `c` sent to this rank since `traffic::reset()`.
@@ -74,7 +73,7 @@ TYPED_TEST(pairwise_reduction, all_reduce_matches_a_serial_reduction) {
             if (pairwise) {
                 EXPECT_EQ(sent, reported) << "n " << n;
             }
-            EXPECT_EQ(total_sent(w), pairwise ? 2 * (p - 1) * n * sizeof(T) : 0) << "n " << n;
+            EXPECT_EQ(total(w, sent), pairwise ? 2 * (p - 1) * n * sizeof(T) : 0) << "n " << n;
             r.all_reduce(w, in.data(), in.data(), n, op); // in place
             EXPECT_EQ(in, expected) << "in place, n " << n;
         }
@@ -123,8 +122,9 @@ TEST(pairwise_reduction, plans_reduce_in_chunks_with_strided_pieces) {
             }
             traffic::reset();
             const auto out = plan(src);
+            const auto sent = traffic::sent();
             const auto received = bytes_received(m.comm());
-            EXPECT_EQ(traffic::sent(), plan.plan().bytes_sent()) << to;
+            EXPECT_EQ(sent, plan.plan().bytes_sent()) << to;
             EXPECT_EQ(xshard::gather_all(out), expected)
                 << to << " " << xshard::testing::where(m);
             EXPECT_EQ(plan.plan().bytes_sent(), plan.plan().summary().bytes_sent()) << to;
@@ -132,7 +132,7 @@ TEST(pairwise_reduction, plans_reduce_in_chunks_with_strided_pieces) {
             // holds; all-reduce: 2 (p - 1) n sent in all.
             const std::size_t n = expected.size(), members = std::size_t(m.size());
             if (l.is_fully_replicated()) {
-                EXPECT_EQ(total_sent(m.comm()), 2 * (members - 1) * n * sizeof(double)) << to;
+                EXPECT_EQ(total(m.comm(), sent), 2 * (members - 1) * n * sizeof(double)) << to;
             } else {
                 EXPECT_EQ(received, (members - 1) * sizeof(double) *
                                         xshard::testing::elements_held(m.shape(), shape, l,

@@ -6,6 +6,7 @@
 
 #include "layouts.hpp"
 #include "mpi_test.hpp"
+#include "parameters.hpp"
 
 #include <gtest/gtest.h>
 #include <xtensor/xrandom.hpp>
