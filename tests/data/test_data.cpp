@@ -285,11 +285,13 @@ void check_loader(const Mesh& m, std::size_t n, const xd::loader_options& o, std
 TEST(loader, global_batches_are_those_of_one_shard_on_every_mesh) {
     const auto w = world();
     const int p = w.size();
+    // 8, or the next multiple of the world size (a batch splits evenly over dp).
+    const std::size_t batch = 8 % p == 0 ? 8 : std::size_t(p) * (8 / std::size_t(p) + 1);
     for (bool full : {false, true}) {
         for (bool drop : {true, false}) {
             for (bool shuffle : {true, false}) {
                 xd::loader_options o{
-                    .batch_size = 8, .seed = 11, .shuffle = shuffle, .drop_remainder = drop};
+                    .batch_size = batch, .seed = 11, .shuffle = shuffle, .drop_remainder = drop};
                 if (full)
                     o.strategy = xshard::dataset_strategy::full_batch;
                 const std::size_t dp = full ? 1 : std::size_t(p);
@@ -305,12 +307,14 @@ TEST(loader, global_batches_are_those_of_one_shard_on_every_mesh) {
 TEST(loader, full_batches_equal_the_shard_then_batch_pipeline) {
     const auto w = world();
     const xshard::mesh<"dp"> m(w, {w.size()});
-    const auto data = numbered(45);
-    const xd::loader load(m, data, {.batch_size = 12, .seed = 3});
+    // 12 samples a batch, 24 where 12 does not split over the ranks; three full batches.
+    const std::size_t batch = 12 % w.size() == 0 ? 12 : 24;
+    const auto data = numbered(3 * batch + 9);
+    const xd::loader load(m, data, {.batch_size = batch, .seed = 3});
     EXPECT_EQ(load.batch_layout().to_string(), "[dp, -]");
     const auto pipeline = data | xd::shuffle(3, 1) |
                           xd::shard(std::size_t(w.size()), std::size_t(w.rank())) |
-                          xd::batch(12 / std::size_t(w.size()), true);
+                          xd::batch(batch / std::size_t(w.size()), true);
     auto batches = load.epoch(1);
     ASSERT_EQ(batches.size(), 3u);
     for (std::size_t s = 0; s < 3; ++s) {
@@ -324,7 +328,9 @@ TEST(loader, full_batches_equal_the_shard_then_batch_pipeline) {
 TEST(loader, the_mesh_gives_the_mode_and_the_data_axis) {
     const auto w = world();
     const int p = w.size();
-    const auto data = numbered(16);
+    // 16 samples, or 4 per rank when that is more (a batch of 4 per rank fits once).
+    const std::size_t n = 4 * std::size_t(std::max(p, 4));
+    const auto data = numbered(n);
     // The data axis is the mesh's second axis here.
     const auto m = xshard::mesh<"mp", "dp">(w, {1, p}).with_dataset_strategy(
         xshard::dataset_strategy::data_parallel, "dp");
@@ -332,7 +338,7 @@ TEST(loader, the_mesh_gives_the_mode_and_the_data_axis) {
     EXPECT_EQ(load.num_shards(), std::size_t(p));
     EXPECT_EQ(load.shard_id(), std::size_t(m.coords()[1]));
     EXPECT_EQ(load.batch_layout().to_string(), "[dp, -]");
-    check_loader(m, 16, {.batch_size = 4 * std::size_t(p)}, std::size_t(p));
+    check_loader(m, n, {.batch_size = 4 * std::size_t(p)}, std::size_t(p));
 
     const auto full = m.with_dataset_strategy(xshard::dataset_strategy::full_batch);
     const xd::loader replicated(full, data, {.batch_size = 4});
