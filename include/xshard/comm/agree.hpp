@@ -97,7 +97,8 @@ decltype(auto) agreed(const communicator& c, F&& f) {
     if constexpr (std::is_reference_v<result_t>)
         return static_cast<result_t>(result->get());
     else if constexpr (!std::is_void_v<result_t>)
-        return std::move(*result);
+        return result_t(std::move(*result)); // a value: `std::move(*result)` alone would
+                                             // return a reference to the local optional
 }
 
 } // namespace xshard
