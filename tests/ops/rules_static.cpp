@@ -39,10 +39,13 @@ constexpr bool is = std::is_same_v<std::remove_cvref_t<D>, xshard::dtensor<T, Me
 // Rows by columns, nothing contracted over a split: no pending sum.
 static_assert(is<decltype(xshard::matmul(t<"[dp, -]">(), t<"[-, mp]">())), "[dp, mp]">);
 // A split contraction leaves a pending sum over its axis (Megatron's row-parallel layer).
-static_assert(is<decltype(xshard::matmul(t<"[dp, mp]">(), t<"[mp, -]">())), "[dp, -] partial(sum: mp)">);
+static_assert(
+    is<decltype(xshard::matmul(t<"[dp, mp]">(), t<"[mp, -]">())), "[dp, -] partial(sum: mp)">);
 // A replicated side is sliced to the other's contraction split, from either side.
-static_assert(is<decltype(xshard::matmul(t<"[-, mp]">(), t<"[-, -]">())), "[-, -] partial(sum: mp)">);
-static_assert(is<decltype(xshard::matmul(t<"[-, -]">(), t<"[mp, -]">())), "[-, -] partial(sum: mp)">);
+static_assert(
+    is<decltype(xshard::matmul(t<"[-, mp]">(), t<"[-, -]">())), "[-, -] partial(sum: mp)">);
+static_assert(
+    is<decltype(xshard::matmul(t<"[-, -]">(), t<"[mp, -]">())), "[-, -] partial(sum: mp)">);
 // Contraction over two axes at once.
 static_assert(is<decltype(xshard::matmul(t<"[-, (dp,mp)]">(), t<"[(dp,mp), -]">())),
                  "[-, -] partial(sum: dp, mp)">);
@@ -74,9 +77,9 @@ static_assert(is<decltype(xshard::mul(t<"[dp, -, mp]">(), t<"[-, -]">())), "[dp,
 // Pending sums pass through the linear operations.
 static_assert(is<decltype(xshard::add(t<"[dp, -] partial(sum: mp)">(), t<"[dp, -]">())),
                  "[dp, -] partial(sum: mp)">);
-static_assert(is<decltype(xshard::add(t<"[dp, -] partial(sum: mp)">(),
-                                      t<"[dp, -] partial(sum: mp)">())),
-                 "[dp, -] partial(sum: mp)">);
+static_assert(
+    is<decltype(xshard::add(t<"[dp, -] partial(sum: mp)">(), t<"[dp, -] partial(sum: mp)">())),
+       "[dp, -] partial(sum: mp)">);
 static_assert(is<decltype(xshard::mul(t<"[-, -] partial(sum: mp)">(), t<"[dp, -]">())),
                  "[dp, -] partial(sum: mp)">);
 static_assert(is<decltype(xshard::div(t<"[dp, -] partial(sum: mp)">(), t<"[-, -]">())),
@@ -85,8 +88,8 @@ static_assert(is<decltype(xshard::div(t<"[dp, -] partial(sum: mp)">(), t<"[-, -]
 static_assert(is<decltype(xshard::relu(t<"[dp, mp]">())), "[dp, mp]">);
 static_assert(is<decltype(xshard::gelu(t<"[(mp,dp), -]">())), "[(mp,dp), -]">);
 static_assert(is<decltype(xshard::exp(t<"[-, mp]">())), "[-, mp]">);
-static_assert(is<decltype(xshard::neg(t<"[dp, -] partial(sum: mp)">())),
-                 "[dp, -] partial(sum: mp)">);
+static_assert(
+    is<decltype(xshard::neg(t<"[dp, -] partial(sum: mp)">())), "[dp, -] partial(sum: mp)">);
 
 // --- reductions: the dimension goes; its axes become a pending reduction -----------------
 
@@ -115,10 +118,12 @@ static_assert(is<decltype(xshard::batch_norm(t<"[dp, -]">())), "[dp, -]">);
 
 static_assert(is<decltype(xshard::transpose<1, 0>(t<"[dp, mp]">())), "[mp, dp]">);
 static_assert(is<decltype(xshard::transpose<2, 0, 1>(t<"[dp, -, mp]">())), "[mp, dp, -]">);
-static_assert(is<decltype(xshard::transpose<1, 0>(t<"[(dp,mp), -] partial(sum: sp)", double, M3>())),
-                 "[-, (dp,mp)] partial(sum: sp)", double, M3>);
-static_assert(is<decltype(xshard::reshape<"[dp, -]">(t<"[dp, -, -]">(), std::array<std::size_t, 2>{})),
-                 "[dp, -]">);
+static_assert(
+    is<decltype(xshard::transpose<1, 0>(t<"[(dp,mp), -] partial(sum: sp)", double, M3>())),
+       "[-, (dp,mp)] partial(sum: sp)", double, M3>);
+static_assert(
+    is<decltype(xshard::reshape<"[dp, -]">(t<"[dp, -, -]">(), std::array<std::size_t, 2>{})),
+       "[dp, -]">);
 
 // --- embedding and cross-entropy ------------------------------------------------------------
 

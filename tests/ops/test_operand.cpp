@@ -44,9 +44,10 @@ TEST(operand, free_steps_slice_or_keep_one_term) {
                      xt::range(b.offset[1], b.offset[1] + b.extent[1]));
         EXPECT_EQ(sliced.get(), expected) << where(m);
         // Replicated -> partial(sum: dp): the terms over dp add up to the value.
-        const auto term = xshard::detail::prepare(t, layout("[-, mp] partial(sum: dp)"), false, "t");
-        const auto as_partial = xshard::from_local(m, t.shape(), term.get(),
-                                                   layout("[-, mp] partial(sum: dp)"));
+        const auto term =
+            xshard::detail::prepare(t, layout("[-, mp] partial(sum: dp)"), false, "t");
+        const auto as_partial =
+            xshard::from_local(m, t.shape(), term.get(), layout("[-, mp] partial(sum: dp)"));
         EXPECT_EQ(xshard::gather_all(as_partial), g) << where(m);
     });
 }

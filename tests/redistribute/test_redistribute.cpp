@@ -110,7 +110,8 @@ void random_pairs(const Mesh& m, int pairs, unsigned seed) {
         // exactly those (no byte travels to a rank that does not need it, none twice).
         if (!from.is_partial() && !to.is_partial()) {
             const auto lacking =
-                xshard::testing::elements_lacking(m.shape(), shape, from, to, m.rank()) * sizeof(long long);
+                xshard::testing::elements_lacking(m.shape(), shape, from, to, m.rank()) *
+                sizeof(long long);
             if (plan.plan().summary().steps.size() <= 1) {
                 EXPECT_EQ(received, lacking) << what << "\n" << plan.describe();
             } else {

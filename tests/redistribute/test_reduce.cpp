@@ -125,8 +125,7 @@ TEST(pairwise_reduction, plans_reduce_in_chunks_with_strided_pieces) {
             const auto sent = traffic::sent();
             const auto received = bytes_received(m.comm());
             EXPECT_EQ(sent, plan.plan().bytes_sent()) << to;
-            EXPECT_EQ(xshard::gather_all(out), expected)
-                << to << " " << xshard::testing::where(m);
+            EXPECT_EQ(xshard::gather_all(out), expected) << to << " " << xshard::testing::where(m);
             EXPECT_EQ(plan.plan().bytes_sent(), plan.plan().summary().bytes_sent()) << to;
             // Reduce-scatter: a rank receives the p - 1 other terms of each element it
             // holds; all-reduce: 2 (p - 1) n sent in all.
@@ -134,9 +133,9 @@ TEST(pairwise_reduction, plans_reduce_in_chunks_with_strided_pieces) {
             if (l.is_fully_replicated()) {
                 EXPECT_EQ(total(m.comm(), sent), 2 * (members - 1) * n * sizeof(double)) << to;
             } else {
-                EXPECT_EQ(received, (members - 1) * sizeof(double) *
-                                        xshard::testing::elements_held(m.shape(), shape, l,
-                                                                       m.rank()))
+                EXPECT_EQ(received,
+                          (members - 1) * sizeof(double) *
+                              xshard::testing::elements_held(m.shape(), shape, l, m.rank()))
                     << to << " " << xshard::testing::where(m);
             }
             EXPECT_EQ(plan.plan().allocations().peak, plan.plan().summary().peak_extra_bytes) << to;

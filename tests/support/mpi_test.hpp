@@ -37,8 +37,8 @@ struct test_mesh<3> {
 };
 
 /// Calls `f(mesh)` for every test mesh shape (1, 2, 3, 4, 6, 8, 2x2, 2x3, 3x2, 2x4, 4x2,
-/// 2x2x2) whose size divides the world size; when the mesh is smaller than the world, the world is split
-/// into groups of the mesh's size and each group builds its own mesh.
+/// 2x2x2) whose size divides the world size; when the mesh is smaller than the world, the world is
+/// split into groups of the mesh's size and each group builds its own mesh.
 template <class F>
 void for_each_mesh(F&& f) {
     const auto w = world();

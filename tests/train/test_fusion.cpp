@@ -36,7 +36,9 @@ std::vector<std::vector<std::size_t>> members(const std::vector<xshard::detail::
 TEST(fusion, buckets_close_at_the_limit_and_never_mix_keys) {
     const auto refs = refs_of({4, 4, 4, 10, 1, 3});
     const std::vector<std::size_t> all{0, 1, 2, 3, 4, 5};
-    auto one_key = [](std::size_t) { return 0; };
+    auto one_key = [](std::size_t) {
+        return 0;
+    };
     using list = std::vector<std::vector<std::size_t>>;
     // Up to 8 bytes: {0, 1}, {2}, {3} alone although larger than the limit, {4, 5}.
     const auto b8 = xshard::detail::make_buckets<int>(refs, all, 8, one_key);
@@ -47,7 +49,9 @@ TEST(fusion, buckets_close_at_the_limit_and_never_mix_keys) {
     EXPECT_EQ(members(xshard::detail::make_buckets<int>(refs, all, 0, one_key)),
               (list{{0}, {1}, {2}, {3}, {4}, {5}}));
     // Two keys (even and odd indices): buckets per key, keys in order, members in order.
-    auto parity = [](std::size_t i) { return int(i % 2); };
+    auto parity = [](std::size_t i) {
+        return int(i % 2);
+    };
     EXPECT_EQ(members(xshard::detail::make_buckets<int>(refs, all, 100, parity)),
               (list{{0, 2, 4}, {1, 3, 5}}));
     // Only the chosen records, in the chosen order.
