@@ -11,27 +11,94 @@ endfunction()
 set(XSHARD_MPI_ENV OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1)
 
-# xshard_add_mpi_test(NAME name COMMAND target [ARGS ...] RANKS n... [TIMEOUT s] [LABELS l...]
-#                     [PASS_REGULAR_EXPRESSION re])
-# Registers `name.npN` for each N: the target run under mpirun with N ranks, with a timeout
-# so that a deadlock fails instead of hanging.
+# The world sizes an MPI test program runs at by default: powers of two and two that are
+# not (3 and 6, so that meshes of 3, 2 x 3 and 3 x 2 ranks are tested too).
+set(XSHARD_TEST_RANKS 1 2 3 4 6 8)
+
+# Timeouts are multiplied by this (scripts/test.sh --sanitize sets 3: instrumented code
+# runs slower).
+set(XSHARD_TEST_TIMEOUT_SCALE 1 CACHE STRING "Factor applied to every test timeout")
+
+set(XSHARD_CHECK_OUTPUT ${CMAKE_CURRENT_LIST_DIR}/xshard_check_output.cmake)
+
+# xshard_checked_command(out [EXPECT re] [EXPECT_FILE file] COMMAND command args...)
+# Sets `out` to a command line that runs `command` and passes when it exits 0 and its output
+# matches `re` (and contains the text of `file`): both the status and the output count.
+function(xshard_checked_command out)
+  cmake_parse_arguments(C "" "EXPECT;EXPECT_FILE" "COMMAND" ${ARGN})
+  set(defines)
+  if(DEFINED C_EXPECT)
+    list(APPEND defines "-DEXPECT=${C_EXPECT}")
+  endif()
+  if(C_EXPECT_FILE)
+    list(APPEND defines "-DEXPECT_FILE=${C_EXPECT_FILE}")
+  endif()
+  set(${out} ${CMAKE_COMMAND} ${defines} -P ${XSHARD_CHECK_OUTPUT} -- ${C_COMMAND} PARENT_SCOPE)
+endfunction()
+
+# xshard_add_mpi_test(NAME name COMMAND target [ARGS ...] [RANKS n...] [TIMEOUT s]
+#                     [LABELS l...] [PASS_REGULAR_EXPRESSION re] [EXPECT_FILE file])
+# Registers `name.npN` for each N (XSHARD_TEST_RANKS by default): the target run under mpirun
+# with N ranks, with a timeout so that a deadlock fails instead of hanging. TIMEOUT is for up
+# to 4 ranks; runs on 6 and 8 ranks (oversubscribed here) get twice as long. With
+# PASS_REGULAR_EXPRESSION or EXPECT_FILE the test checks the exit status and the output.
 function(xshard_add_mpi_test)
-  cmake_parse_arguments(T "" "NAME;COMMAND;TIMEOUT;PASS_REGULAR_EXPRESSION" "ARGS;RANKS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;COMMAND;TIMEOUT;PASS_REGULAR_EXPRESSION;EXPECT_FILE"
+    "ARGS;RANKS;LABELS" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 120)
   endif()
+  if(NOT T_RANKS)
+    set(T_RANKS ${XSHARD_TEST_RANKS})
+  endif()
   foreach(n IN LISTS T_RANKS)
     set(test ${T_NAME}.np${n})
-    add_test(NAME ${test}
-      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} --oversubscribe
-              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${T_COMMAND}> ${T_ARGS})
-    set_tests_properties(${test} PROPERTIES
-      TIMEOUT ${T_TIMEOUT} PROCESSORS ${n} LABELS "${T_LABELS}"
-      ENVIRONMENT "${XSHARD_MPI_ENV}")
-    if(T_PASS_REGULAR_EXPRESSION)
-      set_tests_properties(${test} PROPERTIES PASS_REGULAR_EXPRESSION "${T_PASS_REGULAR_EXPRESSION}")
+    set(command ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} --oversubscribe
+                ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${T_COMMAND}> ${T_ARGS})
+    if(DEFINED T_PASS_REGULAR_EXPRESSION OR T_EXPECT_FILE)
+      set(expect)
+      if(DEFINED T_PASS_REGULAR_EXPRESSION)
+        set(expect EXPECT "${T_PASS_REGULAR_EXPRESSION}")
+      endif()
+      xshard_checked_command(command ${expect} EXPECT_FILE "${T_EXPECT_FILE}" COMMAND ${command})
     endif()
+    math(EXPR timeout "${T_TIMEOUT} * ${XSHARD_TEST_TIMEOUT_SCALE}")
+    if(n GREATER 4)
+      math(EXPR timeout "2 * ${timeout}")
+    endif()
+    add_test(NAME ${test} COMMAND ${command})
+    set_tests_properties(${test} PROPERTIES
+      TIMEOUT ${timeout} PROCESSORS ${n} LABELS "${T_LABELS}"
+      ENVIRONMENT "${XSHARD_MPI_ENV}")
   endforeach()
+endfunction()
+
+# xshard_test_program(name sources...): an MPI GoogleTest program (with the rank-aware main
+# and the helpers of tests/support).
+function(xshard_test_program name)
+  add_executable(${name} ${ARGN})
+  target_link_libraries(${name} PRIVATE xshard_test_main)
+  xshard_warnings(${name})
+endfunction()
+
+# xshard_mpi_test(name SOURCES file... [RANKS n...] [TIMEOUT s] [LABELS l...] [ARGS ...])
+# An MPI GoogleTest program built from SOURCES and run by ctest as `<label>.npN` at every
+# rank count of RANKS (XSHARD_TEST_RANKS by default). The label (the folder's name by
+# default) names the tests. Adding a test file to a program is one line in SOURCES.
+function(xshard_mpi_test name)
+  cmake_parse_arguments(T "" "TIMEOUT;TEST" "SOURCES;RANKS;LABELS;ARGS" ${ARGN})
+  get_filename_component(folder ${CMAKE_CURRENT_SOURCE_DIR} NAME)
+  if(NOT T_TEST)
+    set(T_TEST ${folder})
+  endif()
+  if(NOT T_LABELS)
+    set(T_LABELS ${folder})
+  endif()
+  if(NOT TARGET ${name})
+    xshard_test_program(${name} ${T_SOURCES})
+  endif()
+  xshard_add_mpi_test(NAME ${T_TEST} COMMAND ${name} ARGS ${T_ARGS} RANKS ${T_RANKS}
+    TIMEOUT ${T_TIMEOUT} LABELS ${T_LABELS})
 endfunction()
 
 # xshard_add_compile_fail_test(NAME name SOURCE file REGEX message)

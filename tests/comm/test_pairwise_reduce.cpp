@@ -1,21 +1,32 @@
 // The point-to-point reductions, forced onto their pipelined path with tiny chunks, against
-// serial reductions.
+// serial reductions; the bytes they send are counted at the MPI boundary (support/traffic.hpp):
+// an all-reduce hands every element's terms to its owner and the reduced element to the
+// p - 1 others, 2 (p - 1) n in all.
 
 #include <xshard/comm/combine.hpp>
 #include <xshard/comm/pairwise_reduce.hpp>
 
 #include "mpi_test.hpp"
+#include "traffic.hpp"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace {
 
 using xshard::reduction;
 using xshard::testing::world;
+namespace traffic = xshard::testing::traffic;
+
+/// The sum over the members of `c` of their `sent` (bytes).
+unsigned long long total(const xshard::communicator& c, unsigned long long sent) {
+    xshard::mpi::allreduce(c, std::span(&sent, 1), xshard::reduction::sum);
+    return sent;
+}
 
 template <class T>
 T term(int rank, std::size_t i) {
@@ -41,8 +52,18 @@ TYPED_TEST(pairwise_reduction, all_reduce_matches_a_serial_reduction) {
                 for (int q = 1; q < w.size(); ++q)
                     expected[i] = xshard::detail::combine_one(expected[i], term<T>(q, i), op);
             }
-            r.all_reduce(w, in.data(), out.data(), n, op);
+            traffic::reset();
+            const auto reported = r.all_reduce(w, in.data(), out.data(), n, op);
+            const auto sent = traffic::sent();
             EXPECT_EQ(out, expected) << "n " << n << " op " << xshard::to_string(op);
+            // The pairwise path (n >= p) sends point to point, exactly what it reports;
+            // below it MPI_Allreduce sends nothing through MPI_Isend.
+            const auto p = std::size_t(w.size());
+            const bool pairwise = p > 1 && n >= p;
+            if (pairwise) {
+                EXPECT_EQ(sent, reported) << "n " << n;
+            }
+            EXPECT_EQ(total(w, sent), pairwise ? 2 * (p - 1) * n * sizeof(T) : 0) << "n " << n;
             r.all_reduce(w, in.data(), in.data(), n, op); // in place
             EXPECT_EQ(in, expected) << "in place, n " << n;
         }

@@ -1,11 +1,16 @@
-// Plans whose reductions take the point-to-point path (comm/pairwise_reduce.hpp), forced
-// onto it with tiny chunks, against serial reductions.
+// Plans whose reductions take the point-to-point path (comm/pairwise_reduce.hpp), forced onto
+// it with tiny chunks, against serial reductions. The bytes they send are counted at the MPI
+// boundary and checked against what a reduction must move: every term of an element travels
+// once to the element's owner (reduce-scatter: (p - 1) n in all), and an all-reduce then
+// hands every reduced element to the p - 1 others (2 (p - 1) n in all).
 
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/gather.hpp>
 
+#include "layouts.hpp"
 #include "mpi_test.hpp"
+#include "traffic.hpp"
 
 #include <gtest/gtest.h>
 
@@ -17,6 +22,20 @@ namespace {
 
 using xshard::reduction;
 using xshard::testing::world;
+namespace traffic = xshard::testing::traffic;
+
+/// The sum over the members of `c` of their `sent` (bytes).
+unsigned long long total(const xshard::communicator& c, unsigned long long sent) {
+    xshard::mpi::allreduce(c, std::span(&sent, 1), xshard::reduction::sum);
+    return sent;
+}
+
+/// The bytes the members of `c` sent to this rank since `traffic::reset()`.
+unsigned long long bytes_received(const xshard::communicator& c) {
+    auto sent = traffic::sent_to();
+    xshard::mpi::allreduce(c, std::span(sent.data(), sent.size()), xshard::reduction::sum);
+    return sent[std::size_t(world().rank())];
+}
 
 template <class T>
 T term(int rank, std::size_t i) {
@@ -46,9 +65,24 @@ TEST(pairwise_reduction, plans_reduce_in_chunks_with_strided_pieces) {
                 for (int q = 0; q < m.size(); ++q)
                     expected.data()[i] += term<double>(q, i);
             }
-            EXPECT_EQ(xshard::gather_all(plan(src)), expected)
-                << to << " " << xshard::testing::where(m);
+            traffic::reset();
+            const auto out = plan(src);
+            const auto sent = traffic::sent();
+            const auto received = bytes_received(m.comm());
+            EXPECT_EQ(sent, plan.plan().bytes_sent()) << to;
+            EXPECT_EQ(xshard::gather_all(out), expected) << to << " " << xshard::testing::where(m);
             EXPECT_EQ(plan.plan().bytes_sent(), plan.plan().summary().bytes_sent()) << to;
+            // Reduce-scatter: a rank receives the p - 1 other terms of each element it
+            // holds; all-reduce: 2 (p - 1) n sent in all.
+            const std::size_t n = expected.size(), members = std::size_t(m.size());
+            if (l.is_fully_replicated()) {
+                EXPECT_EQ(total(m.comm(), sent), 2 * (members - 1) * n * sizeof(double)) << to;
+            } else {
+                EXPECT_EQ(received,
+                          (members - 1) * sizeof(double) *
+                              xshard::testing::elements_held(m.shape(), shape, l, m.rank()))
+                    << to << " " << xshard::testing::where(m);
+            }
             EXPECT_EQ(plan.plan().allocations().peak, plan.plan().summary().peak_extra_bytes) << to;
         }
     });

@@ -1,5 +1,6 @@
 #pragma once
-// Generators of layouts and shapes for property tests.
+// Generators of layouts and shapes for property tests, and the partition rule written out
+// element by element (an expectation independent of core/partition.hpp).
 
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
@@ -69,6 +70,81 @@ std::vector<std::array<std::size_t, N>> test_shapes() {
         return {{8, 4}, {7, 5}, {3, 1}, {2, 9}};
     else
         return {{4, 2, 8}, {5, 3, 7}, {1, 2, 3}};
+}
+
+/// Whether the rank at mesh coordinates `coords` holds global element `index` in layout
+/// `l`, from the partition rule as the design states it (n elements split k ways: block i
+/// has n / k elements, one more for the first n % k blocks, dealt out in order; the axes of
+/// a dimension number the blocks major to minor), written here independently of
+/// core/partition.hpp.
+template <std::size_t N>
+bool holds(const layout& l, const mesh_shape& mesh, const std::array<std::size_t, N>& shape,
+           const std::vector<int>& coords, const std::array<std::size_t, N>& index) {
+    for (std::size_t d = 0; d < N; ++d) {
+        std::size_t k = 1, i = 0;
+        for (const auto& a : l.dims[d]) {
+            std::size_t pos = 0;
+            while (!(mesh.names[pos] == a))
+                ++pos;
+            k *= std::size_t(mesh.sizes[pos]);
+            i = i * std::size_t(mesh.sizes[pos]) + std::size_t(coords[pos]);
+        }
+        const std::size_t n = shape[d];
+        std::size_t lo = 0;
+        for (std::size_t j = 0; j < i; ++j)
+            lo += n / k + (j < n % k ? 1 : 0);
+        const std::size_t hi = lo + n / k + (i < n % k ? 1 : 0);
+        if (index[d] < lo || index[d] >= hi)
+            return false;
+    }
+    return true;
+}
+
+/// The coordinates of rank `rank` of `mesh` (row-major: the last axis varies fastest).
+inline std::vector<int> coords_of(const mesh_shape& mesh, int rank) {
+    std::vector<int> coords(mesh.ndim());
+    for (std::size_t a = mesh.ndim(); a-- > 0; rank /= mesh.sizes[a])
+        coords[a] = rank % mesh.sizes[a];
+    return coords;
+}
+
+/// The number of elements of a tensor of `shape` for which `pred(index)` holds, by visiting
+/// every element.
+template <std::size_t N, class Pred>
+std::size_t count_elements(const std::array<std::size_t, N>& shape, Pred&& pred) {
+    std::size_t total = 1;
+    for (auto e : shape)
+        total *= e;
+    std::size_t n = 0;
+    for (std::size_t flat = 0; flat < total; ++flat) {
+        std::array<std::size_t, N> index{};
+        std::size_t f = flat;
+        for (std::size_t d = N; d-- > 0; f /= shape[d])
+            index[d] = f % shape[d];
+        n += pred(index) ? 1 : 0;
+    }
+    return n;
+}
+
+/// The elements the rank `rank` of `mesh` holds in `to` but not in `from`: what it must
+/// receive, at least.
+template <std::size_t N>
+std::size_t elements_lacking(const mesh_shape& mesh, const std::array<std::size_t, N>& shape,
+                             const layout& from, const layout& to, int rank) {
+    const auto coords = coords_of(mesh, rank);
+    return count_elements(shape, [&](const std::array<std::size_t, N>& index) {
+        return holds(to, mesh, shape, coords, index) && !holds(from, mesh, shape, coords, index);
+    });
+}
+
+/// The elements the rank `rank` of `mesh` holds in layout `l`.
+template <std::size_t N>
+std::size_t elements_held(const mesh_shape& mesh, const std::array<std::size_t, N>& shape,
+                          const layout& l, int rank) {
+    const auto coords = coords_of(mesh, rank);
+    return count_elements(shape, [&](const std::array<std::size_t, N>& index) {
+        return holds(l, mesh, shape, coords, index);
+    });
 }
 
 } // namespace xshard::testing

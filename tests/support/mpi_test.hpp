@@ -36,9 +36,9 @@ struct test_mesh<3> {
     using type = mesh<"a", "b", "c">;
 };
 
-/// Calls `f(mesh)` for every test mesh shape (1, 2, 4, 8, 2x2, 2x4, 4x2, 2x2x2) whose size
-/// divides the world size; when the mesh is smaller than the world, the world is split
-/// into groups of the mesh's size and each group builds its own mesh.
+/// Calls `f(mesh)` for every test mesh shape (1, 2, 3, 4, 6, 8, 2x2, 2x3, 3x2, 2x4, 4x2,
+/// 2x2x2) whose size divides the world size; when the mesh is smaller than the world, the world is
+/// split into groups of the mesh's size and each group builds its own mesh.
 template <class F>
 void for_each_mesh(F&& f) {
     const auto w = world();
@@ -51,24 +51,37 @@ void for_each_mesh(F&& f) {
         const auto group = p == w.size() ? w : w.split(w.rank() / p, w.rank());
         f(typename test_mesh<N>::type(group, sizes));
     };
-    for (int n : {1, 2, 4, 8})
+    for (int n : {1, 2, 3, 4, 6, 8})
         run(std::array{n});
     run(std::array{2, 2});
+    run(std::array{2, 3});
+    run(std::array{3, 2});
     run(std::array{2, 4});
     run(std::array{4, 2});
     run(std::array{2, 2, 2});
 }
 
-/// Calls `f(mesh)` for the (dp, mp) meshes of the whole world: (W, 1), (1, W) and, for an
-/// even W > 2, (2, W/2).
+/// Calls `f(mesh)` for the (dp, mp) meshes of the whole world: (W, 1), (1, W) and, for
+/// W > 2, (2, W/2) when W is even and (3, W/3) when 3 divides W (W = 6: 2x3 and 3x2).
 template <class F>
 void for_each_world_mesh(F&& f) {
     const auto w = world();
     std::vector<std::array<int, 2>> shapes{{w.size(), 1}, {1, w.size()}};
     if (w.size() > 2 && w.size() % 2 == 0)
         shapes.push_back({2, w.size() / 2});
+    if (w.size() > 3 && w.size() % 3 == 0)
+        shapes.push_back({3, w.size() / 3});
     for (const auto& s : shapes)
         f(mesh<"dp", "mp">(w, s));
+}
+
+/// The (dp, mp) mesh of the whole world with mp = 2 when the world size is even and
+/// mp = 1 otherwise (1 x 1, 1 x 2, 3 x 1, 2 x 2, 3 x 2, 4 x 2): tests that need a
+/// two-axis mesh run at every world size.
+inline mesh<"dp", "mp"> world_mesh_2d() {
+    const auto w = world();
+    const int mp = w.size() % 2 == 0 ? 2 : 1;
+    return mesh<"dp", "mp">(w, {w.size() / mp, mp});
 }
 
 /// A fresh directory under `base` that every rank of `c` sees, made by rank 0.

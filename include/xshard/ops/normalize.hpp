@@ -16,6 +16,7 @@
 #include <xtensor/xreducer.hpp>
 #include <xtensor/xtensor.hpp>
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <span>
@@ -35,6 +36,18 @@ void all_reduce_over(const D& t, const layout& l, std::size_t dim, S& stat, redu
     const auto axes = l.split_axes(dim, t.mesh().shape());
     if (!axes.empty() && stat.size() > 0)
         allreduce(t.mesh().sub(axes), std::span(stat.data(), stat.size()), op);
+}
+
+/// xt::sum(e, axes, xt::keep_dims), also for an empty block: zeros then (xtensor's reducer
+/// offsets the null data pointer of an empty container, which is undefined behaviour).
+template <class T, std::size_t N, class E, class Axes>
+xt::xtensor<T, N> sum_kept(const E& e, const Axes& axes) {
+    if (e.size() != 0)
+        return xt::sum(e, axes, xt::keep_dims);
+    auto s = detail::to_array<N>(e.shape());
+    for (auto d : axes)
+        s[d] = 1;
+    return xt::zeros<T>(s);
 }
 
 /// Runs `f(local, layout)` on the prepared input of a normalisation along Dim and wraps the
@@ -80,7 +93,7 @@ auto softmax(const A& a) {
     return detail::normalize<Dim>(a, "softmax", [&](const auto& x, const layout& l) {
         auto m = detail::global_max<Dim>(a, x, l);
         xt::xtensor<typename A::value_type, A::rank> e = xt::exp(x - m);
-        xt::xtensor<typename A::value_type, A::rank> s = xt::sum(e, {Dim}, xt::keep_dims);
+        auto s = detail::sum_kept<typename A::value_type, A::rank>(e, std::array{Dim});
         detail::all_reduce_over(a, l, Dim, s, reduction::sum);
         return xt::xtensor<typename A::value_type, A::rank>(e / s);
     });
@@ -91,8 +104,7 @@ template <std::size_t Dim, distributed_tensor A>
 auto log_softmax(const A& a) {
     return detail::normalize<Dim>(a, "log_softmax", [&](const auto& x, const layout& l) {
         auto m = detail::global_max<Dim>(a, x, l);
-        xt::xtensor<typename A::value_type, A::rank> s =
-            xt::sum(xt::exp(x - m), {Dim}, xt::keep_dims);
+        auto s = detail::sum_kept<typename A::value_type, A::rank>(xt::exp(x - m), std::array{Dim});
         detail::all_reduce_over(a, l, Dim, s, reduction::sum);
         return xt::xtensor<typename A::value_type, A::rank>(x - m - xt::log(s));
     });
@@ -105,11 +117,12 @@ auto layer_norm(const A& a, typename A::value_type eps = typename A::value_type(
     using T = typename A::value_type;
     return detail::normalize<Dim>(a, "layer_norm", [&](const auto& x, const layout& l) {
         const T n = T(a.shape()[Dim]);
-        xt::xtensor<T, A::rank> mu = xt::sum(x, {Dim}, xt::keep_dims);
+        xt::xtensor<T, A::rank> mu = detail::sum_kept<T, A::rank>(x, std::array{Dim});
         detail::all_reduce_over(a, l, Dim, mu, reduction::sum);
         mu /= n;
         xt::xtensor<T, A::rank> centred = x - mu;
-        xt::xtensor<T, A::rank> var = xt::sum(centred * centred, {Dim}, xt::keep_dims);
+        xt::xtensor<T, A::rank> var =
+            detail::sum_kept<T, A::rank>(centred * centred, std::array{Dim});
         detail::all_reduce_over(a, l, Dim, var, reduction::sum);
         var /= n;
         return xt::xtensor<T, A::rank>(centred / xt::sqrt(var + eps));
@@ -141,11 +154,11 @@ auto batch_norm(const A& a, typename A::value_type eps = typename A::value_type(
             if (!axes.empty())
                 allreduce(a.mesh().sub(axes), std::span(stat.data(), stat.size()), reduction::sum);
         };
-        xt::xtensor<T, N> mu = xt::sum(x, over, xt::keep_dims);
+        xt::xtensor<T, N> mu = detail::sum_kept<T, N>(x, over);
         reduce(mu);
         mu /= T(count);
         xt::xtensor<T, N> centred = x - mu;
-        xt::xtensor<T, N> var = xt::sum(centred * centred, over, xt::keep_dims);
+        xt::xtensor<T, N> var = detail::sum_kept<T, N>(centred * centred, over);
         reduce(var);
         var /= T(count);
         return xt::xtensor<T, N>(centred / xt::sqrt(var + eps));
