@@ -1,4 +1,4 @@
-// Weights (param/weight.hpp): a value with a zeroed gradient of the same type and layout and
+// Weights (param/weight.hpp): a value with a zeroed gradient of the same shape and layout and
 // an optimizer state; traversals see the value as a parameter and the weight as a weight.
 
 #include <xshard/param/traversal.hpp>
@@ -32,7 +32,10 @@ struct layer {
 TEST(weight, the_gradient_starts_at_zero_with_the_values_layout) {
     const M m = xshard::testing::world_mesh_2d();
     xshard::weight<tensor> w(xshard::full<double, "[dp, mp]">(m, {5, 3}, 2.5));
-    static_assert(std::is_same_v<decltype(w.grad), tensor>);
+    // The gradient holds terms laid out as the dual of the value's layout: with no replicated
+    // axis, the value's layout itself.
+    static_assert(std::is_same_v<decltype(w.grad), xshard::weight<tensor>::gradient_type>);
+    EXPECT_EQ(w.grad.layout(), w.value.layout());
     EXPECT_EQ(w.grad.shape(), w.value.shape());
     EXPECT_EQ(w.grad.local().shape(), w.value.local().shape());
     EXPECT_EQ(xshard::gather_all(w.grad), xt::zeros<double>({5, 3}));
