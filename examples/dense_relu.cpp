@@ -50,12 +50,5 @@ int run() {
 
 int main(int argc, char** argv) {
     xshard::environment env(argc, argv);
-    try {
-        return run();
-    } catch (const xshard::error& e) {
-        // xshard raises an error on every rank alike: rank 0 reports it, in one line.
-        if (xshard::communicator::world().rank() == 0)
-            std::fprintf(stderr, "%s\n", e.what());
-        return 1;
-    }
+    return xshard::report_errors([&] { return run(); });
 }

@@ -14,6 +14,7 @@
 #include <xshard/comm/float16.hpp>
 #include <xshard/comm/pairwise_reduce.hpp>
 #include <xshard/comm/reduction.hpp>
+#include <xshard/comm/report_errors.hpp>
 #include <xshard/comm/request.hpp>
 #include <xshard/comm/subarray.hpp>
 #include <xshard/core/axis.hpp>
