@@ -10,6 +10,7 @@
 #include <xshard/data/views.hpp>
 #include <xshard/tensor/gather.hpp>
 
+#include "expect_error.hpp"
 #include "mpi_test.hpp"
 
 #include <gtest/gtest.h>
@@ -75,17 +76,7 @@ bool same_on_all_ranks(const xshard::communicator& comm, const std::vector<T>& v
     return true;
 }
 
-/// Runs `f` and expects an xshard::error whose message contains `text`.
-template <class F>
-void expect_error(F&& f, const std::string& text) {
-    try {
-        f();
-        ADD_FAILURE() << "no error; expected one containing \"" << text << "\"";
-    } catch (const xshard::error& e) {
-        EXPECT_NE(std::string(e.what()).find(text), std::string::npos)
-            << "the message \"" << e.what() << "\" lacks \"" << text << "\"";
-    }
-}
+using xshard::testing::expect_error;
 
 // --- views ------------------------------------------------------------------------------
 

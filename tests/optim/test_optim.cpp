@@ -8,6 +8,7 @@
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/gather.hpp>
 
+#include "expect_error.hpp"
 #include "mpi_test.hpp"
 
 #include <gtest/gtest.h>
@@ -553,18 +554,7 @@ TEST(state_of, checkpoint_round_trip_resumes_every_optimizer) {
 
 // --- errors -------------------------------------------------------------------------------
 
-/// Expects `f` to throw xshard::error saying `part`.
-template <class F>
-void expect_error(F&& f, const std::string& part) {
-    try {
-        f();
-        ADD_FAILURE() << "no error; expected one saying \"" << part << "\" on rank "
-                      << world().rank();
-    } catch (const xshard::error& e) {
-        EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-            << e.what() << " on rank " << world().rank();
-    }
-}
+using xshard::testing::expect_error;
 
 TEST(errors, options_out_of_range) {
     expect_error([] { optim::sgd o({.lr = -1}); }, "xshard: sgd: lr must be a finite number >= 0, "

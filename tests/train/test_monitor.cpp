@@ -5,6 +5,7 @@
 #include <xshard/core/mesh.hpp>
 #include <xshard/train/monitor.hpp>
 
+#include "expect_error.hpp"
 #include "mpi_test.hpp"
 
 #include <gtest/gtest.h>
@@ -20,17 +21,7 @@ namespace {
 
 using xshard::testing::world;
 
-/// Runs `f` and expects an xshard::error whose message contains `text`.
-template <class F>
-void expect_error(F&& f, const std::string& text) {
-    try {
-        f();
-        ADD_FAILURE() << "no error; expected one containing \"" << text << "\"";
-    } catch (const xshard::error& e) {
-        EXPECT_NE(std::string(e.what()).find(text), std::string::npos)
-            << "the message \"" << e.what() << "\" lacks \"" << text << "\"";
-    }
-}
+using xshard::testing::expect_error;
 
 /// Lines of `text`.
 std::vector<std::string> lines_of(const std::string& text) {
