@@ -64,7 +64,7 @@ TEST(operand, steps_that_need_messages_raise_on_every_rank_unless_allowed) {
         } catch (const xshard::error& e) {
             EXPECT_EQ(std::string(e.what()),
                       "xshard: matmul: operand layout [dp, -] would need a redistribution to "
-                      "[-, dp]; redistribute it (or let shard() insert redistributions)");
+                      "[-, dp]; redistribute it (or pass xshard::auto_redistribute to shard())");
         }
         // Allowed: the block of the redistributed tensor.
         const layout to("[-, dp]");

@@ -20,6 +20,10 @@ std::vector<unsigned long long>& counts() {
 void record(int count, MPI_Datatype type, int dest, MPI_Comm comm) {
     if (dest == MPI_PROC_NULL || count <= 0)
         return;
+    // An invalid destination (a test of MPI's error reporting) is MPI's to reject.
+    int members = 0;
+    if (PMPI_Comm_size(comm, &members) != MPI_SUCCESS || dest < 0 || dest >= members)
+        return;
     int size = 0;
     PMPI_Type_size(type, &size);
     MPI_Group group, world;
