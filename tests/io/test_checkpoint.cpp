@@ -4,6 +4,7 @@
 
 #include <xshard/comm/subarray.hpp>
 #include <xshard/io/checkpoint.hpp>
+#include <xshard/io/offline.hpp>
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/tensor/gather.hpp>
 
@@ -732,13 +733,22 @@ TEST(python, a_safetensors_file_written_by_numpy_loads) {
     });
 }
 
-// Written by `xshard-ckpt merge` and `xshard-ckpt reshard` (the io_tool fixture) from the
-// io.save_2x2 checkpoints.
-TEST(xshard_ckpt, merged_and_resharded_checkpoints_load_here) {
-    const std::string merged = XSHARD_TEST_DATA_DIR "/merged.safetensors",
-                      resharded = XSHARD_TEST_DATA_DIR "/resharded";
-    ASSERT_TRUE(fs::exists(merged) && fs::exists(resharded))
-        << "run through ctest: the io_tool fixture writes them";
+// What xshard-ckpt merge and reshard do (io/offline.hpp), done here on rank 0 from the
+// io.save_2x2 checkpoints: the results load into every mesh.
+TEST(offline, merged_and_resharded_checkpoints_load_here) {
+    const std::string dir = scratch(), merged = dir + "/merged.safetensors",
+                      resharded = dir + "/resharded";
+    on_rank0([&] {
+        EXPECT_NO_THROW({
+            EXPECT_EQ(xshard::merge_checkpoint(XSHARD_TEST_DATA_DIR "/saved_2x2/model", merged),
+                      8u);
+            const auto target =
+                xshard::load_strategy_file(XSHARD_TEST_SOURCE_DIR "/reshard_strategy.json");
+            EXPECT_EQ(xshard::reshard_checkpoint(
+                          XSHARD_TEST_DATA_DIR "/saved_2x2/model.safetensors", target, resharded),
+                      8u);
+        });
+    });
     for_each_world_mesh([&](const ckpt_mesh& m) {
         for (const auto& path : {merged, resharded}) {
             net n(m, saved_layouts);
