@@ -4,6 +4,8 @@
 
 #include <xshard/comm/subarray.hpp>
 #include <xshard/io/checkpoint.hpp>
+#include <xshard/io/files.hpp>
+#include <xshard/io/format.hpp>
 #include <xshard/io/offline.hpp>
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/tensor/gather.hpp>

@@ -2,8 +2,13 @@
 // forward and backward against the same layer on one rank (parity) and against finite
 // differences, on the meshes dp x tp of the world.
 
+#include <xshard/nn/activation.hpp>
+#include <xshard/nn/attention.hpp>
 #include <xshard/nn/blocks.hpp>
 #include <xshard/nn/embedding.hpp>
+#include <xshard/nn/layer_normalization.hpp>
+#include <xshard/nn/linear.hpp>
+#include <xshard/nn/module.hpp>
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/tensor/gather.hpp>
 #include <xshard/train/gradients.hpp>
