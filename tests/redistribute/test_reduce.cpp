@@ -23,12 +23,7 @@ namespace {
 using xshard::reduction;
 using xshard::testing::world;
 namespace traffic = xshard::testing::traffic;
-
-/// The sum over the members of `c` of their `sent` (bytes).
-unsigned long long total(const xshard::communicator& c, unsigned long long sent) {
-    xshard::mpi::allreduce(c, std::span(&sent, 1), xshard::reduction::sum);
-    return sent;
-}
+using traffic::total;
 
 /// The bytes the members of `c` sent to this rank since `traffic::reset()`.
 unsigned long long bytes_received(const xshard::communicator& c) {

@@ -4,7 +4,11 @@
 // PMPI_*), so that tests check the library's own byte figures against what really left.
 // Link traffic.cpp into a test program to use it.
 
+#include <xshard/comm/collectives.hpp>
+#include <xshard/comm/communicator.hpp>
+
 #include <cstddef>
+#include <span>
 #include <vector>
 
 namespace xshard::testing::traffic {
@@ -17,5 +21,11 @@ const std::vector<unsigned long long>& sent_to();
 
 /// Bytes sent since the last reset, in total.
 unsigned long long sent();
+
+/// The sum over the members of `c` of their `sent` (bytes): what a group sent in all.
+inline unsigned long long total(const communicator& c, unsigned long long sent) {
+    allreduce(c, std::span(&sent, 1), reduction::sum);
+    return sent;
+}
 
 } // namespace xshard::testing::traffic

@@ -56,6 +56,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace xshard {
@@ -298,6 +299,26 @@ inline void check_written(const communicator& c, const std::string& tmp,
     verify_shared(c, *r, stored, "writing " + path + " failed: read back");
 }
 
+/// Runs `cleanup` when it goes out of scope unless `committed` is set by then: what a save
+/// removes of its temporaries when it fails (or throws) before the rename.
+template <class F>
+class unless_committed {
+public:
+    unless_committed(const bool& committed, F cleanup)
+        : committed_(committed)
+        , cleanup_(std::move(cleanup)) {}
+    unless_committed(const unless_committed&) = delete;
+    unless_committed& operator=(const unless_committed&) = delete;
+    ~unless_committed() {
+        if (!committed_)
+            cleanup_();
+    }
+
+private:
+    const bool& committed_;
+    F cleanup_;
+};
+
 inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t step) {
     const auto& c = *m.comm;
     std::vector<tensor_entry> entries;
@@ -318,15 +339,10 @@ inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t
     });
     const std::string tmp = message_from(c, 0, created);
     bool committed = false;
-    struct remove_unless_committed {
-        const communicator& c;
-        const std::string& tmp;
-        const bool& committed;
-        ~remove_unless_committed() {
-            if (!committed && c.rank() == 0)
-                ::unlink(tmp.c_str());
-        }
-    } guard{c, tmp, committed};
+    const unless_committed guard(committed, [&] {
+        if (c.rank() == 0)
+            ::unlink(tmp.c_str());
+    });
 
     std::vector<std::size_t> writers, begins;
     std::vector<const std::byte*> where;
@@ -457,18 +473,11 @@ inline void save_per_rank(ckpt_model& m, const std::string& path, std::int64_t s
     });
     const std::string tmp = message_from(c, 0, created);
     bool committed = false;
-    struct remove_unless_committed {
-        const communicator& c;
-        const std::string& tmp;
-        const bool& committed;
-        ~remove_unless_committed() {
-            if (committed)
-                return;
-            ::unlink(rank_file(tmp, c.rank()).c_str());
-            if (c.rank() == 0)
-                remove_temporary_directory(tmp);
-        }
-    } guard{c, tmp, committed};
+    const unless_committed guard(committed, [&] {
+        ::unlink(rank_file(tmp, c.rank()).c_str());
+        if (c.rank() == 0)
+            remove_temporary_directory(tmp);
+    });
     everywhere(c, [&] {
         std::vector<tensor_entry> entries;
         std::vector<const std::byte*> data;
