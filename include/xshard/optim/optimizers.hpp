@@ -14,7 +14,10 @@
 /// blocks (vectorised xtensor expressions): a step communicates nothing, and the redundant
 /// copies of a replicated weight take identical steps. The state slots (momentum, Adam's
 /// moments) live in `weight::state`, laid out like the value; a weight without them gets zeros
-/// at its first step (or at `state_of`). Every check looks only at what all ranks share
+/// at its first step (or at `state_of`). Under optimizer sharding (xshard/train/hsdp.hpp) a
+/// weight's `shard` is updated instead: this rank's block of the master copy, the gradient and
+/// the slots, all in the sharded layout; the sharding object gathers the weights afterwards.
+/// Every check looks only at what all ranks share
 /// (options, names, layouts, global shapes), so misuse throws `xshard::error` on every rank.
 ///
 /// Element types: float and double weights are updated in their own type; float16 and
@@ -191,6 +194,16 @@ void prepare_slots(std::string_view who, std::span<const std::string_view> slots
 
 namespace optim {
 
+/// Calls `f(u)` with what an optimizer updates of weight `w`: its `shard` (value, gradient and
+/// state slots in the sharded layout) under optimizer sharding (train/hsdp.hpp), else `w`.
+template <class W, class F>
+void with_update_target(W& w, F&& f) {
+    if (w.shard)
+        f(*w.shard);
+    else
+        f(w);
+}
+
 /// The optimizer state of the weights of container `C` as a parameter container: weight
 /// "dense1.weight"'s slot "adam_m" is the parameter "adam_m.dense1.weight" (slot by slot, each
 /// in the container's order). Made by an optimizer's `state_of`; visiting it gives weights
@@ -205,17 +218,23 @@ struct state_view {
     friend void visit_parameters(state_view& s, auto&& visit) {
         for (std::size_t k = 0; k < s.slots.size(); ++k)
             for_each_weight(s.container, [&](const std::string& name, auto& w) {
-                xshard::detail::prepare_slots(s.optimizer, s.slots, name, w);
-                visit(std::string(s.slots[k]) + "." + name, w.state[k]);
+                with_update_target(w, [&](auto& u) {
+                    xshard::detail::prepare_slots(s.optimizer, s.slots, name, u);
+                    visit(std::string(s.slots[k]) + "." + name, u.state[k]);
+                });
             });
     }
 };
 
 /// Drops the optimizer state of every weight of `model` (to change optimizers, or to start
-/// afresh). No communication.
+/// afresh), sharded state included. No communication.
 template <parameter_container M>
 void clear_state(M& model) {
-    for_each_weight(model, [](const std::string&, auto& w) { w.state.clear(); });
+    for_each_weight(model, [](const std::string&, auto& w) {
+        w.state.clear();
+        if (w.shard)
+            w.shard->state.clear();
+    });
 }
 
 } // namespace optim
@@ -282,12 +301,16 @@ public:
                                            "non-const");
         detail::require_nonnegative(name, "lr", lr);
         for_each_weight(model, [&](const std::string& weight_name, auto& w) {
-            detail::prepare_slots(name, Rule::slots, weight_name, w);
-            detail::require_complete_gradient(name, weight_name, w);
-            detail::require_like_value(name, weight_name, "gradient", w.grad, w.value);
+            with_update_target(w, [&](auto& u) {
+                detail::prepare_slots(name, Rule::slots, weight_name, u);
+                detail::require_complete_gradient(name, weight_name, u);
+                detail::require_like_value(name, weight_name, "gradient", u.grad, u.value);
+            });
         });
         ++steps_;
-        for_each_weight(model, [&](const std::string&, auto& w) { rule_.update(w, lr, steps_); });
+        for_each_weight(model, [&](const std::string&, auto& w) {
+            with_update_target(w, [&](auto& u) { rule_.update(u, lr, steps_); });
+        });
     }
 
     /// The optimizer's state of `model`'s weights, as a parameter container named
@@ -299,7 +322,8 @@ public:
         static_assert(!std::is_const_v<M>, "xshard: state_of may allocate state slots: pass the "
                                            "model non-const");
         for_each_weight(model, [&](const std::string& weight_name, auto& w) {
-            detail::prepare_slots(name, Rule::slots, weight_name, w);
+            with_update_target(
+                w, [&](auto& u) { detail::prepare_slots(name, Rule::slots, weight_name, u); });
         });
         return {model, name, Rule::slots};
     }

@@ -8,6 +8,7 @@
 #include <xshard/tensor/dtensor.hpp>
 
 #include <concepts>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -37,6 +38,20 @@ inline layout without_unit_sums(const layout& l, const mesh_shape& mesh) {
 
 } // namespace detail
 
+/// This rank's share of a weight's update under optimizer sharding (MindSpore's hsdp,
+/// xshard/train/hsdp.hpp): the master copy the update writes, the complete gradient and the
+/// optimizer's state slots, all laid out as the weight's *sharded* layout (its value's layout
+/// with data-parallel axes added to a dimension), so each rank keeps 1/dp of them. An
+/// optimizer that finds a weight's `shard` updates it instead of the whole value.
+template <distributed_tensor D>
+struct weight_shard {
+    using tensor_type = gradient_t<D>;
+    using gradient_type = tensor_type;
+    tensor_type value;
+    tensor_type grad;
+    std::vector<tensor_type> state;
+};
+
 /// A trainable tensor of a layer (xshard/nn/): its value, its gradient and an optimizer's
 /// state (slots laid out like the value). Parameter traversals see the value;
 /// `gradients_of(c)` and `for_each_weight` see the rest.
@@ -57,6 +72,9 @@ struct weight {
     D value;
     gradient_type grad;
     std::vector<D> state;
+    /// Set by optimizer sharding (train/hsdp.hpp): the sharded master copy, gradient and
+    /// optimizer state the update works on; `state` then stays empty.
+    std::optional<weight_shard<D>> shard = std::nullopt;
 
     explicit weight(D v)
         : value(std::move(v))

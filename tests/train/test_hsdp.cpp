@@ -1,0 +1,361 @@
+// Optimizer sharding (hsdp): the options' checks, the sharded layouts, and training
+// trajectories at levels 0, 1 and 2 against one rank; a checkpoint saved under sharding and
+// loaded at another level or without sharding.
+
+#include <xshard/io/checkpoint.hpp>
+#include <xshard/nn/activation.hpp>
+#include <xshard/nn/embedding.hpp>
+#include <xshard/nn/linear.hpp>
+#include <xshard/nn/module.hpp>
+#include <xshard/optim/optimizers.hpp>
+#include <xshard/tensor/distribute.hpp>
+#include <xshard/tensor/gather.hpp>
+#include <xshard/train/hsdp.hpp>
+#include <xshard/train/norms.hpp>
+
+#include "expect_error.hpp"
+#include "mpi_test.hpp"
+
+#include <gtest/gtest.h>
+#include <xtensor/xrandom.hpp>
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace nn = xshard::nn;
+namespace optim = xshard::optim;
+using xshard::layout;
+using xshard::optimizer_level;
+using xshard::testing::expect_error;
+using xshard::testing::where;
+using xshard::testing::world;
+using mesh_t = xshard::mesh<"dp", "tp">;
+
+// --- options and layouts --------------------------------------------------------------------
+
+TEST(hsdp_options, mindspores_conditions) {
+    using xshard::detail::hsdp_options_problem;
+    EXPECT_FALSE(hsdp_options_problem({}));
+    EXPECT_FALSE(hsdp_options_problem({.shard_size = 4, .threshold = 0}));
+    EXPECT_NE(hsdp_options_problem({.shard_size = 0})->find("positive integer or -1"),
+              std::string::npos);
+    EXPECT_NE(hsdp_options_problem({.shard_size = -2})->find("positive integer or -1"),
+              std::string::npos);
+    EXPECT_NE(hsdp_options_problem({.threshold = -1})->find("threshold must be"),
+              std::string::npos);
+    EXPECT_NE(hsdp_options_problem({.optimizer_level = optimizer_level(4)})->find("level1, level2"),
+              std::string::npos);
+    EXPECT_NE(hsdp_options_problem({.optimizer_level = optimizer_level::level3})
+                  ->find("not supported yet"),
+              std::string::npos);
+    EXPECT_EQ(xshard::parse_optimizer_level("level2"), optimizer_level::level2);
+    expect_error([] { (void)xshard::parse_optimizer_level("level4"); }, "one of level1");
+}
+
+TEST(hsdp_layouts, the_data_parallel_axes_join_a_dimension) {
+    const xshard::mesh_shape m({"dp", "tp"}, {2, 2});
+    auto both = xshard::axis_set{}.with(0);
+    // The dp axis after tp; ties go to the lowest dimension.
+    EXPECT_EQ(xshard::sharded_layout(layout("[-, tp]"), m, std::array<std::size_t, 2>{8, 6}, both),
+              layout("[dp, tp]"));
+    EXPECT_EQ(xshard::sharded_layout(layout("[tp, -]"), m, std::array<std::size_t, 2>{8, 6}, both),
+              layout("[(tp, dp), -]"));
+    // The dimension whose largest block is smallest: (3, 10) over 2 is split along 10.
+    EXPECT_EQ(xshard::sharded_layout(layout("[-, -]"), m, std::array<std::size_t, 2>{3, 10}, both),
+              layout("[-, dp]"));
+    EXPECT_EQ(xshard::sharded_layout(layout("[-]"), m, std::array<std::size_t, 1>{5},
+                                     both.with(1)),
+              layout("[(dp, tp)]"));
+    EXPECT_EQ(xshard::sharded_layout(layout("[-]"), m, std::array<std::size_t, 1>{5}, {}),
+              layout("[-]"));
+
+    // shard_size: the whole group, a set of axes of that size (hybrid), or an error.
+    using xshard::detail::hsdp_axes;
+    const xshard::mesh_shape m3({"a", "b", "c"}, {2, 3, 2});
+    const auto all = m3.all_axes();
+    EXPECT_EQ(hsdp_axes(all, m3, -1, "w").bits, all.bits);
+    EXPECT_EQ(hsdp_axes(all, m3, 3, "w").bits, xshard::axis_set{}.with(1).bits);
+    EXPECT_EQ(hsdp_axes(all, m3, 2, "w").bits, xshard::axis_set{}.with(2).bits); // minor-most
+    EXPECT_EQ(hsdp_axes(all, m3, 6, "w").bits, xshard::axis_set{}.with(1).with(2).bits);
+    EXPECT_TRUE(hsdp_axes(all, m3, 1, "w").empty());
+    expect_error([&] { (void)hsdp_axes(all, m3, 5, "w"); }, "does not divide");
+    const xshard::mesh_shape m4({"dp"}, {4});
+    expect_error([&] { (void)hsdp_axes(m4.all_axes(), m4, 2, "w"); }, "not supported yet");
+}
+
+// --- trajectories ---------------------------------------------------------------------------
+
+constexpr std::size_t features = 12, hidden = 16, rows = 24;
+
+auto make_model(const mesh_t& m) {
+    return nn::sequential(nn::column_parallel_linear<double, mesh_t>(m, features, hidden, 1),
+                          nn::gelu_activation<double, mesh_t>(m),
+                          nn::row_parallel_linear<double, mesh_t>(m, hidden, features, 2));
+}
+using model_t = decltype(make_model(std::declval<const mesh_t&>()));
+
+/// A run's record: the losses and the final weights (gathered).
+struct record {
+    std::vector<double> losses, norms;
+    std::vector<xt::xarray<double>> weights;
+};
+
+/// How a run synchronises and steps: level 0 (no sharding) or an hsdp configuration.
+struct config {
+    int level = 0;
+    xshard::hsdp_options hsdp{};
+    bool mean = false;
+    double clip = 0; ///< clip by global norm when > 0
+    std::string name = {};
+};
+
+/// Batch `step` (random, the same on every mesh), rows split over dp.
+auto batch(const mesh_t& m, int step) {
+    std::mt19937 e(unsigned(100 + step));
+    const xt::xtensor<double, 2> x = xt::random::randn<double>({rows, features}, 0.0, 1.0, e);
+    const xt::xtensor<std::int64_t, 1> y =
+        xt::random::randint<std::int64_t>({rows}, 0, std::int64_t(features), e);
+    return std::pair(xshard::distribute<xshard::dynamic_layout(2)>(m, x, nn::make_layout({"dp", ""})),
+                     xshard::distribute<xshard::dynamic_layout(1)>(m, y, nn::make_layout({"dp"})));
+}
+
+/// `steps` training steps of `model` from step `first` on.
+template <class Opt>
+void train(model_t& model, Opt& opt, const config& c, xshard::hsdp<model_t>* sharding, int first,
+           int steps, record& r) {
+    const auto m = [&] {
+        std::optional<mesh_t> mesh;
+        xshard::for_each_weight(model, [&](const std::string&, auto& w) {
+            if (!mesh)
+                mesh.emplace(w.value.mesh());
+        });
+        return *mesh;
+    }();
+    nn::parallel_cross_entropy<double, mesh_t> loss;
+    for (int s = first; s < first + steps; ++s) {
+        auto [x, y] = batch(m, s);
+        r.losses.push_back(loss.forward(model.forward(x), y));
+        model.backward(loss.backward());
+        if (sharding) {
+            sharding->synchronize_gradients();
+            auto g = sharding->gradients();
+            r.norms.push_back(c.clip > 0 ? xshard::clip_by_global_norm(g, c.clip)
+                                         : xshard::global_norm(g));
+            sharding->step(opt);
+        } else {
+            auto g = xshard::gradients_of{model};
+            xshard::synchronize_gradients(model, g, {.mean = c.mean});
+            r.norms.push_back(c.clip > 0 ? xshard::clip_by_global_norm(g, c.clip)
+                                         : xshard::global_norm(g));
+            opt.step(model);
+        }
+        xshard::for_each_weight(model, [](const std::string&, auto& w) { w.zero_grad(); });
+    }
+}
+
+record weights_of(model_t& model, record r) {
+    xshard::for_each_weight(model, [&](const std::string&, auto& w) {
+        r.weights.push_back(xshard::gather_all(w.value));
+    });
+    return r;
+}
+
+template <class Opt>
+record run(const mesh_t& m, const typename Opt::options_type& o, const config& c, int steps) {
+    auto model = make_model(m);
+    Opt opt(o);
+    record r;
+    if (c.level == 0) {
+        train(model, opt, c, nullptr, 0, steps, r);
+    } else {
+        xshard::hsdp<model_t> sharding(model, c.hsdp, {.mean = c.mean});
+        if (m.shape().axis_size("dp") > 1 && c.hsdp.threshold == 0) {
+            // Every weight is sharded: the state of each takes 1/dp of the bytes (and a little
+            // more for uneven blocks).
+            EXPECT_EQ(sharding.sharded_layouts().size(), 4U) << where(m);
+        }
+        train(model, opt, c, &sharding, 0, steps, r);
+        // The state's layouts are the sharded ones.
+        const auto layouts = xshard::layouts_of(opt.state_of(model));
+        for (const auto& [name, l] : sharding.sharded_layouts())
+            for (const auto slot : Opt::slots)
+                EXPECT_EQ(layouts.at(std::string(slot) + "." + name), l) << where(m) << name;
+    }
+    return weights_of(model, std::move(r));
+}
+
+void expect_same(const record& a, const record& b, const std::string& context) {
+    ASSERT_EQ(a.losses.size(), b.losses.size()) << context;
+    for (std::size_t i = 0; i < a.losses.size(); ++i) {
+        EXPECT_NEAR(a.losses[i], b.losses[i], 1e-12) << context << " loss " << i;
+        EXPECT_NEAR(a.norms[i], b.norms[i], 1e-12) << context << " norm " << i;
+    }
+    ASSERT_EQ(a.weights.size(), b.weights.size()) << context;
+    for (std::size_t i = 0; i < a.weights.size(); ++i)
+        EXPECT_TRUE(xt::allclose(a.weights[i], b.weights[i], 1e-12, 1e-12))
+            << context << " weight " << i;
+}
+
+/// The meshes of the world: (W, 1), (1, W) and (2, W/2) for even W > 2.
+template <class F>
+void for_each_dp_tp(F&& f) {
+    const auto w = world();
+    std::vector<std::array<int, 2>> shapes{{w.size(), 1}};
+    if (w.size() > 1)
+        shapes.push_back({1, w.size()});
+    if (w.size() > 2 && w.size() % 2 == 0)
+        shapes.push_back({2, w.size() / 2});
+    for (const auto& s : shapes)
+        f(mesh_t(w, s));
+}
+
+template <class Opt>
+void check_trajectories(const typename Opt::options_type& o) {
+    constexpr int steps = 20;
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    const auto level1 = optimizer_level::level1, level2 = optimizer_level::level2;
+    const std::vector<config> configs{
+        {.level = 1, .hsdp = {.threshold = 0, .optimizer_level = level1}, .name = "level1"},
+        {.level = 2, .hsdp = {.threshold = 0, .optimizer_level = level2}, .name = "level2"},
+        // 1 KB: the matrices (1.5 KB) are sharded, the biases (96 and 128 bytes) are not.
+        {.level = 2, .hsdp = {.threshold = 1, .optimizer_level = level2}, .name = "level2 1KB"},
+        {.level = 1, .hsdp = {.threshold = 64, .optimizer_level = level1}, .name = "level1 64KB"},
+        {.level = 2,
+         .hsdp = {.threshold = 0, .optimizer_level = level2},
+         .clip = 0.5,
+         .name = "level2 clipped"},
+    };
+    const auto serial = run<Opt>(one, o, {}, steps);
+    const auto serial_clipped = run<Opt>(one, o, {.clip = 0.5}, steps);
+    for_each_dp_tp([&](const mesh_t& m) {
+        const std::string context = std::string(Opt::name) + " " + where(m);
+        expect_same(run<Opt>(m, o, {}, steps), serial, context + " level0");
+        for (const auto& c : configs)
+            expect_same(run<Opt>(m, o, c, steps), c.clip > 0 ? serial_clipped : serial,
+                        context + " " + c.name);
+        // gradients_mean: against level 0 with the mean on the same mesh.
+        const auto mean0 = run<Opt>(m, o, {.mean = true}, steps);
+        expect_same(run<Opt>(m, o,
+                             {.level = 2,
+                              .hsdp = {.threshold = 0, .optimizer_level = level2},
+                              .mean = true},
+                             steps),
+                    mean0, context + " level2 mean");
+        expect_same(run<Opt>(m, o, {.level = 1, .hsdp = {.threshold = 0}, .mean = true}, steps),
+                    mean0, context + " level1 mean");
+    });
+}
+
+TEST(hsdp_trajectories, sgd) { check_trajectories<optim::sgd>({.lr = 0.1, .weight_decay = 0.01}); }
+TEST(hsdp_trajectories, momentum) {
+    check_trajectories<optim::momentum>({.lr = 0.05, .nesterov = true, .weight_decay = 0.01});
+}
+TEST(hsdp_trajectories, adam) { check_trajectories<optim::adam>({.lr = 0.01, .weight_decay = 0.1}); }
+TEST(hsdp_trajectories, adamw) { check_trajectories<optim::adamw>({.lr = 0.01}); }
+
+TEST(hsdp_state, sharded_state_takes_a_share_of_the_bytes) {
+    const auto w = world();
+    const mesh_t m(w, {w.size(), 1});
+    auto plain = make_model(m), sharded = make_model(m);
+    optim::adam a, b;
+    (void)a.state_of(plain);
+    const std::size_t full = xshard::optimizer_state_bytes(plain);
+    xshard::hsdp<model_t> sharding(sharded, {.threshold = 0});
+    (void)b.state_of(sharded);
+    const std::size_t mine = xshard::optimizer_state_bytes(sharded);
+    // Summed over the ranks, the sharded bytes are the unsharded bytes of one rank.
+    std::uint64_t total = mine;
+    xshard::mpi::allreduce(w, std::span(&total, 1), xshard::reduction::sum);
+    EXPECT_EQ(total, std::uint64_t(full)) << where(m);
+    if (w.size() > 1) {
+        EXPECT_LT(mine, full) << where(m);
+    }
+}
+
+// --- checkpoints across levels --------------------------------------------------------------
+
+TEST(hsdp_checkpoint, saved_sharded_loads_at_any_level) {
+    const auto w = world();
+    const std::string dir = xshard::testing::shared_directory(w, XSHARD_TRAIN_SCRATCH);
+    const std::string path = dir + "/hsdp.safetensors";
+    const optim::adam_options o{.lr = 0.01};
+    const config l1{.level = 1, .hsdp = {.threshold = 0}};
+    // 3 steps at level1 on (W, 1), saved, 3 more: the reference.
+    const mesh_t m(w, {w.size(), 1});
+    auto a = make_model(m);
+    optim::adam opt_a(o);
+    record ra;
+    {
+        xshard::hsdp<model_t> sharding(a, l1.hsdp);
+        train(a, opt_a, l1, &sharding, 0, 3, ra);
+        xshard::save_checkpoint(path, a, {.step = opt_a.steps()}, opt_a.state_of(a));
+        train(a, opt_a, l1, &sharding, 3, 3, ra);
+    }
+    const auto reference = weights_of(a, {});
+    for_each_dp_tp([&](const mesh_t& mm) {
+        for (int level : {0, 2}) {
+            const std::string context = "loaded at level " + std::to_string(level) + " " + where(mm);
+            auto b = make_model(mm);
+            optim::adam opt_b(o);
+            const config c{.level = level,
+                           .hsdp = {.threshold = 0, .optimizer_level = optimizer_level::level2}};
+            std::optional<xshard::hsdp<model_t>> sharding;
+            if (level)
+                sharding.emplace(b, c.hsdp);
+            const auto info = xshard::load_checkpoint(path, b, opt_b.state_of(b));
+            opt_b.set_steps(info.step);
+            record rb;
+            train(b, opt_b, c, sharding ? &*sharding : nullptr, 3, 3, rb);
+            const auto got = weights_of(b, {});
+            for (std::size_t i = 0; i < got.weights.size(); ++i)
+                EXPECT_TRUE(xt::allclose(got.weights[i], reference.weights[i], 1e-12, 1e-12))
+                    << context << " weight " << i;
+            for (std::size_t i = 0; i < 3; ++i)
+                EXPECT_NEAR(rb.losses[i], ra.losses[3 + i], 1e-12) << context;
+        }
+    });
+    xshard::mpi::barrier(w);
+    if (w.rank() == 0)
+        std::filesystem::remove_all(dir);
+}
+
+// --- misuse raises on every rank ------------------------------------------------------------
+
+TEST(hsdp_errors, misuse_raises_on_every_rank) {
+    const auto w = world();
+    const mesh_t m(w, {w.size(), 1});
+    auto model = make_model(m);
+    expect_error([&] { xshard::hsdp<model_t> s(model, {.shard_size = 0}); },
+                 "shard_size must be a positive integer or -1");
+    expect_error([&] { xshard::hsdp<model_t> s(model, {.threshold = -3}); },
+                 "threshold must be an integer >= 0");
+    expect_error(
+        [&] { xshard::hsdp<model_t> s(model, {.optimizer_level = optimizer_level::level3}); },
+        "level3");
+    if (w.size() > 1) {
+        expect_error([&] { xshard::hsdp<model_t> s(model, {.shard_size = w.size() + 1, .threshold = 0}); },
+                     "does not divide");
+        // At level2 the gradient must be the terms or the sum: a gradient set to another
+        // layout is refused on every rank.
+        xshard::hsdp<model_t> s(model, {.threshold = 0, .optimizer_level = optimizer_level::level2});
+        xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
+            using D = typename std::remove_cvref_t<decltype(wt)>::tensor_type;
+            if constexpr (D::rank == 2)
+                wt.set_gradient(xshard::distribute<xshard::dynamic_layout(2)>(
+                    m, xt::xtensor<double, 2>(xt::zeros<double>(wt.value.shape())),
+                    nn::make_layout({"dp", ""})));
+        });
+        expect_error([&] { s.synchronize_gradients(); }, "expected its terms");
+    }
+    // Nothing is left sharded when a construction fails.
+    xshard::for_each_weight(model, [&](const std::string&, auto& wt) { EXPECT_FALSE(wt.shard); });
+}
+
+} // namespace
