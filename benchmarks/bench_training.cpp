@@ -11,6 +11,13 @@
 //                       1024), batch 64, parallel_cross_entropy over the 1024 outputs as classes.
 //   mlp_step_dp*_f64_batch512: the MLP in double with batch 512, data-parallel: where the
 //                       products outweigh the weight-sized work (update, gradient all-reduce).
+//   mlp_step_dp*_f64_hsdp1, _hsdp2: the data-parallel MLP in double under optimizer sharding
+//                       (xshard::hsdp, MindSpore's optimizer_level level1 / level2): the
+//                       Momentum state and master weights split over dp, the updated blocks
+//                       all-gathered; level2 reduce-scatters the gradients. Targets 1.5x.
+//   mlp_step_dp*_f64_hsdp1_batch512: the same at batch 512, target 1.85x.
+//   optimizer_state_bytes_dp*_hsdp1: per-rank bytes of optimizer state and master weights
+//                       at level1 against those without sharding ("ratio", target <= 0.55).
 //   transformer_step_*: one nn::transformer_block (512 features, 8 heads, MLP hidden 2048),
 //                       8 sequences of 64 tokens, parallel_cross_entropy over the 512 outputs.
 // Labels are random; the optimizer is Momentum (lr 1e-3, 0.9); gradients are synchronised as
@@ -27,7 +34,9 @@
 //       and backward (the layers' all-reduces, the loss's; counted by intercepting the MPI
 //       calls xshard makes, through the MPI profiling interface). It includes waiting for the
 //       other ranks, and leaves out the local additions of xshard's pairwise all-reduce.
-//   communication_seconds, share: per rank, mpi_in_forward_backward + gradient_sync, and its
+//   weight_gather_seconds: per rank, hsdp's all-gather of the updated weights (0 without).
+//   communication_seconds, share: per rank, mpi_in_forward_backward + gradient_sync +
+//       weight_gather, and its
 //       fraction of step_seconds.
 //   baseline_forward_backward_seconds, baseline_optimizer_seconds: the one-rank step's phases.
 
@@ -38,6 +47,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -135,9 +145,11 @@ int MPI_Test(MPI_Request* q, int* done, MPI_Status* st) {
 
 // ---------------------------------------------------------------------------------------------
 
-/// The phases of one step on this rank, in seconds.
+/// The phases of one step on this rank, in seconds (gather: optimizer sharding's all-gather of
+/// the updated weights).
 struct phases {
-    double step = 0, forward_backward = 0, mpi_in_forward_backward = 0, sync = 0, optimizer = 0;
+    double step = 0, forward_backward = 0, mpi_in_forward_backward = 0, sync = 0, optimizer = 0,
+           gather = 0;
 };
 
 /// A model with its loss, optimizer and one batch (rows split over dp): `step()` is one
@@ -145,7 +157,8 @@ struct phases {
 template <class T, class Model>
 class trainer {
 public:
-    trainer(const mesh_t& mesh, Model model, std::size_t rows, std::size_t features)
+    trainer(const mesh_t& mesh, Model model, std::size_t rows, std::size_t features,
+            int hsdp_level = 0)
         : model_(std::move(model))
         , x_(xshard::generate<xshard::dynamic_layout(2)>(
               mesh, std::array{rows, features}, std::mt19937(11), std::normal_distribution<T>(0, 1),
@@ -153,7 +166,8 @@ public:
         , labels_(xshard::generate<xshard::dynamic_layout(1)>(
               mesh, std::array{rows}, std::mt19937(12),
               std::uniform_int_distribution<std::int64_t>(0, std::int64_t(features) - 1),
-              nn::make_layout({"dp"}))) {}
+              nn::make_layout({"dp"})))
+        , hsdp_level_(hsdp_level) {}
 
     /// One step; its phases timed into `*p` if given.
     void step(phases* p = nullptr) {
@@ -164,16 +178,36 @@ public:
         model_.backward(loss_.backward());
         mpi_clock.counting = false;
         const double backward_done = MPI_Wtime();
-        auto grads = xshard::gradients_of{model_};
-        xshard::synchronize_gradients(model_, grads);
+        double gather = 0;
+        if (hsdp_level_ > 0) {
+            // Made at the first step, once the trainer has stopped moving (it points into the
+            // model).
+            if (!sharding_)
+                sharding_ = std::make_unique<xshard::hsdp<Model>>(
+                    model_, xshard::hsdp_options{
+                                .optimizer_level = xshard::optimizer_level(hsdp_level_)});
+            sharding_->synchronize_gradients();
+        } else {
+            auto grads = xshard::gradients_of{model_};
+            xshard::synchronize_gradients(model_, grads);
+        }
         const double sync_done = MPI_Wtime();
         optimizer_.step(model_);
+        if (sharding_) {
+            const double gather_start = MPI_Wtime();
+            sharding_->gather_weights();
+            gather = MPI_Wtime() - gather_start;
+        }
         xshard::for_each_weight(model_, [](const std::string&, auto& w) { w.zero_grad(); });
         const double end = MPI_Wtime();
         if (p)
-            *p = {end - start, backward_done - start, mpi_clock.seconds, sync_done - backward_done,
-                  end - sync_done};
+            *p = {end - start,          backward_done - start,
+                  mpi_clock.seconds,    sync_done - backward_done,
+                  end - sync_done - gather, gather};
     }
+
+    /// The per-rank bytes of the optimizer's state and master weights (after a step).
+    std::size_t state_bytes() { return xshard::optimizer_state_bytes(model_); }
 
     /// The bytes of the model's weights (global).
     std::size_t bytes() {
@@ -190,12 +224,14 @@ private:
     nn::parallel_cross_entropy<T, mesh_t> loss_;
     xshard::optim::momentum optimizer_{{.lr = 1e-3, .momentum = 0.9}};
     T loss_value_ = 0;
+    int hsdp_level_ = 0;
+    std::unique_ptr<xshard::hsdp<Model>> sharding_;
 };
 
 template <class T, class Model>
 trainer<T, Model> make_trainer(const mesh_t& mesh, Model model, std::size_t rows,
-                               std::size_t features) {
-    return trainer<T, Model>(mesh, std::move(model), rows, features);
+                               std::size_t features, int hsdp_level = 0) {
+    return trainer<T, Model>(mesh, std::move(model), rows, features, hsdp_level);
 }
 
 struct mlp_sizes {
@@ -203,13 +239,13 @@ struct mlp_sizes {
 };
 
 template <class T>
-auto make_mlp(const mesh_t& mesh, const mlp_sizes& s) {
+auto make_mlp(const mesh_t& mesh, const mlp_sizes& s, int hsdp_level = 0) {
     return make_trainer<T>(
         mesh,
         nn::sequential(nn::column_parallel_linear<T, mesh_t>(mesh, s.features, s.hidden, 1),
                        nn::gelu_activation<T, mesh_t>(mesh),
                        nn::row_parallel_linear<T, mesh_t>(mesh, s.hidden, s.features, 2)),
-        s.batch, s.features);
+        s.batch, s.features, hsdp_level);
 }
 
 struct transformer_sizes {
@@ -233,8 +269,10 @@ phases medians(const std::vector<phases>& v) {
             x.push_back(p.*field);
         return bench::median(x);
     };
-    return {of(&phases::step), of(&phases::forward_backward), of(&phases::mpi_in_forward_backward),
-            of(&phases::sync), of(&phases::optimizer)};
+    return {of(&phases::step),   of(&phases::forward_backward),
+            of(&phases::mpi_in_forward_backward),
+            of(&phases::sync),   of(&phases::optimizer),
+            of(&phases::gather)};
 }
 
 /// A JSON array of `value` from every rank of `c` (on rank 0; empty elsewhere).
@@ -282,28 +320,51 @@ void run_case(const bench::options& o, const std::string& name, const mesh_t& me
     const auto m = medians(mine), b = medians(base);
     const double speedup = t.baseline_seconds / t.seconds,
                  target = target_efficiency * double(c.size()),
-                 communication = m.mpi_in_forward_backward + m.sync;
+                 communication = m.mpi_in_forward_backward + m.sync + m.gather;
     const auto steps = per_rank(c, m.step), forward_backward = per_rank(c, m.forward_backward),
                mpi = per_rank(c, m.mpi_in_forward_backward), sync = per_rank(c, m.sync),
-               optimizer = per_rank(c, m.optimizer), comm = per_rank(c, communication),
-               share = per_rank(c, communication / m.step);
+               optimizer = per_rank(c, m.optimizer), gather = per_rank(c, m.gather),
+               comm = per_rank(c, communication), share = per_rank(c, communication / m.step);
     if (c.rank() != 0)
         return;
     std::printf("{\"name\": \"%s.communication\", \"ranks\": %d, \"speedup\": %.3f, "
                 "\"target_speedup\": %.2f, \"target_met\": %s, \"step_seconds\": %s, "
                 "\"forward_backward_seconds\": %s, \"mpi_in_forward_backward_seconds\": %s, "
                 "\"gradient_sync_seconds\": %s, \"optimizer_seconds\": %s, "
+                "\"weight_gather_seconds\": %s, "
                 "\"communication_seconds\": %s, \"share\": %s, "
                 "\"baseline_forward_backward_seconds\": %.4g, "
                 "\"baseline_optimizer_seconds\": %.4g}\n",
                 name.c_str(), c.size(), speedup, target, speedup >= target ? "true" : "false",
                 steps.c_str(), forward_backward.c_str(), mpi.c_str(), sync.c_str(),
-                optimizer.c_str(), comm.c_str(), share.c_str(), b.forward_backward, b.optimizer);
+                optimizer.c_str(), gather.c_str(), comm.c_str(), share.c_str(), b.forward_backward,
+                b.optimizer);
     std::fflush(stdout);
     std::fprintf(stderr,
                  "%s: %.2fx faster than one rank (target %.2fx: %s), communication %.0f %%\n",
                  name.c_str(), speedup, target, speedup >= target ? "met" : "missed",
                  100 * communication / m.step);
+}
+
+/// The per-rank bytes of the MLP's optimizer state and master weights under hsdp level1
+/// against those without sharding (its "ratio": target <= 0.55 at dp = 2).
+void state_bytes_case(const bench::options& o, const std::string& name, const mesh_t& mesh,
+                      const mlp_sizes& s) {
+    if (!o.wants(name))
+        return;
+    auto sharded = make_mlp<double>(mesh, s, 1), plain = make_mlp<double>(mesh, s, 0);
+    sharded.step();
+    plain.step();
+    const std::size_t mine = sharded.state_bytes(), full = plain.state_bytes();
+    const auto& c = mesh.comm();
+    if (c.rank() != 0)
+        return;
+    const double ratio = double(mine) / double(full);
+    std::printf("{\"name\": \"%s\", \"ranks\": %d, \"bytes\": %zu, \"baseline\": \"unsharded\", "
+                "\"baseline_bytes\": %zu, \"ratio\": %.4f, \"target_ratio\": 0.55, "
+                "\"target_met\": %s}\n",
+                name.c_str(), c.size(), mine, full, ratio, ratio <= 0.55 ? "true" : "false");
+    std::fflush(stdout);
 }
 
 int main(int argc, char** argv) {
@@ -346,6 +407,15 @@ int main(int argc, char** argv) {
     run_case(o, "mlp_step_dp" + p + "_f64_batch512", dp, one, dp_efficiency, [&](const mesh_t& m) {
         return make_mlp<double>(m, {mlp.features, mlp.hidden, 8 * mlp.batch});
     });
+    // Optimizer sharding (hsdp level1, level2) of the data-parallel MLP, targets 1.5x and (batch
+    // 512) 1.85x.
+    for (int level : {1, 2})
+        run_case(o, "mlp_step_dp" + p + "_f64_hsdp" + std::to_string(level), dp, one, 0.75,
+                 [&](const mesh_t& m) { return make_mlp<double>(m, mlp, level); });
+    run_case(o, "mlp_step_dp" + p + "_f64_hsdp1_batch512", dp, one, 0.925, [&](const mesh_t& m) {
+        return make_mlp<double>(m, {mlp.features, mlp.hidden, 8 * mlp.batch}, 1);
+    });
+    state_bytes_case(o, "optimizer_state_bytes_dp" + p + "_hsdp1", dp, mlp);
     mlp_cases(float{}, "f32");
     transformer_cases(double{}, "f64");
     transformer_cases(float{}, "f32");

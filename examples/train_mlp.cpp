@@ -9,6 +9,11 @@
 //   mpirun -n 4 build/examples/train_mlp --tp 4 --epochs 10
 //   mpirun -n 4 build/examples/train_mlp --mnist DIR          # DIR/train-images-idx3-ubyte ...
 //   mpirun -n 6 build/examples/train_mlp --batch-size 60      # dp = 3: 20 rows per rank
+//   mpirun -n 4 build/examples/train_mlp --hsdp 2             # optimizer sharding, level2
+//
+// --hsdp LEVEL (1 or 2; 0, the default, is off) shards the optimizer's state and master
+// weights over dp (MindSpore's hsdp optimizer_level level1; level2 also reduce-scatters the
+// gradients), with threshold 0 so that every weight is sharded: the losses stay the same.
 //
 // A batch the data-parallel ranks do not divide (64 over dp = 3) is dealt out in blocks of
 // 22, 21 and 21 rows (the loader's uneven_batches): the losses stay those of one rank.
@@ -18,6 +23,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,7 +42,7 @@ auto make_model(const mesh_2d& mesh, std::size_t features, std::size_t classes) 
 }
 
 struct options {
-    int tp = 0, epochs = 5;
+    int tp = 0, epochs = 5, hsdp = 0;
     std::size_t batch_size = 64;
     std::string mnist;
 };
@@ -53,9 +59,14 @@ options parse(int argc, char** argv) {
             o.batch_size = std::size_t(std::strtoull(argv[++i], nullptr, 10));
         else if (i + 1 < argc && a == "--mnist")
             o.mnist = argv[++i];
+        else if (i + 1 < argc && a == "--hsdp")
+            o.hsdp = std::atoi(argv[++i]);
         else
-            throw xshard::error(
-                "usage: train_mlp [--tp N] [--epochs N] [--batch-size N] [--mnist DIR]");
+            throw xshard::error("usage: train_mlp [--tp N] [--epochs N] [--batch-size N] "
+                                "[--mnist DIR] [--hsdp LEVEL]");
+    if (o.hsdp < 0 || o.hsdp > 2)
+        throw xshard::error("train_mlp: --hsdp takes 0 (off), 1 or 2, not " +
+                            std::to_string(o.hsdp));
     }
     return o;
 }
@@ -93,6 +104,11 @@ int run(int argc, char** argv) {
         model); // the same weights everywhere (they are, from the random seeds)
     xshard::optim::momentum optimizer({.lr = 0.05, .momentum = 0.9});
     nn::parallel_cross_entropy<T, mesh_2d> loss_fn;
+    std::optional<xshard::hsdp<decltype(model)>> sharding;
+    if (o.hsdp > 0)
+        sharding.emplace(model, xshard::hsdp_options{
+                                    .threshold = 0,
+                                    .optimizer_level = xshard::optimizer_level(o.hsdp)});
     const data::loader batches(mesh, train,
                                {.batch_size = o.batch_size, .seed = 7, .uneven_batches = true});
     xshard::loss_monitor monitor(mesh, {.steps_per_epoch = batches.steps_per_epoch(),
@@ -100,17 +116,23 @@ int run(int argc, char** argv) {
                                         .print_every = batches.steps_per_epoch() / 4,
                                         .precision = 15});
     if (mesh.rank() == 0)
-        std::printf("train_mlp on mesh(%s): %zu features, %lld classes, %zu training samples\n",
+        std::printf("train_mlp on mesh(%s): %zu features, %lld classes, %zu training samples%s\n",
                     mesh.shape().to_string().c_str(), features, static_cast<long long>(classes),
-                    train.size());
+                    train.size(),
+                    o.hsdp ? (", hsdp level" + std::to_string(o.hsdp)).c_str() : "");
 
     for (int epoch = 0; epoch < o.epochs; ++epoch) {
         for (auto&& [x, y] : batches.epoch(std::uint64_t(epoch))) {
             const T loss = loss_fn.forward(model.forward(x), y);
             model.backward(loss_fn.backward());
-            auto grads = xshard::gradients_of{model};
-            xshard::synchronize_gradients(model, grads);
-            optimizer.step(model);
+            if (sharding) {
+                sharding->synchronize_gradients(); // level2: reduce-scatter into the shards
+                sharding->step(optimizer);         // update the shards, all-gather the weights
+            } else {
+                auto grads = xshard::gradients_of{model};
+                xshard::synchronize_gradients(model, grads);
+                optimizer.step(model);
+            }
             xshard::for_each_weight(model, [](const std::string&, auto& w) { w.zero_grad(); });
             monitor.step(loss, x.shape()[0]);
         }

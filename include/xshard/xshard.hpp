@@ -74,5 +74,6 @@
 #include <xshard/train/broadcast.hpp>
 #include <xshard/train/fusion.hpp>
 #include <xshard/train/gradients.hpp>
+#include <xshard/train/hsdp.hpp>
 #include <xshard/train/monitor.hpp>
 #include <xshard/train/norms.hpp>
