@@ -5,6 +5,7 @@
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/train/gradients.hpp>
 
+#include "expect_error.hpp"
 #include "layouts.hpp"
 #include "mpi_test.hpp"
 #include "parameters.hpp"
@@ -117,3 +118,37 @@ TEST(gradients, float32_communication_of_16_bit_gradients_is_more_accurate) {
 }
 
 } // namespace
+
+TEST(gradients, index_fusion_closes_buckets_at_the_given_parameters) {
+    const auto w = world();
+    using M = xshard::mesh<"x">;
+    const M m(w, {w.size()});
+    std::map<std::string, dyn<M>> params, grads;
+    for (const char* name : {"a", "b", "c", "d", "e"}) {
+        params.emplace(name, filled<double>(m, {3, 2}, layout("[-, -]"), start));
+        grads.emplace(name, filled<double>(m, {3, 2}, layout("[-, -]"), [](int r, std::size_t i) {
+                          return double(r) + double(i);
+                      }));
+    }
+    using mode = xshard::fusion_threshold::mode;
+    const xshard::gradient_options o{.fusion = {.allreduce = {mode::index, 0, {2, 4}}}};
+    xshard::gradient_synchronizer sync(params, grads, o);
+    // Parameters 0-1, 2-3 and 4: three all-reduces (none on one rank: nothing to sum).
+    EXPECT_EQ(sync.buckets(), w.size() > 1 ? 3U : 0U);
+    sync.synchronize();
+    const double ranks = double(w.size()) * double(w.size() - 1) / 2;
+    for (auto& [name, g] : grads)
+        for (std::size_t i = 0; i < g.local().size(); ++i)
+            EXPECT_DOUBLE_EQ(g.local().data()[i], ranks + double(w.size()) * double(i)) << name;
+    // Indices must increase strictly inside (0, parameters): every rank raises.
+    for (const auto& bad : {std::vector<std::size_t>{0}, std::vector<std::size_t>{3, 2},
+                            std::vector<std::size_t>{5}}) {
+        auto copy = grads;
+        xshard::testing::expect_error(
+            [&] {
+                xshard::gradient_synchronizer(params, copy,
+                                              {.fusion = {.allreduce = {mode::index, 0, bad}}});
+            },
+            "index mode needs strictly increasing");
+    }
+}

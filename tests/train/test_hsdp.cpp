@@ -113,6 +113,9 @@ struct config {
     xshard::hsdp_options hsdp{};
     bool mean = false;
     double clip = 0; ///< clip by global norm when > 0
+    /// comm_fusion of the all-gathers and reduce-scatters (the default, 4 MiB, fuses all of
+    /// the test's weights; size 0 gives each weight its own planned collective).
+    xshard::comm_fusion fusion{};
     std::string name = {};
 };
 
@@ -175,7 +178,7 @@ record run(const mesh_t& m, const typename Opt::options_type& o, const config& c
     if (c.level == 0) {
         train(model, opt, c, nullptr, 0, steps, r);
     } else {
-        xshard::hsdp<model_t> sharding(model, c.hsdp, {.mean = c.mean});
+        xshard::hsdp<model_t> sharding(model, c.hsdp, {.mean = c.mean, .fusion = c.fusion});
         if (m.shape().axis_size("dp") > 1 && c.hsdp.threshold == 0) {
             // Every weight is sharded: the state of each takes 1/dp of the bytes (and a little
             // more for uneven blocks).
@@ -221,6 +224,7 @@ void check_trajectories(const typename Opt::options_type& o) {
     constexpr int steps = 20;
     const mesh_t one(xshard::communicator::self(), {1, 1});
     const auto level1 = optimizer_level::level1, level2 = optimizer_level::level2;
+    const xshard::fusion_threshold unfused{xshard::fusion_threshold::mode::size, 0};
     const std::vector<config> configs{
         {.level = 1, .hsdp = {.threshold = 0, .optimizer_level = level1}, .name = "level1"},
         {.level = 2, .hsdp = {.threshold = 0, .optimizer_level = level2}, .name = "level2"},
@@ -231,6 +235,14 @@ void check_trajectories(const typename Opt::options_type& o) {
          .hsdp = {.threshold = 0, .optimizer_level = level2},
          .clip = 0.5,
          .name = "level2 clipped"},
+        {.level = 2,
+         .hsdp = {.threshold = 0, .optimizer_level = level2},
+         .fusion = {.allgather = unfused, .reducescatter = unfused},
+         .name = "level2 unfused"},
+        {.level = 1,
+         .hsdp = {.threshold = 0, .optimizer_level = level1},
+         .fusion = {.allgather = unfused},
+         .name = "level1 unfused"},
     };
     const auto serial = run<Opt>(one, o, {}, steps);
     const auto serial_clipped = run<Opt>(one, o, {.clip = 0.5}, steps);

@@ -101,9 +101,14 @@ class batch_redistribution_plan {
 public:
     template <mesh_type Mesh>
     explicit batch_redistribution_plan(const Mesh& mesh)
-        : comm_(mesh.comm())
-        , mesh_(mesh.shape())
-        , rank_(mesh.rank())
+        : batch_redistribution_plan(mesh.comm(), mesh.shape()) {}
+
+    /// A plan on the mesh of shape `shape` over communicator `comm` (the mesh's: its ranks
+    /// in row-major order of the coordinates).
+    batch_redistribution_plan(const communicator& comm, const mesh_shape& shape)
+        : comm_(comm)
+        , mesh_(shape)
+        , rank_(comm.rank())
         , sends_(std::size_t(comm_.size()))
         , recvs_(std::size_t(comm_.size())) {}
 

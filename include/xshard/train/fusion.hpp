@@ -20,6 +20,7 @@
 #include <complex>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -33,14 +34,41 @@ namespace xshard {
 /// Fusion of one kind of collective (MindSpore's comm_fusion): `size` fills buckets up to
 /// `threshold_mib` (0: every parameter on its own); `automatic` (the default) lets xshard
 /// choose: 4 MiB, buckets that stay in cache while they are packed, reduced and unpacked
-/// (bench_parameters measures it against MindSpore's 64 MB default: benchmarks/README.md).
+/// (bench_parameters measures it against MindSpore's 64 MB default: benchmarks/README.md);
+/// `index` (all-reduce only, MindSpore's all_reduce_fusion_config) closes a bucket before each
+/// parameter index of `indices` (strictly increasing, in the container's order), whatever the
+/// sizes.
 struct fusion_threshold {
-    enum class mode { automatic, size } how = mode::automatic;
+    enum class mode { automatic, size, index } how = mode::automatic;
     double threshold_mib = 64;
+    std::vector<std::size_t> indices = {};
 
+    /// The bucket limit in bytes (`index`: none).
     std::size_t bytes() const {
+        if (how == mode::index)
+            return std::numeric_limits<std::size_t>::max() / 4;
         return how == mode::automatic ? std::size_t(4) << 20
                                       : std::size_t(threshold_mib * double(1 << 20));
+    }
+
+    /// `index` mode: which segment parameter `i` falls in (0 otherwise).
+    std::size_t segment(std::size_t i) const {
+        if (how != mode::index)
+            return 0;
+        return std::size_t(std::upper_bound(indices.begin(), indices.end(), i) - indices.begin());
+    }
+
+    /// What is wrong with the settings for `n` parameters, if anything.
+    std::optional<std::string> problem(std::size_t n) const {
+        if (how == mode::size && !(threshold_mib >= 0))
+            return "xshard: comm_fusion: the size threshold must be >= 0 MB";
+        if (how == mode::index)
+            for (std::size_t k = 0; k < indices.size(); ++k)
+                if (indices[k] == 0 || indices[k] >= n || (k > 0 && indices[k] <= indices[k - 1]))
+                    return "xshard: comm_fusion: index mode needs strictly increasing parameter "
+                           "indices in (0, " + std::to_string(n) + "), not " +
+                           std::to_string(indices[k]) + " at position " + std::to_string(k);
+        return std::nullopt;
     }
 };
 

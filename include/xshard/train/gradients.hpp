@@ -47,8 +47,8 @@
 namespace xshard {
 
 /// MindSpore's comm_fusion: the fusion of each kind of collective. Gradient synchronisation
-/// uses `allreduce`; `allgather` and `reducescatter` are kept for the collectives of
-/// optimizer sharding.
+/// uses `allreduce` (modes auto, size and index); optimizer sharding (train/hsdp.hpp) fuses its
+/// all-gathers and reduce-scatters by `allgather` and `reducescatter` (auto and size).
 struct comm_fusion {
     fusion_threshold allreduce{};
     fusion_threshold allgather{};
@@ -102,6 +102,8 @@ public:
             return;
         std::optional<std::string> problem = detail::first_problem(refs_);
         const auto names = parameter_names(params);
+        if (!problem)
+            problem = options.fusion.allreduce.problem(refs_.size());
         if (!problem && names != parameter_names(grads))
             problem =
                 "xshard: synchronize_gradients: the gradients do not have the parameters' names";
@@ -125,9 +127,14 @@ public:
         for (std::size_t i = refs_.size(); i-- > 0;)
             if (refs_[i].mesh.group_size(refs_[i].replicated) > 1)
                 chosen.push_back(i);
-        buckets_ = detail::make_buckets<std::tuple<std::uint32_t, std::type_index>>(
-            refs_, chosen, options.fusion.allreduce.bytes(),
-            [&](std::size_t i) { return std::tuple(refs_[i].replicated.bits, refs_[i].type); });
+        // index mode: the segment of the parameter's index is part of the key (buckets never
+        // cross a boundary); it is 0 in the other modes.
+        const auto& fusion = options.fusion.allreduce;
+        buckets_ =
+            detail::make_buckets<std::tuple<std::size_t, std::uint32_t, std::type_index>>(
+                refs_, chosen, fusion.bytes(), [&](std::size_t i) {
+                    return std::tuple(fusion.segment(i), refs_[i].replicated.bits, refs_[i].type);
+                });
         bucket_of_.assign(refs_.size(), -1);
         for (std::size_t k = 0; k < buckets_.size(); ++k) {
             for (std::size_t i : buckets_[k].members)

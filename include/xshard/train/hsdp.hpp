@@ -33,6 +33,12 @@
 /// more than one rank, stay unsharded: their gradients are all-reduced in fusion buckets as by
 /// `synchronize_gradients`, and the optimizer updates them whole.
 ///
+/// Fusion (MindSpore's comm_fusion `allgather` and `reducescatter`, in `gradient_options::fusion`):
+/// the sharded weights of one element type are grouped in order into buckets of at most the
+/// threshold (auto: 4 MiB; size: threshold_mib, 0 for one weight per bucket), and a bucket's
+/// all-gathers (its level2 reduce-scatters) travel as one exchange (redistribute/batch.hpp); a
+/// bucket of one weight runs that weight's planned collective.
+///
 /// Cost per step and sharded weight of n bytes over a group of p ranks: level1 the all-reduce
 /// (2 (p-1)/p n per rank) plus the all-gather ((p-1)/p n); level2 a reduce-scatter and an
 /// all-gather ((p-1)/p n each: the all-reduce's volume). The update touches n/p bytes.
@@ -48,6 +54,7 @@
 #include <xshard/core/volume.hpp>
 #include <xshard/param/traversal.hpp>
 #include <xshard/param/weight.hpp>
+#include <xshard/redistribute/batch.hpp>
 #include <xshard/redistribute/plan.hpp>
 #include <xshard/train/gradients.hpp>
 
@@ -55,12 +62,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <typeindex>
 #include <utility>
 #include <vector>
 
@@ -295,6 +304,13 @@ public:
             drop_shards(); // the model as it was
             throw;
         }
+        if (!entries_.empty()) {
+            const auto& f = gradients.fusion;
+            gathers_ = make_fused(f.allgather.bytes(), true, *comm, mesh_shape_);
+            scatters_ = make_fused(
+                options.optimizer_level == optimizer_level::level2 ? f.reducescatter.bytes() : 0,
+                false, *comm, mesh_shape_);
+        }
         if (!allreduced.empty()) {
             values_ = std::make_unique<detail::selected_weights<M>>(
                 detail::selected_weights<M>{model_, allreduced, false});
@@ -330,15 +346,35 @@ public:
         // gradient storage (set_gradient), which a synchronizer kept from before would miss.
         if (grads_)
             gradient_synchronizer(*values_, *grads_, gradients_).synchronize();
-        for (auto& e : entries_)
-            e.to_shard();
+        for (const auto& f : scatters_) {
+            // A fused bucket whose gradients all hold their terms travels in one exchange;
+            // otherwise (or a bucket of one) each weight's own plan runs.
+            bool fuse = bool(f.run);
+            for (std::size_t i : f.members)
+                fuse = fuse && entries_[i].terms();
+            if (fuse) {
+                f.run();
+                for (std::size_t i : f.members) {
+                    entries_[i].scale();
+                    entries_[i].refresh();
+                }
+            } else {
+                for (std::size_t i : f.members)
+                    entries_[i].to_shard();
+            }
+        }
     }
 
     /// All-gathers every sharded weight's updated master block back into its value.
     /// Collective over the weights' mesh: (p-1)/p of each sharded weight's bytes per rank.
     void gather_weights() {
-        for (auto& e : entries_)
-            e.gather();
+        for (const auto& f : gathers_) {
+            if (f.run)
+                f.run();
+            else
+                for (std::size_t i : f.members)
+                    entries_[i].gather();
+        }
     }
 
     /// `optimizer.step(model, lr)` (which updates the shards) followed by `gather_weights()`.
@@ -361,7 +397,66 @@ private:
     struct entry {
         std::function<void()> to_shard; ///< the gradient and the master block into the shard
         std::function<void()> gather;   ///< the master block back into the value
+        std::function<void()> refresh;  ///< the master block from the value (local)
+        std::function<void()> scale;    ///< the mean: the sharded gradient / copies
+        std::function<bool()> terms;    ///< whether the gradient holds its terms
+        /// Adds the weight to a batch plan of its element type: the all-gather (true) or the
+        /// reduce-scatter of its terms (false).
+        std::function<void(void*, bool)> add_to;
+        /// The gradient / sharded gradient, or the sharded master / value (gather), as
+        /// source and destination of the batch.
+        std::function<const void*(bool)> source;
+        std::function<void*(bool)> destination;
+        std::type_index type = typeid(void);
+        std::size_t bytes = 0;
     };
+
+    /// A fused bucket: sharded weights of one element type whose all-gathers (or
+    /// reduce-scatters) travel in one exchange.
+    struct fused {
+        std::vector<std::size_t> members;
+        std::function<void()> run;
+    };
+
+    /// Groups the sharded weights into buckets of at most `limit` bytes per element type (a
+    /// bucket of one weight uses its own planned collective) and plans each bucket's exchange.
+    std::vector<fused> make_fused(std::size_t limit, bool gather, const communicator& comm,
+                                  const mesh_shape& ms) {
+        std::map<std::type_index, std::vector<fused>> by_type;
+        std::map<std::type_index, std::size_t> filled;
+        for (std::size_t i = 0; i < entries_.size(); ++i) {
+            auto& list = by_type[entries_[i].type];
+            auto& bytes = filled[entries_[i].type];
+            if (list.empty() || limit == 0 || bytes + entries_[i].bytes > limit) {
+                list.emplace_back();
+                bytes = 0;
+            }
+            list.back().members.push_back(i);
+            bytes += entries_[i].bytes;
+        }
+        std::vector<fused> out;
+        for (auto& [type, list] : by_type)
+            for (auto& f : list) {
+                if (f.members.size() > 1)
+                    detail::with_element_type(type, [&](auto zero) {
+                        using T = decltype(zero);
+                        auto plan = std::make_shared<batch_redistribution_plan<T>>(comm, ms);
+                        for (std::size_t i : f.members)
+                            entries_[i].add_to(plan.get(), gather);
+                        f.run = [this, plan, members = f.members, gather] {
+                            std::vector<const T*> in;
+                            std::vector<T*> dst;
+                            for (std::size_t i : members) {
+                                in.push_back(static_cast<const T*>(entries_[i].source(gather)));
+                                dst.push_back(static_cast<T*>(entries_[i].destination(gather)));
+                            }
+                            plan->execute(in, dst);
+                        };
+                    });
+                out.push_back(std::move(f));
+            }
+        return out;
+    }
 
     void drop_shards() {
         for_each_weight(*model_, [&](const std::string& name, auto& w) {
@@ -378,6 +473,7 @@ private:
         constexpr std::size_t N = D::rank;
         const auto& mesh = w.value.mesh();
         const auto& ms = mesh.shape();
+        mesh_shape_ = ms;
         const layout v = w.value.layout();
         const std::size_t bytes = checked_mul(w.value.size(), sizeof(T));
         axis_set axes;
@@ -421,16 +517,38 @@ private:
         const bool mean = gradients_.mean;
         W* p = &w;
         entry e;
-        e.to_shard = [p, slice, scatter, terms, v, copies, mean, level2, name] {
+        e.scale = [p, copies, mean] {
+            if (mean)
+                for (auto& x : p->shard->grad.local())
+                    x = T(double(x) / copies);
+        };
+        e.refresh = [p, slice] {
+            slice->execute(p->value.local().data(), p->shard->value.local().data());
+        };
+        e.terms = [p, terms, level2] { return level2 && p->grad.layout() == terms; };
+        e.add_to = [p, v, s, terms](void* plan, bool gather) {
+            auto& b = *static_cast<batch_redistribution_plan<T>*>(plan);
+            if (gather)
+                b.add(p->value.shape(), s, v);
+            else
+                b.add(p->value.shape(), terms, s);
+        };
+        e.source = [p](bool gather) -> const void* {
+            return gather ? p->shard->value.local().data() : p->grad.local().data();
+        };
+        e.destination = [p](bool gather) -> void* {
+            return gather ? p->value.local().data() : p->shard->grad.local().data();
+        };
+        e.type = typeid(T);
+        e.bytes = bytes;
+        e.to_shard = [p, slice, scatter, terms, v, level2, name, scale = e.scale] {
             auto& sh = *p->shard;
             const layout g = p->grad.layout();
             if (g == v) {
                 slice->execute(p->grad.local().data(), sh.grad.local().data());
             } else if (scatter && g == terms) {
                 scatter->execute(p->grad.local().data(), sh.grad.local().data());
-                if (mean)
-                    for (auto& x : sh.grad.local())
-                        x = T(double(x) / copies);
+                scale();
             } else {
                 throw error("xshard: hsdp: the gradient of weight '" + name + "' is laid out " +
                             g.to_string() + "; " +
@@ -452,6 +570,8 @@ private:
     layout_dict layouts_;
     std::set<std::string> sharded_;
     std::vector<entry> entries_;
+    mesh_shape mesh_shape_{};
+    std::vector<fused> gathers_, scatters_;
     std::unique_ptr<detail::selected_weights<M>> values_, grads_;
 };
 
