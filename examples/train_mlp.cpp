@@ -64,10 +64,10 @@ options parse(int argc, char** argv) {
         else
             throw xshard::error("usage: train_mlp [--tp N] [--epochs N] [--batch-size N] "
                                 "[--mnist DIR] [--hsdp LEVEL]");
+    }
     if (o.hsdp < 0 || o.hsdp > 2)
         throw xshard::error("train_mlp: --hsdp takes 0 (off), 1 or 2, not " +
                             std::to_string(o.hsdp));
-    }
     return o;
 }
 

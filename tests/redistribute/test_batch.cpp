@@ -55,8 +55,8 @@ TEST(redistribute_all, matches_one_by_one_for_every_transition) {
                 const auto g = array2(shape, seed++);
                 in.push_back(xshard::distribute<dynamic_layout(2)>(m, g, from));
                 to.push_back(dest);
-                expected.push_back(xshard::gather_all(
-                    xshard::redistribute<dynamic_layout(2)>(in.back(), dest)));
+                expected.push_back(
+                    xshard::gather_all(xshard::redistribute<dynamic_layout(2)>(in.back(), dest)));
             }
         const auto out = xshard::redistribute_all(in, to);
         ASSERT_EQ(out.size(), in.size());
@@ -75,8 +75,8 @@ TEST(redistribute_all, a_tuple_of_ranks_and_the_bytes_of_a_fused_all_gather) {
         xt::xtensor<double, 1> g1 = xt::arange<double>(11.0);
         const auto a = xshard::distribute<dynamic_layout(2)>(m, g2, layout("[dp, mp]"));
         const auto b = xshard::distribute<dynamic_layout(1)>(m, g1, layout("[(dp, mp)]"));
-        auto [x, y] = xshard::redistribute_all(std::tuple(a, b),
-                                               {layout("[-, mp]"), layout("[-]")});
+        auto [x, y] =
+            xshard::redistribute_all(std::tuple(a, b), {layout("[-, mp]"), layout("[-]")});
         EXPECT_EQ(xshard::gather_all(x), g2) << where(m);
         EXPECT_EQ(xshard::gather_all(y), g1) << where(m);
         // One all-gather over dp of [dp, mp] sends this rank's block to each other dp rank.

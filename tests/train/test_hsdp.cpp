@@ -71,8 +71,7 @@ TEST(hsdp_layouts, the_data_parallel_axes_join_a_dimension) {
     // The dimension whose largest block is smallest: (3, 10) over 2 is split along 10.
     EXPECT_EQ(xshard::sharded_layout(layout("[-, -]"), m, std::array<std::size_t, 2>{3, 10}, both),
               layout("[-, dp]"));
-    EXPECT_EQ(xshard::sharded_layout(layout("[-]"), m, std::array<std::size_t, 1>{5},
-                                     both.with(1)),
+    EXPECT_EQ(xshard::sharded_layout(layout("[-]"), m, std::array<std::size_t, 1>{5}, both.with(1)),
               layout("[(dp, tp)]"));
     EXPECT_EQ(xshard::sharded_layout(layout("[-]"), m, std::array<std::size_t, 1>{5}, {}),
               layout("[-]"));
@@ -126,8 +125,9 @@ auto batch(const mesh_t& m, int step, std::size_t width) {
     const xt::xtensor<double, 2> x = xt::random::randn<double>({rows, width}, 0.0, 1.0, e);
     const xt::xtensor<std::int64_t, 1> y =
         xt::random::randint<std::int64_t>({rows}, 0, std::int64_t(width), e);
-    return std::pair(xshard::distribute<xshard::dynamic_layout(2)>(m, x, nn::make_layout({"dp", ""})),
-                     xshard::distribute<xshard::dynamic_layout(1)>(m, y, nn::make_layout({"dp"})));
+    return std::pair(
+        xshard::distribute<xshard::dynamic_layout(2)>(m, x, nn::make_layout({"dp", ""})),
+        xshard::distribute<xshard::dynamic_layout(1)>(m, y, nn::make_layout({"dp"})));
 }
 
 /// `steps` training steps of `model` (of `width` features in and out) from step `first` on.
@@ -260,23 +260,29 @@ void check_trajectories(const typename Opt::options_type& o) {
                         context + " " + c.name);
         // gradients_mean: against level 0 with the mean on the same mesh.
         const auto mean0 = run<Opt>(m, o, {.mean = true}, steps);
-        expect_same(run<Opt>(m, o,
-                             {.level = 2,
-                              .hsdp = {.threshold = 0, .optimizer_level = level2},
-                              .mean = true},
-                             steps),
-                    mean0, context + " level2 mean");
+        expect_same(
+            run<Opt>(
+                m, o,
+                {.level = 2, .hsdp = {.threshold = 0, .optimizer_level = level2}, .mean = true},
+                steps),
+            mean0, context + " level2 mean");
         expect_same(run<Opt>(m, o, {.level = 1, .hsdp = {.threshold = 0}, .mean = true}, steps),
                     mean0, context + " level1 mean");
     });
 }
 
-TEST(hsdp_trajectories, sgd) { check_trajectories<optim::sgd>({.lr = 0.1, .weight_decay = 0.01}); }
+TEST(hsdp_trajectories, sgd) {
+    check_trajectories<optim::sgd>({.lr = 0.1, .weight_decay = 0.01});
+}
 TEST(hsdp_trajectories, momentum) {
     check_trajectories<optim::momentum>({.lr = 0.05, .nesterov = true, .weight_decay = 0.01});
 }
-TEST(hsdp_trajectories, adam) { check_trajectories<optim::adam>({.lr = 0.01, .weight_decay = 0.1}); }
-TEST(hsdp_trajectories, adamw) { check_trajectories<optim::adamw>({.lr = 0.01}); }
+TEST(hsdp_trajectories, adam) {
+    check_trajectories<optim::adam>({.lr = 0.01, .weight_decay = 0.1});
+}
+TEST(hsdp_trajectories, adamw) {
+    check_trajectories<optim::adamw>({.lr = 0.01});
+}
 
 TEST(hsdp_trajectories, transformer_block) {
     // 8 sequences of 3 tokens, 8 features in 4 heads: meshes whose dp divides the sequences
@@ -297,12 +303,12 @@ TEST(hsdp_trajectories, transformer_block) {
         expect_same(run<optim::momentum>(m, o, {}, 20, make, width), serial,
                     "transformer_block " + where(m) + " level0");
         for (const auto level : {optimizer_level::level1, optimizer_level::level2})
-            expect_same(run<optim::momentum>(m, o,
-                                          {.level = int(level),
-                                           .hsdp = {.threshold = 0, .optimizer_level = level}},
-                                          20, make, width),
-                        serial, "transformer_block " + where(m) + " " +
-                                    std::string(xshard::to_string(level)));
+            expect_same(
+                run<optim::momentum>(
+                    m, o, {.level = int(level), .hsdp = {.threshold = 0, .optimizer_level = level}},
+                    20, make, width),
+                serial,
+                "transformer_block " + where(m) + " " + std::string(xshard::to_string(level)));
     });
 }
 
@@ -347,7 +353,8 @@ TEST(hsdp_checkpoint, saved_sharded_loads_at_any_level) {
     const auto reference = weights_of(a, {});
     for_each_dp_tp([&](const mesh_t& mm) {
         for (int level : {0, 2}) {
-            const std::string context = "loaded at level " + std::to_string(level) + " " + where(mm);
+            const std::string context =
+                "loaded at level " + std::to_string(level) + " " + where(mm);
             auto b = make_model(mm);
             optim::adam opt_b(o);
             const config c{.level = level,
@@ -358,8 +365,8 @@ TEST(hsdp_checkpoint, saved_sharded_loads_at_any_level) {
             const auto info = xshard::load_checkpoint(path, b, opt_b.state_of(b));
             opt_b.set_steps(info.step);
             record rb;
-            train(b, opt_b, c, sharding ? &*sharding : static_cast<xshard::hsdp<model_t>*>(nullptr), 3,
-                  3, rb);
+            train(b, opt_b, c, sharding ? &*sharding : static_cast<xshard::hsdp<model_t>*>(nullptr),
+                  3, 3, rb);
             const auto got = weights_of(b, {});
             for (std::size_t i = 0; i < got.weights.size(); ++i)
                 EXPECT_TRUE(xt::allclose(got.weights[i], reference.weights[i], 1e-12, 1e-12))
@@ -387,11 +394,13 @@ TEST(hsdp_errors, misuse_raises_on_every_rank) {
         [&] { xshard::hsdp<model_t> s(model, {.optimizer_level = optimizer_level::level3}); },
         "level3");
     if (w.size() > 1) {
-        expect_error([&] { xshard::hsdp<model_t> s(model, {.shard_size = w.size() + 1, .threshold = 0}); },
-                     "does not divide");
+        expect_error(
+            [&] { xshard::hsdp<model_t> s(model, {.shard_size = w.size() + 1, .threshold = 0}); },
+            "does not divide");
         // At level2 the gradient must be the terms or the sum: a gradient set to another
         // layout is refused on every rank.
-        xshard::hsdp<model_t> s(model, {.threshold = 0, .optimizer_level = optimizer_level::level2});
+        xshard::hsdp<model_t> s(model,
+                                {.threshold = 0, .optimizer_level = optimizer_level::level2});
         xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
             using D = typename std::remove_cvref_t<decltype(wt)>::tensor_type;
             if constexpr (D::rank == 2)

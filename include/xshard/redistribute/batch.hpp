@@ -307,9 +307,10 @@ redistribute_all(const std::vector<D>& tensors, const std::vector<layout>& to) {
                         " lives on another mesh than tensor 0");
         plan.add(t.shape(), t.layout(), to[i]);
         const auto& ms = t.mesh().shape();
-        out.push_back(R(detail::unchecked, t.mesh(), t.shape(),
-                        R::local_type::from_shape(block_of(to[i], ms, t.shape(), t.mesh().rank()).extent),
-                        to[i]));
+        out.push_back(
+            R(detail::unchecked, t.mesh(), t.shape(),
+              R::local_type::from_shape(block_of(to[i], ms, t.shape(), t.mesh().rank()).extent),
+              to[i]));
         in.push_back(t.local().data());
         dst.push_back(out.back().local().data());
     }
@@ -320,9 +321,8 @@ redistribute_all(const std::vector<D>& tensors, const std::vector<layout>& to) {
 /// The tensors of the tuple `tensors` (of one element type and mesh, any ranks) in the
 /// layouts `to`, moved in one exchange. Collective over their mesh.
 template <distributed_tensor... D>
-    requires(sizeof...(D) > 0)
-auto redistribute_all(const std::tuple<D...>& tensors,
-                      const std::array<layout, sizeof...(D)>& to) {
+requires(sizeof...(D) > 0) auto redistribute_all(const std::tuple<D...>& tensors,
+                                                 const std::array<layout, sizeof...(D)>& to) {
     using First = std::tuple_element_t<0, std::tuple<D...>>;
     using T = typename First::value_type;
     static_assert((std::is_same_v<typename D::value_type, T> && ...),
@@ -340,9 +340,10 @@ auto redistribute_all(const std::tuple<D...>& tensors,
                 const layout& l = to[i++];
                 plan.add(x.shape(), x.layout(), l);
                 const auto& ms = x.mesh().shape();
-                return R(detail::unchecked, x.mesh(), x.shape(),
-                         R::local_type::from_shape(block_of(l, ms, x.shape(), x.mesh().rank()).extent),
-                         l);
+                return R(
+                    detail::unchecked, x.mesh(), x.shape(),
+                    R::local_type::from_shape(block_of(l, ms, x.shape(), x.mesh().rank()).extent),
+                    l);
             };
             return Out{one(t)...};
         },

@@ -166,11 +166,11 @@ inline axis_set hsdp_axes(axis_set replicated, const mesh_shape& mesh, int shard
             break;
     }
     if (!best)
-        throw error("xshard: hsdp: shard_size " + std::to_string(shard_size) +
-                    " for weight '" + name + "' (data-parallel group of " +
-                    std::to_string(size) +
+        throw error("xshard: hsdp: shard_size " + std::to_string(shard_size) + " for weight '" +
+                    name + "' (data-parallel group of " + std::to_string(size) +
                     " ranks) is not supported yet: it must be the size of a set of the weight's "
-                    "replicated mesh axes (mesh " + mesh.to_string() + ")");
+                    "replicated mesh axes (mesh " +
+                    mesh.to_string() + ")");
     return *best;
 }
 
@@ -286,7 +286,12 @@ public:
         const communicator* comm = nullptr;
         std::set<std::string> allreduced;
         for_each_weight(model, [&](const std::string& name, auto& w) {
-            comm = &w.value.mesh().comm();
+            const communicator& c = w.value.mesh().comm();
+            if (!problem && comm && c.native() != comm->native())
+                problem = "xshard: hsdp: weight '" + name +
+                          "' lives on another mesh than the weights before it; shard the "
+                          "weights of one mesh at a time";
+            comm = &c;
             if (problem)
                 return;
             try {
@@ -488,14 +493,15 @@ private:
         if constexpr (sixteen_bit_float<T>)
             if (level2 && gradients_.fp32_communication)
                 throw error("xshard: hsdp: fp32_communication with optimizer_level level2 is not "
-                            "supported yet (weight '" + name + "' is 16-bit)");
+                            "supported yet (weight '" +
+                            name + "' is 16-bit)");
         const layout s = sharded_layout(v, ms, w.value.shape(), axes);
         layouts_[name] = s;
         sharded_.insert(name);
         const auto extent = block_of(s, ms, w.value.shape(), mesh.rank()).extent;
         auto make = [&] {
-            return G(detail::unchecked, mesh, w.value.shape(),
-                     G::local_type::from_shape(extent), s);
+            return G(detail::unchecked, mesh, w.value.shape(), G::local_type::from_shape(extent),
+                     s);
         };
         w.shard.emplace(weight_shard<D>{make(), make(), {}});
         w.shard->grad.local().fill(T(0));
@@ -525,7 +531,9 @@ private:
         e.refresh = [p, slice] {
             slice->execute(p->value.local().data(), p->shard->value.local().data());
         };
-        e.terms = [p, terms, level2] { return level2 && p->grad.layout() == terms; };
+        e.terms = [p, terms, level2] {
+            return level2 && p->grad.layout() == terms;
+        };
         e.add_to = [p, v, s, terms](void* plan, bool gather) {
             auto& b = *static_cast<batch_redistribution_plan<T>*>(plan);
             if (gather)
