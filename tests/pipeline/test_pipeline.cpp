@@ -17,6 +17,7 @@
 #include <xtensor/xrandom.hpp>
 
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 
@@ -223,6 +224,73 @@ TEST(pipeline, misuse_raises_on_every_rank_before_data_moves) {
     const auto y = xshard::distribute<xshard::dynamic_layout(1)>(
         stage_mesh, xt::xtensor<std::int64_t, 1>(xt::view(b.y, xt::range(0, 6))), nn::make_layout({"dp"}));
     expect_error([&] { pipe.step(x, y, loss); }, "6 labels for a batch of 8 rows");
+}
+
+/// A loss that refuses its second micro-batch (on every rank that computes it).
+struct refusing_loss {
+    nn::parallel_cross_entropy<double, stage_mesh_t> inner;
+    int calls = 0;
+    double forward(const X& logits, const labels_t& labels) {
+        if (++calls == 2)
+            throw xshard::error("xshard: test: the loss refuses micro-batch 1");
+        return inner.forward(logits, labels);
+    }
+    X backward(double scale) { return inner.backward(scale); }
+};
+
+/// A layer that passes its input on and throws at its third forward pass (counted over its
+/// copies) when armed.
+struct faulty_layer {
+    std::shared_ptr<int> calls = std::make_shared<int>(0);
+    bool armed = false;
+    X forward(const X& x) {
+        if (armed && ++*calls == 3)
+            throw xshard::error("xshard: test: a layer of the first stage fails");
+        return x;
+    }
+    X backward(const X& dy) { return dy; }
+    friend void visit_parameters(faulty_layer&, auto&&) {}
+};
+
+TEST(pipeline, an_error_during_the_passes_raises_on_every_rank) {
+    using xshard::testing::expect_error;
+    const int world = xshard::testing::world().size();
+    const int p = world % 2 == 0 ? 2 : 1;
+    const full_mesh_t mesh({p, world / p, 1});
+    const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+    const auto b = make_batch(std::size_t(8 * (world / p)), 3);
+    const auto x = xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x,
+                                                                nn::make_layout({"dp", ""}));
+    const auto y = xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y,
+                                                                nn::make_layout({"dp"}));
+    const auto [expected_loss, expected] = one_rank(b);
+    for (auto kind : {pp::schedule_kind::gpipe, pp::schedule_kind::one_f_one_b,
+                      pp::schedule_kind::zero_bubble}) {
+        // The last stage's loss fails: every rank raises its error, and the next step is right.
+        auto model = make_model(stage_mesh);
+        pp::pipeline<decltype(model), X> pipe(mesh, "pp", stage_mesh, model,
+                                              {.micro_batches = 4, .scheduler = kind});
+        refusing_loss bad;
+        expect_error([&] { pipe.step(x, y, bad); }, "the loss refuses micro-batch 1");
+        pipe.zero_grad();
+        nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+        pipe.step(x, y, loss);
+        pipe.synchronize_gradients();
+        xshard::for_each_weight(pipe.local_parameters(), [&](const std::string& name, auto& w) {
+            const xt::xarray<double> g = xshard::gather_all(xshard::ops::resolve(w.grad));
+            EXPECT_TRUE(xt::allclose(g, expected.at(name), 1e-12, 1e-12)) << name;
+        });
+        // A layer of the first stage fails while the others wait for its activations.
+        auto chain = nn::sequential(nn::column_parallel_linear<double, stage_mesh_t>(stage_mesh, features, 8, 1),
+                                    faulty_layer{},
+                                    nn::row_parallel_linear<double, stage_mesh_t>(stage_mesh, 8, classes, 2));
+        chain.get<1>().armed = true;
+        pp::pipeline<decltype(chain), X> second(mesh, "pp", stage_mesh, chain,
+                                                {.micro_batches = 4, .scheduler = kind,
+                                                 .stage_starts = p == 2 ? std::vector<std::size_t>{2}
+                                                                        : std::vector<std::size_t>{}});
+        expect_error([&] { second.step(x, y, loss); }, "a layer of the first stage fails");
+    }
 }
 
 } // namespace

@@ -270,7 +270,10 @@ public:
     /// this rank's weights (as terms: call `synchronize_gradients()` next). Returns the
     /// batch's mean loss on the last stage (on every stage with output_broadcast; NaN on the
     /// others otherwise). Collective over the mesh; bad batch sizes throw on every rank
-    /// before any data moves.
+    /// before any data moves; an error during the passes (a layer or the loss throwing on
+    /// some ranks) stops the step and throws on every rank, the gradients then holding part
+    /// of the batch (zero_grad() before the next step). Besides the transfers, one
+    /// all-reduce of an int over the mesh (that agreement).
     template <distributed_tensor Labels, class Loss>
     value_type step(const X& x, const Labels& labels, Loss& loss) {
         const auto t0 = clock::now();
@@ -319,11 +322,13 @@ public:
                 return std::move(node.mapped());
             }
             auto node = inbox.extract(tag(a));
-            return node.mapped()->take();
+            auto t = node.mapped()->take();
+            if (!t)
+                throw peer_aborted{node.mapped()->aborted()};
+            return std::move(*t);
         };
         const auto send = [&](const action& a, X t) {
-            const int to_tag = tag_of(a.kind == pass::forward ? 0 : 1, a.micro_batch,
-                                      a.kind == pass::forward ? a.stage + 1 : a.stage - 1);
+            const int to_tag = send_tag(a);
             if (a.send_to == me)
                 local_box.emplace(to_tag, std::move(t));
             else
@@ -335,64 +340,86 @@ public:
             stats_.busy_seconds += seconds(clock::now() - s);
         };
 
-        for (const auto& a : mine) {
-            const auto& layers = stage_layers_[a.stage];
-            if (a.kind == pass::forward) {
-                X h = a.stage == 0 ? std::move(xs[std::size_t(a.micro_batch)]) : input_of(a);
-                auto& pool = free_slots[a.stage];
-                std::size_t slot;
-                if (pool.empty()) {
-                    slot = slot_count[a.stage]++;
-                } else {
-                    slot = pool.back();
-                    pool.pop_back();
-                }
-                slot_of[{a.stage, a.micro_batch}] = slot;
-                stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++in_flight);
-                timed([&] {
-                    for (auto* l : layers)
-                        h = l->forward(slot, h);
-                    if (a.stage == last) {
-                        const auto& y = ys[std::size_t(a.micro_batch)];
-                        const value_type share = value_type(double(rows[std::size_t(a.micro_batch)]) /
-                                                            total_rows);
-                        loss_sum += share * value_type(loss.forward(h, y));
-                        output_grad.emplace(a.micro_batch, X(loss.backward(share)));
+        // A failure (this rank's, or an aborted sender's) stops the actions; the transfers
+        // still owed go out as aborts and the expected ones are drained (transfer.hpp), then
+        // every rank raises the error.
+        std::optional<std::string> failure;
+        std::size_t stopped = mine.size();
+        for (std::size_t i = 0; i < mine.size() && !failure; ++i) {
+            const auto& a = mine[i];
+            try {
+                const auto& layers = stage_layers_[a.stage];
+                if (a.kind == pass::forward) {
+                    X h = a.stage == 0 ? std::move(xs[std::size_t(a.micro_batch)]) : input_of(a);
+                    auto& pool = free_slots[a.stage];
+                    std::size_t slot;
+                    if (pool.empty()) {
+                        slot = slot_count[a.stage]++;
+                    } else {
+                        slot = pool.back();
+                        pool.pop_back();
                     }
-                });
-                if (a.stage != last)
-                    send(a, std::move(h));
-            } else if (a.kind == pass::backward_weight) {
-                const auto slot = slot_of.at({a.stage, a.micro_batch});
-                timed([&] {
-                    for (auto it = layers.rbegin(); it != layers.rend(); ++it)
-                        (*it)->backward_weight(slot);
-                });
-                release(a, slot_of, free_slots, in_flight);
-            } else {
-                X g = [&] {
+                    slot_of[{a.stage, a.micro_batch}] = slot;
+                    stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++in_flight);
+                    timed([&] {
+                        for (auto* l : layers)
+                            h = l->forward(slot, h);
+                        if (a.stage == last) {
+                            const auto& y = ys[std::size_t(a.micro_batch)];
+                            const value_type share = value_type(double(rows[std::size_t(a.micro_batch)]) /
+                                                                total_rows);
+                            loss_sum += share * value_type(loss.forward(h, y));
+                            output_grad.emplace(a.micro_batch, X(loss.backward(share)));
+                        }
+                    });
                     if (a.stage != last)
-                        return input_of(a);
-                    auto node = output_grad.extract(a.micro_batch);
-                    return std::move(node.mapped());
-                }();
-                const auto slot = slot_of.at({a.stage, a.micro_batch});
-                const bool split = a.kind == pass::backward_input;
-                timed([&] {
-                    for (auto it = layers.rbegin(); it != layers.rend(); ++it)
-                        g = split ? (*it)->backward_input(slot, g) : (*it)->backward(slot, g);
-                });
-                if (!split)
+                        send(a, std::move(h));
+                } else if (a.kind == pass::backward_weight) {
+                    const auto slot = slot_of.at({a.stage, a.micro_batch});
+                    timed([&] {
+                        for (auto it = layers.rbegin(); it != layers.rend(); ++it)
+                            (*it)->backward_weight(slot);
+                    });
                     release(a, slot_of, free_slots, in_flight);
-                if (a.stage != 0)
-                    send(a, std::move(g));
+                } else {
+                    X g = [&] {
+                        if (a.stage != last)
+                            return input_of(a);
+                        auto node = output_grad.extract(a.micro_batch);
+                        return std::move(node.mapped());
+                    }();
+                    const auto slot = slot_of.at({a.stage, a.micro_batch});
+                    const bool split = a.kind == pass::backward_input;
+                    timed([&] {
+                        for (auto it = layers.rbegin(); it != layers.rend(); ++it)
+                            g = split ? (*it)->backward_input(slot, g) : (*it)->backward(slot, g);
+                    });
+                    if (!split)
+                        release(a, slot_of, free_slots, in_flight);
+                    if (a.stage != 0)
+                        send(a, std::move(g));
+                }
+            } catch (const peer_aborted& e) {
+                failure = e.message;
+                stopped = i;
+            } catch (const std::exception& e) {
+                failure = e.what();
+                stopped = i;
             }
             for (auto& [t, in] : inbox)
                 in->poll();
             outbox.remove_if([](auto& o) { return o.done(); });
         }
+        if (failure) {
+            for (std::size_t i = stopped; i < mine.size(); ++i)
+                if (mine[i].send_to >= 0 && mine[i].send_to != me)
+                    outbox.emplace_back(pp_, *failure, mine[i].send_to, send_tag(mine[i]));
+            for (auto& [t, in] : inbox)
+                in->take();
+        }
         for (auto& o : outbox)
             o.wait();
+        agree_on_error(world_, failure);
 
         value_type result = me == last_rank ? loss_sum : std::numeric_limits<value_type>::quiet_NaN();
         if (options_.output_broadcast)
@@ -440,6 +467,16 @@ private:
     using clock = std::chrono::steady_clock;
     static double seconds(clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+    /// An aborted sender's error, seen by a receiver.
+    struct peer_aborted {
+        std::string message;
+    };
+
+    /// The tag of the transfer that action `a` sends.
+    int send_tag(const action& a) const {
+        return tag_of(a.kind == pass::forward ? 0 : 1, a.micro_batch,
+                      a.kind == pass::forward ? a.stage + 1 : a.stage - 1);
+    }
     /// The tag of the transfer that action `a` receives.
     int tag(const action& a) const {
         return tag_of(a.kind == pass::forward ? 0 : 1, a.micro_batch, a.stage);
