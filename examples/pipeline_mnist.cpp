@@ -168,6 +168,9 @@ int run(int argc, char** argv) {
          .scheduler = pp::parse_schedule(o.schedule),
          .stage_config = stage_config,
          .output_broadcast = true});
+    // parameter_broadcast per stage: each stage's parameters from one owner among their
+    // data-parallel copies (the stage mesh's; they are equal already, from the seeds).
+    xshard::parameter_broadcast(pipe.local_parameters());
     xshard::optim::sgd optimizer({.lr = 0.1});
     nn::parallel_cross_entropy<T, stage_mesh_t> loss_fn;
     const data::loader batches(stage_mesh, train, {.batch_size = 32, .seed = 1});
