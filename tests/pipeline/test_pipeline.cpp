@@ -224,6 +224,11 @@ TEST(pipeline, misuse_raises_on_every_rank_before_data_moves) {
     const auto y = xshard::distribute<xshard::dynamic_layout(1)>(
         stage_mesh, xt::xtensor<std::int64_t, 1>(xt::view(b.y, xt::range(0, 6))), nn::make_layout({"dp"}));
     expect_error([&] { pipe.step(x, y, loss); }, "6 labels for a batch of 8 rows");
+    const stage_mesh_t other(xshard::communicator::world(), {world / p, p}); // not the stage mesh
+    const auto elsewhere = xshard::distribute<xshard::dynamic_layout(2)>(other, b.x, nn::make_layout({"dp", ""}));
+    const auto labels_elsewhere = xshard::distribute<xshard::dynamic_layout(1)>(other, b.y, nn::make_layout({"dp"}));
+    expect_error([&] { pipe.step(elsewhere, labels_elsewhere, loss); },
+                 "the batch and the labels must live on the pipeline's stage mesh");
 }
 
 /// A loss that refuses its second micro-batch (on every rank that computes it).

@@ -284,6 +284,9 @@ public:
         std::optional<std::string> problem;
         const int me = pp_.rank(), last_rank = config_.rank_of_stage(config_.total_stages() - 1);
         try {
+            if (!(x.mesh() == stage_mesh_) || !(labels.mesh() == stage_mesh_))
+                throw error("xshard: pipeline: the batch and the labels must live on the "
+                            "pipeline's stage mesh (" + stage_mesh_.shape().to_string() + ")");
             if (labels.shape()[0] != x.shape()[0])
                 throw error("xshard: pipeline: " + std::to_string(labels.shape()[0]) +
                             " labels for a batch of " + std::to_string(x.shape()[0]) + " rows");
