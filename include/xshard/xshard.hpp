@@ -63,6 +63,7 @@
 #include <xshard/redistribute/geometry.hpp>
 #include <xshard/pipeline/action.hpp>
 #include <xshard/pipeline/analysis.hpp>
+#include <xshard/pipeline/chain.hpp>
 #include <xshard/pipeline/micro_batch.hpp>
 #include <xshard/pipeline/pipeline.hpp>
 #include <xshard/pipeline/schedule.hpp>
