@@ -56,10 +56,9 @@ struct data {
     X x;
     nn::tensor<std::int64_t, stage_mesh_t, 1> labels;
     data(const stage_mesh_t& m, const sizes& s)
-        : x(xshard::generate<xshard::dynamic_layout(2)>(m, std::array{s.batch, s.features},
-                                                        std::mt19937(11),
-                                                        std::normal_distribution<T>(0, 1),
-                                                        nn::make_layout({"dp", ""})))
+        : x(xshard::generate<xshard::dynamic_layout(2)>(
+              m, std::array{s.batch, s.features}, std::mt19937(11),
+              std::normal_distribution<T>(0, 1), nn::make_layout({"dp", ""})))
         , labels(xshard::generate<xshard::dynamic_layout(1)>(
               m, std::array{s.batch}, std::mt19937(12),
               std::uniform_int_distribution<std::int64_t>(0, std::int64_t(s.features) - 1),
@@ -152,9 +151,8 @@ int main(int argc, char** argv) {
         xshard::mpi::allreduce(c, std::span(&measured, 1), xshard::reduction::sum);
         measured /= c.size();
         std::size_t bytes = 0;
-        xshard::for_each_weight(ours.model, [&](const std::string&, auto& w) {
-            bytes += w.value.size() * sizeof(T);
-        });
+        xshard::for_each_weight(
+            ours.model, [&](const std::string&, auto& w) { bytes += w.value.size() * sizeof(T); });
         if (c.rank() == 0) {
             std::printf("{\"name\": \"%s\", \"ranks\": %d, \"bytes\": %zu, \"seconds\": %.6g, "
                         "\"baseline\": \"one_rank\", \"baseline_seconds\": %.6g, "

@@ -10,7 +10,8 @@
 //   mpirun -n 8 build/examples/pipeline_mnist --schedule zero_bubble
 //
 // The MindSpore original, for comparison:
-//   net_with_loss = Pipeline(nn.WithLossCell(net, loss_fn), 4, stage_config={"_backbone.flatten": 0,
+//   net_with_loss = Pipeline(nn.WithLossCell(net, loss_fn), 4, stage_config={"_backbone.flatten":
+//   0,
 //       "_backbone.layer1": 0, "_backbone.relu1": 0, "_backbone.layer2": 1, "_backbone.relu2": 1,
 //       "_backbone.layer3": 1})
 //   parallel_net.pipeline(stages=2); pp_grad_reducer = PipelineGradReducer(...)
@@ -102,10 +103,9 @@ void write_mnist_like(const std::filesystem::path& dir) {
     std::filesystem::create_directories(dir);
     std::mt19937 rng(2024);
     const auto be32 = [](std::ofstream& f, std::uint32_t v) {
-        const unsigned char b[4] = {static_cast<unsigned char>(v >> 24),
-                                    static_cast<unsigned char>(v >> 16),
-                                    static_cast<unsigned char>(v >> 8),
-                                    static_cast<unsigned char>(v)};
+        const unsigned char b[4] = {
+            static_cast<unsigned char>(v >> 24), static_cast<unsigned char>(v >> 16),
+            static_cast<unsigned char>(v >> 8), static_cast<unsigned char>(v)};
         f.write(reinterpret_cast<const char*>(b), 4);
     };
     for (const auto& [prefix, count] :
@@ -162,12 +162,11 @@ int run(int argc, char** argv) {
     if (pp_size == 2)
         stage_config = {{"flatten", 0}, {"layer1", 0}, {"relu1", 0},
                         {"layer2", 1},  {"relu2", 1},  {"layer3", 1}};
-    pp::pipeline<network, X> pipe(
-        mesh, "pp", stage_mesh, net,
-        {.micro_batches = 4,
-         .scheduler = pp::parse_schedule(o.schedule),
-         .stage_config = stage_config,
-         .output_broadcast = true});
+    pp::pipeline<network, X> pipe(mesh, "pp", stage_mesh, net,
+                                  {.micro_batches = 4,
+                                   .scheduler = pp::parse_schedule(o.schedule),
+                                   .stage_config = stage_config,
+                                   .output_broadcast = true});
     // parameter_broadcast per stage: each stage's parameters from one owner among their
     // data-parallel copies (the stage mesh's; they are equal already, from the seeds).
     xshard::parameter_broadcast(pipe.local_parameters());

@@ -29,7 +29,8 @@ inline std::string closed_form(const xshard::pipeline::schedule_config& c) {
         return fraction("(p-1)/(v*m+p-1)", p - 1, v * m + p - 1);
     case xshard::pipeline::schedule_kind::zero_bubble:
         return m >= p ? fraction("(p-1)/(3*m+p-1)", p - 1, 3 * m + p - 1) : std::string();
-    default: return fraction("(p-1)/(m+p-1)", p - 1, m + p - 1);
+    default:
+        return fraction("(p-1)/(m+p-1)", p - 1, m + p - 1);
     }
 }
 

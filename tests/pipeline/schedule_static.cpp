@@ -37,7 +37,8 @@ constexpr bool grid_holds(schedule_kind k) {
                         return false;
                     break;
                 case schedule_kind::zero_bubble:
-                    if ((m >= p && !bubble_is(r, p, 3 * m + p - 1)) || r.peak() >= 2 * p + (p == 1 ? m : 0))
+                    if ((m >= p && !bubble_is(r, p, 3 * m + p - 1)) ||
+                        r.peak() >= 2 * p + (p == 1 ? m : 0))
                         return false;
                     break;
                 }
@@ -86,7 +87,8 @@ static_assert(deadlock_is_found());
 constexpr bool missing_pass_is_found() {
     auto s = make_schedule(schedule_config{schedule_kind::gpipe, 2, 2, 1});
     s.ranks[1].pop_back();
-    return !analyze(s).deadlock_free && analyze(s).problem.find("misses a pass") != std::string::npos;
+    return !analyze(s).deadlock_free &&
+           analyze(s).problem.find("misses a pass") != std::string::npos;
 }
 static_assert(missing_pass_is_found());
 

@@ -64,7 +64,8 @@ std::pair<double, std::map<std::string, xt::xarray<double>>> one_rank(const batc
     const stage_mesh_t one(xshard::communicator::self(), {1, 1});
     auto model = make_model(one);
     nn::parallel_cross_entropy<double, stage_mesh_t> loss;
-    const auto x = xshard::distribute<xshard::dynamic_layout(2)>(one, b.x, nn::make_layout({"", ""}));
+    const auto x =
+        xshard::distribute<xshard::dynamic_layout(2)>(one, b.x, nn::make_layout({"", ""}));
     const auto y = xshard::distribute<xshard::dynamic_layout(1)>(one, b.y, nn::make_layout({""}));
     const double value = loss.forward(model.forward(x), y);
     model.backward(loss.backward());
@@ -96,22 +97,23 @@ TEST(pipeline, every_schedule_equals_one_rank) {
         const auto b = make_batch(rows, 11);
         const auto [expected_loss, expected] = one_rank(b);
         const auto x = xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x,
-                                                                    nn::make_layout({"dp", ""}));
-        const auto y = xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y,
-                                                                    nn::make_layout({"dp"}));
+                                                                     nn::make_layout({"dp", ""}));
+        const auto y =
+            xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y, nn::make_layout({"dp"}));
         for (auto kind : {pp::schedule_kind::gpipe, pp::schedule_kind::one_f_one_b,
                           pp::schedule_kind::interleaved, pp::schedule_kind::zero_bubble}) {
             const int v = kind == pp::schedule_kind::interleaved ? 2 : 1;
-            const std::string where = "mesh pp=" + std::to_string(p) + " dp=" +
-                                      std::to_string(dp) + " tp=" + std::to_string(sizes[2]) +
-                                      ", " + std::string(pp::name(kind)) + ", rank " +
+            const std::string where = "mesh pp=" + std::to_string(p) + " dp=" + std::to_string(dp) +
+                                      " tp=" + std::to_string(sizes[2]) + ", " +
+                                      std::string(pp::name(kind)) + ", rank " +
                                       std::to_string(mesh.rank());
             auto model = make_model(stage_mesh);
             nn::parallel_cross_entropy<double, stage_mesh_t> loss;
-            pp::pipeline<decltype(model), X> pipe(
-                mesh, "pp", stage_mesh, model,
-                {.micro_batches = m, .scheduler = kind, .virtual_stages = v,
-                 .output_broadcast = true});
+            pp::pipeline<decltype(model), X> pipe(mesh, "pp", stage_mesh, model,
+                                                  {.micro_batches = m,
+                                                   .scheduler = kind,
+                                                   .virtual_stages = v,
+                                                   .output_broadcast = true});
             const double value = pipe.step(x, y, loss);
             pipe.synchronize_gradients();
             EXPECT_NEAR(value, expected_loss, 1e-12) << where;
@@ -141,14 +143,15 @@ TEST(pipeline, second_step_reuses_slots_and_accumulates) {
     const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
     const auto b = make_batch(std::size_t(8 * (world / p)), 5);
     const auto [expected_loss, expected] = one_rank(b);
-    const auto x = xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x,
-                                                                nn::make_layout({"dp", ""}));
-    const auto y = xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y,
-                                                                nn::make_layout({"dp"}));
+    const auto x =
+        xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x, nn::make_layout({"dp", ""}));
+    const auto y =
+        xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y, nn::make_layout({"dp"}));
     auto model = make_model(stage_mesh);
     nn::parallel_cross_entropy<double, stage_mesh_t> loss;
-    pp::pipeline<decltype(model), X> pipe(mesh, "pp", stage_mesh, model,
-                                          {.micro_batches = 4, .scheduler = pp::schedule_kind::one_f_one_b});
+    pp::pipeline<decltype(model), X> pipe(
+        mesh, "pp", stage_mesh, model,
+        {.micro_batches = 4, .scheduler = pp::schedule_kind::one_f_one_b});
     pipe.step(x, y, loss);
     const double second = pipe.step(x, y, loss); // gradients add up: twice the one-rank's
     pipe.synchronize_gradients();
@@ -173,8 +176,12 @@ TEST(pipeline, second_step_reuses_slots_and_accumulates) {
 TEST(pipeline, stage_assignment) {
     const std::vector<std::string> names{"flatten", "layer1", "relu1", "layer2", "relu2", "layer3"};
     EXPECT_EQ(pp::stages_by_name(names,
-                                 {{"flatten", 0}, {"layer1", 0}, {"relu1", 0}, {"layer2", 1},
-                                  {"relu2", 1}, {"layer3", 1}},
+                                 {{"flatten", 0},
+                                  {"layer1", 0},
+                                  {"relu1", 0},
+                                  {"layer2", 1},
+                                  {"relu2", 1},
+                                  {"layer3", 1}},
                                  2),
               (std::vector<int>{0, 0, 0, 1, 1, 1}));
     EXPECT_EQ(pp::stages_by_name(names, {{"layer2", 1}}, 2), (std::vector<int>{0, 0, 0, 1, 1, 1}));
@@ -183,14 +190,23 @@ TEST(pipeline, stage_assignment) {
     EXPECT_EQ(pp::stages_by_cost(names, {0, 401920, 0, 262656, 0, 5130}, 2),
               (std::vector<int>{0, 0, 1, 1, 1, 1}));
     using xshard::testing::expect_error;
-    expect_error([&] { pp::stages_by_name(names, {{"layer9", 1}}, 2); },
-                 "stage_config names an unknown module 'layer9' (the chain's modules: flatten, "
-                 "layer1, relu1, layer2, relu2, layer3)");
-    expect_error([&] { pp::stages_by_name(names, {{"layer1", 0}}, 2); },
-                 "stage 1 of 2 has no layers");
-    expect_error([&] { pp::stages_by_name(names, {{"layer1", 1}, {"layer2", 0}}, 2); },
-                 "module 'layer2' (stage 0) follows 'relu1' (stage 1): stages must run along "
-                 "the chain");
+    expect_error(
+        [&] {
+            pp::stages_by_name(names, {{"layer9", 1}}, 2);
+        },
+        "stage_config names an unknown module 'layer9' (the chain's modules: flatten, "
+        "layer1, relu1, layer2, relu2, layer3)");
+    expect_error(
+        [&] {
+            pp::stages_by_name(names, {{"layer1", 0}}, 2);
+        },
+        "stage 1 of 2 has no layers");
+    expect_error(
+        [&] {
+            pp::stages_by_name(names, {{"layer1", 1}, {"layer2", 0}}, 2);
+        },
+        "module 'layer2' (stage 0) follows 'relu1' (stage 1): stages must run along "
+        "the chain");
     expect_error([&] { pp::stages_by_position(names, {3}, 3); }, "3 stages need 2 stage starts");
     expect_error([&] { pp::stages_by_cost(names, std::vector<double>(6, 1.0), 7); },
                  "7 stages need at least 7 modules; the chain has 6 (flatten, layer1, relu1, "
@@ -205,28 +221,53 @@ TEST(pipeline, misuse_raises_on_every_rank_before_data_moves) {
     const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
     auto model = make_model(stage_mesh);
     using pipe_t = pp::pipeline<decltype(model), X>;
-    expect_error([&] { pipe_t(mesh, "pp", stage_mesh, model, {.micro_batches = 2, .stage_config = {{"7", 0}, {"linear", 1}}}); },
-                 "stage_config names an unknown module 'linear'");
+    expect_error(
+        [&] {
+            pipe_t(mesh, "pp", stage_mesh, model,
+                   {.micro_batches = 2, .stage_config = {{"7", 0}, {"linear", 1}}});
+        },
+        "stage_config names an unknown module 'linear'");
     if (p == 2)
-        expect_error([&] { pipe_t(mesh, "pp", stage_mesh, model, {.micro_batches = 2, .stage_config = {{"0", 0}}}); },
-                     "stage 1 of 2 has no layers");
+        expect_error(
+            [&] {
+                pipe_t(mesh, "pp", stage_mesh, model,
+                       {.micro_batches = 2, .stage_config = {{"0", 0}}});
+            },
+            "stage 1 of 2 has no layers");
     if (p == 2)
-        expect_error([&] { pipe_t(mesh, "pp", stage_mesh, model, {.micro_batches = 3, .scheduler = pp::schedule_kind::interleaved, .virtual_stages = 2}); },
-                     "needs the micro-batches (3) to be a multiple of the stages (2)");
-    expect_error([&] { pipe_t(mesh, "pp", stage_mesh, model, {.micro_batches = 2, .virtual_stages = 2}); },
-                 "need the interleaved schedule, not 1f1b");
-    expect_error([&] { pipe_t(mesh, "pp", stage_mesh, model, {.micro_batches = 2, .scheduler = pp::schedule_kind::interleaved, .virtual_stages = 10}); },
-                 "stages need at least");
+        expect_error(
+            [&] {
+                pipe_t(mesh, "pp", stage_mesh, model,
+                       {.micro_batches = 3,
+                        .scheduler = pp::schedule_kind::interleaved,
+                        .virtual_stages = 2});
+            },
+            "needs the micro-batches (3) to be a multiple of the stages (2)");
+    expect_error(
+        [&] { pipe_t(mesh, "pp", stage_mesh, model, {.micro_batches = 2, .virtual_stages = 2}); },
+        "need the interleaved schedule, not 1f1b");
+    expect_error(
+        [&] {
+            pipe_t(mesh, "pp", stage_mesh, model,
+                   {.micro_batches = 2,
+                    .scheduler = pp::schedule_kind::interleaved,
+                    .virtual_stages = 10});
+        },
+        "stages need at least");
     pipe_t pipe(mesh, "pp", stage_mesh, model, {.micro_batches = 2});
     nn::parallel_cross_entropy<double, stage_mesh_t> loss;
     const auto b = make_batch(8, 1);
-    const auto x = xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x, nn::make_layout({"dp", ""}));
+    const auto x =
+        xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x, nn::make_layout({"dp", ""}));
     const auto y = xshard::distribute<xshard::dynamic_layout(1)>(
-        stage_mesh, xt::xtensor<std::int64_t, 1>(xt::view(b.y, xt::range(0, 6))), nn::make_layout({"dp"}));
+        stage_mesh, xt::xtensor<std::int64_t, 1>(xt::view(b.y, xt::range(0, 6))),
+        nn::make_layout({"dp"}));
     expect_error([&] { pipe.step(x, y, loss); }, "6 labels for a batch of 8 rows");
     const stage_mesh_t other(xshard::communicator::world(), {world / p, p}); // not the stage mesh
-    const auto elsewhere = xshard::distribute<xshard::dynamic_layout(2)>(other, b.x, nn::make_layout({"dp", ""}));
-    const auto labels_elsewhere = xshard::distribute<xshard::dynamic_layout(1)>(other, b.y, nn::make_layout({"dp"}));
+    const auto elsewhere =
+        xshard::distribute<xshard::dynamic_layout(2)>(other, b.x, nn::make_layout({"dp", ""}));
+    const auto labels_elsewhere =
+        xshard::distribute<xshard::dynamic_layout(1)>(other, b.y, nn::make_layout({"dp"}));
     expect_error([&] { pipe.step(elsewhere, labels_elsewhere, loss); },
                  "the batch and the labels must live on the pipeline's stage mesh");
 }
@@ -264,10 +305,10 @@ TEST(pipeline, an_error_during_the_passes_raises_on_every_rank) {
     const full_mesh_t mesh({p, world / p, 1});
     const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
     const auto b = make_batch(std::size_t(8 * (world / p)), 3);
-    const auto x = xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x,
-                                                                nn::make_layout({"dp", ""}));
-    const auto y = xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y,
-                                                                nn::make_layout({"dp"}));
+    const auto x =
+        xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x, nn::make_layout({"dp", ""}));
+    const auto y =
+        xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y, nn::make_layout({"dp"}));
     const auto [expected_loss, expected] = one_rank(b);
     for (auto kind : {pp::schedule_kind::gpipe, pp::schedule_kind::one_f_one_b,
                       pp::schedule_kind::zero_bubble}) {
@@ -286,14 +327,16 @@ TEST(pipeline, an_error_during_the_passes_raises_on_every_rank) {
             EXPECT_TRUE(xt::allclose(g, expected.at(name), 1e-12, 1e-12)) << name;
         });
         // A layer of the first stage fails while the others wait for its activations.
-        auto chain = nn::sequential(nn::column_parallel_linear<double, stage_mesh_t>(stage_mesh, features, 8, 1),
-                                    faulty_layer{},
-                                    nn::row_parallel_linear<double, stage_mesh_t>(stage_mesh, 8, classes, 2));
+        auto chain = nn::sequential(
+            nn::column_parallel_linear<double, stage_mesh_t>(stage_mesh, features, 8, 1),
+            faulty_layer{},
+            nn::row_parallel_linear<double, stage_mesh_t>(stage_mesh, 8, classes, 2));
         chain.get<1>().armed = true;
-        pp::pipeline<decltype(chain), X> second(mesh, "pp", stage_mesh, chain,
-                                                {.micro_batches = 4, .scheduler = kind,
-                                                 .stage_starts = p == 2 ? std::vector<std::size_t>{2}
-                                                                        : std::vector<std::size_t>{}});
+        pp::pipeline<decltype(chain), X> second(
+            mesh, "pp", stage_mesh, chain,
+            {.micro_batches = 4,
+             .scheduler = kind,
+             .stage_starts = p == 2 ? std::vector<std::size_t>{2} : std::vector<std::size_t>{}});
         expect_error([&] { second.step(x, y, loss); }, "a layer of the first stage fails");
     }
 }

@@ -17,8 +17,8 @@ namespace detail {
 constexpr std::string decimal(long long n) {
     char buf[24] = {};
     int i = 24;
-    unsigned long long u = n < 0 ? 0ULL - static_cast<unsigned long long>(n)
-                                 : static_cast<unsigned long long>(n);
+    unsigned long long u =
+        n < 0 ? 0ULL - static_cast<unsigned long long>(n) : static_cast<unsigned long long>(n);
     do
         buf[--i] = char('0' + u % 10);
     while ((u /= 10) > 0);
@@ -46,10 +46,13 @@ enum class pass : std::uint8_t { forward, backward, backward_input, backward_wei
 /// The letter a schedule table prints for a pass: F, B, B, W.
 constexpr char letter(pass p) noexcept {
     switch (p) {
-    case pass::forward: return 'F';
+    case pass::forward:
+        return 'F';
     case pass::backward:
-    case pass::backward_input: return 'B';
-    case pass::backward_weight: return 'W';
+    case pass::backward_input:
+        return 'B';
+    case pass::backward_weight:
+        return 'W';
     }
     return '?';
 }
@@ -83,10 +86,14 @@ enum class schedule_kind : std::uint8_t { gpipe, one_f_one_b, interleaved, zero_
 /// "1f1b", "interleaved", "zero_bubble".
 constexpr std::string_view name(schedule_kind k) noexcept {
     switch (k) {
-    case schedule_kind::gpipe: return "gpipe";
-    case schedule_kind::one_f_one_b: return "1f1b";
-    case schedule_kind::interleaved: return "interleaved";
-    case schedule_kind::zero_bubble: return "zero_bubble";
+    case schedule_kind::gpipe:
+        return "gpipe";
+    case schedule_kind::one_f_one_b:
+        return "1f1b";
+    case schedule_kind::interleaved:
+        return "interleaved";
+    case schedule_kind::zero_bubble:
+        return "zero_bubble";
     }
     return "?";
 }

@@ -19,7 +19,9 @@ namespace xshard::pipeline {
 /// The work of one pass in units (a forward pass of one virtual stage is 1): a backward
 /// pass 2, its input and weight halves 1 each (the usual ratio: a backward pass costs two
 /// matrix products per forward one).
-constexpr int work_of(pass p) noexcept { return p == pass::backward ? 2 : 1; }
+constexpr int work_of(pass p) noexcept {
+    return p == pass::backward ? 2 : 1;
+}
 
 /// The outcome of `analyze`.
 struct schedule_report {
@@ -59,13 +61,14 @@ constexpr schedule_report analyze(const schedule& s) {
     const int p = c.stages, m = c.micro_batches, stages = c.total_stages();
     const bool split = s.split_backward();
     if (int(s.ranks.size()) != p) {
-        rep.problem = concat("the table has ", decimal(s.ranks.size()), " ranks, not ",
-                             decimal(p));
+        rep.problem = concat("the table has ", decimal(s.ranks.size()), " ranks, not ", decimal(p));
         return rep;
     }
     // Finish times per (pass, virtual stage, micro-batch); -1: not run yet.
     constexpr std::int64_t never = -1;
-    const auto index = [&](int st, int mb) { return std::size_t(st) * std::size_t(m) + mb; };
+    const auto index = [&](int st, int mb) {
+        return std::size_t(st) * std::size_t(m) + mb;
+    };
     std::vector<std::int64_t> f(std::size_t(stages) * m, never), b(f), w(f);
     // Coverage and consistency first.
     for (int r = 0; r < p; ++r)
@@ -88,10 +91,9 @@ constexpr schedule_report analyze(const schedule& s) {
                 rep.problem = concat(where(), " names transfers its stages do not imply");
                 return rep;
             }
-            auto& slot = (a.kind == pass::forward                                   ? f
-                          : a.kind == pass::backward_weight                         ? w
-                                                                                    : b)[index(
-                a.stage, a.micro_batch)];
+            auto& slot = (a.kind == pass::forward           ? f
+                          : a.kind == pass::backward_weight ? w
+                                                            : b)[index(a.stage, a.micro_batch)];
             if (slot != never) {
                 rep.problem = concat(where(), " appears twice");
                 return rep;
@@ -134,8 +136,9 @@ constexpr schedule_report analyze(const schedule& s) {
                 const std::int64_t start = std::max(free_at[r], input);
                 free_at[r] = start + work_of(a.kind);
                 busy[r] += work_of(a.kind);
-                (a.kind == pass::forward ? f : a.kind == pass::backward_weight ? w : b)[index(
-                    st, mb)] = free_at[r];
+                (a.kind == pass::forward           ? f
+                 : a.kind == pass::backward_weight ? w
+                                                   : b)[index(st, mb)] = free_at[r];
                 if (a.kind == pass::forward)
                     rep.peak_in_flight[r] = std::max(rep.peak_in_flight[r], ++in_flight[r]);
                 else if (a.kind == pass::backward_weight || a.kind == pass::backward)
@@ -162,6 +165,8 @@ constexpr schedule_report analyze(const schedule& s) {
 }
 
 /// `analyze(make_schedule(c))`.
-constexpr schedule_report analyze(const schedule_config& c) { return analyze(make_schedule(c)); }
+constexpr schedule_report analyze(const schedule_config& c) {
+    return analyze(make_schedule(c));
+}
 
 } // namespace xshard::pipeline

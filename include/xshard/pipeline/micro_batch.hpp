@@ -34,7 +34,8 @@ inline std::vector<std::size_t> micro_batch_rows(std::size_t rows, std::size_t b
         for (std::size_t b = 0; b < blocks; ++b)
             out[i] += block_extent(block_extent(rows, blocks, b), mm, i);
         for (std::size_t b = 0; b < blocks; ++b)
-            if (block_extent(block_extent(rows, blocks, b), mm, i) != block_extent(out[i], blocks, b))
+            if (block_extent(block_extent(rows, blocks, b), mm, i) !=
+                block_extent(out[i], blocks, b))
                 throw error("xshard: a batch of " + std::to_string(rows) + " rows in " +
                             std::to_string(blocks) + " row blocks does not cut into " +
                             std::to_string(m) + " micro-batches laid out like it; use a batch " +

@@ -72,9 +72,9 @@ struct pipeline_options {
 
 /// What the last step measured on this rank.
 struct step_stats {
-    double seconds = 0;       ///< the step, from its start to its last transfer delivered
-    double busy_seconds = 0;  ///< computing (forward, backward, loss)
-    int peak_in_flight = 0;   ///< micro-batches whose activations were kept at once
+    double seconds = 0;      ///< the step, from its start to its last transfer delivered
+    double busy_seconds = 0; ///< computing (forward, backward, loss)
+    int peak_in_flight = 0;  ///< micro-batches whose activations were kept at once
     /// The idle share of the step (waiting for transfers or for neighbours).
     double bubble() const { return seconds > 0 ? 1.0 - busy_seconds / seconds : 0.0; }
 };
@@ -177,7 +177,8 @@ public:
         try {
             if (!(x.mesh() == stage_mesh_) || !(labels.mesh() == stage_mesh_))
                 throw error("xshard: pipeline: the batch and the labels must live on the "
-                            "pipeline's stage mesh (" + stage_mesh_.shape().to_string() + ")");
+                            "pipeline's stage mesh (" +
+                            stage_mesh_.shape().to_string() + ")");
             if (labels.shape()[0] != x.shape()[0])
                 throw error("xshard: pipeline: " + std::to_string(labels.shape()[0]) +
                             " labels for a batch of " + std::to_string(x.shape()[0]) + " rows");
@@ -201,8 +202,8 @@ public:
         std::list<outgoing<X>> outbox;
         for (const auto& a : mine)
             if (a.recv_from >= 0 && a.recv_from != me)
-                inbox.emplace(tag(a), std::make_unique<incoming<X>>(pp_, stage_mesh_, a.recv_from,
-                                                                     tag(a)));
+                inbox.emplace(tag(a),
+                              std::make_unique<incoming<X>>(pp_, stage_mesh_, a.recv_from, tag(a)));
         std::map<int, X> output_grad; // last stage: the loss gradient per micro-batch
         std::map<std::pair<int, int>, std::size_t> slot_of; // (stage, micro-batch) -> slot
         std::map<int, std::vector<std::size_t>> free_slots; // per stage
@@ -260,8 +261,8 @@ public:
                             h = l->forward(slot, h);
                         if (a.stage == last) {
                             const auto& y = ys[std::size_t(a.micro_batch)];
-                            const value_type share = value_type(double(rows[std::size_t(a.micro_batch)]) /
-                                                                total_rows);
+                            const value_type share =
+                                value_type(double(rows[std::size_t(a.micro_batch)]) / total_rows);
                             loss_sum += share * value_type(loss.forward(h, y));
                             output_grad.emplace(a.micro_batch, X(loss.backward(share)));
                         }
@@ -315,7 +316,8 @@ public:
             o.wait();
         agree_on_error(world_, failure);
 
-        value_type result = me == last_rank ? loss_sum : std::numeric_limits<value_type>::quiet_NaN();
+        value_type result =
+            me == last_rank ? loss_sum : std::numeric_limits<value_type>::quiet_NaN();
         if (options_.output_broadcast)
             bcast(pp_, std::span(&result, 1), last_rank);
         stats_.seconds = seconds(clock::now() - t0);

@@ -37,14 +37,15 @@ struct schedule_config {
 constexpr void check(const schedule_config& c) {
     using detail::concat, detail::decimal;
     if (c.stages < 1 || c.stages > (1 << 16))
-        throw error(concat("xshard: a pipeline needs between 1 and 65536 stages, not ",
-                           decimal(c.stages)));
+        throw error(
+            concat("xshard: a pipeline needs between 1 and 65536 stages, not ", decimal(c.stages)));
     if (c.micro_batches < 1 || c.micro_batches > (1 << 20))
         throw error(concat("xshard: a pipeline needs between 1 and 2^20 micro-batches, not ",
                            decimal(c.micro_batches)));
     if (c.virtual_stages < 1 || c.virtual_stages > 64)
-        throw error(concat("xshard: a pipeline needs between 1 and 64 virtual stages per rank, not ",
-                           decimal(c.virtual_stages)));
+        throw error(
+            concat("xshard: a pipeline needs between 1 and 64 virtual stages per rank, not ",
+                   decimal(c.virtual_stages)));
     if (c.virtual_stages > 1 && c.kind != schedule_kind::interleaved)
         throw error(concat("xshard: virtual stages (", decimal(c.virtual_stages),
                            " per rank) need the interleaved schedule, not ", name(c.kind)));
@@ -115,7 +116,9 @@ constexpr std::vector<action> one_f_one_b_rank(const schedule_config& c, int r) 
 constexpr std::vector<action> interleaved_rank(const schedule_config& c, int r) {
     std::vector<action> out;
     const int p = c.stages, v = c.virtual_stages, total = c.micro_batches * v;
-    const auto mb = [&](int k) { return (k / (p * v)) * p + k % p; };
+    const auto mb = [&](int k) {
+        return (k / (p * v)) * p + k % p;
+    };
     const auto chunk = [&](int k, bool forward) {
         const int ch = (k % (p * v)) / p;
         return forward ? ch : v - 1 - ch;
@@ -153,9 +156,10 @@ constexpr std::vector<std::vector<action>> zero_bubble_ranks(const schedule_conf
         b_done(p, std::vector<int>(m, never));
     std::vector<int> next_f(p, 0), next_b(p, 0), next_w(p, 0);
     std::vector<std::vector<action>> out(p);
-    const auto ready = [](int done, int t) { return done != never && done <= t; };
-    for (int t = 0; std::any_of(next_w.begin(), next_w.end(), [&](int w) { return w < m; });
-         ++t) {
+    const auto ready = [](int done, int t) {
+        return done != never && done <= t;
+    };
+    for (int t = 0; std::any_of(next_w.begin(), next_w.end(), [&](int w) { return w < m; }); ++t) {
         for (int r = 0; r < p; ++r) {
             const int b = next_b[r], f = next_f[r], w = next_w[r];
             if (b < f && ready(f_done[r][b], t) && (r == p - 1 || ready(b_done[r + 1][b], t))) {
@@ -191,9 +195,15 @@ constexpr schedule make_schedule(const schedule_config& c) {
     }
     for (int r = 0; r < c.stages; ++r) {
         switch (c.kind) {
-        case schedule_kind::gpipe: s.ranks.push_back(detail::gpipe_rank(c, r)); break;
-        case schedule_kind::interleaved: s.ranks.push_back(detail::interleaved_rank(c, r)); break;
-        default: s.ranks.push_back(detail::one_f_one_b_rank(c, r)); break;
+        case schedule_kind::gpipe:
+            s.ranks.push_back(detail::gpipe_rank(c, r));
+            break;
+        case schedule_kind::interleaved:
+            s.ranks.push_back(detail::interleaved_rank(c, r));
+            break;
+        default:
+            s.ranks.push_back(detail::one_f_one_b_rank(c, r));
+            break;
         }
     }
     return s;

@@ -38,9 +38,8 @@ inline void check_stages(const std::vector<std::string>& names, const std::vecto
                         std::to_string(stages) + " stages");
         if (i > 0 && stage_of[i] < stage_of[i - 1])
             throw error("xshard: pipeline: module '" + names[i] + "' (stage " +
-                        std::to_string(stage_of[i]) + ") follows '" + names[i - 1] +
-                        "' (stage " + std::to_string(stage_of[i - 1]) +
-                        "): stages must run along the chain");
+                        std::to_string(stage_of[i]) + ") follows '" + names[i - 1] + "' (stage " +
+                        std::to_string(stage_of[i - 1]) + "): stages must run along the chain");
         ++count[std::size_t(stage_of[i])];
     }
     for (int s = 0; s < stages; ++s)
