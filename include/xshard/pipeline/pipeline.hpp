@@ -108,8 +108,8 @@ public:
     /// Builds the pipeline of `model` over axis `axis` of `mesh` (whose other axes make
     /// `stage_mesh`, on which the model's layers live). Collective over `mesh`; every misuse
     /// (a stage with no layers, stage_config naming an unknown module, an invalid schedule,
-    /// a stage mesh that is not this rank's sub-mesh of the other axes) throws
-    /// `xshard::error` on every rank before any data moves.
+    /// a stage mesh of another size than the other axes') throws `xshard::error` on every
+    /// rank before any data moves. Make `stage_mesh` with `stage_mesh_of`.
     template <mesh_type FullMesh>
     pipeline(const FullMesh& mesh, std::string_view axis, const stage_mesh_type& stage_mesh,
              Model& model, pipeline_options options)
