@@ -61,6 +61,14 @@
 #include <xshard/param/weight.hpp>
 #include <xshard/redistribute/cost_model.hpp>
 #include <xshard/redistribute/geometry.hpp>
+#include <xshard/pipeline/action.hpp>
+#include <xshard/pipeline/analysis.hpp>
+#include <xshard/pipeline/chain.hpp>
+#include <xshard/pipeline/micro_batch.hpp>
+#include <xshard/pipeline/pipeline.hpp>
+#include <xshard/pipeline/schedule.hpp>
+#include <xshard/pipeline/stages.hpp>
+#include <xshard/pipeline/transfer.hpp>
 #include <xshard/redistribute/plan.hpp>
 #include <xshard/redistribute/planner.hpp>
 #include <xshard/redistribute/redistribute.hpp>

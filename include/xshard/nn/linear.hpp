@@ -65,7 +65,17 @@ struct affine {
 
     /// Adds dW = x^T dz; returns dx = dz W^T, laid out as x's gradient.
     tensor<T, Mesh> product_backward(const tensor<T, Mesh>& x, const tensor<T, Mesh>& dz) {
+        weight_backward(x, dz);
+        return input_backward(x, dz);
+    }
+
+    /// Adds dW = x^T dz (the weight half of `product_backward`).
+    void weight_backward(const tensor<T, Mesh>& x, const tensor<T, Mesh>& dz) {
         accumulate_product(w, xshard::ops::transposed(x), dz);
+    }
+
+    /// Returns dx = dz W^T, laid out as x's gradient (the input half).
+    tensor<T, Mesh> input_backward(const tensor<T, Mesh>& x, const tensor<T, Mesh>& dz) {
         return to_input_gradient(xshard::ops::matmul(dz, xshard::ops::transposed(w.value)),
                                  dual(x.layout(), x.mesh().shape()));
     }
@@ -107,12 +117,24 @@ public:
         return f_.product_backward(*x_, g);
     }
 
+    /// `backward` in two halves, for zero-bubble pipeline schedules: the input gradient
+    /// now (returned), the weight and bias gradients at the next `backward_weight()`.
+    tensor<T, Mesh> backward_input(const tensor<T, Mesh>& dy) {
+        dz_ = o_.gather_output ? gather_adjoint_.adjoint(dy, y_layout_) : dy;
+        return f_.input_backward(*x_, *dz_);
+    }
+    void backward_weight() {
+        f_.bias_backward(*dz_);
+        f_.weight_backward(*x_, *dz_);
+        dz_.reset();
+    }
+
     friend void visit_parameters(column_parallel_linear& l, auto&& visit) { l.f_.visit(visit); }
 
 private:
     options o_;
     detail::affine<T, Mesh> f_;
-    std::optional<tensor<T, Mesh>> x_;
+    std::optional<tensor<T, Mesh>> x_, dz_; // dz_: between backward_input and backward_weight
     layout y_layout_;
     kept_redistribution<T, Mesh> gather_, gather_adjoint_; // with gather_output
 };
@@ -146,12 +168,25 @@ public:
         return f_.product_backward(*x_, reduce_adjoint_.adjoint(dy, z_layout_));
     }
 
+    /// `backward` in two halves (see column_parallel_linear::backward_input).
+    tensor<T, Mesh> backward_input(const tensor<T, Mesh>& dy) {
+        dy_ = dy;
+        dz_ = reduce_adjoint_.adjoint(dy, z_layout_);
+        return f_.input_backward(*x_, *dz_);
+    }
+    void backward_weight() {
+        f_.bias_backward(*dy_);
+        f_.weight_backward(*x_, *dz_);
+        dy_.reset();
+        dz_.reset();
+    }
+
     friend void visit_parameters(row_parallel_linear& l, auto&& visit) { l.f_.visit(visit); }
 
 private:
     options o_;
     detail::affine<T, Mesh> f_;
-    std::optional<tensor<T, Mesh>> x_;
+    std::optional<tensor<T, Mesh>> x_, dy_, dz_; // dy_, dz_: until backward_weight
     layout z_layout_;
     kept_redistribution<T, Mesh> reduce_, reduce_adjoint_; // the pending sum and its adjoint
 };

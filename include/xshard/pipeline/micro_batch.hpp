@@ -1,0 +1,74 @@
+#pragma once
+/// \file
+/// Micro-batches: a batch cut along its rows (dimension 0) into m micro-batches without
+/// communication. Each rank cuts its own block of rows into m consecutive chunks (block
+/// partition: n/m rows, one more for the first n%m chunks), and micro-batch i is the
+/// distributed tensor made of every rank's i-th chunk, laid out as the batch. With the
+/// rows whole on every rank (no data parallelism) micro-batch i is global rows
+/// [i N/m, (i+1) N/m) of the block partition; with rows split over k data-parallel blocks it
+/// is the i-th chunk of each block. The micro-batches' gradients sum to the batch's.
+
+#include <xshard/comm/error.hpp>
+#include <xshard/core/partition.hpp>
+#include <xshard/tensor/dtensor.hpp>
+
+#include <xtensor/xview.hpp>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace xshard::pipeline {
+
+/// The global rows of each micro-batch when a batch of `rows` rows split into `blocks` row
+/// blocks is cut into `m` micro-batches (see the file comment). Throws `xshard::error`
+/// (every rank alike: it depends on sizes only) when m < 1, or when the chunks of some
+/// micro-batch do not form the block partition a distributed tensor's rows must have
+/// (never so when `rows` is a multiple of blocks x m).
+inline std::vector<std::size_t> micro_batch_rows(std::size_t rows, std::size_t blocks, int m) {
+    if (m < 1)
+        throw error("xshard: a batch needs at least one micro-batch, not " + std::to_string(m));
+    const auto mm = static_cast<std::size_t>(m);
+    std::vector<std::size_t> out(mm, 0);
+    for (std::size_t i = 0; i < mm; ++i) {
+        for (std::size_t b = 0; b < blocks; ++b)
+            out[i] += block_extent(block_extent(rows, blocks, b), mm, i);
+        for (std::size_t b = 0; b < blocks; ++b)
+            if (block_extent(block_extent(rows, blocks, b), mm, i) !=
+                block_extent(out[i], blocks, b))
+                throw error("xshard: a batch of " + std::to_string(rows) + " rows in " +
+                            std::to_string(blocks) + " row blocks does not cut into " +
+                            std::to_string(m) + " micro-batches laid out like it; use a batch " +
+                            "size that is a multiple of " + std::to_string(blocks * mm));
+    }
+    return out;
+}
+
+/// The m micro-batches of `t` (see the file comment): local work only, the same layout as
+/// `t`. Throws `xshard::error` on every rank alike when `t` has a pending sum or the rows
+/// do not cut (see `micro_batch_rows`).
+template <distributed_tensor D>
+std::vector<D> split_micro_batches(const D& t, int m) {
+    if (t.layout().is_partial())
+        throw error("xshard: micro-batches of a tensor with a pending sum " +
+                    t.layout().to_string());
+    const auto& ms = t.mesh().shape();
+    const std::size_t rows = t.shape()[0];
+    const auto blocks = static_cast<std::size_t>(t.layout().split_count(0, ms));
+    const auto sizes = micro_batch_rows(rows, blocks, m);
+    const std::size_t local_rows = t.local().shape()[0];
+    std::vector<D> out;
+    out.reserve(sizes.size());
+    std::size_t begin = 0;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+        const std::size_t n = block_extent(local_rows, sizes.size(), i);
+        auto shape = t.shape();
+        shape[0] = sizes[i];
+        typename D::local_type chunk = xt::view(t.local(), xt::range(begin, begin + n));
+        out.emplace_back(xshard::detail::unchecked, t.mesh(), shape, std::move(chunk), t.layout());
+        begin += n;
+    }
+    return out;
+}
+
+} // namespace xshard::pipeline

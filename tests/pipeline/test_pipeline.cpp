@@ -1,0 +1,344 @@
+// The pipeline runtime against one rank: for every factorisation pp x dp x tp of the world
+// (pp up to 4) and every schedule, one step's loss and every gradient equal a one-rank
+// forward and backward pass over the whole batch (1e-12), and the micro-batches in flight on
+// each rank are the table's. Misuse raises the same error on every rank.
+
+#include <xshard/nn/activation.hpp>
+#include <xshard/nn/embedding.hpp>
+#include <xshard/nn/linear.hpp>
+#include <xshard/ops/reduce.hpp>
+#include <xshard/pipeline/pipeline.hpp>
+#include <xshard/tensor/gather.hpp>
+
+#include "expect_error.hpp"
+#include "mpi_test.hpp"
+
+#include <gtest/gtest.h>
+#include <xtensor/xrandom.hpp>
+
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+
+namespace {
+
+namespace nn = xshard::nn;
+namespace pp = xshard::pipeline;
+using stage_mesh_t = xshard::mesh<"dp", "tp">;
+using full_mesh_t = xshard::mesh<"pp", "dp", "tp">;
+using X = nn::tensor<double, stage_mesh_t>;
+using labels_t = nn::tensor<std::int64_t, stage_mesh_t, 1>;
+constexpr std::size_t features = 6, classes = 5;
+
+/// Nine modules: column/row-parallel pairs with activations between, logits split over tp.
+auto make_model(const stage_mesh_t& m) {
+    using T = double;
+    return nn::sequential(nn::column_parallel_linear<T, stage_mesh_t>(m, features, 16, 1),
+                          nn::relu_activation<T, stage_mesh_t>(m),
+                          nn::row_parallel_linear<T, stage_mesh_t>(m, 16, 12, 2),
+                          nn::gelu_activation<T, stage_mesh_t>(m),
+                          nn::column_parallel_linear<T, stage_mesh_t>(m, 12, 12, 3),
+                          nn::relu_activation<T, stage_mesh_t>(m),
+                          nn::row_parallel_linear<T, stage_mesh_t>(m, 12, 10, 4),
+                          nn::gelu_activation<T, stage_mesh_t>(m),
+                          nn::column_parallel_linear<T, stage_mesh_t>(m, 10, classes, 5));
+}
+
+struct batch {
+    xt::xtensor<double, 2> x;
+    xt::xtensor<std::int64_t, 1> y;
+};
+
+batch make_batch(std::size_t rows, unsigned seed) {
+    std::mt19937 e(seed);
+    batch b{xt::random::rand<double>({rows, features}, -1.0, 1.0, e), {}};
+    b.y = xt::xtensor<std::int64_t, 1>::from_shape({rows});
+    for (auto& v : b.y)
+        v = std::int64_t(e() % classes);
+    return b;
+}
+
+/// The one-rank step: its loss and every gradient by name.
+std::pair<double, std::map<std::string, xt::xarray<double>>> one_rank(const batch& b) {
+    const stage_mesh_t one(xshard::communicator::self(), {1, 1});
+    auto model = make_model(one);
+    nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+    const auto x =
+        xshard::distribute<xshard::dynamic_layout(2)>(one, b.x, nn::make_layout({"", ""}));
+    const auto y = xshard::distribute<xshard::dynamic_layout(1)>(one, b.y, nn::make_layout({""}));
+    const double value = loss.forward(model.forward(x), y);
+    model.backward(loss.backward());
+    std::map<std::string, xt::xarray<double>> grads;
+    xshard::for_each_weight(model, [&](const std::string& name, auto& w) {
+        grads[name] = xshard::gather_all(xshard::ops::resolve(w.grad));
+    });
+    return {value, grads};
+}
+
+/// The factorisations pp x dp x tp of `world` with pp <= 4 and tp <= 2.
+std::vector<std::array<int, 3>> meshes(int world) {
+    std::vector<std::array<int, 3>> out;
+    for (int p = 1; p <= 4; ++p)
+        for (int t = 1; t <= 2; ++t)
+            if (world % (p * t) == 0)
+                out.push_back({p, world / (p * t), t});
+    return out;
+}
+
+TEST(pipeline, every_schedule_equals_one_rank) {
+    const int world = xshard::testing::world().size();
+    for (const auto& sizes : meshes(world)) {
+        const full_mesh_t mesh(sizes);
+        const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+        const int p = sizes[0], dp = sizes[1];
+        const int m = 2 * p; // a multiple of p, for the interleaved schedule
+        const std::size_t rows = std::size_t(m * dp * 2 + 1); // uneven blocks and chunks
+        const auto b = make_batch(rows, 11);
+        const auto [expected_loss, expected] = one_rank(b);
+        const auto x = xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x,
+                                                                     nn::make_layout({"dp", ""}));
+        const auto y =
+            xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y, nn::make_layout({"dp"}));
+        for (auto kind : {pp::schedule_kind::gpipe, pp::schedule_kind::one_f_one_b,
+                          pp::schedule_kind::interleaved, pp::schedule_kind::zero_bubble}) {
+            const int v = kind == pp::schedule_kind::interleaved ? 2 : 1;
+            const std::string where = "mesh pp=" + std::to_string(p) + " dp=" + std::to_string(dp) +
+                                      " tp=" + std::to_string(sizes[2]) + ", " +
+                                      std::string(pp::name(kind)) + ", rank " +
+                                      std::to_string(mesh.rank());
+            auto model = make_model(stage_mesh);
+            nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+            pp::pipeline<decltype(model), X> pipe(mesh, "pp", stage_mesh, model,
+                                                  {.micro_batches = m,
+                                                   .scheduler = kind,
+                                                   .virtual_stages = v,
+                                                   .output_broadcast = true});
+            const double value = pipe.step(x, y, loss);
+            pipe.synchronize_gradients();
+            EXPECT_NEAR(value, expected_loss, 1e-12) << where;
+            EXPECT_EQ(pipe.last_step().peak_in_flight,
+                      pipe.predicted().peak_in_flight[std::size_t(pipe.stage())])
+                << where;
+            int checked = 0;
+            xshard::for_each_weight(pipe.local_parameters(), [&](const std::string& name, auto& w) {
+                const xt::xarray<double> g = xshard::gather_all(xshard::ops::resolve(w.grad));
+                ASSERT_TRUE(expected.count(name)) << name << ", " << where;
+                EXPECT_TRUE(xt::allclose(g, expected.at(name), 1e-12, 1e-12))
+                    << name << ", " << where;
+                ++checked;
+            });
+            // Every weight of the model is checked on some stage.
+            int total = checked;
+            xshard::mpi::allreduce(mesh.sub<"pp">(), std::span(&total, 1), xshard::reduction::sum);
+            EXPECT_EQ(total, int(expected.size())) << where;
+        }
+    }
+}
+
+TEST(pipeline, second_step_reuses_slots_and_accumulates) {
+    const int world = xshard::testing::world().size();
+    const int p = world % 2 == 0 ? 2 : 1;
+    const full_mesh_t mesh({p, world / p, 1});
+    const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+    const auto b = make_batch(std::size_t(8 * (world / p)), 5);
+    const auto [expected_loss, expected] = one_rank(b);
+    const auto x =
+        xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x, nn::make_layout({"dp", ""}));
+    const auto y =
+        xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y, nn::make_layout({"dp"}));
+    auto model = make_model(stage_mesh);
+    nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+    pp::pipeline<decltype(model), X> pipe(
+        mesh, "pp", stage_mesh, model,
+        {.micro_batches = 4, .scheduler = pp::schedule_kind::one_f_one_b});
+    pipe.step(x, y, loss);
+    const double second = pipe.step(x, y, loss); // gradients add up: twice the one-rank's
+    pipe.synchronize_gradients();
+    if (pipe.stage() == p - 1) {
+        EXPECT_NEAR(second, expected_loss, 1e-12);
+    } else {
+        EXPECT_TRUE(std::isnan(second)); // no output_broadcast
+    }
+    xshard::for_each_weight(pipe.local_parameters(), [&](const std::string& name, auto& w) {
+        const xt::xarray<double> g = xshard::gather_all(xshard::ops::resolve(w.grad));
+        EXPECT_TRUE(xt::allclose(g, 2.0 * expected.at(name), 1e-12, 1e-12)) << name;
+    });
+    pipe.zero_grad();
+    pipe.step(x, y, loss);
+    pipe.synchronize_gradients();
+    xshard::for_each_weight(pipe.local_parameters(), [&](const std::string& name, auto& w) {
+        const xt::xarray<double> g = xshard::gather_all(xshard::ops::resolve(w.grad));
+        EXPECT_TRUE(xt::allclose(g, expected.at(name), 1e-12, 1e-12)) << name;
+    });
+}
+
+TEST(pipeline, stage_assignment) {
+    const std::vector<std::string> names{"flatten", "layer1", "relu1", "layer2", "relu2", "layer3"};
+    EXPECT_EQ(pp::stages_by_name(names,
+                                 {{"flatten", 0},
+                                  {"layer1", 0},
+                                  {"relu1", 0},
+                                  {"layer2", 1},
+                                  {"relu2", 1},
+                                  {"layer3", 1}},
+                                 2),
+              (std::vector<int>{0, 0, 0, 1, 1, 1}));
+    EXPECT_EQ(pp::stages_by_name(names, {{"layer2", 1}}, 2), (std::vector<int>{0, 0, 0, 1, 1, 1}));
+    EXPECT_EQ(pp::stages_by_position(names, {2, 4}, 3), (std::vector<int>{0, 0, 1, 1, 2, 2}));
+    // 784x512, 512x512, 512x10 weights: the first layer alone outweighs the rest.
+    EXPECT_EQ(pp::stages_by_cost(names, {0, 401920, 0, 262656, 0, 5130}, 2),
+              (std::vector<int>{0, 0, 1, 1, 1, 1}));
+    using xshard::testing::expect_error;
+    expect_error(
+        [&] {
+            pp::stages_by_name(names, {{"layer9", 1}}, 2);
+        },
+        "stage_config names an unknown module 'layer9' (the chain's modules: flatten, "
+        "layer1, relu1, layer2, relu2, layer3)");
+    expect_error(
+        [&] {
+            pp::stages_by_name(names, {{"layer1", 0}}, 2);
+        },
+        "stage 1 of 2 has no layers");
+    expect_error(
+        [&] {
+            pp::stages_by_name(names, {{"layer1", 1}, {"layer2", 0}}, 2);
+        },
+        "module 'layer2' (stage 0) follows 'relu1' (stage 1): stages must run along "
+        "the chain");
+    expect_error([&] { pp::stages_by_position(names, {3}, 3); }, "3 stages need 2 stage starts");
+    expect_error([&] { pp::stages_by_cost(names, std::vector<double>(6, 1.0), 7); },
+                 "7 stages need at least 7 modules; the chain has 6 (flatten, layer1, relu1, "
+                 "layer2, relu2, layer3)");
+}
+
+TEST(pipeline, misuse_raises_on_every_rank_before_data_moves) {
+    using xshard::testing::expect_error;
+    const int world = xshard::testing::world().size();
+    const int p = world % 2 == 0 ? 2 : 1;
+    const full_mesh_t mesh({p, world / p, 1});
+    const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+    auto model = make_model(stage_mesh);
+    using pipe_t = pp::pipeline<decltype(model), X>;
+    expect_error(
+        [&] {
+            pipe_t(mesh, "pp", stage_mesh, model,
+                   {.micro_batches = 2, .stage_config = {{"7", 0}, {"linear", 1}}});
+        },
+        "stage_config names an unknown module 'linear'");
+    if (p == 2)
+        expect_error(
+            [&] {
+                pipe_t(mesh, "pp", stage_mesh, model,
+                       {.micro_batches = 2, .stage_config = {{"0", 0}}});
+            },
+            "stage 1 of 2 has no layers");
+    if (p == 2)
+        expect_error(
+            [&] {
+                pipe_t(mesh, "pp", stage_mesh, model,
+                       {.micro_batches = 3,
+                        .scheduler = pp::schedule_kind::interleaved,
+                        .virtual_stages = 2});
+            },
+            "needs the micro-batches (3) to be a multiple of the stages (2)");
+    expect_error(
+        [&] { pipe_t(mesh, "pp", stage_mesh, model, {.micro_batches = 2, .virtual_stages = 2}); },
+        "need the interleaved schedule, not 1f1b");
+    expect_error(
+        [&] {
+            pipe_t(mesh, "pp", stage_mesh, model,
+                   {.micro_batches = 2,
+                    .scheduler = pp::schedule_kind::interleaved,
+                    .virtual_stages = 10});
+        },
+        "stages need at least");
+    pipe_t pipe(mesh, "pp", stage_mesh, model, {.micro_batches = 2});
+    nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+    const auto b = make_batch(8, 1);
+    const auto x =
+        xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x, nn::make_layout({"dp", ""}));
+    const auto y = xshard::distribute<xshard::dynamic_layout(1)>(
+        stage_mesh, xt::xtensor<std::int64_t, 1>(xt::view(b.y, xt::range(0, 6))),
+        nn::make_layout({"dp"}));
+    expect_error([&] { pipe.step(x, y, loss); }, "6 labels for a batch of 8 rows");
+    const stage_mesh_t other(xshard::communicator::world(), {world / p, p}); // not the stage mesh
+    const auto elsewhere =
+        xshard::distribute<xshard::dynamic_layout(2)>(other, b.x, nn::make_layout({"dp", ""}));
+    const auto labels_elsewhere =
+        xshard::distribute<xshard::dynamic_layout(1)>(other, b.y, nn::make_layout({"dp"}));
+    expect_error([&] { pipe.step(elsewhere, labels_elsewhere, loss); },
+                 "the batch and the labels must live on the pipeline's stage mesh");
+}
+
+/// A loss that refuses its second micro-batch (on every rank that computes it).
+struct refusing_loss {
+    nn::parallel_cross_entropy<double, stage_mesh_t> inner;
+    int calls = 0;
+    double forward(const X& logits, const labels_t& labels) {
+        if (++calls == 2)
+            throw xshard::error("xshard: test: the loss refuses micro-batch 1");
+        return inner.forward(logits, labels);
+    }
+    X backward(double scale) { return inner.backward(scale); }
+};
+
+/// A layer that passes its input on and throws at its third forward pass (counted over its
+/// copies) when armed.
+struct faulty_layer {
+    std::shared_ptr<int> calls = std::make_shared<int>(0);
+    bool armed = false;
+    X forward(const X& x) {
+        if (armed && ++*calls == 3)
+            throw xshard::error("xshard: test: a layer of the first stage fails");
+        return x;
+    }
+    X backward(const X& dy) { return dy; }
+    friend void visit_parameters(faulty_layer&, auto&&) {}
+};
+
+TEST(pipeline, an_error_during_the_passes_raises_on_every_rank) {
+    using xshard::testing::expect_error;
+    const int world = xshard::testing::world().size();
+    const int p = world % 2 == 0 ? 2 : 1;
+    const full_mesh_t mesh({p, world / p, 1});
+    const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+    const auto b = make_batch(std::size_t(8 * (world / p)), 3);
+    const auto x =
+        xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x, nn::make_layout({"dp", ""}));
+    const auto y =
+        xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y, nn::make_layout({"dp"}));
+    const auto [expected_loss, expected] = one_rank(b);
+    for (auto kind : {pp::schedule_kind::gpipe, pp::schedule_kind::one_f_one_b,
+                      pp::schedule_kind::zero_bubble}) {
+        // The last stage's loss fails: every rank raises its error, and the next step is right.
+        auto model = make_model(stage_mesh);
+        pp::pipeline<decltype(model), X> pipe(mesh, "pp", stage_mesh, model,
+                                              {.micro_batches = 4, .scheduler = kind});
+        refusing_loss bad;
+        expect_error([&] { pipe.step(x, y, bad); }, "the loss refuses micro-batch 1");
+        pipe.zero_grad();
+        nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+        pipe.step(x, y, loss);
+        pipe.synchronize_gradients();
+        xshard::for_each_weight(pipe.local_parameters(), [&](const std::string& name, auto& w) {
+            const xt::xarray<double> g = xshard::gather_all(xshard::ops::resolve(w.grad));
+            EXPECT_TRUE(xt::allclose(g, expected.at(name), 1e-12, 1e-12)) << name;
+        });
+        // A layer of the first stage fails while the others wait for its activations.
+        auto chain = nn::sequential(
+            nn::column_parallel_linear<double, stage_mesh_t>(stage_mesh, features, 8, 1),
+            faulty_layer{},
+            nn::row_parallel_linear<double, stage_mesh_t>(stage_mesh, 8, classes, 2));
+        chain.get<1>().armed = true;
+        pp::pipeline<decltype(chain), X> second(
+            mesh, "pp", stage_mesh, chain,
+            {.micro_batches = 4,
+             .scheduler = kind,
+             .stage_starts = p == 2 ? std::vector<std::size_t>{2} : std::vector<std::size_t>{}});
+        expect_error([&] { second.step(x, y, loss); }, "a layer of the first stage fails");
+    }
+}
+
+} // namespace
