@@ -81,6 +81,53 @@ TEST(gradients, sum_and_mean_over_the_redundant_copies) {
     });
 }
 
+TEST(gradients, a_kept_synchronizer_follows_gradients_whose_storage_was_replaced) {
+    for_each_mesh([](const auto& m) {
+        using M = std::remove_cvref_t<decltype(m)>;
+        std::map<std::string, dyn<M>> params;
+        std::map<std::string, dyn<M>> grads;
+        const auto all = xshard::testing::all_layouts(m.shape(), 2, false);
+        for (std::size_t k = 0; k < all.size(); ++k) {
+            if (all[k].is_partial())
+                continue;
+            const auto name = "g" + std::to_string(100 + k);
+            params.emplace(name, filled<double>(m, {5, 3}, all[k], start));
+            grads.emplace(name, filled<double>(m, {5, 3}, all[k], start));
+        }
+        xshard::gradient_synchronizer sync(params, grads,
+                                           {.fusion = {.allreduce = {
+                                                           xshard::fusion_threshold::mode::size,
+                                                           3e-4}}}); // small buckets, several
+        for (int step = 0; step < 3; ++step) {
+            // Every step the backward pass hands over new storage (as a non-noalias `+=`
+            // does): the old buffers are freed.
+            for (auto& [name, g] : grads) {
+                auto fresh = g.local();
+                for (std::size_t i = 0; i < fresh.size(); ++i)
+                    fresh.data()[i] = double(step) + 0.5 * m.rank() + double(i);
+                g.local() = std::move(fresh);
+            }
+            if (step == 1)
+                sync.synchronize();
+            else {
+                for (auto it = params.rbegin(); it != params.rend(); ++it)
+                    sync.ready(it->first);
+                sync.wait();
+            }
+            for (auto& [name, p] : params) {
+                const auto members = m.group_ranks(p.layout().replicated_axes(m.shape()));
+                for (std::size_t i = 0; i < p.local().size(); ++i) {
+                    double s = 0;
+                    for (int r : members)
+                        s += double(step) + 0.5 * r + double(i);
+                    EXPECT_NEAR(grads.at(name).local().data()[i], s, 1e-12 * (1 + s))
+                        << name << " step " << step << " " << where(m);
+                }
+            }
+        }
+    });
+}
+
 TEST(gradients, float32_communication_of_16_bit_gradients_is_more_accurate) {
     const auto w = world();
     const xshard::mesh<"dp"> m(w, {w.size()});

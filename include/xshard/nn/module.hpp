@@ -31,6 +31,8 @@
 #include <xshard/param/weight.hpp>
 #include <xshard/param/traversal.hpp>
 
+#include <xtensor/xnoalias.hpp>
+
 #include <cmath>
 #include <cstdint>
 #include <concepts>
@@ -137,11 +139,11 @@ template <class D, distributed_tensor G>
 void accumulate(weight<D>& w, G&& g) {
     auto& grad = w.terms();
     if (xshard::detail::without_unit_sums(g.layout(), g.mesh().shape()) == grad.layout()) {
-        grad.local() += g.local(); // already this rank's term
+        xt::noalias(grad.local()) += g.local(); // already this rank's term
         return;
     }
     const auto term = redistribute<dynamic_layout(D::rank)>(std::forward<G>(g), grad.layout());
-    grad.local() += term.local();
+    xt::noalias(grad.local()) += term.local();
 }
 
 /// `accumulate(w, g)` with the redistribution's plan kept in `plan`, for a layer that adds
@@ -150,10 +152,10 @@ template <class D, class T, mesh_type Mesh, std::size_t N>
 void accumulate(weight<D>& w, const tensor<T, Mesh, N>& g, kept_redistribution<T, Mesh, N>& plan) {
     auto& grad = w.terms();
     if (xshard::detail::without_unit_sums(g.layout(), g.mesh().shape()) == grad.layout()) {
-        grad.local() += g.local();
+        xt::noalias(grad.local()) += g.local();
         return;
     }
-    grad.local() += plan(g, grad.layout()).local();
+    xt::noalias(grad.local()) += plan(g, grad.layout()).local();
 }
 
 /// Adds the product a b (matmul operands) to `w.grad`: by BLAS straight into the gradient's

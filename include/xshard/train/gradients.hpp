@@ -90,7 +90,8 @@ void with_element_type(std::type_index t, F&& f) {
 
 /// Plans the synchronisation of a container of gradients once and runs it every step (see
 /// the file comment). `params` gives the layouts (its redundancy groups); `grads` must have
-/// the same parameters, shapes and element types, and must outlive the synchronizer.
+/// the same parameters, shapes and element types, and must outlive the synchronizer (a
+/// gradient's storage may be replaced between steps; its shape may not).
 class gradient_synchronizer {
 public:
     template <parameter_container P, parameter_container G>
@@ -120,6 +121,19 @@ public:
                         t = D(detail::unchecked, t.mesh(), t.shape(), std::move(t).local(),
                               it->second);
                 }
+            });
+        };
+        // A gradient's storage can move between steps (an xtensor `+=` that is not `noalias`
+        // swaps in a new buffer, `set_gradient` replaces it): its address is read again before
+        // each bucket is packed and unpacked, never kept from the constructor.
+        refresh_ = [&grads, this] {
+            std::size_t i = 0;
+            for_each_parameter(grads, [&](const std::string&, auto& t) {
+                auto& r = refs_[i++];
+                auto& local = t.local();
+                if constexpr (!std::is_const_v<std::remove_reference_t<decltype(local)>>)
+                    r.data = reinterpret_cast<std::byte*>(local.data());
+                r.cdata = reinterpret_cast<const std::byte*>(local.data());
             });
         };
         // Buckets in reverse order: the backward pass produces the last layers' gradients first.
@@ -193,6 +207,7 @@ private:
     /// Packs bucket k and all-reduces it: blocking (pairwise for large buckets) or started
     /// nonblocking.
     void run(std::size_t k, bool nonblocking) {
+        refresh_();
         waiting_[k] = buckets_[k].members.size();
         const auto& b = buckets_[k];
         const auto& first = refs_[b.members.front()];
@@ -258,6 +273,8 @@ private:
     /// Waits for the started all-reduces and unpacks every bucket (dividing for the mean).
     void finish() {
         wait_all(requests_);
+        if (refresh_)
+            refresh_();
         for (std::size_t k = 0; k < buckets_.size(); ++k) {
             const auto& b = buckets_[k];
             const auto& first = refs_[b.members.front()];
@@ -306,6 +323,7 @@ private:
     gradient_options options_;
     std::vector<detail::param_ref> refs_;
     std::function<void()> relabel_; // the gradients' layouts once summed
+    std::function<void()> refresh_; // the gradients' current addresses into refs_
     std::vector<detail::bucket> buckets_;
     std::vector<int> bucket_of_;
     std::vector<std::unique_ptr<std::byte[]>> buffers_; // uninitialised: filled by packing
