@@ -38,6 +38,11 @@ struct reduce_tuning {
     std::size_t min_bytes = std::size_t(1) << 20;
     /// The chunk of a pipelined round. Every member of a group must use the same value.
     std::size_t chunk_bytes = std::size_t(256) << 10;
+    /// Plans run a step among ranks that share one node through shared-memory windows
+    /// (redistribute/node_step.hpp) when the tensor has at least this many bytes (every
+    /// member decides alike from the global shape); SIZE_MAX keeps every step on MPI. The
+    /// environment variable XSHARD_SHARED_MEMORY=0 turns the transport off as well.
+    std::size_t shared_memory_min_bytes = std::size_t(1) << 20;
 
     /// Elements of `element` bytes in a chunk.
     std::size_t chunk_elements(std::size_t element) const {

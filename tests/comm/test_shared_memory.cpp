@@ -1,0 +1,101 @@
+// The node-local transport: which ranks share a node, shared-memory windows (every member
+// reads every other's segment), and the node barrier that orders writers and readers, with
+// deliberately slow writers: no rank may read a segment before its owner finished writing.
+
+#include <xshard/comm/node.hpp>
+#include <xshard/comm/node_barrier.hpp>
+#include <xshard/comm/shared_window.hpp>
+
+#include "mpi_test.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <thread>
+
+namespace {
+
+using xshard::testing::world;
+
+TEST(shared_memory, the_test_world_is_one_node) {
+    const auto w = world();
+    const xshard::node_group node(w);
+    // ctest starts every rank on this machine.
+    EXPECT_EQ(node.comm().size(), w.size()) << "rank " << w.rank();
+    EXPECT_EQ(node.whole_communicator_shares_memory(), xshard::shared_memory_allowed())
+        << "rank " << w.rank();
+    // A split communicator: each half on its own, still one node.
+    const auto half = w.split(w.rank() % 2, w.rank());
+    const xshard::node_group sub(half);
+    EXPECT_EQ(sub.comm().size(), half.size()) << "rank " << w.rank();
+}
+
+TEST(shared_memory, every_member_reads_every_segment) {
+    const auto w = world();
+    if (!xshard::node_group(w).whole_communicator_shares_memory())
+        GTEST_SKIP() << "shared memory turned off";
+    // Segments of different sizes (rank 0's empty when there are several ranks).
+    auto bytes = [&](int q) { return std::size_t(w.size() > 1 ? q : 1) * 1000 * sizeof(long); };
+    xshard::shared_window window(w, bytes(w.rank()));
+    xshard::node_barrier barrier(w);
+    ASSERT_EQ(window.size(), w.size());
+    for (int q = 0; q < w.size(); ++q)
+        EXPECT_GE(window.segment_bytes(q), bytes(q)) << "rank " << w.rank() << " segment " << q;
+    long* mine = reinterpret_cast<long*>(window.local());
+    for (std::size_t i = 0; i < bytes(w.rank()) / sizeof(long); ++i)
+        mine[i] = long(w.rank()) * 1000000 + long(i);
+    barrier.arrive_and_wait();
+    for (int q = 0; q < w.size(); ++q) {
+        const long* theirs = reinterpret_cast<const long*>(window.segment(q));
+        for (std::size_t i = 0; i < bytes(q) / sizeof(long); ++i)
+            ASSERT_EQ(theirs[i], long(q) * 1000000 + long(i))
+                << "rank " << w.rank() << " segment " << q << " element " << i;
+    }
+    barrier.arrive_and_wait();
+}
+
+TEST(shared_memory, no_rank_reads_before_the_owner_finished_writing) {
+    const auto w = world();
+    if (!xshard::node_group(w).whole_communicator_shares_memory())
+        GTEST_SKIP() << "shared memory turned off";
+    constexpr std::size_t n = 1 << 16;
+    xshard::shared_window window(w, n * sizeof(std::uint64_t));
+    xshard::node_barrier barrier(w);
+    auto* mine = reinterpret_cast<std::uint64_t*>(window.local());
+    for (std::uint64_t round = 1; round <= 40; ++round) {
+        // A different rank is slow each round; it writes its segment in pieces, pausing.
+        const bool slow = int(round % std::uint64_t(w.size())) == w.rank();
+        for (std::size_t lo = 0; lo < n; lo += n / 4) {
+            if (slow)
+                std::this_thread::sleep_for(std::chrono::microseconds(500));
+            for (std::size_t i = lo; i < lo + n / 4; ++i)
+                mine[i] = round * 100 + std::uint64_t(w.rank());
+        }
+        barrier.arrive_and_wait();
+        for (int q = 0; q < w.size(); ++q) {
+            const auto* theirs = reinterpret_cast<const std::uint64_t*>(window.segment(q));
+            for (std::size_t i = 0; i < n; i += 97)
+                ASSERT_EQ(theirs[i], round * 100 + std::uint64_t(q))
+                    << "rank " << w.rank() << " read segment " << q << " element " << i
+                    << " in round " << round;
+            ASSERT_EQ(theirs[n - 1], round * 100 + std::uint64_t(q));
+        }
+        // Nobody overwrites a segment another rank is still reading.
+        barrier.arrive_and_wait();
+    }
+}
+
+TEST(shared_memory, windows_are_moved_and_freed_collectively) {
+    const auto w = world();
+    if (!xshard::node_group(w).whole_communicator_shares_memory())
+        GTEST_SKIP() << "shared memory turned off";
+    xshard::shared_window a(w, 64);
+    xshard::shared_window b = std::move(a);
+    EXPECT_FALSE(bool(a));
+    EXPECT_TRUE(bool(b));
+    a = xshard::shared_window(w, 128);
+    EXPECT_GE(a.segment_bytes(w.rank()), 128u);
+}
+
+} // namespace
