@@ -3,16 +3,19 @@
 // deliberately slow writers: no rank may read a segment before its owner finished writing.
 
 #include <xshard/comm/node.hpp>
+#include <xshard/comm/pairwise_reduce.hpp>
 #include <xshard/comm/node_barrier.hpp>
 #include <xshard/comm/shared_window.hpp>
 
 #include "mpi_test.hpp"
+#include "traffic.hpp"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdint>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -96,6 +99,44 @@ TEST(shared_memory, windows_are_moved_and_freed_collectively) {
     EXPECT_TRUE(bool(b));
     a = xshard::shared_window(w, 128);
     EXPECT_GE(a.segment_bytes(w.rank()), 128u);
+}
+
+TEST(shared_memory, all_reduce_reads_summands_in_place) {
+    // Every size through the shared-memory path (growing, so the window is made anew), in
+    // place and not, over the world and over halves of it; exact sums, maxima, minima; and
+    // not a byte through MPI point to point.
+    const auto w = world();
+    const bool shared = xshard::node_group(w).whole_communicator_shares_memory();
+    const auto half = w.split(w.rank() % 2, w.rank());
+    xshard::reducer<double> r(xshard::reduce_tuning{.shared_memory_min_bytes = 0});
+    for (const auto* c : {&w, &half}) {
+        for (std::size_t n : {1, 3, 7, 4096, 4097, 20011}) {
+            for (auto op : {xshard::reduction::sum, xshard::reduction::max, xshard::reduction::min}) {
+                auto term = [](int q, std::size_t i) {
+                    return double(int((i * 13 + std::size_t(q) * 7) % 29) - 14 + 100 * q);
+                };
+                std::vector<double> in(n), out(n), expected(n);
+                for (std::size_t i = 0; i < n; ++i) {
+                    in[i] = term(c->rank(), i);
+                    expected[i] = term(0, i);
+                    for (int q = 1; q < c->size(); ++q)
+                        expected[i] = xshard::detail::combine_one(expected[i], term(q, i), op);
+                }
+                // A slow rank: its summand is staged late.
+                if (c->rank() == int(n % std::size_t(c->size())))
+                    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                xshard::testing::traffic::reset();
+                r.all_reduce(*c, in.data(), out.data(), n, op);
+                const auto sent = xshard::testing::traffic::sent();
+                EXPECT_EQ(out, expected) << "rank " << w.rank() << " n " << n;
+                if (shared) {
+                    EXPECT_EQ(sent, 0u) << "rank " << w.rank() << " n " << n;
+                }
+                r.all_reduce(*c, in.data(), in.data(), n, op);
+                EXPECT_EQ(in, expected) << "in place, rank " << w.rank() << " n " << n;
+            }
+        }
+    }
 }
 
 } // namespace

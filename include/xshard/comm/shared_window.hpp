@@ -81,6 +81,8 @@ public:
     std::size_t segment_bytes(int q) const noexcept { return sizes_[std::size_t(q)]; }
     /// The members.
     int size() const noexcept { return int(bases_.size()); }
+    /// This member's rank among them.
+    int rank() const noexcept { return rank_; }
 
     /// Makes this process's stores to the window visible and others' visible to it
     /// (MPI_Win_sync, a memory barrier): call before and after the barrier that orders

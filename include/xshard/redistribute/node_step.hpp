@@ -21,6 +21,7 @@
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/node.hpp>
 #include <xshard/comm/node_barrier.hpp>
+#include <xshard/comm/node_reduce.hpp>
 #include <xshard/comm/pairwise_reduce.hpp>
 #include <xshard/comm/shared_window.hpp>
 #include <xshard/core/partition.hpp>
@@ -151,44 +152,9 @@ public:
         return sent;
     }
 
-    /// An all-reduce of `n` elements from `in` into `out` (they may be the same buffer):
-    /// member g reduces segment g (about n / p elements) reading every peer's term in place,
-    /// publishes it in its window, and every member copies the others' segments. Returns
-    /// the bytes peers read from this rank, as the pairwise algorithm counts its sends.
+    /// An all-reduce of `n` elements from `in` into `out` (see node_all_reduce).
     std::size_t all_reduce(const T* in, T* out, std::size_t n, reduction op) {
-        const auto p = std::size_t(size_);
-        auto segment = [&](std::size_t g) {
-            return std::pair{g * (n / p) + std::min(g, n % p), n / p + (g < n % p ? 1 : 0)};
-        };
-        T* mine = staging(me_);
-        std::size_t sent = 0;
-        for (std::size_t g = 0; g < p; ++g)
-            if (int(g) != me_) {
-                const auto [lo, len] = segment(g);
-                std::memcpy(mine + lo, in + lo, len * sizeof(T));
-                sent += len * sizeof(T);
-            }
-        barrier_.arrive_and_wait();
-        const auto [lo, len] = segment(std::size_t(me_));
-        for (std::size_t c = lo; c < lo + len; c += chunk) {
-            const std::size_t m = std::min(chunk, lo + len - c);
-            bool first = true;
-            for (int q = 0; q < size_; ++q)
-                if (q != me_) {
-                    combine(out + c, first ? in + c : out + c, staging(q) + c, m, op);
-                    first = false;
-                }
-            std::memcpy(mine + c, out + c, m * sizeof(T));
-        }
-        sent += (p - 1) * len * sizeof(T);
-        barrier_.arrive_and_wait();
-        for (std::size_t g = 0; g < p; ++g)
-            if (int(g) != me_) {
-                const auto [glo, glen] = segment(g);
-                std::memcpy(out + glo, staging(int(g)) + glo, glen * sizeof(T));
-            }
-        barrier_.arrive_and_wait();
-        return sent;
+        return node_all_reduce(window_, barrier_, in, out, n, op);
     }
 
 private:
@@ -200,8 +166,7 @@ private:
         : window_(c, geo.in_block.size() * sizeof(T))
         , barrier_(c)
         , peer_in_(std::move(peer_in))
-        , me_(c.rank())
-        , size_(c.size()) {}
+        , me_(c.rank()) {}
 
     T* staging(int q) const noexcept { return reinterpret_cast<T*>(window_.segment(q)); }
 
@@ -209,7 +174,6 @@ private:
     node_barrier barrier_;
     std::vector<box<N>> peer_in_;
     int me_ = 0;
-    int size_ = 1;
 };
 
 } // namespace xshard
