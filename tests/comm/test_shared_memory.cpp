@@ -89,6 +89,27 @@ TEST(shared_memory, no_rank_reads_before_the_owner_finished_writing) {
     }
 }
 
+TEST(shared_memory, a_waiting_rank_keeps_mpi_progressing) {
+    // Large messages (a rendezvous: the sender's request completes only when the receiver
+    // progresses) straight before the node barrier: a rank done with its part waits in the
+    // barrier while its peer still waits for MPI; without progress in the barrier, a hang
+    // (ctest's timeout).
+    const auto w = world();
+    if (!xshard::node_group(w).whole_communicator_shares_memory() || w.size() < 2)
+        GTEST_SKIP() << "needs shared memory and two ranks";
+    xshard::node_barrier barrier(w);
+    xshard::reducer<double> r(xshard::reduce_tuning{.shared_memory_min_bytes = SIZE_MAX});
+    const std::size_t n = std::size_t(4) << 20; // 32 MiB, pairwise over MPI
+    std::vector<double> in(n, 1.0), out(n);
+    for (int round = 0; round < 4; ++round) {
+        if (w.rank() == round % w.size())
+            std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        r.all_reduce(w, in.data(), out.data(), n, xshard::reduction::sum);
+        barrier.arrive_and_wait();
+        EXPECT_EQ(out[n - 1], double(w.size())) << "rank " << w.rank();
+    }
+}
+
 TEST(shared_memory, windows_are_moved_and_freed_collectively) {
     const auto w = world();
     if (!xshard::node_group(w).whole_communicator_shares_memory())

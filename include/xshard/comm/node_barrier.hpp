@@ -5,7 +5,10 @@
 
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
+#include <xshard/comm/error.hpp>
 #include <xshard/comm/shared_window.hpp>
+
+#include <mpi.h>
 
 #include <atomic>
 #include <chrono>
@@ -17,8 +20,10 @@ namespace xshard {
 
 /// A sense-reversing central barrier over the members of a one-node communicator. A
 /// waiting rank spins briefly, then yields its core, then sleeps for growing intervals (up
-/// to 50 us): on a machine with fewer cores than ranks a spinning rank would steal the core
-/// of the rank it waits for. `arrive_and_wait` also orders memory: every store a member made
+/// to 64 us): on a machine with fewer cores than ranks a spinning rank would steal the core
+/// of the rank it waits for. While it waits it keeps MPI progressing (MPI_Iprobe): a peer
+/// may still be finishing a message of an earlier step that needs this rank's progress
+/// (a rendezvous), and would otherwise never arrive. `arrive_and_wait` also orders memory: every store a member made
 /// before arriving is visible to every member after it returns.
 ///
 /// Construction allocates a small shared window and clears it (collective over `c`, which
@@ -30,6 +35,7 @@ public:
 
     explicit node_barrier(const communicator& c)
         : window_(c, c.rank() == 0 ? 2 * line : 0)
+        , comm_(c)
         , members_(std::uint64_t(c.size())) {
         // A new window's memory is not zeroed: the first member clears the counters before
         // anyone arrives.
@@ -66,12 +72,18 @@ private:
         return reinterpret_cast<std::uint64_t*>(window_.segment(0) + std::size_t(i) * line);
     }
 
-    static void back_off(unsigned spin) {
+    void back_off(unsigned spin) const {
         if (spin < 64) {
 #if defined(__x86_64__) || defined(__i386__)
             __builtin_ia32_pause();
 #endif
-        } else if (spin < 128) {
+            return;
+        }
+        int flag = 0;
+        detail::check_mpi(
+            MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_.native(), &flag, MPI_STATUS_IGNORE),
+            "MPI_Iprobe");
+        if (spin < 128) {
             std::this_thread::yield();
         } else {
             const unsigned shift = spin - 128 < 6 ? spin - 128 : 6; // 1 us .. 64 us
@@ -80,6 +92,7 @@ private:
     }
 
     shared_window window_;
+    communicator comm_;
     std::uint64_t members_ = 1;
 };
 
