@@ -129,7 +129,8 @@ TEST(shared_memory, all_reduce_reads_summands_in_place) {
     const auto w = world();
     const bool shared = xshard::node_group(w).whole_communicator_shares_memory();
     const auto half = w.split(w.rank() % 2, w.rank());
-    xshard::reducer<double> r(xshard::reduce_tuning{.shared_memory_min_bytes = 0});
+    xshard::reducer<double> r(
+        xshard::reduce_tuning{.shared_memory_min_bytes = 0, .shared_memory_all_reduce = true});
     for (const auto* c : {&w, &half}) {
         for (std::size_t n : {1, 3, 7, 4096, 4097, 20011}) {
             for (auto op : {xshard::reduction::sum, xshard::reduction::max, xshard::reduction::min}) {

@@ -188,7 +188,8 @@ TEST(redistribute, typed_layouts_plan_at_compile_time) {
 
 /// Tuning that sends every step among ranks of one node through shared memory, and tuning
 /// that keeps every step on MPI messages.
-const xshard::reduce_tuning through_shared_memory{.shared_memory_min_bytes = 0};
+const xshard::reduce_tuning through_shared_memory{.shared_memory_min_bytes = 0,
+                                                  .shared_memory_all_reduce = true};
 const xshard::reduce_tuning through_messages{.shared_memory_min_bytes = SIZE_MAX};
 
 /// Random pairs through the shared-memory path (redistribute/node_step.hpp): exact values;

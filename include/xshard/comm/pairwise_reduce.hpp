@@ -11,10 +11,10 @@
 /// transfer) and, for all-reduce, that reduce-scatter followed by a pairwise all-gather. Per
 /// rank this moves (p-1)/p n bytes for a reduce-scatter and 2 (p-1)/p n for an all-reduce,
 /// the lower bounds. Messages below `reduce_tuning::min_bytes` go to MPI, whose
-/// latency-optimal algorithms win there. An all-reduce of at least
-/// `reduce_tuning::shared_memory_min_bytes` over a communicator whose members share one node
-/// reads the members' summands in place through a shared-memory window instead
-/// (node_reduce.hpp): no message at all.
+/// latency-optimal algorithms win there. With `reduce_tuning::shared_memory_all_reduce`, an
+/// all-reduce of at least `reduce_tuning::shared_memory_min_bytes` over a communicator whose
+/// members share one node reads the members' summands in place through a shared-memory
+/// window instead (node_reduce.hpp): no message at all.
 
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/combine.hpp>
@@ -51,6 +51,11 @@ struct reduce_tuning {
     /// member decides alike from the global shape); SIZE_MAX keeps every step on MPI. The
     /// environment variable XSHARD_SHARED_MEMORY=0 turns the transport off as well.
     std::size_t shared_memory_min_bytes = std::size_t(1) << 20;
+    /// Whether all-reduces take the shared-memory path too (node_reduce.hpp). Off by
+    /// default: on the development machine it measured no faster than the pairwise
+    /// messages for one 64 MiB all-reduce (Open MPI's CMA is a single copy for contiguous
+    /// messages) and slower for 4 MiB gradient buckets (three node barriers each).
+    bool shared_memory_all_reduce = false;
 
     /// Elements of `element` bytes in a chunk.
     std::size_t chunk_elements(std::size_t element) const {
@@ -195,7 +200,8 @@ public:
                            reduction op) {
         const auto p = std::size_t(c.size());
         const std::size_t bytes = n * sizeof(T);
-        if (p > 1 && n > 0 && bytes >= tuning_.shared_memory_min_bytes)
+        if (tuning_.shared_memory_all_reduce && p > 1 && n > 0 &&
+            bytes >= tuning_.shared_memory_min_bytes)
             if (auto* node = node_path(c, n))
                 return node_all_reduce(node->window, node->barrier, in, out, n, op);
         if constexpr (summable<T>) {

@@ -95,7 +95,8 @@ struct cost_model {
 /// member has, so that every member alike takes part in the (collective) set-up or none does.
 constexpr bool node_path_applies(step_kind k, int members, std::size_t tensor_bytes,
                                  const reduce_tuning& tuning) {
-    return members > 1 && k != step_kind::zero && tensor_bytes >= tuning.shared_memory_min_bytes;
+    return members > 1 && k != step_kind::zero && tensor_bytes >= tuning.shared_memory_min_bytes &&
+           (k != step_kind::all_reduce || tuning.shared_memory_all_reduce);
 }
 
 } // namespace xshard
