@@ -12,10 +12,14 @@
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/file.hpp>
 #include <xshard/comm/float16.hpp>
+#include <xshard/comm/node.hpp>
+#include <xshard/comm/node_barrier.hpp>
+#include <xshard/comm/node_reduce.hpp>
 #include <xshard/comm/pairwise_reduce.hpp>
 #include <xshard/comm/reduction.hpp>
 #include <xshard/comm/report_errors.hpp>
 #include <xshard/comm/request.hpp>
+#include <xshard/comm/shared_window.hpp>
 #include <xshard/comm/subarray.hpp>
 #include <xshard/core/axis.hpp>
 #include <xshard/core/layout.hpp>
@@ -61,6 +65,7 @@
 #include <xshard/param/weight.hpp>
 #include <xshard/redistribute/cost_model.hpp>
 #include <xshard/redistribute/geometry.hpp>
+#include <xshard/redistribute/node_step.hpp>
 #include <xshard/redistribute/plan.hpp>
 #include <xshard/redistribute/planner.hpp>
 #include <xshard/redistribute/redistribute.hpp>
