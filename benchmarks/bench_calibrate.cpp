@@ -2,7 +2,9 @@
 // it times a plan at a tiny and a large size (one JSON line each: measured seconds against
 // the default model's prediction, ratio = measured / predicted), fits latency and bandwidth
 // from the two, and prints the fitted cost_model on stderr, ready to paste into
-// include/xshard/redistribute/cost_model.hpp.
+// include/xshard/redistribute/cost_model.hpp. The message links are timed with the
+// shared-memory transport off; the `shared_memory` link (when the ranks share a node) with
+// it on.
 //
 //   mpirun -n 2 build/benchmarks/bench_calibrate
 
@@ -27,13 +29,15 @@ struct measured {
 };
 
 template <xshard::layout From, xshard::layout To>
-measured time_plan(const mesh_1d& m, const bench::options& o, std::size_t elements) {
+measured time_plan(const mesh_1d& m, const bench::options& o, std::size_t elements,
+                   const xshard::cost_model& model = {}, const xshard::reduce_tuning& tuning = {
+                       .shared_memory_min_bytes = SIZE_MAX}) {
     std::array<std::size_t, From.rank()> shape{};
     shape.fill(1);
     shape[0] = std::size_t(m.size());
     shape[From.rank() - 1] *= elements / std::size_t(m.size()); // rank 1: elements; rank 2: p x n/p
     auto src = xshard::full<double, From>(m, shape, 1.0);
-    auto plan = xshard::make_redistribution<To>(src);
+    auto plan = xshard::make_redistribution<To>(src, To, model, tuning);
     auto dst = plan(src);
     std::vector<double> t;
     for (int r = 0; r < o.reps; ++r)
@@ -92,6 +96,31 @@ int main(int argc, char** argv) {
         time_plan<"[-] partial(sum: x)", "[x]">(m, o, large));
     fit("all_reduce", fitted.all_reduce, time_plan<"[-] partial(sum: x)", "[-]">(m, o, small),
         time_plan<"[-] partial(sum: x)", "[-]">(m, o, large));
+    // The shared-memory path (when the ranks share a node): one all-to-all step, tiny and
+    // large, through the windows; alpha per step, beta per byte staged or read.
+    const auto node = xshard::cost_model{}.on_node(m.comm());
+    if (node.node_local) {
+        const xshard::reduce_tuning shared{.shared_memory_min_bytes = 0};
+        const auto tiny = time_plan<"[x, -]", "[-, x]">(m, o, small, node, shared);
+        const auto big = time_plan<"[x, -]", "[-, x]">(m, o, large, node, shared);
+        for (const auto* x : {&tiny, &big})
+            bench::report(m.comm(), "calibrate_shared_memory", x->global_bytes, "cost_model",
+                          {x->seconds, x->summary.seconds});
+        auto bytes_copied = [](const measured& x, bool moved) {
+            std::size_t n = 0;
+            for (const auto& s : x.summary.steps)
+                n += moved ? std::max(s.bytes_sent, s.bytes_received) : s.bytes_copied;
+            return double(n);
+        };
+        const double steps = double(big.summary.steps.size());
+        fitted.shared_memory.alpha =
+            std::max(0.0, (tiny.seconds - fitted.copy * bytes_copied(tiny, false)) /
+                              double(tiny.summary.steps.size()));
+        fitted.shared_memory.beta =
+            std::max(0.0, (big.seconds - fitted.copy * bytes_copied(big, false) -
+                           fitted.shared_memory.alpha * steps) /
+                              bytes_copied(big, true));
+    }
     if (m.rank() == 0) {
         auto line = [](const char* name, const xshard::link_cost& c) {
             std::fprintf(stderr, "    link_cost %s{%.3g, 1.0 / %.3g};\n", name, c.alpha,
@@ -103,6 +132,7 @@ int main(int argc, char** argv) {
         line("reduce_scatter", fitted.reduce_scatter);
         line("all_reduce", fitted.all_reduce);
         line("exchange", fitted.exchange);
+        line("shared_memory", fitted.shared_memory);
         std::fprintf(stderr, "    double copy = 1.0 / %.3g;\n", 1.0 / fitted.copy);
     }
     return 0;

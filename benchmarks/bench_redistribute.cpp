@@ -1,6 +1,7 @@
 // Redistribution against the best hand-written MPI for the same movement, against
 // ScaLAPACK's pdgemr2d for 2-D block layouts (when built with ScaLAPACK), and against a
-// plain memcpy of the bytes that must move (the bound for the all-to-all family). Double
+// plain memcpy of the bytes that must move, and against `concurrent_memcpy`: every rank
+// copying its whole destination block at once (the physical limit on one node). Double
 // precision; global tensors of 64 MiB and 512 MiB; run on 2 ranks:
 //
 //   mpirun -n 2 build/benchmarks/bench_redistribute [--reps N] [--filter name] [--quick]
@@ -115,6 +116,18 @@ void memcpy_case(const xshard::communicator& c, const bench::options& o, const s
                   bench::compare(c, o, candidate, [&] { std::memcpy(b.data(), a.data(), bytes); }));
 }
 
+/// The physical limit on one node: every rank copies its whole destination block (`bytes`
+/// on this rank) at the same time, from memory it owns into memory it owns. A redistribution
+/// moves at least that (each destination byte is written once) while the ranks share the
+/// node's memory bandwidth alike.
+void concurrent_memcpy_case(const xshard::communicator& c, const bench::options& o,
+                            const std::string& name, std::size_t global_bytes, std::size_t bytes,
+                            auto&& candidate) {
+    std::vector<char> a(bytes, 1), b(bytes, 2);
+    bench::report(c, name, global_bytes, "concurrent_memcpy",
+                  bench::compare(c, o, candidate, [&] { std::memcpy(b.data(), a.data(), bytes); }));
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -167,6 +180,8 @@ int main(int argc, char** argv) {
                 bench::compare(
                     m.comm(), o, [&] { t.run(); }, [&] { hand.run(t.in(), t.out(), comm); }));
             memcpy_case(m.comm(), o, name, bytes, moved_bytes(p, me, R, C), [&] { t.run(); });
+            concurrent_memcpy_case(m.comm(), o, name, bytes, t.dst.local().size() * 8,
+                                   [&] { t.run(); });
         }
         if (o.wants("uneven_general" + suffix)) {
             const std::array<std::size_t, 2> odd{R + 3, C - 5};
@@ -176,6 +191,8 @@ int main(int argc, char** argv) {
                 m.comm(), "uneven_general" + suffix, bytes, "alltoallv_direct",
                 bench::compare(
                     m.comm(), o, [&] { t.run(); }, [&] { hand.run(t.in(), t.out(), comm); }));
+            concurrent_memcpy_case(m.comm(), o, "uneven_general" + suffix, bytes,
+                                   t.dst.local().size() * 8, [&] { t.run(); });
         }
         if (o.wants("partial_to_replicate" + suffix)) {
             case_tensors<"[-] partial(sum: x)", "[-]"> t(m, {bytes / 8});
@@ -251,6 +268,8 @@ int main(int argc, char** argv) {
                       bench::compare(
                           m.comm(), o, [&] { t.run(); }, [&] { hand.run(t.in(), t.out(), comm); }));
         memcpy_case(m.comm(), o, anchor, bytes, moved_bytes(p, me, N, N), [&] { t.run(); });
+        concurrent_memcpy_case(m.comm(), o, anchor, bytes, t.dst.local().size() * 8,
+                               [&] { t.run(); });
 #ifdef XSHARD_HAVE_SCALAPACK
         // The row-major matrix M seen by ScaLAPACK (column-major) is its transpose T: M's
         // column blocks are T's row blocks (a p x 1 grid), M's row blocks T's column blocks

@@ -12,10 +12,14 @@
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/file.hpp>
 #include <xshard/comm/float16.hpp>
+#include <xshard/comm/node.hpp>
+#include <xshard/comm/node_barrier.hpp>
+#include <xshard/comm/node_reduce.hpp>
 #include <xshard/comm/pairwise_reduce.hpp>
 #include <xshard/comm/reduction.hpp>
 #include <xshard/comm/report_errors.hpp>
 #include <xshard/comm/request.hpp>
+#include <xshard/comm/shared_window.hpp>
 #include <xshard/comm/subarray.hpp>
 #include <xshard/core/axis.hpp>
 #include <xshard/core/layout.hpp>
@@ -59,8 +63,6 @@
 #include <xshard/param/tensor_record.hpp>
 #include <xshard/param/traversal.hpp>
 #include <xshard/param/weight.hpp>
-#include <xshard/redistribute/cost_model.hpp>
-#include <xshard/redistribute/geometry.hpp>
 #include <xshard/pipeline/action.hpp>
 #include <xshard/pipeline/analysis.hpp>
 #include <xshard/pipeline/chain.hpp>
@@ -69,6 +71,10 @@
 #include <xshard/pipeline/schedule.hpp>
 #include <xshard/pipeline/stages.hpp>
 #include <xshard/pipeline/transfer.hpp>
+#include <xshard/redistribute/batch.hpp>
+#include <xshard/redistribute/cost_model.hpp>
+#include <xshard/redistribute/geometry.hpp>
+#include <xshard/redistribute/node_step.hpp>
 #include <xshard/redistribute/plan.hpp>
 #include <xshard/redistribute/planner.hpp>
 #include <xshard/redistribute/redistribute.hpp>

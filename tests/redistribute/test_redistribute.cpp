@@ -4,6 +4,7 @@
 // over the elements), a reused plan gives the same result, and the plan's buffers stay
 // within its memory figure.
 
+#include <xshard/comm/node.hpp>
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/gather.hpp>
@@ -17,7 +18,10 @@
 #include <xtensor/xtensor.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <random>
+#include <thread>
 
 namespace {
 
@@ -180,6 +184,101 @@ TEST(redistribute, typed_layouts_plan_at_compile_time) {
     auto d = xshard::redistribute<dynamic_layout(2)>(r, layout("[mp, dp]"));
     EXPECT_EQ(d.layout(), layout("[mp, dp]"));
     EXPECT_EQ(xshard::gather_all(xshard::redistribute<"[-, -]">(d)), xshard::gather_all(r));
+}
+
+/// Tuning that sends every step among ranks of one node through shared memory, and tuning
+/// that keeps every step on MPI messages.
+const xshard::reduce_tuning through_shared_memory{.shared_memory_min_bytes = 0,
+                                                  .shared_memory_all_reduce = true};
+const xshard::reduce_tuning through_messages{.shared_memory_min_bytes = SIZE_MAX};
+
+/// Random pairs through the shared-memory path (redistribute/node_step.hpp): exact values;
+/// a reused plan on new values whose writers are deliberately slow (ranks arrive at
+/// different times, so a reader that did not wait for the owner's staging would read the
+/// old values); not a byte through MPI once the windows are set up; and the result fed to a
+/// plan on MPI messages and back (tensors of both paths mixed).
+template <std::size_t N, class Mesh>
+void random_pairs_shared(const Mesh& m, int pairs, unsigned seed) {
+    const auto layouts = all_layouts(m.shape(), N, true);
+    std::mt19937 rng(seed); // the same draws on every rank
+    std::uniform_int_distribution<std::size_t> pick(0, layouts.size() - 1);
+    for (int k = 0; k < pairs; ++k) {
+        const auto shape = random_shape<N>(rng);
+        const auto& from = layouts[pick(rng)];
+        const auto& to = layouts[pick(rng)];
+        xt::xtensor<long long, N> expected;
+        const auto src = make_source(m, shape, from, expected);
+        const std::string what = from.to_string() + " -> " + to.to_string() + " shape " +
+                                 xshard::detail::shape_string(shape) + " " + where(m);
+        auto plan =
+            xshard::make_redistribution<dynamic_layout(N)>(src, to, {}, through_shared_memory);
+        auto out = plan(src);
+        ASSERT_EQ(xshard::gather_all(out), expected) << what << "\n" << plan.describe();
+        const auto& steps = plan.plan().summary().steps;
+        const bool communicates = std::any_of(steps.begin(), steps.end(), [](const auto& s) {
+            return s.group_size > 1 && s.planned.kind != xshard::step_kind::zero;
+        });
+        const bool shared = xshard::shared_memory_allowed() && communicates;
+        EXPECT_EQ(plan.plan().shared_memory_steps() > 0, shared) << what;
+        // New values (three times the old: sums, maxima and minima scale alike), written
+        // late by some ranks.
+        auto again = src;
+        again.local() *= 3LL;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2 * (m.rank() % 3)));
+        xshard::testing::traffic::reset();
+        plan.execute(again, out);
+        const auto sent = xshard::testing::traffic::sent();
+        const xt::xtensor<long long, N> tripled = 3LL * expected;
+        ASSERT_EQ(xshard::gather_all(out), tripled) << what;
+        if (xshard::shared_memory_allowed()) {
+            EXPECT_EQ(sent, 0u) << what << ": bytes went through MPI";
+        }
+        // Mixed: back to the source layout on MPI messages, then once more through shared
+        // memory from a tensor the MPI path made.
+        auto back =
+            xshard::make_redistribution<dynamic_layout(N)>(out, from, {}, through_messages);
+        const auto returned = back(out);
+        auto forth =
+            xshard::make_redistribution<dynamic_layout(N)>(returned, to, {}, through_shared_memory);
+        ASSERT_EQ(xshard::gather_all(forth(returned)), tripled) << what;
+    }
+}
+
+TEST(redistribute, through_shared_memory_the_tensor_is_preserved) {
+    for_each_mesh([](const auto& m) {
+        random_pairs_shared<1>(m, 12, 11);
+        random_pairs_shared<2>(m, 24, 12);
+        random_pairs_shared<3>(m, 12, 13);
+    });
+}
+
+TEST(redistribute, through_shared_memory_large_reductions_are_exact) {
+    // Reductions beyond the all-reduce's cache chunk, sums of doubles that are integers (so
+    // exact whatever the order), partial -> replicate / split / split of dimension 1.
+    for_each_mesh([](const auto& m) {
+        if (m.shape().ndim() != 1)
+            return;
+        const std::array<std::size_t, 2> shape{1237, 11};
+        const layout from = "[-, -] partial(sum: x)";
+        for (const char* to : {"[-, -]", "[x, -]", "[-, x]"}) {
+            auto local = xt::xtensor<double, 2>::from_shape(shape);
+            auto expected = xt::xtensor<double, 2>::from_shape(shape);
+            for (std::size_t i = 0; i < local.size(); ++i) {
+                local.data()[i] = double(int(i % 97) - 40 + 1000 * m.rank());
+                expected.data()[i] = 0;
+                for (int q = 0; q < m.size(); ++q)
+                    expected.data()[i] += double(int(i % 97) - 40 + 1000 * q);
+            }
+            const auto src = xshard::from_local(m, shape, local, from);
+            for (const auto& tuning : {through_shared_memory, through_messages}) {
+                auto plan = xshard::make_redistribution<dynamic_layout(2)>(src, layout(to), {},
+                                                                           tuning);
+                for (int run = 0; run < 2; ++run)
+                    EXPECT_EQ(xshard::gather_all(plan(src)), expected)
+                        << to << " run " << run << " " << where(m);
+            }
+        }
+    });
 }
 
 TEST(redistribute, misuse_raises_on_every_rank) {

@@ -48,18 +48,19 @@ constexpr bool is_contiguous_in(const std::array<std::size_t, N>& shape, const b
     return true;
 }
 
-/// Copies `region` (global coordinates) from an array of shape `from_shape` whose element 0
-/// is at global `from_origin` into one of shape `to_shape` at `to_origin`. Runs along the
-/// trailing whole dimensions are merged into single memcpy calls.
-template <class T, std::size_t N>
-void copy_region(const T* from, const std::array<std::size_t, N>& from_shape,
-                 const std::array<std::size_t, N>& from_origin, T* to,
-                 const std::array<std::size_t, N>& to_shape,
-                 const std::array<std::size_t, N>& to_origin, const box<N>& region) {
+/// Calls `f(to_run, from_run, elements)` for every contiguous run of `region` (global
+/// coordinates) in an array of shape `from_shape` whose element 0 is at global `from_origin`
+/// and in one of shape `to_shape` at `to_origin`. Runs along the trailing whole dimensions
+/// are merged, so a region that is contiguous on both sides is one call.
+template <class T, class U, std::size_t N, class F>
+void for_each_run(const T* from, const std::array<std::size_t, N>& from_shape,
+                  const std::array<std::size_t, N>& from_origin, U* to,
+                  const std::array<std::size_t, N>& to_shape,
+                  const std::array<std::size_t, N>& to_origin, const box<N>& region, F&& f) {
     if (region.empty())
         return;
     if constexpr (N == 0) {
-        *to = *from;
+        f(to, from, std::size_t(1));
     } else {
         // The innermost run: the last dimension, merged with whole trailing dimensions.
         std::size_t inner = N - 1;
@@ -71,7 +72,7 @@ void copy_region(const T* from, const std::array<std::size_t, N>& from_shape,
         }
         const auto fs = strides_of(from_shape), ts = strides_of(to_shape);
         const T* src = from + offset_in(from_shape, from_origin, region);
-        T* dst = to + offset_in(to_shape, to_origin, region);
+        U* dst = to + offset_in(to_shape, to_origin, region);
         std::array<std::size_t, N> idx{};
         const std::size_t outer = region.size() / run;
         for (std::size_t k = 0; k < outer; ++k) {
@@ -80,7 +81,7 @@ void copy_region(const T* from, const std::array<std::size_t, N>& from_shape,
                 fo += idx[d] * fs[d];
                 to_off += idx[d] * ts[d];
             }
-            std::memcpy(dst + to_off, src + fo, run * sizeof(T));
+            f(dst + to_off, src + fo, run);
             for (std::size_t d = inner; d-- > 0;) {
                 if (++idx[d] < region.extent[d])
                     break;
@@ -88,6 +89,18 @@ void copy_region(const T* from, const std::array<std::size_t, N>& from_shape,
             }
         }
     }
+}
+
+/// Copies `region` (global coordinates) from an array of shape `from_shape` whose element 0
+/// is at global `from_origin` into one of shape `to_shape` at `to_origin`: one memcpy per
+/// contiguous run (see `for_each_run`).
+template <class T, std::size_t N>
+void copy_region(const T* from, const std::array<std::size_t, N>& from_shape,
+                 const std::array<std::size_t, N>& from_origin, T* to,
+                 const std::array<std::size_t, N>& to_shape,
+                 const std::array<std::size_t, N>& to_origin, const box<N>& region) {
+    for_each_run(from, from_shape, from_origin, to, to_shape, to_origin, region,
+                 [](T* d, const T* s, std::size_t n) { std::memcpy(d, s, n * sizeof(T)); });
 }
 
 } // namespace xshard::detail

@@ -12,11 +12,20 @@
 ///     reduce_scatter           (p-1) alpha + (p-1)/p n beta   (plus the local reduction)
 ///     all_reduce               2 (p-1) alpha + 2 (p-1)/p n beta
 ///
+/// Steps among ranks of one node that run through shared-memory windows (node_step.hpp)
+/// are priced by their own link, `shared_memory`, once the model knows the mesh is one
+/// node (`node_local`, set by `on_node`):  alpha + beta * b + copy * c  per step, alpha
+/// being the step's two node barriers and b the bytes a rank stages for, or reads from,
+/// its peers.
+///
 /// The defaults are one fit by `bench_calibrate` (benchmarks/README.md says on what), which
 /// prints a cost_model for the machine it runs on; only their ratios matter for choosing a
 /// candidate, and printed predictions are as good as the fit. Set the fields to model
 /// another network (e.g. alpha = 2e-6, beta = 1 / 12.5e9 for 100 Gb/s InfiniBand).
 
+#include <xshard/comm/communicator.hpp>
+#include <xshard/comm/node.hpp>
+#include <xshard/comm/pairwise_reduce.hpp>
 #include <xshard/redistribute/planner.hpp>
 
 #include <cstddef>
@@ -38,6 +47,13 @@ struct cost_model {
     link_cost exchange{0.5e-6, 1.0 / 3.3e9};
     /// Seconds per byte of a local copy (slice, zero, the part of an exchange a rank keeps).
     double copy = 1.0 / 5.4e9;
+    /// The node-local path through shared-memory windows: alpha per step, beta per byte
+    /// staged or read (bench_calibrate, 2 ranks).
+    link_cost shared_memory{4.0e-6, 1.0 / 9.0e9};
+    /// Whether the mesh's ranks share one node and allow the shared-memory transport (see
+    /// `on_node`): steps of tensors of at least `reduce_tuning::shared_memory_min_bytes` are
+    /// then priced by `shared_memory`.
+    bool node_local = false;
 
     constexpr const link_cost& of(step_kind k) const {
         switch (k) {
@@ -54,12 +70,33 @@ struct cost_model {
         }
     }
 
-    /// The predicted seconds of a step of kind `k`.
+    /// The predicted seconds of a step of kind `k` (through shared memory when `shared`).
     constexpr double seconds(step_kind k, std::size_t messages, std::size_t bytes,
-                             std::size_t copied) const {
+                             std::size_t copied, bool shared = false) const {
+        if (shared)
+            return shared_memory.alpha + shared_memory.beta * double(bytes) +
+                   copy * double(copied);
         const auto& c = of(k);
         return c.alpha * double(messages) + c.beta * double(bytes) + copy * double(copied);
     }
+
+    /// This model with `node_local` set from `c`'s node map: whether all of `c`'s ranks
+    /// share one node and allow the shared-memory transport. Collective over `c` (one
+    /// MPI_Comm_split_type and one all-reduce of an int).
+    cost_model on_node(const communicator& c) const {
+        cost_model m = *this;
+        m.node_local = node_group(c).whole_communicator_shares_memory();
+        return m;
+    }
 };
+
+/// Whether a step of kind `k` over `members` ranks, of a tensor of `tensor_bytes` bytes,
+/// is one the shared-memory path runs when its members share a node: decided from data every
+/// member has, so that every member alike takes part in the (collective) set-up or none does.
+constexpr bool node_path_applies(step_kind k, int members, std::size_t tensor_bytes,
+                                 const reduce_tuning& tuning) {
+    return members > 1 && k != step_kind::zero && tensor_bytes >= tuning.shared_memory_min_bytes &&
+           (k != step_kind::all_reduce || tuning.shared_memory_all_reduce);
+}
 
 } // namespace xshard

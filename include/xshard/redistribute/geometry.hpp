@@ -195,10 +195,11 @@ step_traffic<N> traffic_of(const step_geometry<N>& g) {
     return t;
 }
 
-/// The cost of one step for one rank, under `model`.
+/// The cost of one step for one rank, under `model` (through shared memory when `shared`).
 template <std::size_t N>
 step_summary summarize(const step_traffic<N>& t, const mesh_shape& mesh, std::size_t element,
-                       const cost_model& model, const reduce_tuning& tuning = {}) {
+                       const cost_model& model, const reduce_tuning& tuning = {},
+                       bool shared = false) {
     step_summary r;
     r.planned = t.planned;
     r.group = detail::axes_string(mesh, t.group);
@@ -241,7 +242,7 @@ step_summary summarize(const step_traffic<N>& t, const mesh_shape& mesh, std::si
         break;
     }
     r.seconds = model.seconds(t.planned.kind, r.messages, std::max(r.bytes_sent, r.bytes_received),
-                              r.bytes_copied);
+                              r.bytes_copied, shared);
     return r;
 }
 
@@ -266,10 +267,15 @@ plan_summary summarize(const step_list& steps, const mesh_shape& mesh,
     // What a plan holds: intermediate blocks in two alternating buffers (step i writes
     // buffer i % 2), each as large as its largest block, and the largest step's scratch.
     std::size_t buffers[2] = {0, 0}, scratch = 0;
+    std::size_t tensor_bytes = element;
+    for (const auto e : shape)
+        tensor_bytes = detail::saturating_mul(tensor_bytes, e);
     for (std::size_t i = 0; i < steps.size(); ++i) {
         const auto t = traffic_of(steps[i], mesh, shape, rank);
         p.valid = p.valid && t.valid;
-        auto s = summarize(t, mesh, element, model, tuning);
+        const bool shared = model.node_local && t.valid &&
+                            node_path_applies(t.planned.kind, t.group_size, tensor_bytes, tuning);
+        auto s = summarize(t, mesh, element, model, tuning, shared);
         if (i + 1 < steps.size())
             buffers[i % 2] = std::max(buffers[i % 2], s.output_bytes);
         scratch = std::max(scratch, s.scratch_bytes);

@@ -13,6 +13,7 @@
 #include <xshard/core/partition.hpp>
 #include <xshard/redistribute/copy.hpp>
 #include <xshard/redistribute/geometry.hpp>
+#include <xshard/redistribute/node_step.hpp>
 #include <xshard/redistribute/planner.hpp>
 
 #include <algorithm>
@@ -28,7 +29,12 @@ namespace xshard {
 
 /// A plan that moves the local shards of a tensor of element type T and rank N from one
 /// layout to another on a mesh. Construction communicates nothing (every rank works out
-/// the same choice from the same data); `execute` is collective over the mesh.
+/// the same choice from the same data); `execute` is collective over the mesh. For a
+/// tensor of at least `reduce_tuning::shared_memory_min_bytes`, the first `execute` splits
+/// each step's communicator by node and, where all its members share one node, sets the
+/// step up to run through shared-memory windows (node_step.hpp); destroying a plan that
+/// holds windows is then collective over those members (MPI_Win_free), so destroy plans in
+/// the same order on every rank.
 template <class T, std::size_t N>
 class redistribution_plan {
 public:
@@ -50,7 +56,8 @@ public:
         , shape_(shape)
         , tuning_(tuning)
         , stats_(std::make_unique<allocation_stats>())
-        , reducer_(tuning, stats_.get()) {
+        , reducer_(tuning, stats_.get())
+        , rank_(mesh.rank()) {
         const auto& path =
             candidates.paths[choose_candidate(candidates, mesh_, shape, sizeof(T), model, tuning)];
         summary_ = summarize(path, mesh_, shape, sizeof(T), mesh.rank(), model, tuning);
@@ -100,8 +107,22 @@ public:
     const shape_type& shape() const noexcept { return shape_; }
     /// The bytes this rank handed to MPI in the last `execute`.
     std::size_t bytes_sent() const noexcept { return bytes_sent_; }
-    /// What the plan allocated for its intermediate blocks and scratch buffers.
+    /// What the plan allocated for its intermediate blocks and scratch buffers (not its
+    /// shared-memory windows: see `window_bytes`).
     const allocation_stats& allocations() const noexcept { return *stats_; }
+    /// How many steps run through shared memory rather than MPI messages.
+    std::size_t shared_memory_steps() const noexcept {
+        return std::size_t(std::count_if(steps_.begin(), steps_.end(),
+                                          [](const compiled_step& s) { return bool(s.node); }));
+    }
+    /// The bytes of this rank's shared-memory windows (staging for peers' reads).
+    std::size_t window_bytes() const noexcept {
+        std::size_t n = 0;
+        for (const auto& s : steps_)
+            if (s.node)
+                n += s.node->window_bytes();
+        return n;
+    }
 
 private:
     using buffer = std::vector<T, counting_allocator<T>>;
@@ -123,7 +144,27 @@ private:
         std::vector<reduce_piece> pieces; ///< reduce_scatter: every member's piece
         bool chunked = false;             ///< reduce_scatter: contiguous pieces, pipelined
         bool last = false;
+        std::unique_ptr<node_step<T, N>> node; ///< the shared-memory path, when it applies
+        bool node_decided = false;             ///< whether the first run chose the path
     };
+
+    /// The first run of a step decides (collectively, over the step's communicator) whether
+    /// it takes the shared-memory path, and sets that path up; later runs reuse it. Lazily,
+    /// so that building a plan stays free of communication (a plan built on one rank only,
+    /// to print it, is fine).
+    void decide_path(compiled_step& s) {
+        s.node_decided = true;
+        const auto& geo = s.geo;
+        if (!geo.valid || !node_path_applies(geo.planned.kind, geo.group_size, tensor_bytes(),
+                                             tuning_))
+            return;
+        std::vector<box<N>> peer_in; // where each member's input block sits
+        for (const int r : mesh_.group_ranks(rank_, geo.group))
+            peer_in.push_back(block_of(geo.planned.from, mesh_, shape_, r));
+        s.node = node_step<T, N>::make(s.comm, geo, std::move(peer_in), tensor_bytes(), tuning_);
+        if (s.node)
+            s.messages = message_batch(); // the MPI path's slots are not needed
+    }
 
     /// A message for `region` inside `block` of a local buffer: a plain count when the
     /// region is one contiguous run (one item of a derived contiguous type beyond an int
@@ -151,7 +192,7 @@ private:
 
     template <mesh_type Mesh>
     compiled_step compile(const Mesh& mesh, step_geometry<N> g, bool last) {
-        compiled_step s{std::move(g), {}, {}, {}, {}, {}, false, last};
+        compiled_step s{std::move(g), {}, {}, {}, {}, {}, false, last, nullptr, false};
         const auto& geo = s.geo;
         s.comm = mesh.sub(geo.group);
         switch (geo.planned.kind) {
@@ -189,8 +230,21 @@ private:
         return s;
     }
 
+    std::size_t tensor_bytes() const {
+        std::size_t n = sizeof(T);
+        for (const auto e : shape_)
+            n = detail::saturating_mul(n, e);
+        return n;
+    }
+
     void run(compiled_step& s, const T* in, T* out) {
         const auto& geo = s.geo;
+        if (!s.node_decided)
+            decide_path(s);
+        if (s.node) {
+            run_node(s, in, out);
+            return;
+        }
         switch (geo.planned.kind) {
         case step_kind::all_reduce:
             bytes_sent_ +=
@@ -211,6 +265,21 @@ private:
             break;
         default:
             run_exchange(s, in, out);
+            break;
+        }
+    }
+
+    void run_node(compiled_step& s, const T* in, T* out) {
+        const auto& geo = s.geo;
+        switch (geo.planned.kind) {
+        case step_kind::all_reduce:
+            bytes_sent_ += s.node->all_reduce(in, out, geo.in_block.size(), geo.planned.from.op);
+            break;
+        case step_kind::reduce_scatter:
+            bytes_sent_ += s.node->reduce_scatter(geo, in, out, geo.planned.from.op);
+            break;
+        default:
+            bytes_sent_ += s.node->exchange(geo, in, out);
             break;
         }
     }
@@ -239,6 +308,7 @@ private:
     std::vector<compiled_step> steps_;
     plan_summary summary_;
     box<N> from_block_, to_block_;
+    int rank_ = 0;
     bool identity_ = false;
     std::size_t bytes_sent_ = 0;
 };

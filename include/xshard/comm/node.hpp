@@ -1,0 +1,61 @@
+#pragma once
+/// \file
+/// Which ranks of a communicator share a node (and so can read each other's memory through
+/// MPI-3 shared-memory windows), and whether xshard may use that.
+
+#include <xshard/comm/collectives.hpp>
+#include <xshard/comm/communicator.hpp>
+#include <xshard/comm/error.hpp>
+
+#include <mpi.h>
+
+#include <cstdlib>
+#include <span>
+#include <string_view>
+
+namespace xshard {
+
+/// Whether this process allows the node-local shared-memory transport: yes unless the
+/// environment variable XSHARD_SHARED_MEMORY is "0", "off" or "no" (a switch for runs that
+/// must take the MPI path, e.g. to compare the two). Local; see `node_group` for the agreed
+/// decision.
+inline bool shared_memory_allowed() noexcept {
+    const char* v = std::getenv("XSHARD_SHARED_MEMORY");
+    if (!v)
+        return true;
+    const std::string_view s(v);
+    return !(s == "0" || s == "off" || s == "no" || s == "false");
+}
+
+/// The members of a communicator that share this rank's node
+/// (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)), and whether the whole communicator is
+/// one node with the shared-memory transport allowed on every member.
+class node_group {
+public:
+    node_group() = default;
+
+    /// Splits `c` by node. Collective over `c`: one MPI_Comm_split_type and one all-reduce of
+    /// an int (so that every member makes the same choice, whatever its environment says).
+    explicit node_group(const communicator& c) {
+        MPI_Comm out = MPI_COMM_NULL;
+        detail::check_mpi(
+            MPI_Comm_split_type(c.native(), MPI_COMM_TYPE_SHARED, c.rank(), MPI_INFO_NULL, &out),
+            "MPI_Comm_split_type");
+        node_ = communicator::adopt(out);
+        int ok = node_.size() == c.size() && shared_memory_allowed() ? 1 : 0;
+        allreduce(c, std::span(&ok, 1), reduction::min);
+        whole_ = ok == 1;
+    }
+
+    /// The members of this rank's node (ranks ordered as in the split communicator).
+    const communicator& comm() const noexcept { return node_; }
+    /// Whether every member of the split communicator is on this node and allows the
+    /// shared-memory transport (the same answer on every member).
+    bool whole_communicator_shares_memory() const noexcept { return whole_; }
+
+private:
+    communicator node_;
+    bool whole_ = false;
+};
+
+} // namespace xshard

@@ -1,0 +1,164 @@
+// The node-local transport: which ranks share a node, shared-memory windows (every member
+// reads every other's segment), and the node barrier that orders writers and readers, with
+// deliberately slow writers: no rank may read a segment before its owner finished writing.
+
+#include <xshard/comm/node.hpp>
+#include <xshard/comm/pairwise_reduce.hpp>
+#include <xshard/comm/node_barrier.hpp>
+#include <xshard/comm/shared_window.hpp>
+
+#include "mpi_test.hpp"
+#include "traffic.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using xshard::testing::world;
+
+TEST(shared_memory, the_test_world_is_one_node) {
+    const auto w = world();
+    const xshard::node_group node(w);
+    // ctest starts every rank on this machine.
+    EXPECT_EQ(node.comm().size(), w.size()) << "rank " << w.rank();
+    EXPECT_EQ(node.whole_communicator_shares_memory(), xshard::shared_memory_allowed())
+        << "rank " << w.rank();
+    // A split communicator: each half on its own, still one node.
+    const auto half = w.split(w.rank() % 2, w.rank());
+    const xshard::node_group sub(half);
+    EXPECT_EQ(sub.comm().size(), half.size()) << "rank " << w.rank();
+}
+
+TEST(shared_memory, every_member_reads_every_segment) {
+    const auto w = world();
+    if (!xshard::node_group(w).whole_communicator_shares_memory())
+        GTEST_SKIP() << "shared memory turned off";
+    // Segments of different sizes (rank 0's empty when there are several ranks).
+    auto bytes = [&](int q) { return std::size_t(w.size() > 1 ? q : 1) * 1000 * sizeof(long); };
+    xshard::shared_window window(w, bytes(w.rank()));
+    xshard::node_barrier barrier(w);
+    ASSERT_EQ(window.size(), w.size());
+    for (int q = 0; q < w.size(); ++q)
+        EXPECT_GE(window.segment_bytes(q), bytes(q)) << "rank " << w.rank() << " segment " << q;
+    long* mine = reinterpret_cast<long*>(window.local());
+    for (std::size_t i = 0; i < bytes(w.rank()) / sizeof(long); ++i)
+        mine[i] = long(w.rank()) * 1000000 + long(i);
+    barrier.arrive_and_wait();
+    for (int q = 0; q < w.size(); ++q) {
+        const long* theirs = reinterpret_cast<const long*>(window.segment(q));
+        for (std::size_t i = 0; i < bytes(q) / sizeof(long); ++i)
+            ASSERT_EQ(theirs[i], long(q) * 1000000 + long(i))
+                << "rank " << w.rank() << " segment " << q << " element " << i;
+    }
+    barrier.arrive_and_wait();
+}
+
+TEST(shared_memory, no_rank_reads_before_the_owner_finished_writing) {
+    const auto w = world();
+    if (!xshard::node_group(w).whole_communicator_shares_memory())
+        GTEST_SKIP() << "shared memory turned off";
+    constexpr std::size_t n = 1 << 16;
+    xshard::shared_window window(w, n * sizeof(std::uint64_t));
+    xshard::node_barrier barrier(w);
+    auto* mine = reinterpret_cast<std::uint64_t*>(window.local());
+    for (std::uint64_t round = 1; round <= 40; ++round) {
+        // A different rank is slow each round; it writes its segment in pieces, pausing.
+        const bool slow = int(round % std::uint64_t(w.size())) == w.rank();
+        for (std::size_t lo = 0; lo < n; lo += n / 4) {
+            if (slow)
+                std::this_thread::sleep_for(std::chrono::microseconds(500));
+            for (std::size_t i = lo; i < lo + n / 4; ++i)
+                mine[i] = round * 100 + std::uint64_t(w.rank());
+        }
+        barrier.arrive_and_wait();
+        for (int q = 0; q < w.size(); ++q) {
+            const auto* theirs = reinterpret_cast<const std::uint64_t*>(window.segment(q));
+            for (std::size_t i = 0; i < n; i += 97)
+                ASSERT_EQ(theirs[i], round * 100 + std::uint64_t(q))
+                    << "rank " << w.rank() << " read segment " << q << " element " << i
+                    << " in round " << round;
+            ASSERT_EQ(theirs[n - 1], round * 100 + std::uint64_t(q));
+        }
+        // Nobody overwrites a segment another rank is still reading.
+        barrier.arrive_and_wait();
+    }
+}
+
+TEST(shared_memory, a_waiting_rank_keeps_mpi_progressing) {
+    // Large messages (a rendezvous: the sender's request completes only when the receiver
+    // progresses) straight before the node barrier: a rank done with its part waits in the
+    // barrier while its peer still waits for MPI; without progress in the barrier, a hang
+    // (ctest's timeout).
+    const auto w = world();
+    if (!xshard::node_group(w).whole_communicator_shares_memory() || w.size() < 2)
+        GTEST_SKIP() << "needs shared memory and two ranks";
+    xshard::node_barrier barrier(w);
+    xshard::reducer<double> r(xshard::reduce_tuning{.shared_memory_min_bytes = SIZE_MAX});
+    const std::size_t n = std::size_t(4) << 20; // 32 MiB, pairwise over MPI
+    std::vector<double> in(n, 1.0), out(n);
+    for (int round = 0; round < 4; ++round) {
+        if (w.rank() == round % w.size())
+            std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        r.all_reduce(w, in.data(), out.data(), n, xshard::reduction::sum);
+        barrier.arrive_and_wait();
+        EXPECT_EQ(out[n - 1], double(w.size())) << "rank " << w.rank();
+    }
+}
+
+TEST(shared_memory, windows_are_moved_and_freed_collectively) {
+    const auto w = world();
+    if (!xshard::node_group(w).whole_communicator_shares_memory())
+        GTEST_SKIP() << "shared memory turned off";
+    xshard::shared_window a(w, 64);
+    xshard::shared_window b = std::move(a);
+    EXPECT_FALSE(bool(a));
+    EXPECT_TRUE(bool(b));
+    a = xshard::shared_window(w, 128);
+    EXPECT_GE(a.segment_bytes(w.rank()), 128u);
+}
+
+TEST(shared_memory, all_reduce_reads_summands_in_place) {
+    // Every size through the shared-memory path (growing, so the window is made anew), in
+    // place and not, over the world and over halves of it; exact sums, maxima, minima; and
+    // not a byte through MPI point to point.
+    const auto w = world();
+    const bool shared = xshard::node_group(w).whole_communicator_shares_memory();
+    const auto half = w.split(w.rank() % 2, w.rank());
+    xshard::reducer<double> r(
+        xshard::reduce_tuning{.shared_memory_min_bytes = 0, .shared_memory_all_reduce = true});
+    for (const auto* c : {&w, &half}) {
+        for (std::size_t n : {1, 3, 7, 4096, 4097, 20011}) {
+            for (auto op : {xshard::reduction::sum, xshard::reduction::max, xshard::reduction::min}) {
+                auto term = [](int q, std::size_t i) {
+                    return double(int((i * 13 + std::size_t(q) * 7) % 29) - 14 + 100 * q);
+                };
+                std::vector<double> in(n), out(n), expected(n);
+                for (std::size_t i = 0; i < n; ++i) {
+                    in[i] = term(c->rank(), i);
+                    expected[i] = term(0, i);
+                    for (int q = 1; q < c->size(); ++q)
+                        expected[i] = xshard::detail::combine_one(expected[i], term(q, i), op);
+                }
+                // A slow rank: its summand is staged late.
+                if (c->rank() == int(n % std::size_t(c->size())))
+                    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                xshard::testing::traffic::reset();
+                r.all_reduce(*c, in.data(), out.data(), n, op);
+                const auto sent = xshard::testing::traffic::sent();
+                EXPECT_EQ(out, expected) << "rank " << w.rank() << " n " << n;
+                if (shared) {
+                    EXPECT_EQ(sent, 0u) << "rank " << w.rank() << " n " << n;
+                }
+                r.all_reduce(*c, in.data(), in.data(), n, op);
+                EXPECT_EQ(in, expected) << "in place, rank " << w.rank() << " n " << n;
+            }
+        }
+    }
+}
+
+} // namespace
