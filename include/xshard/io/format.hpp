@@ -30,6 +30,7 @@
 #include <array>
 #include <climits>
 #include <cstdint>
+#include <ctime>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -199,6 +200,68 @@ inline void remove_temporary_directory(const std::string& dir) noexcept {
         if (checkpoint_file_name(e.path().filename().string()))
             ::unlink(e.path().c_str());
     ::rmdir(dir.c_str());
+}
+
+/// How long a temporary must have stayed unmodified before a save takes it for stale.
+inline constexpr std::time_t stale_after_seconds = 3600;
+
+/// True when `suffix` is what create_temporary_file (16 hexadecimal digits, `directory`
+/// false) or create_temporary_directory (mkdtemp's 6 letters and digits) puts after ".tmp-".
+inline bool temporary_suffix(std::string_view suffix, bool directory) {
+    const std::string_view allowed =
+        directory ? "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+                  : "0123456789abcdef";
+    return suffix.size() == (directory ? 6u : 16u) &&
+           suffix.find_first_not_of(allowed) == std::string_view::npos;
+}
+
+/// Removes the temporaries of saves to `path` that were killed: the entries beside it named
+/// as create_temporary_file or create_temporary_directory names them, that are a regular
+/// file or a directory (never a link, never followed), owned by this user, unmodified for
+/// stale_after_seconds and not held by any process (see hold; the lock is taken before the
+/// removal, so a save in progress never loses its temporary). Of a directory, only the files
+/// of a checkpoint's names are removed, then the directory if that empties it. Never throws:
+/// what cannot be removed stays.
+inline void remove_stale_temporaries(const std::string& path) noexcept {
+    namespace fs = std::filesystem;
+    try {
+        const fs::path p(path);
+        const auto dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+        const std::string prefix = p.filename().string() + ".tmp-";
+        std::vector<std::string> names;
+        std::error_code ec;
+        for (const auto& e : fs::directory_iterator(dir, ec)) {
+            auto name = e.path().filename().string();
+            if (name.size() > prefix.size() && name.starts_with(prefix))
+                names.push_back(std::move(name));
+        }
+        for (const auto& name : names) {
+            const auto full = (dir / name).string();
+            const auto suffix = std::string_view(name).substr(prefix.size());
+            struct stat st {};
+            if (::lstat(full.c_str(), &st) != 0 || st.st_uid != ::geteuid() ||
+                std::time(nullptr) - st.st_mtime < stale_after_seconds)
+                continue;
+            const bool is_file = S_ISREG(st.st_mode) && temporary_suffix(suffix, false);
+            const bool is_dir = S_ISDIR(st.st_mode) && temporary_suffix(suffix, true);
+            if (!is_file && !is_dir)
+                continue;
+            const int fd =
+                ::open(full.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | (is_dir ? O_DIRECTORY : 0));
+            if (fd < 0)
+                continue;
+            const auto held = file::adopt(fd, full);
+            struct stat now {};
+            if (::fstat(fd, &now) != 0 || now.st_ino != st.st_ino || now.st_dev != st.st_dev ||
+                ::flock(fd, LOCK_EX | LOCK_NB) != 0)
+                continue; // replaced meanwhile, or a save holds it
+            if (is_file)
+                ::unlink(full.c_str());
+            else
+                remove_temporary_directory(full);
+        }
+    } catch (...) {
+    }
 }
 
 /// Where a save puts the checkpoint it replaces for the moment of the swap.
