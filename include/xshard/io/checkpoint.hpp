@@ -166,10 +166,6 @@ void on_rank0(const communicator& c, F&& f) {
     });
 }
 
-/// The bytes a save checksums and then writes at a time: small enough that the write copies
-/// them from the cache the checksum just read them into.
-inline constexpr std::size_t write_piece = std::size_t(1) << 20;
-
 /// Writes the block of `t` into `f` (which stores the tensor whole, row-major, from byte
 /// `at`) with pwrite, one call per contiguous run in the file (runs_of), each run checksummed
 /// just before it is written and recorded in `out` as a piece of tensor `key`.
@@ -177,14 +173,7 @@ inline void write_block(const file& f, std::size_t at, const tensor_record& t, s
                         std::vector<crc_run>& out) {
     const std::byte* data = t.cdata;
     for (const auto& [offset, length] : runs_of(t.shape, t.offset, t.extent, t.element)) {
-        std::uint32_t crc = 0;
-        for (std::size_t done = 0; done < length;) {
-            const auto n = std::min(write_piece, length - done);
-            crc = crc32_of(data + done, n, crc);
-            f.write_at(data + done, n, checked_add(at, offset + done));
-            done += n;
-        }
-        out.push_back({key, offset, length, crc});
+        out.push_back({key, offset, length, write_checksummed(f, data, length, at + offset)});
         data += length;
     }
 }

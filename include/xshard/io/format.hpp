@@ -65,31 +65,55 @@ inline std::string integrated_header(std::vector<tensor_entry>& entries,
                                  {"xshard.crc32", j.dump()}});
 }
 
+/// The bytes a writer checksums and then writes at a time: small enough that the write
+/// copies them from the cache the checksum just read them into.
+inline constexpr std::size_t write_piece = std::size_t(1) << 20;
+
+/// Writes the `n` bytes at `data` to `f` at `at` with pwrite, in pieces of write_piece bytes
+/// each checksummed just before it is written; returns their CRC-32 (continuing `crc`).
+inline std::uint32_t write_checksummed(const file& f, const std::byte* data, std::size_t n,
+                                       std::size_t at, std::uint32_t crc = 0) {
+    for (std::size_t done = 0; done < n;) {
+        const auto k = std::min(write_piece, n - done);
+        crc = crc32_of(data + done, k, crc);
+        f.write_at(data + done, k, checked_add(at, done));
+        done += k;
+    }
+    return crc;
+}
+
 /// Writes rank `rank`'s file of a per-rank checkpoint in directory `dir`: each tensor's block
-/// (entries with the block's extent as shape, and its bytes), checksummed, fsynced, closed,
-/// its size checked. The file is created exclusively (never through a link, never an
+/// (entries with the block's extent as shape, and its bytes), checksummed as it is written
+/// (the header, whose length does not depend on the checksums, is written last), fsynced,
+/// closed, its size checked. The file is created exclusively (never through a link, never an
 /// existing file).
 inline void write_rank_file(const std::string& dir, int rank, std::vector<tensor_entry> entries,
                             const std::vector<const std::byte*>& data) {
-    nlohmann::ordered_json crcs = nlohmann::ordered_json::object();
-    for (std::size_t i = 0; i < entries.size(); ++i)
-        crcs[entries[i].name] =
-            crc_hex(crc32_of(data[i], checked_mul(entries[i].elements(),
-                                                  dtype_size(entries[i].dtype))));
-    const std::string header = make_header(entries, {{"format", "xshard-rank"},
-                                                     {"xshard.rank", std::to_string(rank)},
-                                                     {"xshard.crc32", crcs.dump()}});
+    const auto header_of = [&](const std::vector<std::uint32_t>& crc) {
+        nlohmann::ordered_json crcs = nlohmann::ordered_json::object();
+        for (std::size_t i = 0; i < entries.size(); ++i)
+            crcs[entries[i].name] = crc_hex(i < crc.size() ? crc[i] : 0);
+        return make_header(entries, {{"format", "xshard-rank"},
+                                     {"xshard.rank", std::to_string(rank)},
+                                     {"xshard.crc32", crcs.dump()}});
+    };
+    const std::size_t start = header_of({}).size();
     const auto path = rank_file(dir, rank);
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0)
         io_fail("cannot create", path);
     auto f = file::adopt(fd, path);
-    f.write_at(header.data(), header.size(), 0);
-    std::size_t end = header.size();
+    std::vector<std::uint32_t> crc;
+    std::size_t end = start;
     for (std::size_t i = 0; i < entries.size(); ++i) {
-        f.write_at(data[i], entries[i].end - entries[i].begin, header.size() + entries[i].begin);
-        end = std::max(end, header.size() + entries[i].end);
+        crc.push_back(write_checksummed(f, data[i], entries[i].end - entries[i].begin,
+                                        start + entries[i].begin));
+        end = std::max(end, start + entries[i].end);
     }
+    const std::string header = header_of(crc);
+    if (header.size() != start)
+        throw io_error("xshard: " + path + ": the header changed length with its checksums");
+    f.write_at(header.data(), header.size(), 0);
     f.sync();
     if (f.size() != end)
         throw io_error("xshard: " + path + " has " + std::to_string(f.size()) +
