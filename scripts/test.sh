@@ -7,12 +7,20 @@
 #                                                     UndefinedBehaviorSanitizer, in
 #                                                     build/sanitize (no benchmarks, no
 #                                                     header-by-header compilation)
+#   scripts/test.sh --sanitize --targets "T..." [ctest arguments...]
+#                                                     the same, building only targets T (pass
+#                                                     ctest a -R or -L that selects their tests)
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 sanitize=false
+targets=()
 if [ "${1:-}" = --sanitize ]; then
   sanitize=true
   shift
+  if [ "${1:-}" = --targets ]; then
+    read -r -a targets <<<"${2:?--targets needs a list of targets}"
+    shift 2
+  fi
 fi
 "$root/scripts/install_deps.sh"
 if ! $sanitize; then
@@ -40,7 +48,7 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Sanitize \
   -DCMAKE_EXE_LINKER_FLAGS_SANITIZE="$san" \
   -DXSHARD_WERROR=ON -DXSHARD_BUILD_BENCHMARKS=OFF -DXSHARD_HEADER_CHECK=OFF -DXSHARD_TEST_TIMEOUT_SCALE=3 \
   "${launcher[@]}"
-cmake --build "$build" -j "$jobs"
+cmake --build "$build" -j "$jobs" ${targets[@]+--target "${targets[@]}"}
 export ASAN_OPTIONS="detect_leaks=0:strict_string_checks=1:check_initialization_order=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 cd "$build"

@@ -7,8 +7,10 @@
 // for a bounded time by ctest.
 //
 // The first byte picks what the rest is: 0 a safetensors file (parsed, then read through
-// checkpoint_reader), 1 a strategy file (and its block arithmetic), 2 a CRC map, 3 a per-rank
-// directory (checkpoint.json, strategy.json and rank_0.safetensors, separated by "\n--\n").
+// checkpoint_reader and verified as a load does), 1 a strategy file (and its block
+// arithmetic), 2 a CRC map, 3 a per-rank directory (checkpoint.json, strategy.json and
+// rank_0.safetensors, separated by "\n--\n"), 4 checksum runs as ranks exchange them
+// (combine_runs).
 #include <xshard/core/partition.hpp>
 #include <xshard/io/format.hpp>
 #include <xshard/io/offline.hpp>
@@ -48,6 +50,17 @@ void read_all(const std::string& path) {
     try {
         const xshard::checkpoint_reader r(path);
         xshard::verify_checkpoint(path);
+        // The verification a load shares among ranks, in one process: pieces, their
+        // checksums, and the damaged blocks they give.
+        std::vector<const xshard::strategy_entry*> all;
+        for (const auto& e : r.strategy().parameters)
+            all.push_back(&e);
+        std::vector<xshard::detail::crc_run> runs;
+        std::vector<std::byte> buffer;
+        for (const auto& p : r.pieces_to_verify(all, 4096))
+            if (p.length <= (std::size_t(1) << 20))
+                runs.push_back(r.checksum_of(p, buffer));
+        (void)r.damaged(all, runs);
         for (const auto& e : r.strategy().parameters) {
             const auto bytes = xshard::stored_bytes(e);
             if (bytes > (std::size_t(1) << 20))
@@ -96,7 +109,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (size == 0)
         return 0;
     const std::string_view bytes(reinterpret_cast<const char*>(data) + 1, size - 1);
-    switch (data[0] % 4) {
+    switch (data[0] % 5) {
     case 0:
         try {
             const auto h = xshard::parse_header(bytes, bytes.size());
@@ -124,6 +137,36 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         } catch (const xshard::error&) {
         }
         break;
+    case 4: {
+        // Checksum runs as ranks send them (any tensor, offset, length), combined: a tensor
+        // gets a checksum only when its runs tile it exactly once.
+        std::vector<xshard::detail::crc_run> runs;
+        std::vector<std::uint64_t> sizes{bytes.empty() ? 0u : std::uint64_t(std::uint8_t(bytes[0])),
+                                         bytes.size() > 1 ? std::uint64_t(std::uint8_t(bytes[1])) : 0u};
+        for (std::size_t at = 2; at + 3 <= bytes.size(); at += 3)
+            runs.push_back({std::uint64_t(std::uint8_t(bytes[at])) % 3,
+                            std::uint64_t(std::uint8_t(bytes[at + 1])),
+                            std::uint64_t(std::uint8_t(bytes[at + 2])), 0});
+        const auto crcs = xshard::detail::combine_runs(runs, sizes);
+        for (std::size_t t = 0; t < sizes.size(); ++t) {
+            if (!crcs[t])
+                continue;
+            std::vector<std::uint64_t> covered(std::size_t(sizes[t]), 0);
+            for (const auto& r : runs) {
+                if (r.tensor != t)
+                    continue;
+                for (std::uint64_t i = r.offset; i < r.offset + r.length; ++i) {
+                    if (i >= sizes[t])
+                        __builtin_trap(); // a run beyond the tensor was accepted
+                    ++covered[std::size_t(i)];
+                }
+            }
+            for (auto n : covered)
+                if (n != 1)
+                    __builtin_trap(); // a gap or an overlap was accepted
+        }
+        break;
+    }
     default: {
         const std::string dir = scratch() + "/per_rank";
         std::filesystem::remove_all(dir);
@@ -137,6 +180,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                 break;
             at = end + 4;
         }
+        // The other ranks' files: copies of rank 0's (a checkpoint of up to 8 ranks opens).
+        std::error_code ec; // (no rank file when the input has fewer parts)
+        for (int r = 1; r < 8; ++r)
+            std::filesystem::copy_file(dir + "/rank_0.safetensors",
+                                       dir + "/rank_" + std::to_string(r) + ".safetensors",
+                                       std::filesystem::copy_options::overwrite_existing, ec);
         read_all(dir);
         break;
     }

@@ -16,14 +16,19 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <optional>
+#include <set>
 #include <vector>
 
 namespace {
@@ -613,6 +618,111 @@ TEST(checkpoint, a_stale_old_directory_never_hides_the_checkpoint) {
     net loaded(m, other_layouts);
     EXPECT_EQ(xshard::load_checkpoint(path, loaded).step, 2);
     EXPECT_EQ(loaded.mismatches_all(2, false), 0u);
+}
+
+/// Sets the modification time of `path` (never through a link) `seconds` into the past.
+void age(const std::string& path, long seconds) {
+    const timespec t[2] = {{std::time(nullptr) - seconds, 0}, {std::time(nullptr) - seconds, 0}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), t, AT_SYMLINK_NOFOLLOW), 0) << path;
+}
+
+TEST(checkpoint, a_save_removes_what_killed_saves_left_and_nothing_else) {
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    net n(m, saved_layouts);
+    n.fill_all(3);
+    const long old = 2 * long(xshard::detail::stale_after_seconds);
+    for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank}) {
+        const auto dir = scratch();
+        const auto path = dir + "/ckpt", victim = dir + "/victim.txt";
+        std::optional<xshard::detail::file> in_progress;
+        on_rank0([&] {
+            spit(victim, "mine");
+            // What killed saves of both forms left: old, and held by nobody.
+            spit(path + ".tmp-0123456789abcdef", "half a checkpoint");
+            age(path + ".tmp-0123456789abcdef", old);
+            fs::create_directories(path + ".tmp-Ab3xY9");
+            spit(path + ".tmp-Ab3xY9/rank_0.safetensors", "half a rank file");
+            age(path + ".tmp-Ab3xY9", old);
+            // Not to be removed: a save in progress (held, files.hpp), a recent temporary,
+            // a link at a temporary's name, a user's file and a directory with a user's file.
+            in_progress.emplace(xshard::detail::create_temporary_file(path));
+            age(in_progress->path(), old);
+            spit(path + ".tmp-fedcba9876543210", "recent");
+            fs::create_symlink(victim, path + ".tmp-00112233445566ff");
+            age(path + ".tmp-00112233445566ff", old);
+            spit(path + ".tmp-notes", "mine");
+            age(path + ".tmp-notes", old);
+            fs::create_directories(path + ".tmp-Zz0000");
+            spit(path + ".tmp-Zz0000/notes.txt", "mine");
+            age(path + ".tmp-Zz0000", old);
+        });
+        xshard::save_checkpoint(path, n, {.format = format, .step = 3});
+        net loaded(m, other_layouts);
+        EXPECT_EQ(xshard::load_checkpoint(path, loaded).step, 3);
+        EXPECT_EQ(loaded.mismatches_all(3, false), 0u);
+        xshard::mpi::barrier(w);
+        const auto form = format == checkpoint_format::integrated ? "integrated" : "per-rank";
+        std::set<std::string> kept{"ckpt",           "ckpt.tmp-00112233445566ff",
+                                   "ckpt.tmp-Zz0000", "ckpt.tmp-fedcba9876543210",
+                                   "ckpt.tmp-notes", "victim.txt"};
+        std::vector<std::string> others;
+        for (const auto& e : fs::directory_iterator(dir)) {
+            const auto name = e.path().filename().string();
+            if (!kept.erase(name))
+                others.push_back(name);
+        }
+        EXPECT_TRUE(kept.empty()) << form << ": removed " << (kept.empty() ? "" : *kept.begin());
+        // The only other entry: the temporary of the save in progress.
+        std::string listed;
+        for (const auto& name : others)
+            listed += " " + name;
+        ASSERT_EQ(others.size(), 1u) << form << ": left:" << listed;
+        EXPECT_TRUE(others[0].starts_with("ckpt.tmp-")) << form << ": " << others[0];
+        if (w.rank() == 0) {
+            EXPECT_EQ(others[0], fs::path(in_progress->path()).filename().string()) << form;
+        }
+        EXPECT_EQ(slurp(victim), "mine");
+        EXPECT_EQ(slurp(path + ".tmp-Zz0000/notes.txt"), "mine");
+        xshard::mpi::barrier(w);
+    }
+}
+
+TEST(checkpoint, a_load_reads_the_bytes_it_verified_even_if_the_file_is_replaced) {
+    // The reader opens the file; then another file replaces it (a rename, as a save does):
+    // whose bytes are damaged. The load must read what it verifies, through the descriptor
+    // it opened: it loads the first file's values (or raises), never the damaged bytes.
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    const auto dir = scratch();
+    const auto path = dir + "/ckpt.safetensors";
+    net n(m, saved_layouts);
+    n.fill_all(1);
+    xshard::save_checkpoint(path, n, {.step = 1});
+    n.fill_all(2);
+    xshard::save_checkpoint(dir + "/other.safetensors", n, {.step = 2});
+
+    std::optional<xshard::checkpoint_reader> r;
+    r.emplace(path);
+    xshard::mpi::barrier(w);
+    on_rank0([&] {
+        auto bytes = slurp(dir + "/other.safetensors");
+        const auto h = xshard::checkpoint_reader(dir + "/other.safetensors").header(0);
+        const auto w1 = h.data_start + h.find("w1")->begin;
+        bytes[w1 + 3] = char(bytes[w1 + 3] ^ 0x40);
+        spit(dir + "/replacement", bytes);
+        fs::rename(dir + "/replacement", path);
+    });
+    net loaded(m, other_layouts);
+    loaded.fill_all(9);
+    std::tuple<> no_state;
+    auto model = xshard::detail::collect_model(loaded, no_state, false);
+    try {
+        EXPECT_EQ(xshard::detail::load(model, *r).step, 1);
+        EXPECT_EQ(loaded.mismatches_all(1, false), 0u) << "the load read bytes it did not verify";
+    } catch (const io_error& e) {
+        EXPECT_EQ(loaded.mismatches_all(9, false), 0u) << e.what();
+    }
 }
 
 // --- large counts -----------------------------------------------------------------------

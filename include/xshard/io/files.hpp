@@ -14,6 +14,7 @@
 #include <zlib.h>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -162,26 +163,40 @@ inline void create_parent_directories(const std::string& path) {
                        ec.message());
 }
 
-/// A new file beside `path`, `<path>.tmp-<random>`, created exclusively (O_EXCL: never an
-/// existing file, O_NOFOLLOW: never through a link) for writing.
+/// Marks the temporary open in `f` as being written, for as long as it stays open: an
+/// exclusive flock, which the kernel drops when the process ends however it ends, so that a
+/// later save tells what a killed save left (remove_stale_temporaries) from a save in
+/// progress. (Where the file system has no locks, nothing is ever taken for stale.)
+inline void hold(const file& f) noexcept { ::flock(f.fd(), LOCK_EX | LOCK_NB); }
+
+/// A new file beside `path`, `<path>.tmp-<16 hexadecimal digits>`, created exclusively
+/// (O_EXCL: never an existing file, O_NOFOLLOW: never through a link) for writing, and held
+/// (see hold) while the returned object keeps it open.
 inline file create_temporary_file(const std::string& path) {
     for (int attempt = 0;; ++attempt) {
         const auto name = path + ".tmp-" + random_suffix();
         const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                               0644);
-        if (fd >= 0)
-            return file::adopt(fd, name);
+        if (fd >= 0) {
+            auto f = file::adopt(fd, name);
+            hold(f);
+            return f;
+        }
         if (errno != EEXIST || attempt == 16)
             io_fail("cannot create", name);
     }
 }
 
-/// A new directory beside `path`, `<path>.tmp-<random>` (mkdtemp: created exclusively).
-inline std::string create_temporary_directory(const std::string& path) {
+/// A new directory beside `path`, `<path>.tmp-<6 characters>` (mkdtemp: created
+/// exclusively), open (its path() is its name) and held (see hold) while the returned object
+/// keeps it open.
+inline file create_temporary_directory(const std::string& path) {
     std::string name = path + ".tmp-XXXXXX";
     if (!::mkdtemp(name.data()))
         io_fail("cannot create a directory like", name);
-    return name;
+    file dir(name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    hold(dir);
+    return dir;
 }
 
 /// Writes `bytes` to `path` durably and atomically (exclusive temporary, fsync, rename).

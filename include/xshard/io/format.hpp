@@ -30,6 +30,7 @@
 #include <array>
 #include <climits>
 #include <cstdint>
+#include <ctime>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -64,31 +65,55 @@ inline std::string integrated_header(std::vector<tensor_entry>& entries,
                                  {"xshard.crc32", j.dump()}});
 }
 
+/// The bytes a writer checksums and then writes at a time: small enough that the write
+/// copies them from the cache the checksum just read them into.
+inline constexpr std::size_t write_piece = std::size_t(1) << 20;
+
+/// Writes the `n` bytes at `data` to `f` at `at` with pwrite, in pieces of write_piece bytes
+/// each checksummed just before it is written; returns their CRC-32 (continuing `crc`).
+inline std::uint32_t write_checksummed(const file& f, const std::byte* data, std::size_t n,
+                                       std::size_t at, std::uint32_t crc = 0) {
+    for (std::size_t done = 0; done < n;) {
+        const auto k = std::min(write_piece, n - done);
+        crc = crc32_of(data + done, k, crc);
+        f.write_at(data + done, k, checked_add(at, done));
+        done += k;
+    }
+    return crc;
+}
+
 /// Writes rank `rank`'s file of a per-rank checkpoint in directory `dir`: each tensor's block
-/// (entries with the block's extent as shape, and its bytes), checksummed, fsynced, closed,
-/// its size checked. The file is created exclusively (never through a link, never an
+/// (entries with the block's extent as shape, and its bytes), checksummed as it is written
+/// (the header, whose length does not depend on the checksums, is written last), fsynced,
+/// closed, its size checked. The file is created exclusively (never through a link, never an
 /// existing file).
 inline void write_rank_file(const std::string& dir, int rank, std::vector<tensor_entry> entries,
                             const std::vector<const std::byte*>& data) {
-    nlohmann::ordered_json crcs = nlohmann::ordered_json::object();
-    for (std::size_t i = 0; i < entries.size(); ++i)
-        crcs[entries[i].name] =
-            crc_hex(crc32_of(data[i], checked_mul(entries[i].elements(),
-                                                  dtype_size(entries[i].dtype))));
-    const std::string header = make_header(entries, {{"format", "xshard-rank"},
-                                                     {"xshard.rank", std::to_string(rank)},
-                                                     {"xshard.crc32", crcs.dump()}});
+    const auto header_of = [&](const std::vector<std::uint32_t>& crc) {
+        nlohmann::ordered_json crcs = nlohmann::ordered_json::object();
+        for (std::size_t i = 0; i < entries.size(); ++i)
+            crcs[entries[i].name] = crc_hex(i < crc.size() ? crc[i] : 0);
+        return make_header(entries, {{"format", "xshard-rank"},
+                                     {"xshard.rank", std::to_string(rank)},
+                                     {"xshard.crc32", crcs.dump()}});
+    };
+    const std::size_t start = header_of({}).size();
     const auto path = rank_file(dir, rank);
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0)
         io_fail("cannot create", path);
     auto f = file::adopt(fd, path);
-    f.write_at(header.data(), header.size(), 0);
-    std::size_t end = header.size();
+    std::vector<std::uint32_t> crc;
+    std::size_t end = start;
     for (std::size_t i = 0; i < entries.size(); ++i) {
-        f.write_at(data[i], entries[i].end - entries[i].begin, header.size() + entries[i].begin);
-        end = std::max(end, header.size() + entries[i].end);
+        crc.push_back(write_checksummed(f, data[i], entries[i].end - entries[i].begin,
+                                        start + entries[i].begin));
+        end = std::max(end, start + entries[i].end);
     }
+    const std::string header = header_of(crc);
+    if (header.size() != start)
+        throw io_error("xshard: " + path + ": the header changed length with its checksums");
+    f.write_at(header.data(), header.size(), 0);
     f.sync();
     if (f.size() != end)
         throw io_error("xshard: " + path + " has " + std::to_string(f.size()) +
@@ -199,6 +224,68 @@ inline void remove_temporary_directory(const std::string& dir) noexcept {
         if (checkpoint_file_name(e.path().filename().string()))
             ::unlink(e.path().c_str());
     ::rmdir(dir.c_str());
+}
+
+/// How long a temporary must have stayed unmodified before a save takes it for stale.
+inline constexpr std::time_t stale_after_seconds = 3600;
+
+/// True when `suffix` is what create_temporary_file (16 hexadecimal digits, `directory`
+/// false) or create_temporary_directory (mkdtemp's 6 letters and digits) puts after ".tmp-".
+inline bool temporary_suffix(std::string_view suffix, bool directory) {
+    const std::string_view allowed =
+        directory ? "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+                  : "0123456789abcdef";
+    return suffix.size() == (directory ? 6u : 16u) &&
+           suffix.find_first_not_of(allowed) == std::string_view::npos;
+}
+
+/// Removes the temporaries of saves to `path` that were killed: the entries beside it named
+/// as create_temporary_file or create_temporary_directory names them, that are a regular
+/// file or a directory (never a link, never followed), owned by this user, unmodified for
+/// stale_after_seconds and not held by any process (see hold; the lock is taken before the
+/// removal, so a save in progress never loses its temporary). Of a directory, only the files
+/// of a checkpoint's names are removed, then the directory if that empties it. Never throws:
+/// what cannot be removed stays.
+inline void remove_stale_temporaries(const std::string& path) noexcept {
+    namespace fs = std::filesystem;
+    try {
+        const fs::path p(path);
+        const auto dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+        const std::string prefix = p.filename().string() + ".tmp-";
+        std::vector<std::string> names;
+        std::error_code ec;
+        for (const auto& e : fs::directory_iterator(dir, ec)) {
+            auto name = e.path().filename().string();
+            if (name.size() > prefix.size() && name.starts_with(prefix))
+                names.push_back(std::move(name));
+        }
+        for (const auto& name : names) {
+            const auto full = (dir / name).string();
+            const auto suffix = std::string_view(name).substr(prefix.size());
+            struct stat st {};
+            if (::lstat(full.c_str(), &st) != 0 || st.st_uid != ::geteuid() ||
+                std::time(nullptr) - st.st_mtime < stale_after_seconds)
+                continue;
+            const bool is_file = S_ISREG(st.st_mode) && temporary_suffix(suffix, false);
+            const bool is_dir = S_ISDIR(st.st_mode) && temporary_suffix(suffix, true);
+            if (!is_file && !is_dir)
+                continue;
+            const int fd =
+                ::open(full.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | (is_dir ? O_DIRECTORY : 0));
+            if (fd < 0)
+                continue;
+            const auto held = file::adopt(fd, full);
+            struct stat now {};
+            if (::fstat(fd, &now) != 0 || now.st_ino != st.st_ino || now.st_dev != st.st_dev ||
+                ::flock(fd, LOCK_EX | LOCK_NB) != 0)
+                continue; // replaced meanwhile, or a save holds it
+            if (is_file)
+                ::unlink(full.c_str());
+            else
+                remove_temporary_directory(full);
+        }
+    } catch (...) {
+    }
 }
 
 /// Where a save puts the checkpoint it replaces for the moment of the swap.

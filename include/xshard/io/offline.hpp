@@ -113,6 +113,7 @@ inline std::size_t merge_checkpoint(const std::string& path, const std::string& 
     detail::verify_stored(r, tensors);
     detail::replaceable(out);
     detail::create_parent_directories(out);
+    detail::remove_stale_temporaries(out);
     auto f = detail::create_temporary_file(out);
     try {
         std::vector<std::optional<std::uint32_t>> crcs;
@@ -188,7 +189,9 @@ inline std::size_t reshard_checkpoint(const std::string& path, const strategy_fi
     detail::verify_stored(r, tensors);
     detail::replaceable(out);
     detail::create_parent_directories(out);
-    const std::string tmp = detail::create_temporary_directory(out);
+    detail::remove_stale_temporaries(out);
+    const auto held = detail::create_temporary_directory(out);
+    const std::string tmp = held.path();
     try {
         for (int rank = 0; rank < mesh.size(); ++rank) {
             std::vector<tensor_entry> entries;
