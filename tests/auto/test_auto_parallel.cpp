@@ -4,6 +4,7 @@
 // written by compile() and read back.
 
 #include <xshard/auto/auto_parallel.hpp>
+#include <xshard/auto/model.hpp>
 #include <xshard/nn/activation.hpp>
 #include <xshard/nn/blocks.hpp>
 #include <xshard/nn/embedding.hpp>
@@ -359,6 +360,93 @@ TEST(auto_parallel, configured_training_equals_one_rank) {
                         }),
                     run(m, [](config_t& c) { c.enable_gradients_mean(); }), ctx + " mean");
     }
+}
+
+// --- the driver: xshard::model(net, loss, optimizer).train(...) -------------------------------
+
+/// Epoch e's batches are the manual loop's steps e*steps .. e*steps + steps - 1.
+struct epochs_of_batches {
+    const mesh_t* m;
+    int steps;
+    auto epoch(std::uint64_t e) const {
+        std::vector<decltype(batch(*m, 0))> b;
+        for (int s = 0; s < steps; ++s)
+            b.push_back(batch(*m, int(e) * steps + s));
+        return b;
+    }
+};
+
+/// The driver's run of 2 epochs of 4 steps, configured by `configure`.
+template <class Configure>
+record drive(const mesh_t& m, Configure&& configure, std::ostream* monitor = nullptr) {
+    auto model = make_model(m);
+    config_t c(model, m);
+    configure(c);
+    optim::momentum opt({.lr = 0.1, .momentum = 0.9});
+    nn::parallel_cross_entropy<double, mesh_t> loss;
+    xshard::model trainer(c, loss, opt);
+    std::vector<xshard::callback> cbs;
+    if (monitor)
+        cbs.push_back(xshard::callbacks::loss_monitor(1, *monitor));
+    record r;
+    r.losses = trainer.train(2, epochs_of_batches{&m, 4}, cbs);
+    xshard::for_each_weight(model, [&](const std::string&, auto& w) {
+        r.weights.push_back(xshard::gather_all(w.value));
+    });
+    return r;
+}
+
+TEST(model_driver, losses_equal_the_manual_loop) {
+    const auto w = world();
+    using mode = xshard::fusion_threshold::mode;
+    for (const auto& m : {mesh_t(w, {w.size(), 1}), world_mesh()}) {
+        const std::string ctx = where(m);
+        const auto plain = [](config_t&) {};
+        const auto level2 = [](config_t& c) {
+            c.hsdp(-1, 0, "level2");
+            c.enable_gradients_mean();
+        };
+        const auto fused = [](config_t& c) {
+            c.comm_fusion({.allreduce = xshard::fusion_threshold{mode::size, 1e-4}});
+            c.hsdp(-1, 0, "level1");
+        };
+        std::ostringstream out;
+        expect_same(drive(m, plain, &out), run(m, plain), ctx + " plain");
+        if (w.rank() == 0) {
+            std::size_t lines = 0;
+            for (std::size_t p = 0; (p = out.str().find("/4 loss ", p)) != std::string::npos; ++p)
+                ++lines;
+            EXPECT_EQ(lines, 8u) << out.str(); // loss_monitor(1): every step of the 2 epochs
+            EXPECT_NE(out.str().find("epoch 2/2 step 4/4"), std::string::npos) << out.str();
+        }
+        expect_same(drive(m, level2), run(m, level2), ctx + " hsdp level2 mean");
+        expect_same(drive(m, fused), run(m, fused), ctx + " hsdp level1 fused");
+        // Local norms dumped by the driver: one line per gradient and step.
+        const std::string dir = scratch("driver_norms");
+        const std::string file = dir + "/local_norm_rank" + std::to_string(w.rank()) + ".txt";
+        std::filesystem::remove(file);
+        (void)drive(m, [&](config_t& c) { c.dump_local_norm(dir); });
+        std::ifstream in(file);
+        std::size_t lines = 0;
+        for (std::string line; std::getline(in, line);)
+            ++lines;
+        EXPECT_EQ(lines, 8u * 4u) << ctx;
+    }
+}
+
+TEST(model_driver, unsupported_configurations_raise_on_every_rank) {
+    const auto m = world_mesh();
+    auto model = make_model(m);
+    optim::momentum opt({.lr = 0.1});
+    nn::parallel_cross_entropy<double, mesh_t> loss;
+    config_t prop(model, m, "sharding_propagation");
+    expect_error([&] { xshard::model(prop, loss, opt); }, "issue 17");
+    if (m.size() % 2 == 0) {
+        config_t piped(model, m);
+        piped.pipeline(2);
+        expect_error([&] { xshard::model(piped, loss, opt); }, "does not run pipeline stages");
+    }
+    expect_error([] { (void)xshard::callbacks::loss_monitor(0); }, "positive integer");
 }
 
 // --- files ----------------------------------------------------------------------------------
