@@ -111,18 +111,32 @@ TEST(auto_parallel, comm_fusion) {
         EXPECT_EQ(f.bytes(), 0u);
     }
     using opts = xshard::comm_fusion_options;
-    const auto set = [&](const opts& o) { c.comm_fusion(o); };
+    const auto set = [&](const opts& o) {
+        c.comm_fusion(o);
+    };
     expect_agreed_error(set, opts{}, opts{.allreduce = xshard::fusion_threshold{mode::size, 0}},
                         "must be larger than 0 MB");
-    expect_error([&] { set({.allgather = xshard::fusion_threshold{mode::index, 0, {1}}}); },
-                 "takes modes auto and size");
-    expect_error([&] { set({.reducescatter = xshard::fusion_threshold{mode::size, -1}}); },
-                 "must be larger than 0 MB");
+    expect_error(
+        [&] {
+            set({.allgather = xshard::fusion_threshold{mode::index, 0, {1}}});
+        },
+        "takes modes auto and size");
+    expect_error(
+        [&] {
+            set({.reducescatter = xshard::fusion_threshold{mode::size, -1}});
+        },
+        "must be larger than 0 MB");
     // 4 parameters: index 4 is out of range, 2 after 3 not increasing.
-    expect_error([&] { set({.allreduce = xshard::fusion_threshold{mode::index, 0, {4}}}); },
-                 "strictly increasing");
-    expect_error([&] { set({.allreduce = xshard::fusion_threshold{mode::index, 0, {3, 2}}}); },
-                 "strictly increasing");
+    expect_error(
+        [&] {
+            set({.allreduce = xshard::fusion_threshold{mode::index, 0, {4}}});
+        },
+        "strictly increasing");
+    expect_error(
+        [&] {
+            set({.allreduce = xshard::fusion_threshold{mode::index, 0, {3, 2}}});
+        },
+        "strictly increasing");
     // The failed calls left the last good setting.
     EXPECT_EQ(c.gradient_options().fusion.allreduce.bytes(), 0u);
 }
@@ -161,7 +175,9 @@ TEST(auto_parallel, dataset_strategy) {
     expect_error([&] { c.dataset_strategy(std::vector<layout>{}); }, "None");
     // A count that fits no axis (the world size times 5 never does).
     expect_error(
-        [&] { c.dataset_strategy(std::vector<xshard::strategy>{{m.size() * 5, 1}}); },
+        [&] {
+            c.dataset_strategy(std::vector<xshard::strategy>{{m.size() * 5, 1}});
+        },
         "dataset_strategy");
     expect_error([&] { c.dataset_strategy(std::vector<layout>{layout::parse("[pp, -]")}); },
                  "names axis 'pp'");
@@ -186,7 +202,9 @@ TEST(auto_parallel, hsdp_values) {
     EXPECT_EQ(c.hsdp_config()->optimizer_level, xshard::optimizer_level::level2);
     c.hsdp({.shard_size = 1, .threshold = 5});
     EXPECT_EQ(c.hsdp_config()->threshold, 5);
-    const auto hs = [&](int s) { c.hsdp(s); };
+    const auto hs = [&](int s) {
+        c.hsdp(s);
+    };
     expect_agreed_error(hs, -1, 0, "positive integer or -1");
     expect_error([&] { c.hsdp(-2); }, "positive integer or -1");
     expect_error([&] { c.hsdp(m.size() + 1); }, "(0, " + std::to_string(m.size()) + "]");
@@ -229,12 +247,14 @@ TEST(auto_parallel, pipeline_values) {
     EXPECT_EQ(c.pipeline_options(1).scheduler, schedule_kind::zero_bubble);
     c.compile();
 
-    const auto st = [&](int s) { c.pipeline(s); };
+    const auto st = [&](int s) {
+        c.pipeline(s);
+    };
     expect_agreed_error(st, 1, 0, "stages must be > 0");
     expect_error([&] { c.pipeline(-3); }, "stages must be > 0");
     expect_error([&] { c.pipeline(m.size() + 1); }, "do not divide");
-    expect_agreed_error([&](const char* s) { c.pipeline(1, false, false, s); }, "1f1b",
-                        "seqpipe", "scheduler is not supported");
+    expect_agreed_error([&](const char* s) { c.pipeline(1, false, false, s); }, "1f1b", "seqpipe",
+                        "scheduler is not supported");
     // interleave with gpipe: recorded, the use raises.
     c.pipeline(1, false, true, "gpipe");
     expect_error([&] { (void)c.pipeline_options(1); }, "not supported yet");
@@ -339,11 +359,12 @@ TEST(auto_parallel, configured_training_equals_one_rank) {
     for (const auto& m : meshes) {
         const std::string ctx = where(m);
         expect_same(run(m, [](config_t&) {}), serial, ctx + " plain");
-        expect_same(run(m,
-                        [](config_t& c) {
-                            c.comm_fusion({.allreduce = xshard::fusion_threshold{mode::size, 1e-4}});
-                        }),
-                    serial, ctx + " allreduce fusion 100 bytes");
+        expect_same(
+            run(m,
+                [](config_t& c) {
+                    c.comm_fusion({.allreduce = xshard::fusion_threshold{mode::size, 1e-4}});
+                }),
+            serial, ctx + " allreduce fusion 100 bytes");
         expect_same(run(m, [](config_t& c) { c.hsdp(-1, 0, "level1"); }), serial,
                     ctx + " hsdp level1");
         expect_same(run(m,
@@ -401,7 +422,8 @@ TEST(model_driver, losses_equal_the_manual_loop) {
     using mode = xshard::fusion_threshold::mode;
     for (const auto& m : {mesh_t(w, {w.size(), 1}), world_mesh()}) {
         const std::string ctx = where(m);
-        const auto plain = [](config_t&) {};
+        const auto plain = [](config_t&) {
+        };
         const auto level2 = [](config_t& c) {
             c.hsdp(-1, 0, "level2");
             c.enable_gradients_mean();
@@ -486,7 +508,9 @@ TEST(auto_parallel, strategy_and_group_files_round_trip) {
     EXPECT_EQ(g.groups[2].ranks[0].size(), std::size_t(m.size()));
 
     // Bad values.
-    const auto sp = [&](const std::string& p) { c.save_param_strategy_file(p); };
+    const auto sp = [&](const std::string& p) {
+        c.save_param_strategy_file(p);
+    };
     expect_agreed_error(sp, param, std::string(), "the path is empty");
     expect_error([&] { c.set_group_ckpt_save_file(""); }, "the path is empty");
     expect_error([&] { c.load_param_strategy_file(""); }, "the path is empty");
@@ -582,8 +606,7 @@ TEST(auto_parallel, local_norms_are_printed_and_dumped) {
 
     expect_agreed_error([&](const std::string& s) { c.dump_local_norm(s); }, dir, std::string(),
                         "the directory is empty");
-    expect_error([&] { c.dump_local_norm("/dev/null/norms"); },
-                 "cannot create");
+    expect_error([&] { c.dump_local_norm("/dev/null/norms"); }, "cannot create");
 }
 
 } // namespace

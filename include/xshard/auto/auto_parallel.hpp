@@ -207,8 +207,8 @@ public:
                 for (const auto& a : axes)
                     if (!problem && !mesh_.has_axis(a.view()))
                         problem = "xshard: dataset_strategy: layout " + l.to_string() +
-                                  " names axis '" + std::string(a.view()) +
-                                  "', which the mesh " + mesh_.shape().to_string() + " lacks";
+                                  " names axis '" + std::string(a.view()) + "', which the mesh " +
+                                  mesh_.shape().to_string() + " lacks";
         }
         agree(problem);
         input_layouts_ = config;
@@ -259,8 +259,7 @@ public:
             problem = "xshard: pipeline: stages must be > 0, not " + std::to_string(c.stages);
         else if (mesh_.size() % c.stages != 0)
             problem = "xshard: pipeline: " + std::to_string(c.stages) +
-                      " stages do not divide the mesh's " + std::to_string(mesh_.size()) +
-                      " ranks";
+                      " stages do not divide the mesh's " + std::to_string(mesh_.size()) + " ranks";
         else {
             try {
                 (void)xshard::pipeline::parse_schedule(c.scheduler);

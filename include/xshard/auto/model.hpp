@@ -70,14 +70,17 @@ inline callback loss_monitor(std::size_t per_print_times = 1, monitor_output out
     auto monitor = std::make_shared<std::optional<xshard::loss_monitor>>();
     return {.on_train_begin =
                 [=](const train_begin_info& t) {
-                    monitor->emplace(*t.comm, loss_monitor_options{.steps_per_epoch =
-                                                                       t.steps_per_epoch,
-                                                                   .epochs = t.epochs,
-                                                                   .print_every = per_print_times,
-                                                                   .out = out});
+                    monitor->emplace(*t.comm,
+                                     loss_monitor_options{.steps_per_epoch = t.steps_per_epoch,
+                                                          .epochs = t.epochs,
+                                                          .print_every = per_print_times,
+                                                          .out = out});
                 },
             .on_step = [=](const step_info& s) { (*monitor)->step(s.loss, s.samples); },
-            .on_epoch_end = [=](std::size_t) { (*monitor)->end_epoch(); }};
+            .on_epoch_end =
+                [=](std::size_t) {
+                    (*monitor)->end_epoch();
+                }};
 }
 
 } // namespace callbacks
