@@ -367,6 +367,39 @@ void state_bytes_case(const bench::options& o, const std::string& name, const me
     std::fflush(stdout);
 }
 
+/// The training driver's step (xshard::model over auto_parallel, default configuration)
+/// against the manual loop's (`trainer`) on the same mesh and MLP: target ratio <= 1.02.
+void driver_case(const bench::options& o, const std::string& name, const mesh_t& mesh,
+                 const mlp_sizes& s) {
+    if (!o.wants(name))
+        return;
+    auto manual = make_mlp<double>(mesh, s);
+    auto net =
+        nn::sequential(nn::column_parallel_linear<double, mesh_t>(mesh, s.features, s.hidden, 1),
+                       nn::gelu_activation<double, mesh_t>(mesh),
+                       nn::row_parallel_linear<double, mesh_t>(mesh, s.hidden, s.features, 2));
+    const auto x = xshard::generate<xshard::dynamic_layout(2)>(
+        mesh, std::array{s.batch, s.features}, std::mt19937(11),
+        std::normal_distribution<double>(0, 1), nn::make_layout({"dp", ""}));
+    const auto labels = xshard::generate<xshard::dynamic_layout(1)>(
+        mesh, std::array{s.batch}, std::mt19937(12),
+        std::uniform_int_distribution<std::int64_t>(0, std::int64_t(s.features) - 1),
+        nn::make_layout({"dp"}));
+    xshard::auto_parallel parallel(net, mesh);
+    nn::parallel_cross_entropy<double, mesh_t> loss;
+    xshard::optim::momentum optimizer({.lr = 1e-3, .momentum = 0.9});
+    xshard::model driver(parallel, loss, optimizer);
+    const auto& c = mesh.comm();
+    const auto t = bench::compare(
+        c, o, [&] { (void)driver.train_step(x, labels); }, [&] { manual.step(); });
+    bench::report(c, name, manual.bytes(), "manual", t);
+    if (c.rank() == 0) {
+        const double ratio = t.seconds / t.baseline_seconds;
+        std::fprintf(stderr, "%s: driver / manual %.3f (target <= 1.02: %s)\n", name.c_str(),
+                     ratio, ratio <= 1.02 ? "met" : "missed");
+    }
+}
+
 int main(int argc, char** argv) {
     xshard::environment env(argc, argv);
     const auto o = bench::options::parse(argc, argv);
@@ -404,6 +437,7 @@ int main(int argc, char** argv) {
         run_case(o, "transformer_step_dp" + p + "_" + type, dp, one, dp_efficiency, make);
     };
     mlp_cases(double{}, "f64");
+    driver_case(o, "mlp_step_tp" + p + "_f64_driver", tp, mlp);
     run_case(o, "mlp_step_dp" + p + "_f64_batch512", dp, one, dp_efficiency, [&](const mesh_t& m) {
         return make_mlp<double>(m, {mlp.features, mlp.hidden, 8 * mlp.batch});
     });

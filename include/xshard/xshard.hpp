@@ -2,6 +2,9 @@
 /// \file
 /// Everything xshard offers, in one include.
 
+#include <xshard/auto/auto_parallel.hpp>
+#include <xshard/auto/group_file.hpp>
+#include <xshard/auto/model.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/combine.hpp>

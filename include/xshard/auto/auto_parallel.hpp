@@ -1,0 +1,517 @@
+#pragma once
+/// \file
+/// MindSpore's `AutoParallel(network, parallel_mode)`: one object that configures parallel
+/// training of a model on a mesh, and hands each mechanism its configured piece:
+///
+///     xshard::auto_parallel net(model, mesh);            // parallel_mode semi_auto
+///     net.hsdp();                                         // optimizer sharding, level1
+///     net.dataset_strategy("data_parallel");
+///     net.enable_gradients_mean();
+///     net.save_param_strategy_file("/tmp/param.json");
+///     net.compile();                                      // checks, writes the files
+///     auto sharding = net.make_hsdp();                    // xshard::hsdp with the options
+///     ... sharding->synchronize_gradients(); sharding->step(optimizer);
+///
+/// Without hsdp a loop synchronises with `xshard::synchronize_gradients(model, grads,
+/// net.gradient_options())`. Every setter validates its value against MindSpore's documented
+/// conditions and agrees on the outcome over the mesh (one all-reduce of an int), so an
+/// invalid value raises `xshard::error` on every rank. Settings whose mechanism xshard lacks
+/// are recorded, and `compile()` (the use) raises "not available yet" / "not supported yet"
+/// for them: parallel modes sharding_propagation and recursive_programming (issue 17),
+/// no_init_parameters_in_compile, hsdp level3, interleave with another scheduler than 1f1b.
+
+#include <xshard/auto/group_file.hpp>
+#include <xshard/comm/agree.hpp>
+#include <xshard/comm/error.hpp>
+#include <xshard/core/layout.hpp>
+#include <xshard/core/mesh.hpp>
+#include <xshard/core/strategy.hpp>
+#include <xshard/io/strategy_file.hpp>
+#include <xshard/param/traversal.hpp>
+#include <xshard/pipeline/action.hpp>
+#include <xshard/pipeline/pipeline.hpp>
+#include <xshard/train/gradients.hpp>
+#include <xshard/train/hsdp.hpp>
+#include <xshard/train/norms.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace xshard {
+
+/// MindSpore's parallel_mode: the strategy engine.
+enum class parallel_mode {
+    semi_auto,             ///< the layers' own strategies (xshard's layouts)
+    sharding_propagation,  ///< strategies propagated from annotated operators (issue 17)
+    recursive_programming, ///< strategies searched for every operator (issue 17)
+};
+
+/// "semi_auto", "sharding_propagation", "recursive_programming".
+constexpr std::string_view to_string(parallel_mode m) {
+    switch (m) {
+    case parallel_mode::semi_auto:
+        return "semi_auto";
+    case parallel_mode::sharding_propagation:
+        return "sharding_propagation";
+    case parallel_mode::recursive_programming:
+        return "recursive_programming";
+    }
+    return "unknown";
+}
+
+/// The mode called `name`, if it is one.
+constexpr std::optional<parallel_mode> parse_parallel_mode(std::string_view name) {
+    for (auto m : {parallel_mode::semi_auto, parallel_mode::sharding_propagation,
+                   parallel_mode::recursive_programming})
+        if (name == to_string(m))
+            return m;
+    return std::nullopt;
+}
+
+/// MindSpore's comm_fusion config dict: `openstate` and the fusion of each collective kind
+/// (unset: automatic). allreduce takes modes auto, size and index; allgather and
+/// reducescatter auto and size. A size threshold must be larger than 0 MB. openstate false
+/// turns fusion off (every tensor travels on its own).
+struct comm_fusion_options {
+    bool openstate = true;
+    std::optional<fusion_threshold> allreduce = std::nullopt;
+    std::optional<fusion_threshold> allgather = std::nullopt;
+    std::optional<fusion_threshold> reducescatter = std::nullopt;
+};
+
+/// MindSpore's pipeline(stages, output_broadcast, interleave, scheduler).
+struct pipeline_config {
+    int stages = 1;
+    bool output_broadcast = false;
+    bool interleave = false;
+    std::string scheduler = "1f1b";
+};
+
+/// The configuration of parallel training of `Model` (a parameter container) on a mesh (see
+/// the file comment). The model and the mesh must outlive it.
+template <parameter_container Model, mesh_type Mesh>
+class auto_parallel {
+public:
+    using model_type = Model;
+    using mesh_type = Mesh;
+
+    /// Configures `model` on `mesh` with `mode`. No communication.
+    auto_parallel(Model& model, const Mesh& mesh, parallel_mode mode = parallel_mode::semi_auto)
+        : model_(&model)
+        , mesh_(mesh)
+        , mode_(mode) {}
+
+    /// As above, the mode by MindSpore's name; an unknown name raises on every rank (one
+    /// agreement over the mesh).
+    auto_parallel(Model& model, const Mesh& mesh, std::string_view mode)
+        : model_(&model)
+        , mesh_(mesh) {
+        const auto m = parse_parallel_mode(mode);
+        agree(m ? std::nullopt
+                : std::optional<std::string>(
+                      "xshard: auto_parallel: parallel_mode must be one of semi_auto, "
+                      "sharding_propagation, recursive_programming, not '" +
+                      std::string(mode) + "'"));
+        mode_ = *m;
+    }
+
+    // --- MindSpore's methods ----------------------------------------------------------------
+
+    /// Fusion of the collectives (MindSpore's comm_fusion). Agreed over the mesh.
+    void comm_fusion(const comm_fusion_options& c) {
+        std::optional<std::string> problem;
+        const auto check = [&](const char* kind, const std::optional<fusion_threshold>& f,
+                               bool index_allowed) {
+            if (problem || !f)
+                return;
+            if (f->how == fusion_threshold::mode::index && !index_allowed)
+                problem = std::string("xshard: comm_fusion: ") + kind +
+                          " fusion takes modes auto and size, not index";
+            else if (f->how == fusion_threshold::mode::size && !(f->threshold_mib > 0))
+                problem = std::string("xshard: comm_fusion: the ") + kind +
+                          " fusion threshold must be larger than 0 MB, not " +
+                          std::to_string(f->threshold_mib);
+            else if (f->how == fusion_threshold::mode::index) {
+                std::size_t n = 0;
+                for_each_parameter(*model_, [&](const std::string&, const auto&) { ++n; });
+                if (auto p = f->problem(n))
+                    problem = *p;
+            }
+        };
+        check("allreduce", c.allreduce, true);
+        check("allgather", c.allgather, false);
+        check("reducescatter", c.reducescatter, false);
+        agree(problem);
+        const fusion_threshold off{fusion_threshold::mode::size, 0};
+        auto& f = gradients_.fusion;
+        f.allreduce = c.openstate ? c.allreduce.value_or(fusion_threshold{}) : off;
+        f.allgather = c.openstate ? c.allgather.value_or(fusion_threshold{}) : off;
+        f.reducescatter = c.openstate ? c.reducescatter.value_or(fusion_threshold{}) : off;
+    }
+
+    /// The dataset strategy by name: "data_parallel" or "full_batch". Agreed over the mesh.
+    void dataset_strategy(std::string_view config) {
+        std::optional<std::string> problem;
+        auto mode = xshard::dataset_strategy::data_parallel;
+        if (config == "full_batch")
+            mode = xshard::dataset_strategy::full_batch;
+        else if (config != "data_parallel")
+            problem = "xshard: dataset_strategy: the strategy must be 'full_batch' or "
+                      "'data_parallel', not '" +
+                      std::string(config) + "'";
+        agree(problem); // a failed call changes nothing on any rank
+        dataset_ = mode;
+        input_layouts_.clear();
+    }
+    /// The dataset strategy as one strategy (split counts) per input, e.g. {{2, 1}, {2}}:
+    /// each resolved against the mesh. An empty list (MindSpore's None) or a strategy that
+    /// fits no mesh axis raises on every rank.
+    void dataset_strategy(const std::vector<strategy>& config) {
+        std::optional<std::string> problem;
+        std::vector<layout> layouts;
+        if (config.empty())
+            problem = "xshard: dataset_strategy: the strategy is empty (MindSpore's None)";
+        for (const auto& s : config) {
+            if (problem)
+                break;
+            try {
+                layouts.push_back(resolve(s, mesh_.shape()));
+            } catch (const std::exception& e) {
+                problem = std::string("xshard: dataset_strategy: ") + e.what();
+            }
+        }
+        agree(problem);
+        input_layouts_ = std::move(layouts);
+        dataset_ = xshard::dataset_strategy::unset;
+    }
+    /// The dataset strategy as one layout per input (MindSpore's tuple of Layout): each must
+    /// name axes of the mesh. Agreed over the mesh.
+    void dataset_strategy(const std::vector<layout>& config) {
+        std::optional<std::string> problem;
+        if (config.empty())
+            problem = "xshard: dataset_strategy: the layouts are empty (MindSpore's None)";
+        for (const auto& l : config) {
+            if (problem)
+                break;
+            for (const auto& axes : l.dims)
+                for (const auto& a : axes)
+                    if (!problem && !mesh_.has_axis(a.view()))
+                        problem = "xshard: dataset_strategy: layout " + l.to_string() +
+                                  " names axis '" + std::string(a.view()) + "', which the mesh " +
+                                  mesh_.shape().to_string() + " lacks";
+        }
+        agree(problem);
+        input_layouts_ = config;
+        dataset_ = xshard::dataset_strategy::unset;
+    }
+
+    /// Optimizer sharding (MindSpore's hsdp). shard_size -1 or in (0, ranks]; threshold >= 0
+    /// KB; level1, level2 or level3 (level3 is recorded: compile() raises, not supported
+    /// yet). Agreed over the mesh.
+    void hsdp(const hsdp_options& o) {
+        std::optional<std::string> problem;
+        if (!(o.shard_size == -1 || o.shard_size > 0))
+            problem = "xshard: hsdp: shard_size must be a positive integer or -1, not " +
+                      std::to_string(o.shard_size);
+        else if (o.shard_size > mesh_.size())
+            problem = "xshard: hsdp: shard_size must be in (0, " + std::to_string(mesh_.size()) +
+                      "] (the device number) or -1, not " + std::to_string(o.shard_size);
+        else if (o.threshold < 0)
+            problem = "xshard: hsdp: threshold must be a positive integer or 0 (KB), not " +
+                      std::to_string(o.threshold);
+        else if (int(o.optimizer_level) < 1 || int(o.optimizer_level) > 3)
+            problem = "xshard: hsdp: optimizer_level must be one of level1, level2, level3";
+        agree(problem);
+        hsdp_ = o;
+    }
+    /// MindSpore's spelling: hsdp(shard_size=-1, threshold=64, optimizer_level="level1").
+    void hsdp(int shard_size = -1, std::int64_t threshold = 64,
+              std::string_view optimizer_level = "level1") {
+        const std::string_view name = optimizer_level;
+        std::optional<xshard::optimizer_level> level;
+        for (auto l : {xshard::optimizer_level::level1, xshard::optimizer_level::level2,
+                       xshard::optimizer_level::level3})
+            if (name == to_string(l))
+                level = l;
+        agree(level ? std::nullopt
+                    : std::optional<std::string>(
+                          "xshard: hsdp: optimizer_level must be one of level1, level2, "
+                          "level3, not '" +
+                          std::string(name) + "'"));
+        hsdp(hsdp_options{shard_size, threshold, *level});
+    }
+
+    /// Pipeline parallelism (MindSpore's pipeline). stages > 0 and dividing the mesh's ranks;
+    /// scheduler one of gpipe, 1f1b, interleaved, zero_bubble. Agreed over the mesh.
+    void pipeline(const pipeline_config& c) {
+        std::optional<std::string> problem;
+        if (c.stages <= 0)
+            problem = "xshard: pipeline: stages must be > 0, not " + std::to_string(c.stages);
+        else if (mesh_.size() % c.stages != 0)
+            problem = "xshard: pipeline: " + std::to_string(c.stages) +
+                      " stages do not divide the mesh's " + std::to_string(mesh_.size()) + " ranks";
+        else {
+            try {
+                (void)xshard::pipeline::parse_schedule(c.scheduler);
+            } catch (const std::exception& e) {
+                problem = std::string("xshard: pipeline: scheduler is not supported: ") + e.what();
+            }
+        }
+        agree(problem);
+        pipeline_ = c;
+    }
+    /// MindSpore's spelling: pipeline(stages=1, output_broadcast=false, interleave=false,
+    /// scheduler="1f1b").
+    void pipeline(int stages = 1, bool output_broadcast = false, bool interleave = false,
+                  std::string_view scheduler = "1f1b") {
+        pipeline(pipeline_config{stages, output_broadcast, interleave, std::string(scheduler)});
+    }
+
+    /// Averages the gradients over their copies after the all-reduce.
+    void enable_gradients_mean() { gradients_.mean = true; }
+    /// Reductions forced to float32 for 16-bit data (gradients' all-reduce included).
+    void enable_fp32_communication() { fp32_communication_ = true; }
+    /// 16-bit gradients all-reduced in their own type (unless enable_fp32_communication).
+    void disable_gradient_fp32_sync() { gradient_fp32_sync_ = false; }
+    /// Recorded (loss_repeated_mean()): xshard computes a replicated loss once, so its
+    /// gradient is never divided by a repetition count either way.
+    void disable_loss_repeated_mean() { loss_repeated_mean_ = false; }
+    /// Prints each rank's local gradient norms in report_local_norms.
+    void print_local_norm() { print_local_norm_ = true; }
+    /// Appends each rank's local norms to files in `directory` (created now, on every rank)
+    /// in report_local_norms, without printing. Agreed over the mesh.
+    void dump_local_norm(const std::string& directory) {
+        std::optional<std::string> problem;
+        if (directory.empty())
+            problem = "xshard: dump_local_norm: the directory is empty";
+        else {
+            std::error_code ec;
+            std::filesystem::create_directories(directory, ec);
+            if (ec)
+                problem = "xshard: dump_local_norm: cannot create " + directory + " on rank " +
+                          std::to_string(mesh_.rank()) + ": " + ec.message();
+        }
+        agree(problem);
+        dump_directory_ = directory;
+    }
+    /// Local norms on every rank (the "device" is the rank: as print_local_norm).
+    void enable_device_local_norm() { device_local_norm_ = true; }
+
+    /// Where compile() saves the parameters' strategies. Agreed over the mesh.
+    void save_param_strategy_file(const std::string& path) {
+        agree(path_problem("save_param_strategy_file", path, false));
+        save_param_strategy_ = path;
+    }
+    /// Where load_param_strategy() reads the parameters' strategies from. Agreed.
+    void load_param_strategy_file(const std::string& path) {
+        agree(path_problem("load_param_strategy_file", path, false));
+        load_param_strategy_ = path;
+    }
+    /// Where to save the operator strategies: an absolute path, and only with parallel_mode
+    /// sharding_propagation (whose engine, issue 17, writes it). Agreed over the mesh.
+    void save_operator_strategy_file(const std::string& path) {
+        agree(path_problem("save_operator_strategy_file", path, true));
+        save_operator_strategy_ = path;
+    }
+    /// Where to load the operator strategies from (as save_operator_strategy_file).
+    void load_operator_strategy_file(const std::string& path) {
+        agree(path_problem("load_operator_strategy_file", path, true));
+        load_operator_strategy_ = path;
+    }
+    /// Strategy files hold every parameter, not only the trainable ones.
+    void disable_strategy_file_only_for_trainable_params() { only_trainable_ = false; }
+    /// Where compile() saves the communication groups (auto/group_file.hpp). Agreed.
+    void set_group_ckpt_save_file(const std::string& path) {
+        agree(path_problem("set_group_ckpt_save_file", path, false));
+        group_file_ = path;
+    }
+    /// Deferred initialisation: recorded; compile() raises (not supported yet).
+    void no_init_parameters_in_compile() { no_init_ = true; }
+
+    // --- the configured pieces --------------------------------------------------------------
+
+    Model& model() const noexcept { return *model_; }
+    const Mesh& mesh() const noexcept { return mesh_; }
+    parallel_mode mode() const noexcept { return mode_; }
+
+    /// The options of gradient synchronisation (mean, fp32 communication, fusion).
+    xshard::gradient_options gradient_options() const {
+        auto o = gradients_;
+        o.fp32_communication = fp32_communication_ || gradient_fp32_sync_;
+        return o;
+    }
+    bool fp32_communication() const noexcept { return fp32_communication_; }
+    bool gradient_fp32_sync() const noexcept { return gradient_fp32_sync_; }
+    bool loss_repeated_mean() const noexcept { return loss_repeated_mean_; }
+
+    /// The hsdp options, when hsdp() was called.
+    const std::optional<hsdp_options>& hsdp_config() const noexcept { return hsdp_; }
+    /// Optimizer sharding of the model with the configured options and gradient options.
+    /// Collective over the mesh (xshard::hsdp's construction); throws on every rank when
+    /// hsdp() was not called or for level3 (not supported yet).
+    std::unique_ptr<xshard::hsdp<Model>> make_hsdp() const {
+        agree(hsdp_ ? std::nullopt
+                    : std::optional<std::string>(
+                          "xshard: auto_parallel: make_hsdp without hsdp() configured"));
+        return std::make_unique<xshard::hsdp<Model>>(*model_, *hsdp_, gradient_options());
+    }
+
+    const pipeline_config& pipeline_settings() const noexcept { return pipeline_; }
+    /// The pipeline runtime's options for `micro_batches` micro-batches and the module ->
+    /// stage assignment `stage_config` (MindSpore's Pipeline stage_config): the configured
+    /// scheduler, output_broadcast, and interleave as the interleaved schedule with two
+    /// virtual stages per rank. Throws for interleave with a scheduler other than 1f1b or
+    /// interleaved (not supported yet). No communication.
+    xshard::pipeline::pipeline_options
+    pipeline_options(int micro_batches, std::map<std::string, int> stage_config = {}) const {
+        if (auto p = pipeline_problem())
+            throw error(*p);
+        xshard::pipeline::pipeline_options o;
+        o.micro_batches = micro_batches;
+        o.scheduler = xshard::pipeline::parse_schedule(pipeline_.scheduler);
+        if (pipeline_.interleave) {
+            o.scheduler = xshard::pipeline::schedule_kind::interleaved;
+            o.virtual_stages = 2;
+        } else if (o.scheduler == xshard::pipeline::schedule_kind::interleaved) {
+            o.virtual_stages = 2;
+        }
+        o.stage_config = std::move(stage_config);
+        o.output_broadcast = pipeline_.output_broadcast;
+        return o;
+    }
+
+    /// The dataset strategy (data_parallel unless set; unset with per-input layouts).
+    xshard::dataset_strategy dataset_mode() const noexcept { return dataset_; }
+    /// The per-input layouts of a tuple dataset strategy (empty for a named one).
+    const std::vector<layout>& input_layouts() const noexcept { return input_layouts_; }
+    /// The mesh with the named dataset strategy, for shard() and the data loader.
+    Mesh dataset_mesh() const {
+        return dataset_ == xshard::dataset_strategy::unset ? mesh_
+                                                           : mesh_.with_dataset_strategy(dataset_);
+    }
+
+    /// Whether strategy files hold only the trainable parameters.
+    bool strategy_file_only_trainable() const noexcept { return only_trainable_; }
+    const std::string& param_strategy_save_path() const noexcept { return save_param_strategy_; }
+    const std::string& group_save_path() const noexcept { return group_file_; }
+    const std::string& operator_strategy_save_path() const noexcept {
+        return save_operator_strategy_;
+    }
+    const std::string& operator_strategy_load_path() const noexcept {
+        return load_operator_strategy_;
+    }
+    bool no_init_parameters() const noexcept { return no_init_; }
+    const std::string& local_norm_directory() const noexcept { return dump_directory_; }
+
+    /// The strategy file set by load_param_strategy_file, checked against the mesh. Throws
+    /// io_error on every rank for a missing, malformed or mismatched file (one agreement).
+    strategy_file load_param_strategy() const {
+        agree(load_param_strategy_.empty()
+                  ? std::optional<std::string>("xshard: load_param_strategy without "
+                                               "load_param_strategy_file")
+                  : std::nullopt);
+        return agreed<io_error>(mesh_.comm(), [&] {
+            auto f = load_strategy_file(load_param_strategy_);
+            f.check_mesh(mesh_.shape());
+            return f;
+        });
+    }
+
+    /// MindSpore's graph compilation: raises on every rank for a setting whose mechanism
+    /// xshard lacks (see the file comment), then saves the parameter strategy file and the
+    /// group file when set. Collective over the mesh.
+    void compile() const {
+        std::optional<std::string> problem;
+        if (mode_ != parallel_mode::semi_auto)
+            problem = "xshard: auto_parallel: parallel_mode " + std::string(to_string(mode_)) +
+                      " is not available yet (issue 17); use semi_auto";
+        else if (no_init_)
+            problem = "xshard: auto_parallel: no_init_parameters_in_compile (deferred "
+                      "initialisation) is not supported yet";
+        else if (hsdp_ && hsdp_->optimizer_level == optimizer_level::level3)
+            problem = "xshard: auto_parallel: hsdp optimizer_level level3 is not supported yet: "
+                      "use level1 or level2";
+        else
+            problem = pipeline_problem();
+        agree(problem);
+        if (!save_param_strategy_.empty())
+            save_strategy_file(save_param_strategy_, *model_, !only_trainable_, pipeline_.stages);
+        if (!group_file_.empty())
+            save_group_file(group_file_, mesh_);
+    }
+
+    /// After a step's gradient synchronisation: prints (print_local_norm,
+    /// enable_device_local_norm) to `out` and dumps (dump_local_norm) this rank's local norms
+    /// of `grads` at `step`. No communication.
+    template <parameter_container G>
+    void report_local_norms(const G& grads, long step, std::ostream& out = std::cout) const {
+        if (print_local_norm_ || device_local_norm_)
+            xshard::print_local_norm(grads, out);
+        if (!dump_directory_.empty())
+            xshard::dump_local_norm(grads, dump_directory_, step);
+    }
+    bool local_norm_enabled() const noexcept {
+        return print_local_norm_ || device_local_norm_ || !dump_directory_.empty();
+    }
+
+private:
+    void agree(const std::optional<std::string>& problem) const {
+        agree_on_error(mesh_.comm(), problem);
+    }
+
+    std::optional<std::string> path_problem(std::string_view method, const std::string& path,
+                                            bool operator_file) const {
+        const std::string m = "xshard: " + std::string(method);
+        if (path.empty())
+            return m + ": the path is empty";
+        if (operator_file && !std::filesystem::path(path).is_absolute())
+            return m + ": the path must be absolute, not '" + path + "'";
+        if (operator_file && mode_ != parallel_mode::sharding_propagation)
+            return m + " works only with parallel_mode sharding_propagation, not " +
+                   std::string(to_string(mode_));
+        return std::nullopt;
+    }
+
+    std::optional<std::string> pipeline_problem() const {
+        if (!pipeline_.interleave)
+            return std::nullopt;
+        const auto k = xshard::pipeline::parse_schedule(pipeline_.scheduler);
+        if (k != xshard::pipeline::schedule_kind::one_f_one_b &&
+            k != xshard::pipeline::schedule_kind::interleaved)
+            return "xshard: pipeline: interleave with scheduler " + pipeline_.scheduler +
+                   " is not supported yet (interleaving runs the 1f1b order)";
+        return std::nullopt;
+    }
+
+    Model* model_;
+    Mesh mesh_;
+    parallel_mode mode_ = parallel_mode::semi_auto;
+    xshard::gradient_options gradients_{};
+    bool fp32_communication_ = false;
+    bool gradient_fp32_sync_ = true;
+    bool loss_repeated_mean_ = true;
+    std::optional<hsdp_options> hsdp_;
+    pipeline_config pipeline_{};
+    xshard::dataset_strategy dataset_ = xshard::dataset_strategy::data_parallel;
+    std::vector<layout> input_layouts_;
+    bool print_local_norm_ = false;
+    bool device_local_norm_ = false;
+    std::string dump_directory_;
+    std::string save_param_strategy_, load_param_strategy_;
+    std::string save_operator_strategy_, load_operator_strategy_;
+    bool only_trainable_ = true;
+    std::string group_file_;
+    bool no_init_ = false;
+};
+
+} // namespace xshard
