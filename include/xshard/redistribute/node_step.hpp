@@ -95,13 +95,7 @@ public:
     /// An exchange-like step: this rank's input block at `in`, output block at `out`.
     /// Returns the bytes peers read from this rank's window.
     std::size_t exchange(const step_geometry<N>& geo, const T* in, T* out) {
-        T* mine = staging(me_);
-        std::size_t sent = 0;
-        for (const auto& [peer, region] : geo.sends) {
-            detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, mine,
-                                geo.in_block.extent, geo.in_block.offset, region);
-            sent += region.size() * sizeof(T);
-        }
+        const std::size_t sent = stage(geo, in);
         // The block this rank keeps, while slower peers still stage.
         detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, out, geo.out_block.extent,
                             geo.out_block.offset, geo.kept);
@@ -119,13 +113,7 @@ public:
     /// its own term read from `in` and every peer's from the peer's window, in one pass
     /// over `out` (cache-sized chunks). Returns the bytes peers read from this rank.
     std::size_t reduce_scatter(const step_geometry<N>& geo, const T* in, T* out, reduction op) {
-        T* mine = staging(me_);
-        std::size_t sent = 0;
-        for (const auto& [peer, region] : geo.sends) {
-            detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, mine,
-                                geo.in_block.extent, geo.in_block.offset, region);
-            sent += region.size() * sizeof(T);
-        }
+        const std::size_t sent = stage(geo, in);
         barrier_.arrive_and_wait();
         // Every member's input block is the same block (of a pending sum), so a run sits at
         // the same offset in `in` and in every window.
@@ -158,6 +146,19 @@ public:
     }
 
 private:
+    /// Copies the parts of this rank's input block (at `in`) that peers read into this
+    /// rank's window, at the offsets they have in the block. Returns their bytes.
+    std::size_t stage(const step_geometry<N>& geo, const T* in) {
+        T* mine = staging(me_);
+        std::size_t sent = 0;
+        for (const auto& [peer, region] : geo.sends) {
+            detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, mine,
+                                geo.in_block.extent, geo.in_block.offset, region);
+            sent += region.size() * sizeof(T);
+        }
+        return sent;
+    }
+
     /// Elements reduced at a time: the partial result stays in cache while each peer's term
     /// is added.
     static constexpr std::size_t chunk = 4096;
