@@ -5,6 +5,9 @@
 // precision; global tensors of 64 MiB and 512 MiB; run on 2 ranks:
 //
 //   mpirun -n 2 build/benchmarks/bench_redistribute [--reps N] [--filter name] [--quick]
+//
+// The shared-memory path of steps among ranks of one node is opt-in (reduce_tuning);
+// `mpirun -x XSHARD_BENCH_SHARED_MEMORY=1 ...` measures the cases through it.
 
 #include "harness.hpp"
 
@@ -94,6 +97,16 @@ std::size_t moved_bytes(int p, int me, std::size_t R, std::size_t C) {
     return (R - block_extent(R, P, r)) * block_extent(C, P, r) * sizeof(double);
 }
 
+/// The plans' tuning: the shared-memory path from 1 MiB on when XSHARD_BENCH_SHARED_MEMORY=1
+/// (mpirun -x gives every rank the same value), else the default.
+xshard::reduce_tuning bench_tuning() {
+    const char* v = std::getenv("XSHARD_BENCH_SHARED_MEMORY");
+    xshard::reduce_tuning t;
+    if (v && std::string(v) == "1")
+        t.shared_memory_min_bytes = std::size_t(1) << 20;
+    return t;
+}
+
 template <xshard::layout From, xshard::layout To>
 struct case_tensors {
     xshard::dtensor<double, mesh_1d, From> src;
@@ -102,7 +115,7 @@ struct case_tensors {
 
     case_tensors(const mesh_1d& m, std::array<std::size_t, From.rank()> shape)
         : src(xshard::full<double, From>(m, shape, 1.0))
-        , plan(src)
+        , plan(src, To, {}, bench_tuning())
         , dst(plan(src)) {}
     void run() { plan.execute_unchecked(src, dst); }
     const double* in() const { return src.local().data(); }

@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <type_traits>
@@ -48,9 +49,12 @@ struct reduce_tuning {
     std::size_t chunk_bytes = std::size_t(256) << 10;
     /// Plans run a step among ranks that share one node through shared-memory windows
     /// (redistribute/node_step.hpp) when the tensor has at least this many bytes (every
-    /// member decides alike from the global shape); SIZE_MAX keeps every step on MPI. The
-    /// environment variable XSHARD_SHARED_MEMORY=0 turns the transport off as well.
-    std::size_t shared_memory_min_bytes = std::size_t(1) << 20;
+    /// member decides alike from the global shape); SIZE_MAX (the default) keeps every step
+    /// on MPI. Opt-in because, while shards live in private memory, the window path copies
+    /// each byte twice: on the idle development machine Open MPI's single-copy transport
+    /// was faster for exchanges and as fast for reduce-scatters (README, "Performance on
+    /// one node"). The environment variable XSHARD_SHARED_MEMORY=0 turns it off everywhere.
+    std::size_t shared_memory_min_bytes = SIZE_MAX;
     /// Whether all-reduces take the shared-memory path too (node_reduce.hpp). Off by
     /// default: on the development machine it measured no faster than the pairwise
     /// messages for one 64 MiB all-reduce (Open MPI's CMA is a single copy for contiguous
