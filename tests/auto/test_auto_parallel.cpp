@@ -16,6 +16,7 @@
 
 #include "expect_error.hpp"
 #include "mpi_test.hpp"
+#include "small_mlp.hpp"
 
 #include <gtest/gtest.h>
 #include <xtensor/xrandom.hpp>
@@ -35,16 +36,13 @@ using xshard::layout;
 using xshard::testing::expect_error;
 using xshard::testing::where;
 using xshard::testing::world;
-using mesh_t = xshard::mesh<"dp", "tp">;
+using mesh_t = xshard::testing::mlp_mesh;
 
-constexpr std::size_t features = 12, hidden = 16, rows = 24;
+using xshard::testing::mlp_features, xshard::testing::mlp_hidden, xshard::testing::mlp_rows;
+constexpr std::size_t features = mlp_features, hidden = mlp_hidden, rows = mlp_rows;
+using model_t = xshard::testing::small_mlp_type;
 
-auto make_model(const mesh_t& m) {
-    return nn::sequential(nn::column_parallel_linear<double, mesh_t>(m, features, hidden, 1),
-                          nn::gelu_activation<double, mesh_t>(m),
-                          nn::row_parallel_linear<double, mesh_t>(m, hidden, features, 2));
-}
-using model_t = decltype(make_model(std::declval<const mesh_t&>()));
+auto make_model(const mesh_t& m) { return xshard::testing::small_mlp(m); }
 using config_t = xshard::auto_parallel<model_t, mesh_t>;
 
 /// The (dp, tp) mesh of the world: tp = 2 when the world size is even and above 2.

@@ -16,6 +16,7 @@
 
 #include "expect_error.hpp"
 #include "mpi_test.hpp"
+#include "small_mlp.hpp"
 
 #include <gtest/gtest.h>
 #include <xtensor/xrandom.hpp>
@@ -37,7 +38,7 @@ using xshard::optimizer_level;
 using xshard::testing::expect_error;
 using xshard::testing::where;
 using xshard::testing::world;
-using mesh_t = xshard::mesh<"dp", "tp">;
+using mesh_t = xshard::testing::mlp_mesh;
 
 // --- options and layouts --------------------------------------------------------------------
 
@@ -92,14 +93,11 @@ TEST(hsdp_layouts, the_data_parallel_axes_join_a_dimension) {
 
 // --- trajectories ---------------------------------------------------------------------------
 
-constexpr std::size_t features = 12, hidden = 16, rows = 24;
+using xshard::testing::mlp_features, xshard::testing::mlp_hidden, xshard::testing::mlp_rows;
+constexpr std::size_t features = mlp_features, hidden = mlp_hidden, rows = mlp_rows;
+using model_t = xshard::testing::small_mlp_type;
 
-auto make_model(const mesh_t& m) {
-    return nn::sequential(nn::column_parallel_linear<double, mesh_t>(m, features, hidden, 1),
-                          nn::gelu_activation<double, mesh_t>(m),
-                          nn::row_parallel_linear<double, mesh_t>(m, hidden, features, 2));
-}
-using model_t = decltype(make_model(std::declval<const mesh_t&>()));
+auto make_model(const mesh_t& m) { return xshard::testing::small_mlp(m); }
 
 /// A run's record: the losses and the final weights (gathered).
 struct record {
