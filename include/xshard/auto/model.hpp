@@ -1,37 +1,63 @@
 #pragma once
 /// \file
 /// The training driver, MindSpore's `Model(network, loss_fn, optimizer).train(epoch,
-/// train_dataset, callbacks)`, over an `auto_parallel` configuration:
+/// train_dataset, callbacks)` and `Model.eval(valid_dataset)`, over an `auto_parallel`
+/// configuration:
 ///
 ///     xshard::auto_parallel net(model, mesh);
 ///     net.hsdp();
 ///     xshard::model trainer(net, loss, optimizer);
-///     trainer.train(2, loader, {xshard::callbacks::loss_monitor(1)});
+///     trainer.train(2, loader, {xshard::callbacks::loss_monitor(1),
+///                               xshard::callbacks::model_checkpoint({.save_checkpoint_steps = 4,
+///                                                                    .directory = "ckpt"})});
+///     const auto metrics = trainer.eval(held_out);       // loss and accuracy
 ///
 /// Each step is the manual loop's: forward, loss, backward, gradient synchronisation as
 /// configured (xshard::hsdp when hsdp() was called, else a kept gradient_synchronizer with
 /// the configured mean, fp32 communication and fusion), the local norms when configured, the
 /// optimizer step (on the shards, then the all-gather, under hsdp), zero_grad. The driver adds
-/// no collective of its own. Not there yet: pipeline stages > 1 (raises), eval, a checkpoint
-/// callback.
+/// no collective of its own to a step.
+///
+/// With `pipeline(stages > 1)` the configuration's mesh holds the stages on an axis
+/// (`model_options::pipeline_axis`, "pp", of size `stages`) and the model lives on the stage
+/// mesh (the other axes, pipeline::stage_mesh_of). The driver then runs each step through
+/// `xshard::pipeline::pipeline` (MindSpore's `Pipeline(net, micro_size, stage_config)`: the
+/// micro-batches and stage_config of `model_options`), reduces the gradients over each
+/// stage's data-parallel copies (PipelineGradReducer; under hsdp the stage's optimizer
+/// sharding) and updates the stage's own parameters; the loss is broadcast over the
+/// pipeline axis so that every rank's callbacks see it.
 
 #include <xshard/auto/auto_parallel.hpp>
 #include <xshard/comm/agree.hpp>
+#include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
+#include <xshard/io/checkpoint.hpp>
 #include <xshard/param/traversal.hpp>
+#include <xshard/pipeline/pipeline.hpp>
+#include <xshard/redistribute/redistribute.hpp>
 #include <xshard/train/gradients.hpp>
+#include <xshard/train/hsdp.hpp>
 #include <xshard/train/monitor.hpp>
 
+#include <xtensor/xsort.hpp>
+#include <xtensor/xview.hpp>
+
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ranges>
+#include <span>
 #include <string>
 #include <type_traits>
+#include <typeindex>
 #include <utility>
 #include <vector>
 
@@ -42,14 +68,18 @@ struct train_begin_info {
     const communicator* comm;    ///< the mesh's communicator
     std::size_t epochs;          ///< epochs of the run
     std::size_t steps_per_epoch; ///< 0 when the dataset's epochs are not sized
+    /// Saves the parameters and the optimizer's state as an integrated checkpoint at `path`
+    /// (io/checkpoint.hpp) with step `step`. Collective over the mesh.
+    std::function<void(const std::string& path, std::int64_t step)> save_checkpoint = {};
 };
 
 /// What the driver tells its callbacks after each step.
 struct step_info {
-    std::size_t epoch;   ///< from 0
-    std::size_t step;    ///< in the epoch, from 0
-    double loss;         ///< the step's loss (the same on every rank)
-    std::size_t samples; ///< the global batch's samples (0 when unknown)
+    std::size_t epoch;            ///< from 0
+    std::size_t step;             ///< in the epoch, from 0
+    double loss;                  ///< the step's loss (the same on every rank)
+    std::size_t samples;          ///< the global batch's samples (0 when unknown)
+    std::int64_t global_step = 0; ///< steps trained so far, this one included
 };
 
 /// A training callback (MindSpore's Callback): any of the three may be empty.
@@ -59,12 +89,25 @@ struct callback {
     std::function<void(std::size_t epoch)> on_epoch_end = {};
 };
 
+/// MindSpore's CheckpointConfig with ModelCheckpoint's prefix and directory.
+struct checkpoint_config {
+    /// Save after every this many steps (counted over the whole training, resumed included).
+    std::size_t save_checkpoint_steps = 1;
+    /// Keep the newest this many checkpoints of this run, removing older ones; 0 keeps all.
+    std::size_t keep_checkpoint_max = 5;
+    /// Files are `<directory>/<prefix>-<epoch>_<step>.safetensors` (epoch from 1, step the
+    /// global step), as MindSpore's `<prefix>-<epoch>_<step>.ckpt`.
+    std::string prefix = "checkpoint";
+    std::string directory = ".";
+};
+
 namespace callbacks {
 
 /// MindSpore's LossMonitor(per_print_times): a `loss_monitor` (train/monitor.hpp) reporting
-/// every `per_print_times` steps on rank 0 to `out` (0 raises, on every rank alike). No
-/// communication.
-inline callback loss_monitor(std::size_t per_print_times = 1, monitor_output out = stdout) {
+/// every `per_print_times` steps on rank 0 to `out` with `precision` significant digits (0
+/// raises, on every rank alike). No communication.
+inline callback loss_monitor(std::size_t per_print_times = 1, monitor_output out = stdout,
+                             int precision = 6) {
     if (per_print_times == 0)
         throw error("xshard: loss_monitor: per_print_times must be a positive integer, not 0");
     auto monitor = std::make_shared<std::optional<xshard::loss_monitor>>();
@@ -74,7 +117,8 @@ inline callback loss_monitor(std::size_t per_print_times = 1, monitor_output out
                                      loss_monitor_options{.steps_per_epoch = t.steps_per_epoch,
                                                           .epochs = t.epochs,
                                                           .print_every = per_print_times,
-                                                          .out = out});
+                                                          .out = out,
+                                                          .precision = precision});
                 },
             .on_step = [=](const step_info& s) { (*monitor)->step(s.loss, s.samples); },
             .on_epoch_end =
@@ -83,7 +127,80 @@ inline callback loss_monitor(std::size_t per_print_times = 1, monitor_output out
                 }};
 }
 
+/// MindSpore's ModelCheckpoint(prefix, directory, config): saves the parameters and the
+/// optimizer's state (an integrated checkpoint, loadable into any strategy, mesh or world
+/// size with `model::load_checkpoint`) after every `save_checkpoint_steps` steps and keeps the
+/// newest `keep_checkpoint_max`. A step of 0 or an empty prefix or directory raises (on every
+/// rank alike). Each save is collective over the mesh (io/checkpoint.hpp's costs); creating
+/// the directory and removing an old checkpoint are agreed (a failure raises everywhere).
+inline callback model_checkpoint(checkpoint_config config = {}) {
+    if (config.save_checkpoint_steps == 0)
+        throw error("xshard: model_checkpoint: save_checkpoint_steps must be a positive "
+                    "integer, not 0");
+    if (config.prefix.empty() || config.directory.empty())
+        throw error("xshard: model_checkpoint: the prefix and the directory must not be empty");
+    struct state {
+        checkpoint_config config;
+        train_begin_info begin{};
+        std::deque<std::string> saved{};
+    };
+    auto s = std::make_shared<state>(state{std::move(config), {}, {}});
+    return {.on_train_begin =
+                [s](const train_begin_info& t) {
+                    s->begin = t;
+                    agreed<io_error>(*t.comm, [&] {
+                        std::error_code ec;
+                        std::filesystem::create_directories(s->config.directory, ec);
+                        if (ec)
+                            throw io_error("xshard: model_checkpoint: cannot create " +
+                                           s->config.directory + " on rank " +
+                                           std::to_string(t.comm->rank()) + ": " + ec.message());
+                    });
+                },
+            .on_step =
+                [s](const step_info& i) {
+                    if (i.global_step % std::int64_t(s->config.save_checkpoint_steps) != 0)
+                        return;
+                    const std::string path = s->config.directory + "/" + s->config.prefix + "-" +
+                                             std::to_string(i.epoch + 1) + "_" +
+                                             std::to_string(i.global_step) + ".safetensors";
+                    s->begin.save_checkpoint(path, i.global_step);
+                    s->saved.push_back(path);
+                    if (s->config.keep_checkpoint_max == 0 ||
+                        s->saved.size() <= s->config.keep_checkpoint_max)
+                        return;
+                    const std::string old = s->saved.front();
+                    s->saved.pop_front();
+                    const auto& comm = *s->begin.comm;
+                    agreed<io_error>(comm, [&] {
+                        std::error_code ec;
+                        if (comm.rank() == 0 && !std::filesystem::remove(old, ec) && ec)
+                            throw io_error("xshard: model_checkpoint: cannot remove " + old +
+                                           ": " + ec.message());
+                    });
+                }};
+}
+
 } // namespace callbacks
+
+/// What `model::eval` measured: MindSpore's metrics {"loss", "accuracy"}.
+struct eval_result {
+    double loss = 0;         ///< mean loss over the samples
+    double accuracy = 0;     ///< share of samples whose largest logit is their label's
+    std::size_t samples = 0; ///< samples evaluated
+};
+
+/// The options of the driver that belong to MindSpore's `Pipeline(net, micro_size,
+/// stage_config)` cell: used only with `pipeline(stages > 1)`.
+struct model_options {
+    /// Micro-batches per step (MindSpore's micro_size).
+    int micro_batches = 1;
+    /// Module name -> stage (MindSpore's stage_config, without the "_backbone." prefix);
+    /// empty: balanced by parameters.
+    std::map<std::string, int> stage_config = {};
+    /// The mesh axis that holds the stages.
+    std::string pipeline_axis = "pp";
+};
 
 /// An auto_parallel configuration (auto/auto_parallel.hpp).
 template <class P>
@@ -95,30 +212,73 @@ concept auto_parallel_configuration = requires(P& p) {
     p.hsdp_config();
 };
 
+namespace detail {
+
+/// The samples among `logits` (rows x classes) whose largest logit is at their label, over
+/// the mesh: the classes are all-gathered over the axes that split them (a redistribution;
+/// nothing when they are whole), each row is counted by one rank of the ranks that hold it,
+/// and the counts are summed (one all-reduce of one integer).
+template <distributed_tensor L, distributed_tensor Y>
+std::int64_t correct_predictions(const L& logits, const Y& labels) {
+    layout whole = logits.layout();
+    whole.dims[1] = {};
+    whole.partial = {};
+    const auto rows = redistribute<dynamic_layout(2)>(logits, whole);
+    const auto& mesh = rows.mesh();
+    const auto& ms = mesh.shape();
+    std::array<std::int64_t, 1> right{0};
+    if (ms.group_rank(mesh.rank(), ms.all_axes() - whole.split_axes(0, ms)) == 0) {
+        const auto& x = rows.local();
+        const auto& y = labels.local();
+        for (std::size_t i = 0; i < x.shape()[0]; ++i)
+            right[0] += std::int64_t(xt::argmax(xt::row(x, std::ptrdiff_t(i)))()) ==
+                        std::int64_t(y(i));
+    }
+    allreduce(mesh.comm(), std::span(right), reduction::sum);
+    return right[0];
+}
+
+} // namespace detail
+
 /// The training driver (see the file comment). `net`, `loss` and `optimizer` must outlive it;
-/// `loss` has `forward(prediction, labels) -> double` (the global loss) and `backward()`,
-/// the model `forward(x)` and `backward(dy)`. Construction calls `net.compile()` (collective:
-/// raises on every rank for what is not supported) and plans the gradient synchronisation.
+/// `loss` has `forward(prediction, labels) -> double` (the global loss) and `backward()`
+/// (`backward(scale)` under a pipeline), the model `forward(x)` and `backward(dy)`.
+/// Construction calls `net.compile()` (collective: raises on every rank for what is not
+/// supported) and plans the gradient synchronisation.
 template <auto_parallel_configuration Parallel, class Loss, class Optimizer>
 class model {
 public:
     using network_type = std::remove_cvref_t<decltype(std::declval<Parallel&>().model())>;
 
-    model(Parallel& net, Loss& loss, Optimizer& optimizer)
+    model(Parallel& net, Loss& loss, Optimizer& optimizer, model_options options = {})
         : net_(&net)
         , loss_(&loss)
         , optimizer_(&optimizer)
+        , options_(std::move(options))
         , grads_{net.model()} {
         net.compile();
-        agree_on_error(net.mesh().comm(),
-                       net.pipeline_settings().stages > 1
-                           ? std::optional<std::string>(
-                                 "xshard: model: the driver does not run pipeline stages yet "
-                                 "(pipeline(" +
-                                 std::to_string(net.pipeline_settings().stages) +
-                                 ")): use xshard::pipeline::pipeline with "
-                                 "net.pipeline_options(...)")
-                           : std::nullopt);
+        const int stages = net.pipeline_settings().stages;
+        std::optional<std::string> problem;
+        if (stages > 1) {
+            const auto& ms = net.mesh().shape();
+            std::size_t a = ms.ndim();
+            for (std::size_t i = 0; i < ms.ndim(); ++i)
+                if (ms.names[i].view() == options_.pipeline_axis)
+                    a = i;
+            if (a == ms.ndim())
+                problem = "xshard: model: pipeline(" + std::to_string(stages) +
+                          ") needs a mesh axis '" + options_.pipeline_axis +
+                          "' for the stages; the mesh is " + ms.to_string();
+            else if (ms.sizes[a] != stages)
+                problem = "xshard: model: pipeline(" + std::to_string(stages) + ") on axis '" +
+                          options_.pipeline_axis + "' of " + std::to_string(ms.sizes[a]) +
+                          " ranks: the axis must have one rank per stage";
+            else
+                pipeline_axis_ = a;
+        }
+        agree_on_error(net.mesh().comm(), problem);
+        if (pipelined())
+            return; // the pipeline is made at the first step, from the batch's type
         if (net.hsdp_config())
             sharding_ = net.make_hsdp();
         else
@@ -127,9 +287,14 @@ public:
     model(const model&) = delete;
     model& operator=(const model&) = delete;
 
+    /// Whether steps run through a pipeline (pipeline(stages > 1)).
+    bool pipelined() const noexcept { return net_->pipeline_settings().stages > 1; }
+
     /// One training step on the batch (x, y); returns its loss. Collective over the mesh.
     template <class X, class Y>
     double train_step(const X& x, const Y& y) {
+        if (pipelined())
+            return pipeline_step(x, y);
         auto& net = net_->model();
         const double l = loss_->forward(net.forward(x), y);
         net.backward(loss_->backward());
@@ -151,28 +316,27 @@ public:
         return l;
     }
 
-    /// `epochs` epochs over `dataset`: an object with `epoch(e)` giving epoch e's batches (a
-    /// data::loader), or a range of batches read again every epoch; each batch destructures
-    /// into (x, y). Returns every step's loss. Collective over the mesh.
+    /// Epochs `initial_epoch` .. `epochs` - 1 over `dataset` (MindSpore's initial_epoch, for
+    /// a resumed run): an object with `epoch(e)` giving epoch e's batches (a data::loader),
+    /// or a range of batches read again every epoch; each batch destructures into (x, y).
+    /// Returns every step's loss. Collective over the mesh.
     template <class Dataset>
     std::vector<double> train(std::size_t epochs, Dataset&& dataset,
-                              std::vector<callback> callbacks = {}) {
-        const auto batches = [&](std::size_t e) -> decltype(auto) {
-            if constexpr (requires { dataset.epoch(std::uint64_t(e)); })
-                return dataset.epoch(std::uint64_t(e));
-            else
-                return (dataset);
-        };
+                              std::vector<callback> callbacks = {},
+                              std::size_t initial_epoch = 0) {
         std::size_t steps_per_epoch = 0;
-        if constexpr (requires { std::ranges::size(batches(0)); })
-            steps_per_epoch = std::size_t(std::ranges::size(batches(0)));
+        if constexpr (requires { std::ranges::size(batches_of(dataset, 0)); })
+            steps_per_epoch = std::size_t(std::ranges::size(batches_of(dataset, 0)));
+        const train_begin_info begin{
+            &net_->mesh().comm(), epochs, steps_per_epoch,
+            [this](const std::string& path, std::int64_t step) { save_checkpoint(path, step); }};
         for (auto& c : callbacks)
             if (c.on_train_begin)
-                c.on_train_begin({&net_->mesh().comm(), epochs, steps_per_epoch});
+                c.on_train_begin(begin);
         std::vector<double> losses;
-        for (std::size_t e = 0; e < epochs; ++e) {
+        for (std::size_t e = initial_epoch; e < epochs; ++e) {
             std::size_t s = 0;
-            for (auto&& batch : batches(e)) {
+            for (auto&& batch : batches_of(dataset, e)) {
                 auto&& [x, y] = batch;
                 const double l = train_step(x, y);
                 losses.push_back(l);
@@ -181,7 +345,7 @@ public:
                     samples = std::size_t(x.shape()[0]);
                 for (auto& c : callbacks)
                     if (c.on_step)
-                        c.on_step({e, s, l, samples});
+                        c.on_step({e, s, l, samples, std::int64_t(steps_)});
                 ++s;
             }
             for (auto& c : callbacks)
@@ -191,16 +355,198 @@ public:
         return losses;
     }
 
-    /// The optimizer sharding in use (null without hsdp()).
+    /// MindSpore's Model.eval with metrics {"loss", "accuracy"}: the model's forward pass and
+    /// the loss over every batch of `dataset` (its epoch 0 for a loader; batches of any size,
+    /// uneven ones included), the loss averaged over the samples, the accuracy counted as in
+    /// detail::correct_predictions. Under a pipeline, each stage's current weights are first
+    /// broadcast over the pipeline axis (the model's weights once per call) and every stage
+    /// evaluates the whole chain on its stage mesh. Collective over the mesh.
+    template <class Dataset>
+    eval_result eval(Dataset&& dataset) {
+        if (stage_)
+            stage_->share_weights();
+        auto& net = net_->model();
+        double loss_sum = 0;
+        std::int64_t right = 0;
+        std::size_t samples = 0;
+        for (auto&& batch : batches_of(dataset, 0)) {
+            auto&& [x, y] = batch;
+            const auto logits = net.forward(x);
+            const std::size_t rows = std::size_t(x.shape()[0]);
+            loss_sum += double(loss_->forward(logits, y)) * double(rows);
+            right += detail::correct_predictions(logits, y);
+            samples += rows;
+        }
+        eval_result r;
+        r.samples = samples;
+        if (samples > 0) {
+            r.loss = loss_sum / double(samples);
+            r.accuracy = double(right) / double(samples);
+        }
+        return r;
+    }
+
+    /// Saves the parameters (all of them after disable_strategy_file_only_for_trainable_params,
+    /// else the trainable ones) and the optimizer's state as an integrated checkpoint at
+    /// `path` with `step` (io/checkpoint.hpp). Collective over the mesh. Not yet under a
+    /// pipeline (raises on every rank): each stage would write its own part.
+    void save_checkpoint(const std::string& path, std::int64_t step) {
+        agree_on_error(net_->mesh().comm(), pipeline_checkpoint_problem());
+        auto& net = net_->model();
+        const checkpoint_options o{.all_parameters = !net_->strategy_file_only_trainable(),
+                                   .step = step};
+        if constexpr (requires { optimizer_->state_of(net); })
+            xshard::save_checkpoint(path, net, o, optimizer_->state_of(net));
+        else
+            xshard::save_checkpoint(path, net, o);
+    }
+
+    /// Loads a checkpoint saved by `save_checkpoint` (or model_checkpoint), on any mesh, world
+    /// size, layout or hsdp level, into the parameters and the optimizer's state, and resumes
+    /// the step count from it (the optimizer's too). Collective over the mesh; a missing or
+    /// damaged file raises io_error on every rank and leaves the model as it was.
+    checkpoint_info load_checkpoint(const std::string& path) {
+        agree_on_error(net_->mesh().comm(), pipeline_checkpoint_problem());
+        auto& net = net_->model();
+        const bool all = !net_->strategy_file_only_trainable();
+        checkpoint_info info;
+        if constexpr (requires { optimizer_->state_of(net); }) {
+            info = xshard::load_checkpoint(path, net, optimizer_->state_of(net), all);
+            if constexpr (requires { optimizer_->set_steps(info.step); })
+                optimizer_->set_steps(info.step);
+        } else {
+            info = xshard::load_checkpoint(path, net, std::tuple<>{}, all);
+        }
+        steps_ = std::size_t(info.step);
+        return info;
+    }
+
+    /// Steps trained so far (resumed ones included).
+    std::size_t steps() const noexcept { return steps_; }
+
+    /// The optimizer sharding in use (null without hsdp() or under a pipeline).
     auto* sharding() const noexcept { return sharding_.get(); }
 
 private:
+    template <class Dataset>
+    static decltype(auto) batches_of(Dataset& dataset, std::size_t e) {
+        if constexpr (requires { dataset.epoch(std::uint64_t(e)); })
+            return dataset.epoch(std::uint64_t(e));
+        else
+            return (dataset);
+    }
+
+    std::optional<std::string> pipeline_checkpoint_problem() const {
+        if (!pipelined())
+            return std::nullopt;
+        return "xshard: model: checkpoints of a pipelined model (pipeline(" +
+               std::to_string(net_->pipeline_settings().stages) +
+               ")) are not supported by the driver yet: save each stage's "
+               "pipeline.local_parameters()";
+    }
+
+    /// The pipeline, its optimizer sharding and this rank's stage, type-erased over the
+    /// batch's types (known at the first step).
+    struct stage_runner {
+        std::type_index x_type = typeid(void), y_type = typeid(void);
+        virtual ~stage_runner() = default;
+        virtual double step(const void* x, const void* y) = 0;
+        virtual void finish_step(long step) = 0;
+        virtual void share_weights() = 0;
+    };
+
+    template <class X, class Y>
+    struct stage_runner_of final : stage_runner {
+        using pipe_type = xshard::pipeline::pipeline<network_type, X>;
+        using local_type = std::remove_reference_t<
+            decltype(std::declval<pipe_type&>().local_parameters())>;
+
+        stage_runner_of(model& m, const X& x)
+            : self(&m)
+            , pipe(m.net_->mesh(), m.options_.pipeline_axis, x.mesh(), m.net_->model(),
+                   options_of(m)) {
+            this->x_type = typeid(X);
+            this->y_type = typeid(Y);
+            if (m.net_->hsdp_config())
+                sharding = std::make_unique<xshard::hsdp<local_type>>(
+                    pipe.local_parameters(), *m.net_->hsdp_config(), m.net_->gradient_options());
+        }
+
+        static xshard::pipeline::pipeline_options options_of(const model& m) {
+            auto o = m.net_->pipeline_options(m.options_.micro_batches, m.options_.stage_config);
+            o.output_broadcast = true; // every rank's callbacks see the loss
+            return o;
+        }
+
+        double step(const void* x, const void* y) override {
+            return double(pipe.step(*static_cast<const X*>(x), *static_cast<const Y*>(y),
+                                    *self->loss_));
+        }
+
+        void finish_step(long step) override {
+            const auto& net = *self->net_;
+            auto& local = pipe.local_parameters();
+            if (sharding) {
+                sharding->synchronize_gradients();
+                if (net.local_norm_enabled()) {
+                    auto g = sharding->gradients();
+                    net.report_local_norms(g, step);
+                }
+                sharding->step(*self->optimizer_);
+            } else {
+                pipe.synchronize_gradients(net.gradient_options());
+                if (net.local_norm_enabled()) {
+                    gradients_of<local_type> g{local};
+                    net.report_local_norms(g, step);
+                }
+                self->optimizer_->step(local);
+            }
+            pipe.zero_grad();
+        }
+
+        void share_weights() override {
+            const auto& mesh = self->net_->mesh();
+            const communicator& along = mesh.sub(axis_set::of(self->pipeline_axis_));
+            std::map<std::string, int> owner;
+            for (const auto& [name, s] : pipe.stages())
+                owner[name] = pipe.config().rank_of_stage(s);
+            visit_parameters(self->net_->model(), [&](std::string_view name, auto& child) {
+                const auto it = owner.find(std::string(name));
+                if (it == owner.end())
+                    return;
+                for_each_weight(child, [&](const std::string&, auto& w) {
+                    mpi::bcast(along, w.value.local(), it->second);
+                });
+            });
+        }
+
+        model* self;
+        pipe_type pipe;
+        std::unique_ptr<xshard::hsdp<local_type>> sharding;
+    };
+
+    template <class X, class Y>
+    double pipeline_step(const X& x, const Y& y) {
+        if (!stage_)
+            stage_ = std::make_unique<stage_runner_of<X, Y>>(*this, x); // collective
+        else if (stage_->x_type != typeid(X) || stage_->y_type != typeid(Y))
+            throw error("xshard: model: a pipelined model's batches must keep their types "
+                        "from one step to the next"); // the same on every rank
+        const double l = stage_->step(&x, &y);
+        stage_->finish_step(long(steps_));
+        ++steps_;
+        return l;
+    }
+
     Parallel* net_;
     Loss* loss_;
     Optimizer* optimizer_;
+    model_options options_;
     gradients_of<network_type> grads_;
     std::unique_ptr<xshard::hsdp<network_type>> sharding_;
     std::optional<gradient_synchronizer> sync_;
+    std::unique_ptr<stage_runner> stage_;
+    std::size_t pipeline_axis_ = 0;
     std::size_t steps_ = 0;
 };
 

@@ -1,0 +1,235 @@
+// MindSpore's AutoParallel example (seed 001) in C++: the network flatten -> MatMulCell
+// 784x512 -> relu -> dense 512 -> relu -> dense 10, configured by `xshard::auto_parallel` in
+// semi_auto mode with optimizer sharding (hsdp), two pipeline stages cut by the seed's
+// stage_config (4 micro-batches), a data-parallel dataset, the parameter strategy and
+// communication group files saved, local norms dumped, fp32 communication, and trained by
+// the driver (`xshard::model`, MindSpore's Model) for 2 epochs with loss_monitor(1); then
+// evaluated on the held-out samples (Model.eval, accuracy).
+//
+// The mesh is pp x dp x tp: pipeline(stages=2) on an even number of ranks (1 stage on one
+// rank or an odd number), tp 2 at 8 ranks (MatMulCell and layer3 split their outputs over
+// tp, layer2 its inputs). Every mesh prints the same losses (ctest checks 1, 2, 4 and 8 ranks
+// against one to 1e-9).
+//
+//   mpirun -n 4 build/examples/auto_parallel                    # MNIST-format files it writes
+//   mpirun -n 4 build/examples/auto_parallel --mnist DIR        # DIR/train-images-idx3-ubyte ...
+//   mpirun -n 2 build/examples/auto_parallel --mode sharding_propagation
+//
+// The MindSpore original, for comparison:
+//   net_with_loss = Pipeline(nn.WithLossCell(net, loss_fn), 4, stage_config={...})
+//   parallel_net = AutoParallel(net_with_loss, parallel_mode="semi_auto")
+//   parallel_net.hsdp(); parallel_net.pipeline(stages=2)
+//   parallel_net.dataset_strategy("data_parallel")
+//   parallel_net.save_param_strategy_file(f"/tmp/param_{get_rank()}.ckpt") ...
+//   model = Model(network=parallel_net, optimizer=optimizer)
+//   model.train(epoch=2, train_dataset=dataset, callbacks=[LossMonitor(per_print_times=1)])
+#include <xshard/xshard.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+using stage_mesh_t = xshard::mesh<"dp", "tp">;
+using full_mesh_t = xshard::mesh<"pp", "dp", "tp">;
+namespace nn = xshard::nn;
+namespace data = xshard::data;
+namespace pp = xshard::pipeline;
+using T = double;
+using X = nn::tensor<T, stage_mesh_t>;
+
+/// MindSpore's nn.Flatten: images arrive as rows of 28 x 28 = 784 pixels already, so it
+/// passes them on (a layer of its own so that the stage_config names it).
+class flatten {
+public:
+    explicit flatten(const stage_mesh_t&) {}
+    X forward(const X& x) { return x; }
+    X backward(const X& dy) { return dy; }
+    friend void visit_parameters(flatten&, auto&&) {}
+};
+
+/// Seed 001's Network: its modules, named as there, in the order its construct runs them.
+/// MatMulCell is a linear layer without bias; nn.Dense has one.
+struct network {
+    flatten flat;
+    nn::column_parallel_linear<T, stage_mesh_t> layer1;
+    nn::relu_activation<T, stage_mesh_t> relu1;
+    nn::row_parallel_linear<T, stage_mesh_t> layer2;
+    nn::relu_activation<T, stage_mesh_t> relu2;
+    nn::column_parallel_linear<T, stage_mesh_t> layer3;
+
+    explicit network(const stage_mesh_t& m)
+        : flat(m)
+        , layer1(m, 28 * 28, 512, 1, {.bias = false})
+        , relu1(m)
+        , layer2(m, 512, 512, 2)
+        , relu2(m)
+        , layer3(m, 512, 10, 3) {}
+
+    X forward(const X& x) {
+        return layer3.forward(
+            relu2.forward(layer2.forward(relu1.forward(layer1.forward(flat.forward(x))))));
+    }
+    X backward(const X& dy) {
+        return flat.backward(layer1.backward(
+            relu1.backward(layer2.backward(relu2.backward(layer3.backward(dy))))));
+    }
+
+    friend void visit_parameters(network& n, auto&& visit) {
+        visit("flatten", n.flat);
+        visit("layer1", n.layer1);
+        visit("relu1", n.relu1);
+        visit("layer2", n.layer2);
+        visit("relu2", n.relu2);
+        visit("layer3", n.layer3);
+    }
+};
+
+/// Writes an MNIST-like data set in the IDX format (2048 training images, 512 test): each
+/// image shows its class as a bright bar whose row and column depend on it, over noise.
+void write_mnist_like(const std::filesystem::path& dir) {
+    std::filesystem::create_directories(dir);
+    std::mt19937 rng(2024);
+    const auto be32 = [](std::ofstream& f, std::uint32_t v) {
+        const unsigned char b[4] = {
+            static_cast<unsigned char>(v >> 24), static_cast<unsigned char>(v >> 16),
+            static_cast<unsigned char>(v >> 8), static_cast<unsigned char>(v)};
+        f.write(reinterpret_cast<const char*>(b), 4);
+    };
+    for (const auto& [prefix, count] :
+         {std::pair<std::string, std::uint32_t>{"train", 2048}, {"t10k", 512}}) {
+        std::ofstream images(dir / (prefix + "-images-idx3-ubyte"), std::ios::binary),
+            labels(dir / (prefix + "-labels-idx1-ubyte"), std::ios::binary);
+        be32(images, 0x803);
+        be32(images, count);
+        be32(images, 28);
+        be32(images, 28);
+        be32(labels, 0x801);
+        be32(labels, count);
+        for (std::uint32_t i = 0; i < count; ++i) {
+            const unsigned label = rng() % 10;
+            std::vector<char> pixels(28 * 28);
+            for (auto& p : pixels)
+                p = char(rng() % 64);
+            for (unsigned c = 4 + label; c < 14 + label; ++c)
+                for (unsigned r : {2 + 2 * label, 3 + 2 * label})
+                    pixels[r * 28 + c] = char(160 + rng() % 96);
+            images.write(pixels.data(), std::streamsize(pixels.size()));
+            labels.put(char(label));
+        }
+        if (!images || !labels)
+            throw xshard::io_error("auto_parallel: cannot write " + dir.string());
+    }
+}
+
+int run(int argc, char** argv) {
+    CLI::App app("MindSpore's AutoParallel example (seed 001) with xshard::auto_parallel");
+    std::string mode = "semi_auto", mnist, data_dir = "auto_parallel_data",
+                out = "auto_parallel_out", level = "level1";
+    int epochs = 2, tp = 0, stages = 0;
+    double lr = 0.01;
+    bool print_norms = false, gradients_mean = false;
+    app.add_option("--mode", mode, "parallel_mode")
+        ->check(CLI::IsMember({"semi_auto", "sharding_propagation", "recursive_programming"}));
+    app.add_option("--epochs", epochs, "epochs")->check(CLI::PositiveNumber);
+    app.add_option("--mnist", mnist, "directory of MNIST IDX files (default: generated)");
+    app.add_option("--data", data_dir, "where to write the generated MNIST-format files");
+    app.add_option("--out", out, "directory of the strategy, group and local norm files");
+    app.add_option("--tp", tp, "tensor-parallel ranks (default: 2 at 8 ranks, else 1)");
+    app.add_option("--stages", stages, "pipeline stages (default: 2 on an even world)");
+    app.add_option("--hsdp-level", level, "hsdp optimizer_level");
+    app.add_option("--lr", lr, "SGD learning rate (the seed's 1e-2)");
+    app.add_flag("--print-norms", print_norms, "enable_device_local_norm (prints every rank's)");
+    app.add_flag("--gradients-mean", gradients_mean,
+                 "enable_gradients_mean (divides by the data-parallel copies: see below)");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e); // the same arguments on every rank: every rank exits alike
+    }
+
+    const auto world = xshard::communicator::world();
+    const int pp_size = stages > 0 ? stages : world.size() % 2 == 0 ? 2 : 1;
+    const int tp_size = tp > 0 ? tp : world.size() >= 8 ? 2 : 1;
+    const full_mesh_t mesh({pp_size, xshard::auto_size, tp_size});
+    const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+
+    // The data: MNIST-format files, written here unless --mnist names real ones.
+    std::string dir = mnist;
+    if (dir.empty()) {
+        dir = data_dir;
+        xshard::agreed(world, [&] { // a failed write raises on every rank
+            if (world.rank() == 0)
+                write_mnist_like(dir);
+        });
+    }
+    const auto train = data::read_mnist<T>(world, dir + "/train-images-idx3-ubyte",
+                                           dir + "/train-labels-idx1-ubyte");
+    const auto test = data::read_mnist<T>(world, dir + "/t10k-images-idx3-ubyte",
+                                          dir + "/t10k-labels-idx1-ubyte");
+
+    // ms.set_seed(1); net = Network(): every rank builds the whole network on its stage mesh
+    // from the same seeds; the pipeline runs on each rank only its stage's modules.
+    network net(stage_mesh);
+    xshard::auto_parallel parallel_net(net, mesh, mode);
+    parallel_net.hsdp(-1, 64, level);
+    parallel_net.pipeline(pp_size);
+    parallel_net.dataset_strategy("data_parallel");
+    const std::string rank = std::to_string(world.rank());
+    parallel_net.save_param_strategy_file(out + "/param_" + rank + ".json");
+    parallel_net.set_group_ckpt_save_file(out + "/comm_group_" + rank + ".json");
+    parallel_net.dump_local_norm(out + "/local_norm");
+    parallel_net.disable_strategy_file_only_for_trainable_params();
+    parallel_net.enable_fp32_communication();
+    if (print_norms)
+        parallel_net.enable_device_local_norm();
+    // xshard's loss is the mean over the whole global batch already, so the sum of the
+    // gradient's terms over the data-parallel copies is the gradient (MindSpore's mean of
+    // per-device means): enable_gradients_mean would divide it again by the copies, and the
+    // losses would then depend on the mesh. Off unless asked for.
+    if (gradients_mean)
+        parallel_net.enable_gradients_mean();
+    parallel_net.disable_gradient_fp32_sync();
+    parallel_net.disable_loss_repeated_mean();
+
+    // Pipeline(WithLossCell(net, loss_fn), 4, stage_config) and Model(parallel_net, ...).
+    xshard::optim::sgd optimizer({.lr = lr});
+    nn::parallel_cross_entropy<T, stage_mesh_t> loss_fn;
+    xshard::model_options cell{.micro_batches = 4};
+    if (pp_size == 2)
+        cell.stage_config = {{"flatten", 0}, {"layer1", 0}, {"relu1", 0},
+                             {"layer2", 1},  {"relu2", 1},  {"layer3", 1}};
+    xshard::model model(parallel_net, loss_fn, optimizer, cell); // compile(): the files
+    const auto data_mesh = stage_mesh.with_dataset_strategy(parallel_net.dataset_mode());
+    const data::loader dataset(data_mesh, train,
+                               {.batch_size = 32, .seed = 1, .uneven_batches = true});
+    if (mesh.rank() == 0)
+        std::printf("auto_parallel %s on mesh(%s): hsdp %s, pipeline(stages=%d), "
+                    "dataset_strategy data_parallel, %zu samples, batch 32\n",
+                    mode.c_str(), mesh.shape().to_string().c_str(), level.c_str(), pp_size,
+                    train.size());
+
+    model.train(std::size_t(epochs), dataset,
+                {xshard::callbacks::loss_monitor(1, stdout, /*precision=*/15)});
+
+    const data::loader held_out(data_mesh, test,
+                                {.batch_size = 256,
+                                 .shuffle = false,
+                                 .drop_remainder = false,
+                                 .uneven_batches = true});
+    const auto metrics = model.eval(held_out);
+    if (mesh.rank() == 0)
+        std::printf("eval on %zu held-out samples: loss %.15g accuracy %.2f %%\n",
+                    metrics.samples, metrics.loss, 100 * metrics.accuracy);
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    xshard::environment env(argc, argv);
+    return xshard::report_errors([&] { return run(argc, argv); });
+}
