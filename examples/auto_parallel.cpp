@@ -76,8 +76,8 @@ struct network {
             relu2.forward(layer2.forward(relu1.forward(layer1.forward(flat.forward(x))))));
     }
     X backward(const X& dy) {
-        return flat.backward(layer1.backward(
-            relu1.backward(layer2.backward(relu2.backward(layer3.backward(dy))))));
+        return flat.backward(
+            layer1.backward(relu1.backward(layer2.backward(relu2.backward(layer3.backward(dy))))));
     }
 
     friend void visit_parameters(network& n, auto&& visit) {
@@ -217,15 +217,13 @@ int run(int argc, char** argv) {
     model.train(std::size_t(epochs), dataset,
                 {xshard::callbacks::loss_monitor(1, stdout, /*precision=*/15)});
 
-    const data::loader held_out(data_mesh, test,
-                                {.batch_size = 256,
-                                 .shuffle = false,
-                                 .drop_remainder = false,
-                                 .uneven_batches = true});
+    const data::loader held_out(
+        data_mesh, test,
+        {.batch_size = 256, .shuffle = false, .drop_remainder = false, .uneven_batches = true});
     const auto metrics = model.eval(held_out);
     if (mesh.rank() == 0)
-        std::printf("eval on %zu held-out samples: loss %.15g accuracy %.2f %%\n",
-                    metrics.samples, metrics.loss, 100 * metrics.accuracy);
+        std::printf("eval on %zu held-out samples: loss %.15g accuracy %.2f %%\n", metrics.samples,
+                    metrics.loss, 100 * metrics.accuracy);
     return 0;
 }
 

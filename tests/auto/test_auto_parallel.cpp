@@ -11,6 +11,7 @@
 #include <xshard/nn/linear.hpp>
 #include <xshard/nn/module.hpp>
 #include <xshard/optim/optimizers.hpp>
+#include <xshard/pipeline/pipeline.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/gather.hpp>
 
@@ -20,7 +21,10 @@
 
 #include <gtest/gtest.h>
 #include <xtensor/xrandom.hpp>
+#include <xtensor/xsort.hpp>
+#include <xtensor/xview.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -42,7 +46,9 @@ using xshard::testing::mlp_features, xshard::testing::mlp_hidden, xshard::testin
 constexpr std::size_t features = mlp_features, hidden = mlp_hidden, rows = mlp_rows;
 using model_t = xshard::testing::small_mlp_type;
 
-auto make_model(const mesh_t& m) { return xshard::testing::small_mlp(m); }
+auto make_model(const mesh_t& m) {
+    return xshard::testing::small_mlp(m);
+}
 using config_t = xshard::auto_parallel<model_t, mesh_t>;
 
 /// The (dp, tp) mesh of the world: tp = 2 when the world size is even and above 2.
@@ -468,6 +474,186 @@ TEST(model_driver, unsupported_configurations_raise_on_every_rank) {
         expect_error([&] { xshard::model(piped, loss, opt); }, "needs a mesh axis 'pp'");
     }
     expect_error([] { (void)xshard::callbacks::loss_monitor(0); }, "positive integer");
+}
+
+// --- the driver: pipeline stages, eval, checkpoints ------------------------------------------
+
+using pp_mesh_t = xshard::mesh<"pp", "dp", "tp">;
+using pp_config_t = xshard::auto_parallel<model_t, pp_mesh_t>;
+
+/// The driver's 2 epochs of 4 steps through a pipeline over axis pp of `full`, with
+/// `micro` micro-batches, configured by `configure`; the weights read after an eval (which
+/// gives every stage the others' weights). Also checks that checkpoints raise under a
+/// pipeline.
+template <class Configure>
+record drive_pipeline(const pp_mesh_t& full, Configure&& configure, int micro) {
+    const auto stage = xshard::pipeline::stage_mesh_of<mesh_t>(full);
+    auto model = make_model(stage);
+    pp_config_t c(model, full);
+    c.pipeline(full.axis_size<"pp">());
+    configure(c);
+    optim::momentum opt({.lr = 0.1, .momentum = 0.9});
+    nn::parallel_cross_entropy<double, mesh_t> loss;
+    xshard::model trainer(c, loss, opt, {.micro_batches = micro});
+    EXPECT_EQ(trainer.pipelined(), full.axis_size<"pp">() > 1);
+    record r;
+    r.losses = trainer.train(2, epochs_of_batches{&stage, 4});
+    (void)trainer.eval(std::vector{batch(stage, 0)});
+    xshard::for_each_weight(model, [&](const std::string&, auto& w) {
+        r.weights.push_back(xshard::gather_all(w.value));
+    });
+    if (trainer.pipelined())
+        expect_error([&] { trainer.save_checkpoint(scratch("piped.safetensors"), 1); },
+                     "not supported by the driver yet");
+    return r;
+}
+
+TEST(model_driver, pipeline_stages_equal_one_rank) {
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    const auto plain = [](auto&) {
+    };
+    const auto serial = run(one, plain);
+    const auto w = world();
+    std::vector<pp_mesh_t> meshes{pp_mesh_t(w, {1, w.size(), 1})}; // stages = 1: no pipeline
+    if (w.size() % 2 == 0)
+        meshes.push_back(pp_mesh_t(w, {2, w.size() / 2, 1}));
+    if (w.size() % 4 == 0)
+        meshes.push_back(pp_mesh_t(w, {2, w.size() / 4, 2}));
+    for (const auto& full : meshes) {
+        const std::string ctx = where(full);
+        // 4 micro-batches where they cut the rows of each data-parallel block evenly.
+        const int four = rows % (4 * std::size_t(full.axis_size<"dp">())) == 0 ? 4 : 2;
+        expect_same(drive_pipeline(full, plain, 2), serial, ctx + " plain, 2 micro-batches");
+        expect_same(drive_pipeline(
+                        full,
+                        [](pp_config_t& c) {
+                            c.pipeline(c.mesh().axis_size<"pp">(), false, false, "gpipe");
+                        },
+                        four),
+                    serial, ctx + " gpipe");
+        expect_same(drive_pipeline(
+                        full, [](pp_config_t& c) { c.hsdp(-1, 0, "level2"); }, 2),
+                    serial, ctx + " hsdp level2 per stage");
+        expect_same(drive_pipeline(
+                        full,
+                        [](pp_config_t& c) {
+                            c.hsdp(-1, 0, "level1");
+                            c.comm_fusion({.openstate = false});
+                        },
+                        four),
+                    serial, ctx + " hsdp level1 per stage, unfused");
+    }
+    // A pipeline needs its axis, of one rank per stage.
+    if (w.size() % 2 == 0) {
+        const pp_mesh_t full(w, {2, w.size() / 2, 1});
+        const auto stage = xshard::pipeline::stage_mesh_of<mesh_t>(full);
+        auto model = make_model(stage);
+        optim::momentum opt({.lr = 0.1});
+        nn::parallel_cross_entropy<double, mesh_t> loss;
+        pp_config_t c(model, full);
+        c.pipeline(2);
+        expect_error([&] { xshard::model(c, loss, opt, {.pipeline_axis = "tp"}); },
+                     "the axis must have one rank per stage");
+        expect_error([&] { xshard::model(c, loss, opt, {.pipeline_axis = "stages"}); },
+                     "needs a mesh axis 'stages'");
+    }
+}
+
+/// The mean loss and the accuracy of the one-rank model on the batches of `steps`, computed
+/// with xtensor from the gathered logits.
+std::pair<double, double> serial_metrics(const std::vector<int>& steps) {
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    auto model = make_model(one);
+    double loss = 0;
+    std::size_t right = 0, n = 0;
+    for (int s : steps) {
+        auto [x, y] = batch(one, s);
+        const xt::xtensor<double, 2> logits = xshard::gather_all(model.forward(x));
+        const auto labels = xshard::gather_all(y);
+        for (std::size_t i = 0; i < logits.shape()[0]; ++i) {
+            const auto row = xt::row(logits, std::ptrdiff_t(i));
+            const double top = xt::amax(row)();
+            loss += std::log(xt::sum(xt::exp(row - top))()) + top - row(labels(i));
+            right += std::size_t(xt::argmax(row)()) == std::size_t(labels(i));
+            ++n;
+        }
+    }
+    return {loss / double(n), double(right) / double(n)};
+}
+
+TEST(model_driver, eval_equals_a_serial_computation) {
+    const auto w = world();
+    const auto [expected_loss, expected_accuracy] = serial_metrics({0, 1, 2});
+    EXPECT_GT(expected_accuracy, 0.0); // the check can fail: some labels are predicted
+    for (const auto& m : {mesh_t(w, {w.size(), 1}), world_mesh(), mesh_t(w, {1, w.size()})}) {
+        auto model = make_model(m);
+        config_t c(model, m);
+        optim::sgd opt({.lr = 0.1});
+        nn::parallel_cross_entropy<double, mesh_t> loss;
+        xshard::model trainer(c, loss, opt);
+        const auto r = trainer.eval(std::vector{batch(m, 0), batch(m, 1), batch(m, 2)});
+        EXPECT_EQ(r.samples, 3 * rows) << where(m);
+        EXPECT_NEAR(r.loss, expected_loss, 1e-12) << where(m);
+        EXPECT_DOUBLE_EQ(r.accuracy, expected_accuracy) << where(m);
+    }
+}
+
+TEST(model_driver, checkpoint_callback_saves_keeps_and_resumes_in_another_strategy) {
+    const auto w = world();
+    const std::string dir = scratch("driver_checkpoints");
+    if (w.rank() == 0)
+        std::filesystem::remove_all(dir);
+    xshard::mpi::barrier(w);
+    const auto file = [&](const std::string& name) {
+        return dir + "/" + name + ".safetensors";
+    };
+    // Uninterrupted: 2 epochs of 4 steps under hsdp level2, saved every 2 steps, 3 kept.
+    record full;
+    {
+        const auto m = world_mesh();
+        auto model = make_model(m);
+        config_t c(model, m);
+        c.hsdp(-1, 0, "level2");
+        optim::momentum opt({.lr = 0.1, .momentum = 0.9});
+        nn::parallel_cross_entropy<double, mesh_t> loss;
+        xshard::model trainer(c, loss, opt);
+        full.losses =
+            trainer.train(2, epochs_of_batches{&m, 4},
+                          {xshard::callbacks::model_checkpoint({.save_checkpoint_steps = 2,
+                                                                .keep_checkpoint_max = 3,
+                                                                .prefix = "mlp",
+                                                                .directory = dir})});
+        xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
+            full.weights.push_back(xshard::gather_all(wt.value));
+        });
+    }
+    EXPECT_FALSE(std::filesystem::exists(file("mlp-1_2"))) << "not removed (keep 3)";
+    for (const char* kept : {"mlp-1_4", "mlp-2_6", "mlp-2_8"})
+        EXPECT_TRUE(std::filesystem::exists(file(kept))) << kept;
+    // Resumed from step 4 on another mesh, without hsdp: the last 4 steps and the weights
+    // are the uninterrupted run's (the momentum restored with the weights).
+    for (const auto& m : {mesh_t(w, {w.size(), 1}), mesh_t(w, {1, w.size()})}) {
+        auto model = make_model(m);
+        config_t c(model, m);
+        optim::momentum opt({.lr = 0.1, .momentum = 0.9});
+        nn::parallel_cross_entropy<double, mesh_t> loss;
+        xshard::model trainer(c, loss, opt);
+        const auto info = trainer.load_checkpoint(file("mlp-1_4"));
+        EXPECT_EQ(info.step, 4);
+        EXPECT_EQ(trainer.steps(), 4u);
+        record resumed;
+        resumed.losses = trainer.train(2, epochs_of_batches{&m, 4}, {}, 1);
+        xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
+            resumed.weights.push_back(xshard::gather_all(wt.value));
+        });
+        record tail = full;
+        tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 4);
+        expect_same(resumed, tail, where(m) + " resumed at step 4");
+        // A missing checkpoint raises on every rank.
+        expect_error([&] { (void)trainer.load_checkpoint(file("mlp-9_99")); }, "mlp-9_99");
+    }
+    expect_error([] { (void)xshard::callbacks::model_checkpoint({.save_checkpoint_steps = 0}); },
+                 "save_checkpoint_steps must be a positive integer");
 }
 
 // --- files ----------------------------------------------------------------------------------

@@ -175,8 +175,8 @@ inline callback model_checkpoint(checkpoint_config config = {}) {
                     agreed<io_error>(comm, [&] {
                         std::error_code ec;
                         if (comm.rank() == 0 && !std::filesystem::remove(old, ec) && ec)
-                            throw io_error("xshard: model_checkpoint: cannot remove " + old +
-                                           ": " + ec.message());
+                            throw io_error("xshard: model_checkpoint: cannot remove " + old + ": " +
+                                           ec.message());
                     });
                 }};
 }
@@ -231,8 +231,8 @@ std::int64_t correct_predictions(const L& logits, const Y& labels) {
         const auto& x = rows.local();
         const auto& y = labels.local();
         for (std::size_t i = 0; i < x.shape()[0]; ++i)
-            right[0] += std::int64_t(xt::argmax(xt::row(x, std::ptrdiff_t(i)))()) ==
-                        std::int64_t(y(i));
+            right[0] +=
+                std::int64_t(xt::argmax(xt::row(x, std::ptrdiff_t(i)))()) == std::int64_t(y(i));
     }
     allreduce(mesh.comm(), std::span(right), reduction::sum);
     return right[0];
@@ -322,14 +322,14 @@ public:
     /// Returns every step's loss. Collective over the mesh.
     template <class Dataset>
     std::vector<double> train(std::size_t epochs, Dataset&& dataset,
-                              std::vector<callback> callbacks = {},
-                              std::size_t initial_epoch = 0) {
+                              std::vector<callback> callbacks = {}, std::size_t initial_epoch = 0) {
         std::size_t steps_per_epoch = 0;
         if constexpr (requires { std::ranges::size(batches_of(dataset, 0)); })
             steps_per_epoch = std::size_t(std::ranges::size(batches_of(dataset, 0)));
-        const train_begin_info begin{
-            &net_->mesh().comm(), epochs, steps_per_epoch,
-            [this](const std::string& path, std::int64_t step) { save_checkpoint(path, step); }};
+        const train_begin_info begin{&net_->mesh().comm(), epochs, steps_per_epoch,
+                                     [this](const std::string& path, std::int64_t step) {
+                                         save_checkpoint(path, step);
+                                     }};
         for (auto& c : callbacks)
             if (c.on_train_begin)
                 c.on_train_begin(begin);
@@ -458,8 +458,8 @@ private:
     template <class X, class Y>
     struct stage_runner_of final : stage_runner {
         using pipe_type = xshard::pipeline::pipeline<network_type, X>;
-        using local_type = std::remove_reference_t<
-            decltype(std::declval<pipe_type&>().local_parameters())>;
+        using local_type =
+            std::remove_reference_t<decltype(std::declval<pipe_type&>().local_parameters())>;
 
         stage_runner_of(model& m, const X& x)
             : self(&m)
@@ -479,8 +479,8 @@ private:
         }
 
         double step(const void* x, const void* y) override {
-            return double(pipe.step(*static_cast<const X*>(x), *static_cast<const Y*>(y),
-                                    *self->loss_));
+            return double(
+                pipe.step(*static_cast<const X*>(x), *static_cast<const Y*>(y), *self->loss_));
         }
 
         void finish_step(long step) override {
