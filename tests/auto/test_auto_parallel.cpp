@@ -4,6 +4,7 @@
 // written by compile() and read back.
 
 #include <xshard/auto/auto_parallel.hpp>
+#include <xshard/auto/initializer.hpp>
 #include <xshard/auto/model.hpp>
 #include <xshard/nn/activation.hpp>
 #include <xshard/nn/blocks.hpp>
@@ -25,9 +26,13 @@
 #include <xtensor/xview.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <new>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -287,7 +292,7 @@ TEST(auto_parallel, gradient_flags) {
     EXPECT_FALSE(c.loss_repeated_mean());
     c.no_init_parameters_in_compile();
     EXPECT_TRUE(c.no_init_parameters());
-    expect_error([&] { c.compile(); }, "no_init_parameters_in_compile");
+    c.compile(); // initialises the weights (see the deferred_init tests)
 }
 
 // --- training through the configuration against one rank --------------------------------------
@@ -654,6 +659,144 @@ TEST(model_driver, checkpoint_callback_saves_keeps_and_resumes_in_another_strate
     }
     expect_error([] { (void)xshard::callbacks::model_checkpoint({.save_checkpoint_steps = 0}); },
                  "save_checkpoint_steps must be a positive integer");
+}
+
+// --- no_init_parameters_in_compile: deferred, shard-local initialisation ---------------------
+
+} // namespace
+
+namespace xshard::testing { // counting_new.cpp: heap bytes allocated while `counting` is set
+extern std::size_t counted_bytes;
+extern bool counting;
+} // namespace xshard::testing
+
+namespace {
+
+using xshard::testing::counted_bytes, xshard::testing::counting;
+using tensor2 = nn::tensor<double, mesh_t, 2>;
+using tensor1 = nn::tensor<double, mesh_t, 1>;
+
+/// The whole weight `name` of `shape`, computed element by element in a plain loop (the
+/// whole initialisation the shards must equal), with `init`.
+xt::xarray<double> whole(const std::string& name, std::vector<std::size_t> shape,
+                         const xshard::initializer& init, std::uint64_t seed) {
+    xt::xarray<double> out = xt::zeros<double>(shape);
+    for (std::size_t i = 0; i < out.size(); ++i)
+        out.flat(i) = init.value(seed, xshard::parameter_stream(name), i, shape);
+    return out;
+}
+
+TEST(deferred_init, shards_equal_a_whole_initialisation_for_every_layout) {
+    const auto w = world();
+    std::vector<mesh_t> meshes{mesh_t(w, {w.size(), 1}), mesh_t(w, {1, w.size()}), world_mesh()};
+    const std::vector<std::pair<std::string, layout>> layouts{
+        {"[dp, tp]", layout::parse("[dp, tp]")},
+        {"[tp, dp]", layout::parse("[tp, dp]")},
+        {"[(dp,tp), -]", layout::parse("[(dp,tp), -]")},
+        {"[-, (tp,dp)]", layout::parse("[-, (tp,dp)]")},
+        {"[-, -]", layout::parse("[-, -]")},
+        {"[-, tp]", layout::parse("[-, tp]")}};
+    const auto rule = [](const std::string& name, std::span<const std::size_t> s) {
+        if (name.starts_with("n"))
+            return xshard::initializer::normal(0.5, 2.0);
+        if (name.starts_with("u"))
+            return xshard::initializer::uniform(-3.0, 1.0);
+        return xshard::default_initializer(name, s);
+    };
+    for (const auto& m : meshes)
+        for (const auto& [text, l] : layouts) {
+            // Uneven shapes: 13 x 7 and 5 x 11 over up to 8 ranks.
+            std::map<std::string, xshard::weight<tensor2>> params;
+            for (const char* name : {"he", "normal", "uniform"})
+                params.emplace(
+                    name, xshard::weight<tensor2>(xshard::zeros<double, xshard::dynamic_layout(2)>(
+                              m, {name[0] == 'n' ? 5u : 13u, name[0] == 'n' ? 11u : 7u}, l)));
+            std::map<std::string, xshard::weight<tensor1>> biases;
+            biases.emplace("bias",
+                           xshard::weight<tensor1>(xshard::full<double, xshard::dynamic_layout(1)>(
+                               m, {9}, 7.0, layout::parse("[tp]"))));
+            counted_bytes = 0;
+            counting = true;
+            xshard::initialize_parameters(params, 42, rule);
+            xshard::initialize_parameters(biases, 42, rule);
+            counting = false;
+            // In place: no allocation at all, let alone a whole weight.
+            EXPECT_EQ(counted_bytes, 0u) << where(m) << ' ' << text;
+            const std::string ctx = where(m) + " " + text;
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(params.at("he").value),
+                                     whole("he", {13, 7}, xshard::initializer::he_uniform(), 42), 0,
+                                     0))
+                << ctx;
+            EXPECT_TRUE(xt::allclose(
+                xshard::gather_all(params.at("normal").value),
+                whole("normal", {5, 11}, xshard::initializer::normal(0.5, 2.0), 42), 0, 0))
+                << ctx;
+            EXPECT_TRUE(xt::allclose(
+                xshard::gather_all(params.at("uniform").value),
+                whole("uniform", {13, 7}, xshard::initializer::uniform(-3.0, 1.0), 42), 0, 0))
+                << ctx;
+            EXPECT_TRUE(xt::all(xt::equal(xshard::gather_all(biases.at("bias").value), 0.0)))
+                << ctx;
+        }
+    // The draws look like their distributions (the generator is not degenerate): HeUniform's
+    // bound for fan_in 13 is 1/sqrt(13); a 200 x 50 normal has mean ~0.5 and std ~2.
+    const auto he = whole("he", {13, 7}, xshard::initializer::he_uniform(), 42);
+    EXPECT_LE(xt::amax(xt::abs(he))(), 1 / std::sqrt(13.0));
+    EXPECT_GT(xt::amax(xt::abs(he))(), 0.8 / std::sqrt(13.0));
+    const auto n = whole("normal", {200, 50}, xshard::initializer::normal(0.5, 2.0), 42);
+    EXPECT_NEAR(xt::mean(n)(), 0.5, 0.1);
+    EXPECT_NEAR(std::sqrt(xt::variance(n)()), 2.0, 0.1);
+    // Another seed or another name: other values.
+    EXPECT_FALSE(xt::allclose(he, whole("he", {13, 7}, xshard::initializer::he_uniform(), 43)));
+    EXPECT_FALSE(xt::allclose(he, whole("hf", {13, 7}, xshard::initializer::he_uniform(), 42)));
+}
+
+TEST(deferred_init, no_init_parameters_in_compile_trains_as_one_rank) {
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    const auto noinit = [](config_t& c) {
+        c.no_init_parameters_in_compile({.seed = 7});
+    };
+    const auto serial = run(one, noinit);
+    const auto plain = run(one, [](config_t&) {});
+    EXPECT_NE(serial.losses[0], plain.losses[0]); // the initialisation changed the weights
+    for (const auto& m : {mesh_t(world(), {world().size(), 1}), world_mesh()}) {
+        expect_same(run(m, noinit), serial, where(m) + " no_init");
+        expect_same(run(m,
+                        [](config_t& c) {
+                            c.no_init_parameters_in_compile({.seed = 7});
+                            c.hsdp(-1, 0, "level2");
+                        }),
+                    serial, where(m) + " no_init hsdp level2");
+        // compile() initialises once: a second compile() keeps the weights.
+        auto model = make_model(m);
+        config_t c(model, m);
+        c.no_init_parameters_in_compile({.seed = 7});
+        c.compile();
+        xshard::for_each_weight(model,
+                                [](const std::string&, auto& wt) { wt.value.local() += 1.0; });
+        std::vector<xt::xarray<double>> before, after;
+        xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
+            before.push_back(xshard::gather_all(wt.value));
+        });
+        c.compile();
+        xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
+            after.push_back(xshard::gather_all(wt.value));
+        });
+        ASSERT_EQ(before.size(), after.size());
+        for (std::size_t i = 0; i < before.size(); ++i)
+            EXPECT_TRUE(xt::allclose(before[i], after[i], 0, 0)) << where(m) << " weight " << i;
+    }
+    // A rule that throws on one rank only raises on every rank.
+    const auto m = world_mesh();
+    auto model = make_model(m);
+    config_t c(model, m);
+    c.no_init_parameters_in_compile(
+        {.seed = 1, .rule = [](const std::string& name, std::span<const std::size_t> s) {
+             if (world().rank() == world().size() - 1)
+                 throw xshard::error("bad rule for " + name);
+             return xshard::default_initializer(name, s);
+         }});
+    expect_error([&] { c.compile(); }, "bad rule");
 }
 
 // --- files ----------------------------------------------------------------------------------

@@ -18,9 +18,10 @@
 /// invalid value raises `xshard::error` on every rank. Settings whose mechanism xshard lacks
 /// are recorded, and `compile()` (the use) raises "not available yet" / "not supported yet"
 /// for them: parallel modes sharding_propagation and recursive_programming (issue 17),
-/// no_init_parameters_in_compile, hsdp level3, interleave with another scheduler than 1f1b.
+/// hsdp level3, interleave with another scheduler than 1f1b.
 
 #include <xshard/auto/group_file.hpp>
+#include <xshard/auto/initializer.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
@@ -87,6 +88,13 @@ struct comm_fusion_options {
     std::optional<fusion_threshold> allreduce = std::nullopt;
     std::optional<fusion_threshold> allgather = std::nullopt;
     std::optional<fusion_threshold> reducescatter = std::nullopt;
+};
+
+/// What no_init_parameters_in_compile initialises with: MindSpore's global seed
+/// (ms.set_seed) and the initializer of each parameter (auto/initializer.hpp).
+struct deferred_init_options {
+    std::uint64_t seed = 1;
+    initializer_rule rule = default_initializer;
 };
 
 /// MindSpore's pipeline(stages, output_broadcast, interleave, scheduler).
@@ -335,8 +343,14 @@ public:
         agree(path_problem("set_group_ckpt_save_file", path, false));
         group_file_ = path;
     }
-    /// Deferred initialisation: recorded; compile() raises (not supported yet).
-    void no_init_parameters_in_compile() { no_init_ = true; }
+    /// Deferred initialisation (auto/initializer.hpp): compile() initialises every weight in
+    /// place, each rank computing only its own blocks (O(block) time, no whole weight), with
+    /// the values of a whole initialisation under `options.seed` (MindSpore's set_seed) by
+    /// `options.rule` (default: HeUniform(sqrt 5) for matrices, zeros for biases). The first
+    /// compile() does it, once. No communication.
+    void no_init_parameters_in_compile(deferred_init_options options = {}) {
+        no_init_ = std::move(options);
+    }
 
     // --- the configured pieces --------------------------------------------------------------
 
@@ -410,7 +424,7 @@ public:
     const std::string& operator_strategy_load_path() const noexcept {
         return load_operator_strategy_;
     }
-    bool no_init_parameters() const noexcept { return no_init_; }
+    bool no_init_parameters() const noexcept { return no_init_.has_value(); }
     const std::string& local_norm_directory() const noexcept { return dump_directory_; }
 
     /// The strategy file set by load_param_strategy_file, checked against the mesh. Throws
@@ -428,22 +442,26 @@ public:
     }
 
     /// MindSpore's graph compilation: raises on every rank for a setting whose mechanism
-    /// xshard lacks (see the file comment), then saves the parameter strategy file and the
-    /// group file when set. Collective over the mesh.
+    /// xshard lacks (see the file comment), initialises the weights the first time when
+    /// no_init_parameters_in_compile was called, then saves the parameter strategy file and
+    /// the group file when set. Collective over the mesh.
     void compile() const {
         std::optional<std::string> problem;
         if (mode_ != parallel_mode::semi_auto)
             problem = "xshard: auto_parallel: parallel_mode " + std::string(to_string(mode_)) +
                       " is not available yet (issue 17); use semi_auto";
-        else if (no_init_)
-            problem = "xshard: auto_parallel: no_init_parameters_in_compile (deferred "
-                      "initialisation) is not supported yet";
         else if (hsdp_ && hsdp_->optimizer_level == optimizer_level::level3)
             problem = "xshard: auto_parallel: hsdp optimizer_level level3 is not supported yet: "
                       "use level1 or level2";
         else
             problem = pipeline_problem();
         agree(problem);
+        if (no_init_ && !initialized_) {
+            // A rule throwing on some ranks only raises on every rank.
+            agreed(mesh_.comm(),
+                   [&] { initialize_parameters(*model_, no_init_->seed, no_init_->rule); });
+            initialized_ = true;
+        }
         if (!save_param_strategy_.empty())
             save_strategy_file(save_param_strategy_, *model_, !only_trainable_, pipeline_.stages);
         if (!group_file_.empty())
@@ -511,7 +529,8 @@ private:
     std::string save_operator_strategy_, load_operator_strategy_;
     bool only_trainable_ = true;
     std::string group_file_;
-    bool no_init_ = false;
+    std::optional<deferred_init_options> no_init_;
+    mutable bool initialized_ = false; // compile() initialises once
 };
 
 } // namespace xshard
