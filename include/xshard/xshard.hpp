@@ -4,6 +4,7 @@
 
 #include <xshard/auto/auto_parallel.hpp>
 #include <xshard/auto/group_file.hpp>
+#include <xshard/auto/initializer.hpp>
 #include <xshard/auto/model.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
