@@ -487,9 +487,9 @@ using pp_mesh_t = xshard::mesh<"pp", "dp", "tp">;
 using pp_config_t = xshard::auto_parallel<model_t, pp_mesh_t>;
 
 /// The driver's 2 epochs of 4 steps through a pipeline over axis pp of `full`, with
-/// `micro` micro-batches, configured by `configure`; the weights read after an eval (which
-/// gives every stage the others' weights). Also checks that checkpoints raise under a
-/// pipeline.
+/// `micro` micro-batches, configured by `configure`, then an eval (which gives every stage
+/// the others' weights) whose loss and accuracy follow the training losses; the weights read
+/// after it. Also checks that checkpoints raise under a pipeline.
 template <class Configure>
 record drive_pipeline(const pp_mesh_t& full, Configure&& configure, int micro) {
     const auto stage = xshard::pipeline::stage_mesh_of<mesh_t>(full);
@@ -503,7 +503,10 @@ record drive_pipeline(const pp_mesh_t& full, Configure&& configure, int micro) {
     EXPECT_EQ(trainer.pipelined(), full.axis_size<"pp">() > 1);
     record r;
     r.losses = trainer.train(2, epochs_of_batches{&stage, 4});
-    (void)trainer.eval(std::vector{batch(stage, 0)});
+    // The eval's loss and accuracy join the losses (compared with a one-rank eval).
+    const auto e = trainer.eval(std::vector{batch(stage, 8), batch(stage, 9)});
+    r.losses.push_back(e.loss);
+    r.losses.push_back(e.accuracy);
     xshard::for_each_weight(model, [&](const std::string&, auto& w) {
         r.weights.push_back(xshard::gather_all(w.value));
     });
@@ -517,7 +520,12 @@ TEST(model_driver, pipeline_stages_equal_one_rank) {
     const mesh_t one(xshard::communicator::self(), {1, 1});
     const auto plain = [](auto&) {
     };
-    const auto serial = run(one, plain);
+    // One rank through the driver (no pipeline), and its training equal to the manual loop's.
+    const auto serial =
+        drive_pipeline(pp_mesh_t(xshard::communicator::self(), {1, 1, 1}), plain, 1);
+    auto trained = serial;
+    trained.losses.resize(trained.losses.size() - 2);
+    expect_same(trained, run(one, plain), "one rank: driver and manual loop");
     const auto w = world();
     std::vector<pp_mesh_t> meshes{pp_mesh_t(w, {1, w.size(), 1})}; // stages = 1: no pipeline
     if (w.size() % 2 == 0)
