@@ -63,7 +63,7 @@ struct window2 {
 };
 
 /// The windows with the padding a band info gives.
-window2 padded(const window2& g, const xshard::band_info<4>& at) {
+window2 padded(const window2& g, const xshard::ops::band_info<4>& at) {
     window2 r = g;
     r.h.pad_before = at.pad_before[2];
     r.h.pad_after = at.pad_after[2];
@@ -330,11 +330,11 @@ void run_layout(const Mesh& mesh, std::size_t H, std::size_t W) {
         const windowed_dims dims{{2, g.h}, {3, g.w}};
         const std::string what = where + ", " + cc.name;
         if (out_of_reach(H, parts_h, g.h) || out_of_reach(W, parts_w, g.w)) {
-            xshard::testing::expect_error([&] { xshard::spatial_op op(x, dims); },
+            xshard::testing::expect_error([&] { xshard::ops::spatial_op op(x, dims); },
                                           "reaches beyond its neighbouring bands");
             return;
         }
-        xshard::spatial_op op(x, dims);
+        xshard::ops::spatial_op op(x, dims);
         // Forward against the whole image.
         const tensor4 yg = forward(xg, g);
         traffic::reset();
@@ -345,7 +345,7 @@ void run_layout(const Mesh& mesh, std::size_t H, std::size_t W) {
         EXPECT_EQ(op.plan().bytes_sent(), expect) << what;
         EXPECT_EQ(op.plan().summary().bytes_sent(), expect) << what;
         const auto y = op.forward(
-            x, [&](const tensor4& band, const xshard::band_info<4>& at) {
+            x, [&](const tensor4& band, const xshard::ops::band_info<4>& at) {
                 return forward(band, padded(g, at));
             },
             {batch, cout, 0, 0});
@@ -359,7 +359,7 @@ void run_layout(const Mesh& mesh, std::size_t H, std::size_t W) {
         const tensor4 dxg = backward(xg, dyg, g, dwg);
         traffic::reset();
         const auto dx = op.backward(dy, [&](const tensor4& band, const tensor4& dy_local,
-                                            const xshard::band_info<4>& at) {
+                                            const xshard::ops::band_info<4>& at) {
             return backward(band, dy_local, padded(g, at), dw);
         });
         EXPECT_EQ(traffic::sent(), expected_bytes(x, g, true)) << what << " (adjoint)";
@@ -373,16 +373,16 @@ void run_layout(const Mesh& mesh, std::size_t H, std::size_t W) {
             allreduce(mesh.sub(rest), std::span(dw.data(), dw.size()), xshard::reduction::sum);
         EXPECT_TRUE(xt::allclose(dw, dwg, 1e-12, 1e-12)) << what;
         // The one-off forms agree.
-        const auto y1 = xshard::halo_apply(
-            x, dims, [&](const tensor4& band, const xshard::band_info<4>& at) {
+        const auto y1 = xshard::ops::halo_apply(
+            x, dims, [&](const tensor4& band, const xshard::ops::band_info<4>& at) {
                 return forward(band, padded(g, at));
             },
             {batch, cout, 0, 0});
         EXPECT_EQ(y1.local(), y.local()) << what;
         tensor4 unused = xt::zeros<double>(wt.shape());
-        const auto dx1 = xshard::halo_apply_backward(
+        const auto dx1 = xshard::ops::halo_apply_backward(
             x, dy, dims, [&](const tensor4& band, const tensor4& dy_local,
-                             const xshard::band_info<4>& at) {
+                             const xshard::ops::band_info<4>& at) {
                 return backward(band, dy_local, padded(g, at), unused);
             });
         EXPECT_EQ(dx1.local(), dx.local()) << what;
@@ -443,20 +443,20 @@ TEST(spatial, bands_thinner_than_the_halo_raise_on_every_rank) {
     const auto x = xshard::distribute<"[-, -, x, -]">(mesh, random_tensor({1, 2, p, 6}, 3));
     const windowed_dims dims{{2, {5, 1, 1, 2, 2}}, {3, {5, 1, 1, 2, 2}}};
     if (p >= 3) {
-        xshard::testing::expect_error([&] { xshard::spatial_op op(x, dims); },
+        xshard::testing::expect_error([&] { xshard::ops::spatial_op op(x, dims); },
                                       "dimension 2 of extent " + std::to_string(p) +
                                           " is split into " + std::to_string(p) +
                                           " bands of 1 rows, but band 0");
     } else {
-        xshard::spatial_op op(x, dims);
+        xshard::ops::spatial_op op(x, dims);
         EXPECT_EQ(op.plan().output_shape(), (std::array<std::size_t, 4>{1, 2, p, 6}));
     }
     // A window longer than the padded image, a dimension windowed twice.
     xshard::testing::expect_error(
-        [&] { xshard::spatial_op op(x, windowed_dims{{3, {9, 1, 1, 1, 1}}}); },
+        [&] { xshard::ops::spatial_op op(x, windowed_dims{{3, {9, 1, 1, 1, 1}}}); },
         "is longer than the padded extent 8");
     xshard::testing::expect_error(
-        [&] { xshard::spatial_op op(x, windowed_dims{{3, conv3}, {3, conv3}}); },
+        [&] { xshard::ops::spatial_op op(x, windowed_dims{{3, conv3}, {3, conv3}}); },
         "dimension 3 is windowed twice");
 }
 
@@ -464,10 +464,10 @@ TEST(spatial, a_local_function_of_the_wrong_shape_raises_on_every_rank) {
     const auto w = xshard::testing::world();
     const xshard::mesh<"x"> mesh(w, {w.size()});
     const auto x = xshard::distribute<"[-, -, x, -]">(mesh, random_tensor({1, 1, 2 * std::size_t(w.size()), 4}, 5));
-    xshard::spatial_op op(x, windowed_dims{{2, conv3}});
+    xshard::ops::spatial_op op(x, windowed_dims{{2, conv3}});
     xshard::testing::expect_error(
         [&] {
-            (void)op.forward(x, [&](const tensor4& band, const xshard::band_info<4>& at) {
+            (void)op.forward(x, [&](const tensor4& band, const xshard::ops::band_info<4>& at) {
                 tensor4 y = band; // the band, not the output block: wrong on ranks with halos
                 if (w.size() == 1 && at.output.extent[2] == band.shape(2))
                     y = xt::zeros<double>({1, 1, 1, 1});
@@ -481,7 +481,7 @@ TEST(spatial, the_plan_prints_its_halo_steps) {
     const auto w = xshard::testing::world();
     const xshard::mesh<"x"> mesh(w, {w.size()});
     const auto x = xshard::distribute<"[-, -, x, -]">(mesh, random_tensor({2, 3, 4 * std::size_t(w.size()), 5}, 6));
-    xshard::spatial_op op(x, windowed_dims{{2, conv3}, {3, conv3}});
+    xshard::ops::spatial_op op(x, windowed_dims{{2, conv3}, {3, conv3}});
     const auto text = op.describe();
     EXPECT_NE(text.find("window on dim 2: kernel 3, stride 1, dilation 1, padding 1/1"),
               std::string::npos)

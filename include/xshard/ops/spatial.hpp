@@ -10,8 +10,8 @@
 ///
 ///     xshard::windowed_dims w{{2, {.kernel = 3, .stride = 1, .pad_before = 1, .pad_after = 1}},
 ///                             {3, {.kernel = 3, .stride = 1, .pad_before = 1, .pad_after = 1}}};
-///     xshard::spatial_op op(x, w);                     // plan once (x: NCHW, H over sp)
-///     auto y = op.forward(x, [&](const auto& band, const xshard::band_info<4>& at) {
+///     xshard::ops::spatial_op op(x, w);                     // plan once (x: NCHW, H over sp)
+///     auto y = op.forward(x, [&](const auto& band, const xshard::ops::band_info<4>& at) {
 ///         return my_conv(band, weight, at.pad_before, at.pad_after); // -> at.output extents
 ///     }, {n, c_out, 0, 0});                              // the output's non-windowed extents
 ///     auto dx = op.backward(dy, [&](const auto& band, const auto& dy_local, const auto& at) {
@@ -46,20 +46,6 @@
 
 namespace xshard {
 
-/// What a local windowed function gets besides its band: where the band sits in the global
-/// input, the output block it must return (global coordinates; its extents are the shape to
-/// return), and per dimension the padding its window applies before and after the band (the
-/// window's own at the image border, 0 where a halo serves, 0 on non-windowed dimensions).
-/// Run with these paddings and the windows' kernel, stride and dilation, a kernel's natural
-/// output extent is exactly `output.extent` along every windowed dimension.
-template <std::size_t N>
-struct band_info {
-    box<N> band;
-    box<N> output;
-    std::array<std::size_t, N> pad_before{};
-    std::array<std::size_t, N> pad_after{};
-};
-
 namespace detail {
 
 template <class X, std::size_t N>
@@ -74,6 +60,23 @@ std::string local_shape_problem(const X& got, const std::array<std::size_t, N>& 
 }
 
 } // namespace detail
+
+namespace ops {
+
+/// What a local windowed function gets besides its band: where the band sits in the global
+/// input, the output block it must return (global coordinates; its extents are the shape to
+/// return), and per dimension the padding its window applies before and after the band (the
+/// window's own at the image border, 0 where a halo serves, 0 on non-windowed dimensions).
+/// Run with these paddings and the windows' kernel, stride and dilation, a kernel's natural
+/// output extent is exactly `output.extent` along every windowed dimension.
+template <std::size_t N>
+struct band_info {
+    box<N> band;
+    box<N> output;
+    std::array<std::size_t, N> pad_before{};
+    std::array<std::size_t, N> pad_after{};
+};
+
 
 /// A windowed operation on distributed tensors like `like` (type D), along `windows`: the
 /// halo plan built once (redistribute/halo.hpp), the band buffer allocated once; `forward`
@@ -135,12 +138,12 @@ public:
         auto local = agreed(mesh_.comm(), [&] {
             typename out_tensor::local_type y = f(std::as_const(band_), info);
             const auto problem =
-                detail::local_shape_problem(y, info.output.extent, "forward", mesh_.rank());
+                xshard::detail::local_shape_problem(y, info.output.extent, "forward", mesh_.rank());
             if (!problem.empty())
                 throw error(problem);
             return y;
         });
-        return out_tensor(detail::unchecked, mesh_, out_shape, std::move(local), layout_);
+        return out_tensor(xshard::detail::unchecked, mesh_, out_shape, std::move(local), layout_);
     }
 
     /// The gradient of the last `forward`'s input: `f(band, grad_out_local, info)` returns
@@ -162,21 +165,21 @@ public:
         for (const auto& w : plan_.windows())
             if (grad_out.shape()[w.dim] != plan_.output_shape()[w.dim])
                 throw error("xshard: spatial_op::backward: the output gradient has shape " +
-                            detail::shape_string(grad_out.shape()) + ", the output " +
-                            detail::shape_string(plan_.output_shape()) +
+                            xshard::detail::shape_string(grad_out.shape()) + ", the output " +
+                            xshard::detail::shape_string(plan_.output_shape()) +
                             " on the windowed dimensions");
         const auto info = info_for(grad_out.shape());
         auto grad_band = agreed(mesh_.comm(), [&] {
             local_type g = f(std::as_const(band_), grad_out.local(), info);
             const auto problem =
-                detail::local_shape_problem(g, plan_.band().extent, "backward", mesh_.rank());
+                xshard::detail::local_shape_problem(g, plan_.band().extent, "backward", mesh_.rank());
             if (!problem.empty())
                 throw error(problem);
             return g;
         });
         auto grad = local_type::from_shape(plan_.source_block().extent);
         plan_.adjoint(grad_band.data(), grad.data());
-        return tensor_type(detail::unchecked, mesh_, plan_.shape(), std::move(grad), layout_);
+        return tensor_type(xshard::detail::unchecked, mesh_, plan_.shape(), std::move(grad), layout_);
     }
 
     /// The extended band the last `forward` (or `exchange`) gathered.
@@ -202,9 +205,9 @@ private:
     void check(const tensor_type& x) const {
         if (!(x.mesh() == mesh_) || x.shape() != plan_.shape() || !(x.layout() == layout_))
             throw error("xshard: spatial_op: the plan is for " + layout_.to_string() + " " +
-                        detail::shape_string(plan_.shape()) + " on its mesh, the tensor is " +
-                        x.layout().to_string() + " " + detail::shape_string(x.shape()));
-        if (detail::to_array<rank>(x.local().shape()) != plan_.source_block().extent)
+                        xshard::detail::shape_string(plan_.shape()) + " on its mesh, the tensor is " +
+                        x.layout().to_string() + " " + xshard::detail::shape_string(x.shape()));
+        if (xshard::detail::to_array<rank>(x.local().shape()) != plan_.source_block().extent)
             throw error("xshard: spatial_op: the local shard of rank " +
                         std::to_string(mesh_.rank()) + " was resized");
     }
@@ -245,5 +248,7 @@ D halo_apply_backward(const D& x, const G& grad_out, const windowed_dims& window
     op.exchange(x);
     return op.backward(grad_out, std::forward<F>(f));
 }
+
+} // namespace ops
 
 } // namespace xshard
