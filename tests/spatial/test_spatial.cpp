@@ -477,11 +477,24 @@ TEST(spatial, a_local_function_of_the_wrong_shape_raises_on_every_rank) {
         "the local forward function returned shape");
 }
 
+TEST(spatial, a_resized_shard_raises_on_every_rank) {
+    const auto w = xshard::testing::world();
+    const xshard::mesh<"x"> mesh(w, {w.size()});
+    auto x = xshard::distribute<"[-, -, x, -]">(mesh, random_tensor({1, 1, 2 * std::size_t(w.size()), 4}, 5));
+    xshard::ops::spatial_op op(x, windowed_dims{{2, conv3}});
+    if (mesh.rank() == w.size() - 1)
+        x.local() = xt::zeros<double>({1, 1, 1, 4});
+    xshard::testing::expect_error([&] { op.exchange(x); }, "was resized");
+}
+
 TEST(spatial, the_plan_prints_its_halo_steps) {
     const auto w = xshard::testing::world();
     const xshard::mesh<"x"> mesh(w, {w.size()});
     const auto x = xshard::distribute<"[-, -, x, -]">(mesh, random_tensor({2, 3, 4 * std::size_t(w.size()), 5}, 6));
-    xshard::ops::spatial_op op(x, windowed_dims{{2, conv3}, {3, conv3}});
+    // The README's spelling of the windows.
+    const windowed_dims dims{{2, {.kernel = 3, .stride = 1, .pad_before = 1, .pad_after = 1}},
+                             {3, {.kernel = 3, .stride = 1, .pad_before = 1, .pad_after = 1}}};
+    xshard::ops::spatial_op op(x, dims);
     const auto text = op.describe();
     EXPECT_NE(text.find("window on dim 2: kernel 3, stride 1, dilation 1, padding 1/1"),
               std::string::npos)

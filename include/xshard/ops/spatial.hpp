@@ -38,6 +38,7 @@
 
 #include <array>
 #include <concepts>
+#include <optional>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -107,10 +108,17 @@ public:
     }
 
     /// Gathers `x`'s extended band into `band()` (its own rows and its neighbours' halo
-    /// rows). Collective over the spatial axes; allocates nothing. Throws (alike on every
-    /// rank) when `x` is not a tensor the plan was made for.
+    /// rows). Collective: one all-reduce of one int over the mesh (agreeing that no rank's
+    /// shard was resized), then the halo step over the spatial axes; allocates nothing.
+    /// Throws (alike on every rank) when `x` is not a tensor the plan was made for.
     const local_type& exchange(const tensor_type& x) {
         check(x);
+        std::optional<std::string> resized;
+        if (xshard::detail::to_array<rank>(x.local().shape()) != plan_.source_block().extent)
+            resized = "xshard: spatial_op: the local shard of rank " +
+                      std::to_string(mesh_.rank()) + " was resized (it no longer has the shape "
+                      "its layout gives it)";
+        agree_on_error(mesh_.comm(), resized);
         plan_.forward(x.local().data(), band_.data());
         return band_;
     }
@@ -120,8 +128,8 @@ public:
     /// extents are those of `out_shape` (default: `x`'s; its windowed entries are ignored).
     /// `f` returns the local output block (an xtensor expression of `info.output.extent`);
     /// it may change extents of non-windowed dimensions (channels) as `out_shape` says.
-    /// Collective: the halo step, then one all-reduce of one int agreeing that `f` returned
-    /// the right shape and did not throw on any rank (else every rank throws).
+    /// Collective: `exchange`, then one all-reduce of one int agreeing that `f` returned the
+    /// right shape and did not throw on any rank (else every rank throws).
     template <class F>
         requires std::invocable<F&, const local_type&, const band_info<rank>&>
     auto forward(const tensor_type& x, F&& f, shape_type out_shape = {}) {
@@ -207,9 +215,6 @@ private:
             throw error("xshard: spatial_op: the plan is for " + layout_.to_string() + " " +
                         xshard::detail::shape_string(plan_.shape()) + " on its mesh, the tensor is " +
                         x.layout().to_string() + " " + xshard::detail::shape_string(x.shape()));
-        if (xshard::detail::to_array<rank>(x.local().shape()) != plan_.source_block().extent)
-            throw error("xshard: spatial_op: the local shard of rank " +
-                        std::to_string(mesh_.rank()) + " was resized");
     }
 
     band_info<rank> info_for(const shape_type& out_shape) const {
