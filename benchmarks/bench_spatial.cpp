@@ -11,8 +11,8 @@
 
 #include "harness.hpp"
 
-#include <xshard/xshard.hpp>
 #include <xshard/redistribute/halo.hpp>
+#include <xshard/xshard.hpp>
 
 #include <mpi.h>
 
@@ -39,20 +39,26 @@ struct sendrecv_halo {
 
     sendrecv_halo(std::size_t n_planes, std::size_t own_rows, std::size_t w, std::size_t b,
                   std::size_t a, int rank, int size, MPI_Comm c)
-        : planes(n_planes), own(own_rows), width(w), before(b), after(a)
-        , up(rank > 0 ? rank - 1 : MPI_PROC_NULL), down(rank + 1 < size ? rank + 1 : MPI_PROC_NULL)
+        : planes(n_planes)
+        , own(own_rows)
+        , width(w)
+        , before(b)
+        , after(a)
+        , up(rank > 0 ? rank - 1 : MPI_PROC_NULL)
+        , down(rank + 1 < size ? rank + 1 : MPI_PROC_NULL)
         , comm(c) {
         const int band_rows = int(before + own + after);
         // What the neighbours need: the rank above needs my first `after_of_above` rows; with
         // equal bands and a symmetric window that is `before` rows (and `after` for below).
         auto vec = [&](std::size_t rows, int stride_rows) {
             MPI_Datatype t;
-            MPI_Type_vector(int(planes), int(rows * width), stride_rows * int(width), MPI_FLOAT, &t);
+            MPI_Type_vector(int(planes), int(rows * width), stride_rows * int(width), MPI_FLOAT,
+                            &t);
             MPI_Type_commit(&t);
             return t;
         };
-        send_up = vec(before, int(own));   // my first rows, to the rank above (its bottom halo)
-        send_down = vec(after, int(own));  // my last rows, to the rank below
+        send_up = vec(before, int(own));  // my first rows, to the rank above (its bottom halo)
+        send_down = vec(after, int(own)); // my last rows, to the rank below
         recv_top = vec(before, band_rows);
         recv_bottom = vec(after, band_rows);
         scratch_top.resize(planes * after * width);

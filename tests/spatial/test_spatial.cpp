@@ -45,7 +45,8 @@ static_assert(sliding_window{7, 1, 1, 0, 0}.output_extent(5) == 0);
 // image border's padding stays with the band at the border.
 static_assert(band_of(8, 2, 0, conv3) == xshard::halo_band{0, 4, 0, 4, 0, 5, 1, 0});
 static_assert(band_of(8, 2, 1, conv3) == xshard::halo_band{4, 4, 4, 4, 3, 5, 0, 1});
-static_assert(band_of(8, 2, 1, conv3).halo_before() == 1 && band_of(8, 2, 1, conv3).halo_after() == 0);
+static_assert(band_of(8, 2, 1, conv3).halo_before() == 1 &&
+              band_of(8, 2, 1, conv3).halo_after() == 0);
 // Stride 2 over uneven bands (4 + 3 rows, 4 output rows as 2 + 2): band 1 computes output
 // rows 2 and 3, from input rows 3 to 6 plus the bottom padding row.
 static_assert(band_of(7, 2, 1, pool3s2) == xshard::halo_band{4, 3, 2, 2, 3, 4, 0, 1});
@@ -213,8 +214,8 @@ std::pair<std::size_t, std::size_t> needed(std::size_t n, std::size_t k, std::si
     if (ext(m, k, i) == 0)
         return {0, 0};
     const long long first = (long long)(off(m, k, i) * w.stride) - (long long)w.pad_before;
-    const long long last =
-        (long long)((off(m, k, i) + ext(m, k, i) - 1) * w.stride + w.span()) - (long long)w.pad_before;
+    const long long last = (long long)((off(m, k, i) + ext(m, k, i) - 1) * w.stride + w.span()) -
+                           (long long)w.pad_before;
     return {std::size_t(std::max(first, 0LL)), std::size_t(std::min(last, (long long)n))};
 }
 
@@ -344,11 +345,11 @@ void run_layout(const Mesh& mesh, std::size_t H, std::size_t W) {
         EXPECT_EQ(sent, expect) << what;
         EXPECT_EQ(op.plan().bytes_sent(), expect) << what;
         EXPECT_EQ(op.plan().summary().bytes_sent(), expect) << what;
-        const auto y = op.forward(
-            x, [&](const tensor4& band, const xshard::ops::band_info<4>& at) {
-                return forward(band, padded(g, at));
-            },
-            {batch, cout, 0, 0});
+        const auto y = op.forward(x,
+                                  [&](const tensor4& band, const xshard::ops::band_info<4>& at) {
+                                      return forward(band, padded(g, at));
+                                  },
+                                  {batch, cout, 0, 0});
         const std::array<std::size_t, 4> yshape{batch, cout, yg.shape(2), yg.shape(3)};
         ASSERT_EQ(y.shape(), yshape) << what;
         EXPECT_TRUE(xt::allclose(y.local(), block_in(yg, y, yshape), 1e-12, 1e-12)) << what;
@@ -373,16 +374,17 @@ void run_layout(const Mesh& mesh, std::size_t H, std::size_t W) {
             allreduce(mesh.sub(rest), std::span(dw.data(), dw.size()), xshard::reduction::sum);
         EXPECT_TRUE(xt::allclose(dw, dwg, 1e-12, 1e-12)) << what;
         // The one-off forms agree.
-        const auto y1 = xshard::ops::halo_apply(
-            x, dims, [&](const tensor4& band, const xshard::ops::band_info<4>& at) {
-                return forward(band, padded(g, at));
-            },
-            {batch, cout, 0, 0});
+        const auto y1 =
+            xshard::ops::halo_apply(x, dims,
+                                    [&](const tensor4& band, const xshard::ops::band_info<4>& at) {
+                                        return forward(band, padded(g, at));
+                                    },
+                                    {batch, cout, 0, 0});
         EXPECT_EQ(y1.local(), y.local()) << what;
         tensor4 unused = xt::zeros<double>(wt.shape());
         const auto dx1 = xshard::ops::halo_apply_backward(
-            x, dy, dims, [&](const tensor4& band, const tensor4& dy_local,
-                             const xshard::ops::band_info<4>& at) {
+            x, dy, dims,
+            [&](const tensor4& band, const tensor4& dy_local, const xshard::ops::band_info<4>& at) {
                 return backward(band, dy_local, padded(g, at), unused);
             });
         EXPECT_EQ(dx1.local(), dx.local()) << what;
@@ -430,7 +432,7 @@ TEST(spatial, height_and_width_split_on_a_2d_mesh) {
             continue;
         const xshard::mesh<"a", "b"> mesh(w, {a, w.size() / a});
         run_layout<"[-, -, a, b]">(mesh, 13, 11);
-        run_layout<"[a, -, -, b]">(mesh, 10, 12); // batch over a (data parallel), width over b
+        run_layout<"[a, -, -, b]">(mesh, 10, 12);    // batch over a (data parallel), width over b
         run_layout<"[-, -, (a,b), -]">(mesh, 20, 7); // height over both axes
     }
 }
@@ -453,17 +455,22 @@ TEST(spatial, bands_thinner_than_the_halo_raise_on_every_rank) {
     }
     // A window longer than the padded image, a dimension windowed twice.
     xshard::testing::expect_error(
-        [&] { xshard::ops::spatial_op op(x, windowed_dims{{3, {9, 1, 1, 1, 1}}}); },
+        [&] {
+            xshard::ops::spatial_op op(x, windowed_dims{{3, {9, 1, 1, 1, 1}}});
+        },
         "is longer than the padded extent 8");
     xshard::testing::expect_error(
-        [&] { xshard::ops::spatial_op op(x, windowed_dims{{3, conv3}, {3, conv3}}); },
+        [&] {
+            xshard::ops::spatial_op op(x, windowed_dims{{3, conv3}, {3, conv3}});
+        },
         "dimension 3 is windowed twice");
 }
 
 TEST(spatial, a_local_function_of_the_wrong_shape_raises_on_every_rank) {
     const auto w = xshard::testing::world();
     const xshard::mesh<"x"> mesh(w, {w.size()});
-    const auto x = xshard::distribute<"[-, -, x, -]">(mesh, random_tensor({1, 1, 2 * std::size_t(w.size()), 4}, 5));
+    const auto x = xshard::distribute<"[-, -, x, -]">(
+        mesh, random_tensor({1, 1, 2 * std::size_t(w.size()), 4}, 5));
     xshard::ops::spatial_op op(x, windowed_dims{{2, conv3}});
     xshard::testing::expect_error(
         [&] {
@@ -480,7 +487,8 @@ TEST(spatial, a_local_function_of_the_wrong_shape_raises_on_every_rank) {
 TEST(spatial, a_resized_shard_raises_on_every_rank) {
     const auto w = xshard::testing::world();
     const xshard::mesh<"x"> mesh(w, {w.size()});
-    auto x = xshard::distribute<"[-, -, x, -]">(mesh, random_tensor({1, 1, 2 * std::size_t(w.size()), 4}, 5));
+    auto x = xshard::distribute<"[-, -, x, -]">(
+        mesh, random_tensor({1, 1, 2 * std::size_t(w.size()), 4}, 5));
     xshard::ops::spatial_op op(x, windowed_dims{{2, conv3}});
     if (mesh.rank() == w.size() - 1)
         x.local() = xt::zeros<double>({1, 1, 1, 4});
@@ -490,7 +498,8 @@ TEST(spatial, a_resized_shard_raises_on_every_rank) {
 TEST(spatial, the_plan_prints_its_halo_steps) {
     const auto w = xshard::testing::world();
     const xshard::mesh<"x"> mesh(w, {w.size()});
-    const auto x = xshard::distribute<"[-, -, x, -]">(mesh, random_tensor({2, 3, 4 * std::size_t(w.size()), 5}, 6));
+    const auto x = xshard::distribute<"[-, -, x, -]">(
+        mesh, random_tensor({2, 3, 4 * std::size_t(w.size()), 5}, 6));
     // The README's spelling of the windows.
     const windowed_dims dims{{2, {.kernel = 3, .stride = 1, .pad_before = 1, .pad_after = 1}},
                              {3, {.kernel = 3, .stride = 1, .pad_before = 1, .pad_after = 1}}};

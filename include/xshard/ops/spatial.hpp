@@ -38,8 +38,8 @@
 
 #include <array>
 #include <concepts>
-#include <optional>
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -78,12 +78,14 @@ struct band_info {
     std::array<std::size_t, N> pad_after{};
 };
 
-
 /// A windowed operation on distributed tensors like `like` (type D), along `windows`: the
 /// halo plan built once (redistribute/halo.hpp), the band buffer allocated once; `forward`
 /// and `backward` run many times. The windowed dimensions may be split over any mesh axes,
 /// the others too (a batch split over dp is data parallelism alongside); bands smaller than
-/// the halo throw `xshard::error` on every rank at construction.
+/// the halo throw `xshard::error` on every rank at construction. A partial(sum) input is
+/// right only for a linear local function (convolution, average pooling: the output keeps
+/// the pending sum), as with `shard_local`; partial(max/min) is a compile error (or an error
+/// for a run-time layout).
 template <distributed_tensor D>
 class spatial_op {
 public:
@@ -95,6 +97,13 @@ public:
     using shape_type = std::array<std::size_t, rank>;
     using local_type = typename tensor_type::local_type;
     static_assert(rank >= 1, "xshard: spatial_op: a scalar has no dimension to slide a window on");
+    // A pending sum passes through a linear local function (a convolution of the terms is a
+    // term of the convolution), and the halo adjoint is a sum; pending max/min terms have
+    // neither property.
+    static_assert(static_layout.dynamic || !static_layout.is_partial() ||
+                      static_layout.op == reduction::sum,
+                  "xshard: spatial_op: a partial(max) or partial(min) tensor cannot be windowed; "
+                  "redistribute it to a layout without pending max/min terms first");
 
     /// Plans the halo exchange of tensors like `like` (its mesh, global shape and layout).
     /// Communicates nothing; throws on every rank alike when the windows cannot serve it.
@@ -103,6 +112,11 @@ public:
         , layout_(like.layout())
         , plan_(like.mesh(), like.shape(), like.layout(), windows, model)
         , band_(local_type::from_shape(plan_.band().extent)) {
+        if (layout_.is_partial() && layout_.op != reduction::sum)
+            throw error("xshard: spatial_op: the partial(" + std::string(to_string(layout_.op)) +
+                        ") tensor " + layout_.to_string() +
+                        " cannot be windowed; redistribute "
+                        "it first");
         for (const auto& w : windows)
             spatial_axes_ = spatial_axes_ | layout_.split_axes(w.dim, mesh_.shape());
     }
@@ -116,7 +130,8 @@ public:
         std::optional<std::string> resized;
         if (xshard::detail::to_array<rank>(x.local().shape()) != plan_.source_block().extent)
             resized = "xshard: spatial_op: the local shard of rank " +
-                      std::to_string(mesh_.rank()) + " was resized (it no longer has the shape "
+                      std::to_string(mesh_.rank()) +
+                      " was resized (it no longer has the shape "
                       "its layout gives it)";
         agree_on_error(mesh_.comm(), resized);
         plan_.forward(x.local().data(), band_.data());
@@ -131,11 +146,11 @@ public:
     /// Collective: `exchange`, then one all-reduce of one int agreeing that `f` returned the
     /// right shape and did not throw on any rank (else every rank throws).
     template <class F>
-        requires std::invocable<F&, const local_type&, const band_info<rank>&>
-    auto forward(const tensor_type& x, F&& f, shape_type out_shape = {}) {
+    requires std::invocable < F&, const local_type&, const band_info<rank>
+    & > auto forward(const tensor_type& x, F&& f, shape_type out_shape = {}) {
         exchange(x);
-        using result_t = std::remove_cvref_t<std::invoke_result_t<F&, const local_type&,
-                                                                  const band_info<rank>&>>;
+        using result_t = std::remove_cvref_t<
+            std::invoke_result_t<F&, const local_type&, const band_info<rank>&>>;
         using U = typename result_t::value_type;
         using out_tensor = dtensor<U, mesh_type, static_layout>;
         if (out_shape == shape_type{})
@@ -161,14 +176,15 @@ public:
     /// gradients `f` computes on the side are this band's terms (see the file comment).
     /// Collective: one all-reduce of one int (agreeing on `f`), then the adjoint exchange.
     template <distributed_tensor G, class F>
-        requires std::invocable<F&, const local_type&, const typename G::local_type&,
-                                const band_info<rank>&>
-    tensor_type backward(const G& grad_out, F&& f) {
+    requires std::invocable < F&, const local_type&, const typename G::local_type&,
+        const band_info<rank>
+    & > tensor_type backward(const G& grad_out, F&& f) {
         static_assert(G::rank == rank, "xshard: spatial_op::backward: the output gradient's rank "
                                        "differs from the input's");
         if (!(grad_out.mesh() == mesh_) || !(grad_out.layout() == layout_))
             throw error("xshard: spatial_op::backward: the output gradient must be laid out as "
-                        "the input, " + layout_.to_string() + ", on its mesh; it is " +
+                        "the input, " +
+                        layout_.to_string() + ", on its mesh; it is " +
                         grad_out.layout().to_string());
         for (const auto& w : plan_.windows())
             if (grad_out.shape()[w.dim] != plan_.output_shape()[w.dim])
@@ -179,15 +195,16 @@ public:
         const auto info = info_for(grad_out.shape());
         auto grad_band = agreed(mesh_.comm(), [&] {
             local_type g = f(std::as_const(band_), grad_out.local(), info);
-            const auto problem =
-                xshard::detail::local_shape_problem(g, plan_.band().extent, "backward", mesh_.rank());
+            const auto problem = xshard::detail::local_shape_problem(g, plan_.band().extent,
+                                                                     "backward", mesh_.rank());
             if (!problem.empty())
                 throw error(problem);
             return g;
         });
         auto grad = local_type::from_shape(plan_.source_block().extent);
         plan_.adjoint(grad_band.data(), grad.data());
-        return tensor_type(xshard::detail::unchecked, mesh_, plan_.shape(), std::move(grad), layout_);
+        return tensor_type(xshard::detail::unchecked, mesh_, plan_.shape(), std::move(grad),
+                           layout_);
     }
 
     /// The extended band the last `forward` (or `exchange`) gathered.
@@ -213,8 +230,9 @@ private:
     void check(const tensor_type& x) const {
         if (!(x.mesh() == mesh_) || x.shape() != plan_.shape() || !(x.layout() == layout_))
             throw error("xshard: spatial_op: the plan is for " + layout_.to_string() + " " +
-                        xshard::detail::shape_string(plan_.shape()) + " on its mesh, the tensor is " +
-                        x.layout().to_string() + " " + xshard::detail::shape_string(x.shape()));
+                        xshard::detail::shape_string(plan_.shape()) +
+                        " on its mesh, the tensor is " + x.layout().to_string() + " " +
+                        xshard::detail::shape_string(x.shape()));
     }
 
     band_info<rank> info_for(const shape_type& out_shape) const {

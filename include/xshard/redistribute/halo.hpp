@@ -105,7 +105,8 @@ struct halo_band {
 
     /// Rows of the extended band before and after the rank's own rows (halos).
     constexpr std::size_t halo_before() const {
-        return extent == 0 || offset >= own_offset ? 0 : std::min(own_offset, offset + extent) - offset;
+        return extent == 0 || offset >= own_offset ? 0
+                                                   : std::min(own_offset, offset + extent) - offset;
     }
     constexpr std::size_t halo_after() const {
         const std::size_t end = offset + extent, own_end = own_offset + own_extent;
@@ -130,7 +131,8 @@ constexpr halo_band band_of(std::size_t n, std::size_t parts, std::size_t i,
         return b;
     using sl = long long; // the window may start in the padding before row 0
     const sl lo = sl(b.out_offset * w.stride) - sl(w.pad_before);
-    const sl hi = sl((b.out_offset + b.out_extent - 1) * w.stride) - sl(w.pad_before) + sl(w.span());
+    const sl hi =
+        sl((b.out_offset + b.out_extent - 1) * w.stride) - sl(w.pad_before) + sl(w.span());
     const sl a = std::clamp(lo, sl(0), sl(n)), e = std::clamp(hi, a, sl(n));
     b.offset = std::size_t(a);
     b.extent = std::size_t(e - a);
@@ -190,8 +192,7 @@ void check_halo(const layout& l, const mesh_shape& mesh, const std::array<std::s
                         std::to_string(N) + " cannot be windowed");
         for (std::size_t j = 0; j < k; ++j)
             if (dims[j].dim == d)
-                throw error("xshard: halo: dimension " + std::to_string(d) +
-                            " is windowed twice");
+                throw error("xshard: halo: dimension " + std::to_string(d) + " is windowed twice");
         if (!w.valid())
             throw error("xshard: halo: the window along dimension " + std::to_string(d) + " (" +
                         w.to_string() + ") needs a kernel, stride and dilation of at least 1");
@@ -206,19 +207,17 @@ void check_halo(const layout& l, const mesh_shape& mesh, const std::array<std::s
             continue;
         const auto b = band_of(shape[d], parts, bad, w);
         const auto n = shape[d];
-        throw error("xshard: halo: dimension " + std::to_string(d) + " of extent " +
-                    std::to_string(n) + " is split into " + std::to_string(parts) +
-                    " bands of " + std::to_string(n / parts) +
-                    (n % parts ? " or " + std::to_string(n / parts + 1) : std::string()) +
-                    " rows, but band " + std::to_string(bad) + " (rows [" +
-                    std::to_string(b.own_offset) + ", " +
-                    std::to_string(b.own_offset + b.own_extent) + ")) needs input rows [" +
-                    std::to_string(b.offset) + ", " + std::to_string(b.offset + b.extent) +
-                    ") for a window of " + w.to_string() + ": its halo of " +
-                    std::to_string(b.halo_before()) + " rows before and " +
-                    std::to_string(b.halo_after()) +
-                    " after reaches beyond its neighbouring bands (use fewer ranks along this "
-                    "dimension, or larger images)");
+        throw error(
+            "xshard: halo: dimension " + std::to_string(d) + " of extent " + std::to_string(n) +
+            " is split into " + std::to_string(parts) + " bands of " + std::to_string(n / parts) +
+            (n % parts ? " or " + std::to_string(n / parts + 1) : std::string()) +
+            " rows, but band " + std::to_string(bad) + " (rows [" + std::to_string(b.own_offset) +
+            ", " + std::to_string(b.own_offset + b.own_extent) + ")) needs input rows [" +
+            std::to_string(b.offset) + ", " + std::to_string(b.offset + b.extent) +
+            ") for a window of " + w.to_string() + ": its halo of " +
+            std::to_string(b.halo_before()) + " rows before and " + std::to_string(b.halo_after()) +
+            " after reaches beyond its neighbouring bands (use fewer ranks along this "
+            "dimension, or larger images)");
     }
 }
 
@@ -247,7 +246,8 @@ std::vector<step_geometry<N>> halo_geometry(const layout& l, const mesh_shape& m
             if (q == g.group_rank)
                 continue;
             const auto them = mesh.coords(members[std::size_t(q)]);
-            const auto out = g.in_block.intersect(detail::band_box(l, mesh, shape, dims, k + 1, them));
+            const auto out =
+                g.in_block.intersect(detail::band_box(l, mesh, shape, dims, k + 1, them));
             const auto in = detail::band_box(l, mesh, shape, dims, k, them).intersect(g.out_block);
             if (!out.empty())
                 g.sends.emplace_back(q, out);
@@ -275,8 +275,8 @@ public:
     using shape_type = std::array<std::size_t, N>;
 
     template <mesh_type Mesh>
-    halo_plan(const Mesh& mesh, const shape_type& shape, const layout& l,
-              const windowed_dims& dims, const cost_model& model = {})
+    halo_plan(const Mesh& mesh, const shape_type& shape, const layout& l, const windowed_dims& dims,
+              const cost_model& model = {})
         : mesh_(mesh.shape())
         , shape_(shape)
         , layout_(l)
@@ -391,9 +391,9 @@ public:
     std::string describe() const {
         std::string out;
         for (const auto& wd : dims_)
-            out += "window on dim " + std::to_string(wd.dim) + ": " + wd.window.to_string() +
-                   " (" + std::to_string(shape_[wd.dim]) + " -> " +
-                   std::to_string(output_shape_[wd.dim]) + " rows)\n";
+            out += "window on dim " + std::to_string(wd.dim) + ": " + wd.window.to_string() + " (" +
+                   std::to_string(shape_[wd.dim]) + " -> " + std::to_string(output_shape_[wd.dim]) +
+                   " rows)\n";
         return out + xshard::describe(summary_, mesh_);
     }
 
@@ -410,8 +410,8 @@ private:
     struct compiled_step {
         step_geometry<N> geo;
         communicator comm;
-        std::vector<message> sends; ///< regions of the input box (forward sends)
-        std::vector<message> recvs; ///< regions of the band box (forward receives, adjoint sends)
+        std::vector<message> sends;  ///< regions of the input box (forward sends)
+        std::vector<message> recvs;  ///< regions of the band box (forward receives, adjoint sends)
         std::vector<message> packed; ///< adjoint receives: the send regions, packed in scratch
         message_batch messages;
     };
@@ -458,8 +458,8 @@ private:
         for (const auto& [peer, region] : geo.recvs)
             s.recvs.push_back(describe_region(peer, geo.out_block, region));
         s.messages.reserve(s.sends.size() + s.recvs.size());
-        trivial_ = trivial_ && geo.in_block == geo.out_block && geo.sends.empty() &&
-                   geo.recvs.empty();
+        trivial_ =
+            trivial_ && geo.in_block == geo.out_block && geo.sends.empty() && geo.recvs.empty();
         return s;
     }
 
@@ -493,9 +493,9 @@ private:
         // may overlap on a thin band).
         for (std::size_t j = 0; j < geo.sends.size(); ++j) {
             const auto& region = geo.sends[j].second;
-            detail::for_each_run(scratch_.data() + s.packed[j].offset, region.extent,
-                                 region.offset, grad_in, geo.in_block.extent, geo.in_block.offset,
-                                 region, [](T* d, const T* x, std::size_t n) {
+            detail::for_each_run(scratch_.data() + s.packed[j].offset, region.extent, region.offset,
+                                 grad_in, geo.in_block.extent, geo.in_block.offset, region,
+                                 [](T* d, const T* x, std::size_t n) {
                                      for (std::size_t e = 0; e < n; ++e)
                                          d[e] += x[e];
                                  });
