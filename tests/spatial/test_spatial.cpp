@@ -265,6 +265,7 @@ struct conv_case {
 
 const std::vector<conv_case> conv_cases = {
     {{{1, 1, 1, 0, 0}, {1, 1, 1, 0, 0}}, "k1"},
+    {{{1, 2, 1, 0, 0}, {1, 2, 1, 0, 0}}, "k1 stride 2 (ResNet's downsampling shortcut)"},
     {{conv3, conv3}, "k3"},
     {{{5, 1, 1, 2, 2}, {5, 1, 1, 2, 2}}, "k5"},
     {{{7, 1, 1, 3, 3}, {7, 1, 1, 3, 3}}, "k7"},
@@ -417,6 +418,7 @@ TEST(spatial, height_split_matches_the_whole_image) {
     const xshard::mesh<"x"> mesh(w, {w.size()});
     run_layout<"[-, -, x, -]">(mesh, 13, 11);
     run_layout<"[-, -, x, -]">(mesh, 24, 6); // even bands, 24 / 6 = 4 rows for k7 at 6 ranks
+    run_layout<"[-, -, x, -]">(mesh, 5, 4);  // at 4 and 6 ranks, bands without output rows
 }
 
 TEST(spatial, width_split_matches_the_whole_image) {

@@ -70,6 +70,9 @@ namespace ops {
 /// window's own at the image border, 0 where a halo serves, 0 on non-windowed dimensions).
 /// Run with these paddings and the windows' kernel, stride and dilation, a kernel's natural
 /// output extent is exactly `output.extent` along every windowed dimension.
+/// The local function runs on every rank, also where the block is empty (more bands than
+/// output rows, a batch split thinner than the ranks): it returns an empty tensor of
+/// `output.extent` there (kernels that reject empty shapes test `output.size() == 0`).
 template <std::size_t N>
 struct band_info {
     box<N> band;
