@@ -61,6 +61,7 @@
 #include <xshard/ops/reduce.hpp>
 #include <xshard/ops/rules.hpp>
 #include <xshard/ops/shape.hpp>
+#include <xshard/ops/spatial.hpp>
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/optim/schedules.hpp>
 #include <xshard/param/parameter.hpp>
@@ -78,6 +79,7 @@
 #include <xshard/redistribute/batch.hpp>
 #include <xshard/redistribute/cost_model.hpp>
 #include <xshard/redistribute/geometry.hpp>
+#include <xshard/redistribute/halo.hpp>
 #include <xshard/redistribute/node_step.hpp>
 #include <xshard/redistribute/plan.hpp>
 #include <xshard/redistribute/planner.hpp>

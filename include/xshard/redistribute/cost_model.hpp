@@ -65,7 +65,7 @@ struct cost_model {
             return reduce_scatter;
         case step_kind::all_reduce:
             return all_reduce;
-        default:
+        default: // exchange, and halo (point to point with the neighbouring bands)
             return exchange;
         }
     }

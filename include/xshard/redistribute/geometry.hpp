@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -150,6 +151,8 @@ step_geometry<N> geometry_of(const step& s, const mesh_shape& mesh,
         g.kept = g.out_block;
         break;
     }
+    case step_kind::halo:
+        throw std::logic_error("xshard: a halo step's geometry needs its window (halo.hpp)");
     default: { // every exchange-like step: exactly the block intersections
         enter_group(s.from.split_axes(mesh));
         const auto members = mesh.group_ranks(rank, g.group);
@@ -351,7 +354,11 @@ inline std::string describe(const plan_summary& p, const mesh_shape& mesh) {
                 out += (k ? "," : "") + std::string(s.planned.axes[k].view());
             out += ")";
         }
-        out += ": " + s.planned.from.to_string() + " -> " + s.planned.to.to_string() + "\n";
+        if (s.planned.kind == step_kind::halo)
+            out += ": " + s.planned.from.to_string() + " + halo on dim " +
+                   std::to_string(s.planned.dim) + "\n";
+        else
+            out += ": " + s.planned.from.to_string() + " -> " + s.planned.to.to_string() + "\n";
         out += "   over " +
                (s.group.empty() ? std::string("no communicator")
                                 : "{" + s.group + "} (" + std::to_string(s.group_size) + " ranks)");

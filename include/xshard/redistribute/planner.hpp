@@ -18,6 +18,9 @@
 /// |                |                                 | a sum, the others zeros)             |
 /// | exchange       | anything else, several axes     | one exchange of exactly the block    |
 /// |                | at once, reorders               | intersections (point to point)       |
+/// | halo           | split(d) -> split(d) + the rows | point to point with the neighbouring |
+/// |                | a window needs from neighbours  | bands only (halo.hpp; not planned    |
+/// |                | (its adjoint sums them back)    | between layouts, made by halo_plan)  |
 ///
 /// An axis joins or leaves a split dimension at its minor end (the last axis listed), so a
 /// dimension split over (dp, mp) loses mp before dp. Three candidates are planned:
@@ -52,6 +55,7 @@ enum class step_kind : std::uint8_t {
     reduce_scatter,
     zero,
     exchange,
+    halo,
 };
 
 constexpr std::string_view to_string(step_kind k) {
@@ -70,6 +74,8 @@ constexpr std::string_view to_string(step_kind k) {
         return "zero";
     case step_kind::exchange:
         return "exchange";
+    case step_kind::halo:
+        return "halo";
     }
     return "?";
 }

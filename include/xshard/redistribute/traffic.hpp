@@ -30,6 +30,7 @@
 #include <array>
 #include <cstddef>
 #include <limits>
+#include <stdexcept>
 #include <utility>
 
 namespace xshard {
@@ -334,6 +335,8 @@ step_traffic<N> traffic_of(const step& s, const mesh_shape& mesh,
         t.kept = t.out_block;
         break;
     }
+    case step_kind::halo:
+        throw std::logic_error("xshard: a halo step is counted from its geometry (halo.hpp)");
     default: { // every exchange-like step: exactly the block intersections
         enter_group(s.from.split_axes(mesh));
         t.kept = t.in_block.intersect(t.out_block);
