@@ -59,16 +59,23 @@ public:
     }
 
     /// x [N, 3, H, W] -> logits [N, num_classes] (the batch laid out as x's).
-    tensor<T, Mesh> forward(const tensor<T, Mesh, 4>& x) {
-        auto h = pool_.forward(relu_.forward(bn1_.forward(conv1_.forward(x))));
-        for (auto& b : blocks_)
-            h = b.forward(h);
-        return fc_.forward(gap_.forward(h));
-    }
+    tensor<T, Mesh> forward(const tensor<T, Mesh, 4>& x) { return fc_.forward(features(x)); }
 
     /// The gradient of the logits -> that of the input; weights' gradients added.
     tensor<T, Mesh, 4> backward(const tensor<T, Mesh>& dlogits) {
-        auto d = gap_.backward(fc_.backward(dlogits));
+        return backward_features(fc_.backward(dlogits));
+    }
+
+    /// The network without its classifier: x -> the pooled features [N, 512 expansion] (for
+    /// a head of one's own, e.g. MindSpore's hybrid mode); `backward_features` is its adjoint.
+    tensor<T, Mesh> features(const tensor<T, Mesh, 4>& x) {
+        auto h = pool_.forward(relu_.forward(bn1_.forward(conv1_.forward(x))));
+        for (auto& b : blocks_)
+            h = b.forward(h);
+        return gap_.forward(h);
+    }
+    tensor<T, Mesh, 4> backward_features(const tensor<T, Mesh>& dfeatures) {
+        auto d = gap_.backward(dfeatures);
         for (auto b = blocks_.rbegin(); b != blocks_.rend(); ++b)
             d = b->backward(d);
         return conv1_.backward(bn1_.backward(relu_.backward(pool_.backward(d))));
