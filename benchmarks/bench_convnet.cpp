@@ -1,7 +1,8 @@
 // Convolutional networks (JSON lines, harness.hpp):
 //   resnet18_step_dp2_f32   a ResNet-18 training step (forward, backward, gradient all-reduce,
 //                           Momentum) on a global batch of 64 32 x 32 images split over the
-//                           ranks, vs `one_rank`: the same step on the whole batch on one rank.
+//                           ranks (local batch norm), vs `one_rank`: the same step on the whole
+//                           batch on one rank.
 //   conv2d_local_f32[_<shape>]  xshard's local convolution (forward, backward to the input and
 //                           to the weights) vs `onednn_direct`: oneDNN's primitives called
 //                           directly on the same NCHW shapes, built once. On planes under 8 x 8
@@ -47,11 +48,16 @@ void resnet_step(const xshard::communicator& world, const bench::options& o) {
     const mesh_t mesh(world, {world.size(), 1});
     const mesh_t one(xshard::communicator::self(), {1, 1});
     std::mt19937 e(1);
-    const xt::xtensor<T, 4> gx = xt::random::rand<T>(std::array<std::size_t, 4>{batch, 3, S, S}, T(-1), T(1), e);
-    auto net = nn::resnet18<T>(mesh, 10, {.blocks = {.sync_bn = true}});
-    auto serial = nn::resnet18<T>(one, 10, {.blocks = {.sync_bn = true}});
-    const auto x = xshard::distribute<xshard::dynamic_layout(4)>(mesh, gx, nn::make_layout({"dp", "", "", ""}));
-    const auto sx = xshard::distribute<xshard::dynamic_layout(4)>(one, gx, nn::make_layout({"", "", "", ""}));
+    const xt::xtensor<T, 4> gx =
+        xt::random::rand<T>(std::array<std::size_t, 4>{batch, 3, S, S}, T(-1), T(1), e);
+    // Batch norm with each rank's statistics (MindSpore's data-parallel default): no
+    // collective in the forward and backward passes, only the gradient all-reduce.
+    auto net = nn::resnet18<T>(mesh, 10);
+    auto serial = nn::resnet18<T>(one, 10);
+    const auto x = xshard::distribute<xshard::dynamic_layout(4)>(
+        mesh, gx, nn::make_layout({"dp", "", "", ""}));
+    const auto sx =
+        xshard::distribute<xshard::dynamic_layout(4)>(one, gx, nn::make_layout({"", "", "", ""}));
     xshard::optim::momentum a({.lr = 0.01, .momentum = 0.9}), b({.lr = 0.01, .momentum = 0.9});
     const auto t = bench::compare(world, o, step_of(net, x, a), step_of(serial, sx, b));
     bench::report(world, "resnet18_step_dp" + std::to_string(world.size()) + "_f32",
@@ -70,19 +76,29 @@ struct direct {
     direct(const ops::conv2d_geometry& g, T* x, T* w, T* y, T* dx, T* dw) {
         using tag = dnnl::memory::format_tag;
         using dt = dnnl::memory::data_type;
-        auto d = [](std::size_t v) { return dnnl::memory::dim(v); };
-        const dnnl::memory::desc sm({d(g.batch), d(g.in_channels), d(g.in_h), d(g.in_w)}, dt::f32, tag::nchw);
-        const dnnl::memory::desc dm({d(g.batch), d(g.out_channels), d(g.out_h()), d(g.out_w())}, dt::f32, tag::nchw);
-        const dnnl::memory::desc wm({d(g.out_channels), d(g.in_channels), d(g.kernel_h), d(g.kernel_w)}, dt::f32, tag::oihw);
-        const dnnl::memory::dims st{d(g.stride_h), d(g.stride_w)}, dil{d(g.dilation_h) - 1, d(g.dilation_w) - 1},
-            pl{d(g.pad.top), d(g.pad.left)}, pr{d(g.pad.bottom), d(g.pad.right)};
-        const dnnl::convolution_forward::primitive_desc fpd(
-            {dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, sm, wm, dm, st, dil, pl, pr}, eng);
+        auto d = [](std::size_t v) {
+            return dnnl::memory::dim(v);
+        };
+        const dnnl::memory::desc sm({d(g.batch), d(g.in_channels), d(g.in_h), d(g.in_w)}, dt::f32,
+                                    tag::nchw);
+        const dnnl::memory::desc dm({d(g.batch), d(g.out_channels), d(g.out_h()), d(g.out_w())},
+                                    dt::f32, tag::nchw);
+        const dnnl::memory::desc wm(
+            {d(g.out_channels), d(g.in_channels), d(g.kernel_h), d(g.kernel_w)}, dt::f32,
+            tag::oihw);
+        const dnnl::memory::dims st{d(g.stride_h), d(g.stride_w)},
+            dil{d(g.dilation_h) - 1, d(g.dilation_w) - 1}, pl{d(g.pad.top), d(g.pad.left)},
+            pr{d(g.pad.bottom), d(g.pad.right)};
+        const dnnl::convolution_forward::primitive_desc fpd({dnnl::prop_kind::forward_training,
+                                                             dnnl::algorithm::convolution_direct,
+                                                             sm, wm, dm, st, dil, pl, pr},
+                                                            eng);
         fwd = dnnl::convolution_forward(fpd);
         bwd_data = dnnl::convolution_backward_data(dnnl::convolution_backward_data::primitive_desc(
             {dnnl::algorithm::convolution_direct, sm, wm, dm, st, dil, pl, pr}, eng, fpd));
-        bwd_weights = dnnl::convolution_backward_weights(dnnl::convolution_backward_weights::primitive_desc(
-            {dnnl::algorithm::convolution_direct, sm, wm, dm, st, dil, pl, pr}, eng, fpd));
+        bwd_weights =
+            dnnl::convolution_backward_weights(dnnl::convolution_backward_weights::primitive_desc(
+                {dnnl::algorithm::convolution_direct, sm, wm, dm, st, dil, pl, pr}, eng, fpd));
         src = dnnl::memory(sm, eng, x);
         wei = dnnl::memory(wm, eng, w);
         dst = dnnl::memory(dm, eng, y);
@@ -91,8 +107,10 @@ struct direct {
     }
     void operator()() {
         fwd.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
-        bwd_data.execute(s, {{DNNL_ARG_DIFF_DST, dst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}});
-        bwd_weights.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, dst}, {DNNL_ARG_DIFF_WEIGHTS, dwei}});
+        bwd_data.execute(
+            s, {{DNNL_ARG_DIFF_DST, dst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}});
+        bwd_weights.execute(
+            s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, dst}, {DNNL_ARG_DIFF_WEIGHTS, dwei}});
         s.wait();
     }
 };
@@ -101,7 +119,8 @@ void conv_local(const xshard::communicator& world, const bench::options& o, cons
                 std::size_t n, std::size_t c, std::size_t hw, std::size_t out, std::size_t stride) {
     ops::conv2d_geometry g;
     g.batch = o.quick ? 2 : n, g.in_channels = c, g.in_h = g.in_w = hw, g.out_channels = out;
-    g.kernel_h = g.kernel_w = 3, g.stride_h = g.stride_w = stride, g.pad = ops::padding2d::uniform(1);
+    g.kernel_h = g.kernel_w = 3, g.stride_h = g.stride_w = stride,
+    g.pad = ops::padding2d::uniform(1);
     std::mt19937 e(2);
     std::uniform_real_distribution<T> u(-1, 1);
     auto fill = [&](std::size_t k) {
@@ -130,9 +149,9 @@ int main(int argc, char** argv) {
     const auto o = bench::options::parse(argc, argv);
     const auto world = xshard::communicator::world();
     if (o.wants("conv2d_local_f32"))
-        conv_local(world, o, "conv2d_local_f32", 32, 64, 16, 64, 1);          // oneDNN's regime
+        conv_local(world, o, "conv2d_local_f32", 32, 64, 16, 64, 1); // oneDNN's regime
     if (o.wants("conv2d_local_f32_4x4"))
-        conv_local(world, o, "conv2d_local_f32_4x4", 32, 256, 4, 256, 1);     // the GEMM's
+        conv_local(world, o, "conv2d_local_f32_4x4", 32, 256, 4, 256, 1); // the GEMM's
     if (o.wants("resnet18_step"))
         resnet_step(world, o);
     return 0;

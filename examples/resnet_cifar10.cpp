@@ -88,18 +88,20 @@ std::vector<std::filesystem::path> generated_cifar(const xshard::communicator& c
 /// this rank's rows, one small operator a line; returns the sum of the rows' losses and sets
 /// `dlogits` to d(mean loss)/d logits for a batch of `batch` rows.
 template <class T>
-T softmax_cross_entropy_expand(const xt::xtensor<T, 2>& logit, const xt::xtensor<std::int64_t, 1>& label,
-                               std::size_t batch, xt::xtensor<T, 2>& dlogits) {
-    const xt::xtensor<T, 2> logit_max = xt::amax(logit, {1}, xt::keep_dims);        // ReduceMax
-    const xt::xtensor<T, 2> exp = xt::exp(logit - logit_max);                       // Sub, Exp
-    const xt::xtensor<T, 2> exp_sum = xt::sum(exp, {1}, xt::keep_dims);             // ReduceSum
-    const xt::xtensor<T, 2> softmax_result = exp / exp_sum;                          // Div
-    xt::xtensor<T, 2> one_hot = xt::zeros<T>(logit.shape());                         // OneHot
+T softmax_cross_entropy_expand(const xt::xtensor<T, 2>& logit,
+                               const xt::xtensor<std::int64_t, 1>& label, std::size_t batch,
+                               xt::xtensor<T, 2>& dlogits) {
+    const xt::xtensor<T, 2> logit_max = xt::amax(logit, {1}, xt::keep_dims); // ReduceMax
+    const xt::xtensor<T, 2> exp = xt::exp(logit - logit_max);                // Sub, Exp
+    const xt::xtensor<T, 2> exp_sum = xt::sum(exp, {1}, xt::keep_dims);      // ReduceSum
+    const xt::xtensor<T, 2> softmax_result = exp / exp_sum;                  // Div
+    xt::xtensor<T, 2> one_hot = xt::zeros<T>(logit.shape());                 // OneHot
     for (std::size_t i = 0; i < label.size(); ++i)
         one_hot(i, std::size_t(label(i))) = T(1);
-    const xt::xtensor<T, 2> softmax_result_log = xt::log(softmax_result);           // Log
-    const xt::xtensor<T, 1> loss = -xt::sum(softmax_result_log * one_hot, {1});      // Mul, ReduceSum, Mul(-1)
-    dlogits = (softmax_result - one_hot) / T(batch);                                 // d ReduceMean
+    const xt::xtensor<T, 2> softmax_result_log = xt::log(softmax_result); // Log
+    const xt::xtensor<T, 1> loss =
+        -xt::sum(softmax_result_log * one_hot, {1}); // Mul, ReduceSum, Mul(-1)
+    dlogits = (softmax_result - one_hot) / T(batch); // d ReduceMean
     return loss.size() ? T(xt::sum(loss)()) : T(0);
 }
 
@@ -111,7 +113,8 @@ int train(const options& o) {
                             "parallelism needs the halo exchange of issue 19)");
     if (o.mode != "data_parallel" && o.mode != "semi_auto" && o.mode != "hybrid")
         throw xshard::error("resnet_cifar10: --mode takes data_parallel, semi_auto, hybrid or "
-                            "spatial, not " + o.mode);
+                            "spatial, not " +
+                            o.mode);
     if (o.depth != 18 && o.depth != 50)
         throw xshard::error("resnet_cifar10: --depth takes 18 or 50");
     if (o.image_size == 0 || o.image_size > 32 || o.grad_accumulation < 1)
@@ -125,18 +128,21 @@ int train(const options& o) {
         files = generated_cifar(world, o.generated);
     else
         for (int i = 1; i <= 5; ++i)
-            files.push_back(std::filesystem::path(o.cifar) / ("data_batch_" + std::to_string(i) + ".bin"));
+            files.push_back(std::filesystem::path(o.cifar) /
+                            ("data_batch_" + std::to_string(i) + ".bin"));
     auto samples = data::read_cifar10<T>(world, files);
     // Subsample to S x S and normalise as the tutorial (Rescale 1/255, Normalize).
     const std::size_t S = o.image_size;
-    const T mean[3] = {T(0.4914), T(0.4822), T(0.4465)}, stdev[3] = {T(0.2023), T(0.1994), T(0.2010)};
+    const T mean[3] = {T(0.4914), T(0.4822), T(0.4465)},
+            stdev[3] = {T(0.2023), T(0.1994), T(0.2010)};
     for (auto& s : samples) {
         xt::xtensor<T, 1> f = xt::xtensor<T, 1>::from_shape({3 * S * S});
         for (std::size_t c = 0; c < 3; ++c)
             for (std::size_t i = 0; i < S; ++i)
                 for (std::size_t j = 0; j < S; ++j)
                     f((c * S + i) * S + j) =
-                        (s.features(c * 1024 + (i * 32 / S) * 32 + j * 32 / S) - mean[c]) / stdev[c];
+                        (s.features(c * 1024 + (i * 32 / S) * 32 + j * 32 / S) - mean[c]) /
+                        stdev[c];
         s.features = std::move(f);
     }
 
@@ -148,9 +154,10 @@ int train(const options& o) {
         // hybrid: the classifier by hand, its classes split over mp ([-, mp]), weights from
         // the same seed as the built-in classifier's.
         const std::size_t features = o.depth == 18 ? 512 : 2048;
-        auto head = nn::make_weight<T>(mesh, std::array{features, classes}, nn::make_layout({"", "mp"}),
-                                       99, std::uniform_real_distribution<T>(-T(1) / std::sqrt(T(features)),
-                                                                             T(1) / std::sqrt(T(features))));
+        auto head =
+            nn::make_weight<T>(mesh, std::array{features, classes}, nn::make_layout({"", "mp"}), 99,
+                               std::uniform_real_distribution<T>(-T(1) / std::sqrt(T(features)),
+                                                                 T(1) / std::sqrt(T(features))));
         const bool hybrid = o.mode == "hybrid";
         auto params = std::tie(model, head);
         xshard::parameter_broadcast(params);
@@ -158,11 +165,13 @@ int train(const options& o) {
         const std::size_t micro = o.batch_size / std::size_t(o.grad_accumulation);
         if (micro * std::size_t(o.grad_accumulation) != o.batch_size)
             throw xshard::error("resnet_cifar10: --grad-accumulation must divide --batch-size");
-        const data::loader batches(mesh, samples, {.batch_size = micro, .seed = 7, .uneven_batches = true});
+        const data::loader batches(mesh, samples,
+                                   {.batch_size = micro, .seed = 7, .uneven_batches = true});
         if (mesh.rank() == 0)
-            std::printf("resnet%d on mesh(%s), mode %s, %zu samples of 3x%zux%zu, batch %zu (%d x %zu), %s%s\n",
-                        o.depth, mesh.shape().to_string().c_str(), o.mode.c_str(), samples.size(), S,
-                        S, o.batch_size, o.grad_accumulation, micro, o.dtype.c_str(),
+            std::printf("resnet%d on mesh(%s), mode %s, %zu samples of 3x%zux%zu, batch %zu (%d x "
+                        "%zu), %s%s\n",
+                        o.depth, mesh.shape().to_string().c_str(), o.mode.c_str(), samples.size(),
+                        S, S, o.batch_size, o.grad_accumulation, micro, o.dtype.c_str(),
                         o.sync_bn ? ", synchronised batch norm" : "");
         int step = 0, k = 0;
         T loss_sum = 0;
@@ -179,27 +188,32 @@ int train(const options& o) {
                                                  {x2.shape()[0], 3, S, S}, std::move(img), l4);
                 std::optional<nn::tensor<T, mesh_t>> feats;
                 auto logits = [&] {
-                if (hybrid) {
-                    feats = model.features(x);
-                    // Local product on this rank's classes, then the all-gather called by hand.
-                    xt::xtensor<T, 2> part = xt::linalg::dot(feats->local(), head.value.local());
-                    auto pl = feats->layout();
-                    pl.dims[1] = head.value.layout().dims[1];
-                    const nn::tensor<T, mesh_t> partial(xshard::detail::unchecked, mesh,
-                                                        {x2.shape()[0], classes}, std::move(part), pl);
-                    return xshard::redistribute<xshard::dynamic_layout(2)>(partial, feats->layout());
-                }
-                return model.forward(x);
+                    if (hybrid) {
+                        feats = model.features(x);
+                        // Local product on this rank's classes, then the all-gather called by hand.
+                        xt::xtensor<T, 2> part =
+                            xt::linalg::dot(feats->local(), head.value.local());
+                        auto pl = feats->layout();
+                        pl.dims[1] = head.value.layout().dims[1];
+                        const nn::tensor<T, mesh_t> partial(xshard::detail::unchecked, mesh,
+                                                            {x2.shape()[0], classes},
+                                                            std::move(part), pl);
+                        return xshard::redistribute<xshard::dynamic_layout(2)>(partial,
+                                                                               feats->layout());
+                    }
+                    return model.forward(x);
                 }();
                 xt::xtensor<T, 2> dl;
-                T local = softmax_cross_entropy_expand<T>(logits.local(), y.local(), x2.shape()[0], dl);
+                T local =
+                    softmax_cross_entropy_expand<T>(logits.local(), y.local(), x2.shape()[0], dl);
                 // ReduceMean over the batch: the rows' losses summed over the batch's axes.
                 const auto batch_axes = logits.layout().split_axes(0, mesh.shape());
                 if (!batch_axes.empty())
                     allreduce(mesh.sub(batch_axes), std::span(&local, 1), xshard::reduction::sum);
                 loss_sum += local / T(x2.shape()[0]) / T(o.grad_accumulation);
                 auto dlt = nn::as_gradient(nn::tensor<T, mesh_t>(xshard::detail::unchecked, mesh,
-                                                                 logits.shape(), std::move(dl), logits.layout()));
+                                                                 logits.shape(), std::move(dl),
+                                                                 logits.layout()));
                 for (auto& v : dlt.local())
                     v /= T(o.grad_accumulation);
                 if (hybrid) {
@@ -207,11 +221,16 @@ int train(const options& o) {
                     // dW = feats^T dlogits (each dp rank's term), dfeats = dlogits W^T (each
                     // mp rank's term).
                     auto cols = xshard::redistribute<xshard::dynamic_layout(2)>(
-                        dlt, xshard::dual(nn::make_layout({dlt.layout().dims[0].empty() ? "" : "dp", "mp"}), mesh.shape()));
-                    head.terms().local() += xt::linalg::dot(xt::transpose(feats->local()), cols.local());
-                    xt::xtensor<T, 2> df = xt::linalg::dot(cols.local(), xt::transpose(head.value.local()));
-                    model.backward_features(nn::tensor<T, mesh_t>(xshard::detail::unchecked, mesh, feats->shape(),
-                                                                  std::move(df), xshard::dual(feats->layout(), mesh.shape())));
+                        dlt, xshard::dual(
+                                 nn::make_layout({dlt.layout().dims[0].empty() ? "" : "dp", "mp"}),
+                                 mesh.shape()));
+                    head.terms().local() +=
+                        xt::linalg::dot(xt::transpose(feats->local()), cols.local());
+                    xt::xtensor<T, 2> df =
+                        xt::linalg::dot(cols.local(), xt::transpose(head.value.local()));
+                    model.backward_features(nn::tensor<T, mesh_t>(
+                        xshard::detail::unchecked, mesh, feats->shape(), std::move(df),
+                        xshard::dual(feats->layout(), mesh.shape())));
                 } else {
                     model.backward(dlt);
                 }
@@ -224,15 +243,16 @@ int train(const options& o) {
                 xshard::for_each_weight(params, [](const std::string&, auto& w) { w.zero_grad(); });
                 ++step;
                 if (mesh.rank() == 0)
-                    std::printf("epoch: %llu step: %d, loss %.15g\n", static_cast<unsigned long long>(epoch + 1),
-                                step, double(loss_sum));
+                    std::printf("epoch: %llu step: %d, loss %.15g\n",
+                                static_cast<unsigned long long>(epoch + 1), step, double(loss_sum));
                 loss_sum = 0;
                 if (o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
                     const auto path = o.checkpoint_dir + "/resnet" + std::to_string(o.depth) + "-" +
                                       std::to_string(step) + ".safetensors";
                     if (mesh.rank() == 0)
                         std::filesystem::create_directories(o.checkpoint_dir);
-                    xshard::save_checkpoint(path, params, {.step = step}, optimizer.state_of(params));
+                    xshard::save_checkpoint(path, params, {.step = step},
+                                            optimizer.state_of(params));
                     if (mesh.rank() == 0)
                         std::printf("saved %s\n", path.c_str());
                 }
@@ -240,7 +260,8 @@ int train(const options& o) {
                     break;
             }
         }
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (mesh.rank() == 0)
             std::printf("%d steps in %.2f s\n", step, seconds);
         return 0;
@@ -256,7 +277,8 @@ int main(int argc, char** argv) {
         app.add_option("--depth", o.depth, "18 or 50");
         app.add_option("--cifar", o.cifar, "cifar-10-batches-bin directory (else generated files)");
         app.add_option("--mode", o.mode, "data_parallel, semi_auto, hybrid or spatial");
-        app.add_option("--mp", o.mp, "model-parallel ranks (semi_auto, hybrid; default 2 when even)");
+        app.add_option("--mp", o.mp,
+                       "model-parallel ranks (semi_auto, hybrid; default 2 when even)");
         app.add_option("--grad-accumulation", o.grad_accumulation, "micro-steps per update");
         app.add_option("--steps", o.steps, "optimizer steps");
         app.add_option("--batch-size", o.batch_size, "global batch (the tutorial's 32)");

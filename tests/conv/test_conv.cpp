@@ -55,7 +55,8 @@ static_assert(xshard::conv2d_rule("[dp, -, -, -]", "[-, -, mp, -]").problem ==
 static_assert(xshard::pool2d_rule("[dp, mp, -, -]").out == layout("[dp, mp, -, -]"));
 static_assert(xshard::pool2d_rule("[dp, -, -, -] partial(sum: mp)").problem ==
               xshard::conv_problem::partial_input);
-static_assert(xshard::conv_rule_holds_v<xshard::conv2d_rule("[dp, -, -, -]", "[mp, -, -, -]").problem>);
+static_assert(
+    xshard::conv_rule_holds_v<xshard::conv2d_rule("[dp, -, -, -]", "[mp, -, -, -]").problem>);
 static_assert(ops::window_output_extent(7, 1, 0, 3, 2, 1) == 3);
 static_assert(ops::window_output_extent(2, 0, 0, 3, 1, 1) == 0);
 
@@ -70,7 +71,8 @@ std::vector<double> random_vector(std::size_t n, unsigned seed) {
     return v;
 }
 
-/// y[n, o, i, j] = sum over the group's c, ki, kj of x[n, c, i s - top + ki d, ...] w[o, c, ki, kj].
+/// y[n, o, i, j] = sum over the group's c, ki, kj of x[n, c, i s - top + ki d, ...] w[o, c, ki,
+/// kj].
 std::vector<double> direct_conv(const std::vector<double>& x, const std::vector<double>& w,
                                 const ops::conv2d_geometry& g) {
     const std::size_t oh = g.out_h(), ow = g.out_w(), cg = g.in_channels / g.groups,
@@ -84,12 +86,16 @@ std::vector<double> direct_conv(const std::vector<double>& x, const std::vector<
                     for (std::size_t c = 0; c < cg; ++c)
                         for (std::size_t ki = 0; ki < g.kernel_h; ++ki)
                             for (std::size_t kj = 0; kj < g.kernel_w; ++kj) {
-                                const long r = long(i * g.stride_h + ki * g.dilation_h) - long(g.pad.top);
-                                const long q = long(j * g.stride_w + kj * g.dilation_w) - long(g.pad.left);
+                                const long r =
+                                    long(i * g.stride_h + ki * g.dilation_h) - long(g.pad.top);
+                                const long q =
+                                    long(j * g.stride_w + kj * g.dilation_w) - long(g.pad.left);
                                 if (r < 0 || q < 0 || r >= long(g.in_h) || q >= long(g.in_w))
                                     continue;
                                 const std::size_t ci = (o / og) * cg + c;
-                                s += x[((n * g.in_channels + ci) * g.in_h + std::size_t(r)) * g.in_w + std::size_t(q)] *
+                                s += x[((n * g.in_channels + ci) * g.in_h + std::size_t(r)) *
+                                           g.in_w +
+                                       std::size_t(q)] *
                                      w[((o * cg + c) * g.kernel_h + ki) * g.kernel_w + kj];
                             }
                     y[((n * g.out_channels + o) * oh + i) * ow + j] = s;
@@ -107,7 +113,8 @@ double dot(const std::vector<double>& a, const std::vector<double>& b) {
 TEST(kernels, convolution_matches_direct_loops_and_its_adjoints) {
     std::vector<ops::conv2d_geometry> cases;
     auto make = [](std::size_t n, std::size_t c, std::size_t h, std::size_t w, std::size_t o,
-                   std::size_t k, std::size_t s, std::size_t d, ops::padding2d p, std::size_t groups) {
+                   std::size_t k, std::size_t s, std::size_t d, ops::padding2d p,
+                   std::size_t groups) {
         ops::conv2d_geometry g;
         g.batch = n, g.in_channels = c, g.in_h = h, g.in_w = w, g.out_channels = o;
         g.kernel_h = k, g.kernel_w = k == 1 ? 1 : k - 1, g.stride_h = s, g.stride_w = 1;
@@ -115,7 +122,8 @@ TEST(kernels, convolution_matches_direct_loops_and_its_adjoints) {
         return g;
     };
     cases.push_back(make(2, 3, 7, 6, 4, 3, 1, 1, ops::padding2d::uniform(1), 1));
-    cases.push_back(make(3, 4, 9, 8, 6, 3, 2, 2, {2, 0, 1, 0}, 2)); // asymmetric: a band's halo side
+    cases.push_back(
+        make(3, 4, 9, 8, 6, 3, 2, 2, {2, 0, 1, 0}, 2)); // asymmetric: a band's halo side
     cases.push_back(make(2, 4, 5, 5, 4, 1, 1, 1, {}, 4));
     cases.push_back(make(1, 2, 8, 8, 3, 4, 3, 1, {0, 3, 2, 1}, 1));
     for (const auto& g : cases) {
@@ -140,7 +148,8 @@ TEST(kernels, convolution_matches_direct_loops_and_its_adjoints) {
             EXPECT_NEAR(dot(w, dw2), 2 * lhs, 1e-10) << "accumulate";
         }
         // float: oneDNN and GEMM agree with the double result to float accuracy.
-        std::vector<float> xf(x.begin(), x.end()), wf(w.begin(), w.end()), dyf(dy.begin(), dy.end());
+        std::vector<float> xf(x.begin(), x.end()), wf(w.begin(), w.end()),
+            dyf(dy.begin(), dy.end());
         for (auto backend : {ops::conv_backend::gemm, ops::conv_backend::onednn}) {
             std::vector<float> y(expected.size()), dx(x.size()), dw(w.size());
             ops::conv2d_forward(xf.data(), wf.data(), y.data(), g, backend);
@@ -268,8 +277,7 @@ void check_layer(const mesh_t& m, Make make, const std::array<std::size_t, NI>& 
     const auto one = serial_mesh();
     auto serial = make(one);
     auto x = xshard::distribute<xshard::dynamic_layout(NI)>(m, gx, in_layout);
-    const auto sx = xshard::distribute<xshard::dynamic_layout(NI)>(
-        one, gx, layout::replicated(NI));
+    const auto sx = xshard::distribute<xshard::dynamic_layout(NI)>(one, gx, layout::replicated(NI));
     const auto y = layer.forward(x);
     const auto sy = serial.forward(sx);
     const auto gy = xshard::gather_all(y);
@@ -286,9 +294,9 @@ void check_layer(const mesh_t& m, Make make, const std::array<std::size_t, NI>& 
     auto grads = xshard::gradients_of{layer};
     xshard::synchronize_gradients(layer, grads);
     const auto gdx = resolved(dx);
-    EXPECT_TRUE(close(gdx, sdx.local()))
-        << context << ": input gradient differs from one rank by "
-        << xt::amax(xt::abs(gdx - sdx.local()))() << " (largest " << xt::amax(xt::abs(gdx))() << ")";
+    EXPECT_TRUE(close(gdx, sdx.local())) << context << ": input gradient differs from one rank by "
+                                         << xt::amax(xt::abs(gdx - sdx.local()))() << " (largest "
+                                         << xt::amax(xt::abs(gdx))() << ")";
     std::vector<xt::xarray<double>> serial_grads;
     xshard::for_each_weight(
         serial, [&](const std::string&, auto& w) { serial_grads.emplace_back(w.grad.local()); });
@@ -299,7 +307,9 @@ void check_layer(const mesh_t& m, Make make, const std::array<std::size_t, NI>& 
     });
     if (!fd)
         return;
-    auto loss = [&] { return xt::sum(xshard::gather_all(layer.forward(x)) * r)(); };
+    auto loss = [&] {
+        return xt::sum(xshard::gather_all(layer.forward(x)) * r)();
+    };
     const double eps = 1e-5;
     auto check = [&](auto& value, double analytic, std::size_t index, const std::string& what) {
         nudge(value, index, eps);
@@ -333,18 +343,27 @@ layout nchw(const std::string& n, const std::string& c) {
 TEST(layers, conv2d_every_channel_split) {
     using conv = nn::conv2d<double, mesh_t>;
     for_each_dp_mp([](const mesh_t& m) {
-        for (auto split : {nn::channel_split::none, nn::channel_split::output, nn::channel_split::input}) {
+        for (auto split :
+             {nn::channel_split::none, nn::channel_split::output, nn::channel_split::input}) {
             const auto label = "conv2d split " + std::to_string(int(split));
-            check_layer(m, [&](const mesh_t& mm) {
-                return conv(mm, 4, 6, 3, 7, {.stride = 2, .padding = 1, .bias = true, .split = split});
-            }, images, nchw("dp", ""), label);
-            check_layer(m, [&](const mesh_t& mm) {
-                return conv(mm, 4, 6, 3, 7, {.padding = 2, .dilation = 2, .split = split});
-            }, images, nchw("dp", split == nn::channel_split::input ? "mp" : ""), label + " dilated");
+            check_layer(
+                m,
+                [&](const mesh_t& mm) {
+                    return conv(mm, 4, 6, 3, 7,
+                                {.stride = 2, .padding = 1, .bias = true, .split = split});
+                },
+                images, nchw("dp", ""), label);
+            check_layer(
+                m,
+                [&](const mesh_t& mm) {
+                    return conv(mm, 4, 6, 3, 7, {.padding = 2, .dilation = 2, .split = split});
+                },
+                images, nchw("dp", split == nn::channel_split::input ? "mp" : ""),
+                label + " dilated");
         }
-        check_layer(m, [](const mesh_t& mm) {
-            return conv(mm, 4, 6, 3, 7, {.padding = 1, .groups = 2});
-        }, images, nchw("dp", ""), "conv2d groups 2");
+        check_layer(
+            m, [](const mesh_t& mm) { return conv(mm, 4, 6, 3, 7, {.padding = 1, .groups = 2}); },
+            images, nchw("dp", ""), "conv2d groups 2");
     });
 }
 
@@ -366,21 +385,31 @@ TEST(layers, conv2d_rejects_layouts_it_cannot_serve_on_every_rank) {
 TEST(layers, batch_norm_pooling_flatten) {
     for_each_dp_mp([](const mesh_t& m) {
         using bn = nn::batch_norm2d<double, mesh_t>;
-        check_layer(m, [](const mesh_t& mm) { return bn(mm, 4, {.sync = true}); }, images,
-                    nchw("dp", ""), "batch_norm2d sync");
-        check_layer(m, [](const mesh_t& mm) { return bn(mm, 4, {.sync = true, .axis = "mp"}); },
-                    images, nchw("dp", "mp"), "batch_norm2d sync, channels split");
-        check_layer(m, [](const mesh_t& mm) {
-            return nn::max_pool2d<double, mesh_t>(mm, {.kernel = 3, .stride = 2, .padding = 1});
-        }, images, nchw("dp", "mp"), "max_pool2d");
-        check_layer(m, [](const mesh_t& mm) {
-            return nn::avg_pool2d<double, mesh_t>(mm, {.kernel = 2, .stride = 2, .padding = 1,
-                                                       .count_include_pad = false});
-        }, images, nchw("dp", "mp"), "avg_pool2d");
-        check_layer(m, [](const mesh_t& mm) { return nn::global_avg_pool2d<double, mesh_t>(mm); },
-                    images, nchw("dp", "mp"), "global_avg_pool2d");
-        check_layer(m, [](const mesh_t& mm) { return nn::flatten<double, mesh_t>(mm); }, images,
-                    nchw("dp", ""), "flatten");
+        check_layer(
+            m, [](const mesh_t& mm) { return bn(mm, 4, {.sync = true}); }, images, nchw("dp", ""),
+            "batch_norm2d sync");
+        check_layer(
+            m, [](const mesh_t& mm) { return bn(mm, 4, {.sync = true, .axis = "mp"}); }, images,
+            nchw("dp", "mp"), "batch_norm2d sync, channels split");
+        check_layer(
+            m,
+            [](const mesh_t& mm) {
+                return nn::max_pool2d<double, mesh_t>(mm, {.kernel = 3, .stride = 2, .padding = 1});
+            },
+            images, nchw("dp", "mp"), "max_pool2d");
+        check_layer(
+            m,
+            [](const mesh_t& mm) {
+                return nn::avg_pool2d<double, mesh_t>(
+                    mm, {.kernel = 2, .stride = 2, .padding = 1, .count_include_pad = false});
+            },
+            images, nchw("dp", "mp"), "avg_pool2d");
+        check_layer(
+            m, [](const mesh_t& mm) { return nn::global_avg_pool2d<double, mesh_t>(mm); }, images,
+            nchw("dp", "mp"), "global_avg_pool2d");
+        check_layer(
+            m, [](const mesh_t& mm) { return nn::flatten<double, mesh_t>(mm); }, images,
+            nchw("dp", ""), "flatten");
     });
 }
 
@@ -388,7 +417,8 @@ TEST(layers, batch_norm_unsynchronised_uses_each_ranks_images) {
     for_each_dp_mp([](const mesh_t& m) {
         const auto gx = random_array<4>(images, 3);
         nn::batch_norm2d<double, mesh_t> layer(m, 4);
-        const auto y = layer.forward(xshard::distribute<xshard::dynamic_layout(4)>(m, gx, nchw("dp", "")));
+        const auto y =
+            layer.forward(xshard::distribute<xshard::dynamic_layout(4)>(m, gx, nchw("dp", "")));
         // Each rank's images normalised alone: every channel of the local block has mean 0.
         const auto& a = y.local();
         for (std::size_t c = 0; c < a.shape()[1] && a.shape()[0] > 0; ++c) {
@@ -400,7 +430,8 @@ TEST(layers, batch_norm_unsynchronised_uses_each_ranks_images) {
         }
         // Evaluation: the running statistics, one step of momentum 0.1 from (0, 1).
         layer.train(false);
-        const auto z = layer.forward(xshard::distribute<xshard::dynamic_layout(4)>(m, gx, nchw("dp", "")));
+        const auto z =
+            layer.forward(xshard::distribute<xshard::dynamic_layout(4)>(m, gx, nchw("dp", "")));
         EXPECT_EQ(z.local().shape(), y.local().shape());
         if (m.rank() == 0 && a.shape()[0] > 0) {
             const double mean = layer.running_mean()[0] / 0.1;
@@ -415,10 +446,16 @@ TEST(layers, residual_blocks_in_every_mode) {
         for (bool mp : {false, true}) {
             const nn::block_options o{.model_parallel = mp, .sync_bn = true};
             const std::string mode = mp ? " model parallel" : " data parallel";
-            check_layer(m, [&](const mesh_t& mm) { return nn::basic_block<double, mesh_t>(mm, 4, 6, 2, 5, o); },
-                        images, nchw("dp", ""), "basic_block" + mode);
-            check_layer(m, [&](const mesh_t& mm) { return nn::bottleneck<double, mesh_t>(mm, 4, 2, 1, 5, o); },
-                        images, nchw("dp", ""), "bottleneck" + mode, mp);
+            check_layer(
+                m,
+                [&](const mesh_t& mm) {
+                    return nn::basic_block<double, mesh_t>(mm, 4, 6, 2, 5, o);
+                },
+                images, nchw("dp", ""), "basic_block" + mode);
+            check_layer(
+                m,
+                [&](const mesh_t& mm) { return nn::bottleneck<double, mesh_t>(mm, 4, 2, 1, 5, o); },
+                images, nchw("dp", ""), "bottleneck" + mode, mp);
         }
     });
 }
@@ -428,9 +465,10 @@ TEST(models, resnet18_equals_one_rank) {
         for (bool mp : {false, true}) {
             const nn::resnet_options o{.blocks = {.model_parallel = mp, .sync_bn = true},
                                        .classifier_parallel = mp};
-            check_layer(m, [&](const mesh_t& mm) { return nn::resnet18<double>(mm, 5, o); },
-                        std::array<std::size_t, 4>{4, 3, 16, 16}, nchw("dp", ""),
-                        std::string("resnet18") + (mp ? " model parallel" : ""), false);
+            check_layer(
+                m, [&](const mesh_t& mm) { return nn::resnet18<double>(mm, 5, o); },
+                std::array<std::size_t, 4>{4, 3, 16, 16}, nchw("dp", ""),
+                std::string("resnet18") + (mp ? " model parallel" : ""), false);
         }
     });
 }
@@ -449,8 +487,10 @@ TEST(models, gradient_accumulation_equals_the_large_batch) {
         auto step = [&](auto& net, std::size_t begin, std::size_t end, double scale) {
             xt::xtensor<double, 4> xs = xt::view(gx, xt::range(begin, end));
             xt::xtensor<double, 2> rs = xt::view(r, xt::range(begin, end)) * scale;
-            const auto y = net.forward(xshard::distribute<xshard::dynamic_layout(4)>(m, xs, nchw("dp", "")));
-            net.backward(nn::as_gradient(xshard::distribute<xshard::dynamic_layout(2)>(m, rs, y.layout())));
+            const auto y =
+                net.forward(xshard::distribute<xshard::dynamic_layout(4)>(m, xs, nchw("dp", "")));
+            net.backward(
+                nn::as_gradient(xshard::distribute<xshard::dynamic_layout(2)>(m, rs, y.layout())));
         };
         step(whole, 0, 8, 1.0);
         step(micro, 0, 4, 1.0);
@@ -460,11 +500,12 @@ TEST(models, gradient_accumulation_equals_the_large_batch) {
         xshard::synchronize_gradients(whole, gw);
         xshard::synchronize_gradients(micro, gm);
         std::vector<xt::xarray<double>> a;
-        xshard::for_each_weight(whole, [&](const std::string&, auto& w) { a.emplace_back(xshard::gather_all(w.grad)); });
+        xshard::for_each_weight(whole, [&](const std::string&, auto& w) {
+            a.emplace_back(xshard::gather_all(w.grad));
+        });
         std::size_t i = 0;
         xshard::for_each_weight(micro, [&](const std::string& name, auto& w) {
-            EXPECT_TRUE(close(xshard::gather_all(w.grad), a[i++]))
-                << name << " " << where(m);
+            EXPECT_TRUE(close(xshard::gather_all(w.grad), a[i++])) << name << " " << where(m);
         });
     });
 }

@@ -135,8 +135,8 @@ public:
             dg(k) = sums[c + k];
             db(k) = sums[k];
         }
-        accumulate(gamma_, tensor<T, Mesh, 1>(xshard::detail::unchecked, mesh,
-                                              gamma_.value.shape(), std::move(dg), terms));
+        accumulate(gamma_, tensor<T, Mesh, 1>(xshard::detail::unchecked, mesh, gamma_.value.shape(),
+                                              std::move(dg), terms));
         accumulate(beta_, tensor<T, Mesh, 1>(xshard::detail::unchecked, mesh, beta_.value.shape(),
                                              std::move(db), terms));
         auto dx = dy;

@@ -64,8 +64,8 @@ public:
     };
 
     /// Weights uniform in +-1/sqrt(fan_in) from `seed` (the same on any mesh and layout).
-    conv2d(const Mesh& mesh, std::size_t in_channels, std::size_t out_channels,
-           std::size_t kernel, unsigned seed, options o = {})
+    conv2d(const Mesh& mesh, std::size_t in_channels, std::size_t out_channels, std::size_t kernel,
+           unsigned seed, options o = {})
         : o_(std::move(o))
         , w_(make_weight<T>(mesh, std::array{out_channels, in_channels / o_.groups, kernel, kernel},
                             weight_layout(o_), seed,
@@ -92,14 +92,13 @@ public:
         const auto& xl = x_->local();
         const auto g = geometry(*x_);
         const auto s = g.output_shape();
-        typename tensor<T, Mesh, 4>::local_type y =
-            tensor<T, Mesh, 4>::local_type::from_shape(s);
+        typename tensor<T, Mesh, 4>::local_type y = tensor<T, Mesh, 4>::local_type::from_shape(s);
         ops::conv2d_forward(xl.data(), w_.value.local().data(), y.data(), g);
         if (b_ && !r.out.is_partial())
             add_bias(y);
         const auto& shape = x_in.shape();
         const std::array<std::size_t, 4> global{shape[0], w_.value.shape()[0], g.out_h(),
-                                                 g.out_w()};
+                                                g.out_w()};
         tensor<T, Mesh, 4> out(xshard::detail::unchecked, x_in.mesh(), global, std::move(y), r.out);
         y_layout_ = r.out;
         if (r.out.is_partial() && o_.resolve_output) {

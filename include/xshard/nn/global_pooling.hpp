@@ -46,8 +46,7 @@ public:
         layout l = x_layout_;
         l.partial = dy.layout().partial;
         l.op = dy.layout().op;
-        return tensor<T, Mesh, 4>(xshard::detail::unchecked, dy.mesh(), x_shape_, std::move(dx),
-                                  l);
+        return tensor<T, Mesh, 4>(xshard::detail::unchecked, dy.mesh(), x_shape_, std::move(dx), l);
     }
 
     friend void visit_parameters(global_avg_pool2d&, auto&&) {}

@@ -36,7 +36,8 @@ public:
 
     resnet(const Mesh& mesh, std::array<std::size_t, 4> depths, std::size_t num_classes,
            resnet_options o = {})
-        : conv1_(mesh, 3, 64, 7, o.seed, typename conv2d<T, Mesh>::options{.stride = 2, .padding = 3})
+        : conv1_(mesh, 3, 64, 7, o.seed,
+                 typename conv2d<T, Mesh>::options{.stride = 2, .padding = 3})
         , bn1_(mesh, 64, typename batch_norm2d<T, Mesh>::options{.sync = o.blocks.sync_bn})
         , relu_(mesh)
         , pool_(mesh, pool_options{.kernel = 3, .stride = 2, .padding = 1})

@@ -47,10 +47,11 @@ struct shortcut {
     std::optional<conv2d<T, Mesh>> conv;
     std::optional<batch_norm2d<T, Mesh>> bn;
 
-    shortcut(const Mesh& mesh, std::size_t in, std::size_t out, std::size_t stride,
-             unsigned seed, const block_options& o) {
+    shortcut(const Mesh& mesh, std::size_t in, std::size_t out, std::size_t stride, unsigned seed,
+             const block_options& o) {
         if (stride != 1 || in != out) {
-            conv.emplace(mesh, in, out, 1, seed, typename conv2d<T, Mesh>::options{.stride = stride});
+            conv.emplace(mesh, in, out, 1, seed,
+                         typename conv2d<T, Mesh>::options{.stride = stride});
             bn.emplace(mesh, out, typename batch_norm2d<T, Mesh>::options{.sync = o.sync_bn});
         }
     }
@@ -119,7 +120,8 @@ public:
 
     tensor<T, Mesh, 4> backward(const tensor<T, Mesh, 4>& dy) {
         const auto g = relu_.backward(dy);
-        auto dx = conv1_.backward(bn1_.backward(relu1_.backward(conv2_.backward(bn2_.backward(g)))));
+        auto dx =
+            conv1_.backward(bn1_.backward(relu1_.backward(conv2_.backward(bn2_.backward(g)))));
         return residual_add(std::move(dx), shortcut_.backward(g));
     }
 

@@ -89,12 +89,11 @@ struct conv2d_geometry {
     /// Throws `xshard::error` naming `what` when the geometry is not one a convolution runs.
     void check(const std::string& what = "conv2d") const {
         if (groups == 0 || in_channels % groups != 0 || out_channels % groups != 0)
-            throw error("xshard: " + what + ": " + std::to_string(in_channels) +
-                        " input and " + std::to_string(out_channels) +
-                        " output channels do not split into " + std::to_string(groups) +
-                        " groups");
-        if (kernel_h == 0 || kernel_w == 0 || stride_h == 0 || stride_w == 0 ||
-            dilation_h == 0 || dilation_w == 0)
+            throw error("xshard: " + what + ": " + std::to_string(in_channels) + " input and " +
+                        std::to_string(out_channels) + " output channels do not split into " +
+                        std::to_string(groups) + " groups");
+        if (kernel_h == 0 || kernel_w == 0 || stride_h == 0 || stride_w == 0 || dilation_h == 0 ||
+            dilation_w == 0)
             throw error("xshard: " + what + ": kernel, stride and dilation must be positive");
         (void)volume({batch, in_channels, in_h, in_w});
         (void)volume({batch, out_channels, out_h(), out_w()});
@@ -155,7 +154,8 @@ T* scratch(std::size_t n, int slot = 0) {
     return b.data();
 }
 
-/// col [C * kh * kw, oh * ow] (rows `ld` apart) from one image's channels x [C, H, W] (zeros in the padding).
+/// col [C * kh * kw, oh * ow] (rows `ld` apart) from one image's channels x [C, H, W] (zeros in the
+/// padding).
 template <class T>
 void im2col(const T* x, std::size_t channels, const conv2d_geometry& g, T* col, std::size_t ld) {
     const std::size_t oh = g.out_h(), ow = g.out_w(), H = g.in_h, W = g.in_w;
@@ -176,7 +176,8 @@ void im2col(const T* x, std::size_t channels, const conv2d_geometry& g, T* col, 
                     const T* in = plane + std::size_t(r) * W;
                     const std::ptrdiff_t c0 =
                         std::ptrdiff_t(kj * g.dilation_w) - std::ptrdiff_t(g.pad.left);
-                    if (g.stride_w == 1 && c0 >= 0 && c0 + std::ptrdiff_t(ow) <= std::ptrdiff_t(W)) {
+                    if (g.stride_w == 1 && c0 >= 0 &&
+                        c0 + std::ptrdiff_t(ow) <= std::ptrdiff_t(W)) {
                         std::copy_n(in + c0, ow, out);
                         continue;
                     }
@@ -336,8 +337,8 @@ struct onednn_conv {
     void backward_input(const float* dy, const float* w, float* dx) {
         if (!bwd_data_prim) {
             dnnl::convolution_backward_data::primitive_desc pd(
-                dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src,
-                                                      wei, dst, strides, dilates, pad_l, pad_r),
+                dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src, wei,
+                                                      dst, strides, dilates, pad_l, pad_r),
                 engine(), fwd);
             bwd_data_prim = dnnl::convolution_backward_data(pd);
         }
@@ -490,10 +491,11 @@ void max_pool2d_forward(const T* x, T* y, std::int32_t* argmax, const pool2d_geo
         for (std::size_t i = 0; i < oh; ++i) {
             const std::ptrdiff_t r0 = std::ptrdiff_t(i * g.stride_h) - std::ptrdiff_t(g.pad.top);
             const std::size_t rb = std::size_t(std::max<std::ptrdiff_t>(r0, 0));
-            const std::size_t re =
-                std::size_t(std::min<std::ptrdiff_t>(r0 + std::ptrdiff_t(g.kernel_h), std::ptrdiff_t(H)));
+            const std::size_t re = std::size_t(
+                std::min<std::ptrdiff_t>(r0 + std::ptrdiff_t(g.kernel_h), std::ptrdiff_t(H)));
             for (std::size_t j = 0; j < ow; ++j) {
-                const std::ptrdiff_t c0 = std::ptrdiff_t(j * g.stride_w) - std::ptrdiff_t(g.pad.left);
+                const std::ptrdiff_t c0 =
+                    std::ptrdiff_t(j * g.stride_w) - std::ptrdiff_t(g.pad.left);
                 const std::size_t cb = std::size_t(std::max<std::ptrdiff_t>(c0, 0));
                 const std::size_t ce = std::size_t(
                     std::min<std::ptrdiff_t>(c0 + std::ptrdiff_t(g.kernel_w), std::ptrdiff_t(W)));
@@ -533,10 +535,12 @@ inline std::size_t avg_divisor(const pool2d_geometry& g, std::size_t i, std::siz
         return g.kernel_h * g.kernel_w;
     const std::ptrdiff_t r0 = std::ptrdiff_t(i * g.stride_h) - std::ptrdiff_t(g.pad.top);
     const std::ptrdiff_t c0 = std::ptrdiff_t(j * g.stride_w) - std::ptrdiff_t(g.pad.left);
-    const std::ptrdiff_t rows = std::min<std::ptrdiff_t>(r0 + std::ptrdiff_t(g.kernel_h), std::ptrdiff_t(g.in_h)) -
-                                std::max<std::ptrdiff_t>(r0, 0);
-    const std::ptrdiff_t cols = std::min<std::ptrdiff_t>(c0 + std::ptrdiff_t(g.kernel_w), std::ptrdiff_t(g.in_w)) -
-                                std::max<std::ptrdiff_t>(c0, 0);
+    const std::ptrdiff_t rows =
+        std::min<std::ptrdiff_t>(r0 + std::ptrdiff_t(g.kernel_h), std::ptrdiff_t(g.in_h)) -
+        std::max<std::ptrdiff_t>(r0, 0);
+    const std::ptrdiff_t cols =
+        std::min<std::ptrdiff_t>(c0 + std::ptrdiff_t(g.kernel_w), std::ptrdiff_t(g.in_w)) -
+        std::max<std::ptrdiff_t>(c0, 0);
     return std::size_t(std::max<std::ptrdiff_t>(rows, 0) * std::max<std::ptrdiff_t>(cols, 0));
 }
 
@@ -552,10 +556,11 @@ void avg_pool2d_forward(const T* x, T* y, const pool2d_geometry& g, bool count_i
         for (std::size_t i = 0; i < oh; ++i) {
             const std::ptrdiff_t r0 = std::ptrdiff_t(i * g.stride_h) - std::ptrdiff_t(g.pad.top);
             const std::size_t rb = std::size_t(std::max<std::ptrdiff_t>(r0, 0));
-            const std::size_t re =
-                std::size_t(std::min<std::ptrdiff_t>(r0 + std::ptrdiff_t(g.kernel_h), std::ptrdiff_t(H)));
+            const std::size_t re = std::size_t(
+                std::min<std::ptrdiff_t>(r0 + std::ptrdiff_t(g.kernel_h), std::ptrdiff_t(H)));
             for (std::size_t j = 0; j < ow; ++j) {
-                const std::ptrdiff_t c0 = std::ptrdiff_t(j * g.stride_w) - std::ptrdiff_t(g.pad.left);
+                const std::ptrdiff_t c0 =
+                    std::ptrdiff_t(j * g.stride_w) - std::ptrdiff_t(g.pad.left);
                 const std::size_t cb = std::size_t(std::max<std::ptrdiff_t>(c0, 0));
                 const std::size_t ce = std::size_t(
                     std::min<std::ptrdiff_t>(c0 + std::ptrdiff_t(g.kernel_w), std::ptrdiff_t(W)));
@@ -572,7 +577,8 @@ void avg_pool2d_forward(const T* x, T* y, const pool2d_geometry& g, bool count_i
 
 /// dx = the gradient of average pooling's input (dx overwritten). Local.
 template <conv_element T>
-void avg_pool2d_backward(const T* dy, T* dx, const pool2d_geometry& g, bool count_include_pad = true) {
+void avg_pool2d_backward(const T* dy, T* dx, const pool2d_geometry& g,
+                         bool count_include_pad = true) {
     const std::size_t oh = g.out_h(), ow = g.out_w(), H = g.in_h, W = g.in_w;
     std::fill_n(dx, g.batch * g.channels * H * W, T(0));
     for (std::size_t p = 0; p < g.batch * g.channels; ++p) {
@@ -580,10 +586,11 @@ void avg_pool2d_backward(const T* dy, T* dx, const pool2d_geometry& g, bool coun
         for (std::size_t i = 0; i < oh; ++i) {
             const std::ptrdiff_t r0 = std::ptrdiff_t(i * g.stride_h) - std::ptrdiff_t(g.pad.top);
             const std::size_t rb = std::size_t(std::max<std::ptrdiff_t>(r0, 0));
-            const std::size_t re =
-                std::size_t(std::min<std::ptrdiff_t>(r0 + std::ptrdiff_t(g.kernel_h), std::ptrdiff_t(H)));
+            const std::size_t re = std::size_t(
+                std::min<std::ptrdiff_t>(r0 + std::ptrdiff_t(g.kernel_h), std::ptrdiff_t(H)));
             for (std::size_t j = 0; j < ow; ++j) {
-                const std::ptrdiff_t c0 = std::ptrdiff_t(j * g.stride_w) - std::ptrdiff_t(g.pad.left);
+                const std::ptrdiff_t c0 =
+                    std::ptrdiff_t(j * g.stride_w) - std::ptrdiff_t(g.pad.left);
                 const std::size_t cb = std::size_t(std::max<std::ptrdiff_t>(c0, 0));
                 const std::size_t ce = std::size_t(
                     std::min<std::ptrdiff_t>(c0 + std::ptrdiff_t(g.kernel_w), std::ptrdiff_t(W)));
