@@ -15,3 +15,13 @@ find_dependency(PkgConfig REQUIRED)
 if(NOT TARGET PkgConfig::libdeflate)
   pkg_check_modules(libdeflate REQUIRED IMPORTED_TARGET GLOBAL libdeflate)
 endif()
+# oneDNN (libdnnl-dev) for the convolution kernels (ops/conv_kernels.hpp). Found by library
+# and header: Debian's dnnl-config.cmake requires OpenCL's development files for its GPU
+# runtime, which the CPU kernels never use.
+if(NOT TARGET xshard::dnnl)
+  find_library(XSHARD_DNNL_LIBRARY NAMES dnnl REQUIRED)
+  find_path(XSHARD_DNNL_INCLUDE_DIR NAMES dnnl.hpp REQUIRED)
+  add_library(xshard::dnnl UNKNOWN IMPORTED)
+  set_target_properties(xshard::dnnl PROPERTIES IMPORTED_LOCATION "${XSHARD_DNNL_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${XSHARD_DNNL_INCLUDE_DIR}")
+endif()

@@ -9,7 +9,7 @@ packages=(
   libopenmpi-dev openmpi-bin librange-v3-dev
   nlohmann-json3-dev libcli11-dev libgtest-dev
   libscalapack-openmpi-dev
-  zlib1g-dev libdeflate-dev python3-numpy
+  zlib1g-dev libdeflate-dev python3-numpy libdnnl-dev
 )
 
 missing=()

@@ -15,17 +15,17 @@ namespace detail {
 
 /// A layer applying `F` (an xshard elementwise operation) whose derivative `D` maps x's
 /// local block to f'(x).
-template <class T, mesh_type Mesh, class F, class D>
+template <class T, mesh_type Mesh, class F, class D, std::size_t N = 2>
 class activation {
 public:
     explicit activation(const Mesh&) {}
 
-    tensor<T, Mesh> forward(const tensor<T, Mesh>& x) {
+    tensor<T, Mesh, N> forward(const tensor<T, Mesh, N>& x) {
         x_ = x;
         return F{}(x);
     }
 
-    tensor<T, Mesh> backward(const tensor<T, Mesh>& dy) {
+    tensor<T, Mesh, N> backward(const tensor<T, Mesh, N>& dy) {
         auto slope = *x_;
         slope.local() = D{}(x_->local());
         return xshard::ops::mul(dy, slope);
@@ -34,7 +34,7 @@ public:
     friend void visit_parameters(activation&, auto&&) {}
 
 private:
-    std::optional<tensor<T, Mesh>> x_;
+    std::optional<tensor<T, Mesh, N>> x_;
 };
 
 struct relu_fn {
@@ -72,8 +72,9 @@ struct gelu_slope {
 } // namespace detail
 
 /// The ReLU layer: `ops::relu` forward, its slope times dy backward (local, no messages).
-template <class T, mesh_type Mesh>
-using relu_activation = detail::activation<T, Mesh, detail::relu_fn, detail::relu_slope>;
+/// N: the activations' rank (4 for NCHW).
+template <class T, mesh_type Mesh, std::size_t N = 2>
+using relu_activation = detail::activation<T, Mesh, detail::relu_fn, detail::relu_slope, N>;
 
 /// The GELU layer (exact form): `ops::gelu` forward, its slope times dy backward (local).
 template <class T, mesh_type Mesh>

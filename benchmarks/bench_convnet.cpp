@@ -1,0 +1,158 @@
+// Convolutional networks (JSON lines, harness.hpp):
+//   resnet18_step_dp2_f32   a ResNet-18 training step (forward, backward, gradient all-reduce,
+//                           Momentum) on a global batch of 64 32 x 32 images split over the
+//                           ranks (local batch norm), vs `one_rank`: the same step on the whole
+//                           batch on one rank.
+//   conv2d_local_f32[_<shape>]  xshard's local convolution (forward, backward to the input and
+//                           to the weights) vs `onednn_direct`: oneDNN's primitives called
+//                           directly on the same NCHW shapes, built once. On planes under 8 x 8
+//                           xshard takes its batched im2col + GEMM instead (conv_kernels.hpp).
+#include <xshard/comm/environment.hpp>
+#include <xshard/nn/resnet.hpp>
+#include <xshard/optim/optimizers.hpp>
+#include <xshard/tensor/distribute.hpp>
+#include <xshard/train/gradients.hpp>
+
+#include "harness.hpp"
+
+#include <xtensor/xrandom.hpp>
+
+#include <random>
+#include <vector>
+
+namespace bench = xshard::bench;
+namespace nn = xshard::nn;
+namespace ops = xshard::ops;
+using mesh_t = xshard::mesh<"dp", "mp">;
+using T = float;
+
+namespace {
+
+/// One training step of `net` on x with a fixed logits gradient.
+template <class Net>
+auto step_of(Net& net, const nn::tensor<T, mesh_t, 4>& x, xshard::optim::momentum& opt) {
+    return [&net, &x, &opt] {
+        const auto y = net.forward(x);
+        auto dy = y;
+        dy.local().fill(T(1e-3));
+        net.backward(nn::as_gradient(dy));
+        auto grads = xshard::gradients_of{net};
+        xshard::synchronize_gradients(net, grads, {.mean = true});
+        opt.step(net);
+        xshard::for_each_weight(net, [](const std::string&, auto& w) { w.zero_grad(); });
+    };
+}
+
+void resnet_step(const xshard::communicator& world, const bench::options& o) {
+    const std::size_t batch = o.quick ? 8 : 64, S = o.quick ? 16 : 32;
+    const mesh_t mesh(world, {world.size(), 1});
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    std::mt19937 e(1);
+    const xt::xtensor<T, 4> gx =
+        xt::random::rand<T>(std::array<std::size_t, 4>{batch, 3, S, S}, T(-1), T(1), e);
+    // Batch norm with each rank's statistics (MindSpore's data-parallel default): no
+    // collective in the forward and backward passes, only the gradient all-reduce.
+    auto net = nn::resnet18<T>(mesh, 10);
+    auto serial = nn::resnet18<T>(one, 10);
+    const auto x = xshard::distribute<xshard::dynamic_layout(4)>(
+        mesh, gx, nn::make_layout({"dp", "", "", ""}));
+    const auto sx =
+        xshard::distribute<xshard::dynamic_layout(4)>(one, gx, nn::make_layout({"", "", "", ""}));
+    xshard::optim::momentum a({.lr = 0.01, .momentum = 0.9}), b({.lr = 0.01, .momentum = 0.9});
+    const auto t = bench::compare(world, o, step_of(net, x, a), step_of(serial, sx, b));
+    bench::report(world, "resnet18_step_dp" + std::to_string(world.size()) + "_f32",
+                  gx.size() * sizeof(T), "one_rank", t);
+}
+
+/// oneDNN's convolution primitives on NCHW memory, built once: the peer of the local kernels.
+struct direct {
+    dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+    dnnl::stream s{eng};
+    dnnl::memory src, wei, dst, dsrc, dwei;
+    dnnl::convolution_forward fwd;
+    dnnl::convolution_backward_data bwd_data;
+    dnnl::convolution_backward_weights bwd_weights;
+
+    direct(const ops::conv2d_geometry& g, T* x, T* w, T* y, T* dx, T* dw) {
+        using tag = dnnl::memory::format_tag;
+        using dt = dnnl::memory::data_type;
+        auto d = [](std::size_t v) {
+            return dnnl::memory::dim(v);
+        };
+        const dnnl::memory::desc sm({d(g.batch), d(g.in_channels), d(g.in_h), d(g.in_w)}, dt::f32,
+                                    tag::nchw);
+        const dnnl::memory::desc dm({d(g.batch), d(g.out_channels), d(g.out_h()), d(g.out_w())},
+                                    dt::f32, tag::nchw);
+        const dnnl::memory::desc wm(
+            {d(g.out_channels), d(g.in_channels), d(g.kernel_h), d(g.kernel_w)}, dt::f32,
+            tag::oihw);
+        const dnnl::memory::dims st{d(g.stride_h), d(g.stride_w)},
+            dil{d(g.dilation_h) - 1, d(g.dilation_w) - 1}, pl{d(g.pad.top), d(g.pad.left)},
+            pr{d(g.pad.bottom), d(g.pad.right)};
+        const dnnl::convolution_forward::primitive_desc fpd({dnnl::prop_kind::forward_training,
+                                                             dnnl::algorithm::convolution_direct,
+                                                             sm, wm, dm, st, dil, pl, pr},
+                                                            eng);
+        fwd = dnnl::convolution_forward(fpd);
+        bwd_data = dnnl::convolution_backward_data(dnnl::convolution_backward_data::primitive_desc(
+            {dnnl::algorithm::convolution_direct, sm, wm, dm, st, dil, pl, pr}, eng, fpd));
+        bwd_weights =
+            dnnl::convolution_backward_weights(dnnl::convolution_backward_weights::primitive_desc(
+                {dnnl::algorithm::convolution_direct, sm, wm, dm, st, dil, pl, pr}, eng, fpd));
+        src = dnnl::memory(sm, eng, x);
+        wei = dnnl::memory(wm, eng, w);
+        dst = dnnl::memory(dm, eng, y);
+        dsrc = dnnl::memory(sm, eng, dx);
+        dwei = dnnl::memory(wm, eng, dw);
+    }
+    void operator()() {
+        fwd.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+        bwd_data.execute(
+            s, {{DNNL_ARG_DIFF_DST, dst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, dsrc}});
+        bwd_weights.execute(
+            s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, dst}, {DNNL_ARG_DIFF_WEIGHTS, dwei}});
+        s.wait();
+    }
+};
+
+void conv_local(const xshard::communicator& world, const bench::options& o, const std::string& name,
+                std::size_t n, std::size_t c, std::size_t hw, std::size_t out, std::size_t stride) {
+    ops::conv2d_geometry g;
+    g.batch = o.quick ? 2 : n, g.in_channels = c, g.in_h = g.in_w = hw, g.out_channels = out;
+    g.kernel_h = g.kernel_w = 3, g.stride_h = g.stride_w = stride,
+    g.pad = ops::padding2d::uniform(1);
+    std::mt19937 e(2);
+    std::uniform_real_distribution<T> u(-1, 1);
+    auto fill = [&](std::size_t k) {
+        std::vector<T> v(k);
+        for (auto& x : v)
+            x = u(e);
+        return v;
+    };
+    auto x = fill(xshard::volume(g.input_shape())), w = fill(xshard::volume(g.weight_shape())),
+         y = fill(xshard::volume(g.output_shape()));
+    std::vector<T> dx(x.size()), dw(w.size()), y2(y.size()), dx2(x.size()), dw2(w.size());
+    direct peer(g, x.data(), w.data(), y2.data(), dx2.data(), dw2.data());
+    auto mine = [&] {
+        ops::conv2d_forward(x.data(), w.data(), y.data(), g);
+        ops::conv2d_backward_input(y.data(), w.data(), dx.data(), g);
+        ops::conv2d_backward_weight(x.data(), y.data(), dw.data(), g);
+    };
+    const auto t = bench::compare(world, o, mine, peer);
+    bench::report(world, name, x.size() * sizeof(T), "onednn_direct", t);
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    xshard::environment env(argc, argv);
+    const auto o = bench::options::parse(argc, argv);
+    const auto world = xshard::communicator::world();
+    if (o.wants("conv2d_local_f32"))
+        conv_local(world, o, "conv2d_local_f32", 32, 64, 16, 64, 1); // oneDNN's regime
+    if (o.wants("conv2d_local_f32_4x4"))
+        conv_local(world, o, "conv2d_local_f32_4x4", 32, 256, 4, 256, 1); // the GEMM's
+    if (o.wants("resnet18_step"))
+        resnet_step(world, o);
+    return 0;
+}

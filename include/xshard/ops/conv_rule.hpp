@@ -1,0 +1,145 @@
+#pragma once
+/// \file
+/// The sharding rules of convolutional layers on NCHW activations: conv2d, the pooling
+/// windows and 2-D batch normalisation. From the layouts of the input x [N, C, H, W] (and the
+/// weight w [Cout, Cin / groups, kh, kw]) they give the layouts the operands take and the
+/// output's:
+///
+/// - N split = data parallelism: each rank convolves its images; the weight's gradient is
+///   each rank's term (summed by `synchronize_gradients`).
+/// - output channels split (w [mp, -, -, -]) = model parallelism: y [N, mp, H', W'], no
+///   message forward; the input's gradient is each rank's term.
+/// - input channels split (x [N, mp, H, W], w [-, mp, -, -]) = partial sums: y is
+///   partial(sum: mp), resolved by an all-reduce where a consumer needs it.
+/// - height or width split = spatial parallelism, which needs halo exchange: not a layout
+///   these rules serve (`conv_problem::spatial_split`).
+///
+/// Like the rules of ops/rules.hpp they are constexpr functions of layout values: a problem
+/// is a compile error quoting its sentence for layout types (`conv_rule_holds_v`) and an
+/// `xshard::error`, the same on every rank, for run-time layouts (`raise_conv_problem`).
+
+#include <xshard/comm/error.hpp>
+#include <xshard/core/layout.hpp>
+#include <xshard/core/rule.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace xshard {
+
+/// Why a convolutional layer cannot run on the layouts it was given.
+enum class conv_problem : std::uint8_t {
+    none,
+    not_nchw,         ///< the input is not rank 4 or the weight not rank 4
+    spatial_split,    ///< height or width split (spatial parallelism needs halos)
+    kernel_split,     ///< the weight's kernel dimensions are split
+    partial_input,    ///< the input is a pending sum
+    channel_mismatch, ///< input channels split unlike the weight's input channels
+    axis_conflict,    ///< one mesh axis on two dimensions of the output
+    grouped_split,    ///< channels split in a grouped convolution
+};
+
+/// The outcome of a convolutional rule: the layouts the operands take and the output's.
+struct conv_rule_result {
+    layout x;
+    layout w;
+    layout out;
+    conv_problem problem = conv_problem::none;
+};
+
+/// Throws `xshard::error` "xshard: <operation>: <sentence>" for problem `p`; in a constant
+/// expression the throw is a compile error quoting the sentence.
+constexpr void raise_conv_problem(conv_problem p, std::string_view operation) {
+    const std::string where = "xshard: " + std::string(operation) + ": ";
+    switch (p) {
+    case conv_problem::none:
+        return;
+    case conv_problem::not_nchw:
+        throw error(where + "the input must be [N, C, H, W] and the weight "
+                            "[Cout, Cin / groups, kh, kw] (rank 4 both)");
+    case conv_problem::spatial_split:
+        throw error(where +
+                    "the input splits height or width (spatial parallelism), which needs a "
+                    "halo exchange these layers do not do; split the batch or the channels");
+    case conv_problem::kernel_split:
+        throw error(where + "the weight's kernel dimensions cannot be split; split its output "
+                            "or input channels");
+    case conv_problem::partial_input:
+        throw error(where + "the input is a partial tensor (pending sum); resolve it first");
+    case conv_problem::channel_mismatch:
+        throw error(where + "the input's channels and the weight's input channels are split "
+                            "over different mesh axes; redistribute one of them");
+    case conv_problem::axis_conflict:
+        throw error(where + "the output would put one mesh axis on two dimensions (the batch "
+                            "and the output channels split alike); use another axis");
+    case conv_problem::grouped_split:
+        throw error(where + "a grouped convolution (groups > 1) needs its channels whole; "
+                            "split the batch");
+    }
+}
+
+/// Whether problem P is none, as a constant: naming it with another problem is a compile
+/// error quoting the problem's sentence.
+template <conv_problem P>
+inline constexpr bool conv_rule_holds_v = (raise_conv_problem(P, "convolution rule"), true);
+
+namespace detail {
+
+constexpr conv_rule_result fail(conv_rule_result r, conv_problem p) {
+    if (r.problem == conv_problem::none)
+        r.problem = p;
+    return r;
+}
+
+/// The checks every NCHW activation passes: rank 4, no spatial split, no pending sum.
+constexpr conv_rule_result check_nchw(conv_rule_result r, const layout& x) {
+    if (x.rank() != 4)
+        return fail(r, conv_problem::not_nchw);
+    if (x.is_split(2) || x.is_split(3))
+        r = fail(r, conv_problem::spatial_split);
+    if (x.is_partial())
+        r = fail(r, conv_problem::partial_input);
+    return r;
+}
+
+} // namespace detail
+
+/// conv2d(x, w, groups): y [x.N, w.Cout, -, -] partial(sum: the input channels' axes). A
+/// replicated input is sliced to the weight's input-channel split (free); an input-channel
+/// split the weight lacks is a mismatch (the weight's layout is the layer's choice).
+constexpr conv_rule_result conv2d_rule(const layout& x, const layout& w, std::size_t groups = 1) {
+    conv_rule_result r{x, w, layout::replicated(4)};
+    if (x.rank() != 4 || w.rank() != 4)
+        return detail::fail(r, conv_problem::not_nchw);
+    r = detail::check_nchw(r, x);
+    if (w.is_split(2) || w.is_split(3) || w.is_partial())
+        r = detail::fail(r, conv_problem::kernel_split);
+    if (groups > 1 && (x.is_split(1) || w.is_split(0) || w.is_split(1)))
+        r = detail::fail(r, conv_problem::grouped_split);
+    if (x.is_split(1) && !(x.dims[1] == w.dims[1]))
+        r = detail::fail(r, conv_problem::channel_mismatch);
+    r.x.dims[1] = w.dims[1];
+    r.x.partial.clear();
+    for (const auto& a : w.dims[0])
+        if (x.dims[0].contains(a) || w.dims[1].contains(a))
+            r = detail::fail(r, conv_problem::axis_conflict);
+    for (const auto& a : w.dims[1])
+        if (x.dims[0].contains(a))
+            r = detail::fail(r, conv_problem::axis_conflict);
+    r.out.dims[0] = x.dims[0];
+    r.out.dims[1] = w.dims[0];
+    r.out.partial = w.dims[1];
+    r.out.op = reduction::sum;
+    return r;
+}
+
+/// A pooling window (max, average) or 2-D batch normalisation: the output keeps the input's
+/// layout (batch and channels split as they come; batch normalisation all-reduces its
+/// statistics over the batch's axes when synchronised).
+constexpr conv_rule_result pool2d_rule(const layout& x) {
+    conv_rule_result r{x, layout{}, x};
+    return detail::check_nchw(r, x);
+}
+
+} // namespace xshard
