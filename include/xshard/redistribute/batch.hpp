@@ -241,6 +241,15 @@ public:
     /// Whether a started exchange has arrived (progressing its messages; never blocks).
     bool test() { return !in_flight_ || messages_.test_all(); }
 
+    /// Frees the staging buffers (kept between runs otherwise, so that a run allocates
+    /// nothing): for a caller that holds memory only while in use (optimizer sharding's
+    /// level3). Not while an exchange is in flight.
+    void release_buffers() {
+        if (in_flight_)
+            return;
+        std::vector<std::vector<T>>().swap(buffers_);
+    }
+
     /// Whether the plan was started and not yet finished.
     bool in_flight() const noexcept { return in_flight_; }
 

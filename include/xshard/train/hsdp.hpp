@@ -45,8 +45,9 @@
 ///
 /// Overlap (every level): run the passes through `hsdp::forward` / `hsdp::backward` and each
 /// layer's gradient reduction starts, nonblocking, as soon as its backward is done (the
-/// reduce-scatters of levels 2 and 3 as batched exchanges, the all-reduce buckets of level1
-/// and of unsharded weights through gradient_synchronizer::ready); `synchronize_gradients`
+/// reduce-scatters of levels 2 and 3 as batched exchanges; with `overlap_allreduce` the
+/// all-reduce buckets of level1 and of unsharded weights through
+/// gradient_synchronizer::ready); `synchronize_gradients`
 /// waits for them. A layered_model (nn::sequential) is driven layer by layer, any other
 /// model as one unit.
 /// Weights smaller than `threshold` KB (global bytes), and weights with no replicated axis of
@@ -138,6 +139,11 @@ struct hsdp_options {
     /// Weights of fewer than this many KB (global shape x element size / 1024) stay unsharded.
     std::int64_t threshold = 64;
     xshard::optimizer_level optimizer_level = xshard::optimizer_level::level1;
+    /// (xshard) Whether hsdp::backward also starts the all-reduce buckets (level1's sharded
+    /// weights, unsharded weights) nonblocking as layers finish. Off by default: on one node
+    /// MPI's nonblocking all-reduce measured slower than xshard's blocking pairwise one
+    /// (bench_training), which then runs in synchronize_gradients.
+    bool overlap_allreduce = false;
 };
 
 namespace detail {
@@ -439,8 +445,9 @@ public:
 
     /// `model.backward(dy)`, layer by layer for a layered_model (the whole model otherwise),
     /// starting each layer's gradient reductions, nonblocking, as soon as its backward is
-    /// done (reduce-scatters into the shards at levels 2 and 3; the all-reduce buckets of
-    /// level1 and of unsharded weights through gradient_synchronizer::ready) while the layers
+    /// done (reduce-scatters into the shards at levels 2 and 3; with
+    /// hsdp_options::overlap_allreduce the all-reduce buckets of level1 and of unsharded
+    /// weights too, through gradient_synchronizer::ready) while the layers
     /// before it compute. Level3 gathers each layer's weights again (prefetching the previous
     /// layer's) and frees them and their full gradients after. `synchronize_gradients()`
     /// completes the reductions. One backward pass per step. Collective over the mesh.
@@ -481,7 +488,7 @@ public:
     void synchronize_gradients() {
         auto t = clock::now();
         if (sync_) {
-            if (driven_)
+            if (driven_ && options_.overlap_allreduce)
                 sync_->wait();
             else
                 sync_->synchronize();
@@ -706,8 +713,8 @@ private:
             const auto t = clock::now();
             x = model_->template get<I>().forward(x);
             timings_.compute += seconds_since(t);
-            if (u)
-                release_values(*u);
+            if (u && *u + 1 < units_.size())
+                release_values(*u); // the last layer's stay: the backward pass starts there
             forward_layer<I + 1>(x);
         }
     }
@@ -808,7 +815,7 @@ private:
                 f.start();
             un.scattering = true;
         }
-        if (sync_)
+        if (sync_ && options_.overlap_allreduce)
             for (const auto& name : un.allreduced)
                 sync_->ready(name);
         if (level() == 3)
@@ -900,7 +907,12 @@ private:
                 }
                 plan->start(in, dst, tag);
             };
-            f.finish = [plan] { plan->finish(); };
+            // Level3 holds memory only while in use: the staging buffers too.
+            f.finish = [plan, release = level() == 3] {
+                plan->finish();
+                if (release)
+                    plan->release_buffers();
+            };
             f.test = [plan] { return plan->test(); };
             f.run = [start = f.start, finish = f.finish] {
                 start();
