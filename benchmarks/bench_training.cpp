@@ -17,9 +17,9 @@
 //                       all-gathered; level2 reduce-scatters the gradients. Targets 1.5x.
 //   mlp_step_dp*_f64_hsdp1_batch512: the same at batch 512, target 1.85x.
 //   mlp_step_dp*_f64_hsdp3: level3 (weights gathered per layer, prefetched; target 1.25x);
-//                       _hsdp2_no_overlap: level2 with the passes run on the model directly
-//                       (the other hsdp cases run them through hsdp::forward/backward, which
-//                       starts each layer's gradient reduction as its backward finishes).
+//                       _hsdp2_overlap: level2 with the passes run through
+//                       hsdp::forward/backward, which starts each layer's reduce-scatter as
+//                       its backward finishes (the other level1/2 cases run them on the model).
 //   memory_dp*_hsdp<L>: per-rank resident bytes between steps and the growth of the peak
 //                       resident set during a step, at level L (0: no sharding).
 //   optimizer_state_bytes_dp*_hsdp1: per-rank bytes of optimizer state and master weights
@@ -197,7 +197,7 @@ template <class T, class Model>
 class trainer {
 public:
     trainer(const mesh_t& mesh, Model model, std::size_t rows, std::size_t features,
-            int hsdp_level = 0, bool overlap = true)
+            int hsdp_level = 0, bool overlap = false)
         : model_(std::move(model))
         , x_(xshard::generate<xshard::dynamic_layout(2)>(
               mesh, std::array{rows, features}, std::mt19937(11), std::normal_distribution<T>(0, 1),
@@ -247,9 +247,12 @@ public:
         xshard::for_each_weight(model_, [](const std::string&, auto& w) { w.zero_grad(); });
         const double end = MPI_Wtime();
         if (p)
-            *p = {end - start,          backward_done - start,
-                  mpi_clock.seconds,    sync_done - backward_done,
-                  end - sync_done - gather, gather};
+            *p = {end - start,
+                  backward_done - start,
+                  mpi_clock.seconds,
+                  sync_done - backward_done,
+                  end - sync_done - gather,
+                  gather};
     }
 
     /// Optimizer sharding's phase timings (none without).
@@ -293,13 +296,13 @@ private:
     xshard::optim::momentum optimizer_{{.lr = 1e-3, .momentum = 0.9}};
     T loss_value_ = 0;
     int hsdp_level_ = 0;
-    bool overlap_ = true; ///< under sharding, the passes through hsdp::forward / backward
+    bool overlap_ = false; ///< under sharding, the passes through hsdp::forward / backward
     std::unique_ptr<xshard::hsdp<Model>> sharding_;
 };
 
 template <class T, class Model>
 trainer<T, Model> make_trainer(const mesh_t& mesh, Model model, std::size_t rows,
-                               std::size_t features, int hsdp_level = 0, bool overlap = true) {
+                               std::size_t features, int hsdp_level = 0, bool overlap = false) {
     return trainer<T, Model>(mesh, std::move(model), rows, features, hsdp_level, overlap);
 }
 
@@ -308,7 +311,7 @@ struct mlp_sizes {
 };
 
 template <class T>
-auto make_mlp(const mesh_t& mesh, const mlp_sizes& s, int hsdp_level = 0, bool overlap = true) {
+auto make_mlp(const mesh_t& mesh, const mlp_sizes& s, int hsdp_level = 0, bool overlap = false) {
     return make_trainer<T>(
         mesh,
         nn::sequential(nn::column_parallel_linear<T, mesh_t>(mesh, s.features, s.hidden, 1),
@@ -338,17 +341,15 @@ phases medians(const std::vector<phases>& v) {
             x.push_back(p.*field);
         return bench::median(x);
     };
-    return {of(&phases::step),   of(&phases::forward_backward),
-            of(&phases::mpi_in_forward_backward),
-            of(&phases::sync),   of(&phases::optimizer),
-            of(&phases::gather)};
+    return {of(&phases::step), of(&phases::forward_backward), of(&phases::mpi_in_forward_backward),
+            of(&phases::sync), of(&phases::optimizer),        of(&phases::gather)};
 }
 
 /// A JSON array of `value` from every rank of `c` (on rank 0; empty elsewhere).
 std::string per_rank(const xshard::communicator& c, double value) {
     std::vector<double> all(std::size_t(c.size()));
     xshard::mpi::gather(c, std::span(&value, 1),
-                   c.rank() == 0 ? std::span(all) : std::span(all).first(0), 0);
+                        c.rank() == 0 ? std::span(all) : std::span(all).first(0), 0);
     std::string out = "[";
     char number[32];
     for (std::size_t r = 0; r < all.size(); ++r) {
@@ -460,9 +461,10 @@ void state_bytes_case(const bench::options& o, const std::string& name, const me
 
 /// The resident memory of the data-parallel MLP at hsdp level `level` (0: none), per rank:
 /// "resident_bytes" between steps (against before the model was made), and
-/// "step_peak_growth_bytes", the growth of the peak resident set during one step. For level3
-/// "bound_bytes": 1/dp of the weights' value, gradient and momentum plus, during the step, the
-/// largest layer, one prefetched, and the largest layer's full gradient.
+/// "step_peak_growth_bytes", the growth of the peak resident set during one step, and
+/// "peak_bytes" their sum. "level3_bound_bytes": 1/dp of the weights' value, gradient and
+/// momentum plus the largest layer in use and one prefetched (what level3 should hold; the
+/// layer's full gradient during its backward and the exchanges' staging buffers come on top).
 void memory_case(const bench::options& o, const std::string& name, const mesh_t& mesh,
                  const mlp_sizes& s, int level) {
     if (!o.wants(name))
@@ -485,14 +487,18 @@ void memory_case(const bench::options& o, const std::string& name, const mesh_t&
         largest = t.largest_weight_bytes();
     }
     const std::size_t dp = std::size_t(mesh.shape().axis_size("dp"));
-    const std::size_t bound = 3 * weights / dp + 3 * largest;
-    const auto r = per_rank(c, double(resident)), g = per_rank(c, double(growth));
+    // Level3: the sharded value, gradient and momentum, and the largest layer in use and one
+    // prefetched.
+    const std::size_t bound = 3 * weights / dp + 2 * largest;
+    const auto r = per_rank(c, double(resident)), g = per_rank(c, double(growth)),
+               peak = per_rank(c, double(resident + growth));
     if (c.rank() != 0)
         return;
     std::printf("{\"name\": \"%s\", \"ranks\": %d, \"bytes\": %zu, \"level\": %d, "
-                "\"resident_bytes\": %s, \"step_peak_growth_bytes\": %s, "
-                "\"largest_weight_bytes\": %zu, \"bound_bytes\": %zu}\n",
-                name.c_str(), c.size(), weights, level, r.c_str(), g.c_str(), largest, bound);
+                "\"resident_bytes\": %s, \"step_peak_growth_bytes\": %s, \"peak_bytes\": %s, "
+                "\"largest_weight_bytes\": %zu, \"level3_bound_bytes\": %zu}\n",
+                name.c_str(), c.size(), weights, level, r.c_str(), g.c_str(), peak.c_str(), largest,
+                bound);
     std::fflush(stdout);
 }
 
@@ -524,8 +530,8 @@ void driver_case(const bench::options& o, const std::string& name, const mesh_t&
     bench::report(c, name, manual.bytes(), "manual", t);
     if (c.rank() == 0) {
         const double ratio = t.seconds / t.baseline_seconds;
-        std::fprintf(stderr, "%s: driver / manual %.3f (target <= 1.02: %s)\n", name.c_str(),
-                     ratio, ratio <= 1.02 ? "met" : "missed");
+        std::fprintf(stderr, "%s: driver / manual %.3f (target <= 1.02: %s)\n", name.c_str(), ratio,
+                     ratio <= 1.02 ? "met" : "missed");
     }
 }
 
@@ -565,29 +571,35 @@ int main(int argc, char** argv) {
         run_case(o, "transformer_step_tp" + p + "_" + type, tp, one, tp_efficiency, make);
         run_case(o, "transformer_step_dp" + p + "_" + type, dp, one, dp_efficiency, make);
     };
+    // Memory per level, first (before other cases leave freed heap blocks for reuse). glibc
+    // returns freed blocks to the system only when they were mmapped: a fixed threshold of
+    // 1 MiB (for the whole run, from here on) keeps it from raising its own, so frees show.
+    bool memory = false;
+    for (int level : {0, 1, 2, 3})
+        memory = memory || o.wants("memory_dp" + p + "_hsdp" + std::to_string(level));
+    if (memory) {
+        mallopt(M_MMAP_THRESHOLD, 1 << 20);
+        for (int level : {0, 1, 2, 3})
+            memory_case(o, "memory_dp" + p + "_hsdp" + std::to_string(level), dp, mlp, level);
+    }
     mlp_cases(double{}, "f64");
     driver_case(o, "mlp_step_tp" + p + "_f64_driver", tp, mlp);
     run_case(o, "mlp_step_dp" + p + "_f64_batch512", dp, one, dp_efficiency, [&](const mesh_t& m) {
         return make_mlp<double>(m, {mlp.features, mlp.hidden, 8 * mlp.batch});
     });
     // Optimizer sharding (hsdp level1, level2, level3) of the data-parallel MLP, targets 1.5x,
-    // 1.25x at level3, and (batch 512) 1.85x; the passes through hsdp::forward / backward
-    // (reductions overlapped), and level2 without that.
+    // 1.25x at level3, and (batch 512) 1.85x; level2 also with the passes through
+    // hsdp::forward / backward (reduce-scatters started as each layer finishes; level3 always).
     for (int level : {1, 2, 3})
         run_case(o, "mlp_step_dp" + p + "_f64_hsdp" + std::to_string(level), dp, one,
                  level == 3 ? 0.625 : 0.75,
                  [&](const mesh_t& m) { return make_mlp<double>(m, mlp, level); });
-    run_case(o, "mlp_step_dp" + p + "_f64_hsdp2_no_overlap", dp, one, 0.75,
-             [&](const mesh_t& m) { return make_mlp<double>(m, mlp, 2, false); });
+    run_case(o, "mlp_step_dp" + p + "_f64_hsdp2_overlap", dp, one, 0.75,
+             [&](const mesh_t& m) { return make_mlp<double>(m, mlp, 2, true); });
     run_case(o, "mlp_step_dp" + p + "_f64_hsdp1_batch512", dp, one, 0.925, [&](const mesh_t& m) {
         return make_mlp<double>(m, {mlp.features, mlp.hidden, 8 * mlp.batch}, 1);
     });
     state_bytes_case(o, "optimizer_state_bytes_dp" + p + "_hsdp1", dp, mlp);
-    // Memory per level. glibc returns freed blocks of this size to the system only when they
-    // were mmapped: a fixed threshold keeps it from raising its own (so level3's frees show).
-    mallopt(M_MMAP_THRESHOLD, 1 << 20);
-    for (int level : {0, 1, 2, 3})
-        memory_case(o, "memory_dp" + p + "_hsdp" + std::to_string(level), dp, mlp, level);
     mlp_cases(float{}, "f32");
     transformer_cases(double{}, "f64");
     transformer_cases(float{}, "f32");

@@ -109,9 +109,9 @@ int run(int argc, char** argv) {
     nn::parallel_cross_entropy<T, mesh_2d> loss_fn;
     std::optional<xshard::hsdp<decltype(model)>> sharding;
     if (o.hsdp > 0)
-        sharding.emplace(model, xshard::hsdp_options{
-                                    .threshold = 0,
-                                    .optimizer_level = xshard::optimizer_level(o.hsdp)});
+        sharding.emplace(model,
+                         xshard::hsdp_options{.threshold = 0,
+                                              .optimizer_level = xshard::optimizer_level(o.hsdp)});
     const data::loader batches(mesh, train,
                                {.batch_size = o.batch_size, .seed = 7, .uneven_batches = true});
     xshard::loss_monitor monitor(mesh, {.steps_per_epoch = batches.steps_per_epoch(),
@@ -121,8 +121,7 @@ int run(int argc, char** argv) {
     if (mesh.rank() == 0)
         std::printf("train_mlp on mesh(%s): %zu features, %lld classes, %zu training samples%s\n",
                     mesh.shape().to_string().c_str(), features, static_cast<long long>(classes),
-                    train.size(),
-                    o.hsdp ? (", hsdp level" + std::to_string(o.hsdp)).c_str() : "");
+                    train.size(), o.hsdp ? (", hsdp level" + std::to_string(o.hsdp)).c_str() : "");
 
     for (int epoch = 0; epoch < o.epochs; ++epoch) {
         for (auto&& [x, y] : batches.epoch(std::uint64_t(epoch))) {
@@ -153,11 +152,9 @@ int run(int argc, char** argv) {
     if (sharding)
         sharding->gather_weights(); // level3: the weights materialised for evaluation
     // Accuracy on the held-out samples: the logits gathered batch by batch.
-    const data::loader held_out(mesh, test,
-                                {.batch_size = 256,
-                                 .shuffle = false,
-                                 .drop_remainder = false,
-                                 .uneven_batches = true});
+    const data::loader held_out(
+        mesh, test,
+        {.batch_size = 256, .shuffle = false, .drop_remainder = false, .uneven_batches = true});
     std::size_t right = 0, seen = 0;
     for (auto&& [x, y] : held_out.epoch(0)) {
         const auto logits = xshard::gather_all(model.forward(x));

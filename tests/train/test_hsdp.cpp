@@ -95,7 +95,9 @@ using xshard::testing::mlp_features, xshard::testing::mlp_hidden, xshard::testin
 constexpr std::size_t features = mlp_features, hidden = mlp_hidden, rows = mlp_rows;
 using model_t = xshard::testing::small_mlp_type;
 
-auto make_model(const mesh_t& m) { return xshard::testing::small_mlp(m); }
+auto make_model(const mesh_t& m) {
+    return xshard::testing::small_mlp(m);
+}
 
 /// A run's record: the losses and the final weights (gathered).
 struct record {
@@ -292,13 +294,12 @@ void check_trajectories(const typename Opt::options_type& o) {
         // (dp = 4 or 8 with shard_size 2 would need a sub-axis of dp: "not supported yet".)
         if (m.shape().axis_size("dp") == 2)
             for (const auto level : {level1, level2, level3})
-                expect_same(run<Opt>(m, o,
-                                     {.level = int(level),
-                                      .hsdp = {.shard_size = 2,
-                                               .threshold = 0,
-                                               .optimizer_level = level}},
-                                     steps),
-                            serial, context + " shard_size 2 " + std::string(to_string(level)));
+                expect_same(
+                    run<Opt>(m, o,
+                             {.level = int(level),
+                              .hsdp = {.shard_size = 2, .threshold = 0, .optimizer_level = level}},
+                             steps),
+                    serial, context + " shard_size 2 " + std::string(to_string(level)));
         // gradients_mean: against level 0 with the mean on the same mesh.
         const auto mean0 = run<Opt>(m, o, {.mean = true}, steps);
         expect_same(
@@ -478,9 +479,8 @@ TEST(hsdp_level3, weights_hold_storage_only_in_use) {
     if (w.size() > 1) {
         // The first layer's weights are freed; the last layer's stay for the backward pass.
         std::vector<std::string> names;
-        xshard::for_each_weight(model, [&](const std::string& name, auto&) {
-            names.push_back(name);
-        });
+        xshard::for_each_weight(model,
+                                [&](const std::string& name, auto&) { names.push_back(name); });
         const auto n = sizes();
         for (std::size_t i = 0; i < n.size(); ++i) {
             if (names[i].starts_with("0."))
@@ -499,12 +499,10 @@ TEST(hsdp_level3, weights_hold_storage_only_in_use) {
     // gather_weights materialises the values: the unsharded model's.
     sharding.gather_weights();
     std::vector<xt::xarray<double>> a, b;
-    xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
-        a.push_back(xshard::gather_all(wt.value));
-    });
-    xshard::for_each_weight(plain, [&](const std::string&, auto& wt) {
-        b.push_back(xshard::gather_all(wt.value));
-    });
+    xshard::for_each_weight(
+        model, [&](const std::string&, auto& wt) { a.push_back(xshard::gather_all(wt.value)); });
+    xshard::for_each_weight(
+        plain, [&](const std::string&, auto& wt) { b.push_back(xshard::gather_all(wt.value)); });
     for (std::size_t i = 0; i < a.size(); ++i)
         EXPECT_TRUE(xt::allclose(a[i], b[i], 0, 0)) << where(m) << " weight " << i;
     // time_communication runs one step's collectives alone.

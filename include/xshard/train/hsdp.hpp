@@ -83,8 +83,8 @@
 #include <chrono>
 #include <concepts>
 #include <cstddef>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
@@ -134,7 +134,10 @@ struct hsdp_options {
     /// data-parallel group (its replicated mesh axes), else a positive divisor of that group
     /// (hybrid sharding: split over shard_size ranks, replicated over the rest). Today it must
     /// be the size of a set of the weight's replicated mesh axes (a mesh (dp_out, dp_in, tp)
-    /// gives shard_size = dp_in or dp_out); other divisors raise "not supported yet".
+    /// gives shard_size = dp_in or dp_out); other divisors raise "not supported yet": a
+    /// layout splits a dimension over whole mesh axes, so a split over part of an axis would
+    /// not be an ordinary layout (nor checkpoint or redistribute as one). Declaring the axis
+    /// as two (dp = dp_out x dp_in) gives the same hybrid sharding.
     int shard_size = -1;
     /// Weights of fewer than this many KB (global shape x element size / 1024) stay unsharded.
     std::int64_t threshold = 64;
@@ -196,7 +199,9 @@ inline axis_set hsdp_axes(axis_set replicated, const mesh_shape& mesh, int shard
                     name + "' (data-parallel group of " + std::to_string(size) +
                     " ranks) is not supported yet: it must be the size of a set of the weight's "
                     "replicated mesh axes (mesh " +
-                    mesh.to_string() + ")");
+                    mesh.to_string() +
+                    "); to shard over part of an axis, declare that axis as two (e.g. dp as "
+                    "(dp_out, dp_in))");
     return *best;
 }
 
@@ -368,8 +373,8 @@ public:
         if (!entries_.empty()) {
             const auto& f = gradients.fusion;
             gathers_ = make_fused(f.allgather.bytes(), true, *comm, mesh_shape_);
-            scatters_ = make_fused(level() >= 2 ? f.reducescatter.bytes() : 0, false, *comm,
-                                   mesh_shape_);
+            scatters_ =
+                make_fused(level() >= 2 ? f.reducescatter.bytes() : 0, false, *comm, mesh_shape_);
             for (auto& u : units_) {
                 u.gathers = plan_unit(u.members, true, *comm);
                 if (level() >= 2)
@@ -672,15 +677,13 @@ private:
         std::vector<std::size_t> members;     ///< sharded weights (entries)
         std::vector<std::string> allreduced;  ///< weights of the all-reduce buckets
         std::vector<fused> gathers, scatters; ///< one per element type
-        bool present = false;  ///< level3: the values have storage (gathered or on the way)
+        bool present = false; ///< level3: the values have storage (gathered or on the way)
         bool gathering = false;
         bool scattering = false;
         bool user = false; ///< level3: materialised by gather_weights
     };
 
-    static std::string prefix_of(const std::string& name) {
-        return name.substr(0, name.find('.'));
-    }
+    static std::string prefix_of(const std::string& name) { return name.substr(0, name.find('.')); }
 
     std::optional<std::size_t> unit_of(const std::string& prefix) const {
         const auto it = unit_index_.find(prefix);
@@ -913,7 +916,9 @@ private:
                 if (release)
                     plan->release_buffers();
             };
-            f.test = [plan] { return plan->test(); };
+            f.test = [plan] {
+                return plan->test();
+            };
             f.run = [start = f.start, finish = f.finish] {
                 start();
                 finish();
@@ -1062,8 +1067,12 @@ private:
         };
         using L = typename D::local_type;
         using GL = typename G::local_type;
-        e.allocate_value = [p, value_extent] { p->value.local() = L::from_shape(value_extent); };
-        e.release_value = [p] { p->value.local() = L::from_shape(std::array<std::size_t, N>{}); };
+        e.allocate_value = [p, value_extent] {
+            p->value.local() = L::from_shape(value_extent);
+        };
+        e.release_value = [p] {
+            p->value.local() = L::from_shape(std::array<std::size_t, N>{});
+        };
         e.allocate_grad = [p, value_extent, terms] {
             p->grad.local() = GL::from_shape(value_extent);
             p->grad.local().fill(T(0));
