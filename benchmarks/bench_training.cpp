@@ -16,6 +16,12 @@
 //                       Momentum state and master weights split over dp, the updated blocks
 //                       all-gathered; level2 reduce-scatters the gradients. Targets 1.5x.
 //   mlp_step_dp*_f64_hsdp1_batch512: the same at batch 512, target 1.85x.
+//   mlp_step_dp*_f64_hsdp3: level3 (weights gathered per layer, prefetched; target 1.25x);
+//                       _hsdp2_overlap: level2 with the passes run through
+//                       hsdp::forward/backward, which starts each layer's reduce-scatter as
+//                       its backward finishes (the other level1/2 cases run them on the model).
+//   memory_dp*_hsdp<L>: per-rank resident bytes between steps and the growth of the peak
+//                       resident set during a step, at level L (0: no sharding).
 //   optimizer_state_bytes_dp*_hsdp1: per-rank bytes of optimizer state and master weights
 //                       at level1 against those without sharding ("ratio", target <= 0.55).
 //   transformer_step_*: one nn::transformer_block (512 features, 8 heads, MLP hidden 2048),
@@ -39,10 +45,17 @@
 //       weight_gather, and its
 //       fraction of step_seconds.
 //   baseline_forward_backward_seconds, baseline_optimizer_seconds: the one-rank step's phases.
+//   hsdp cases also: hsdp_compute_seconds (the layers), hsdp_gather_exposed_seconds and
+//       hsdp_reduce_exposed_seconds (time spent starting and waiting for all-gathers and
+//       gradient reductions: the communication compute did not hide), hsdp_local_copy_seconds,
+//       communication_alone_seconds (the step's collectives run alone,
+//       best of 3) and "overlapped" = 1 - exposed / alone.
 
 #include "harness.hpp"
 
 #include <xshard/xshard.hpp>
+
+#include <malloc.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -152,13 +165,39 @@ struct phases {
            gather = 0;
 };
 
+/// This process's resident set and its peak (VmRSS, VmHWM of /proc/self/status), in bytes.
+std::pair<std::size_t, std::size_t> resident_bytes() {
+    std::FILE* f = std::fopen("/proc/self/status", "r");
+    std::size_t rss = 0, hwm = 0;
+    if (!f)
+        return {0, 0};
+    char line[256];
+    while (std::fgets(line, sizeof line, f)) {
+        unsigned long kb = 0;
+        if (std::sscanf(line, "VmRSS: %lu kB", &kb) == 1)
+            rss = kb * 1024;
+        else if (std::sscanf(line, "VmHWM: %lu kB", &kb) == 1)
+            hwm = kb * 1024;
+    }
+    std::fclose(f);
+    return {rss, hwm};
+}
+
+/// Resets VmHWM to the current resident set (Linux: "5" into /proc/self/clear_refs).
+void reset_peak() {
+    if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+        std::fputs("5", f);
+        std::fclose(f);
+    }
+}
+
 /// A model with its loss, optimizer and one batch (rows split over dp): `step()` is one
 /// training step.
 template <class T, class Model>
 class trainer {
 public:
     trainer(const mesh_t& mesh, Model model, std::size_t rows, std::size_t features,
-            int hsdp_level = 0)
+            int hsdp_level = 0, bool overlap = false)
         : model_(std::move(model))
         , x_(xshard::generate<xshard::dynamic_layout(2)>(
               mesh, std::array{rows, features}, std::mt19937(11), std::normal_distribution<T>(0, 1),
@@ -167,25 +206,32 @@ public:
               mesh, std::array{rows}, std::mt19937(12),
               std::uniform_int_distribution<std::int64_t>(0, std::int64_t(features) - 1),
               nn::make_layout({"dp"})))
-        , hsdp_level_(hsdp_level) {}
+        , hsdp_level_(hsdp_level)
+        , overlap_(overlap) {}
 
     /// One step; its phases timed into `*p` if given.
     void step(phases* p = nullptr) {
         const double start = MPI_Wtime();
+        // Made at the first step, once the trainer has stopped moving (it points into the
+        // model).
+        if (hsdp_level_ > 0 && !sharding_)
+            sharding_ = std::make_unique<xshard::hsdp<Model>>(
+                model_,
+                xshard::hsdp_options{.optimizer_level = xshard::optimizer_level(hsdp_level_)});
         mpi_clock.seconds = 0;
         mpi_clock.counting = p != nullptr;
-        loss_value_ = loss_.forward(model_.forward(x_), labels_);
-        model_.backward(loss_.backward());
+        if (sharding_ && (overlap_ || hsdp_level_ == 3)) {
+            // Layer by layer: level3 gathers, the reductions start as each layer finishes.
+            loss_value_ = loss_.forward(sharding_->forward(x_), labels_);
+            sharding_->backward(loss_.backward());
+        } else {
+            loss_value_ = loss_.forward(model_.forward(x_), labels_);
+            model_.backward(loss_.backward());
+        }
         mpi_clock.counting = false;
         const double backward_done = MPI_Wtime();
         double gather = 0;
-        if (hsdp_level_ > 0) {
-            // Made at the first step, once the trainer has stopped moving (it points into the
-            // model).
-            if (!sharding_)
-                sharding_ = std::make_unique<xshard::hsdp<Model>>(
-                    model_, xshard::hsdp_options{
-                                .optimizer_level = xshard::optimizer_level(hsdp_level_)});
+        if (sharding_) {
             sharding_->synchronize_gradients();
         } else {
             auto grads = xshard::gradients_of{model_};
@@ -193,7 +239,7 @@ public:
         }
         const double sync_done = MPI_Wtime();
         optimizer_.step(model_);
-        if (sharding_) {
+        if (sharding_ && hsdp_level_ < 3) {
             const double gather_start = MPI_Wtime();
             sharding_->gather_weights();
             gather = MPI_Wtime() - gather_start;
@@ -201,9 +247,34 @@ public:
         xshard::for_each_weight(model_, [](const std::string&, auto& w) { w.zero_grad(); });
         const double end = MPI_Wtime();
         if (p)
-            *p = {end - start,          backward_done - start,
-                  mpi_clock.seconds,    sync_done - backward_done,
-                  end - sync_done - gather, gather};
+            *p = {end - start,
+                  backward_done - start,
+                  mpi_clock.seconds,
+                  sync_done - backward_done,
+                  end - sync_done - gather,
+                  gather};
+    }
+
+    /// Optimizer sharding's phase timings (none without).
+    std::optional<xshard::hsdp_timings> hsdp_timings() const {
+        if (!sharding_)
+            return std::nullopt;
+        return sharding_->timings();
+    }
+    void reset_hsdp_timings() {
+        if (sharding_)
+            sharding_->reset_timings();
+    }
+    /// The seconds of one step's communication alone (hsdp::time_communication; 0 without).
+    double communication_alone() { return sharding_ ? sharding_->time_communication() : 0; }
+
+    /// The bytes of the largest weight (global): level3's unit of gathering in the MLP.
+    std::size_t largest_weight_bytes() {
+        std::size_t n = 0;
+        xshard::for_each_weight(model_, [&](const std::string&, auto& w) {
+            n = std::max(n, w.value.size() * sizeof(T));
+        });
+        return n;
     }
 
     /// The per-rank bytes of the optimizer's state and master weights (after a step).
@@ -225,13 +296,14 @@ private:
     xshard::optim::momentum optimizer_{{.lr = 1e-3, .momentum = 0.9}};
     T loss_value_ = 0;
     int hsdp_level_ = 0;
+    bool overlap_ = false; ///< under sharding, the passes through hsdp::forward / backward
     std::unique_ptr<xshard::hsdp<Model>> sharding_;
 };
 
 template <class T, class Model>
 trainer<T, Model> make_trainer(const mesh_t& mesh, Model model, std::size_t rows,
-                               std::size_t features, int hsdp_level = 0) {
-    return trainer<T, Model>(mesh, std::move(model), rows, features, hsdp_level);
+                               std::size_t features, int hsdp_level = 0, bool overlap = false) {
+    return trainer<T, Model>(mesh, std::move(model), rows, features, hsdp_level, overlap);
 }
 
 struct mlp_sizes {
@@ -239,13 +311,13 @@ struct mlp_sizes {
 };
 
 template <class T>
-auto make_mlp(const mesh_t& mesh, const mlp_sizes& s, int hsdp_level = 0) {
+auto make_mlp(const mesh_t& mesh, const mlp_sizes& s, int hsdp_level = 0, bool overlap = false) {
     return make_trainer<T>(
         mesh,
         nn::sequential(nn::column_parallel_linear<T, mesh_t>(mesh, s.features, s.hidden, 1),
                        nn::gelu_activation<T, mesh_t>(mesh),
                        nn::row_parallel_linear<T, mesh_t>(mesh, s.hidden, s.features, 2)),
-        s.batch, s.features, hsdp_level);
+        s.batch, s.features, hsdp_level, overlap);
 }
 
 struct transformer_sizes {
@@ -269,17 +341,15 @@ phases medians(const std::vector<phases>& v) {
             x.push_back(p.*field);
         return bench::median(x);
     };
-    return {of(&phases::step),   of(&phases::forward_backward),
-            of(&phases::mpi_in_forward_backward),
-            of(&phases::sync),   of(&phases::optimizer),
-            of(&phases::gather)};
+    return {of(&phases::step), of(&phases::forward_backward), of(&phases::mpi_in_forward_backward),
+            of(&phases::sync), of(&phases::optimizer),        of(&phases::gather)};
 }
 
 /// A JSON array of `value` from every rank of `c` (on rank 0; empty elsewhere).
 std::string per_rank(const xshard::communicator& c, double value) {
     std::vector<double> all(std::size_t(c.size()));
     xshard::mpi::gather(c, std::span(&value, 1),
-                   c.rank() == 0 ? std::span(all) : std::span(all).first(0), 0);
+                        c.rank() == 0 ? std::span(all) : std::span(all).first(0), 0);
     std::string out = "[";
     char number[32];
     for (std::size_t r = 0; r < all.size(); ++r) {
@@ -309,10 +379,20 @@ void run_case(const bench::options& o, const std::string& name, const mesh_t& me
     bench::report(c, name, ours.bytes(), "one_rank", t);
 
     std::vector<phases> mine(std::size_t(o.reps)), base(std::size_t(o.reps));
+    ours.reset_hsdp_timings();
     for (auto& p : mine) {
         xshard::mpi::barrier(c);
         ours.step(&p);
     }
+    const auto ht = ours.hsdp_timings();
+    // The step's communication alone (best of 3), against what the steps left exposed.
+    double alone = 0;
+    if (ht)
+        for (int k = 0; k < 3; ++k) {
+            xshard::mpi::barrier(c);
+            const double a = ours.communication_alone();
+            alone = k == 0 ? a : std::min(alone, a);
+        }
     if (theirs)
         for (auto& p : base)
             theirs->step(&p);
@@ -325,6 +405,18 @@ void run_case(const bench::options& o, const std::string& name, const mesh_t& me
                mpi = per_rank(c, m.mpi_in_forward_backward), sync = per_rank(c, m.sync),
                optimizer = per_rank(c, m.optimizer), gather = per_rank(c, m.gather),
                comm = per_rank(c, communication), share = per_rank(c, communication / m.step);
+    std::string hsdp_fields;
+    if (ht) {
+        const double reps = double(o.reps);
+        const double exposed = (ht->gather_wait + ht->reduce_wait) / reps;
+        const double overlap = alone > 0 ? std::max(0.0, 1 - exposed / alone) : 0;
+        hsdp_fields = ", \"hsdp_compute_seconds\": " + per_rank(c, ht->compute / reps) +
+                      ", \"hsdp_gather_exposed_seconds\": " + per_rank(c, ht->gather_wait / reps) +
+                      ", \"hsdp_reduce_exposed_seconds\": " + per_rank(c, ht->reduce_wait / reps) +
+                      ", \"hsdp_local_copy_seconds\": " + per_rank(c, ht->local_copies / reps) +
+                      ", \"communication_alone_seconds\": " + per_rank(c, alone) +
+                      ", \"overlapped\": " + per_rank(c, overlap);
+    }
     if (c.rank() != 0)
         return;
     std::printf("{\"name\": \"%s.communication\", \"ranks\": %d, \"speedup\": %.3f, "
@@ -334,11 +426,11 @@ void run_case(const bench::options& o, const std::string& name, const mesh_t& me
                 "\"weight_gather_seconds\": %s, "
                 "\"communication_seconds\": %s, \"share\": %s, "
                 "\"baseline_forward_backward_seconds\": %.4g, "
-                "\"baseline_optimizer_seconds\": %.4g}\n",
+                "\"baseline_optimizer_seconds\": %.4g%s}\n",
                 name.c_str(), c.size(), speedup, target, speedup >= target ? "true" : "false",
                 steps.c_str(), forward_backward.c_str(), mpi.c_str(), sync.c_str(),
                 optimizer.c_str(), gather.c_str(), comm.c_str(), share.c_str(), b.forward_backward,
-                b.optimizer);
+                b.optimizer, hsdp_fields.c_str());
     std::fflush(stdout);
     std::fprintf(stderr,
                  "%s: %.2fx faster than one rank (target %.2fx: %s), communication %.0f %%\n",
@@ -364,6 +456,49 @@ void state_bytes_case(const bench::options& o, const std::string& name, const me
                 "\"baseline_bytes\": %zu, \"ratio\": %.4f, \"target_ratio\": 0.55, "
                 "\"target_met\": %s}\n",
                 name.c_str(), c.size(), mine, full, ratio, ratio <= 0.55 ? "true" : "false");
+    std::fflush(stdout);
+}
+
+/// The resident memory of the data-parallel MLP at hsdp level `level` (0: none), per rank:
+/// "resident_bytes" between steps (against before the model was made), and
+/// "step_peak_growth_bytes", the growth of the peak resident set during one step, and
+/// "peak_bytes" their sum. "level3_bound_bytes": 1/dp of the weights' value, gradient and
+/// momentum plus the largest layer in use and one prefetched (what level3 should hold; the
+/// layer's full gradient during its backward and the exchanges' staging buffers come on top).
+void memory_case(const bench::options& o, const std::string& name, const mesh_t& mesh,
+                 const mlp_sizes& s, int level) {
+    if (!o.wants(name))
+        return;
+    const auto& c = mesh.comm();
+    const auto before = resident_bytes().first;
+    std::size_t resident = 0, growth = 0, weights = 0, largest = 0;
+    {
+        auto t = make_mlp<double>(mesh, s, level);
+        t.step();
+        t.step();
+        xshard::mpi::barrier(c);
+        const auto between = resident_bytes().first;
+        reset_peak();
+        t.step();
+        const auto peak = resident_bytes().second;
+        resident = between - std::min(between, before);
+        growth = peak - std::min(peak, between);
+        weights = t.bytes();
+        largest = t.largest_weight_bytes();
+    }
+    const std::size_t dp = std::size_t(mesh.shape().axis_size("dp"));
+    // Level3: the sharded value, gradient and momentum, and the largest layer in use and one
+    // prefetched.
+    const std::size_t bound = 3 * weights / dp + 2 * largest;
+    const auto r = per_rank(c, double(resident)), g = per_rank(c, double(growth)),
+               peak = per_rank(c, double(resident + growth));
+    if (c.rank() != 0)
+        return;
+    std::printf("{\"name\": \"%s\", \"ranks\": %d, \"bytes\": %zu, \"level\": %d, "
+                "\"resident_bytes\": %s, \"step_peak_growth_bytes\": %s, \"peak_bytes\": %s, "
+                "\"largest_weight_bytes\": %zu, \"level3_bound_bytes\": %zu}\n",
+                name.c_str(), c.size(), weights, level, r.c_str(), g.c_str(), peak.c_str(), largest,
+                bound);
     std::fflush(stdout);
 }
 
@@ -395,8 +530,8 @@ void driver_case(const bench::options& o, const std::string& name, const mesh_t&
     bench::report(c, name, manual.bytes(), "manual", t);
     if (c.rank() == 0) {
         const double ratio = t.seconds / t.baseline_seconds;
-        std::fprintf(stderr, "%s: driver / manual %.3f (target <= 1.02: %s)\n", name.c_str(),
-                     ratio, ratio <= 1.02 ? "met" : "missed");
+        std::fprintf(stderr, "%s: driver / manual %.3f (target <= 1.02: %s)\n", name.c_str(), ratio,
+                     ratio <= 1.02 ? "met" : "missed");
     }
 }
 
@@ -436,16 +571,31 @@ int main(int argc, char** argv) {
         run_case(o, "transformer_step_tp" + p + "_" + type, tp, one, tp_efficiency, make);
         run_case(o, "transformer_step_dp" + p + "_" + type, dp, one, dp_efficiency, make);
     };
+    // Memory per level, first (before other cases leave freed heap blocks for reuse). glibc
+    // returns freed blocks to the system only when they were mmapped: a fixed threshold of
+    // 1 MiB (for the whole run, from here on) keeps it from raising its own, so frees show.
+    bool memory = false;
+    for (int level : {0, 1, 2, 3})
+        memory = memory || o.wants("memory_dp" + p + "_hsdp" + std::to_string(level));
+    if (memory) {
+        mallopt(M_MMAP_THRESHOLD, 1 << 20);
+        for (int level : {0, 1, 2, 3})
+            memory_case(o, "memory_dp" + p + "_hsdp" + std::to_string(level), dp, mlp, level);
+    }
     mlp_cases(double{}, "f64");
     driver_case(o, "mlp_step_tp" + p + "_f64_driver", tp, mlp);
     run_case(o, "mlp_step_dp" + p + "_f64_batch512", dp, one, dp_efficiency, [&](const mesh_t& m) {
         return make_mlp<double>(m, {mlp.features, mlp.hidden, 8 * mlp.batch});
     });
-    // Optimizer sharding (hsdp level1, level2) of the data-parallel MLP, targets 1.5x and (batch
-    // 512) 1.85x.
-    for (int level : {1, 2})
-        run_case(o, "mlp_step_dp" + p + "_f64_hsdp" + std::to_string(level), dp, one, 0.75,
+    // Optimizer sharding (hsdp level1, level2, level3) of the data-parallel MLP, targets 1.5x,
+    // 1.25x at level3, and (batch 512) 1.85x; level2 also with the passes through
+    // hsdp::forward / backward (reduce-scatters started as each layer finishes; level3 always).
+    for (int level : {1, 2, 3})
+        run_case(o, "mlp_step_dp" + p + "_f64_hsdp" + std::to_string(level), dp, one,
+                 level == 3 ? 0.625 : 0.75,
                  [&](const mesh_t& m) { return make_mlp<double>(m, mlp, level); });
+    run_case(o, "mlp_step_dp" + p + "_f64_hsdp2_overlap", dp, one, 0.75,
+             [&](const mesh_t& m) { return make_mlp<double>(m, mlp, 2, true); });
     run_case(o, "mlp_step_dp" + p + "_f64_hsdp1_batch512", dp, one, 0.925, [&](const mesh_t& m) {
         return make_mlp<double>(m, {mlp.features, mlp.hidden, 8 * mlp.batch}, 1);
     });

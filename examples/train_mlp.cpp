@@ -11,9 +11,12 @@
 //   mpirun -n 6 build/examples/train_mlp --batch-size 60      # dp = 3: 20 rows per rank
 //   mpirun -n 4 build/examples/train_mlp --hsdp 2             # optimizer sharding, level2
 //
-// --hsdp LEVEL (1 or 2; 0, the default, is off) shards the optimizer's state and master
+// --hsdp LEVEL (1, 2 or 3; 0, the default, is off) shards the optimizer's state and master
 // weights over dp (MindSpore's hsdp optimizer_level level1; level2 also reduce-scatters the
-// gradients), with threshold 0 so that every weight is sharded: the losses stay the same.
+// gradients; level3 also the weights, gathered layer by layer), with threshold 0 so that
+// every weight is sharded: the losses stay the same. The passes then run through
+// hsdp::forward / hsdp::backward, which start each layer's gradient reduction as soon as its
+// backward is done.
 //
 // A batch the data-parallel ranks do not divide (64 over dp = 3) is dealt out in blocks of
 // 22, 21 and 21 rows (the loader's uneven_batches): the losses stay those of one rank.
@@ -65,8 +68,8 @@ options parse(int argc, char** argv) {
             throw xshard::error("usage: train_mlp [--tp N] [--epochs N] [--batch-size N] "
                                 "[--mnist DIR] [--hsdp LEVEL]");
     }
-    if (o.hsdp < 0 || o.hsdp > 2)
-        throw xshard::error("train_mlp: --hsdp takes 0 (off), 1 or 2, not " +
+    if (o.hsdp < 0 || o.hsdp > 3)
+        throw xshard::error("train_mlp: --hsdp takes 0 (off), 1, 2 or 3, not " +
                             std::to_string(o.hsdp));
     return o;
 }
@@ -106,9 +109,9 @@ int run(int argc, char** argv) {
     nn::parallel_cross_entropy<T, mesh_2d> loss_fn;
     std::optional<xshard::hsdp<decltype(model)>> sharding;
     if (o.hsdp > 0)
-        sharding.emplace(model, xshard::hsdp_options{
-                                    .threshold = 0,
-                                    .optimizer_level = xshard::optimizer_level(o.hsdp)});
+        sharding.emplace(model,
+                         xshard::hsdp_options{.threshold = 0,
+                                              .optimizer_level = xshard::optimizer_level(o.hsdp)});
     const data::loader batches(mesh, train,
                                {.batch_size = o.batch_size, .seed = 7, .uneven_batches = true});
     xshard::loss_monitor monitor(mesh, {.steps_per_epoch = batches.steps_per_epoch(),
@@ -118,17 +121,24 @@ int run(int argc, char** argv) {
     if (mesh.rank() == 0)
         std::printf("train_mlp on mesh(%s): %zu features, %lld classes, %zu training samples%s\n",
                     mesh.shape().to_string().c_str(), features, static_cast<long long>(classes),
-                    train.size(),
-                    o.hsdp ? (", hsdp level" + std::to_string(o.hsdp)).c_str() : "");
+                    train.size(), o.hsdp ? (", hsdp level" + std::to_string(o.hsdp)).c_str() : "");
 
     for (int epoch = 0; epoch < o.epochs; ++epoch) {
         for (auto&& [x, y] : batches.epoch(std::uint64_t(epoch))) {
+            if (sharding) {
+                // Layer by layer: level3 gathers the weights; the reductions start as each
+                // layer's backward is done.
+                const T loss = loss_fn.forward(sharding->forward(x), y);
+                sharding->backward(loss_fn.backward());
+                sharding->synchronize_gradients(); // waits for the reductions
+                sharding->step(optimizer);         // update the shards, all-gather (level1, 2)
+                xshard::for_each_weight(model, [](const std::string&, auto& w) { w.zero_grad(); });
+                monitor.step(loss, x.shape()[0]);
+                continue;
+            }
             const T loss = loss_fn.forward(model.forward(x), y);
             model.backward(loss_fn.backward());
-            if (sharding) {
-                sharding->synchronize_gradients(); // level2: reduce-scatter into the shards
-                sharding->step(optimizer);         // update the shards, all-gather the weights
-            } else {
+            {
                 auto grads = xshard::gradients_of{model};
                 xshard::synchronize_gradients(model, grads);
                 optimizer.step(model);
@@ -139,12 +149,12 @@ int run(int argc, char** argv) {
         monitor.end_epoch();
     }
 
+    if (sharding)
+        sharding->gather_weights(); // level3: the weights materialised for evaluation
     // Accuracy on the held-out samples: the logits gathered batch by batch.
-    const data::loader held_out(mesh, test,
-                                {.batch_size = 256,
-                                 .shuffle = false,
-                                 .drop_remainder = false,
-                                 .uneven_batches = true});
+    const data::loader held_out(
+        mesh, test,
+        {.batch_size = 256, .shuffle = false, .drop_remainder = false, .uneven_batches = true});
     std::size_t right = 0, seen = 0;
     for (auto&& [x, y] : held_out.epoch(0)) {
         const auto logits = xshard::gather_all(model.forward(x));

@@ -54,9 +54,7 @@ TEST(hsdp_options, mindspores_conditions) {
               std::string::npos);
     EXPECT_NE(hsdp_options_problem({.optimizer_level = optimizer_level(4)})->find("level1, level2"),
               std::string::npos);
-    EXPECT_NE(hsdp_options_problem({.optimizer_level = optimizer_level::level3})
-                  ->find("not supported yet"),
-              std::string::npos);
+    EXPECT_FALSE(hsdp_options_problem({.optimizer_level = optimizer_level::level3}));
     EXPECT_EQ(xshard::parse_optimizer_level("level2"), optimizer_level::level2);
     expect_error([] { (void)xshard::parse_optimizer_level("level4"); }, "one of level1");
 }
@@ -97,7 +95,9 @@ using xshard::testing::mlp_features, xshard::testing::mlp_hidden, xshard::testin
 constexpr std::size_t features = mlp_features, hidden = mlp_hidden, rows = mlp_rows;
 using model_t = xshard::testing::small_mlp_type;
 
-auto make_model(const mesh_t& m) { return xshard::testing::small_mlp(m); }
+auto make_model(const mesh_t& m) {
+    return xshard::testing::small_mlp(m);
+}
 
 /// A run's record: the losses and the final weights (gathered).
 struct record {
@@ -115,6 +115,8 @@ struct config {
     /// the test's weights; size 0 gives each weight its own planned collective).
     xshard::comm_fusion fusion{};
     std::string name = {};
+    /// Run the passes through hsdp::forward/backward (overlapped reductions; level3 always).
+    bool driven = false;
 };
 
 /// Batch `step` (random, the same on every mesh), rows split over dp.
@@ -143,8 +145,13 @@ void train(Model& model, Opt& opt, const config& c, xshard::hsdp<Model>* shardin
     nn::parallel_cross_entropy<double, mesh_t> loss;
     for (int s = first; s < first + steps; ++s) {
         auto [x, y] = batch(m, s, width);
-        r.losses.push_back(loss.forward(model.forward(x), y));
-        model.backward(loss.backward());
+        if (sharding && (c.driven || c.level == 3)) {
+            r.losses.push_back(loss.forward(sharding->forward(x), y));
+            sharding->backward(loss.backward());
+        } else {
+            r.losses.push_back(loss.forward(model.forward(x), y));
+            model.backward(loss.backward());
+        }
         if (sharding) {
             sharding->synchronize_gradients();
             auto g = sharding->gradients();
@@ -227,7 +234,8 @@ template <class Opt>
 void check_trajectories(const typename Opt::options_type& o) {
     constexpr int steps = 20;
     const mesh_t one(xshard::communicator::self(), {1, 1});
-    const auto level1 = optimizer_level::level1, level2 = optimizer_level::level2;
+    const auto level1 = optimizer_level::level1, level2 = optimizer_level::level2,
+               level3 = optimizer_level::level3;
     const xshard::fusion_threshold unfused{xshard::fusion_threshold::mode::size, 0};
     const std::vector<config> configs{
         {.level = 1, .hsdp = {.threshold = 0, .optimizer_level = level1}, .name = "level1"},
@@ -247,6 +255,30 @@ void check_trajectories(const typename Opt::options_type& o) {
          .hsdp = {.threshold = 0, .optimizer_level = level1},
          .fusion = {.allgather = unfused},
          .name = "level1 unfused"},
+        // Overlap: the reductions started by hsdp::backward as each layer finishes.
+        {.level = 1,
+         .hsdp = {.threshold = 0, .optimizer_level = level1, .overlap_allreduce = true},
+         .name = "level1 overlapped",
+         .driven = true},
+        {.level = 1,
+         .hsdp = {.threshold = 0, .optimizer_level = level1},
+         .name = "level1 driven",
+         .driven = true},
+        {.level = 2,
+         .hsdp = {.threshold = 1, .optimizer_level = level2},
+         .name = "level2 1KB overlapped",
+         .driven = true},
+        {.level = 3,
+         .hsdp = {.threshold = 1, .optimizer_level = level3, .overlap_allreduce = true},
+         .name = "level3 1KB overlapped all-reduce",
+         .driven = true},
+        // Level3: weights gathered per layer (prefetched), freed, gathered again for backward.
+        {.level = 3, .hsdp = {.threshold = 0, .optimizer_level = level3}, .name = "level3"},
+        {.level = 3, .hsdp = {.threshold = 1, .optimizer_level = level3}, .name = "level3 1KB"},
+        {.level = 3,
+         .hsdp = {.threshold = 0, .optimizer_level = level3},
+         .clip = 0.5,
+         .name = "level3 clipped"},
     };
     const auto serial = run<Opt>(one, o, {}, steps);
     const auto serial_clipped = run<Opt>(one, o, {.clip = 0.5}, steps);
@@ -261,14 +293,13 @@ void check_trajectories(const typename Opt::options_type& o) {
         // mesh) and keeps copies over the rest.
         // (dp = 4 or 8 with shard_size 2 would need a sub-axis of dp: "not supported yet".)
         if (m.shape().axis_size("dp") == 2)
-            for (const auto level : {level1, level2})
-                expect_same(run<Opt>(m, o,
-                                     {.level = int(level),
-                                      .hsdp = {.shard_size = 2,
-                                               .threshold = 0,
-                                               .optimizer_level = level}},
-                                     steps),
-                            serial, context + " shard_size 2 " + std::string(to_string(level)));
+            for (const auto level : {level1, level2, level3})
+                expect_same(
+                    run<Opt>(m, o,
+                             {.level = int(level),
+                              .hsdp = {.shard_size = 2, .threshold = 0, .optimizer_level = level}},
+                             steps),
+                    serial, context + " shard_size 2 " + std::string(to_string(level)));
         // gradients_mean: against level 0 with the mean on the same mesh.
         const auto mean0 = run<Opt>(m, o, {.mean = true}, steps);
         expect_same(
@@ -279,6 +310,12 @@ void check_trajectories(const typename Opt::options_type& o) {
             mean0, context + " level2 mean");
         expect_same(run<Opt>(m, o, {.level = 1, .hsdp = {.threshold = 0}, .mean = true}, steps),
                     mean0, context + " level1 mean");
+        expect_same(
+            run<Opt>(
+                m, o,
+                {.level = 3, .hsdp = {.threshold = 0, .optimizer_level = level3}, .mean = true},
+                steps),
+            mean0, context + " level3 mean");
     });
 }
 
@@ -313,7 +350,8 @@ TEST(hsdp_trajectories, transformer_block) {
             return;
         expect_same(run<optim::momentum>(m, o, {}, 20, make, width), serial,
                     "transformer_block " + where(m) + " level0");
-        for (const auto level : {optimizer_level::level1, optimizer_level::level2})
+        for (const auto level :
+             {optimizer_level::level1, optimizer_level::level2, optimizer_level::level3})
             expect_same(
                 run<optim::momentum>(
                     m, o, {.level = int(level), .hsdp = {.threshold = 0, .optimizer_level = level}},
@@ -349,46 +387,126 @@ TEST(hsdp_checkpoint, saved_sharded_loads_at_any_level) {
     const std::string dir = xshard::testing::shared_directory(w, XSHARD_TRAIN_SCRATCH);
     const std::string path = dir + "/hsdp.safetensors";
     const optim::adam_options o{.lr = 0.01};
-    const config l1{.level = 1, .hsdp = {.threshold = 0}};
-    // 3 steps at level1 on (W, 1), saved, 3 more: the reference.
-    const mesh_t m(w, {w.size(), 1});
-    auto a = make_model(m);
-    optim::adam opt_a(o);
-    record ra;
-    {
-        xshard::hsdp<model_t> sharding(a, l1.hsdp);
-        train(a, opt_a, l1, &sharding, 0, 3, ra);
-        xshard::save_checkpoint(path, a, {.step = opt_a.steps()}, opt_a.state_of(a));
-        train(a, opt_a, l1, &sharding, 3, 3, ra);
-    }
-    const auto reference = weights_of(a, {});
-    for_each_dp_tp([&](const mesh_t& mm) {
-        for (int level : {0, 2}) {
-            const std::string context =
-                "loaded at level " + std::to_string(level) + " " + where(mm);
-            auto b = make_model(mm);
-            optim::adam opt_b(o);
-            const config c{.level = level,
-                           .hsdp = {.threshold = 0, .optimizer_level = optimizer_level::level2}};
-            std::optional<xshard::hsdp<model_t>> sharding;
-            if (level)
-                sharding.emplace(b, c.hsdp);
-            const auto info = xshard::load_checkpoint(path, b, opt_b.state_of(b));
-            opt_b.set_steps(info.step);
-            record rb;
-            train(b, opt_b, c, sharding ? &*sharding : static_cast<xshard::hsdp<model_t>*>(nullptr),
-                  3, 3, rb);
-            const auto got = weights_of(b, {});
-            for (std::size_t i = 0; i < got.weights.size(); ++i)
-                EXPECT_TRUE(xt::allclose(got.weights[i], reference.weights[i], 1e-12, 1e-12))
-                    << context << " weight " << i;
-            for (std::size_t i = 0; i < 3; ++i)
-                EXPECT_NEAR(rb.losses[i], ra.losses[3 + i], 1e-12) << context;
+    for (const auto saved : {optimizer_level::level1, optimizer_level::level3}) {
+        const config src{.level = int(saved), .hsdp = {.threshold = 0, .optimizer_level = saved}};
+        // 3 steps at the saved level on (W, 1), saved, 3 more: the reference.
+        const mesh_t m(w, {w.size(), 1});
+        auto a = make_model(m);
+        optim::adam opt_a(o);
+        record ra;
+        {
+            xshard::hsdp<model_t> sharding(a, src.hsdp);
+            train(a, opt_a, src, &sharding, 0, 3, ra);
+            sharding.gather_weights(); // level3: the values materialised to be saved
+            xshard::save_checkpoint(path, a, {.step = opt_a.steps()}, opt_a.state_of(a));
+            train(a, opt_a, src, &sharding, 3, 3, ra);
         }
-    });
+        const auto reference = weights_of(a, {});
+        for_each_dp_tp([&](const mesh_t& mm) {
+            for (int level : {0, 2, 3}) {
+                const std::string context = "saved at " + std::string(to_string(saved)) +
+                                            ", loaded at level " + std::to_string(level) + " " +
+                                            where(mm);
+                auto b = make_model(mm);
+                optim::adam opt_b(o);
+                const config c{.level = level,
+                               .hsdp = {.threshold = 0,
+                                        .optimizer_level = level == 3 ? optimizer_level::level3
+                                                                      : optimizer_level::level2}};
+                std::optional<xshard::hsdp<model_t>> sharding;
+                if (level) {
+                    sharding.emplace(b, c.hsdp);
+                    sharding->gather_weights(); // level3: storage for the loaded values
+                }
+                const auto info = xshard::load_checkpoint(path, b, opt_b.state_of(b));
+                opt_b.set_steps(info.step);
+                record rb;
+                train(b, opt_b, c,
+                      sharding ? &*sharding : static_cast<xshard::hsdp<model_t>*>(nullptr), 3, 3,
+                      rb);
+                if (sharding)
+                    sharding->gather_weights();
+                const auto got = weights_of(b, {});
+                for (std::size_t i = 0; i < got.weights.size(); ++i)
+                    EXPECT_TRUE(xt::allclose(got.weights[i], reference.weights[i], 1e-12, 1e-12))
+                        << context << " weight " << i;
+                for (std::size_t i = 0; i < 3; ++i)
+                    EXPECT_NEAR(rb.losses[i], ra.losses[3 + i], 1e-12) << context;
+            }
+        });
+    }
     xshard::mpi::barrier(w);
     if (w.rank() == 0)
         std::filesystem::remove_all(dir);
+}
+
+TEST(hsdp_level3, weights_hold_storage_only_in_use) {
+    const auto w = world();
+    const mesh_t m(w, {w.size(), 1});
+    auto model = make_model(m), plain = make_model(m);
+    xshard::hsdp<model_t> sharding(model,
+                                   {.threshold = 0, .optimizer_level = optimizer_level::level3});
+    // Between uses a sharded weight's value and gradient hold nothing; its shard 1/W.
+    auto sizes = [&] {
+        std::vector<std::size_t> n;
+        xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
+            n.push_back(wt.value.local().size() + wt.grad.local().size());
+        });
+        return n;
+    };
+    std::size_t shard_total = 0, full = 0;
+    xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
+        if (w.size() > 1) {
+            EXPECT_TRUE(wt.shard) << where(m);
+        }
+        if (wt.shard)
+            shard_total += wt.shard->value.local().size();
+        full += wt.value.size();
+    });
+    std::uint64_t total = shard_total;
+    xshard::mpi::allreduce(w, std::span(&total, 1), xshard::reduction::sum);
+    if (w.size() > 1) {
+        EXPECT_EQ(total, std::uint64_t(full)) << where(m);
+        for (auto n : sizes())
+            EXPECT_EQ(n, 0U) << where(m);
+    }
+    nn::parallel_cross_entropy<double, mesh_t> loss;
+    auto [x, y] = batch(m, 0, features);
+    // The same loss as the unsharded model's: the forward pass gathered every layer.
+    const double got = loss.forward(sharding.forward(x), y);
+    nn::parallel_cross_entropy<double, mesh_t> loss0;
+    EXPECT_NEAR(got, loss0.forward(plain.forward(x), y), 1e-12) << where(m);
+    if (w.size() > 1) {
+        // The first layer's weights are freed; the last layer's stay for the backward pass.
+        std::vector<std::string> names;
+        xshard::for_each_weight(model,
+                                [&](const std::string& name, auto&) { names.push_back(name); });
+        const auto n = sizes();
+        for (std::size_t i = 0; i < n.size(); ++i) {
+            if (names[i].starts_with("0."))
+                EXPECT_EQ(n[i], 0U) << "after forward " << names[i] << " " << where(m);
+            else
+                EXPECT_GT(n[i], 0U) << "after forward " << names[i] << " " << where(m);
+        }
+    }
+    sharding.backward(loss.backward());
+    if (w.size() > 1) {
+        for (auto n : sizes())
+            EXPECT_EQ(n, 0U) << "after backward " << where(m);
+    }
+    sharding.synchronize_gradients();
+    EXPECT_GT(sharding.timings().compute, 0.0);
+    // gather_weights materialises the values: the unsharded model's.
+    sharding.gather_weights();
+    std::vector<xt::xarray<double>> a, b;
+    xshard::for_each_weight(
+        model, [&](const std::string&, auto& wt) { a.push_back(xshard::gather_all(wt.value)); });
+    xshard::for_each_weight(
+        plain, [&](const std::string&, auto& wt) { b.push_back(xshard::gather_all(wt.value)); });
+    for (std::size_t i = 0; i < a.size(); ++i)
+        EXPECT_TRUE(xt::allclose(a[i], b[i], 0, 0)) << where(m) << " weight " << i;
+    // time_communication runs one step's collectives alone.
+    EXPECT_GE(sharding.time_communication(), 0.0);
 }
 
 // --- misuse raises on every rank ------------------------------------------------------------
@@ -401,9 +519,8 @@ TEST(hsdp_errors, misuse_raises_on_every_rank) {
                  "shard_size must be a positive integer or -1");
     expect_error([&] { xshard::hsdp<model_t> s(model, {.threshold = -3}); },
                  "threshold must be an integer >= 0");
-    expect_error(
-        [&] { xshard::hsdp<model_t> s(model, {.optimizer_level = optimizer_level::level3}); },
-        "level3");
+    expect_error([&] { xshard::hsdp<model_t> s(model, {.optimizer_level = optimizer_level(0)}); },
+                 "level1, level2, level3");
     if (w.size() > 1) {
         expect_error(
             [&] { xshard::hsdp<model_t> s(model, {.shard_size = w.size() + 1, .threshold = 0}); },
@@ -420,6 +537,12 @@ TEST(hsdp_errors, misuse_raises_on_every_rank) {
                     nn::make_layout({"dp", ""})));
         });
         expect_error([&] { s.synchronize_gradients(); }, "expected its terms");
+    }
+    if (w.size() > 1) {
+        // Level3 needs the backward pass through hsdp::backward (the full gradients are freed).
+        xshard::hsdp<model_t> s(model,
+                                {.threshold = 0, .optimizer_level = optimizer_level::level3});
+        expect_error([&] { s.synchronize_gradients(); }, "through hsdp::backward");
     }
     // Nothing is left sharded when a construction fails.
     xshard::for_each_weight(model, [&](const std::string&, auto& wt) { EXPECT_FALSE(wt.shard); });

@@ -128,6 +128,16 @@ public:
         detail::check_mpi(code, "MPI_Waitall");
     }
 
+    /// Whether every message posted since the last wait has completed (MPI_Testall, which
+    /// progresses them; never blocks). The requests stay to be waited for by `wait_all`.
+    bool test_all() {
+        int done = 0;
+        detail::check_mpi(MPI_Testall(static_cast<int>(handles_.size()), handles_.data(), &done,
+                                      MPI_STATUSES_IGNORE),
+                          "MPI_Testall");
+        return done != 0;
+    }
+
     /// Messages posted and not yet waited for.
     std::size_t size() const noexcept { return handles_.size(); }
 

@@ -211,6 +211,9 @@ public:
     explicit sequential(Layers... layers)
         : layers_(std::move(layers)...) {}
 
+    /// The number of layers (train/hsdp.hpp runs them one at a time).
+    static constexpr std::size_t layer_count = sizeof...(Layers);
+
     template <class X>
     auto forward(X x) {
         std::apply([&](auto&... l) { ((x = l.forward(x)), ...); }, layers_);

@@ -180,9 +180,22 @@ public:
     /// destination shard (not overlapping any input). Collective over the mesh: one message
     /// to and from each peer that shares data with this rank.
     void execute(std::span<const T* const> in, std::span<T* const> out) {
+        start(in, out);
+        finish();
+    }
+
+    /// The first half of `execute`, nonblocking: packs what this rank sends (so `in` may be
+    /// freed or overwritten as soon as it returns), posts the messages (tag `tag`: plans in
+    /// flight at once on one communicator use distinct tags) and writes this rank's own part.
+    /// `out` must stay valid and untouched until `finish()`. Every rank starts the same plans
+    /// in the same order.
+    void start(std::span<const T* const> in, std::span<T* const> out, int tag = 7) {
         if (in.size() != size() || out.size() != size())
             throw error("xshard: redistribute_all: the plan is for " + std::to_string(size()) +
                         " tensors, not " + std::to_string(in.size()));
+        if (in_flight_)
+            throw error("xshard: redistribute_all: the plan was started again before finish()");
+        out_.assign(out.begin(), out.end());
         const auto p = std::size_t(comm_.size());
         buffers_.resize(2 * p);
         messages_.reserve(2 * p);
@@ -194,7 +207,7 @@ public:
                 continue;
             auto& b = buffers_[p + peer];
             b.resize(recvs_[peer].elements);
-            messages_.irecv(comm_, b.data(), count_of(b.size()), datatype_of<T>(), int(peer), 7);
+            messages_.irecv(comm_, b.data(), count_of(b.size()), datatype_of<T>(), int(peer), tag);
         }
         for (std::size_t peer = 0; peer < p; ++peer) {
             if (int(peer) == rank_ || sends_[peer].elements == 0)
@@ -206,7 +219,7 @@ public:
                 for (const auto& r : piece.runs) {
                     at = std::copy_n(in[piece.tensor] + r.offset, r.length, at);
                 }
-            messages_.isend(comm_, b.data(), count_of(b.size()), datatype_of<T>(), int(peer), 7);
+            messages_.isend(comm_, b.data(), count_of(b.size()), datatype_of<T>(), int(peer), tag);
         }
         // This rank's own part, while the messages travel.
         const auto self = std::size_t(rank_);
@@ -222,10 +235,35 @@ public:
                     at = std::copy_n(in[piece.tensor] + run.offset, run.length, at);
             unpack(r, staging.data(), out);
         }
+        in_flight_ = true;
+    }
+
+    /// Whether a started exchange has arrived (progressing its messages; never blocks).
+    bool test() { return !in_flight_ || messages_.test_all(); }
+
+    /// Frees the staging buffers (kept between runs otherwise, so that a run allocates
+    /// nothing): for a caller that holds memory only while in use (optimizer sharding's
+    /// level3). Not while an exchange is in flight.
+    void release_buffers() {
+        if (in_flight_)
+            return;
+        std::vector<std::vector<T>>().swap(buffers_);
+    }
+
+    /// Whether the plan was started and not yet finished.
+    bool in_flight() const noexcept { return in_flight_; }
+
+    /// The second half of `execute`: waits for the messages and writes what arrived into the
+    /// destinations given to `start`. Does nothing when no exchange is in flight.
+    void finish() {
+        if (!in_flight_)
+            return;
+        in_flight_ = false;
         messages_.wait_all();
+        const auto p = std::size_t(comm_.size());
         for (std::size_t peer = 0; peer < p; ++peer)
-            if (peer != self && recvs_[peer].elements)
-                unpack(recvs_[peer], buffers_[p + peer].data(), out);
+            if (int(peer) != rank_ && recvs_[peer].elements)
+                unpack(recvs_[peer], buffers_[p + peer].data(), out_);
     }
 
 private:
@@ -278,6 +316,8 @@ private:
     std::vector<bool> sums_;
     std::vector<peer_pieces> sends_, recvs_;
     std::vector<std::vector<T>> buffers_;
+    std::vector<T*> out_; // the destinations of the exchange in flight
+    bool in_flight_ = false;
     message_batch messages_;
 };
 

@@ -1,6 +1,7 @@
 #pragma once
 /// \file
-/// Optimizer sharding: MindSpore's `hsdp(shard_size, threshold, optimizer_level)` (ZeRO-1/2).
+/// Optimizer sharding: MindSpore's `hsdp(shard_size, threshold, optimizer_level)` (ZeRO-1/2/3,
+/// FSDP).
 ///
 /// Data parallelism replicates a weight over its replicated mesh axes (its data-parallel
 /// group). Sharding gives each rank of that group 1/dp of the weight's *update*: the optimizer
@@ -28,7 +29,27 @@
 ///    sharding), then this rank's block sliced out (local).
 ///  * level2: also the gradients: each weight's gradient terms are reduce-scattered straight
 ///    into the sharded layout; the complete gradient never exists on one rank.
-///  * level3 (weights sharded between uses) is not supported yet: asking for it raises.
+///  * level3: also the weights themselves. Between uses a sharded weight's value and full
+///    gradient hold no storage; `hsdp::forward` all-gathers each layer's weights just before
+///    the layer runs (the next layer's all-gather in flight while the current one computes)
+///    and frees them after; `hsdp::backward` gathers them again (prefetching the previous
+///    layer's), and reduce-scatters each layer's gradient into the shards as soon as the
+///    layer's backward is done, freeing the full gradient. Per rank a step holds 1/p of the
+///    sharded weights plus the layer in use and the one prefetched.
+///
+///     xshard::hsdp sharding(model, {.optimizer_level = xshard::optimizer_level::level3});
+///     auto y = sharding.forward(x);          // instead of model.forward(x)
+///     sharding.backward(loss.backward());    // instead of model.backward(...)
+///     sharding.synchronize_gradients();      // waits for the reductions
+///     sharding.step(optimizer);              // updates the shards; no gather
+///
+/// Overlap (every level): run the passes through `hsdp::forward` / `hsdp::backward` and each
+/// layer's gradient reduction starts, nonblocking, as soon as its backward is done (the
+/// reduce-scatters of levels 2 and 3 as batched exchanges; with `overlap_allreduce` the
+/// all-reduce buckets of level1 and of unsharded weights through
+/// gradient_synchronizer::ready); `synchronize_gradients`
+/// waits for them. A layered_model (nn::sequential) is driven layer by layer, any other
+/// model as one unit.
 /// Weights smaller than `threshold` KB (global bytes), and weights with no replicated axis of
 /// more than one rank, stay unsharded: their gradients are all-reduced in fusion buckets as by
 /// `synchronize_gradients`, and the optimizer updates them whole.
@@ -59,8 +80,11 @@
 #include <xshard/train/gradients.hpp>
 
 #include <array>
+#include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
@@ -79,7 +103,7 @@ namespace xshard {
 enum class optimizer_level {
     level1 = 1, ///< optimizer state and master weights
     level2 = 2, ///< also the gradients (reduce-scatter instead of all-reduce)
-    level3 = 3, ///< also the weights between uses (not supported yet)
+    level3 = 3, ///< also the weights between uses (ZeRO-3, FSDP)
 };
 
 /// "level1", "level2", "level3".
@@ -110,11 +134,19 @@ struct hsdp_options {
     /// data-parallel group (its replicated mesh axes), else a positive divisor of that group
     /// (hybrid sharding: split over shard_size ranks, replicated over the rest). Today it must
     /// be the size of a set of the weight's replicated mesh axes (a mesh (dp_out, dp_in, tp)
-    /// gives shard_size = dp_in or dp_out); other divisors raise "not supported yet".
+    /// gives shard_size = dp_in or dp_out); other divisors raise "not supported yet": a
+    /// layout splits a dimension over whole mesh axes, so a split over part of an axis would
+    /// not be an ordinary layout (nor checkpoint or redistribute as one). Declaring the axis
+    /// as two (dp = dp_out x dp_in) gives the same hybrid sharding.
     int shard_size = -1;
     /// Weights of fewer than this many KB (global shape x element size / 1024) stay unsharded.
     std::int64_t threshold = 64;
     xshard::optimizer_level optimizer_level = xshard::optimizer_level::level1;
+    /// (xshard) Whether hsdp::backward also starts the all-reduce buckets (level1's sharded
+    /// weights, unsharded weights) nonblocking as layers finish. Off by default: on one node
+    /// MPI's nonblocking all-reduce measured slower than xshard's blocking pairwise one
+    /// (bench_training), which then runs in synchronize_gradients.
+    bool overlap_allreduce = false;
 };
 
 namespace detail {
@@ -131,9 +163,6 @@ inline std::optional<std::string> hsdp_options_problem(const hsdp_options& o) {
     if (l < 1 || l > 3)
         return "xshard: hsdp: optimizer_level must be one of level1, level2, level3, not " +
                std::to_string(l);
-    if (o.optimizer_level == optimizer_level::level3)
-        return std::string("xshard: hsdp: optimizer_level level3 (weights sharded between "
-                           "uses) is not supported yet: use level1 or level2");
     return std::nullopt;
 }
 
@@ -170,7 +199,9 @@ inline axis_set hsdp_axes(axis_set replicated, const mesh_shape& mesh, int shard
                     name + "' (data-parallel group of " + std::to_string(size) +
                     " ranks) is not supported yet: it must be the size of a set of the weight's "
                     "replicated mesh axes (mesh " +
-                    mesh.to_string() + ")");
+                    mesh.to_string() +
+                    "); to shard over part of an axis, declare that axis as two (e.g. dp as "
+                    "(dp_out, dp_in))");
     return *best;
 }
 
@@ -268,12 +299,42 @@ struct optimizer_gradients {
 template <class C>
 optimizer_gradients(C&) -> optimizer_gradients<C>;
 
+/// Seconds a sharding spent in each phase of its steps, summed since construction or
+/// `reset_timings()`: what bounds a step (bench_training prints them).
+struct hsdp_timings {
+    double compute = 0;      ///< the layers' forward and backward run by hsdp::forward/backward
+    double gather_wait = 0;  ///< all-gathers: packing, starting and waiting for them (exposed)
+    double reduce_wait = 0;  ///< gradient reductions: packing, starting, waiting (exposed)
+    double local_copies = 0; ///< master blocks and gradients sliced into the shards (local)
+    double update = 0;       ///< the optimizer's update of the shards
+    int steps = 0;           ///< calls of `step`
+};
+
+/// Whether a model's layers can be run one at a time (nn::sequential): `layer_count` layers,
+/// `get<I>()` the I-th, whose weights are named "I.<...>". hsdp::forward and hsdp::backward
+/// then gather (level3) and reduce each layer's weights around that layer alone; other
+/// models are one unit.
+template <class M>
+concept layered_model = requires(M& m) {
+    { M::layer_count } -> std::convertible_to<std::size_t>;
+    m.template get<0>();
+};
+
 /// Optimizer sharding of a model (see the file comment): built once (it validates the options,
 /// works out each weight's sharded layout, gives the weights their `shard`, plans the
 /// collectives and the fusion buckets), then used every step. The model must outlive it and
 /// keep its weights where they are. Construction is collective over the weights' mesh (one
 /// all-reduce to agree on errors, and the slice of each master block, which is local); invalid
 /// options raise xshard::error on every rank.
+///
+/// Level3 (and overlap at every level) needs the forward and backward passes to run through
+/// `forward(x)` and `backward(dy)`: they gather each layer's weights just before the layer
+/// runs (the next layer's gather started, nonblocking, before the current one computes),
+/// free them after, and start each layer's gradient reduction (reduce-scatter, or the
+/// all-reduce of level1 and unsharded weights) as soon as its backward is done; the update
+/// waits for them in `synchronize_gradients`. At level3 the weights' values (and gradients)
+/// hold no storage between uses: `gather_weights()` materialises them (to read, save or load
+/// them; a value changed then is what the next forward pass starts from).
 template <parameter_container M>
 class hsdp {
 public:
@@ -312,25 +373,50 @@ public:
         if (!entries_.empty()) {
             const auto& f = gradients.fusion;
             gathers_ = make_fused(f.allgather.bytes(), true, *comm, mesh_shape_);
-            scatters_ = make_fused(
-                options.optimizer_level == optimizer_level::level2 ? f.reducescatter.bytes() : 0,
-                false, *comm, mesh_shape_);
+            scatters_ =
+                make_fused(level() >= 2 ? f.reducescatter.bytes() : 0, false, *comm, mesh_shape_);
+            for (auto& u : units_) {
+                u.gathers = plan_unit(u.members, true, *comm);
+                if (level() >= 2)
+                    u.scatters = plan_unit(u.members, false, *comm);
+            }
         }
         if (!allreduced.empty()) {
             values_ = std::make_unique<detail::selected_weights<M>>(
                 detail::selected_weights<M>{model_, allreduced, false});
             grads_ = std::make_unique<detail::selected_weights<M>>(
                 detail::selected_weights<M>{model_, std::move(allreduced), true});
+            // Planned once: it reads the gradients' addresses afresh at every run.
+            sync_.emplace(*values_, *grads_, gradients_);
         }
+        if (level() == 3)
+            for (auto& e : entries_) {
+                e.release_value();
+                e.release_grad();
+            }
     }
 
     // It holds pointers into the model's weights: made in place, never copied or moved.
     hsdp(const hsdp&) = delete;
     hsdp& operator=(const hsdp&) = delete;
 
-    /// Drops the weights' shards: the model is as before sharding (the optimizer's sharded
-    /// state is lost; save it first if needed).
-    ~hsdp() { drop_shards(); }
+    /// Drops the weights' shards: the model is as before sharding (at level3 its values are
+    /// gathered first, a collective every rank reaches at the same point; the optimizer's
+    /// sharded state is lost: save it first if needed).
+    ~hsdp() {
+        try {
+            finish_all();
+            if (level() == 3)
+                materialize();
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "xshard: hsdp: gathering the weights at destruction failed: %s\n",
+                         e.what());
+        }
+        if (level() == 3)
+            for (auto& e : entries_)
+                e.restore_grad();
+        drop_shards();
+    }
 
     /// The options it was made with.
     const hsdp_options& options() const noexcept { return options_; }
@@ -338,25 +424,119 @@ public:
     /// The names of the sharded weights, and their sharded layouts.
     const layout_dict& sharded_layouts() const noexcept { return layouts_; }
 
-    /// Completes the gradients the optimizer reads: all-reduces (in fusion buckets) those of
-    /// the unsharded weights and, at level1, of the sharded ones, whose blocks are then sliced
-    /// into their shards; at level2 reduce-scatters each sharded weight's gradient terms into
-    /// its shard. Also refreshes each master block from the weight's value (local), so a value
-    /// loaded or set since the last step is what the update starts from. With
-    /// gradient_options::mean the sums become means. Collective over the weights' mesh.
-    /// Throws (on every rank alike) for a sharded weight whose gradient is neither its terms
-    /// nor complete.
+    /// `model.forward(x)` with the weights gathered where level3 needs them (layer by layer
+    /// for a layered_model, the next layer's all-gather in flight while a layer computes;
+    /// freed after the layer). At levels 1 and 2 it is `model.forward(x)`, timed.
+    /// Collective over the weights' mesh.
+    template <class X>
+    auto forward(X x) {
+        begin_forward();
+        if constexpr (layered_model<M>) {
+            forward_layer<0>(x);
+            return x;
+        } else {
+            for (std::size_t u = 0; u < units_.size(); ++u)
+                start_gather(u);
+            for (std::size_t u = 0; u < units_.size(); ++u)
+                ensure_gathered(u);
+            const auto t = clock::now();
+            auto y = model_->forward(std::move(x));
+            timings_.compute += seconds_since(t);
+            for (std::size_t u = 0; u < units_.size(); ++u)
+                release_values(u);
+            return y;
+        }
+    }
+
+    /// `model.backward(dy)`, layer by layer for a layered_model (the whole model otherwise),
+    /// starting each layer's gradient reductions, nonblocking, as soon as its backward is
+    /// done (reduce-scatters into the shards at levels 2 and 3; with
+    /// hsdp_options::overlap_allreduce the all-reduce buckets of level1 and of unsharded
+    /// weights too, through gradient_synchronizer::ready) while the layers
+    /// before it compute. Level3 gathers each layer's weights again (prefetching the previous
+    /// layer's) and frees them and their full gradients after. `synchronize_gradients()`
+    /// completes the reductions. One backward pass per step. Collective over the mesh.
+    template <class G>
+    auto backward(G dy) {
+        driven_ = true;
+        if constexpr (layered_model<M>) {
+            backward_layer<M::layer_count>(dy);
+            return dy;
+        } else {
+            for (std::size_t u = 0; u < units_.size(); ++u)
+                start_gather(u);
+            for (std::size_t u = 0; u < units_.size(); ++u) {
+                ensure_gathered(u);
+                allocate_grads(u);
+            }
+            const auto t = clock::now();
+            auto dx = model_->backward(std::move(dy));
+            timings_.compute += seconds_since(t);
+            for (std::size_t u = units_.size(); u-- > 0;) {
+                start_reductions(u);
+                release_values(u);
+            }
+            return dx;
+        }
+    }
+
+    /// Completes the gradients the optimizer reads: waits for the reductions `backward`
+    /// started, or (after a backward pass run directly on the model) all-reduces (in fusion
+    /// buckets) those of the unsharded weights and, at level1, of the sharded ones, whose
+    /// blocks are then sliced into their shards, and at level2 reduce-scatters each sharded
+    /// weight's gradient terms into its shard. At levels 1 and 2 it also refreshes each
+    /// master block from the weight's value (local), so a value loaded or set since the last
+    /// step is what the update starts from. With gradient_options::mean the sums become
+    /// means. Collective over the weights' mesh. Throws (on every rank alike) for a sharded
+    /// weight whose gradient is neither its terms nor complete, and at level3 when the
+    /// backward pass did not run through `backward`.
     void synchronize_gradients() {
-        // A synchronizer of this step's gradients: a backward pass may give a weight new
-        // gradient storage (set_gradient), which a synchronizer kept from before would miss.
-        if (grads_)
-            gradient_synchronizer(*values_, *grads_, gradients_).synchronize();
+        auto t = clock::now();
+        if (sync_) {
+            if (driven_ && options_.overlap_allreduce)
+                sync_->wait();
+            else
+                sync_->synchronize();
+        }
+        for (std::size_t u = 0; u < units_.size(); ++u)
+            finish_reductions(u);
+        timings_.reduce_wait += seconds_since(t);
+        t = clock::now();
+        for (auto& e : entries_)
+            if (e.reduced) {
+                e.scale();
+                if (level() < 3)
+                    e.refresh();
+            }
+        timings_.local_copies += seconds_since(t);
+        if (level() == 3) {
+            bool missing = false;
+            for (auto& e : entries_)
+                missing = missing || !e.reduced;
+            if (missing)
+                throw error("xshard: hsdp: at optimizer_level level3 the backward pass must run "
+                            "through hsdp::backward (the weights' gradients are sharded as "
+                            "each layer finishes)");
+        }
         for (const auto& f : scatters_) {
+            bool done = false;
+            for (std::size_t i : f.members)
+                done = done || entries_[i].reduced;
+            if (done) {
+                // Reduced by backward; a member that was not (another unit) runs alone.
+                t = clock::now();
+                for (std::size_t i : f.members)
+                    if (!entries_[i].reduced)
+                        entries_[i].to_shard();
+                timings_.reduce_wait += seconds_since(t);
+                continue;
+            }
             // A fused bucket whose gradients all hold their terms travels in one exchange;
             // otherwise (or a bucket of one) each weight's own plan runs.
             bool fuse = bool(f.run);
             for (std::size_t i : f.members)
                 fuse = fuse && entries_[i].terms();
+            t = clock::now();
             if (fuse) {
                 f.run();
                 for (std::size_t i : f.members) {
@@ -367,12 +547,23 @@ public:
                 for (std::size_t i : f.members)
                     entries_[i].to_shard();
             }
+            timings_.reduce_wait += seconds_since(t);
         }
+        for (auto& e : entries_)
+            e.reduced = false;
+        driven_ = false;
     }
 
-    /// All-gathers every sharded weight's updated master block back into its value.
-    /// Collective over the weights' mesh: (p-1)/p of each sharded weight's bytes per rank.
+    /// All-gathers every sharded weight's updated master block back into its value (level3:
+    /// gives the values their storage first; the next forward pass takes them as they are
+    /// then, and frees them). Collective over the weights' mesh: (p-1)/p of each sharded
+    /// weight's bytes per rank.
     void gather_weights() {
+        if (level() == 3) {
+            materialize();
+            return;
+        }
+        const auto t = clock::now();
         for (const auto& f : gathers_) {
             if (f.run)
                 f.run();
@@ -380,13 +571,19 @@ public:
                 for (std::size_t i : f.members)
                     entries_[i].gather();
         }
+        timings_.gather_wait += seconds_since(t);
     }
 
-    /// `optimizer.step(model, lr)` (which updates the shards) followed by `gather_weights()`.
+    /// `optimizer.step(model, lr)` (which updates the shards) followed, at levels 1 and 2, by
+    /// `gather_weights()` (level3 gathers in the next forward pass).
     template <class Optimizer>
     void step(Optimizer& optimizer, double lr) {
+        const auto t = clock::now();
         optimizer.step(*model_, lr);
-        gather_weights();
+        timings_.update += seconds_since(t);
+        ++timings_.steps;
+        if (level() < 3)
+            gather_weights();
     }
     template <class Optimizer>
     void step(Optimizer& optimizer) {
@@ -397,7 +594,51 @@ public:
     /// after `synchronize_gradients`.
     optimizer_gradients<M> gradients() { return {*model_}; }
 
+    /// The phase timings since construction or the last reset.
+    const hsdp_timings& timings() const noexcept { return timings_; }
+    void reset_timings() noexcept { timings_ = {}; }
+
+    /// Runs the communication of one step alone, blocking, and returns its seconds: the
+    /// all-gathers (twice at level3: forward and backward), the reduce-scatters and the
+    /// all-reduces. For measuring how much of a step's communication overlaps compute;
+    /// between steps only (it overwrites the gradients; at level3 the values end freed).
+    /// Collective over the weights' mesh.
+    double time_communication() {
+        const auto t = clock::now();
+        for (int pass = 0; pass < (level() == 3 ? 2 : 1); ++pass)
+            for (std::size_t u = 0; u < units_.size(); ++u) {
+                if (level() == 3) {
+                    ensure_gathered(u);
+                    release_values(u);
+                } else {
+                    for (auto& f : units_[u].gathers)
+                        f.run();
+                }
+            }
+        for (std::size_t u = 0; u < units_.size(); ++u) {
+            if (level() == 3)
+                allocate_grads(u);
+            for (auto& f : units_[u].scatters)
+                f.run();
+            if (level() == 3)
+                for (std::size_t i : units_[u].members)
+                    entries_[i].release_grad();
+        }
+        if (sync_)
+            sync_->synchronize();
+        for (auto& e : entries_)
+            e.reduced = false;
+        return seconds_since(t);
+    }
+
 private:
+    using clock = std::chrono::steady_clock;
+    static double seconds_since(clock::time_point t) {
+        return std::chrono::duration<double>(clock::now() - t).count();
+    }
+
+    int level() const noexcept { return int(options_.optimizer_level); }
+
     /// One sharded weight's collectives, type-erased.
     struct entry {
         std::function<void()> to_shard; ///< the gradient and the master block into the shard
@@ -405,6 +646,10 @@ private:
         std::function<void()> refresh;  ///< the master block from the value (local)
         std::function<void()> scale;    ///< the mean: the sharded gradient / copies
         std::function<bool()> terms;    ///< whether the gradient holds its terms
+        /// Level3: the value's storage given (uninitialised) or taken; the gradient's given
+        /// (zero terms), taken, or given back at destruction.
+        std::function<void()> allocate_value, release_value, allocate_grad, release_grad,
+            restore_grad;
         /// Adds the weight to a batch plan of its element type: the all-gather (true) or the
         /// reduce-scatter of its terms (false).
         std::function<void(void*, bool)> add_to;
@@ -414,14 +659,273 @@ private:
         std::function<void*(bool)> destination;
         std::type_index type = typeid(void);
         std::size_t bytes = 0;
+        bool reduced = false; ///< the shard's gradient holds this step's reduction
     };
 
     /// A fused bucket: sharded weights of one element type whose all-gathers (or
-    /// reduce-scatters) travel in one exchange.
+    /// reduce-scatters) travel in one exchange; `start` and `finish` its two halves.
     struct fused {
         std::vector<std::size_t> members;
-        std::function<void()> run;
+        std::function<void()> run, start, finish;
+        std::function<bool()> test;
     };
+
+    /// The weights of one layer (those whose names share the first component): gathered,
+    /// freed and reduced together by forward and backward.
+    struct unit {
+        std::string prefix;
+        std::vector<std::size_t> members;     ///< sharded weights (entries)
+        std::vector<std::string> allreduced;  ///< weights of the all-reduce buckets
+        std::vector<fused> gathers, scatters; ///< one per element type
+        bool present = false; ///< level3: the values have storage (gathered or on the way)
+        bool gathering = false;
+        bool scattering = false;
+        bool user = false; ///< level3: materialised by gather_weights
+    };
+
+    static std::string prefix_of(const std::string& name) { return name.substr(0, name.find('.')); }
+
+    std::optional<std::size_t> unit_of(const std::string& prefix) const {
+        const auto it = unit_index_.find(prefix);
+        if (it == unit_index_.end())
+            return std::nullopt;
+        return it->second;
+    }
+
+    std::size_t unit_for(const std::string& name) {
+        const auto p = prefix_of(name);
+        if (const auto u = unit_of(p))
+            return *u;
+        unit_index_[p] = units_.size();
+        units_.push_back({});
+        units_.back().prefix = p;
+        return units_.size() - 1;
+    }
+
+    // --- the layer-by-layer passes ---------------------------------------------------------
+
+    template <std::size_t I, class X>
+    void forward_layer(X& x) {
+        if constexpr (I < M::layer_count) {
+            const auto u = unit_of(std::to_string(I));
+            if (u) {
+                ensure_gathered(*u);
+                if (*u + 1 < units_.size())
+                    start_gather(*u + 1); // prefetch while this layer computes
+            }
+            const auto t = clock::now();
+            x = model_->template get<I>().forward(x);
+            timings_.compute += seconds_since(t);
+            if (u && *u + 1 < units_.size())
+                release_values(*u); // the last layer's stay: the backward pass starts there
+            forward_layer<I + 1>(x);
+        }
+    }
+
+    template <std::size_t I, class G>
+    void backward_layer(G& g) {
+        if constexpr (I > 0) {
+            const auto u = unit_of(std::to_string(I - 1));
+            if (u) {
+                ensure_gathered(*u);
+                if (*u > 0)
+                    start_gather(*u - 1);
+                allocate_grads(*u);
+            }
+            const auto t = clock::now();
+            g = model_->template get<I - 1>().backward(g);
+            timings_.compute += seconds_since(t);
+            if (u) {
+                start_reductions(*u);
+                release_values(*u);
+            }
+            progress();
+            backward_layer<I - 1>(g);
+        }
+    }
+
+    /// Level3: what the user materialised goes back into the masters (local), and is freed.
+    void begin_forward() {
+        if (level() != 3)
+            return;
+        finish_all();
+        const auto t = clock::now();
+        for (std::size_t u = 0; u < units_.size(); ++u)
+            if (units_[u].user) {
+                for (std::size_t i : units_[u].members)
+                    entries_[i].refresh();
+                units_[u].user = false;
+                release_values(u);
+            }
+        timings_.local_copies += seconds_since(t);
+    }
+
+    /// Level3: starts unit u's all-gather unless its values are there or on the way.
+    void start_gather(std::size_t u) {
+        auto& un = units_[u];
+        if (level() != 3 || un.present)
+            return;
+        const auto t = clock::now();
+        for (std::size_t i : un.members)
+            entries_[i].allocate_value();
+        for (auto& f : un.gathers)
+            f.start();
+        un.present = un.gathering = true;
+        timings_.gather_wait += seconds_since(t);
+    }
+
+    /// Level3: unit u's values, gathered.
+    void ensure_gathered(std::size_t u) {
+        if (level() != 3)
+            return;
+        start_gather(u);
+        auto& un = units_[u];
+        if (!un.gathering)
+            return;
+        const auto t = clock::now();
+        for (auto& f : un.gathers)
+            f.finish();
+        un.gathering = false;
+        timings_.gather_wait += seconds_since(t);
+    }
+
+    void release_values(std::size_t u) {
+        auto& un = units_[u];
+        if (level() != 3 || !un.present || un.gathering || un.user)
+            return;
+        for (std::size_t i : un.members)
+            entries_[i].release_value();
+        un.present = false;
+    }
+
+    void allocate_grads(std::size_t u) {
+        if (level() != 3)
+            return;
+        for (std::size_t i : units_[u].members)
+            entries_[i].allocate_grad();
+    }
+
+    /// Starts unit u's gradient reductions: its reduce-scatters (levels 2 and 3, when every
+    /// gradient holds its terms) and its weights' all-reduce buckets.
+    void start_reductions(std::size_t u) {
+        auto& un = units_[u];
+        const auto t = clock::now();
+        bool terms = level() >= 2 && !un.members.empty();
+        for (std::size_t i : un.members)
+            terms = terms && entries_[i].terms();
+        if (terms) {
+            for (auto& f : un.scatters)
+                f.start();
+            un.scattering = true;
+        }
+        if (sync_ && options_.overlap_allreduce)
+            for (const auto& name : un.allreduced)
+                sync_->ready(name);
+        if (level() == 3)
+            for (std::size_t i : un.members)
+                entries_[i].release_grad(); // packed by start
+        timings_.reduce_wait += seconds_since(t);
+    }
+
+    void finish_reductions(std::size_t u) {
+        auto& un = units_[u];
+        if (!un.scattering)
+            return;
+        for (auto& f : un.scatters)
+            f.finish();
+        un.scattering = false;
+        for (std::size_t i : un.members)
+            entries_[i].reduced = true;
+    }
+
+    /// Lets MPI move what is in flight (Open MPI progresses inside MPI calls only).
+    void progress() {
+        for (auto& un : units_) {
+            if (un.gathering)
+                for (auto& f : un.gathers)
+                    (void)f.test();
+            if (un.scattering)
+                for (auto& f : un.scatters)
+                    (void)f.test();
+        }
+    }
+
+    /// Completes whatever is in flight (gathers kept, reductions dropped).
+    void finish_all() {
+        for (std::size_t u = 0; u < units_.size(); ++u) {
+            auto& un = units_[u];
+            if (un.gathering) {
+                for (auto& f : un.gathers)
+                    f.finish();
+                un.gathering = false;
+            }
+            if (un.scattering) {
+                for (auto& f : un.scatters)
+                    f.finish();
+                un.scattering = false;
+            }
+        }
+    }
+
+    /// Level3: every value gathered, kept until the next forward pass.
+    void materialize() {
+        const auto t = clock::now();
+        for (std::size_t u = 0; u < units_.size(); ++u) {
+            ensure_gathered(u);
+            units_[u].user = true;
+        }
+        timings_.gather_wait += seconds_since(t);
+    }
+
+    /// Plans, per element type, one exchange for `members`: their all-gather (`gather`) or
+    /// the reduce-scatter of their terms.
+    std::vector<fused> plan_unit(const std::vector<std::size_t>& members, bool gather,
+                                 const communicator& comm) {
+        std::map<std::type_index, std::vector<std::size_t>> by_type;
+        for (std::size_t i : members)
+            by_type[entries_[i].type].push_back(i);
+        std::vector<fused> out;
+        for (auto& [type, list] : by_type)
+            out.push_back(plan_bucket(std::move(list), gather, comm, mesh_shape_, next_tag_++));
+        return out;
+    }
+
+    /// One exchange for the sharded weights `members` (of one element type), on message tag
+    /// `tag` (exchanges in flight at once use distinct tags).
+    fused plan_bucket(std::vector<std::size_t> members, bool gather, const communicator& comm,
+                      const mesh_shape& ms, int tag) {
+        fused f;
+        f.members = std::move(members);
+        detail::with_element_type(entries_[f.members.front()].type, [&](auto zero) {
+            using T = decltype(zero);
+            auto plan = std::make_shared<batch_redistribution_plan<T>>(comm, ms);
+            for (std::size_t i : f.members)
+                entries_[i].add_to(plan.get(), gather);
+            f.start = [this, plan, members = f.members, gather, tag] {
+                std::vector<const T*> in;
+                std::vector<T*> dst;
+                for (std::size_t i : members) {
+                    in.push_back(static_cast<const T*>(entries_[i].source(gather)));
+                    dst.push_back(static_cast<T*>(entries_[i].destination(gather)));
+                }
+                plan->start(in, dst, tag);
+            };
+            // Level3 holds memory only while in use: the staging buffers too.
+            f.finish = [plan, release = level() == 3] {
+                plan->finish();
+                if (release)
+                    plan->release_buffers();
+            };
+            f.test = [plan] {
+                return plan->test();
+            };
+            f.run = [start = f.start, finish = f.finish] {
+                start();
+                finish();
+            };
+        });
+        return f;
+    }
 
     /// Groups the sharded weights into buckets of at most `limit` bytes per element type (a
     /// bucket of one weight uses its own planned collective) and plans each bucket's exchange.
@@ -443,21 +947,7 @@ private:
         for (auto& [type, list] : by_type)
             for (auto& f : list) {
                 if (f.members.size() > 1)
-                    detail::with_element_type(type, [&](auto zero) {
-                        using T = decltype(zero);
-                        auto plan = std::make_shared<batch_redistribution_plan<T>>(comm, ms);
-                        for (std::size_t i : f.members)
-                            entries_[i].add_to(plan.get(), gather);
-                        f.run = [this, plan, members = f.members, gather] {
-                            std::vector<const T*> in;
-                            std::vector<T*> dst;
-                            for (std::size_t i : members) {
-                                in.push_back(static_cast<const T*>(entries_[i].source(gather)));
-                                dst.push_back(static_cast<T*>(entries_[i].destination(gather)));
-                            }
-                            plan->execute(in, dst);
-                        };
-                    });
+                    f = plan_bucket(std::move(f.members), gather, comm, ms, 7);
                 out.push_back(std::move(f));
             }
         return out;
@@ -485,20 +975,26 @@ private:
         if (std::uint64_t(bytes) >= std::uint64_t(options_.threshold) * 1024U)
             axes = detail::hsdp_axes(v.replicated_axes(ms), ms, options_.shard_size, name);
         const bool shard = !axes.empty() && N > 0;
-        const bool level2 = options_.optimizer_level == optimizer_level::level2;
-        if (!shard || !level2)
+        const bool level2 = level() >= 2;
+        auto& un = units_[unit_for(name)];
+        if (!shard || !level2) {
             allreduced.insert(name);
+            if (ms.group_size(v.replicated_axes(ms)) > 1)
+                un.allreduced.push_back(name);
+        }
         if (!shard)
             return;
         if constexpr (sixteen_bit_float<T>)
             if (level2 && gradients_.fp32_communication)
-                throw error("xshard: hsdp: fp32_communication with optimizer_level level2 is not "
-                            "supported yet (weight '" +
-                            name + "' is 16-bit)");
+                throw error("xshard: hsdp: fp32_communication with optimizer_level " +
+                            std::string(to_string(options_.optimizer_level)) +
+                            " is not supported yet (weight '" + name + "' is 16-bit)");
         const layout s = sharded_layout(v, ms, w.value.shape(), axes);
         layouts_[name] = s;
         sharded_.insert(name);
+        un.members.push_back(entries_.size());
         const auto extent = block_of(s, ms, w.value.shape(), mesh.rank()).extent;
+        const auto value_extent = block_of(v, ms, w.value.shape(), mesh.rank()).extent;
         auto make = [&] {
             return G(detail::unchecked, mesh, w.value.shape(), G::local_type::from_shape(extent),
                      s);
@@ -569,6 +1065,30 @@ private:
         e.gather = [p, back] {
             back->execute(p->shard->value.local().data(), p->value.local().data());
         };
+        using L = typename D::local_type;
+        using GL = typename G::local_type;
+        e.allocate_value = [p, value_extent] {
+            p->value.local() = L::from_shape(value_extent);
+        };
+        e.release_value = [p] {
+            p->value.local() = L::from_shape(std::array<std::size_t, N>{});
+        };
+        e.allocate_grad = [p, value_extent, terms] {
+            p->grad.local() = GL::from_shape(value_extent);
+            p->grad.local().fill(T(0));
+            p->relabel(terms);
+        };
+        e.release_grad = [p, terms] {
+            p->grad.local() = GL::from_shape(std::array<std::size_t, N>{});
+            p->relabel(terms);
+        };
+        e.restore_grad = [p, value_extent, terms] {
+            if (p->grad.local().size() == 0) {
+                p->grad.local() = GL::from_shape(value_extent);
+                p->grad.local().fill(T(0));
+            }
+            p->relabel(terms);
+        };
         entries_.push_back(std::move(e));
     }
 
@@ -578,9 +1098,15 @@ private:
     layout_dict layouts_;
     std::set<std::string> sharded_;
     std::vector<entry> entries_;
+    std::vector<unit> units_;
+    std::map<std::string, std::size_t> unit_index_;
     mesh_shape mesh_shape_{};
     std::vector<fused> gathers_, scatters_;
     std::unique_ptr<detail::selected_weights<M>> values_, grads_;
+    std::optional<gradient_synchronizer> sync_;
+    bool driven_ = false; ///< this step's backward ran through `backward`
+    int next_tag_ = 1000;
+    hsdp_timings timings_;
 };
 
 } // namespace xshard
