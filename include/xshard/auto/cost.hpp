@@ -310,24 +310,53 @@ public:
     redistribution_pricer(const mesh_shape& mesh, const cost_model& model, std::size_t element)
         : mesh_(mesh)
         , model_(model)
-        , element_(element) {}
+        , element_(element)
+        , ranks_(sample_ranks()) {}
 
-    /// The planner's own price of `from` -> `to` (its cheapest valid candidate for the slowest
-    /// of the priced ranks, as a redistribution_plan chooses), without detours.
+    /// The planner's own price of `from` -> `to`: its cheapest valid candidate for the slowest
+    /// priced rank, preferring candidates whose extra memory stays within a destination block
+    /// (choose_candidate's rule, on `sample_ranks`), without detours.
     template <std::size_t N>
     redistribution_price direct(const layout& from, const layout& to,
                                 const std::array<std::size_t, N>& shape) const {
         if (from == to)
             return {};
         const auto c = plan_redistribution(from, to);
-        const auto chosen = choose_candidate(c, mesh_, shape, element_, model_);
-        redistribution_price p;
-        for (int r : sample_ranks()) {
-            const auto s = summarize(c.paths[chosen], mesh_, shape, element_, r, model_);
-            p.seconds = std::max(p.seconds, s.seconds);
-            p.bytes = std::max(p.bytes, s.bytes_sent());
+        const auto& ranks = ranks_;
+        std::optional<redistribution_price> best;
+        bool best_fits = false;
+        for (const auto& path : c.paths) {
+            redistribution_price p;
+            bool valid = true, fits = true;
+            for (int r : ranks) {
+                const auto s = summarize(path, mesh_, shape, element_, r, model_);
+                valid = valid && s.valid;
+                fits = fits &&
+                       s.peak_extra_bytes <= std::max(s.destination_bytes, std::size_t(1) << 16);
+                p.seconds = std::max(p.seconds, s.seconds);
+                p.bytes = std::max(p.bytes, s.bytes_sent());
+            }
+            if (!valid)
+                continue;
+            if (!best || (fits && !best_fits) || (fits == best_fits && p.seconds < best->seconds)) {
+                best = p;
+                best_fits = fits;
+            }
         }
-        return p;
+        if (!best)
+            throw std::logic_error("xshard: no valid redistribution plan (a bug)");
+        return *best;
+    }
+
+    /// `direct`, memoised per layouts and shape.
+    template <std::size_t N>
+    redistribution_price direct_memo(const layout& from, const layout& to,
+                                     const std::array<std::size_t, N>& shape) {
+        auto key = std::make_tuple(from.to_string(), to.to_string(),
+                                   std::vector<std::size_t>(shape.begin(), shape.end()));
+        if (auto it = memo_.find(key); it != memo_.end())
+            return it->second;
+        return memo_.emplace(std::move(key), direct(from, to, shape)).first->second;
     }
 
     /// The price of `from` -> `to` for a [rows, features] tensor: the cheapest route through
@@ -370,14 +399,37 @@ public:
         return v;
     }
 
-    /// The ranks priced: all of a small mesh, a sample of 64 of a large one (as
-    /// choose_candidate).
+    /// The ranks priced: every rank of a mesh of at most 64, else those whose coordinates are
+    /// 0, 1, the middle or the last on every axis (the blocks of a dimension are at most two
+    /// sizes, the larger ones first, so these meet every kind of block and neighbour).
     std::vector<int> sample_ranks() const {
         std::vector<int> ranks;
         const int p = mesh_.size();
-        const int stride = p <= 256 ? 1 : p / 64;
-        for (long long r = 0; r < p; r += stride)
+        if (p <= 64) {
+            for (int r = 0; r < p; ++r)
+                ranks.push_back(r);
+            return ranks;
+        }
+        std::vector<std::vector<int>> coords;
+        for (int size : mesh_.sizes) {
+            std::vector<int> c{0, 1, size / 2, size - 1};
+            std::sort(c.begin(), c.end());
+            c.erase(std::unique(c.begin(), c.end()), c.end());
+            std::erase_if(c, [&](int x) { return x >= size; });
+            coords.push_back(c);
+        }
+        std::vector<std::size_t> at(coords.size(), 0);
+        while (true) {
+            long long r = 0;
+            for (std::size_t a = 0; a < coords.size(); ++a)
+                r = r * mesh_.sizes[a] + coords[a][at[a]];
             ranks.push_back(int(r));
+            std::size_t a = coords.size();
+            while (a > 0 && ++at[a - 1] == coords[a - 1].size())
+                at[--a] = 0;
+            if (a == 0)
+                break;
+        }
         return ranks;
     }
 
@@ -385,6 +437,7 @@ private:
     mesh_shape mesh_;
     cost_model model_;
     std::size_t element_;
+    std::vector<int> ranks_;
     struct routes {
         std::vector<layout> nodes;
         std::vector<std::vector<redistribution_price>> dist;
@@ -427,15 +480,7 @@ private:
         return t;
     }
 
-    redistribution_price direct_memo(const layout& from, const layout& to,
-                                     const std::array<std::size_t, 2>& shape) {
-        const auto key = std::make_tuple(from.to_string(), to.to_string(), shape[0], shape[1]);
-        if (auto it = memo_.find(key); it != memo_.end())
-            return it->second;
-        return memo_.emplace(key, direct(from, to, shape)).first->second;
-    }
-
-    std::map<std::tuple<std::string, std::string, std::size_t, std::size_t>, redistribution_price>
+    std::map<std::tuple<std::string, std::string, std::vector<std::size_t>>, redistribution_price>
         memo_;
     std::map<std::pair<std::size_t, std::size_t>, routes> routes_;
 };
@@ -590,8 +635,8 @@ inline op_cost cost_of(const op_spec& op, const op_choice& c, std::size_t sample
                 if (a == b)
                     return redistribution_price{};
                 if (shape.size() == 1)
-                    return pricer.direct(a, b, std::array<std::size_t, 1>{shape[0]});
-                return pricer.direct(a, b, std::array<std::size_t, 2>{shape[0], shape[1]});
+                    return pricer.direct_memo(a, b, std::array<std::size_t, 1>{shape[0]});
+                return pricer.direct_memo(a, b, std::array<std::size_t, 2>{shape[0], shape[1]});
             };
             const auto terms = dual(wl, mesh);
             redistribution_price sync;

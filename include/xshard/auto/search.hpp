@@ -468,7 +468,8 @@ inline std::vector<parallel_degrees> candidate_degrees(const network_spec& net, 
 inline std::optional<strategy_plan> search_degrees(const network_spec& net,
                                                    const parallel_degrees& d,
                                                    const search_options& o,
-                                                   redistribution_pricer& pricer) {
+                                                   redistribution_pricer& pricer,
+                                                   bool within_cap = true) {
     if (o.exhaustive)
         return detail::exhaustive_search(net, d, o, pricer);
     detail::candidate_pricer cp(net, d, o.machine, pricer);
@@ -492,7 +493,7 @@ inline std::optional<strategy_plan> search_degrees(const network_spec& net,
             mem += double(k.weight_memory) + double(cp.in_flight(stage[first])) *
                                                  double(k.activation_memory);
         }
-        if (mem > o.memory_per_rank) {
+        if (within_cap && mem > o.memory_per_rank) {
             auto within = detail::stage_programme(net, cp, first, last, o.level, true,
                                                   o.memory_per_rank, o.fixed);
             if (within)
@@ -586,8 +587,38 @@ inline search_result search_strategy(const network_spec& net, const search_optio
         cands = candidate_degrees(net, o.ranks, o.hsdp_levels);
     }
     std::map<std::pair<int, int>, redistribution_pricer> pricers;
-    auto unlimited = o;
-    unlimited.memory_per_rank = std::numeric_limits<double>::infinity();
+    std::vector<strategy_plan> fitting;
+    // The best plan, and as runner-up the best on other degrees (another hsdp level alone is
+    // a footnote, not an alternative).
+    const auto choose = [&] {
+        std::stable_sort(fitting.begin(), fitting.end(), [&](const auto& a, const auto& b) {
+            return plan_key(a, o.level) < plan_key(b, o.level);
+        });
+        r.best.reset();
+        r.runner_up.reset();
+        if (fitting.empty())
+            return;
+        r.best = fitting.front();
+        for (const auto& f : fitting) {
+            auto a = f.degrees, b = r.best->degrees;
+            a.hsdp_level = b.hsdp_level = 0;
+            if (!(a == b)) {
+                r.runner_up = f;
+                break;
+            }
+        }
+        if (!r.runner_up && fitting.size() > 1)
+            r.runner_up = fitting[1];
+    };
+    // First every candidate without the cap (one scalar programme per stage); those whose
+    // optimum breaks the cap are searched again under it (Pareto fronts), best bound first,
+    // while their bound (the unconstrained optimum) could still beat the runner-up.
+    struct capped {
+        parallel_degrees d;
+        search_key bound;
+        redistribution_pricer* pricer;
+    };
+    std::vector<capped> again;
     for (const auto& d : cands) {
         auto it = pricers.find({d.dp, d.tp});
         if (it == pricers.end())
@@ -598,28 +629,42 @@ inline search_result search_strategy(const network_spec& net, const search_optio
                                   o.machine.links, o.machine.element))
                      .first;
         ++r.candidates;
-        auto p = search_degrees(net, d, o, it->second);
+        auto p = search_degrees(net, d, o, it->second, o.exhaustive);
         if (!p)
             continue;
-        if (!p->fits) {
-            if (!r.over_cap || plan_key(*p, o.level) < plan_key(*r.over_cap, o.level))
-                r.over_cap = p;
+        if (p->fits) {
+            fitting.push_back(std::move(*p));
             continue;
         }
-        const auto k = plan_key(*p, o.level);
-        if (!r.best || k < plan_key(*r.best, o.level)) {
-            r.runner_up = std::move(r.best);
-            r.best = std::move(p);
-        } else if (!r.runner_up || k < plan_key(*r.runner_up, o.level)) {
-            r.runner_up = std::move(p);
-        }
+        if (!r.over_cap || plan_key(*p, o.level) < plan_key(*r.over_cap, o.level))
+            r.over_cap = p;
+        if (!o.exhaustive)
+            again.push_back({d, plan_key(*p, o.level), &it->second});
     }
+    std::stable_sort(again.begin(), again.end(),
+                     [](const capped& a, const capped& b) { return a.bound < b.bound; });
+    for (const auto& c : again) {
+        choose();
+        if (r.best && r.runner_up && !(c.bound < plan_key(*r.runner_up, o.level)))
+            break;
+        auto p = search_degrees(net, c.d, o, *c.pricer, true);
+        if (p && p->fits)
+            fitting.push_back(std::move(*p));
+    }
+    choose();
     if (!r.best && !r.over_cap)
         throw std::invalid_argument("xshard: search: no valid strategy for " + net.description +
                                     " on " + std::to_string(o.ranks) +
                                     " ranks (the batch must split over the data-parallel ranks)");
     if (r.over_cap && r.best && !(plan_key(*r.over_cap, o.level) < plan_key(*r.best, o.level)))
         r.over_cap.reset();
+    if (!r.best && o.level != 1) {
+        // Nothing fits: report the plan of least memory instead (level 1, no cap).
+        auto least = o;
+        least.level = 1;
+        least.memory_per_rank = std::numeric_limits<double>::infinity();
+        r.over_cap = search_strategy(net, least).best;
+    }
     if (r.best && r.runner_up)
         r.runner_up_lost = detail::why_lost(*r.best, *r.runner_up, o.level);
     return r;
@@ -637,7 +682,7 @@ inline std::string describe(const search_result& r, const network_spec& net) {
          (std::isinf(r.memory_cap) ? std::string("none") : gib(r.memory_cap)) + "; " +
          std::to_string(r.candidates) + " candidate degrees\n";
     if (!r.best) {
-        s += "no strategy fits the memory cap; the least memory found needs " +
+        s += "no strategy fits the memory cap; the least memory any needs is " +
              gib(r.over_cap->memory_bytes) + " per rank (" +
              detail::degrees_text(r.over_cap->degrees) + ")\n";
         return s;
