@@ -7,8 +7,21 @@
 #include <xshard/auto/cost.hpp>
 #include <xshard/auto/propagation.hpp>
 #include <xshard/auto/search.hpp>
+#include <xshard/auto/auto_parallel.hpp>
+#include <xshard/auto/model.hpp>
+#include <xshard/auto/operator_strategy_file.hpp>
+#include <xshard/auto/searched_mlp.hpp>
+#include <xshard/nn/embedding.hpp>
+#include <xshard/optim/optimizers.hpp>
+#include <xshard/tensor/distribute.hpp>
+#include <xshard/tensor/gather.hpp>
 
+#include "expect_error.hpp"
 #include "mpi_test.hpp"
+
+#include <xtensor/xrandom.hpp>
+
+#include <filesystem>
 
 #include <gtest/gtest.h>
 
@@ -20,6 +33,8 @@
 namespace {
 
 using namespace xshard;
+namespace nn = xshard::nn;
+namespace optim = xshard::optim;
 
 mesh_shape dp_tp(int dp, int tp) { return mesh_shape({axis_name("dp"), axis_name("tp")}, {dp, tp}); }
 
@@ -293,6 +308,189 @@ TEST(sharding_propagation, completes_partial_strategies_as_the_enumeration) {
     std::vector<std::optional<op_choice>> bad(net.ops.size());
     bad[0] = op_choice{activation_split::rows, weight_split::input, activation_split::rows};
     EXPECT_THROW(propagate_strategies(net, {2, 2, 1, 1, 0}, bad), std::invalid_argument);
+}
+
+// --- the engines at run time: searched strategies train as one rank ----------------------------
+
+using mesh_t = xshard::mesh<"dp", "tp">;
+using mlp_t = searched_mlp<double, mesh_t>;
+constexpr std::size_t rows = 24, features = 12, classes = 6;
+
+std::string scratch(const std::string& name) {
+    const std::string dir = std::string(XSHARD_SEARCH_SCRATCH) + "/np" +
+                            std::to_string(xshard::testing::world().size());
+    std::filesystem::create_directories(dir);
+    return dir + "/" + name;
+}
+
+auto batch_of(const mesh_t& m, int step) {
+    std::mt19937 e(unsigned(300 + step));
+    const xt::xtensor<double, 2> x = xt::random::randn<double>({rows, features}, 0.0, 1.0, e);
+    const xt::xtensor<std::int64_t, 1> y =
+        xt::random::randint<std::int64_t>({rows}, 0, std::int64_t(classes), e);
+    return std::pair(distribute<dynamic_layout(2)>(m, x, nn::make_layout({"dp", ""})),
+                     distribute<dynamic_layout(1)>(m, y, nn::make_layout({"dp"})));
+}
+
+struct record {
+    std::vector<double> losses;
+    std::vector<xt::xarray<double>> weights;
+};
+
+/// `steps` steps of SGD with momentum through the driver, the model laid out by `mode`'s engine
+/// (or by `choices` when given, in semi_auto).
+record train(const mesh_t& m, const std::vector<std::size_t>& widths, const std::string& mode,
+             const std::vector<op_choice>* choices = nullptr, int steps = 3,
+             const std::string& load = {}, const std::string& save = {}) {
+    mlp_t model(m, widths, rows, 5);
+    if (choices)
+        model.apply_strategy(*choices);
+    auto_parallel<mlp_t, mesh_t> net(model, m, mode);
+    if (!load.empty())
+        net.load_operator_strategy_file(load);
+    if (!save.empty())
+        net.save_operator_strategy_file(save);
+    optim::momentum opt({.lr = 0.1, .momentum = 0.9});
+    nn::parallel_cross_entropy<double, mesh_t> loss;
+    xshard::model trainer(net, loss, opt);
+    std::vector<decltype(batch_of(m, 0))> data;
+    for (int s = 0; s < steps; ++s)
+        data.push_back(batch_of(m, s));
+    record r;
+    r.losses = trainer.train(1, data);
+    for_each_weight(model, [&](const std::string&, auto& w) { r.weights.push_back(gather_all(w.value)); });
+    return r;
+}
+
+void expect_same(const record& a, const record& b, const std::string& context) {
+    ASSERT_EQ(a.losses.size(), b.losses.size()) << context;
+    for (std::size_t i = 0; i < a.losses.size(); ++i)
+        EXPECT_NEAR(a.losses[i], b.losses[i], 1e-11) << context << " loss " << i;
+    ASSERT_EQ(a.weights.size(), b.weights.size()) << context;
+    for (std::size_t i = 0; i < a.weights.size(); ++i)
+        EXPECT_TRUE(xt::allclose(a.weights[i], b.weights[i], 1e-10, 1e-11))
+            << context << " weight " << i;
+}
+
+std::vector<mesh_t> world_meshes() {
+    const auto w = xshard::testing::world();
+    std::vector<mesh_t> r;
+    for (int dp = 1; dp <= w.size(); ++dp)
+        if (w.size() % dp == 0)
+            r.push_back(mesh_t(w, {dp, w.size() / dp}));
+    return r;
+}
+
+std::string mesh_text(const mesh_t& m) { return m.shape().to_string(); }
+
+TEST(searched_mlp, every_valid_strategy_trains_as_one_rank) {
+    // Every chain of strategies of linear -> relu -> linear the model accepts, trained, against
+    // the data-parallel model on one rank.
+    const std::vector<std::size_t> widths{features, 16, classes};
+    const mesh_t one(communicator::self(), {1, 1});
+    const auto serial = train(one, widths, "semi_auto", nullptr, 2);
+    for (const auto& m : world_meshes()) {
+        int chains = 0;
+        const auto net = mlp_network(widths, rows);
+        std::vector<op_choice> c(net.ops.size());
+        std::function<void(std::size_t)> each = [&](std::size_t i) {
+            if (i == c.size()) {
+                if (c.back().out == activation_split::all_rows)
+                    return;
+                ++chains;
+                std::string ctx = mesh_text(m);
+                for (const auto& x : c)
+                    ctx += std::string(" ") + std::string(to_string(x.in)) + "/" +
+                           std::string(to_string(x.weight)) + "/" + std::string(to_string(x.out));
+                expect_same(train(m, widths, "semi_auto", &c, 2), serial, ctx);
+                return;
+            }
+            for (auto in : activation_splits)
+                for (auto w : {weight_split::replicated, weight_split::output, weight_split::input})
+                    for (auto out : activation_splits) {
+                        if (in != (i == 0 ? activation_split::rows : c[i - 1].out))
+                            continue;
+                        const auto options =
+                            op_options(net.ops[i], in, m.axis_size<"dp">(), m.axis_size<"tp">(), rows);
+                        if (std::none_of(options.begin(), options.end(),
+                                         [&](const auto& o) { return o.first == w; }))
+                            continue;
+                        c[i] = {in, w, out};
+                        each(i + 1);
+                    }
+        };
+        each(0);
+        EXPECT_EQ(chains, 6 * 8) << mesh_text(m); // 6 first layers x (rows 4, features 2, all 2)
+    }
+    // A strategy that does not suit its operator raises, on every rank alike.
+    const auto m = world_meshes().back();
+    mlp_t model(m, widths, rows);
+    const std::vector<op_choice> bad{
+        {activation_split::rows, weight_split::input, activation_split::rows},
+        {activation_split::rows, weight_split::replicated, activation_split::rows},
+        {activation_split::rows, weight_split::replicated, activation_split::rows}};
+    xshard::testing::expect_error([&] { model.apply_strategy(bad); }, "cannot run with");
+}
+
+TEST(searched_mlp, recursive_programming_trains_as_one_rank) {
+    const std::vector<std::size_t> widths{features, 32, 32, classes};
+    const mesh_t one(communicator::self(), {1, 1});
+    const auto serial = train(one, widths, "semi_auto");
+    for (const auto& m : world_meshes()) {
+        expect_same(train(m, widths, "recursive_programming"), serial,
+                    mesh_text(m) + " recursive_programming");
+        expect_same(train(m, widths, "sharding_propagation"), serial,
+                    mesh_text(m) + " sharding_propagation");
+    }
+}
+
+TEST(searched_mlp, operator_strategy_files_apply_at_run_time) {
+    // The dry run's file (searched for this mesh) loaded by sharding_propagation: the model runs
+    // the file's strategies and trains as one rank; the saved file equals the loaded one.
+    const std::vector<std::size_t> widths{features, 32, 32, classes};
+    const mesh_t one(communicator::self(), {1, 1});
+    const auto serial = train(one, widths, "semi_auto");
+    const auto m = world_meshes().back();
+    const auto net = mlp_network(widths, rows);
+    search_options o;
+    o.ranks = m.size();
+    o.degrees = parallel_degrees{m.axis_size<"dp">(), m.axis_size<"tp">(), 1, 1, 0};
+    o.hsdp_levels = {0};
+    o.output_splits = {activation_split::rows, activation_split::features};
+    // Pin a tensor-parallel first layer so the file is not the trivial one.
+    std::vector<std::optional<op_choice>> given(net.ops.size());
+    given[0] = op_choice{activation_split::rows, weight_split::output, activation_split::features};
+    const auto plan = propagate_strategies(net, *o.degrees, given, o);
+    const auto path = scratch("operators.json"), saved = scratch("saved.json");
+    agreed(m.comm(), [&] {
+        if (m.rank() == 0)
+            save_operator_strategy(path, make_operator_strategy(net, plan));
+    });
+    const auto file = load_operator_strategy(path);
+    EXPECT_EQ(file.choices(), plan.choices);
+    EXPECT_EQ(file.degrees, plan.degrees);
+    EXPECT_EQ(file.network, net.description);
+    expect_same(train(m, widths, "sharding_propagation", nullptr, 3, path, saved), serial,
+                mesh_text(m) + " loaded");
+    EXPECT_EQ(load_operator_strategy(saved).choices(), plan.choices);
+    // A file for other degrees, a missing file and a malformed one raise on every rank.
+    auto other = make_operator_strategy(net, plan);
+    other.degrees.dp = m.size() + 1;
+    other.ranks = other.degrees.dp * other.degrees.tp;
+    const auto wrong = scratch("wrong.json"), broken = scratch("broken.json");
+    agreed(m.comm(), [&] {
+        if (m.rank() == 0) {
+            save_operator_strategy(wrong, other);
+            std::ofstream(broken) << "{\"format\": \"xshard-operator-strategy\", \"version\": 7}";
+        }
+    });
+    xshard::testing::expect_error([&] { train(m, widths, "sharding_propagation", nullptr, 1, wrong); },
+                                  "is for dp=");
+    xshard::testing::expect_error(
+        [&] { train(m, widths, "sharding_propagation", nullptr, 1, scratch("missing.json")); },
+        "missing.json");
+    xshard::testing::expect_error([&] { (void)load_operator_strategy(broken); },
+                                  "version 7 is not supported");
 }
 
 } // namespace

@@ -17,10 +17,13 @@
 /// conditions and agrees on the outcome over the mesh (one all-reduce of an int), so an
 /// invalid value raises `xshard::error` on every rank. Settings whose mechanism xshard lacks
 /// are recorded, and `compile()` (the use) raises "not available yet" / "not supported yet"
-/// for them: parallel modes sharding_propagation and recursive_programming (issue 17),
-/// no_init_parameters_in_compile, hsdp level3, interleave with another scheduler than 1f1b.
+/// for them: no_init_parameters_in_compile, hsdp level3, interleave with another scheduler
+/// than 1f1b. Parallel modes sharding_propagation and recursive_programming run their engines
+/// in `compile()` (auto/strategy_engine.hpp) on a model whose strategies are set at run time
+/// (auto/searched_mlp.hpp); on any other model they raise.
 
 #include <xshard/auto/group_file.hpp>
+#include <xshard/auto/strategy_engine.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
@@ -432,9 +435,10 @@ public:
     /// group file when set. Collective over the mesh.
     void compile() const {
         std::optional<std::string> problem;
-        if (mode_ != parallel_mode::semi_auto)
+        if (mode_ != parallel_mode::semi_auto && !strategy_searchable<Model>)
             problem = "xshard: auto_parallel: parallel_mode " + std::string(to_string(mode_)) +
-                      " is not available yet (issue 17); use semi_auto";
+                      " needs a model whose operator strategies are set at run time "
+                      "(xshard::searched_mlp, auto/searched_mlp.hpp; issue 17); use semi_auto";
         else if (no_init_)
             problem = "xshard: auto_parallel: no_init_parameters_in_compile (deferred "
                       "initialisation) is not supported yet";
@@ -444,6 +448,11 @@ public:
         else
             problem = pipeline_problem();
         agree(problem);
+        if constexpr (strategy_searchable<Model>) // the engines (auto/strategy_engine.hpp)
+            if (mode_ != parallel_mode::semi_auto)
+                run_strategy_engine(*model_, mesh_.shape(), mesh_.comm(),
+                                    mode_ == parallel_mode::sharding_propagation,
+                                    load_operator_strategy_, save_operator_strategy_);
         if (!save_param_strategy_.empty())
             save_strategy_file(save_param_strategy_, *model_, !only_trainable_, pipeline_.stages);
         if (!group_file_.empty())

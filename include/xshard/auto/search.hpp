@@ -60,6 +60,12 @@ struct search_options {
     std::optional<parallel_degrees> degrees{};
     /// hsdp levels to consider (0: none, 1, 2).
     std::vector<int> hsdp_levels{0, 1, 2};
+    /// The splits the network's output may have (what the loss takes).
+    std::vector<activation_split> output_splits{activation_split::rows, activation_split::all_rows};
+
+    bool output_allowed(activation_split a) const {
+        return std::find(output_splits.begin(), output_splits.end(), a) != output_splits.end();
+    }
 };
 
 /// An objective value, compared lexicographically: (time, memory) at level 2, (memory, time)
@@ -233,7 +239,7 @@ inline strategy_plan evaluate_strategy(const network_spec& net, const parallel_d
             p.valid = false;
         if (last && i + 1 < n && c.out != activation_split::rows)
             p.valid = false;
-        if (i + 1 == n && c.out == activation_split::features)
+        if (i + 1 == n && !o.output_allowed(c.out))
             p.valid = false;
         const auto& k = cp.cost(i, c);
         if (!k.valid)
@@ -308,8 +314,8 @@ struct dp_entry {
 /// the file comment); empty when none is valid. `pareto`: keep (objective, memory) fronts.
 inline std::optional<std::vector<op_choice>>
 stage_programme(const network_spec& net, candidate_pricer& cp, std::size_t first,
-                std::size_t last, int level, bool pareto, double cap,
-                const std::vector<std::optional<op_choice>>& fixed) {
+                std::size_t last, int level, bool pareto, double cap, const search_options& o) {
+    const auto& fixed = o.fixed;
     const int stage = cp.stage_of()[first];
     const double slots = cp.slots(), in_flight = cp.in_flight(stage);
     const double boundary = slots * cp.boundary_seconds(first, last);
@@ -338,7 +344,7 @@ stage_programme(const network_spec& net, candidate_pricer& cp, std::size_t first
                         continue;
                     if (stage_end && i + 1 < net.ops.size() && out != activation_split::rows)
                         continue;
-                    if (i + 1 == net.ops.size() && out == activation_split::features)
+                    if (i + 1 == net.ops.size() && !o.output_allowed(out))
                         continue;
                     const auto& k = cp.cost(i, c);
                     if (!k.valid)
@@ -481,7 +487,7 @@ inline std::optional<strategy_plan> search_degrees(const network_spec& net,
         while (last < n && stage[last] == stage[first])
             ++last;
         auto part = detail::stage_programme(net, cp, first, last, o.level, false,
-                                            o.memory_per_rank, o.fixed);
+                                            o.memory_per_rank, o);
         if (!part)
             return std::nullopt;
         // The unconstrained best breaks the cap: the Pareto fronts find the best within it.
@@ -495,7 +501,7 @@ inline std::optional<strategy_plan> search_degrees(const network_spec& net,
         }
         if (within_cap && mem > o.memory_per_rank) {
             auto within = detail::stage_programme(net, cp, first, last, o.level, true,
-                                                  o.memory_per_rank, o.fixed);
+                                                  o.memory_per_rank, o);
             if (within)
                 part = within;
         }
