@@ -437,8 +437,9 @@ public:
         std::optional<std::string> problem;
         if (mode_ != parallel_mode::semi_auto && !strategy_searchable<Model>)
             problem = "xshard: auto_parallel: parallel_mode " + std::string(to_string(mode_)) +
-                      " needs a model whose operator strategies are set at run time "
-                      "(xshard::searched_mlp, auto/searched_mlp.hpp; issue 17); use semi_auto";
+                      " is not available yet (issue 17) for this model: it needs one whose "
+                      "operator strategies are set at run time (xshard::searched_mlp, "
+                      "auto/searched_mlp.hpp); use semi_auto";
         else if (no_init_)
             problem = "xshard: auto_parallel: no_init_parameters_in_compile (deferred "
                       "initialisation) is not supported yet";

@@ -22,7 +22,8 @@
 ///    nn::kept_redistribution runs them), each priced by the redistribution planner's
 ///    candidates under the alpha-beta `cost_model` (per kind, or per mesh axis); per step the
 ///    weight's gradient synchronisation at the hsdp level (train/hsdp.hpp: level 0 an
-///    all-reduce, level 1 all-reduce then all-gather, level 2 reduce-scatter then all-gather);
+///    all-reduce, level 1 all-reduce then all-gather, level 2 reduce-scatter then all-gather)
+///    and its optimizer update and zero_grad (memory-bound, on the shard under hsdp);
 ///  * memory: weights, gradients (sharded at level 2), optimizer state (sharded at levels 1
 ///    and 2), and the activations kept for the backward pass per micro-batch in flight.
 ///
@@ -490,7 +491,7 @@ private:
 struct op_cost {
     double compute = 0;       ///< per micro-batch, forward and backward
     double communication = 0; ///< per micro-batch, the output's redistribution and its adjoint
-    double synchronization = 0; ///< per step, the weight's gradient synchronisation
+    double synchronization = 0; ///< per step, the weight's gradient synchronisation and update
     std::size_t comm_bytes = 0; ///< per micro-batch, bytes sent (the redistributions)
     std::size_t sync_bytes = 0; ///< per step, bytes sent (the gradient synchronisation)
     std::size_t weight_memory = 0;     ///< weights, gradients, optimizer state
@@ -649,7 +650,11 @@ inline op_cost cost_of(const op_spec& op, const op_choice& c, std::size_t sample
                 const auto a = price(terms, *sharded), b = price(*sharded, wl);
                 sync = {a.seconds + b.seconds, a.bytes + b.bytes};
             }
-            r.synchronization += sync.seconds;
+            // The update reads and writes the (sharded) weight and each state slot and reads
+            // the gradient; zero_grad writes the gradient: memory-bound work per step.
+            r.synchronization += sync.seconds + ((2 + 2 * states) * (sharded ? shard_bytes : bytes) +
+                                                 2 * grad) /
+                                                    m.memory_bandwidth;
             r.sync_bytes += sync.bytes;
         }
     }

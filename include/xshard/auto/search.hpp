@@ -58,6 +58,8 @@ struct search_options {
     std::vector<std::optional<op_choice>> fixed{};
     /// Search only these degrees (e.g. the mesh a run has).
     std::optional<parallel_degrees> degrees{};
+    /// The most pipeline stages to consider (0: any).
+    int max_pipeline_stages = 0;
     /// hsdp levels to consider (0: none, 1, 2).
     std::vector<int> hsdp_levels{0, 1, 2};
     /// The splits the network's output may have (what the loss takes).
@@ -555,7 +557,7 @@ inline std::string why_lost(const strategy_plan& winner, const strategy_plan& lo
     const std::pair<const char*, double> parts[] = {
         {"compute", loser.compute_seconds - winner.compute_seconds},
         {"activation redistribution", loser.communication_seconds - winner.communication_seconds},
-        {"gradient synchronisation",
+        {"gradient synchronisation and update",
          loser.synchronization_seconds - winner.synchronization_seconds},
         {"pipeline bubble and transfers", loser.pipeline_seconds - winner.pipeline_seconds}};
     const auto* worst = &parts[0];
@@ -591,6 +593,10 @@ inline search_result search_strategy(const network_spec& net, const search_optio
         }
     } else {
         cands = candidate_degrees(net, o.ranks, o.hsdp_levels);
+        if (o.max_pipeline_stages > 0)
+            std::erase_if(cands, [&](const parallel_degrees& d) {
+                return d.pp > o.max_pipeline_stages;
+            });
     }
     std::map<std::pair<int, int>, redistribution_pricer> pricers;
     std::vector<strategy_plan> fitting;
@@ -709,7 +715,7 @@ inline std::string describe(const search_result& r, const network_spec& net) {
     }
     s += "predicted step " + ms(b.step_seconds) + " (compute " + ms(b.compute_seconds) +
          ", activation redistribution " + ms(b.communication_seconds) +
-         ", gradient synchronisation " + ms(b.synchronization_seconds) +
+         ", gradient synchronisation and update " + ms(b.synchronization_seconds) +
          ", pipeline " + ms(b.pipeline_seconds) + "); memory " + gib(b.memory_bytes) +
          " per rank; communication " + gib(b.comm_bytes) + " sent per rank per step\n";
     if (r.runner_up)
