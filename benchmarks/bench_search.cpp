@@ -76,8 +76,8 @@ double gemm_seconds(std::size_t rows, std::size_t in, std::size_t out) {
 
 /// The measured seconds of one training step of `widths` with `choices` on mesh dp x tp.
 double measure(const xshard::communicator& world, const bench::options& o,
-               const std::vector<std::size_t>& widths, std::size_t batch, int dp, int tp,
-               int hsdp, const std::vector<op_choice>& choices) {
+               const std::vector<std::size_t>& widths, std::size_t batch, int dp, int tp, int hsdp,
+               const std::vector<op_choice>& choices) {
     const mesh_t m(world, {dp, tp});
     mlp_t model(m, widths, batch, 1);
     model.apply_strategy(choices);
@@ -92,9 +92,13 @@ double measure(const xshard::communicator& world, const bench::options& o,
         xt::random::randn<double>({batch, widths.front()}, 0.0, 1.0, e);
     const xt::xtensor<std::int64_t, 1> y =
         xt::random::randint<std::int64_t>({batch}, 0, std::int64_t(widths.back()), e);
-    const auto xs = xshard::distribute<xshard::dynamic_layout(2)>(m, x, xshard::nn::make_layout({"dp", ""}));
-    const auto ys = xshard::distribute<xshard::dynamic_layout(1)>(m, y, xshard::nn::make_layout({"dp"}));
-    const auto step = [&] { (void)trainer.train_step(xs, ys); };
+    const auto xs =
+        xshard::distribute<xshard::dynamic_layout(2)>(m, x, xshard::nn::make_layout({"dp", ""}));
+    const auto ys =
+        xshard::distribute<xshard::dynamic_layout(1)>(m, y, xshard::nn::make_layout({"dp"}));
+    const auto step = [&] {
+        (void)trainer.train_step(xs, ys);
+    };
     step(); // warm-up: plans built
     std::vector<double> t;
     for (int r = 0; r < o.reps; ++r)
@@ -109,8 +113,8 @@ int main(int argc, char** argv) {
     const auto o = bench::options::parse(argc, argv);
     const auto world = xshard::communicator::world();
     const int p = world.size();
-    const std::vector<std::size_t> widths =
-        o.quick ? std::vector<std::size_t>{64, 256, 64} : std::vector<std::size_t>{1024, 4096, 1024};
+    const std::vector<std::size_t> widths = o.quick ? std::vector<std::size_t>{64, 256, 64}
+                                                    : std::vector<std::size_t>{1024, 4096, 1024};
     const std::size_t batch = 64;
 
     // The cost model's GEMM speed: the first layer's product on one rank's share.
@@ -122,7 +126,8 @@ int main(int argc, char** argv) {
     xshard::mpi::allreduce(world, std::span(&flops, 1), xshard::reduction::min);
     so.machine.gemm_flops = flops;
     if (world.rank() == 0)
-        std::fprintf(stderr, "bench_search: %d ranks, GEMM %.2f GFLOP/s per rank\n", p, flops / 1e9);
+        std::fprintf(stderr, "bench_search: %d ranks, GEMM %.2f GFLOP/s per rank\n", p,
+                     flops / 1e9);
 
     const auto net = xshard::mlp_network(widths, batch);
     using enum activation_split;
@@ -131,16 +136,27 @@ int main(int argc, char** argv) {
         {"dp", p, 1, 0, {rep_rows, {rows, weight_split::replicated, rows}, rep_rows}},
         {"dp_hsdp1", p, 1, 1, {rep_rows, rep_rows, rep_rows}},
         {"dp_hsdp2", p, 1, 2, {rep_rows, rep_rows, rep_rows}},
-        {"dp_over_tp", 1, p, 0,
-         {{rows, weight_split::replicated, all_rows}, {all_rows, weight_split::replicated, all_rows},
+        {"dp_over_tp",
+         1,
+         p,
+         0,
+         {{rows, weight_split::replicated, all_rows},
+          {all_rows, weight_split::replicated, all_rows},
           {all_rows, weight_split::replicated, rows}}},
-        {"tp_megatron", 1, p, 0,
-         {{rows, weight_split::output, features}, {features, weight_split::replicated, features},
+        {"tp_megatron",
+         1,
+         p,
+         0,
+         {{rows, weight_split::output, features},
+          {features, weight_split::replicated, features},
           {features, weight_split::input, rows}}},
-        {"tp_gather", 1, p, 0,
-         {{rows, weight_split::output, rows}, rep_rows, rep_rows}},
-        {"tp_row_first", 1, p, 0,
-         {{rows, weight_split::replicated, features}, {features, weight_split::replicated, features},
+        {"tp_gather", 1, p, 0, {{rows, weight_split::output, rows}, rep_rows, rep_rows}},
+        {"tp_row_first",
+         1,
+         p,
+         0,
+         {{rows, weight_split::replicated, features},
+          {features, weight_split::replicated, features},
           {features, weight_split::input, rows}}},
     };
     double best_hand = std::numeric_limits<double>::infinity();
@@ -169,16 +185,17 @@ int main(int argc, char** argv) {
             auto pp = so;
             pp.output_splits = s.output_splits;
             const auto all = xshard::search_strategy(net, pp);
-            std::fprintf(stderr, "with pipeline stages allowed the search predicts %.3f ms (%s); "
-                                 "the fastest hand strategy measured: %s\n",
+            std::fprintf(stderr,
+                         "with pipeline stages allowed the search predicts %.3f ms (%s); "
+                         "the fastest hand strategy measured: %s\n",
                          all.best->step_seconds * 1e3,
-                         xshard::detail::degrees_text(all.best->degrees).c_str(), best_name.c_str());
+                         xshard::detail::degrees_text(all.best->degrees).c_str(),
+                         best_name.c_str());
         }
         const double measured = measure(world, o, widths, batch, b.degrees.dp, b.degrees.tp,
                                         b.degrees.hsdp_level, b.choices);
         bench::report(world, "searched_mlp", 0, "best_hand_strategy", {measured, best_hand});
-        bench::report(world, "searched_mlp_predicted", 0, "measured",
-                      {b.step_seconds, measured});
+        bench::report(world, "searched_mlp_predicted", 0, "measured", {b.step_seconds, measured});
     }
 
     if (o.wants("searched_transformer")) {

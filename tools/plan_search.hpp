@@ -71,7 +71,8 @@ inline xshard::axis_link parse_axis_link(const std::string& text) {
     const auto eq = text.find('='), comma = text.find(',');
     if (eq == std::string::npos || comma == std::string::npos || comma < eq)
         throw search_usage_error("--axis-link: write axis=alpha,beta (seconds, seconds per byte), "
-                                 "not '" + text + "'");
+                                 "not '" +
+                                 text + "'");
     const auto axis = text.substr(0, eq);
     if (axis != "dp" && axis != "tp")
         throw search_usage_error("--axis-link: the axes are dp and tp, not '" + axis + "'");
@@ -99,7 +100,8 @@ inline int plan_search(int argc, char** argv) {
     int level = 2;
     double gemm = 0;
     std::vector<std::string> links;
-    app.add_option("--model", model, "mlp:784,512,512,10 or transformer:layers,hidden,heads,seq,vocab")
+    app.add_option("--model", model,
+                   "mlp:784,512,512,10 or transformer:layers,hidden,heads,seq,vocab")
         ->required();
     app.add_option("--batch", batch, "samples per step")->required();
     app.add_option("--ranks", ranks, "world size")->required();

@@ -4,12 +4,12 @@
 // propagation against the enumeration's optimum with some strategies given. The search runs in
 // one process: every rank computes the same thing.
 
-#include <xshard/auto/cost.hpp>
-#include <xshard/auto/propagation.hpp>
-#include <xshard/auto/search.hpp>
 #include <xshard/auto/auto_parallel.hpp>
+#include <xshard/auto/cost.hpp>
 #include <xshard/auto/model.hpp>
 #include <xshard/auto/operator_strategy_file.hpp>
+#include <xshard/auto/propagation.hpp>
+#include <xshard/auto/search.hpp>
 #include <xshard/auto/searched_mlp.hpp>
 #include <xshard/nn/embedding.hpp>
 #include <xshard/optim/optimizers.hpp>
@@ -36,7 +36,9 @@ using namespace xshard;
 namespace nn = xshard::nn;
 namespace optim = xshard::optim;
 
-mesh_shape dp_tp(int dp, int tp) { return mesh_shape({axis_name("dp"), axis_name("tp")}, {dp, tp}); }
+mesh_shape dp_tp(int dp, int tp) {
+    return mesh_shape({axis_name("dp"), axis_name("tp")}, {dp, tp});
+}
 
 /// A random layout of a rank-2 tensor on axes dp, tp: each axis splits a dimension, is
 /// partial, or is replicated.
@@ -65,7 +67,9 @@ layout random_layout(std::mt19937& g) {
     return layout::parse(t);
 }
 
-bool same(double a, double b) { return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b)); }
+bool same(double a, double b) {
+    return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b));
+}
 
 TEST(search_cost, planner_alone_can_price_a_detour_cheaper) {
     // Why the search closes prices under composition: the planner's greedy candidates price
@@ -103,8 +107,8 @@ TEST(search_cost, direct_never_costs_more_than_via_on_random_triples) {
                 << a.to_string() << " -> " << c.to_string() << " via " << b.to_string()
                 << " on dp=" << dp << " tp=" << tp << ", " << rows << "x" << cols;
             // Never above the planner's own plan.
-            EXPECT_LE(ac, p.direct(a, c, std::array<std::size_t, 2>{rows, cols}).seconds *
-                              (1 + 1e-12));
+            EXPECT_LE(ac,
+                      p.direct(a, c, std::array<std::size_t, 2>{rows, cols}).seconds * (1 + 1e-12));
             ++checked;
         }
     }
@@ -119,10 +123,12 @@ TEST(search_cost, per_axis_links_price_steps_over_their_axes) {
     const std::array<std::size_t, 2> shape{4096, 4096};
     // all-gather over tp: 3 messages, 3/4 of the 4096 x 4096 floats received, a quarter kept.
     const double bytes = 4096.0 * 4096 * 4;
-    const double tp_gather = p.direct(layout::parse("[tp, -]"), layout::parse("[-, -]"), shape).seconds;
+    const double tp_gather =
+        p.direct(layout::parse("[tp, -]"), layout::parse("[-, -]"), shape).seconds;
     EXPECT_TRUE(same(tp_gather, 3 * 1e-5 + 0.75 * bytes / 1e9 + m.copy * bytes / 4)) << tp_gather;
     // over dp (no link of its own): the kind's link.
-    const double dp_gather = p.direct(layout::parse("[dp, -]"), layout::parse("[-, -]"), shape).seconds;
+    const double dp_gather =
+        p.direct(layout::parse("[dp, -]"), layout::parse("[-, -]"), shape).seconds;
     EXPECT_TRUE(same(dp_gather, 3 * m.all_gather.alpha + 0.75 * bytes * m.all_gather.beta +
                                     m.copy * bytes / 4))
         << dp_gather;
@@ -146,13 +152,12 @@ TEST(search_cost, linear_layer_costs_by_hand) {
     EXPECT_EQ(c.weight_memory, std::size_t(w * 4)); // weight, gradient, two Adam states
     EXPECT_EQ(c.activation_memory, std::size_t(32 * 784 * 4));
     // The weight's gradient terms are all-reduced over dp (2 ranks): the planner's price.
-    const double sync =
-        p.direct(layout::parse("[-, tp] partial(sum: dp)"), layout::parse("[-, tp]"),
-                 std::array<std::size_t, 2>{784, 512})
-            .seconds +
-        p.direct(layout::parse("[tp] partial(sum: dp)"), layout::parse("[tp]"),
-                 std::array<std::size_t, 1>{512})
-            .seconds;
+    const double sync = p.direct(layout::parse("[-, tp] partial(sum: dp)"),
+                                 layout::parse("[-, tp]"), std::array<std::size_t, 2>{784, 512})
+                            .seconds +
+                        p.direct(layout::parse("[tp] partial(sum: dp)"), layout::parse("[tp]"),
+                                 std::array<std::size_t, 1>{512})
+                            .seconds;
     // Plus the update (weight, gradient, two slots) and zero_grad, memory-bound: 8 x the bytes.
     EXPECT_TRUE(same(c.synchronization, sync + 8 * w / m.memory_bandwidth));
     // hsdp level 2: gradient and state sharded over dp (the bias is below the threshold).
@@ -221,8 +226,8 @@ TEST(recursive_programming, programme_equals_enumeration_under_a_memory_cap) {
     ASSERT_TRUE(fast.best && small.best);
     ASSERT_LT(small.best->memory_bytes, fast.best->memory_bytes);
     for (double f : {0.3, 0.7}) {
-        const double cap = small.best->memory_bytes +
-                           f * (fast.best->memory_bytes - small.best->memory_bytes);
+        const double cap =
+            small.best->memory_bytes + f * (fast.best->memory_bytes - small.best->memory_bytes);
         expect_programme_is_optimal(net, 4, 2, cap);
         expect_programme_is_optimal(net, 4, 0, cap);
         o.level = 2;
@@ -288,11 +293,13 @@ TEST(sharding_propagation, completes_partial_strategies_as_the_enumeration) {
         given.front() = optimum->choices.front();
         given.back() = optimum->choices.back();
         const auto prop = propagate_strategies(net, d, given, o);
-        EXPECT_TRUE(same(prop.objective.first, optimum->objective.first)) << detail::degrees_text(d);
+        EXPECT_TRUE(same(prop.objective.first, optimum->objective.first))
+            << detail::degrees_text(d);
         // Given another first strategy, it equals the enumeration with that one pinned.
-        for (const auto& first :
-             {op_choice{activation_split::rows, weight_split::replicated, activation_split::all_rows},
-              op_choice{activation_split::rows, weight_split::output, activation_split::features}}) {
+        for (const auto& first : {op_choice{activation_split::rows, weight_split::replicated,
+                                            activation_split::all_rows},
+                                  op_choice{activation_split::rows, weight_split::output,
+                                            activation_split::features}}) {
             std::vector<std::optional<op_choice>> one(net.ops.size());
             one[0] = first;
             auto pinned = ex_o;
@@ -359,7 +366,8 @@ record train(const mesh_t& m, const std::vector<std::size_t>& widths, const std:
         data.push_back(batch_of(m, s));
     record r;
     r.losses = trainer.train(1, data);
-    for_each_weight(model, [&](const std::string&, auto& w) { r.weights.push_back(gather_all(w.value)); });
+    for_each_weight(model,
+                    [&](const std::string&, auto& w) { r.weights.push_back(gather_all(w.value)); });
     return r;
 }
 
@@ -382,7 +390,9 @@ std::vector<mesh_t> world_meshes() {
     return r;
 }
 
-std::string mesh_text(const mesh_t& m) { return m.shape().to_string(); }
+std::string mesh_text(const mesh_t& m) {
+    return m.shape().to_string();
+}
 
 TEST(searched_mlp, every_valid_strategy_trains_as_one_rank) {
     // Every chain of strategies of linear -> relu -> linear the model accepts, trained, against
@@ -411,8 +421,8 @@ TEST(searched_mlp, every_valid_strategy_trains_as_one_rank) {
                     for (auto out : activation_splits) {
                         if (in != (i == 0 ? activation_split::rows : c[i - 1].out))
                             continue;
-                        const auto options =
-                            op_options(net.ops[i], in, m.axis_size<"dp">(), m.axis_size<"tp">(), rows);
+                        const auto options = op_options(net.ops[i], in, m.axis_size<"dp">(),
+                                                        m.axis_size<"tp">(), rows);
                         if (std::none_of(options.begin(), options.end(),
                                          [&](const auto& o) { return o.first == w; }))
                             continue;
@@ -485,8 +495,8 @@ TEST(searched_mlp, operator_strategy_files_apply_at_run_time) {
             std::ofstream(broken) << "{\"format\": \"xshard-operator-strategy\", \"version\": 7}";
         }
     });
-    xshard::testing::expect_error([&] { train(m, widths, "sharding_propagation", nullptr, 1, wrong); },
-                                  "is for dp=");
+    xshard::testing::expect_error(
+        [&] { train(m, widths, "sharding_propagation", nullptr, 1, wrong); }, "is for dp=");
     xshard::testing::expect_error(
         [&] { train(m, widths, "sharding_propagation", nullptr, 1, scratch("missing.json")); },
         "missing.json");

@@ -45,11 +45,11 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <initializer_list>
 #include <tuple>
 #include <vector>
 
@@ -124,8 +124,8 @@ inline network_spec mlp_network(const std::vector<std::size_t>& widths, std::siz
     }
     for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
         if (i > 0)
-            n.ops.push_back({"relu" + std::to_string(i), op_kind::elementwise, widths[i],
-                             widths[i], false, 1});
+            n.ops.push_back(
+                {"relu" + std::to_string(i), op_kind::elementwise, widths[i], widths[i], false, 1});
         n.ops.push_back(
             {"linear" + std::to_string(i + 1), op_kind::linear, widths[i], widths[i + 1], true, 1});
     }
@@ -146,8 +146,7 @@ inline network_spec transformer_network(std::size_t layers, std::size_t hidden, 
     n.batch = batch;
     n.seq = seq;
     n.description = "transformer:" + std::to_string(layers) + "," + std::to_string(hidden) + "," +
-                    std::to_string(heads) + "," + std::to_string(seq) + "," +
-                    std::to_string(vocab);
+                    std::to_string(heads) + "," + std::to_string(seq) + "," + std::to_string(vocab);
     n.ops.push_back({"embedding", op_kind::embedding, vocab, hidden, false, 1});
     for (std::size_t l = 0; l < layers; ++l) {
         const std::string b = "block" + std::to_string(l) + ".";
@@ -234,7 +233,9 @@ struct parallel_degrees {
 };
 
 /// The layout of a split on a stage's (dp, tp) mesh.
-inline layout activation_layout(activation_split a) { return layout::parse(to_string(a)); }
+inline layout activation_layout(activation_split a) {
+    return layout::parse(to_string(a));
+}
 
 /// The weight's layout [in, out] under `w` (an embedding's too), and its bias' [out].
 inline layout weight_layout(weight_split w) {
@@ -255,12 +256,13 @@ inline layout bias_layout(weight_split w) {
 /// input split `in`, on a (dp, tp) mesh with `samples` samples per micro-batch. Empty when `in`
 /// does not suit the operator (a normalisation needs whole rows; attention whole heads and
 /// whole sequences).
-inline std::vector<std::pair<weight_split, layout>> op_options(const op_spec& op,
-                                                               activation_split in, int dp, int tp,
-                                                               std::size_t samples) {
+inline std::vector<std::pair<weight_split, layout>>
+op_options(const op_spec& op, activation_split in, int dp, int tp, std::size_t samples) {
     using enum activation_split;
     std::vector<std::pair<weight_split, layout>> r;
-    const auto keep = [&] { r.push_back({weight_split::replicated, activation_layout(in)}); };
+    const auto keep = [&] {
+        r.push_back({weight_split::replicated, activation_layout(in)});
+    };
     switch (op.kind) {
     case op_kind::linear:
         if (in == rows) {
@@ -489,12 +491,12 @@ private:
 /// What one operator costs one rank of its stage (see the file comment). Times are seconds,
 /// memory bytes.
 struct op_cost {
-    double compute = 0;       ///< per micro-batch, forward and backward
-    double communication = 0; ///< per micro-batch, the output's redistribution and its adjoint
-    double synchronization = 0; ///< per step, the weight's gradient synchronisation and update
-    std::size_t comm_bytes = 0; ///< per micro-batch, bytes sent (the redistributions)
-    std::size_t sync_bytes = 0; ///< per step, bytes sent (the gradient synchronisation)
-    std::size_t weight_memory = 0;     ///< weights, gradients, optimizer state
+    double compute = 0;            ///< per micro-batch, forward and backward
+    double communication = 0;      ///< per micro-batch, the output's redistribution and its adjoint
+    double synchronization = 0;    ///< per step, the weight's gradient synchronisation and update
+    std::size_t comm_bytes = 0;    ///< per micro-batch, bytes sent (the redistributions)
+    std::size_t sync_bytes = 0;    ///< per step, bytes sent (the gradient synchronisation)
+    std::size_t weight_memory = 0; ///< weights, gradients, optimizer state
     std::size_t activation_memory = 0; ///< kept for the backward pass, per micro-batch
     bool valid = false;
 };
@@ -502,7 +504,9 @@ struct op_cost {
 namespace detail {
 
 /// The largest block of `n` split `k` ways.
-constexpr std::size_t largest_block(std::size_t n, std::size_t k) { return (n + k - 1) / k; }
+constexpr std::size_t largest_block(std::size_t n, std::size_t k) {
+    return (n + k - 1) / k;
+}
 
 /// A weight's layout with its replicated axes of size > 1 (its data-parallel group) added to
 /// one dimension (train/hsdp.hpp's sharded layout); nullopt when it has none.
@@ -536,9 +540,8 @@ inline std::optional<layout> sharded_layout(const layout& w, const mesh_shape& m
 
 /// The cost of operator `op` with strategy `c` on a stage's (dp, tp) mesh (`pricer`'s), with
 /// `samples` samples of `seq` tokens per micro-batch and the hsdp level `hsdp_level`.
-inline op_cost cost_of(const op_spec& op, const op_choice& c, std::size_t samples,
-                       std::size_t seq, int hsdp_level, const machine_model& m,
-                       redistribution_pricer& pricer) {
+inline op_cost cost_of(const op_spec& op, const op_choice& c, std::size_t samples, std::size_t seq,
+                       int hsdp_level, const machine_model& m, redistribution_pricer& pricer) {
     op_cost r;
     const auto& mesh = pricer.mesh();
     const int dp = mesh.sizes[0], tp = mesh.sizes[1];
@@ -565,8 +568,9 @@ inline op_cost cost_of(const op_spec& op, const op_choice& c, std::size_t sample
     // Compute: a GEMM's forward 2 r k n, its backward twice that.
     switch (op.kind) {
     case op_kind::linear: {
-        const double k = c.weight == weight_split::input ? double(detail::largest_block(op.in, std::size_t(tp)))
-                                                         : double(op.in);
+        const double k = c.weight == weight_split::input
+                             ? double(detail::largest_block(op.in, std::size_t(tp)))
+                             : double(op.in);
         r.compute = 3 * 2 * double(y[0]) * k * double(y[1]) / m.gemm_flops;
         r.activation_memory = std::size_t(x[0] * x[1] * m.element);
         break;
@@ -577,15 +581,15 @@ inline op_cost cost_of(const op_spec& op, const op_choice& c, std::size_t sample
         const double rows = double(y[0]), width = double(y[1]);
         r.compute = 3 * 4 * rows * double(seq) * width / m.gemm_flops;
         const double heads = double(op.heads) * width / double(op.out);
-        r.activation_memory =
-            std::size_t(double(x[0] * x[1]) * e + rows * double(seq) * heads * e);
+        r.activation_memory = std::size_t(double(x[0] * x[1]) * e + rows * double(seq) * heads * e);
         break;
     }
     default: {
         // Elementwise work: read and write the block, forward and backward.
         const double bytes = double(y[0] * y[1]) * e;
         r.compute = 3 * 2 * bytes / m.memory_bandwidth;
-        r.activation_memory = op.kind == op_kind::embedding ? 0 : std::size_t(x[0] * x[1]) * m.element;
+        r.activation_memory =
+            op.kind == op_kind::embedding ? 0 : std::size_t(x[0] * x[1]) * m.element;
         break;
     }
     }
@@ -613,7 +617,8 @@ inline op_cost cost_of(const op_spec& op, const op_choice& c, std::size_t sample
         for (const auto& [wl, shape] : params) {
             std::size_t local_elements = 1, global = m.element;
             for (std::size_t d = 0; d < shape.size(); ++d) {
-                local_elements *= detail::largest_block(shape[d], std::size_t(wl.split_count(d, mesh)));
+                local_elements *=
+                    detail::largest_block(shape[d], std::size_t(wl.split_count(d, mesh)));
                 global *= shape[d];
             }
             const double bytes = double(local_elements) * e;
@@ -624,7 +629,8 @@ inline op_cost cost_of(const op_spec& op, const op_choice& c, std::size_t sample
             if (sharded) {
                 std::size_t s = 1;
                 for (std::size_t d = 0; d < shape.size(); ++d)
-                    s *= detail::largest_block(shape[d], std::size_t(sharded->split_count(d, mesh)));
+                    s *=
+                        detail::largest_block(shape[d], std::size_t(sharded->split_count(d, mesh)));
                 shard_bytes = double(s) * e;
             }
             // weight + gradient + optimizer state (+ the sharded master copy's update)
@@ -652,9 +658,9 @@ inline op_cost cost_of(const op_spec& op, const op_choice& c, std::size_t sample
             }
             // The update reads and writes the (sharded) weight and each state slot and reads
             // the gradient; zero_grad writes the gradient: memory-bound work per step.
-            r.synchronization += sync.seconds + ((2 + 2 * states) * (sharded ? shard_bytes : bytes) +
-                                                 2 * grad) /
-                                                    m.memory_bandwidth;
+            r.synchronization +=
+                sync.seconds + ((2 + 2 * states) * (sharded ? shard_bytes : bytes) + 2 * grad) /
+                                   m.memory_bandwidth;
             r.sync_bytes += sync.bytes;
         }
     }

@@ -111,8 +111,7 @@ struct operator_strategy {
             s.degrees = {d.at("dp").get<int>(), d.at("tp").get<int>(), d.at("pp").get<int>(),
                          d.at("micro_batches").get<int>(), d.at("hsdp_level").get<int>()};
             if (s.degrees.dp < 1 || s.degrees.tp < 1 || s.degrees.pp < 1 ||
-                s.degrees.micro_batches < 1 || s.degrees.hsdp_level < 0 ||
-                s.degrees.hsdp_level > 2)
+                s.degrees.micro_batches < 1 || s.degrees.hsdp_level < 0 || s.degrees.hsdp_level > 2)
                 return fail("degrees out of range");
             if (std::int64_t(s.degrees.dp) * s.degrees.tp * s.degrees.pp != s.ranks)
                 return fail("dp x tp x pp is not the " + std::to_string(s.ranks) + " ranks");
@@ -130,7 +129,10 @@ struct operator_strategy {
                 const auto w = parse_weight_split(o.at("weight").get<std::string>());
                 if (!in || !out || !w)
                     return fail("operator " + e.name + ": unknown split '" +
-                                o.at(!in ? "in" : !out ? "out" : "weight").get<std::string>() +
+                                o.at(!in    ? "in"
+                                     : !out ? "out"
+                                            : "weight")
+                                    .get<std::string>() +
                                 "'");
                 e.choice = {*in, *w, *out};
                 s.operators.push_back(std::move(e));
@@ -145,7 +147,8 @@ struct operator_strategy {
 };
 
 /// The file contents for `plan`, chosen for `net` on `ranks` ranks.
-inline operator_strategy make_operator_strategy(const network_spec& net, const strategy_plan& plan) {
+inline operator_strategy make_operator_strategy(const network_spec& net,
+                                                const strategy_plan& plan) {
     operator_strategy s;
     s.network = net.description;
     s.batch = net.batch;

@@ -41,10 +41,10 @@ inline strategy_plan propagate_strategies(const network_spec& net, const paralle
                                  o.machine.links, o.machine.element);
     auto p = search_degrees(net, d, o, pricer);
     if (!p)
-        throw std::invalid_argument(
-            "xshard: sharding_propagation: the given strategies of " + net.description +
-            " cannot be completed on dp=" + std::to_string(d.dp) + " tp=" + std::to_string(d.tp) +
-            " pp=" + std::to_string(d.pp));
+        throw std::invalid_argument("xshard: sharding_propagation: the given strategies of " +
+                                    net.description +
+                                    " cannot be completed on dp=" + std::to_string(d.dp) +
+                                    " tp=" + std::to_string(d.tp) + " pp=" + std::to_string(d.pp));
     return *p;
 }
 

@@ -77,9 +77,7 @@ struct search_key {
     friend constexpr bool operator<(const search_key& a, const search_key& b) {
         return a.first < b.first || (a.first == b.first && a.second < b.second);
     }
-    friend constexpr bool operator<=(const search_key& a, const search_key& b) {
-        return !(b < a);
-    }
+    friend constexpr bool operator<=(const search_key& a, const search_key& b) { return !(b < a); }
 };
 
 /// A candidate's full prediction: degrees, per-operator strategies, and what a step costs the
@@ -266,8 +264,7 @@ inline strategy_plan evaluate_strategy(const network_spec& net, const parallel_d
         const auto& t = st[std::size_t(s)];
         const double boundary = cp.boundary_seconds(first, last);
         const double step = cp.slots() * (t.per_micro_batch + boundary) + t.sync;
-        const double comm =
-            cp.slots() * (t.communication + boundary) + t.sync;
+        const double comm = cp.slots() * (t.communication + boundary) + t.sync;
         const auto k = detail::stage_key(o.level, step, comm, t.memory);
         p.memory_bytes = std::max(p.memory_bytes, t.memory);
         if (!worst || *worst < k) {
@@ -278,8 +275,8 @@ inline strategy_plan evaluate_strategy(const network_spec& net, const parallel_d
             p.communication_seconds = double(d.micro_batches) * t.communication;
             p.synchronization_seconds = t.sync;
             p.pipeline_seconds = step - p.compute_seconds - p.communication_seconds - t.sync;
-            p.comm_bytes = t.comm_bytes +
-                           double(d.micro_batches) * 2 * cp.boundary_bytes(first, last);
+            p.comm_bytes =
+                t.comm_bytes + double(d.micro_batches) * 2 * cp.boundary_bytes(first, last);
         }
     }
     p.fits = p.memory_bytes <= o.memory_per_rank;
@@ -301,7 +298,9 @@ inline strategy_plan evaluate_strategy(const network_spec& net, const parallel_d
 }
 
 /// The objective key of a whole plan: the slowest (by the objective) stage's.
-inline search_key plan_key(const strategy_plan& p, int) { return p.objective; }
+inline search_key plan_key(const strategy_plan& p, int) {
+    return p.objective;
+}
 
 namespace detail {
 
@@ -315,8 +314,8 @@ struct dp_entry {
 /// The best strategies of operators [first, last) of one stage by dynamic programming (see
 /// the file comment); empty when none is valid. `pareto`: keep (objective, memory) fronts.
 inline std::optional<std::vector<op_choice>>
-stage_programme(const network_spec& net, candidate_pricer& cp, std::size_t first,
-                std::size_t last, int level, bool pareto, double cap, const search_options& o) {
+stage_programme(const network_spec& net, candidate_pricer& cp, std::size_t first, std::size_t last,
+                int level, bool pareto, double cap, const search_options& o) {
     const auto& fixed = o.fixed;
     const int stage = cp.stage_of()[first];
     const double slots = cp.slots(), in_flight = cp.in_flight(stage);
@@ -325,7 +324,8 @@ stage_programme(const network_spec& net, candidate_pricer& cp, std::size_t first
     std::vector<std::array<front, 3>> fronts(last - first + 1);
     fronts[0][std::size_t(activation_split::rows)].push_back({boundary, boundary, 0, -1, -1, {}});
     const auto better = [&](const dp_entry& a, const dp_entry& b) {
-        return stage_key(level, a.step, a.comm, a.memory) < stage_key(level, b.step, b.comm, b.memory);
+        return stage_key(level, a.step, a.comm, a.memory) <
+               stage_key(level, b.step, b.comm, b.memory);
     };
     const auto dominates = [&](const dp_entry& a, const dp_entry& b) {
         return stage_key(level, a.step, a.comm, a.memory) <=
@@ -357,8 +357,12 @@ stage_programme(const network_spec& net, candidate_pricer& cp, std::size_t first
                         double(k.weight_memory) + in_flight * double(k.activation_memory);
                     auto& dst = next[std::size_t(out)];
                     for (std::size_t j = 0; j < here.size(); ++j) {
-                        dp_entry e{here[j].step + step, here[j].comm + comm, here[j].memory + mem,
-                                   int(in), int(j), c};
+                        dp_entry e{here[j].step + step,
+                                   here[j].comm + comm,
+                                   here[j].memory + mem,
+                                   int(in),
+                                   int(j),
+                                   c};
                         if (!pareto) {
                             if (dst.empty())
                                 dst.push_back(e);
@@ -459,7 +463,8 @@ inline std::vector<parallel_degrees> candidate_degrees(const network_spec& net, 
             if ((ranks / pp) % dp != 0)
                 continue;
             const int tp = ranks / pp / dp;
-            std::vector<int> ms = pp == 1 ? std::vector<int>{1} : std::vector<int>{pp, 2 * pp, 4 * pp};
+            std::vector<int> ms =
+                pp == 1 ? std::vector<int>{1} : std::vector<int>{pp, 2 * pp, 4 * pp};
             for (int m : ms) {
                 if (net.batch % (std::size_t(m) * std::size_t(dp)) != 0)
                     continue;
@@ -473,11 +478,9 @@ inline std::vector<parallel_degrees> candidate_degrees(const network_spec& net, 
 
 /// The best strategies of every operator under degrees `d` (the dynamic programme, or the
 /// enumeration with `o.exhaustive`), evaluated; nullopt when no strategy is valid or fits.
-inline std::optional<strategy_plan> search_degrees(const network_spec& net,
-                                                   const parallel_degrees& d,
-                                                   const search_options& o,
-                                                   redistribution_pricer& pricer,
-                                                   bool within_cap = true) {
+inline std::optional<strategy_plan>
+search_degrees(const network_spec& net, const parallel_degrees& d, const search_options& o,
+               redistribution_pricer& pricer, bool within_cap = true) {
     if (o.exhaustive)
         return detail::exhaustive_search(net, d, o, pricer);
     detail::candidate_pricer cp(net, d, o.machine, pricer);
@@ -488,8 +491,8 @@ inline std::optional<strategy_plan> search_degrees(const network_spec& net,
         std::size_t last = first;
         while (last < n && stage[last] == stage[first])
             ++last;
-        auto part = detail::stage_programme(net, cp, first, last, o.level, false,
-                                            o.memory_per_rank, o);
+        auto part =
+            detail::stage_programme(net, cp, first, last, o.level, false, o.memory_per_rank, o);
         if (!part)
             return std::nullopt;
         // The unconstrained best breaks the cap: the Pareto fronts find the best within it.
@@ -498,12 +501,12 @@ inline std::optional<strategy_plan> search_degrees(const network_spec& net,
         double mem = 0;
         for (std::size_t i = first; i < last; ++i) {
             const auto& k = cp.cost(i, probe[i]);
-            mem += double(k.weight_memory) + double(cp.in_flight(stage[first])) *
-                                                 double(k.activation_memory);
+            mem += double(k.weight_memory) +
+                   double(cp.in_flight(stage[first])) * double(k.activation_memory);
         }
         if (within_cap && mem > o.memory_per_rank) {
-            auto within = detail::stage_programme(net, cp, first, last, o.level, true,
-                                                  o.memory_per_rank, o);
+            auto within =
+                detail::stage_programme(net, cp, first, last, o.level, true, o.memory_per_rank, o);
             if (within)
                 part = within;
         }
@@ -534,8 +537,8 @@ inline std::string gib(double b) {
 }
 
 inline std::string degrees_text(const parallel_degrees& d) {
-    return "dp=" + std::to_string(d.dp) + " tp=" + std::to_string(d.tp) + " pp=" +
-           std::to_string(d.pp) + " micro_batches=" + std::to_string(d.micro_batches) +
+    return "dp=" + std::to_string(d.dp) + " tp=" + std::to_string(d.tp) +
+           " pp=" + std::to_string(d.pp) + " micro_batches=" + std::to_string(d.micro_batches) +
            " hsdp=" + (d.hsdp_level ? "level" + std::to_string(d.hsdp_level) : "off");
 }
 
@@ -552,8 +555,8 @@ inline std::string why_lost(const strategy_plan& winner, const strategy_plan& lo
     }
     const double dt = loser.step_seconds - winner.step_seconds;
     if (dt <= 0)
-        return "equal predicted step time; ranked after by memory (" +
-               gib(loser.memory_bytes) + " vs " + gib(winner.memory_bytes) + ")";
+        return "equal predicted step time; ranked after by memory (" + gib(loser.memory_bytes) +
+               " vs " + gib(winner.memory_bytes) + ")";
     const std::pair<const char*, double> parts[] = {
         {"compute", loser.compute_seconds - winner.compute_seconds},
         {"activation redistribution", loser.communication_seconds - winner.communication_seconds},
@@ -594,9 +597,8 @@ inline search_result search_strategy(const network_spec& net, const search_optio
     } else {
         cands = candidate_degrees(net, o.ranks, o.hsdp_levels);
         if (o.max_pipeline_stages > 0)
-            std::erase_if(cands, [&](const parallel_degrees& d) {
-                return d.pp > o.max_pipeline_stages;
-            });
+            std::erase_if(cands,
+                          [&](const parallel_degrees& d) { return d.pp > o.max_pipeline_stages; });
     }
     std::map<std::pair<int, int>, redistribution_pricer> pricers;
     std::vector<strategy_plan> fitting;
@@ -704,28 +706,27 @@ inline std::string describe(const search_result& r, const network_spec& net) {
     for (std::size_t i = 0; i < net.ops.size(); ++i) {
         const auto& c = b.choices[i];
         char line[256];
-        const bool weighted = net.ops[i].kind == op_kind::linear ||
-                              net.ops[i].kind == op_kind::embedding;
+        const bool weighted =
+            net.ops[i].kind == op_kind::linear || net.ops[i].kind == op_kind::embedding;
         std::snprintf(line, sizeof line, "  %-20s stage %d  in %-14s weight %-8s out %s\n",
-                      net.ops[i].name.c_str(), b.stage_of[i],
-                      std::string(to_string(c.in)).c_str(),
+                      net.ops[i].name.c_str(), b.stage_of[i], std::string(to_string(c.in)).c_str(),
                       weighted ? weight_layout(c.weight).to_string().c_str() : "-",
                       std::string(to_string(c.out)).c_str());
         s += line;
     }
     s += "predicted step " + ms(b.step_seconds) + " (compute " + ms(b.compute_seconds) +
          ", activation redistribution " + ms(b.communication_seconds) +
-         ", gradient synchronisation and update " + ms(b.synchronization_seconds) +
-         ", pipeline " + ms(b.pipeline_seconds) + "); memory " + gib(b.memory_bytes) +
-         " per rank; communication " + gib(b.comm_bytes) + " sent per rank per step\n";
+         ", gradient synchronisation and update " + ms(b.synchronization_seconds) + ", pipeline " +
+         ms(b.pipeline_seconds) + "); memory " + gib(b.memory_bytes) + " per rank; communication " +
+         gib(b.comm_bytes) + " sent per rank per step\n";
     if (r.runner_up)
         s += "runner-up: " + detail::degrees_text(r.runner_up->degrees) + ", step " +
              ms(r.runner_up->step_seconds) + ", memory " + gib(r.runner_up->memory_bytes) +
              ": lost by " + r.runner_up_lost + "\n";
     if (r.over_cap)
         s += "ruled out by the memory cap: " + detail::degrees_text(r.over_cap->degrees) +
-             ", step " + ms(r.over_cap->step_seconds) + ", needs " +
-             gib(r.over_cap->memory_bytes) + " per rank\n";
+             ", step " + ms(r.over_cap->step_seconds) + ", needs " + gib(r.over_cap->memory_bytes) +
+             " per rank\n";
     return s;
 }
 

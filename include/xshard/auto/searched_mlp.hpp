@@ -61,8 +61,8 @@ public:
     /// operator or a chain whose neighbours do not meet. Collective over the mesh.
     void apply_strategy(const std::vector<op_choice>& c) {
         if (c.size() != spec_.ops.size())
-            throw error("xshard: searched_mlp: " + std::to_string(c.size()) +
-                        " strategies for " + std::to_string(spec_.ops.size()) + " operators");
+            throw error("xshard: searched_mlp: " + std::to_string(c.size()) + " strategies for " +
+                        std::to_string(spec_.ops.size()) + " operators");
         const auto& ms = mesh_.shape();
         const int dp = ms.axis_size("dp"), tp = ms.axis_size("tp");
         for (std::size_t i = 0; i < c.size(); ++i) {
@@ -80,7 +80,8 @@ public:
         }
         if (c.back().out == activation_split::all_rows)
             throw error("xshard: searched_mlp: the output must keep its rows over dp (the "
-                        "labels' split), not " + std::string(to_string(c.back().out)));
+                        "labels' split), not " +
+                        std::string(to_string(c.back().out)));
         choices_ = c;
         for (std::size_t i = 0, l = 0, r = 0; i < c.size(); ++i) {
             if (spec_.ops[i].kind == op_kind::linear)
@@ -93,7 +94,7 @@ public:
     tensor_type forward(tensor_type x) {
         for (std::size_t i = 0, l = 0, r = 0; i < spec_.ops.size(); ++i)
             x = spec_.ops[i].kind == op_kind::linear ? linears_[l++].forward(x)
-                                                      : relus_[r++].forward(x);
+                                                     : relus_[r++].forward(x);
         return x;
     }
 
@@ -101,7 +102,7 @@ public:
         std::size_t l = linears_.size(), r = relus_.size();
         for (std::size_t i = spec_.ops.size(); i-- > 0;)
             dy = spec_.ops[i].kind == op_kind::linear ? linears_[--l].backward(dy)
-                                                       : relus_[--r].backward(dy);
+                                                      : relus_[--r].backward(dy);
         return dy;
     }
 
@@ -124,8 +125,8 @@ private:
         nn::kept_redistribution<T, Mesh, 1> to_bias_terms;
 
         linear(const Mesh& mesh, std::size_t in, std::size_t outs, unsigned seed)
-            : w(nn::make_weight<T>(mesh, std::array{in, outs}, weight_layout(weight_split::replicated),
-                                   seed,
+            : w(nn::make_weight<T>(mesh, std::array{in, outs},
+                                   weight_layout(weight_split::replicated), seed,
                                    std::uniform_real_distribution<T>(-T(1) / std::sqrt(T(in)),
                                                                      T(1) / std::sqrt(T(in)))))
             , b(nn::constant_weight<T>(mesh, std::array{outs},

@@ -55,9 +55,9 @@ strategy_plan run_strategy_engine(M& model, const mesh_shape& mesh, const commun
         const auto file = agreed<io_error>(comm, [&] {
             auto f = load_operator_strategy(load_path);
             if (f.degrees.dp != d.dp || f.degrees.tp != d.tp || f.degrees.pp != 1)
-                throw io_error("xshard: operator strategy file " + load_path + " is for dp=" +
-                               std::to_string(f.degrees.dp) + " tp=" +
-                               std::to_string(f.degrees.tp) + " pp=" +
+                throw io_error("xshard: operator strategy file " + load_path +
+                               " is for dp=" + std::to_string(f.degrees.dp) +
+                               " tp=" + std::to_string(f.degrees.tp) + " pp=" +
                                std::to_string(f.degrees.pp) + ", the mesh is " + mesh.to_string());
             if (f.operators.size() != net.ops.size())
                 throw io_error("xshard: operator strategy file " + load_path + " has " +
