@@ -17,11 +17,14 @@
 /// conditions and agrees on the outcome over the mesh (one all-reduce of an int), so an
 /// invalid value raises `xshard::error` on every rank. Settings whose mechanism xshard lacks
 /// are recorded, and `compile()` (the use) raises "not available yet" / "not supported yet"
-/// for them: parallel modes sharding_propagation and recursive_programming (issue 17),
-/// hsdp level3, interleave with another scheduler than 1f1b.
+/// for them: hsdp level3, interleave with another scheduler than 1f1b. Parallel modes
+/// sharding_propagation and recursive_programming run their engines in `compile()`
+/// (auto/strategy_engine.hpp) on a model whose strategies are set at run time
+/// (auto/searched_mlp.hpp); on any other model they raise.
 
 #include <xshard/auto/group_file.hpp>
 #include <xshard/auto/initializer.hpp>
+#include <xshard/auto/strategy_engine.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
@@ -447,15 +450,22 @@ public:
     /// the group file when set. Collective over the mesh.
     void compile() const {
         std::optional<std::string> problem;
-        if (mode_ != parallel_mode::semi_auto)
+        if (mode_ != parallel_mode::semi_auto && !strategy_searchable<Model>)
             problem = "xshard: auto_parallel: parallel_mode " + std::string(to_string(mode_)) +
-                      " is not available yet (issue 17); use semi_auto";
+                      " is not available yet (issue 17) for this model: it needs one whose "
+                      "operator strategies are set at run time (xshard::searched_mlp, "
+                      "auto/searched_mlp.hpp); use semi_auto";
         else if (hsdp_ && hsdp_->optimizer_level == optimizer_level::level3)
             problem = "xshard: auto_parallel: hsdp optimizer_level level3 is not supported yet: "
                       "use level1 or level2";
         else
             problem = pipeline_problem();
         agree(problem);
+        if constexpr (strategy_searchable<Model>) // the engines (auto/strategy_engine.hpp)
+            if (mode_ != parallel_mode::semi_auto)
+                run_strategy_engine(*model_, mesh_.shape(), mesh_.comm(),
+                                    mode_ == parallel_mode::sharding_propagation,
+                                    load_operator_strategy_, save_operator_strategy_);
         if (no_init_ && !initialized_) {
             // A rule throwing on some ranks only raises on every rank.
             agreed(mesh_.comm(),

@@ -18,6 +18,11 @@
 /// being the step's two node barriers and b the bytes a rank stages for, or reads from,
 /// its peers.
 ///
+/// Mesh axes can have links of their own (`axis_links`: e.g. an axis inside a node and one
+/// across nodes): a step whose group spans configured axes is priced by the slowest of their
+/// links (the largest alpha and the largest beta) instead of its kind's. The strategy search
+/// (auto/cost.hpp) prices every candidate layout through this one model.
+///
 /// The defaults are one fit by `bench_calibrate` (benchmarks/README.md says on what), which
 /// prints a cost_model for the machine it runs on; only their ratios matter for choosing a
 /// candidate, and printed predictions are as good as the fit. Set the fields to model
@@ -26,6 +31,8 @@
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/node.hpp>
 #include <xshard/comm/pairwise_reduce.hpp>
+#include <xshard/core/mesh_shape.hpp>
+#include <xshard/core/static_vector.hpp>
 #include <xshard/redistribute/planner.hpp>
 
 #include <cstddef>
@@ -36,6 +43,12 @@ namespace xshard {
 struct link_cost {
     double alpha;
     double beta;
+};
+
+/// The link of one mesh axis (see `cost_model::axis_links`).
+struct axis_link {
+    axis_name axis;
+    link_cost link;
 };
 
 struct cost_model {
@@ -54,6 +67,8 @@ struct cost_model {
     /// `on_node`): steps of tensors of at least `reduce_tuning::shared_memory_min_bytes` are
     /// then priced by `shared_memory`.
     bool node_local = false;
+    /// Per mesh axis links (empty: every axis alike, priced by kind).
+    static_vector<axis_link, max_mesh_axes> axis_links{};
 
     constexpr const link_cost& of(step_kind k) const {
         switch (k) {
@@ -77,6 +92,32 @@ struct cost_model {
             return shared_memory.alpha + shared_memory.beta * double(bytes) +
                    copy * double(copied);
         const auto& c = of(k);
+        return c.alpha * double(messages) + c.beta * double(bytes) + copy * double(copied);
+    }
+
+    /// The link of a step of kind `k` over the axes `group` of `mesh`: the slowest of the
+    /// group's axis links (largest alpha, largest beta) when some of its axes have one, the
+    /// kind's otherwise.
+    constexpr link_cost link(step_kind k, const mesh_shape& mesh, axis_set group) const {
+        bool found = false;
+        link_cost worst{0, 0};
+        for (const auto& a : axis_links)
+            for (std::size_t i = 0; i < mesh.names.size(); ++i)
+                if (group.contains(i) && mesh.names[i] == a.axis && mesh.sizes[i] > 1) {
+                    found = true;
+                    worst.alpha = worst.alpha > a.link.alpha ? worst.alpha : a.link.alpha;
+                    worst.beta = worst.beta > a.link.beta ? worst.beta : a.link.beta;
+                }
+        return found ? worst : of(k);
+    }
+
+    /// As `seconds`, priced by the link of the step's group (`link`).
+    constexpr double seconds(step_kind k, const mesh_shape& mesh, axis_set group,
+                             std::size_t messages, std::size_t bytes, std::size_t copied,
+                             bool shared = false) const {
+        if (shared || axis_links.empty())
+            return seconds(k, messages, bytes, copied, shared);
+        const auto c = link(k, mesh, group);
         return c.alpha * double(messages) + c.beta * double(bytes) + copy * double(copied);
     }
 

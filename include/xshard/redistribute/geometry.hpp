@@ -244,8 +244,8 @@ step_summary summarize(const step_traffic<N>& t, const mesh_shape& mesh, std::si
                 tuning.scratch_elements(t.out_block.size(), t.pipelined, element) * element;
         break;
     }
-    r.seconds = model.seconds(t.planned.kind, r.messages, std::max(r.bytes_sent, r.bytes_received),
-                              r.bytes_copied, shared);
+    r.seconds = model.seconds(t.planned.kind, mesh, t.group, r.messages,
+                              std::max(r.bytes_sent, r.bytes_received), r.bytes_copied, shared);
     return r;
 }
 

@@ -1,0 +1,231 @@
+// The strategy search (issue 17) against hand-written strategies, measured:
+//
+//   OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS=1 mpirun -n 2 build/benchmarks/bench_search
+//
+// The model is bench_training's MLP as a searched_mlp (1024 -> 4096, relu, 4096 -> 1024; batch
+// 64, double, parallel_cross_entropy, momentum), one training step through the driver
+// (xshard::model::train_step). First the GEMM speed of one rank is measured (the cost model's
+// `gemm_flops`), then every hand strategy of the exhaustive set below is timed, and the
+// search's choice (recursive_programming, one pipeline stage: the runtime model runs one) is
+// timed the same way.
+//
+// Cases:
+//   hand_<name>: each hand strategy's measured step time against its predicted one (baseline
+//       "predicted": ratio = measured / predicted, the cost model's error). The set, on p ranks:
+//       dp (mesh p x 1, weights replicated), dp_hsdp1, dp_hsdp2 (the same under optimizer
+//       sharding level1 / level2), dp_over_tp (mesh 1 x p, rows over every rank),
+//       tp_megatron (mesh 1 x p: column- then row-parallel), tp_gather (column-parallel, its
+//       output gathered, the second layer replicated), tp_row_first (the first layer's input
+//       split by features: row- then column-parallel). Pipeline stages (pp) are listed by the
+//       search's prediction only (the searched model runs one stage).
+//   searched_mlp: the searched strategy's measured step against the fastest hand strategy's
+//       (baseline "best_hand_strategy"), target ratio <= 1.10.
+//   searched_transformer_predicted: the search's predicted step for a transformer (4 blocks,
+//       512 features, 8 heads, 128 tokens, vocabulary 8000, batch 16) against the predicted
+//       step of its best hand strategy among dp and Megatron tp (baseline
+//       "best_hand_strategy_predicted"): prediction only, the runtime has no searched
+//       transformer yet.
+
+#include <xshard/auto/auto_parallel.hpp>
+#include <xshard/auto/model.hpp>
+#include <xshard/auto/search.hpp>
+#include <xshard/auto/searched_mlp.hpp>
+#include <xshard/comm/environment.hpp>
+#include <xshard/nn/embedding.hpp>
+#include <xshard/optim/optimizers.hpp>
+#include <xshard/tensor/distribute.hpp>
+
+#include "harness.hpp"
+
+#include <xtensor-blas/xlinalg.hpp>
+#include <xtensor/xrandom.hpp>
+
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace bench = xshard::bench;
+using mesh_t = xshard::mesh<"dp", "tp">;
+using mlp_t = xshard::searched_mlp<double, mesh_t>;
+using xshard::activation_split, xshard::weight_split, xshard::op_choice;
+
+struct hand {
+    std::string name;
+    int dp, tp, hsdp;
+    std::vector<op_choice> choices;
+};
+
+/// Seconds of one [rows, in] x [in, out] dgemm on this rank (the best of a few).
+double gemm_seconds(std::size_t rows, std::size_t in, std::size_t out) {
+    std::mt19937 e(3);
+    const xt::xtensor<double, 2> a = xt::random::randn<double>({rows, in}, 0.0, 1.0, e);
+    const xt::xtensor<double, 2> b = xt::random::randn<double>({in, out}, 0.0, 1.0, e);
+    double best = std::numeric_limits<double>::infinity();
+    for (int r = 0; r < 5; ++r) {
+        const double t0 = MPI_Wtime();
+        xt::xtensor<double, 2> c = xt::linalg::dot(a, b);
+        best = std::min(best, MPI_Wtime() - t0);
+        if (c(0, 0) == 12345.678) // keep the product
+            std::fputs("", stderr);
+    }
+    return best;
+}
+
+/// The measured seconds of one training step of `widths` with `choices` on mesh dp x tp.
+double measure(const xshard::communicator& world, const bench::options& o,
+               const std::vector<std::size_t>& widths, std::size_t batch, int dp, int tp, int hsdp,
+               const std::vector<op_choice>& choices) {
+    const mesh_t m(world, {dp, tp});
+    mlp_t model(m, widths, batch, 1);
+    model.apply_strategy(choices);
+    xshard::auto_parallel<mlp_t, mesh_t> net(model, m);
+    if (hsdp > 0)
+        net.hsdp(-1, 0, hsdp == 1 ? "level1" : "level2");
+    xshard::optim::momentum opt({.lr = 1e-3, .momentum = 0.9});
+    xshard::nn::parallel_cross_entropy<double, mesh_t> loss;
+    xshard::model trainer(net, loss, opt);
+    std::mt19937 e(7);
+    const xt::xtensor<double, 2> x =
+        xt::random::randn<double>({batch, widths.front()}, 0.0, 1.0, e);
+    const xt::xtensor<std::int64_t, 1> y =
+        xt::random::randint<std::int64_t>({batch}, 0, std::int64_t(widths.back()), e);
+    const auto xs =
+        xshard::distribute<xshard::dynamic_layout(2)>(m, x, xshard::nn::make_layout({"dp", ""}));
+    const auto ys =
+        xshard::distribute<xshard::dynamic_layout(1)>(m, y, xshard::nn::make_layout({"dp"}));
+    const auto step = [&] {
+        (void)trainer.train_step(xs, ys);
+    };
+    step(); // warm-up: plans built
+    std::vector<double> t;
+    for (int r = 0; r < o.reps; ++r)
+        t.push_back(bench::time_batch(world, step, o.quick ? 1 : 3));
+    return bench::median(t);
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    xshard::environment env(argc, argv);
+    const auto o = bench::options::parse(argc, argv);
+    const auto world = xshard::communicator::world();
+    const int p = world.size();
+    const std::vector<std::size_t> widths = o.quick ? std::vector<std::size_t>{64, 256, 64}
+                                                    : std::vector<std::size_t>{1024, 4096, 1024};
+    const std::size_t batch = 64;
+
+    // The cost model's GEMM speed: the first layer's product on one rank's share.
+    xshard::search_options so;
+    so.ranks = p;
+    so.machine.element = 8;
+    const double g = gemm_seconds(batch, widths[0], widths[1]);
+    double flops = 2.0 * double(batch * widths[0] * widths[1]) / g;
+    xshard::mpi::allreduce(world, std::span(&flops, 1), xshard::reduction::min);
+    so.machine.gemm_flops = flops;
+    if (world.rank() == 0)
+        std::fprintf(stderr, "bench_search: %d ranks, GEMM %.2f GFLOP/s per rank\n", p,
+                     flops / 1e9);
+
+    const auto net = xshard::mlp_network(widths, batch);
+    using enum activation_split;
+    const op_choice rep_rows{rows, weight_split::replicated, rows};
+    std::vector<hand> hands{
+        {"dp", p, 1, 0, {rep_rows, {rows, weight_split::replicated, rows}, rep_rows}},
+        {"dp_hsdp1", p, 1, 1, {rep_rows, rep_rows, rep_rows}},
+        {"dp_hsdp2", p, 1, 2, {rep_rows, rep_rows, rep_rows}},
+        {"dp_over_tp",
+         1,
+         p,
+         0,
+         {{rows, weight_split::replicated, all_rows},
+          {all_rows, weight_split::replicated, all_rows},
+          {all_rows, weight_split::replicated, rows}}},
+        {"tp_megatron",
+         1,
+         p,
+         0,
+         {{rows, weight_split::output, features},
+          {features, weight_split::replicated, features},
+          {features, weight_split::input, rows}}},
+        {"tp_gather", 1, p, 0, {{rows, weight_split::output, rows}, rep_rows, rep_rows}},
+        {"tp_row_first",
+         1,
+         p,
+         0,
+         {{rows, weight_split::replicated, features},
+          {features, weight_split::replicated, features},
+          {features, weight_split::input, rows}}},
+    };
+    double best_hand = std::numeric_limits<double>::infinity();
+    std::string best_name;
+    for (const auto& h : hands) {
+        if (!o.wants("hand_" + h.name) && !o.wants("searched_mlp"))
+            continue;
+        const double measured = measure(world, o, widths, batch, h.dp, h.tp, h.hsdp, h.choices);
+        const auto predicted =
+            xshard::evaluate_strategy(net, {h.dp, h.tp, 1, 1, h.hsdp}, h.choices, so);
+        if (measured < best_hand) {
+            best_hand = measured;
+            best_name = h.name;
+        }
+        bench::report(world, "hand_" + h.name, 0, "predicted", {measured, predicted.step_seconds});
+    }
+
+    if (o.wants("searched_mlp")) {
+        auto s = so;
+        s.max_pipeline_stages = 1;
+        s.output_splits = {rows, features};
+        const auto r = xshard::search_strategy(net, s);
+        const auto& b = *r.best;
+        if (world.rank() == 0) {
+            std::fputs(xshard::describe(r, net).c_str(), stderr);
+            auto pp = so;
+            pp.output_splits = s.output_splits;
+            const auto all = xshard::search_strategy(net, pp);
+            std::fprintf(stderr,
+                         "with pipeline stages allowed the search predicts %.3f ms (%s); "
+                         "the fastest hand strategy measured: %s\n",
+                         all.best->step_seconds * 1e3,
+                         xshard::detail::degrees_text(all.best->degrees).c_str(),
+                         best_name.c_str());
+        }
+        const double measured = measure(world, o, widths, batch, b.degrees.dp, b.degrees.tp,
+                                        b.degrees.hsdp_level, b.choices);
+        bench::report(world, "searched_mlp", 0, "best_hand_strategy", {measured, best_hand});
+        bench::report(world, "searched_mlp_predicted", 0, "measured", {b.step_seconds, measured});
+    }
+
+    if (o.wants("searched_transformer")) {
+        const auto t = xshard::transformer_network(4, 512, 8, 128, 8000, 16);
+        auto s = so;
+        const auto r = xshard::search_strategy(t, s);
+        // Hand strategies: pure dp, and Megatron tp (qkv, up column-parallel; proj, down
+        // row-parallel; the rest on whole rows).
+        double best = std::numeric_limits<double>::infinity();
+        for (const auto& [dp, tp] : {std::pair{p, 1}, std::pair{1, p}}) {
+            std::vector<op_choice> c;
+            for (const auto& op : t.ops) {
+                const bool col = op.name.ends_with("qkv") || op.name.ends_with("up");
+                const bool row = op.name.ends_with("proj") || op.name.ends_with("down");
+                const bool mid = op.name.ends_with("attention") || op.name.ends_with("gelu");
+                if (tp > 1 && col)
+                    c.push_back({rows, weight_split::output, features});
+                else if (tp > 1 && row)
+                    c.push_back({features, weight_split::input, rows});
+                else if (tp > 1 && mid)
+                    c.push_back({features, weight_split::replicated, features});
+                else
+                    c.push_back(rep_rows);
+            }
+            const auto e = xshard::evaluate_strategy(t, {dp, tp, 1, 1, 0}, c, s);
+            if (e.valid)
+                best = std::min(best, e.step_seconds);
+        }
+        bench::report(world, "searched_transformer_predicted", 0, "best_hand_strategy_predicted",
+                      {r.best->step_seconds, best});
+    }
+    return 0;
+}

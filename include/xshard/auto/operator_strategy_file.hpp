@@ -1,0 +1,185 @@
+#pragma once
+/// \file
+/// Operator strategy files (MindSpore's save/load_operator_strategy_file): the strategies the
+/// search (recursive_programming) or propagation (sharding_propagation) chose, per operator,
+/// with the degrees they were chosen for. JSON, version 1:
+///
+///     {
+///       "format": "xshard-operator-strategy", "version": 1,
+///       "network": "mlp:784,512,512,10", "batch": 64, "ranks": 16384,
+///       "degrees": {"dp": 64, "tp": 256, "pp": 1, "micro_batches": 1, "hsdp_level": 0},
+///       "mesh": {"axes": ["dp", "tp"], "sizes": [64, 256]},
+///       "predicted": {"step_seconds": 0.0012, "memory_bytes": 123456, "comm_bytes": 4567},
+///       "operators": [
+///         {"name": "linear1", "kind": "linear", "stage": 0, "in": "[dp, -]",
+///          "weight": "output", "weight_layout": "[-, tp]", "out": "[dp, tp]"}
+///       ]
+///     }
+///
+/// `weight` is how the weight is split (replicated, output, input); layouts are in xshard's
+/// notation over the stage mesh (dp, tp). Loading checks everything and raises io_error with
+/// the path and what is wrong.
+
+#include <xshard/auto/search.hpp>
+#include <xshard/comm/error.hpp>
+#include <xshard/io/files.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace xshard {
+
+/// One operator of an operator strategy file.
+struct operator_strategy_entry {
+    std::string name;
+    std::string kind;
+    int stage = 0;
+    op_choice choice{};
+};
+
+/// The contents of an operator strategy file.
+struct operator_strategy {
+    static constexpr int current_version = 1;
+    std::string network;
+    std::size_t batch = 0;
+    int ranks = 1;
+    parallel_degrees degrees{};
+    double step_seconds = 0, memory_bytes = 0, comm_bytes = 0;
+    std::vector<operator_strategy_entry> operators;
+
+    /// The strategies in operator order.
+    std::vector<op_choice> choices() const {
+        std::vector<op_choice> c;
+        for (const auto& o : operators)
+            c.push_back(o.choice);
+        return c;
+    }
+
+    std::string to_json() const {
+        nlohmann::json j;
+        j["format"] = "xshard-operator-strategy";
+        j["version"] = current_version;
+        j["network"] = network;
+        j["batch"] = batch;
+        j["ranks"] = ranks;
+        j["degrees"] = {{"dp", degrees.dp},
+                        {"tp", degrees.tp},
+                        {"pp", degrees.pp},
+                        {"micro_batches", degrees.micro_batches},
+                        {"hsdp_level", degrees.hsdp_level}};
+        j["mesh"] = {{"axes", {"dp", "tp"}}, {"sizes", {degrees.dp, degrees.tp}}};
+        j["predicted"] = {{"step_seconds", step_seconds},
+                          {"memory_bytes", memory_bytes},
+                          {"comm_bytes", comm_bytes}};
+        auto ops = nlohmann::json::array();
+        for (const auto& o : operators)
+            ops.push_back({{"name", o.name},
+                           {"kind", o.kind},
+                           {"stage", o.stage},
+                           {"in", std::string(to_string(o.choice.in))},
+                           {"weight", std::string(to_string(o.choice.weight))},
+                           {"weight_layout", weight_layout(o.choice.weight).to_string()},
+                           {"out", std::string(to_string(o.choice.out))}});
+        j["operators"] = ops;
+        return j.dump(2) + "\n";
+    }
+
+    /// Parses `text` (read from `path`, for the messages); io_error on anything malformed.
+    static operator_strategy from_json(const std::string& text, const std::string& path) {
+        const auto fail = [&](const std::string& what) -> operator_strategy {
+            throw io_error("xshard: operator strategy file " + path + ": " + what);
+        };
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(text);
+        } catch (const std::exception& e) {
+            return fail(std::string("not JSON: ") + e.what());
+        }
+        try {
+            if (j.value("format", "") != "xshard-operator-strategy")
+                return fail("not an xshard operator strategy file (format)");
+            if (j.at("version").get<int>() != current_version)
+                return fail("version " + std::to_string(j.at("version").get<int>()) +
+                            " is not supported (1 is)");
+            operator_strategy s;
+            s.network = j.at("network").get<std::string>();
+            s.batch = j.at("batch").get<std::size_t>();
+            s.ranks = j.at("ranks").get<int>();
+            const auto& d = j.at("degrees");
+            s.degrees = {d.at("dp").get<int>(), d.at("tp").get<int>(), d.at("pp").get<int>(),
+                         d.at("micro_batches").get<int>(), d.at("hsdp_level").get<int>()};
+            if (s.degrees.dp < 1 || s.degrees.tp < 1 || s.degrees.pp < 1 ||
+                s.degrees.micro_batches < 1 || s.degrees.hsdp_level < 0 || s.degrees.hsdp_level > 2)
+                return fail("degrees out of range");
+            if (std::int64_t(s.degrees.dp) * s.degrees.tp * s.degrees.pp != s.ranks)
+                return fail("dp x tp x pp is not the " + std::to_string(s.ranks) + " ranks");
+            const auto& p = j.at("predicted");
+            s.step_seconds = p.at("step_seconds").get<double>();
+            s.memory_bytes = p.at("memory_bytes").get<double>();
+            s.comm_bytes = p.at("comm_bytes").get<double>();
+            for (const auto& o : j.at("operators")) {
+                operator_strategy_entry e;
+                e.name = o.at("name").get<std::string>();
+                e.kind = o.at("kind").get<std::string>();
+                e.stage = o.at("stage").get<int>();
+                const auto in = parse_activation_split(o.at("in").get<std::string>());
+                const auto out = parse_activation_split(o.at("out").get<std::string>());
+                const auto w = parse_weight_split(o.at("weight").get<std::string>());
+                if (!in || !out || !w)
+                    return fail("operator " + e.name + ": unknown split '" +
+                                o.at(!in    ? "in"
+                                     : !out ? "out"
+                                            : "weight")
+                                    .get<std::string>() +
+                                "'");
+                e.choice = {*in, *w, *out};
+                s.operators.push_back(std::move(e));
+            }
+            return s;
+        } catch (const io_error&) {
+            throw;
+        } catch (const std::exception& e) {
+            return fail(std::string("malformed: ") + e.what());
+        }
+    }
+};
+
+/// The file contents for `plan`, chosen for `net` on `ranks` ranks.
+inline operator_strategy make_operator_strategy(const network_spec& net,
+                                                const strategy_plan& plan) {
+    operator_strategy s;
+    s.network = net.description;
+    s.batch = net.batch;
+    s.degrees = plan.degrees;
+    s.ranks = plan.degrees.dp * plan.degrees.tp * plan.degrees.pp;
+    s.step_seconds = plan.step_seconds;
+    s.memory_bytes = plan.memory_bytes;
+    s.comm_bytes = plan.comm_bytes;
+    for (std::size_t i = 0; i < net.ops.size(); ++i)
+        s.operators.push_back({net.ops[i].name, std::string(to_string(net.ops[i].kind)),
+                               plan.stage_of[i], plan.choices[i]});
+    return s;
+}
+
+/// Writes `s` to `path` atomically (io_error naming the path on failure). No communication:
+/// call it on one rank, or on every rank with distinct paths.
+inline void save_operator_strategy(const std::string& path, const operator_strategy& s) {
+    try {
+        detail::create_parent_directories(path);
+        detail::write_file_atomically(path, s.to_json());
+    } catch (const io_error&) {
+        throw;
+    } catch (const std::exception& e) {
+        throw io_error("xshard: cannot write the operator strategy file " + path + ": " + e.what());
+    }
+}
+
+/// Reads an operator strategy file (io_error naming the path when missing or malformed). No
+/// communication.
+inline operator_strategy load_operator_strategy(const std::string& path) {
+    return operator_strategy::from_json(detail::read_file(path), path);
+}
+
+} // namespace xshard

@@ -1,0 +1,51 @@
+#pragma once
+/// \file
+/// MindSpore's `sharding_propagation` parallel mode: operators given a strategy keep it, the
+/// others get theirs from their neighbours, by minimising the strategy search's cost model
+/// (auto/cost.hpp) along the chain of a sequential network for the objective `level` (seed
+/// 004's shard level: 0 least communication, 1 least memory, 2 fastest). It is the search's
+/// dynamic programme (auto/search.hpp) with the given operators pinned, on the degrees the run
+/// has, so a completed chain is the cheapest one through the given strategies:
+///
+///     std::vector<std::optional<xshard::op_choice>> given(net.ops.size());
+///     given[0] = xshard::op_choice{rows, weight_split::output, features};   // column parallel
+///     auto plan = xshard::propagate_strategies(net, {.dp = 2, .tp = 2}, given);
+///
+/// Not covered: the operations inside `shard()`, whose layouts are types fixed when the
+/// template is instantiated (a `none` spec there keeps meaning "laid out by the dataset
+/// strategy"); propagation works on the run-time layouts of sequential networks.
+
+#include <xshard/auto/search.hpp>
+
+#include <optional>
+#include <stdexcept>
+#include <vector>
+
+namespace xshard {
+
+/// The strategies of every operator of `net` on degrees `d`: `given[i]` where set, the cheapest
+/// completion by the objective of `o` elsewhere (`o.degrees` and `o.fixed` are replaced).
+/// Throws std::invalid_argument when the given strategies cannot be completed (an operator's
+/// strategy that does not suit it, or neighbours that cannot meet).
+inline strategy_plan propagate_strategies(const network_spec& net, const parallel_degrees& d,
+                                          const std::vector<std::optional<op_choice>>& given,
+                                          search_options o = {}) {
+    if (given.size() > net.ops.size())
+        throw std::invalid_argument("xshard: sharding_propagation: more strategies (" +
+                                    std::to_string(given.size()) + ") than operators (" +
+                                    std::to_string(net.ops.size()) + ")");
+    o.fixed = given;
+    o.degrees = d;
+    o.ranks = d.dp * d.tp * d.pp;
+    redistribution_pricer pricer(mesh_shape({axis_name("dp"), axis_name("tp")}, {d.dp, d.tp}),
+                                 o.machine.links, o.machine.element);
+    auto p = search_degrees(net, d, o, pricer);
+    if (!p)
+        throw std::invalid_argument("xshard: sharding_propagation: the given strategies of " +
+                                    net.description +
+                                    " cannot be completed on dp=" + std::to_string(d.dp) +
+                                    " tp=" + std::to_string(d.tp) + " pp=" + std::to_string(d.pp));
+    return *p;
+}
+
+} // namespace xshard

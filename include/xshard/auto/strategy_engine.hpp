@@ -1,0 +1,88 @@
+#pragma once
+/// \file
+/// The parallel modes' engines at run time: what `auto_parallel::compile()` runs for
+/// parallel_mode recursive_programming and sharding_propagation on a model whose operator
+/// strategies are set at run time (`strategy_searchable`, e.g. auto/searched_mlp.hpp).
+///
+///  * recursive_programming: the search (auto/search.hpp) on the run's mesh (dp x tp, one
+///    stage, the fastest objective), then the strategies applied to the model.
+///  * sharding_propagation: the strategies of the operator strategy file set by
+///    load_operator_strategy_file (if any) kept, the others propagated (auto/propagation.hpp),
+///    then applied. With no file every operator is derived.
+/// Either saves the operator strategy file set by save_operator_strategy_file (rank 0). Every
+/// rank computes the same strategies from the same data (no communication); a bad file, or a
+/// file for other degrees, raises on every rank (one agreement).
+
+#include <xshard/auto/operator_strategy_file.hpp>
+#include <xshard/auto/propagation.hpp>
+#include <xshard/auto/search.hpp>
+#include <xshard/comm/agree.hpp>
+#include <xshard/comm/communicator.hpp>
+#include <xshard/core/mesh_shape.hpp>
+
+#include <concepts>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace xshard {
+
+/// A model whose operators' strategies the engines set: `spec()` gives the network the search
+/// prices, `apply_strategy(choices)` lays the model out (collective over its mesh).
+template <class M>
+concept strategy_searchable = requires(M& m, const std::vector<op_choice>& c) {
+    { m.spec() } -> std::convertible_to<const network_spec&>;
+    m.apply_strategy(c);
+};
+
+/// Runs recursive_programming (`propagate` false) or sharding_propagation (true) for `model`
+/// on `mesh` (axes dp and tp), loading and saving operator strategy files where the paths are
+/// not empty (see the file comment). Returns the plan applied. Collective over `comm`.
+template <strategy_searchable M>
+strategy_plan run_strategy_engine(M& model, const mesh_shape& mesh, const communicator& comm,
+                                  bool propagate, const std::string& load_path = {},
+                                  const std::string& save_path = {}) {
+    const auto& net = model.spec();
+    const parallel_degrees d{mesh.axis_size("dp"), mesh.axis_size("tp"), 1, 1, 0};
+    search_options o;
+    o.ranks = mesh.size();
+    o.degrees = d;
+    o.hsdp_levels = {0};
+    // The loss takes rows split like the labels: over dp, the classes whole or over tp.
+    o.output_splits = {activation_split::rows, activation_split::features};
+    std::vector<std::optional<op_choice>> given(net.ops.size());
+    if (propagate && !load_path.empty()) {
+        const auto file = agreed<io_error>(comm, [&] {
+            auto f = load_operator_strategy(load_path);
+            if (f.degrees.dp != d.dp || f.degrees.tp != d.tp || f.degrees.pp != 1)
+                throw io_error("xshard: operator strategy file " + load_path +
+                               " is for dp=" + std::to_string(f.degrees.dp) +
+                               " tp=" + std::to_string(f.degrees.tp) + " pp=" +
+                               std::to_string(f.degrees.pp) + ", the mesh is " + mesh.to_string());
+            if (f.operators.size() != net.ops.size())
+                throw io_error("xshard: operator strategy file " + load_path + " has " +
+                               std::to_string(f.operators.size()) + " operators, the model " +
+                               std::to_string(net.ops.size()));
+            return f;
+        });
+        for (std::size_t i = 0; i < net.ops.size(); ++i)
+            given[i] = file.operators[i].choice;
+    }
+    const auto plan = agreed(comm, [&] {
+        if (propagate)
+            return propagate_strategies(net, d, given, o);
+        const auto r = search_strategy(net, o);
+        if (!r.best)
+            throw error("xshard: recursive_programming: no strategy for " + net.description);
+        return *r.best;
+    });
+    model.apply_strategy(plan.choices);
+    if (!save_path.empty())
+        agreed<io_error>(comm, [&] {
+            if (comm.rank() == 0)
+                save_operator_strategy(save_path, make_operator_strategy(net, plan));
+        });
+    return plan;
+}
+
+} // namespace xshard

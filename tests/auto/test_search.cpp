@@ -1,0 +1,507 @@
+// The strategy search (auto/cost.hpp, auto/search.hpp, auto/propagation.hpp): the cost model's
+// prices against hand-computed ones, the consistency of redistribution prices on random layout
+// triples, the dynamic programme against an exhaustive enumeration of every strategy, and
+// propagation against the enumeration's optimum with some strategies given. The search runs in
+// one process: every rank computes the same thing.
+
+#include <xshard/auto/auto_parallel.hpp>
+#include <xshard/auto/cost.hpp>
+#include <xshard/auto/model.hpp>
+#include <xshard/auto/operator_strategy_file.hpp>
+#include <xshard/auto/propagation.hpp>
+#include <xshard/auto/search.hpp>
+#include <xshard/auto/searched_mlp.hpp>
+#include <xshard/nn/embedding.hpp>
+#include <xshard/optim/optimizers.hpp>
+#include <xshard/tensor/distribute.hpp>
+#include <xshard/tensor/gather.hpp>
+
+#include "expect_error.hpp"
+#include "mpi_test.hpp"
+
+#include <xtensor/xrandom.hpp>
+
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace xshard;
+namespace nn = xshard::nn;
+namespace optim = xshard::optim;
+
+mesh_shape dp_tp(int dp, int tp) {
+    return mesh_shape({axis_name("dp"), axis_name("tp")}, {dp, tp});
+}
+
+/// A random layout of a rank-2 tensor on axes dp, tp: each axis splits a dimension, is
+/// partial, or is replicated.
+layout random_layout(std::mt19937& g) {
+    std::string d[2];
+    std::vector<std::string> partial;
+    for (const char* a : {"dp", "tp"}) {
+        const auto w = g() % 4;
+        if (w < 2)
+            d[w] += (d[w].empty() ? "" : ",") + std::string(a);
+        else if (w == 2)
+            partial.push_back(a);
+    }
+    std::string t = "[";
+    for (int i = 0; i < 2; ++i) {
+        t += i ? ", " : "";
+        t += d[i].empty() ? "-" : d[i].find(',') != std::string::npos ? "(" + d[i] + ")" : d[i];
+    }
+    t += "]";
+    if (!partial.empty()) {
+        t += " partial(sum: ";
+        for (std::size_t i = 0; i < partial.size(); ++i)
+            t += (i ? ", " : "") + partial[i];
+        t += ")";
+    }
+    return layout::parse(t);
+}
+
+bool same(double a, double b) {
+    return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b));
+}
+
+TEST(search_cost, planner_alone_can_price_a_detour_cheaper) {
+    // Why the search closes prices under composition: the planner's greedy candidates price
+    // [tp, -] -> [dp, -] partial(tp) above the route through [tp, dp].
+    redistribution_pricer p(dp_tp(2, 3), cost_model{}, 4);
+    const std::array<std::size_t, 2> shape{1336, 1336};
+    const auto a = layout::parse("[tp, -]"), b = layout::parse("[tp, dp]"),
+               c = layout::parse("[dp, -] partial(sum: tp)");
+    const double direct = p.direct(a, c, shape).seconds;
+    const double via = p.direct(a, b, shape).seconds + p.direct(b, c, shape).seconds;
+    EXPECT_GT(direct, via);
+    (void)p(a, b, 1336, 1336); // b joins the layouts routes may pass through
+    EXPECT_LE(p(a, c, 1336, 1336).seconds, via * (1 + 1e-12));
+    const auto r = p.route(a, c, 1336, 1336);
+    ASSERT_GE(r.size(), 3u);
+    EXPECT_EQ(r.front(), a);
+    EXPECT_EQ(r.back(), c);
+    double along = 0;
+    for (std::size_t i = 0; i + 1 < r.size(); ++i)
+        along += p.direct(r[i], r[i + 1], shape).seconds;
+    EXPECT_TRUE(same(along, p(a, c, 1336, 1336).seconds));
+}
+
+TEST(search_cost, direct_never_costs_more_than_via_on_random_triples) {
+    std::mt19937 g(17);
+    int checked = 0;
+    for (auto [dp, tp] : {std::pair{2, 3}, {4, 2}, {3, 5}, {8, 8}, {64, 256}}) {
+        redistribution_pricer p(dp_tp(dp, tp), cost_model{}, 4);
+        for (int i = 0; i < 60; ++i) {
+            const auto a = random_layout(g), b = random_layout(g), c = random_layout(g);
+            const std::size_t rows = 1 + g() % 3000, cols = 1 + g() % 2000;
+            const double ab = p(a, b, rows, cols).seconds, bc = p(b, c, rows, cols).seconds;
+            const double ac = p(a, c, rows, cols).seconds;
+            EXPECT_LE(ac, (ab + bc) * (1 + 1e-12) + 1e-15)
+                << a.to_string() << " -> " << c.to_string() << " via " << b.to_string()
+                << " on dp=" << dp << " tp=" << tp << ", " << rows << "x" << cols;
+            // Never above the planner's own plan.
+            EXPECT_LE(ac,
+                      p.direct(a, c, std::array<std::size_t, 2>{rows, cols}).seconds * (1 + 1e-12));
+            ++checked;
+        }
+    }
+    EXPECT_EQ(checked, 300);
+}
+
+TEST(search_cost, per_axis_links_price_steps_over_their_axes) {
+    cost_model m;
+    m.axis_links.push_back({axis_name("tp"), {1e-5, 1.0 / 1e9}});
+    const auto mesh = dp_tp(4, 4);
+    redistribution_pricer p(mesh, m, 4);
+    const std::array<std::size_t, 2> shape{4096, 4096};
+    // all-gather over tp: 3 messages, 3/4 of the 4096 x 4096 floats received, a quarter kept.
+    const double bytes = 4096.0 * 4096 * 4;
+    const double tp_gather =
+        p.direct(layout::parse("[tp, -]"), layout::parse("[-, -]"), shape).seconds;
+    EXPECT_TRUE(same(tp_gather, 3 * 1e-5 + 0.75 * bytes / 1e9 + m.copy * bytes / 4)) << tp_gather;
+    // over dp (no link of its own): the kind's link.
+    const double dp_gather =
+        p.direct(layout::parse("[dp, -]"), layout::parse("[-, -]"), shape).seconds;
+    EXPECT_TRUE(same(dp_gather, 3 * m.all_gather.alpha + 0.75 * bytes * m.all_gather.beta +
+                                    m.copy * bytes / 4))
+        << dp_gather;
+    static_assert(cost_model{}.link(step_kind::all_gather, mesh_shape{}, axis_set{}).alpha ==
+                  cost_model{}.all_gather.alpha);
+}
+
+TEST(search_cost, linear_layer_costs_by_hand) {
+    machine_model m;
+    m.element = 4;
+    const auto mesh = dp_tp(2, 2);
+    redistribution_pricer p(mesh, m.links, m.element);
+    const op_spec op{"l", op_kind::linear, 784, 512, true, 1};
+    // Column parallel on 64 samples: [32 rows, 784] x [784, 256] per rank.
+    const op_choice col{activation_split::rows, weight_split::output, activation_split::features};
+    const auto c = cost_of(op, col, 64, 1, 0, m, p);
+    ASSERT_TRUE(c.valid);
+    EXPECT_TRUE(same(c.compute, 3 * 2.0 * 32 * 784 * 256 / m.gemm_flops));
+    EXPECT_EQ(c.communication, 0); // the output is already [dp, tp]
+    const double w = (784.0 * 256 + 256) * 4;
+    EXPECT_EQ(c.weight_memory, std::size_t(w * 4)); // weight, gradient, two Adam states
+    EXPECT_EQ(c.activation_memory, std::size_t(32 * 784 * 4));
+    // The weight's gradient terms are all-reduced over dp (2 ranks): the planner's price.
+    const double sync = p.direct(layout::parse("[-, tp] partial(sum: dp)"),
+                                 layout::parse("[-, tp]"), std::array<std::size_t, 2>{784, 512})
+                            .seconds +
+                        p.direct(layout::parse("[tp] partial(sum: dp)"), layout::parse("[tp]"),
+                                 std::array<std::size_t, 1>{512})
+                            .seconds;
+    // Plus the update (weight, gradient, two slots) and zero_grad, memory-bound: 8 x the bytes.
+    EXPECT_TRUE(same(c.synchronization, sync + 8 * w / m.memory_bandwidth));
+    // hsdp level 2: gradient and state sharded over dp (the bias is below the threshold).
+    const auto c2 = cost_of(op, col, 64, 1, 2, m, p);
+    const double wb = 784.0 * 256 * 4, bb = 256.0 * 4;
+    EXPECT_EQ(c2.weight_memory, std::size_t(wb + wb / 2 + 2 * wb / 2 + 4 * bb));
+    // Row parallel after it: the pending sum all-reduced over tp forward (and backward).
+    const op_choice row{activation_split::features, weight_split::input, activation_split::rows};
+    const auto r = cost_of(op_spec{"l2", op_kind::linear, 512, 10, true, 1}, row, 64, 1, 0, m, p);
+    ASSERT_TRUE(r.valid);
+    EXPECT_GT(r.communication, 0);
+    EXPECT_TRUE(same(r.compute, 3 * 2.0 * 32 * 256 * 10 / m.gemm_flops));
+    // Unsuited: a row-parallel weight on whole features.
+    EXPECT_FALSE(cost_of(op, {activation_split::rows, weight_split::input, activation_split::rows},
+                         64, 1, 0, m, p)
+                     .valid);
+}
+
+/// The dynamic programme's plan equals the enumeration's optimum, degree by degree.
+void expect_programme_is_optimal(const network_spec& net, int ranks, int level, double cap) {
+    search_options o;
+    o.ranks = ranks;
+    o.level = level;
+    o.memory_per_rank = cap;
+    int compared = 0;
+    for (const auto& d : candidate_degrees(net, ranks, {0, 1, 2})) {
+        redistribution_pricer p(dp_tp(d.dp, d.tp), o.machine.links, o.machine.element);
+        auto dyn = search_degrees(net, d, o, p);
+        auto ex_o = o;
+        ex_o.exhaustive = true;
+        auto ex = search_degrees(net, d, ex_o, p);
+        if (!ex) { // nothing fits: the programme's plan must not fit either
+            if (dyn) {
+                EXPECT_FALSE(dyn->fits) << detail::degrees_text(d);
+            }
+            continue;
+        }
+        ASSERT_TRUE(dyn) << detail::degrees_text(d);
+        EXPECT_TRUE(dyn->fits) << detail::degrees_text(d);
+        EXPECT_TRUE(same(dyn->objective.first, ex->objective.first) &&
+                    same(dyn->objective.second, ex->objective.second))
+            << net.description << " " << detail::degrees_text(d) << " level " << level
+            << ": programme " << dyn->objective.first << "," << dyn->objective.second
+            << " enumeration " << ex->objective.first << "," << ex->objective.second;
+        ++compared;
+    }
+    EXPECT_GT(compared, 0);
+}
+
+TEST(recursive_programming, programme_equals_enumeration) {
+    const auto net = mlp_network({48, 96, 64, 16}, 24);
+    for (int ranks : {1, 2, 4, 6})
+        for (int level : {0, 1, 2})
+            expect_programme_is_optimal(net, ranks, level, std::numeric_limits<double>::infinity());
+}
+
+TEST(recursive_programming, programme_equals_enumeration_under_a_memory_cap) {
+    const auto net = mlp_network({256, 1024, 1024, 64}, 32);
+    // Caps between the least memory and the fastest plan's: the fastest breaks them, so the
+    // programme's Pareto fronts decide.
+    search_options o;
+    o.ranks = 4;
+    const auto fast = search_strategy(net, o);
+    o.level = 1;
+    const auto small = search_strategy(net, o);
+    ASSERT_TRUE(fast.best && small.best);
+    ASSERT_LT(small.best->memory_bytes, fast.best->memory_bytes);
+    for (double f : {0.3, 0.7}) {
+        const double cap =
+            small.best->memory_bytes + f * (fast.best->memory_bytes - small.best->memory_bytes);
+        expect_programme_is_optimal(net, 4, 2, cap);
+        expect_programme_is_optimal(net, 4, 0, cap);
+        o.level = 2;
+        o.memory_per_rank = cap;
+        const auto capped = search_strategy(net, o);
+        ASSERT_TRUE(capped.best);
+        EXPECT_LE(capped.best->memory_bytes, cap);
+        EXPECT_GE(capped.best->step_seconds, fast.best->step_seconds);
+    }
+}
+
+TEST(recursive_programming, search_result_and_runner_up) {
+    const auto net = mlp_network({784, 512, 512, 10}, 64);
+    search_options o;
+    o.ranks = 8;
+    const auto r = search_strategy(net, o);
+    ASSERT_TRUE(r.best && r.runner_up);
+    EXPECT_LE(r.best->step_seconds, r.runner_up->step_seconds);
+    EXPECT_FALSE(r.runner_up_lost.empty());
+    EXPECT_EQ(r.best->degrees.dp * r.best->degrees.tp * r.best->degrees.pp, 8);
+    const auto text = describe(r, net);
+    EXPECT_NE(text.find("linear1"), std::string::npos) << text;
+    EXPECT_NE(text.find("runner-up"), std::string::npos) << text;
+    // Least memory (level 1) never needs more than the fastest.
+    o.level = 1;
+    const auto small = search_strategy(net, o);
+    EXPECT_LE(small.best->memory_bytes, r.best->memory_bytes);
+    // A cap below everything: nothing fits, the least found is reported.
+    o.level = 2;
+    o.memory_per_rank = 1;
+    const auto none = search_strategy(net, o);
+    EXPECT_FALSE(none.best);
+    EXPECT_TRUE(none.over_cap);
+    // A batch no data-parallel degree splits still has dp = 1.
+    EXPECT_THROW(search_strategy(mlp_network({4, 4}, 0), o), std::invalid_argument);
+}
+
+TEST(recursive_programming, transformer_searches_at_scale) {
+    const auto net = transformer_network(2, 256, 8, 128, 1000, 16);
+    search_options o;
+    o.ranks = 64;
+    const auto r = search_strategy(net, o);
+    ASSERT_TRUE(r.best);
+    EXPECT_EQ(r.best->choices.size(), net.ops.size());
+    const auto again = evaluate_strategy(net, r.best->degrees, r.best->choices, o);
+    EXPECT_TRUE(again.valid);
+    EXPECT_TRUE(same(again.step_seconds, r.best->step_seconds));
+}
+
+TEST(sharding_propagation, completes_partial_strategies_as_the_enumeration) {
+    const auto net = mlp_network({48, 96, 64, 16}, 24);
+    for (auto d : {parallel_degrees{2, 2, 1, 1, 0}, parallel_degrees{1, 4, 1, 1, 1},
+                   parallel_degrees{2, 1, 2, 4, 0}}) {
+        search_options o;
+        o.ranks = d.dp * d.tp * d.pp;
+        redistribution_pricer p(dp_tp(d.dp, d.tp), o.machine.links, o.machine.element);
+        auto ex_o = o;
+        ex_o.exhaustive = true;
+        const auto optimum = search_degrees(net, d, ex_o, p);
+        ASSERT_TRUE(optimum);
+        // Given the optimum's first and last strategies, propagation finds the optimum.
+        std::vector<std::optional<op_choice>> given(net.ops.size());
+        given.front() = optimum->choices.front();
+        given.back() = optimum->choices.back();
+        const auto prop = propagate_strategies(net, d, given, o);
+        EXPECT_TRUE(same(prop.objective.first, optimum->objective.first))
+            << detail::degrees_text(d);
+        // Given another first strategy, it equals the enumeration with that one pinned.
+        for (const auto& first : {op_choice{activation_split::rows, weight_split::replicated,
+                                            activation_split::all_rows},
+                                  op_choice{activation_split::rows, weight_split::output,
+                                            activation_split::features}}) {
+            std::vector<std::optional<op_choice>> one(net.ops.size());
+            one[0] = first;
+            auto pinned = ex_o;
+            pinned.fixed = one;
+            const auto best_pinned = search_degrees(net, d, pinned, p);
+            const auto got = propagate_strategies(net, d, one, o);
+            ASSERT_TRUE(best_pinned);
+            EXPECT_EQ(got.choices[0], first);
+            EXPECT_TRUE(same(got.objective.first, best_pinned->objective.first))
+                << detail::degrees_text(d);
+        }
+    }
+    // An unsuitable given strategy: a row-parallel weight on whole features.
+    std::vector<std::optional<op_choice>> bad(net.ops.size());
+    bad[0] = op_choice{activation_split::rows, weight_split::input, activation_split::rows};
+    EXPECT_THROW(propagate_strategies(net, {2, 2, 1, 1, 0}, bad), std::invalid_argument);
+}
+
+// --- the engines at run time: searched strategies train as one rank ----------------------------
+
+using mesh_t = xshard::mesh<"dp", "tp">;
+using mlp_t = searched_mlp<double, mesh_t>;
+constexpr std::size_t rows = 24, features = 12, classes = 6;
+
+std::string scratch(const std::string& name) {
+    const std::string dir = std::string(XSHARD_SEARCH_SCRATCH) + "/np" +
+                            std::to_string(xshard::testing::world().size());
+    std::filesystem::create_directories(dir);
+    return dir + "/" + name;
+}
+
+auto batch_of(const mesh_t& m, int step) {
+    std::mt19937 e(unsigned(300 + step));
+    const xt::xtensor<double, 2> x = xt::random::randn<double>({rows, features}, 0.0, 1.0, e);
+    const xt::xtensor<std::int64_t, 1> y =
+        xt::random::randint<std::int64_t>({rows}, 0, std::int64_t(classes), e);
+    return std::pair(distribute<dynamic_layout(2)>(m, x, nn::make_layout({"dp", ""})),
+                     distribute<dynamic_layout(1)>(m, y, nn::make_layout({"dp"})));
+}
+
+struct record {
+    std::vector<double> losses;
+    std::vector<xt::xarray<double>> weights;
+};
+
+/// `steps` steps of SGD with momentum through the driver, the model laid out by `mode`'s engine
+/// (or by `choices` when given, in semi_auto).
+record train(const mesh_t& m, const std::vector<std::size_t>& widths, const std::string& mode,
+             const std::vector<op_choice>* choices = nullptr, int steps = 3,
+             const std::string& load = {}, const std::string& save = {}) {
+    mlp_t model(m, widths, rows, 5);
+    if (choices)
+        model.apply_strategy(*choices);
+    auto_parallel<mlp_t, mesh_t> net(model, m, mode);
+    if (!load.empty())
+        net.load_operator_strategy_file(load);
+    if (!save.empty())
+        net.save_operator_strategy_file(save);
+    optim::momentum opt({.lr = 0.1, .momentum = 0.9});
+    nn::parallel_cross_entropy<double, mesh_t> loss;
+    xshard::model trainer(net, loss, opt);
+    std::vector<decltype(batch_of(m, 0))> data;
+    for (int s = 0; s < steps; ++s)
+        data.push_back(batch_of(m, s));
+    record r;
+    r.losses = trainer.train(1, data);
+    for_each_weight(model,
+                    [&](const std::string&, auto& w) { r.weights.push_back(gather_all(w.value)); });
+    return r;
+}
+
+void expect_same(const record& a, const record& b, const std::string& context) {
+    ASSERT_EQ(a.losses.size(), b.losses.size()) << context;
+    for (std::size_t i = 0; i < a.losses.size(); ++i)
+        EXPECT_NEAR(a.losses[i], b.losses[i], 1e-11) << context << " loss " << i;
+    ASSERT_EQ(a.weights.size(), b.weights.size()) << context;
+    for (std::size_t i = 0; i < a.weights.size(); ++i)
+        EXPECT_TRUE(xt::allclose(a.weights[i], b.weights[i], 1e-10, 1e-11))
+            << context << " weight " << i;
+}
+
+std::vector<mesh_t> world_meshes() {
+    const auto w = xshard::testing::world();
+    std::vector<mesh_t> r;
+    for (int dp = 1; dp <= w.size(); ++dp)
+        if (w.size() % dp == 0)
+            r.push_back(mesh_t(w, {dp, w.size() / dp}));
+    return r;
+}
+
+std::string mesh_text(const mesh_t& m) {
+    return m.shape().to_string();
+}
+
+TEST(searched_mlp, every_valid_strategy_trains_as_one_rank) {
+    // Every chain of strategies of linear -> relu -> linear the model accepts, trained, against
+    // the data-parallel model on one rank.
+    const std::vector<std::size_t> widths{features, 16, classes};
+    const mesh_t one(communicator::self(), {1, 1});
+    const auto serial = train(one, widths, "semi_auto", nullptr, 2);
+    for (const auto& m : world_meshes()) {
+        int chains = 0;
+        const auto net = mlp_network(widths, rows);
+        std::vector<op_choice> c(net.ops.size());
+        std::function<void(std::size_t)> each = [&](std::size_t i) {
+            if (i == c.size()) {
+                if (c.back().out == activation_split::all_rows)
+                    return;
+                ++chains;
+                std::string ctx = mesh_text(m);
+                for (const auto& x : c)
+                    ctx += std::string(" ") + std::string(to_string(x.in)) + "/" +
+                           std::string(to_string(x.weight)) + "/" + std::string(to_string(x.out));
+                expect_same(train(m, widths, "semi_auto", &c, 2), serial, ctx);
+                return;
+            }
+            for (auto in : activation_splits)
+                for (auto w : {weight_split::replicated, weight_split::output, weight_split::input})
+                    for (auto out : activation_splits) {
+                        if (in != (i == 0 ? activation_split::rows : c[i - 1].out))
+                            continue;
+                        const auto options = op_options(net.ops[i], in, m.axis_size<"dp">(),
+                                                        m.axis_size<"tp">(), rows);
+                        if (std::none_of(options.begin(), options.end(),
+                                         [&](const auto& o) { return o.first == w; }))
+                            continue;
+                        c[i] = {in, w, out};
+                        each(i + 1);
+                    }
+        };
+        each(0);
+        EXPECT_EQ(chains, 6 * 8) << mesh_text(m); // 6 first layers x (rows 4, features 2, all 2)
+    }
+    // A strategy that does not suit its operator raises, on every rank alike.
+    const auto m = world_meshes().back();
+    mlp_t model(m, widths, rows);
+    const std::vector<op_choice> bad{
+        {activation_split::rows, weight_split::input, activation_split::rows},
+        {activation_split::rows, weight_split::replicated, activation_split::rows},
+        {activation_split::rows, weight_split::replicated, activation_split::rows}};
+    xshard::testing::expect_error([&] { model.apply_strategy(bad); }, "cannot run with");
+}
+
+TEST(searched_mlp, recursive_programming_trains_as_one_rank) {
+    const std::vector<std::size_t> widths{features, 32, 32, classes};
+    const mesh_t one(communicator::self(), {1, 1});
+    const auto serial = train(one, widths, "semi_auto");
+    for (const auto& m : world_meshes()) {
+        expect_same(train(m, widths, "recursive_programming"), serial,
+                    mesh_text(m) + " recursive_programming");
+        expect_same(train(m, widths, "sharding_propagation"), serial,
+                    mesh_text(m) + " sharding_propagation");
+    }
+}
+
+TEST(searched_mlp, operator_strategy_files_apply_at_run_time) {
+    // The dry run's file (searched for this mesh) loaded by sharding_propagation: the model runs
+    // the file's strategies and trains as one rank; the saved file equals the loaded one.
+    const std::vector<std::size_t> widths{features, 32, 32, classes};
+    const mesh_t one(communicator::self(), {1, 1});
+    const auto serial = train(one, widths, "semi_auto");
+    const auto m = world_meshes().back();
+    const auto net = mlp_network(widths, rows);
+    search_options o;
+    o.ranks = m.size();
+    o.degrees = parallel_degrees{m.axis_size<"dp">(), m.axis_size<"tp">(), 1, 1, 0};
+    o.hsdp_levels = {0};
+    o.output_splits = {activation_split::rows, activation_split::features};
+    // Pin a tensor-parallel first layer so the file is not the trivial one.
+    std::vector<std::optional<op_choice>> given(net.ops.size());
+    given[0] = op_choice{activation_split::rows, weight_split::output, activation_split::features};
+    const auto plan = propagate_strategies(net, *o.degrees, given, o);
+    const auto path = scratch("operators.json"), saved = scratch("saved.json");
+    agreed(m.comm(), [&] {
+        if (m.rank() == 0)
+            save_operator_strategy(path, make_operator_strategy(net, plan));
+    });
+    const auto file = load_operator_strategy(path);
+    EXPECT_EQ(file.choices(), plan.choices);
+    EXPECT_EQ(file.degrees, plan.degrees);
+    EXPECT_EQ(file.network, net.description);
+    expect_same(train(m, widths, "sharding_propagation", nullptr, 3, path, saved), serial,
+                mesh_text(m) + " loaded");
+    EXPECT_EQ(load_operator_strategy(saved).choices(), plan.choices);
+    // A file for other degrees, a missing file and a malformed one raise on every rank.
+    auto other = make_operator_strategy(net, plan);
+    other.degrees.dp = m.size() + 1;
+    other.ranks = other.degrees.dp * other.degrees.tp;
+    const auto wrong = scratch("wrong.json"), broken = scratch("broken.json");
+    agreed(m.comm(), [&] {
+        if (m.rank() == 0) {
+            save_operator_strategy(wrong, other);
+            std::ofstream(broken) << "{\"format\": \"xshard-operator-strategy\", \"version\": 7}";
+        }
+    });
+    xshard::testing::expect_error(
+        [&] { train(m, widths, "sharding_propagation", nullptr, 1, wrong); }, "is for dp=");
+    xshard::testing::expect_error(
+        [&] { train(m, widths, "sharding_propagation", nullptr, 1, scratch("missing.json")); },
+        "missing.json");
+    xshard::testing::expect_error([&] { (void)load_operator_strategy(broken); },
+                                  "version 7 is not supported");
+}
+
+} // namespace

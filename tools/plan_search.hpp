@@ -1,0 +1,174 @@
+// xshard-plan search: the strategy search (MindSpore's recursive_programming) as a dry run, in
+// one process for any world size: the chosen strategy per operator, the predicted step time,
+// memory and communication per rank, the runner-up and why it lost; optionally saved as an
+// operator strategy file.
+//
+//   xshard-plan search --model mlp:784,512,512,10 --batch 64 --ranks 16384
+//       [--memory-per-rank GiB] [--level 0|1|2] [--dtype f32] [--save strategy.json]
+//   xshard-plan search --model transformer:layers,hidden,heads,seq,vocab --batch 8 --ranks 1024
+//
+// Bad input gives one line on stderr and exit status 2.
+#pragma once
+
+#include <xshard/auto/operator_strategy_file.hpp>
+#include <xshard/auto/search.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace xshard_plan {
+
+struct search_usage_error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+/// The comma-separated positive counts of `text` (for --model).
+inline std::vector<std::size_t> counts_of(const std::string& text, const std::string& what) {
+    std::vector<std::size_t> r;
+    std::size_t start = 0;
+    while (true) {
+        const auto comma = text.find(',', start);
+        const auto item = text.substr(start, comma == std::string::npos ? comma : comma - start);
+        if (item.empty() || item.size() > 12 ||
+            item.find_first_not_of("0123456789") != std::string::npos || std::stoull(item) == 0)
+            throw search_usage_error("--model: '" + item + "' in " + what +
+                                     " is not a positive count");
+        r.push_back(std::stoull(item));
+        if (comma == std::string::npos)
+            return r;
+        start = comma + 1;
+    }
+}
+
+/// "mlp:784,512,10" or "transformer:layers,hidden,heads,seq,vocab".
+inline xshard::network_spec parse_model(const std::string& text, std::size_t batch) {
+    const auto colon = text.find(':');
+    const std::string kind = text.substr(0, colon);
+    if (colon == std::string::npos || (kind != "mlp" && kind != "transformer"))
+        throw search_usage_error("--model: write mlp:in,hidden...,out or "
+                                 "transformer:layers,hidden,heads,seq,vocab, not '" +
+                                 text + "'");
+    const auto n = counts_of(text.substr(colon + 1), kind);
+    if (kind == "mlp") {
+        if (n.size() < 2)
+            throw search_usage_error("--model: an mlp needs at least two widths (in and out)");
+        return xshard::mlp_network(n, batch);
+    }
+    if (n.size() != 5)
+        throw search_usage_error("--model: a transformer takes layers,hidden,heads,seq,vocab "
+                                 "(5 counts), not " +
+                                 std::to_string(n.size()));
+    return xshard::transformer_network(n[0], n[1], n[2], n[3], n[4], batch);
+}
+
+/// "tp=2e-6,8e-11": a mesh axis' alpha (s) and beta (s/B).
+inline xshard::axis_link parse_axis_link(const std::string& text) {
+    const auto eq = text.find('='), comma = text.find(',');
+    if (eq == std::string::npos || comma == std::string::npos || comma < eq)
+        throw search_usage_error("--axis-link: write axis=alpha,beta (seconds, seconds per byte), "
+                                 "not '" +
+                                 text + "'");
+    const auto axis = text.substr(0, eq);
+    if (axis != "dp" && axis != "tp")
+        throw search_usage_error("--axis-link: the axes are dp and tp, not '" + axis + "'");
+    try {
+        std::size_t used = 0;
+        const auto a = text.substr(eq + 1, comma - eq - 1), b = text.substr(comma + 1);
+        const double alpha = std::stod(a, &used);
+        if (used != a.size())
+            throw std::invalid_argument(a);
+        const double beta = std::stod(b, &used);
+        if (used != b.size() || !(alpha >= 0) || !(beta >= 0))
+            throw std::invalid_argument(b);
+        return {xshard::axis_name(axis), {alpha, beta}};
+    } catch (const std::invalid_argument&) {
+        throw search_usage_error("--axis-link: '" + text + "' needs two non-negative numbers");
+    }
+}
+
+/// `xshard-plan search ...` (argv[0] is "search"): returns the exit status.
+inline int plan_search(int argc, char** argv) {
+    CLI::App app{"xshard-plan search: the strategy search (recursive_programming), dry run"};
+    std::string model, dtype = "f32", save;
+    long long batch = 0, ranks = 0;
+    double memory_gib = 0;
+    int level = 2;
+    double gemm = 0;
+    std::vector<std::string> links;
+    app.add_option("--model", model,
+                   "mlp:784,512,512,10 or transformer:layers,hidden,heads,seq,vocab")
+        ->required();
+    app.add_option("--batch", batch, "samples per step")->required();
+    app.add_option("--ranks", ranks, "world size")->required();
+    app.add_option("--memory-per-rank", memory_gib, "memory cap per rank, GiB (none if not given)");
+    app.add_option("--level", level, "objective: 0 least communication, 1 least memory, 2 fastest");
+    app.add_option("--dtype", dtype, "element type: f16 bf16 f32 f64");
+    app.add_option("--gemm-flops", gemm, "GEMM speed per rank, FLOP/s (bench_search measures it)");
+    app.add_option("--axis-link", links, "a mesh axis' link: axis=alpha,beta (repeatable)");
+    app.add_option("--save", save, "write the chosen strategies as an operator strategy file");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        std::fprintf(stderr, "xshard-plan: %s (see --help)\n", e.what());
+        return 2;
+    }
+    try {
+        if (batch < 1)
+            throw search_usage_error("--batch must be at least 1");
+        if (ranks < 1 || ranks > (1LL << 30))
+            throw search_usage_error("--ranks must be in [1, 2^30]");
+        if (level < 0 || level > 2)
+            throw search_usage_error("--level must be 0, 1 or 2, not " + std::to_string(level));
+        if (app.count("--memory-per-rank") && !(memory_gib > 0))
+            throw search_usage_error("--memory-per-rank must be a positive number of GiB");
+        xshard::search_options o;
+        o.ranks = int(ranks);
+        o.level = level;
+        if (app.count("--memory-per-rank"))
+            o.memory_per_rank = memory_gib * double(1ULL << 30);
+        if (dtype == "f16" || dtype == "bf16")
+            o.machine.element = 2;
+        else if (dtype == "f32")
+            o.machine.element = 4;
+        else if (dtype == "f64")
+            o.machine.element = 8;
+        else
+            throw search_usage_error("--dtype must be f16, bf16, f32 or f64, not '" + dtype + "'");
+        if (app.count("--gemm-flops")) {
+            if (!(gemm > 0))
+                throw search_usage_error("--gemm-flops must be positive");
+            o.machine.gemm_flops = gemm;
+        }
+        for (const auto& l : links)
+            o.machine.links.axis_links.push_back(parse_axis_link(l));
+        const auto net = parse_model(model, std::size_t(batch));
+        const auto start = std::chrono::steady_clock::now();
+        const auto r = xshard::search_strategy(net, o);
+        const double took =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::fputs(xshard::describe(r, net).c_str(), stdout);
+        std::printf("searched %zu candidates on %lld ranks in %.3f s\n", r.candidates, ranks, took);
+        if (!save.empty()) {
+            if (!r.best)
+                throw search_usage_error("nothing to save: no strategy fits the memory cap");
+            xshard::save_operator_strategy(save, xshard::make_operator_strategy(net, *r.best));
+            std::printf("saved the operator strategy file %s\n", save.c_str());
+        }
+        return r.best ? 0 : 1;
+    } catch (const std::exception& e) {
+        std::string what = e.what();
+        if (what.rfind("xshard: ", 0) == 0)
+            what = what.substr(8);
+        std::fprintf(stderr, "xshard-plan: %s\n", what.c_str());
+        return 2;
+    }
+}
+
+} // namespace xshard_plan
