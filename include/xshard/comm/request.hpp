@@ -113,8 +113,7 @@ public:
     }
 
     /// Starts receiving `count` items of `type` at `data` from rank `peer` of `c`.
-    void irecv(const communicator& c, void* data, int count, MPI_Datatype type, int peer,
-               int tag) {
+    void irecv(const communicator& c, void* data, int count, MPI_Datatype type, int peer, int tag) {
         handles_.push_back(MPI_REQUEST_NULL);
         detail::check_mpi(MPI_Irecv(data, count, type, peer, tag, c.native(), &handles_.back()),
                           "MPI_Irecv");
@@ -128,6 +127,20 @@ public:
         detail::check_mpi(code, "MPI_Waitall");
     }
 
+    /// Whether every message posted since the last wait is delivered (progressing them;
+    /// MPI_Testall). When true, the batch is empty again.
+    bool test_all() {
+        if (handles_.empty())
+            return true;
+        int done = 0;
+        detail::check_mpi(MPI_Testall(static_cast<int>(handles_.size()), handles_.data(), &done,
+                                      MPI_STATUSES_IGNORE),
+                          "MPI_Testall");
+        if (done)
+            handles_.clear();
+        return done != 0;
+    }
+
     /// Messages posted and not yet waited for.
     std::size_t size() const noexcept { return handles_.size(); }
 
@@ -139,7 +152,8 @@ private:
         MPI_Finalized(&finalized);
         if (!finalized && MPI_Waitall(static_cast<int>(handles_.size()), handles_.data(),
                                       MPI_STATUSES_IGNORE) != MPI_SUCCESS)
-            std::fprintf(stderr, "xshard: messages in flight at destruction failed in MPI_Waitall\n");
+            std::fprintf(stderr,
+                         "xshard: messages in flight at destruction failed in MPI_Waitall\n");
         handles_.clear();
     }
 
