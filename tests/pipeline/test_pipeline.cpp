@@ -136,6 +136,113 @@ TEST(pipeline, every_schedule_equals_one_rank) {
     }
 }
 
+/// Stages on meshes that factor their ranks differently (n x 1 and n/2 x 2 in turn), and a
+/// stage that asks for its input whole: the boundaries are cross-mesh redistributions, and
+/// the step still equals the one-rank run. The batch's rows are split over n blocks on the
+/// first stage and the labels' over dp on the last, cut alike (micro_batch.hpp).
+TEST(pipeline, stages_on_differently_shaped_meshes_equal_one_rank) {
+    const int world = xshard::testing::world().size();
+    for (int p = 2; p <= 4; ++p) {
+        if (world % p != 0)
+            continue;
+        const int n = world / p;
+        const full_mesh_t mesh({p, n, 1});
+        const int stage = mesh.coords()[0];
+        // Stage s: n x 1 for even s, n/2 x 2 for odd s (when n is even).
+        const std::array<int, 2> sizes =
+            stage % 2 == 1 && n % 2 == 0 ? std::array<int, 2>{n / 2, 2} : std::array<int, 2>{n, 1};
+        const stage_mesh_t stage_mesh(mesh.sub(full_mesh_t::axes<"dp", "tp">()), sizes);
+        const int last_dp = (p - 1) % 2 == 1 && n % 2 == 0 ? n / 2 : n;
+        const std::size_t rows = std::size_t(2 * p * n * 2); // a multiple of n x m
+        const auto b = make_batch(rows, 17);
+        const auto [expected_loss, expected] = one_rank(b);
+        const auto x = xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x,
+                                                                     nn::make_layout({"dp", ""}));
+        // With pp 2 the last stage takes its input whole: its labels are whole too, and
+        // cut like the batch's n row blocks.
+        const auto y = xshard::distribute<xshard::dynamic_layout(1)>(
+            stage_mesh, b.y, nn::make_layout({p == 2 ? "" : "dp"}));
+        const std::vector<std::size_t> starts =
+            p == 2 ? std::vector<std::size_t>{4}
+                   : (p == 3 ? std::vector<std::size_t>{3, 6} : std::vector<std::size_t>{2, 4, 6});
+        std::map<int, xshard::layout> inputs;
+        if (p == 2)
+            inputs[1] = nn::make_layout({"", ""}); // stage 1 takes its input whole
+        for (auto kind : {pp::schedule_kind::gpipe, pp::schedule_kind::one_f_one_b,
+                          pp::schedule_kind::zero_bubble}) {
+            const std::string where = "pp=" + std::to_string(p) + " n=" + std::to_string(n) +
+                                      " last dp=" + std::to_string(last_dp) + ", " +
+                                      std::string(pp::name(kind)) + ", rank " +
+                                      std::to_string(mesh.rank());
+            auto model = make_model(stage_mesh);
+            nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+            pp::pipeline<decltype(model), X> pipe(mesh, "pp", stage_mesh, model,
+                                                  {.micro_batches = 2 * p,
+                                                   .scheduler = kind,
+                                                   .stage_starts = starts,
+                                                   .output_broadcast = true,
+                                                   .stage_input_layouts = inputs});
+            const double value = pipe.step(x, y, loss);
+            pipe.synchronize_gradients();
+            EXPECT_NEAR(value, expected_loss, 1e-12) << where;
+            int checked = 0;
+            xshard::for_each_weight(pipe.local_parameters(), [&](const std::string& name, auto& w) {
+                const xt::xarray<double> g = xshard::gather_all(xshard::ops::resolve(w.grad));
+                EXPECT_TRUE(xt::allclose(g, expected.at(name), 1e-12, 1e-12))
+                    << name << ", " << where;
+                ++checked;
+            });
+            int total = checked;
+            xshard::mpi::allreduce(mesh.sub<"pp">(), std::span(&total, 1), xshard::reduction::sum);
+            EXPECT_EQ(total, int(expected.size())) << where;
+        }
+    }
+}
+
+TEST(pipeline, boundary_misuse_raises_on_every_rank) {
+    using xshard::testing::expect_error;
+    const int world = xshard::testing::world().size();
+    if (world % 2 != 0)
+        return;
+    const full_mesh_t mesh({2, world / 2, 1});
+    const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+    auto model = make_model(stage_mesh);
+    using pipe_t = pp::pipeline<decltype(model), X>;
+    expect_error(
+        [&] {
+            pipe_t(mesh, "pp", stage_mesh, model,
+                   {.micro_batches = 2, .stage_input_layouts = {{1, xshard::layout("[-, sp]")}}});
+        },
+        "the input layout [-, sp] of stage 1 does not fit its mesh(dp=");
+    expect_error(
+        [&] {
+            pipe_t(mesh, "pp", stage_mesh, model,
+                   {.micro_batches = 2, .stage_input_layouts = {{0, xshard::layout("[-, -]")}}});
+        },
+        "stage_input_layouts names stage 0; stages 1 to 1 receive inputs");
+    expect_error(
+        [&] {
+            pipe_t(mesh, "pp", stage_mesh, model,
+                   {.micro_batches = 2,
+                    .stage_input_layouts = {{1, xshard::layout("[-, -] partial(sum: dp)")}}});
+        },
+        "has a pending reduction");
+    // Whole labels are cut like the batch's n row blocks, which needs a multiple of n rows:
+    // the last stage finds out, every rank raises.
+    const int n = world / 2;
+    if (n >= 2) {
+        pipe_t pipe(mesh, "pp", stage_mesh, model, {.micro_batches = 2});
+        nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+        const auto b = make_batch(std::size_t(4 * n + 1), 1);
+        const auto x = xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x,
+                                                                     nn::make_layout({"dp", ""}));
+        const auto y =
+            xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y, nn::make_layout({""}));
+        expect_error([&] { pipe.step(x, y, loss); },
+                     "rows cut as " + std::to_string(n) + " row blocks");
+    }
+}
+
 TEST(pipeline, second_step_reuses_slots_and_accumulates) {
     const int world = xshard::testing::world().size();
     const int p = world % 2 == 0 ? 2 : 1;

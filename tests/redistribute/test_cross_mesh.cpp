@@ -152,6 +152,13 @@ TEST(cross_mesh, stage_slices_and_misuse) {
         run_case(world, a, layout("[-, -, -] partial(sum: y)"), b, layout("[x, -, -]"), {7, 3, 2},
                  "partial stage, rank " + std::to_string(world.rank()));
     }
+    if (p == 8) {
+        const placed_mesh a{mesh_shape::parse("dp=2,tp=1"), {4, 5}};
+        const placed_mesh b{mesh_shape::parse("dp=1,tp=2"), {2, 3}};
+        run_case(world, a, layout("[dp, -, -] partial(sum: tp)"), b,
+                 layout("[dp, -, -] partial(sum: tp)"), {4, 12, 1},
+                 "pipeline case, rank " + std::to_string(world.rank()));
+    }
     using xshard::testing::expect_error;
     const placed_mesh one{mesh_shape::parse("x=1,y=1"), {0}};
     expect_error(
