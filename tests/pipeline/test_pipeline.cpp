@@ -18,6 +18,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -197,6 +198,40 @@ TEST(pipeline, stages_on_differently_shaped_meshes_equal_one_rank) {
             EXPECT_EQ(total, int(expected.size())) << where;
         }
     }
+}
+
+/// Only the first stage passes the batch and only the last the labels (the others pass
+/// null): the step equals the one-rank run; a missing batch raises on every rank.
+TEST(pipeline, each_stage_reads_only_its_data) {
+    using xshard::testing::expect_error;
+    const int world = xshard::testing::world().size();
+    const int p = world % 2 == 0 ? 2 : 1;
+    const full_mesh_t mesh({p, world / p, 1});
+    const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+    const auto b = make_batch(std::size_t(8 * (world / p)), 23);
+    const auto [expected_loss, expected] = one_rank(b);
+    auto model = make_model(stage_mesh);
+    nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+    pp::pipeline<decltype(model), X> pipe(mesh, "pp", stage_mesh, model,
+                                          {.micro_batches = 4, .output_broadcast = true});
+    std::optional<X> x;
+    std::optional<labels_t> y;
+    if (pipe.reads_inputs())
+        x = xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x,
+                                                          nn::make_layout({"dp", ""}));
+    if (pipe.reads_labels())
+        y = xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y, nn::make_layout({"dp"}));
+    EXPECT_EQ(pipe.reads_inputs(), pipe.stage() == 0);
+    EXPECT_EQ(pipe.reads_labels(), pipe.stage() == p - 1);
+    const double value = pipe.step(x ? &*x : nullptr, y ? &*y : nullptr, loss);
+    pipe.synchronize_gradients();
+    EXPECT_NEAR(value, expected_loss, 1e-12);
+    xshard::for_each_weight(pipe.local_parameters(), [&](const std::string& name, auto& w) {
+        const xt::xarray<double> g = xshard::gather_all(xshard::ops::resolve(w.grad));
+        EXPECT_TRUE(xt::allclose(g, expected.at(name), 1e-12, 1e-12)) << name;
+    });
+    expect_error([&] { pipe.step(static_cast<const X*>(nullptr), y ? &*y : nullptr, loss); },
+                 "the first stage needs the batch");
 }
 
 TEST(pipeline, boundary_misuse_raises_on_every_rank) {

@@ -186,6 +186,22 @@ public:
         return run_step(&x, &labels, loss, problem);
     }
 
+    /// The step where each stage passes only what it reads (MindSpore's per-stage data
+    /// loading): the batch on the first stage (`reads_inputs()`), the labels on the last
+    /// (`reads_labels()`), null elsewhere: no other rank needs to touch the dataset.
+    /// Otherwise as `step(x, labels, loss)`; a null pointer where one is needed throws on
+    /// every rank before any data moves.
+    template <distributed_tensor Labels, class Loss>
+    value_type step(const X* x, const Labels* labels, Loss& loss) {
+        return run_step(x, labels, loss, std::nullopt);
+    }
+
+    /// Whether this rank's stage reads the batch (the first stage) / the labels (the last).
+    bool reads_inputs() const noexcept { return pp_.rank() == 0; }
+    bool reads_labels() const noexcept {
+        return pp_.rank() == config_.rank_of_stage(config_.total_stages() - 1);
+    }
+
 private:
     /// The step on `x` (read on the first stage only) and `labels` (the last stage only).
     template <distributed_tensor Labels, class Loss>
