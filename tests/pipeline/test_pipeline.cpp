@@ -7,6 +7,8 @@
 #include <xshard/nn/embedding.hpp>
 #include <xshard/nn/linear.hpp>
 #include <xshard/ops/reduce.hpp>
+#include <xshard/optim/optimizers.hpp>
+#include <xshard/pipeline/checkpoint.hpp>
 #include <xshard/pipeline/pipeline.hpp>
 #include <xshard/tensor/gather.hpp>
 
@@ -16,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <xtensor/xrandom.hpp>
 
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -232,6 +235,86 @@ TEST(pipeline, each_stage_reads_only_its_data) {
     });
     expect_error([&] { pipe.step(static_cast<const X*>(nullptr), y ? &*y : nullptr, loss); },
                  "the first stage needs the batch");
+}
+
+/// Checkpoints per stage (pipeline/checkpoint.hpp): a trained pipeline's stages save their
+/// own parameters; they load into the model on one mesh (no pipeline), into a pipeline cut
+/// otherwise, and the one-mesh model's own checkpoint loads back into a pipeline. Every
+/// loaded weight equals the one-rank step's (init - lr x gradient).
+TEST(pipeline, stage_checkpoints_load_into_any_strategy) {
+    const auto world_comm = xshard::testing::world();
+    const int world = world_comm.size();
+    const int p = world % 2 == 0 ? 2 : 1;
+    const full_mesh_t mesh({p, world / p, 1});
+    const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+    const auto b = make_batch(std::size_t(8 * (world / p)), 29);
+    const auto [expected_loss, grads] = one_rank(b);
+    // The one-rank weights after one SGD step.
+    std::map<std::string, xt::xarray<double>> expected;
+    {
+        const stage_mesh_t one(xshard::communicator::self(), {1, 1});
+        auto init = make_model(one);
+        xshard::for_each_weight(init, [&](const std::string& name, auto& w) {
+            expected[name] = xshard::gather_all(w.value) - 0.1 * grads.at(name);
+        });
+    }
+    const auto check = [&](auto& params, const std::string& what) {
+        int checked = 0;
+        xshard::for_each_weight(params, [&](const std::string& name, auto& w) {
+            const xt::xarray<double> v = xshard::gather_all(w.value);
+            EXPECT_TRUE(xt::allclose(v, expected.at(name), 1e-12, 1e-12))
+                << name << ", " << what << ", rank " << world_comm.rank();
+            ++checked;
+        });
+        return checked;
+    };
+    const auto dir = xshard::testing::shared_directory(world_comm, "/tmp");
+    auto model = make_model(stage_mesh);
+    nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+    {
+        pp::pipeline<decltype(model), X> pipe(mesh, "pp", stage_mesh, model, {.micro_batches = 2});
+        const auto x = xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x,
+                                                                     nn::make_layout({"dp", ""}));
+        const auto y =
+            xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y, nn::make_layout({"dp"}));
+        pipe.step(x, y, loss);
+        pipe.synchronize_gradients();
+        xshard::optim::sgd({.lr = 0.1}).step(pipe.local_parameters());
+        check(pipe.local_parameters(), "trained");
+        pp::save_stage_checkpoints(pipe, dir + "/stages", 1);
+    }
+    // Into the model on one mesh of every rank (dp x tp = world x 1).
+    const stage_mesh_t whole_mesh(world_comm, {world, 1});
+    auto whole = make_model(whole_mesh);
+    pp::load_stage_checkpoints(dir + "/stages", whole);
+    EXPECT_EQ(check(whole, "stage files into one mesh"), int(expected.size()));
+    // Into a pipeline cut otherwise (the first two modules on stage 0).
+    {
+        auto fresh = make_model(stage_mesh);
+        pp::pipeline<decltype(fresh), X> other(
+            mesh, "pp", stage_mesh, fresh,
+            {.micro_batches = 2,
+             .stage_starts = p == 2 ? std::vector<std::size_t>{2} : std::vector<std::size_t>{}});
+        pp::load_stage_checkpoints(dir + "/stages", other);
+        check(other.local_parameters(), "stage files into another cut");
+    }
+    // And back: the one-mesh model's checkpoint into a pipeline.
+    xshard::save_checkpoint(dir + "/whole.safetensors", whole);
+    {
+        auto fresh = make_model(stage_mesh);
+        pp::pipeline<decltype(fresh), X> back(mesh, "pp", stage_mesh, fresh, {.micro_batches = 2});
+        xshard::load_checkpoint(dir + "/whole.safetensors", back.local_parameters());
+        check(back.local_parameters(), "one-mesh checkpoint into a pipeline");
+    }
+    // The strategy file of each stage names its parameters and the stage count.
+    const auto f = xshard::load_strategy_file(dir + "/stages/stage_" +
+                                              std::to_string(mesh.coords()[0]) + ".strategy.json");
+    EXPECT_EQ(f.pipeline_stages, p);
+    EXPECT_FALSE(f.parameters.empty());
+    int done = 1; // every rank has read before rank 0 removes the directory
+    xshard::mpi::allreduce(world_comm, std::span(&done, 1), xshard::reduction::sum);
+    if (world_comm.rank() == 0)
+        std::filesystem::remove_all(dir);
 }
 
 TEST(pipeline, boundary_misuse_raises_on_every_rank) {

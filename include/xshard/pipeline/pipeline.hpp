@@ -98,6 +98,12 @@ struct stage_view {
                 visit(name, child);
         });
     }
+    friend void visit_parameters(const stage_view& v, auto&& visit) {
+        visit_parameters(*v.model, [&](std::string_view name, auto& child) {
+            if (v.local->count(std::string(name)))
+                visit(name, child);
+        });
+    }
 };
 
 } // namespace detail
@@ -484,6 +490,13 @@ public:
             out.emplace_back(modules_[i]->name, stage_of_[i]);
         return out;
     }
+
+    /// The names of the modules this rank runs.
+    const std::set<std::string>& local_modules() const noexcept { return local_names_; }
+    /// The model (every module, on this rank's stage mesh).
+    Model& model() noexcept { return *model_; }
+    /// The communicator of the whole mesh.
+    const communicator& comm() const noexcept { return world_; }
 
     /// This rank's stage (its position along the pipeline axis).
     int stage() const noexcept { return pp_.rank(); }
