@@ -120,6 +120,9 @@ public:
             holds_values_ = holds_values(dst_rank_);
         }
         terms_ = src_.shape.group_size(from_.partial_axes(src_.shape));
+        src_index_.assign(std::size_t(comm_.size()), -1);
+        for (std::size_t i = 0; i < src_.ranks.size(); ++i)
+            src_index_[std::size_t(src_.ranks[i])] = int(i);
         if (src_rank_ >= 0)
             plan_sends();
         if (dst_rank_ >= 0 && holds_values_)
@@ -287,7 +290,7 @@ private:
     bool chosen(int i, int j) const {
         const auto& s = src_.shape;
         const auto replicated = from_.replicated_axes(s);
-        const int me_in_src = src_.mesh_rank_of(dst_.ranks[std::size_t(j)]);
+        const int me_in_src = src_index_[std::size_t(dst_.ranks[std::size_t(j)])];
         if (me_in_src >= 0) {
             // Does destination j hold the same block and term as i (differing only along
             // replicated axes)?
@@ -394,6 +397,7 @@ private:
     layout from_, to_;
     int tag_ = 0;
     int src_rank_ = -1, dst_rank_ = -1, terms_ = 1;
+    std::vector<int> src_index_; ///< communicator rank -> source mesh rank (-1: none)
     bool holds_values_ = false;
     box<N> src_block_{}, dst_block_{};
     std::vector<message> sends_, recvs_;
