@@ -113,7 +113,8 @@ public:
     }
 
     /// Starts receiving `count` items of `type` at `data` from rank `peer` of `c`.
-    void irecv(const communicator& c, void* data, int count, MPI_Datatype type, int peer, int tag) {
+    void irecv(const communicator& c, void* data, int count, MPI_Datatype type, int peer,
+               int tag) {
         handles_.push_back(MPI_REQUEST_NULL);
         detail::check_mpi(MPI_Irecv(data, count, type, peer, tag, c.native(), &handles_.back()),
                           "MPI_Irecv");
@@ -152,8 +153,7 @@ private:
         MPI_Finalized(&finalized);
         if (!finalized && MPI_Waitall(static_cast<int>(handles_.size()), handles_.data(),
                                       MPI_STATUSES_IGNORE) != MPI_SUCCESS)
-            std::fprintf(stderr,
-                         "xshard: messages in flight at destruction failed in MPI_Waitall\n");
+            std::fprintf(stderr, "xshard: messages in flight at destruction failed in MPI_Waitall\n");
         handles_.clear();
     }
 
