@@ -188,7 +188,9 @@ int run(int argc, char** argv) {
     }
     for (int epoch = 0; epoch < o.epochs; ++epoch) {
         for (auto&& [x, y] : batches.epoch(std::uint64_t(epoch))) {
-            const T loss = pipe.step(x, y, loss_fn);
+            // Only the first stage hands the images in, only the last the labels.
+            const T loss = pipe.step(pipe.reads_inputs() ? &x : nullptr,
+                                     pipe.reads_labels() ? &y : nullptr, loss_fn);
             pipe.synchronize_gradients(); // PipelineGradReducer: over dp, once per step
             optimizer.step(pipe.local_parameters());
             pipe.zero_grad();

@@ -93,3 +93,26 @@ constexpr bool missing_pass_is_found() {
 static_assert(missing_pass_is_found());
 
 } // namespace
+
+// Boundary layouts checked at compile time (boundary.hpp): a stage's input layout fits the
+// stage mesh's axes, has the boundary tensor's rank and no pending reduction.
+#include <xshard/core/mesh.hpp>
+#include <xshard/pipeline/boundary.hpp>
+
+namespace {
+using stage_mesh_names = xshard::mesh<"dp", "tp">;
+using xshard::pipeline::boundary_problem;
+using xshard::pipeline::check_boundary_layout;
+static_assert(check_boundary_layout("[dp, tp]", 2, stage_mesh_names::axis_names) ==
+              boundary_problem::none);
+static_assert(check_boundary_layout("[(dp,tp), -]", 2, stage_mesh_names::axis_names) ==
+              boundary_problem::none);
+static_assert(check_boundary_layout("[dp]", 2, stage_mesh_names::axis_names) ==
+              boundary_problem::wrong_rank);
+static_assert(check_boundary_layout("[pp, -]", 2, stage_mesh_names::axis_names) ==
+              boundary_problem::bad_layout);
+static_assert(check_boundary_layout("[dp, dp]", 2, stage_mesh_names::axis_names) ==
+              boundary_problem::bad_layout);
+static_assert(check_boundary_layout("[dp, -] partial(sum: tp)", 2, stage_mesh_names::axis_names) ==
+              boundary_problem::partial_input);
+} // namespace

@@ -7,6 +7,8 @@
 #include <xshard/nn/embedding.hpp>
 #include <xshard/nn/linear.hpp>
 #include <xshard/ops/reduce.hpp>
+#include <xshard/optim/optimizers.hpp>
+#include <xshard/pipeline/checkpoint.hpp>
 #include <xshard/pipeline/pipeline.hpp>
 #include <xshard/tensor/gather.hpp>
 
@@ -16,8 +18,10 @@
 #include <gtest/gtest.h>
 #include <xtensor/xrandom.hpp>
 
+#include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -133,6 +137,227 @@ TEST(pipeline, every_schedule_equals_one_rank) {
             xshard::mpi::allreduce(mesh.sub<"pp">(), std::span(&total, 1), xshard::reduction::sum);
             EXPECT_EQ(total, int(expected.size())) << where;
         }
+    }
+}
+
+/// Stages on meshes that factor their ranks differently (n x 1 and n/2 x 2 in turn), and a
+/// stage that asks for its input whole: the boundaries are cross-mesh redistributions, and
+/// the step still equals the one-rank run. The batch's rows are split over n blocks on the
+/// first stage and the labels' over dp on the last, cut alike (micro_batch.hpp).
+TEST(pipeline, stages_on_differently_shaped_meshes_equal_one_rank) {
+    const int world = xshard::testing::world().size();
+    for (int p = 2; p <= 4; ++p) {
+        if (world % p != 0)
+            continue;
+        const int n = world / p;
+        const full_mesh_t mesh({p, n, 1});
+        const int stage = mesh.coords()[0];
+        // Stage s: n x 1 for even s, n/2 x 2 for odd s (when n is even).
+        const std::array<int, 2> sizes =
+            stage % 2 == 1 && n % 2 == 0 ? std::array<int, 2>{n / 2, 2} : std::array<int, 2>{n, 1};
+        const stage_mesh_t stage_mesh(mesh.sub(full_mesh_t::axes<"dp", "tp">()), sizes);
+        const int last_dp = (p - 1) % 2 == 1 && n % 2 == 0 ? n / 2 : n;
+        const std::size_t rows = std::size_t(2 * p * n * 2); // a multiple of n x m
+        const auto b = make_batch(rows, 17);
+        const auto [expected_loss, expected] = one_rank(b);
+        const auto x = xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x,
+                                                                     nn::make_layout({"dp", ""}));
+        // With pp 2 the last stage takes its input whole: its labels are whole too, and
+        // cut like the batch's n row blocks.
+        const auto y = xshard::distribute<xshard::dynamic_layout(1)>(
+            stage_mesh, b.y, nn::make_layout({p == 2 ? "" : "dp"}));
+        const std::vector<std::size_t> starts =
+            p == 2 ? std::vector<std::size_t>{4}
+                   : (p == 3 ? std::vector<std::size_t>{3, 6} : std::vector<std::size_t>{2, 4, 6});
+        std::map<int, xshard::layout> inputs;
+        if (p == 2)
+            inputs[1] = nn::make_layout({"", ""}); // stage 1 takes its input whole
+        for (auto kind : {pp::schedule_kind::gpipe, pp::schedule_kind::one_f_one_b,
+                          pp::schedule_kind::zero_bubble}) {
+            const std::string where = "pp=" + std::to_string(p) + " n=" + std::to_string(n) +
+                                      " last dp=" + std::to_string(last_dp) + ", " +
+                                      std::string(pp::name(kind)) + ", rank " +
+                                      std::to_string(mesh.rank());
+            auto model = make_model(stage_mesh);
+            nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+            pp::pipeline<decltype(model), X> pipe(mesh, "pp", stage_mesh, model,
+                                                  {.micro_batches = 2 * p,
+                                                   .scheduler = kind,
+                                                   .stage_starts = starts,
+                                                   .output_broadcast = true,
+                                                   .stage_input_layouts = inputs});
+            const double value = pipe.step(x, y, loss);
+            pipe.synchronize_gradients();
+            EXPECT_NEAR(value, expected_loss, 1e-12) << where;
+            int checked = 0;
+            xshard::for_each_weight(pipe.local_parameters(), [&](const std::string& name, auto& w) {
+                const xt::xarray<double> g = xshard::gather_all(xshard::ops::resolve(w.grad));
+                EXPECT_TRUE(xt::allclose(g, expected.at(name), 1e-12, 1e-12))
+                    << name << ", " << where;
+                ++checked;
+            });
+            int total = checked;
+            xshard::mpi::allreduce(mesh.sub<"pp">(), std::span(&total, 1), xshard::reduction::sum);
+            EXPECT_EQ(total, int(expected.size())) << where;
+        }
+    }
+}
+
+/// Only the first stage passes the batch and only the last the labels (the others pass
+/// null): the step equals the one-rank run; a missing batch raises on every rank.
+TEST(pipeline, each_stage_reads_only_its_data) {
+    using xshard::testing::expect_error;
+    const int world = xshard::testing::world().size();
+    const int p = world % 2 == 0 ? 2 : 1;
+    const full_mesh_t mesh({p, world / p, 1});
+    const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+    const auto b = make_batch(std::size_t(8 * (world / p)), 23);
+    const auto [expected_loss, expected] = one_rank(b);
+    auto model = make_model(stage_mesh);
+    nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+    pp::pipeline<decltype(model), X> pipe(mesh, "pp", stage_mesh, model,
+                                          {.micro_batches = 4, .output_broadcast = true});
+    std::optional<X> x;
+    std::optional<labels_t> y;
+    if (pipe.reads_inputs())
+        x = xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x,
+                                                          nn::make_layout({"dp", ""}));
+    if (pipe.reads_labels())
+        y = xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y, nn::make_layout({"dp"}));
+    EXPECT_EQ(pipe.reads_inputs(), pipe.stage() == 0);
+    EXPECT_EQ(pipe.reads_labels(), pipe.stage() == p - 1);
+    const double value = pipe.step(x ? &*x : nullptr, y ? &*y : nullptr, loss);
+    pipe.synchronize_gradients();
+    EXPECT_NEAR(value, expected_loss, 1e-12);
+    xshard::for_each_weight(pipe.local_parameters(), [&](const std::string& name, auto& w) {
+        const xt::xarray<double> g = xshard::gather_all(xshard::ops::resolve(w.grad));
+        EXPECT_TRUE(xt::allclose(g, expected.at(name), 1e-12, 1e-12)) << name;
+    });
+    expect_error([&] { pipe.step(static_cast<const X*>(nullptr), y ? &*y : nullptr, loss); },
+                 "the first stage needs the batch");
+}
+
+/// Checkpoints per stage (pipeline/checkpoint.hpp): a trained pipeline's stages save their
+/// own parameters; they load into the model on one mesh (no pipeline), into a pipeline cut
+/// otherwise, and the one-mesh model's own checkpoint loads back into a pipeline. Every
+/// loaded weight equals the one-rank step's (init - lr x gradient).
+TEST(pipeline, stage_checkpoints_load_into_any_strategy) {
+    const auto world_comm = xshard::testing::world();
+    const int world = world_comm.size();
+    const int p = world % 2 == 0 ? 2 : 1;
+    const full_mesh_t mesh({p, world / p, 1});
+    const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+    const auto b = make_batch(std::size_t(8 * (world / p)), 29);
+    const auto [expected_loss, grads] = one_rank(b);
+    // The one-rank weights after one SGD step.
+    std::map<std::string, xt::xarray<double>> expected;
+    {
+        const stage_mesh_t one(xshard::communicator::self(), {1, 1});
+        auto init = make_model(one);
+        xshard::for_each_weight(init, [&](const std::string& name, auto& w) {
+            expected[name] = xshard::gather_all(w.value) - 0.1 * grads.at(name);
+        });
+    }
+    const auto check = [&](auto& params, const std::string& what) {
+        int checked = 0;
+        xshard::for_each_weight(params, [&](const std::string& name, auto& w) {
+            const xt::xarray<double> v = xshard::gather_all(w.value);
+            EXPECT_TRUE(xt::allclose(v, expected.at(name), 1e-12, 1e-12))
+                << name << ", " << what << ", rank " << world_comm.rank();
+            ++checked;
+        });
+        return checked;
+    };
+    const auto dir = xshard::testing::shared_directory(world_comm, "/tmp");
+    auto model = make_model(stage_mesh);
+    nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+    {
+        pp::pipeline<decltype(model), X> pipe(mesh, "pp", stage_mesh, model, {.micro_batches = 2});
+        const auto x = xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x,
+                                                                     nn::make_layout({"dp", ""}));
+        const auto y =
+            xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y, nn::make_layout({"dp"}));
+        pipe.step(x, y, loss);
+        pipe.synchronize_gradients();
+        xshard::optim::sgd({.lr = 0.1}).step(pipe.local_parameters());
+        check(pipe.local_parameters(), "trained");
+        pp::save_stage_checkpoints(pipe, dir + "/stages", 1);
+    }
+    // Into the model on one mesh of every rank (dp x tp = world x 1).
+    const stage_mesh_t whole_mesh(world_comm, {world, 1});
+    auto whole = make_model(whole_mesh);
+    pp::load_stage_checkpoints(dir + "/stages", whole);
+    EXPECT_EQ(check(whole, "stage files into one mesh"), int(expected.size()));
+    // Into a pipeline cut otherwise (the first two modules on stage 0).
+    {
+        auto fresh = make_model(stage_mesh);
+        pp::pipeline<decltype(fresh), X> other(
+            mesh, "pp", stage_mesh, fresh,
+            {.micro_batches = 2,
+             .stage_starts = p == 2 ? std::vector<std::size_t>{2} : std::vector<std::size_t>{}});
+        pp::load_stage_checkpoints(dir + "/stages", other);
+        check(other.local_parameters(), "stage files into another cut");
+    }
+    // And back: the one-mesh model's checkpoint into a pipeline.
+    xshard::save_checkpoint(dir + "/whole.safetensors", whole);
+    {
+        auto fresh = make_model(stage_mesh);
+        pp::pipeline<decltype(fresh), X> back(mesh, "pp", stage_mesh, fresh, {.micro_batches = 2});
+        xshard::load_checkpoint(dir + "/whole.safetensors", back.local_parameters());
+        check(back.local_parameters(), "one-mesh checkpoint into a pipeline");
+    }
+    // The strategy file of each stage names its parameters and the stage count.
+    const auto f = xshard::load_strategy_file(dir + "/stages/stage_" +
+                                              std::to_string(mesh.coords()[0]) + ".strategy.json");
+    EXPECT_EQ(f.pipeline_stages, p);
+    EXPECT_FALSE(f.parameters.empty());
+    int done = 1; // every rank has read before rank 0 removes the directory
+    xshard::mpi::allreduce(world_comm, std::span(&done, 1), xshard::reduction::sum);
+    if (world_comm.rank() == 0)
+        std::filesystem::remove_all(dir);
+}
+
+TEST(pipeline, boundary_misuse_raises_on_every_rank) {
+    using xshard::testing::expect_error;
+    const int world = xshard::testing::world().size();
+    if (world % 2 != 0)
+        return;
+    const full_mesh_t mesh({2, world / 2, 1});
+    const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+    auto model = make_model(stage_mesh);
+    using pipe_t = pp::pipeline<decltype(model), X>;
+    expect_error(
+        [&] {
+            pipe_t(mesh, "pp", stage_mesh, model,
+                   {.micro_batches = 2, .stage_input_layouts = {{1, xshard::layout("[-, sp]")}}});
+        },
+        "the input layout [-, sp] of stage 1 does not fit its mesh(dp=");
+    expect_error(
+        [&] {
+            pipe_t(mesh, "pp", stage_mesh, model,
+                   {.micro_batches = 2, .stage_input_layouts = {{0, xshard::layout("[-, -]")}}});
+        },
+        "stage_input_layouts names stage 0; stages 1 to 1 receive inputs");
+    expect_error(
+        [&] {
+            pipe_t(mesh, "pp", stage_mesh, model,
+                   {.micro_batches = 2,
+                    .stage_input_layouts = {{1, xshard::layout("[-, -] partial(sum: dp)")}}});
+        },
+        "has a pending reduction");
+    // Whole labels are cut like the batch's n row blocks, which needs a multiple of n rows:
+    // the last stage finds out, every rank raises.
+    const int n = world / 2;
+    if (n >= 2) {
+        pipe_t pipe(mesh, "pp", stage_mesh, model, {.micro_batches = 2});
+        nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+        const auto b = make_batch(std::size_t(4 * n + 1), 1);
+        const auto x = xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x,
+                                                                     nn::make_layout({"dp", ""}));
+        const auto y =
+            xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y, nn::make_layout({""}));
+        expect_error([&] { pipe.step(x, y, loss); },
+                     "rows cut as " + std::to_string(n) + " row blocks");
     }
 }
 

@@ -128,13 +128,18 @@ public:
         detail::check_mpi(code, "MPI_Waitall");
     }
 
-    /// Whether every message posted since the last wait has completed (MPI_Testall, which
-    /// progresses them; never blocks). The requests stay to be waited for by `wait_all`.
+    /// Whether every message posted since the last wait is delivered (progressing them;
+    /// MPI_Testall; never blocks). When true, the batch is empty again (`wait_all` then
+    /// returns at once).
     bool test_all() {
+        if (handles_.empty())
+            return true;
         int done = 0;
         detail::check_mpi(MPI_Testall(static_cast<int>(handles_.size()), handles_.data(), &done,
                                       MPI_STATUSES_IGNORE),
                           "MPI_Testall");
+        if (done)
+            handles_.clear();
         return done != 0;
     }
 

@@ -45,28 +45,63 @@ inline std::vector<std::size_t> micro_batch_rows(std::size_t rows, std::size_t b
 }
 
 /// The m micro-batches of `t` (see the file comment): local work only, the same layout as
-/// `t`. Throws `xshard::error` on every rank alike when `t` has a pending sum or the rows
-/// do not cut (see `micro_batch_rows`).
+/// `t`. With `blocks` (a multiple of the row blocks of `t`; 0: as many), the batch is cut as
+/// if its rows were split into `blocks` blocks: each rank's block is cut into its share of
+/// them first, so that two stages whose tensors split the rows differently (the batch on
+/// the first, the labels on the last) cut the same rows into each micro-batch; then the rows
+/// must be a multiple of `blocks`. Throws `xshard::error` on every rank alike when `t` has a
+/// pending sum or the rows do not cut (see `micro_batch_rows`).
 template <distributed_tensor D>
-std::vector<D> split_micro_batches(const D& t, int m) {
+std::vector<D> split_micro_batches(const D& t, int m, std::size_t blocks = 0) {
     if (t.layout().is_partial())
         throw error("xshard: micro-batches of a tensor with a pending sum " +
                     t.layout().to_string());
     const auto& ms = t.mesh().shape();
     const std::size_t rows = t.shape()[0];
-    const auto blocks = static_cast<std::size_t>(t.layout().split_count(0, ms));
+    const auto own = static_cast<std::size_t>(t.layout().split_count(0, ms));
+    if (blocks == 0)
+        blocks = own;
+    if (blocks % own != 0)
+        throw error("xshard: micro-batches: a batch in " + std::to_string(own) +
+                    " row blocks cannot be cut as " + std::to_string(blocks) + " blocks");
+    const std::size_t q = blocks / own; // sub-blocks per local block
+    if (q > 1 && rows % blocks != 0)
+        throw error("xshard: micro-batches: a batch of " + std::to_string(rows) + " rows cut as " +
+                    std::to_string(blocks) + " row blocks (the other end of " +
+                    "the pipeline splits its rows so) needs a multiple of " +
+                    std::to_string(blocks) + " rows");
     const auto sizes = micro_batch_rows(rows, blocks, m);
     const std::size_t local_rows = t.local().shape()[0];
     std::vector<D> out;
     out.reserve(sizes.size());
     std::size_t begin = 0;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
-        const std::size_t n = block_extent(local_rows, sizes.size(), i);
         auto shape = t.shape();
         shape[0] = sizes[i];
-        typename D::local_type chunk = xt::view(t.local(), xt::range(begin, begin + n));
+        typename D::local_type chunk;
+        if (q == 1) {
+            const std::size_t n = block_extent(local_rows, sizes.size(), i);
+            chunk = xt::view(t.local(), xt::range(begin, begin + n));
+            begin += n;
+        } else {
+            auto local_shape = t.local().shape();
+            std::size_t n = 0;
+            for (std::size_t b = 0; b < q; ++b)
+                n += block_extent(block_extent(local_rows, q, b), sizes.size(), i);
+            local_shape[0] = n;
+            chunk = D::local_type::from_shape(local_shape);
+            std::size_t at = 0;
+            for (std::size_t b = 0; b < q; ++b) {
+                const std::size_t sub = block_extent(local_rows, q, b);
+                const std::size_t from =
+                    block_offset(local_rows, q, b) + block_offset(sub, sizes.size(), i);
+                const std::size_t k = block_extent(sub, sizes.size(), i);
+                xt::view(chunk, xt::range(at, at + k)) =
+                    xt::view(t.local(), xt::range(from, from + k));
+                at += k;
+            }
+        }
         out.emplace_back(xshard::detail::unchecked, t.mesh(), shape, std::move(chunk), t.layout());
-        begin += n;
     }
     return out;
 }

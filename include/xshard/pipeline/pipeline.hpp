@@ -29,6 +29,7 @@
 #include <xshard/core/volume.hpp>
 #include <xshard/param/traversal.hpp>
 #include <xshard/pipeline/analysis.hpp>
+#include <xshard/pipeline/boundary.hpp>
 #include <xshard/pipeline/chain.hpp>
 #include <xshard/pipeline/micro_batch.hpp>
 #include <xshard/pipeline/schedule.hpp>
@@ -68,6 +69,11 @@ struct pipeline_options {
     /// Whether every stage learns the loss (a broadcast over the pipeline axis), not only the
     /// last.
     bool output_broadcast = false;
+    /// (Virtual) stage -> the layout that stage receives its input activations in, on its
+    /// own stage mesh; a stage not named receives them in the notation they were sent in.
+    /// Where a stage's layout or mesh shape differs from its predecessor's, the transfer is a
+    /// cross-mesh redistribution (boundary.hpp).
+    std::map<int, layout> stage_input_layouts = {};
 };
 
 /// What the last step measured on this rank.
@@ -87,6 +93,12 @@ struct stage_view {
     Model* model;
     const std::set<std::string>* local;
     friend void visit_parameters(stage_view& v, auto&& visit) {
+        visit_parameters(*v.model, [&](std::string_view name, auto& child) {
+            if (v.local->count(std::string(name)))
+                visit(name, child);
+        });
+    }
+    friend void visit_parameters(const stage_view& v, auto&& visit) {
         visit_parameters(*v.model, [&](std::string_view name, auto& child) {
             if (v.local->count(std::string(name)))
                 visit(name, child);
@@ -120,6 +132,7 @@ public:
         std::optional<std::string> problem;
         try {
             const std::size_t a = mesh.shape().index(axis);
+            axis_ = a;
             pp_ = mesh.sub(axis_set::of(a)).dup();
             config_ = {options_.scheduler, mesh.axis_size(a), options_.micro_batches,
                        options_.virtual_stages};
@@ -145,6 +158,7 @@ public:
             problem = e.what();
         }
         agree_on_error(world_, problem);
+        learn_stage_meshes(mesh, stage_mesh);
         const int me = pp_.rank();
         for (std::size_t i = 0; i < modules_.size(); ++i)
             if (config_.rank_of_stage(stage_of_[i]) == me)
@@ -167,28 +181,86 @@ public:
     /// all-reduce of an int over the mesh (that agreement).
     template <distributed_tensor Labels, class Loss>
     value_type step(const X& x, const Labels& labels, Loss& loss) {
+        std::optional<std::string> problem;
+        if (!(x.mesh() == stage_mesh_) || !(labels.mesh() == stage_mesh_))
+            problem = "xshard: pipeline: the batch and the labels must live on the pipeline's "
+                      "stage mesh (" +
+                      stage_mesh_.shape().to_string() + ")";
+        else if (labels.shape()[0] != x.shape()[0])
+            problem = "xshard: pipeline: " + std::to_string(labels.shape()[0]) +
+                      " labels for a batch of " + std::to_string(x.shape()[0]) + " rows";
+        return run_step(&x, &labels, loss, problem);
+    }
+
+    /// The step where each stage passes only what it reads (MindSpore's per-stage data
+    /// loading): the batch on the first stage (`reads_inputs()`), the labels on the last
+    /// (`reads_labels()`), null elsewhere: no other rank needs to touch the dataset.
+    /// Otherwise as `step(x, labels, loss)`; a null pointer where one is needed throws on
+    /// every rank before any data moves.
+    template <distributed_tensor Labels, class Loss>
+    value_type step(const X* x, const Labels* labels, Loss& loss) {
+        return run_step(x, labels, loss, std::nullopt);
+    }
+
+    /// Whether this rank's stage reads the batch (the first stage) / the labels (the last).
+    bool reads_inputs() const noexcept { return pp_.rank() == 0; }
+    bool reads_labels() const noexcept {
+        return pp_.rank() == config_.rank_of_stage(config_.total_stages() - 1);
+    }
+
+private:
+    /// The step on `x` (read on the first stage only) and `labels` (the last stage only).
+    template <distributed_tensor Labels, class Loss>
+    value_type run_step(const X* x, const Labels* labels, Loss& loss,
+                        std::optional<std::string> problem) {
         const auto t0 = clock::now();
         stats_ = {};
         std::vector<X> xs;
         std::vector<Labels> ys;
         std::vector<std::size_t> rows;
-        std::optional<std::string> problem;
         const int me = pp_.rank(), last_rank = config_.rank_of_stage(config_.total_stages() - 1);
+        // The first stage cuts the batch, the last its labels: both must cut the same rows
+        // (as many in as many row blocks), which the ranks check together.
+        std::array<long long, 4> cut{0, 0, 0, 0};
         try {
-            if (!(x.mesh() == stage_mesh_) || !(labels.mesh() == stage_mesh_))
-                throw error("xshard: pipeline: the batch and the labels must live on the "
-                            "pipeline's stage mesh (" +
-                            stage_mesh_.shape().to_string() + ")");
-            if (labels.shape()[0] != x.shape()[0])
-                throw error("xshard: pipeline: " + std::to_string(labels.shape()[0]) +
-                            " labels for a batch of " + std::to_string(x.shape()[0]) + " rows");
-            rows = micro_batch_rows(x.shape()[0],
-                                    std::size_t(x.layout().split_count(0, x.mesh().shape())),
-                                    config_.micro_batches);
+            if (!problem && me == 0) {
+                if (!x || !(x->mesh() == stage_mesh_))
+                    throw error("xshard: pipeline: the first stage needs the batch, on its stage "
+                                "mesh (" +
+                                stage_mesh_.shape().to_string() + ")");
+                cut[0] = (long long)x->shape()[0];
+                cut[1] = x->layout().split_count(0, stage_mesh_.shape());
+            }
+            if (!problem && me == last_rank) {
+                if (!labels || !(labels->mesh() == stage_mesh_))
+                    throw error("xshard: pipeline: the last stage needs the labels, on its stage "
+                                "mesh (" +
+                                stage_mesh_.shape().to_string() + ")");
+                cut[2] = (long long)labels->shape()[0];
+                cut[3] = labels->layout().split_count(0, stage_mesh_.shape());
+            }
+        } catch (const std::exception& e) {
+            problem = e.what();
+        }
+        agree_on_error(world_, problem);
+        mpi::allreduce(world_, std::span(cut), reduction::max);
+        // Every rank sees the same numbers, so every rank throws alike.
+        const long long blocks = std::max(cut[1], cut[3]);
+        if (cut[0] != cut[2] || blocks % cut[1] != 0 || blocks % cut[3] != 0)
+            throw error("xshard: pipeline: the first stage splits a batch of " +
+                        std::to_string(cut[0]) + " rows into " + std::to_string(cut[1]) +
+                        " row blocks, the last stage " + std::to_string(cut[2]) + " labels into " +
+                        std::to_string(cut[3]) +
+                        ": micro-batches need as many rows, and block counts of which one "
+                        "divides the other");
+        try {
             if (me == 0)
-                xs = split_micro_batches(x, config_.micro_batches);
-            if (me == last_rank)
-                ys = split_micro_batches(labels, config_.micro_batches);
+                xs = split_micro_batches(*x, config_.micro_batches, std::size_t(blocks));
+            if (me == last_rank) {
+                rows = micro_batch_rows(std::size_t(cut[2]), std::size_t(blocks),
+                                        config_.micro_batches);
+                ys = split_micro_batches(*labels, config_.micro_batches, std::size_t(blocks));
+            }
         } catch (const std::exception& e) {
             problem = e.what();
         }
@@ -196,14 +268,46 @@ public:
 
         const int last = config_.total_stages() - 1;
         const auto& mine = table_.ranks[std::size_t(me)];
-        const double total_rows = double(x.shape()[0]);
+        const double total_rows = double(cut[2]);
         std::map<int, std::unique_ptr<incoming<X>>> inbox;
+        std::map<int, std::unique_ptr<cross_incoming<X>>> cross_inbox;
         std::map<int, X> local_box; // hand-overs between virtual stages of this rank
         std::list<outgoing<X>> outbox;
-        for (const auto& a : mine)
-            if (a.recv_from >= 0 && a.recv_from != me)
+        std::list<cross_outgoing<X>> cross_outbox;
+        // The layouts of the boundary tensors sent forward across cross-mesh boundaries,
+        // per (stage, micro-batch): what stage s sent on, and what it received; a gradient
+        // goes back to their dual (see boundary.hpp).
+        std::map<std::pair<int, int>, layout> sent_layout, received_layout;
+        // (A missing record means the step is aborting: any layout does then.)
+        const auto gradient_layout = [&](const std::map<std::pair<int, int>, layout>& records,
+                                         int stage, int mb, int to_rank) {
+            const auto it = records.find({stage, mb});
+            const auto& shape = stage_shapes_[std::size_t(to_rank)];
+            return it == records.end() ? layout::replicated(X::rank) : dual(it->second, shape);
+        };
+        for (const auto& a : mine) {
+            if (a.recv_from < 0 || a.recv_from == me)
+                continue;
+            const bool fwd = a.kind == pass::forward;
+            if (cross_boundary(fwd ? a.stage : a.stage + 1)) {
+                typename cross_incoming<X>::layout_rule rule;
+                if (fwd)
+                    rule = [this, s = a.stage](const layout& sent) {
+                        return input_layout(s, sent);
+                    };
+                else
+                    rule = [&, s = a.stage, mb = a.micro_batch](const layout&) {
+                        return gradient_layout(sent_layout, s, mb, me);
+                    };
+                cross_inbox.emplace(tag(a),
+                                    std::make_unique<cross_incoming<X>>(
+                                        cross_, stage_mesh_, placed_[std::size_t(a.recv_from)],
+                                        placed_[std::size_t(me)], std::move(rule), tag(a)));
+            } else {
                 inbox.emplace(tag(a),
                               std::make_unique<incoming<X>>(pp_, stage_mesh_, a.recv_from, tag(a)));
+            }
+        }
         std::map<int, X> output_grad; // last stage: the loss gradient per micro-batch
         std::map<std::pair<int, int>, std::size_t> slot_of; // (stage, micro-batch) -> slot
         std::map<int, std::vector<std::size_t>> free_slots; // per stage
@@ -216,6 +320,14 @@ public:
                 auto node = local_box.extract(tag(a));
                 return std::move(node.mapped());
             }
+            if (auto c = cross_inbox.extract(tag(a))) {
+                auto t = c.mapped()->take();
+                if (!t)
+                    throw peer_aborted{c.mapped()->aborted()};
+                if (a.kind == pass::forward)
+                    received_layout[{a.stage, a.micro_batch}] = c.mapped()->source_layout();
+                return std::move(*t);
+            }
             auto node = inbox.extract(tag(a));
             auto t = node.mapped()->take();
             if (!t)
@@ -224,10 +336,24 @@ public:
         };
         const auto send = [&](const action& a, X t) {
             const int to_tag = send_tag(a);
-            if (a.send_to == me)
+            const bool fwd = a.kind == pass::forward;
+            if (a.send_to == me) {
                 local_box.emplace(to_tag, std::move(t));
-            else
+            } else if (cross_boundary(fwd ? a.stage + 1 : a.stage)) {
+                const auto& from = placed_[std::size_t(me)];
+                const auto& to = placed_[std::size_t(a.send_to)];
+                if (fwd) {
+                    sent_layout[{a.stage, a.micro_batch}] = t.layout();
+                    const auto l = input_layout(a.stage + 1, t.layout());
+                    cross_outbox.emplace_back(cross_, std::move(t), from, to, l, to_tag);
+                } else {
+                    const auto l =
+                        gradient_layout(received_layout, a.stage, a.micro_batch, a.send_to);
+                    cross_outbox.emplace_back(cross_, std::move(t), from, to, l, to_tag);
+                }
+            } else {
                 outbox.emplace_back(pp_, std::move(t), a.send_to, to_tag);
+            }
         };
         const auto timed = [&](auto&& f) {
             const auto s = clock::now();
@@ -303,16 +429,30 @@ public:
             }
             for (auto& [t, in] : inbox)
                 in->poll();
+            for (auto& [t, in] : cross_inbox)
+                in->poll();
             outbox.remove_if([](auto& o) { return o.done(); });
+            cross_outbox.remove_if([](auto& o) { return o.done(); });
         }
         if (failure) {
-            for (std::size_t i = stopped; i < mine.size(); ++i)
-                if (mine[i].send_to >= 0 && mine[i].send_to != me)
-                    outbox.emplace_back(pp_, *failure, mine[i].send_to, send_tag(mine[i]));
+            for (std::size_t i = stopped; i < mine.size(); ++i) {
+                const auto& a = mine[i];
+                if (a.send_to < 0 || a.send_to == me)
+                    continue;
+                if (cross_boundary(a.kind == pass::forward ? a.stage + 1 : a.stage))
+                    cross_outbox.emplace_back(cross_, *failure, placed_[std::size_t(a.send_to)],
+                                              send_tag(a));
+                else
+                    outbox.emplace_back(pp_, *failure, a.send_to, send_tag(a));
+            }
             for (auto& [t, in] : inbox)
+                in->take();
+            for (auto& [t, in] : cross_inbox)
                 in->take();
         }
         for (auto& o : outbox)
+            o.wait();
+        for (auto& o : cross_outbox)
             o.wait();
         agree_on_error(world_, failure);
 
@@ -324,6 +464,7 @@ public:
         return result;
     }
 
+public:
     /// PipelineGradReducer: sums this rank's weight gradients over their data-parallel copies
     /// on the stage mesh (fused buckets, see train/gradients.hpp), once per step after
     /// `step`; with `mean`, averages instead. Planned at every call: a kept
@@ -350,6 +491,13 @@ public:
         return out;
     }
 
+    /// The names of the modules this rank runs.
+    const std::set<std::string>& local_modules() const noexcept { return local_names_; }
+    /// The model (every module, on this rank's stage mesh).
+    Model& model() noexcept { return *model_; }
+    /// The communicator of the whole mesh.
+    const communicator& comm() const noexcept { return world_; }
+
     /// This rank's stage (its position along the pipeline axis).
     int stage() const noexcept { return pp_.rank(); }
     /// The schedule's configuration and table, and what `analyze` predicts of it.
@@ -360,6 +508,84 @@ public:
     const step_stats& last_step() const noexcept { return stats_; }
 
 private:
+    /// Every stage's mesh shape (stages may factor their ranks differently; each rank knows
+    /// only its own), its placement on the mesh's ranks, and the checks of the declared
+    /// input layouts. Collective: one all-gather of the shapes, one agreement.
+    template <mesh_type FullMesh>
+    void learn_stage_meshes(const FullMesh& mesh, const stage_mesh_type& stage_mesh) {
+        constexpr std::size_t nd = stage_mesh_type::ndim;
+        std::vector<int> mine(nd), all(nd * std::size_t(world_.size()));
+        for (std::size_t i = 0; i < nd; ++i)
+            mine[i] = stage_mesh.shape().sizes[i];
+        mpi::allgather(world_, mine, all);
+        std::optional<std::string> problem;
+        try {
+            const int p = pp_.size();
+            stage_shapes_.assign(std::size_t(p), {});
+            std::vector<bool> seen(std::size_t(p), false);
+            for (int r = 0; r < world_.size(); ++r) {
+                const int s = mesh.shape().coords(r)[axis_];
+                mesh_shape shape = stage_mesh.shape();
+                for (std::size_t i = 0; i < nd; ++i)
+                    shape.sizes[i] = all[std::size_t(r) * nd + i];
+                if (!seen[std::size_t(s)]) {
+                    stage_shapes_[std::size_t(s)] = shape;
+                    seen[std::size_t(s)] = true;
+                } else if (!(stage_shapes_[std::size_t(s)] == shape)) {
+                    throw error("xshard: pipeline: the ranks of stage " + std::to_string(s) +
+                                " disagree on its stage mesh (mesh(" +
+                                stage_shapes_[std::size_t(s)].to_string() + ") and mesh(" +
+                                shape.to_string() + "))");
+                }
+            }
+            for (int s = 0; s < p; ++s)
+                placed_.push_back(
+                    placed_mesh::slice_of(mesh.shape(), axis_, s, stage_shapes_[std::size_t(s)]));
+            if (placed_[std::size_t(pp_.rank())].mesh_rank_of(world_.rank()) != stage_mesh.rank())
+                throw error("xshard: pipeline: the stage mesh numbers its ranks otherwise than the "
+                            "mesh's other axes (make it over stage_mesh_of's communicator)");
+            for (const auto& [s, l] : options_.stage_input_layouts) {
+                if (s < 1 || s >= config_.total_stages())
+                    throw error("xshard: pipeline: stage_input_layouts names stage " +
+                                std::to_string(s) + "; stages 1 to " +
+                                std::to_string(config_.total_stages() - 1) + " receive inputs");
+                const auto& shape = stage_shapes_[std::size_t(config_.rank_of_stage(s))];
+                switch (check_boundary_layout(l, X::rank, shape.names)) {
+                case boundary_problem::none:
+                    break;
+                case boundary_problem::wrong_rank:
+                    throw error("xshard: pipeline: the input layout " + l.to_string() +
+                                " of stage " + std::to_string(s) + " is not for a tensor of rank " +
+                                std::to_string(X::rank));
+                case boundary_problem::bad_layout:
+                    throw error("xshard: pipeline: the input layout " + l.to_string() +
+                                " of stage " + std::to_string(s) + " does not fit its mesh(" +
+                                shape.to_string() + ")");
+                case boundary_problem::partial_input:
+                    throw error("xshard: pipeline: the input layout " + l.to_string() +
+                                " of stage " + std::to_string(s) + " has a pending reduction");
+                }
+            }
+        } catch (const std::exception& e) {
+            problem = e.what();
+        }
+        agree_on_error(world_, problem);
+        cross_ = world_.dup();
+    }
+
+    /// Whether the boundary into (virtual) stage `s` (from s - 1) is a cross-mesh transfer.
+    bool cross_boundary(int s) const {
+        const auto a = std::size_t(config_.rank_of_stage(s - 1)),
+                   b = std::size_t(config_.rank_of_stage(s));
+        return !(stage_shapes_[a] == stage_shapes_[b]) || options_.stage_input_layouts.count(s);
+    }
+
+    /// The layout stage `s` receives its input in, when it was sent as `sent`.
+    layout input_layout(int s, const layout& sent) const {
+        const auto it = options_.stage_input_layouts.find(s);
+        return it != options_.stage_input_layouts.end() ? it->second : sent;
+    }
+
     using clock = std::chrono::steady_clock;
     static double seconds(clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -429,7 +655,10 @@ private:
     }
 
     pipeline_options options_;
-    communicator world_, pp_;
+    communicator world_, pp_, cross_;
+    std::size_t axis_ = 0;
+    std::vector<mesh_shape> stage_shapes_; ///< per pipeline rank
+    std::vector<placed_mesh> placed_;      ///< per pipeline rank, on world_'s ranks
     stage_mesh_type stage_mesh_;
     Model* model_;
     schedule_config config_;
