@@ -767,40 +767,60 @@ TEST(checkpoint, a_save_removes_what_killed_saves_left_and_nothing_else) {
 }
 
 TEST(checkpoint, a_load_reads_the_bytes_it_verified_even_if_the_file_is_replaced) {
-    // The reader opens the file; then another file replaces it (a rename, as a save does):
-    // whose bytes are damaged. The load must read what it verifies, through the descriptor
-    // it opened: it loads the first file's values (or raises), never the damaged bytes.
+    // The reader opens the file (load_checkpoint's first step); then another file replaces
+    // it by rename, as a save does, whose values are another step's and one of whose bytes
+    // is damaged; then the load runs (load_checkpoint's second step). It must read through
+    // the descriptor it opened and checked: it loads the first file's values, whole and
+    // unchanged. (A load that opened the path again would load the other step's values or
+    // raise a checksum mismatch.)
     const auto w = world();
-    const ckpt_mesh m(w, {1, w.size()});
-    const auto dir = scratch();
-    const auto path = dir + "/ckpt.safetensors";
-    net n(m, saved_layouts);
-    n.fill_all(1);
-    xshard::save_checkpoint(path, n, {.step = 1});
-    n.fill_all(2);
-    xshard::save_checkpoint(dir + "/other.safetensors", n, {.step = 2});
+    for (const auto& [dp, mp] : {std::pair(1, w.size()), std::pair(w.size(), 1)}) {
+        const ckpt_mesh m(w, {dp, mp});
+        const auto name = where(m);
+        const auto dir = scratch();
+        const auto path = dir + "/ckpt.safetensors";
+        net n(m, saved_layouts);
+        n.fill_all(1);
+        xshard::save_checkpoint(path, n, {.step = 1});
+        n.fill_all(2);
+        xshard::save_checkpoint(dir + "/other.safetensors", n, {.step = 2});
 
-    std::optional<xshard::checkpoint_reader> r;
-    r.emplace(path);
-    xshard::mpi::barrier(w);
-    on_rank0([&] {
-        auto bytes = slurp(dir + "/other.safetensors");
-        const auto h = xshard::checkpoint_reader(dir + "/other.safetensors").header(0);
-        const auto w1 = h.data_start + h.find("w1")->begin;
-        bytes[w1 + 3] = char(bytes[w1 + 3] ^ 0x40);
-        spit(dir + "/replacement", bytes);
-        fs::rename(dir + "/replacement", path);
-    });
-    net loaded(m, other_layouts);
-    loaded.fill_all(9);
-    std::tuple<> no_state;
-    auto model = xshard::detail::collect_model(loaded, no_state, false);
-    try {
-        EXPECT_EQ(xshard::detail::load(model, *r).step, 1);
-        EXPECT_EQ(loaded.mismatches_all(1, false), 0u) << "the load read bytes it did not verify";
-    } catch (const io_error& e) {
-        EXPECT_EQ(loaded.mismatches_all(9, false), 0u) << e.what();
+        std::optional<xshard::checkpoint_reader> r;
+        r.emplace(path);
+        xshard::mpi::barrier(w);
+        on_rank0([&] {
+            auto bytes = slurp(dir + "/other.safetensors");
+            const auto h = xshard::checkpoint_reader(dir + "/other.safetensors").header(0);
+            const auto w1 = h.data_start + h.find("w1")->begin;
+            bytes[w1 + 3] = char(bytes[w1 + 3] ^ 0x40);
+            spit(dir + "/replacement", bytes);
+            fs::rename(dir + "/replacement", path);
+        });
+        for (const bool same_layouts : {true, false}) { // one pass, and two
+            net loaded(m, same_layouts ? saved_layouts : other_layouts);
+            loaded.fill_all(9);
+            std::tuple<> no_state;
+            auto model = xshard::detail::collect_model(loaded, no_state, false);
+            EXPECT_NO_THROW({ EXPECT_EQ(xshard::detail::load(model, *r).step, 1); })
+                << name << (same_layouts ? ", one pass" : ", two passes");
+            EXPECT_EQ(loaded.mismatches_all(1, false), 0u)
+                << name << (same_layouts ? ", one pass" : ", two passes")
+                << ": the load read bytes it did not open first";
+        }
+        xshard::mpi::barrier(w);
     }
+}
+
+TEST(checkpoint, ranks_that_opened_different_files_raise_everywhere) {
+    // What the load checks after opening: one file on every rank (its inode, size, time).
+    const auto w = world();
+    std::array<std::uint64_t, 4> id{7, 4096, 1, 2};
+    EXPECT_NO_THROW(xshard::detail::check_same_file(w, id, "same"));
+    if (w.rank() == w.size() - 1)
+        id[0] = 8; // another inode
+    if (w.size() > 1)
+        expect_io_error([&] { xshard::detail::check_same_file(w, id, "p"); },
+                        "p changed while it was being loaded", "another file on the last rank");
 }
 
 // --- large counts -----------------------------------------------------------------------
