@@ -449,8 +449,8 @@ TEST(checkpoint, block_checksums_catch_damage_in_one_pass_and_in_two) {
     const auto blocks = r.blocks(w1);
     ASSERT_EQ(blocks.size(), std::size_t(w.size()));
     EXPECT_EQ(blocks.back().offset,
-              (std::vector<std::size_t>{0, xshard::block_offset(10, std::size_t(w.size()),
-                                                                std::size_t(w.size() - 1))}));
+              (std::vector<std::size_t>{
+                  0, xshard::block_offset(10, std::size_t(w.size()), std::size_t(w.size() - 1))}));
     const auto at = r.segments(w1, blocks.back()).back();
     on_rank0([&] {
         auto b = slurp(path);
@@ -486,20 +486,25 @@ TEST(checkpoint, version_1_files_load_and_malformed_block_checksums_are_refused)
             j["__metadata__"]["xshard.version"] = "1";
         });
         edit_header(path, bad, [](auto& j) {
-            auto blocks = nlohmann::json::parse(j["__metadata__"]["xshard.block_crc32"].template get<std::string>());
+            auto blocks = nlohmann::json::parse(
+                j["__metadata__"]["xshard.block_crc32"].template get<std::string>());
             blocks["w1"] = blocks["w1"].template get<std::string>() + "00000000";
             j["__metadata__"]["xshard.block_crc32"] = blocks.dump();
         });
     });
-    EXPECT_EQ(xshard::checkpoint_reader(v1).blocks(*xshard::checkpoint_reader(v1).strategy().find("w1")).size(), 1u);
+    EXPECT_EQ(xshard::checkpoint_reader(v1)
+                  .blocks(*xshard::checkpoint_reader(v1).strategy().find("w1"))
+                  .size(),
+              1u);
     net n(m, other_layouts);
     momentum state(m, "[-, mp]", "[(mp, dp), -]");
     xshard::load_checkpoint(v1, n, state, true);
     EXPECT_EQ(n.mismatches_all(), 0u) << where(m);
     EXPECT_EQ(state.mismatches_all(), 0u) << where(m);
-    expect_refused(m, bad, "'w1' has " + std::to_string(m.shape().size() + 1) +
-                               " block checksums for " + std::to_string(m.shape().size()) +
-                               " stored blocks", "a block checksum too many");
+    expect_refused(m, bad,
+                   "'w1' has " + std::to_string(m.shape().size() + 1) + " block checksums for " +
+                       std::to_string(m.shape().size()) + " stored blocks",
+                   "a block checksum too many");
     on_rank0([&] {
         auto b = slurp(v1);
         const auto h = xshard::checkpoint_reader(v1).header(0);

@@ -513,8 +513,7 @@ inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
             for (const auto& b : blocks[i]) {
                 if (!meets(t, b))
                     continue;
-                const auto want = inside_one_block(t, b) ? r.checksum(*stored[i], b)
-                                                         : std::nullopt;
+                const auto want = inside_one_block(t, b) ? r.checksum(*stored[i], b) : std::nullopt;
                 if (!want) {
                     r.read_part(*stored[i], b, t.offset, t.extent, t.data);
                 } else if (crc_hex(r.read_block(*stored[i], b, t.offset, t.extent, t.data)) !=
@@ -526,11 +525,10 @@ inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
             }
         }
     });
-    agree_on_error<io_error>(c, damage.empty() ? std::nullopt
-                                               : std::optional("xshard: " + where +
-                                                               ": checksum mismatch in " +
-                                                               damage +
-                                                               ": the checkpoint is corrupted"));
+    agree_on_error<io_error>(c, damage.empty()
+                                    ? std::nullopt
+                                    : std::optional("xshard: " + where + ": checksum mismatch in " +
+                                                    damage + ": the checkpoint is corrupted"));
     return {r.step(), r.format(), r.strategy()};
 }
 

@@ -126,9 +126,9 @@ public:
     /// With `wait` false, only starts the writing (it goes on while the caller works).
     void write_back(std::size_t offset, std::size_t n, bool wait = true) const {
 #ifdef __linux__
-        const unsigned flags = wait ? SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
-                                          SYNC_FILE_RANGE_WAIT_AFTER
-                                    : SYNC_FILE_RANGE_WRITE;
+        const unsigned flags =
+            wait ? SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER
+                 : SYNC_FILE_RANGE_WRITE;
         if (n > 0 && ::sync_file_range(fd_, off_t(offset), off_t(n), flags) != 0)
             io_fail("cannot write back", path_);
 #else

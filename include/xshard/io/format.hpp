@@ -101,10 +101,10 @@ inline std::size_t primary_block_count(const mesh_shape& mesh, const layout& lay
 /// primary_blocks; a tensor with none gets no block checksums). Zeros where not known yet:
 /// the header keeps its length whatever the checksums, so that it can be written first and
 /// rewritten once they are known.
-inline std::string integrated_header(std::vector<tensor_entry>& entries,
-                                     const strategy_file& strategy, std::int64_t step,
-                                     const std::vector<std::optional<std::uint32_t>>& crcs = {},
-                                     const std::vector<std::vector<std::uint32_t>>& block_crcs = {}) {
+inline std::string
+integrated_header(std::vector<tensor_entry>& entries, const strategy_file& strategy,
+                  std::int64_t step, const std::vector<std::optional<std::uint32_t>>& crcs = {},
+                  const std::vector<std::vector<std::uint32_t>>& block_crcs = {}) {
     nlohmann::ordered_json j = nlohmann::ordered_json::object(),
                            blocks = nlohmann::ordered_json::object();
     for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -501,12 +501,12 @@ public:
                                "' is not stored as its strategy says");
             // One checksum per stored block (checked before anything is enumerated: the work
             // per tensor is bounded by the header's length, whatever the mesh).
-            if (const auto it = block_checksums_.find(p.name); it != block_checksums_.end() &&
+            if (const auto it = block_checksums_.find(p.name);
+                it != block_checksums_.end() &&
                 it->second.size() / 8 != detail::primary_block_count(strategy_.mesh, p.lay))
                 throw io_error("xshard: " + path_ + ": malformed xshard metadata: '" +
                                detail::printable(p.name) + "' has " +
-                               std::to_string(it->second.size() / 8) +
-                               " block checksums for " +
+                               std::to_string(it->second.size() / 8) + " block checksums for " +
                                std::to_string(detail::primary_block_count(strategy_.mesh, p.lay)) +
                                " stored blocks");
         }
@@ -570,8 +570,8 @@ public:
                                                               const stored_block& b) const {
         const auto begin = stored_begin(b, e);
         const auto [offset, extent] = container(e, b);
-        auto runs = detail::runs_of(extent, relative(b.offset, offset), b.extent,
-                                    dtype_size(e.dtype));
+        auto runs =
+            detail::runs_of(extent, relative(b.offset, offset), b.extent, dtype_size(e.dtype));
         for (auto& r : runs)
             r.first += begin;
         return runs;

@@ -74,13 +74,12 @@ inline checkpoint_report verify_checkpoint(const std::string& path) {
                     bad = bad || detail::crc_hex(r.crc_of_block(e, b, buffer)) != *want;
                 } catch (const std::exception& ex) {
                     std::string what = ex.what();
-                    report.damage.push_back(what.rfind("xshard: ", 0) == 0 ? what.substr(8)
-                                                                           : what);
+                    report.damage.push_back(what.rfind("xshard: ", 0) == 0 ? what.substr(8) : what);
                 }
             }
             if (bad)
-                report.damage.push_back("checksum mismatch: " + detail::printable(e.name) +
-                                        " in " + r.path());
+                report.damage.push_back("checksum mismatch: " + detail::printable(e.name) + " in " +
+                                        r.path());
         }
         return report;
     }
@@ -188,10 +187,10 @@ inline std::size_t merge_checkpoint(const std::string& path, const std::string& 
             for (const auto& [rank, offset, extent] :
                  detail::primary_blocks(r.strategy().mesh, e.lay, e.shape)) {
                 std::uint32_t crc = 0;
-                for (const auto& [at, n] : detail::runs_of(e.shape, offset, extent,
-                                                           dtype_size(e.dtype)))
-                    crc = detail::crc_of_range(written, header.size() + entries[i].begin + at, n, slab,
-                                               crc);
+                for (const auto& [at, n] :
+                     detail::runs_of(e.shape, offset, extent, dtype_size(e.dtype)))
+                    crc = detail::crc_of_range(written, header.size() + entries[i].begin + at, n,
+                                               slab, crc);
                 block_crcs[i].push_back(crc);
             }
         }
