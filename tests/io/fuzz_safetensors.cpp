@@ -7,8 +7,9 @@
 // for a bounded time by ctest.
 //
 // The first byte picks what the rest is: 0 a safetensors file (parsed, then read through
-// checkpoint_reader and verified as a load does), 1 a strategy file (and its block
-// arithmetic), 2 a CRC map, 3 a per-rank directory (checkpoint.json, strategy.json and
+// checkpoint_reader, its stored blocks read whole and checksummed as a one-pass load does,
+// and verified), 1 a strategy file (and its block arithmetic), 2 a CRC map (per tensor and
+// per stored block), 3 a per-rank directory (checkpoint.json, strategy.json and
 // rank_0.safetensors, separated by "\n--\n"), 4 checksum runs as ranks exchange them
 // (combine_runs).
 #include <xshard/core/partition.hpp>
@@ -65,8 +66,18 @@ void read_all(const std::string& path) {
             const auto bytes = xshard::stored_bytes(e);
             if (bytes > (std::size_t(1) << 20))
                 continue;
-            std::vector<std::byte> out(bytes);
-            r.read_box(e, std::vector<std::size_t>(e.shape.size(), 0), e.shape, out.data());
+            const std::vector<std::size_t> origin(e.shape.size(), 0);
+            std::vector<std::byte> out(bytes), whole(bytes);
+            r.read_box(e, origin, e.shape, out.data());
+            // Each stored block read whole and checksummed as a one-pass load does, into the
+            // tensor whole: the same bytes as read_box, the same CRC as verification.
+            for (const auto& b : r.blocks(e)) {
+                const auto crc = r.read_block(e, b, origin, e.shape, whole.data());
+                if (crc != r.crc_of_block(e, b, buffer))
+                    __builtin_trap(); // one pass and two passes disagree
+            }
+            if (whole != out)
+                __builtin_trap(); // the blocks do not tile the tensor as read_box reads it
         }
     } catch (const xshard::error&) {
     }
@@ -133,6 +144,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             const auto crcs = xshard::detail::parse_checksums(std::string(bytes));
             for (const auto& [name, crc] : crcs)
                 if (crc.size() != 8)
+                    __builtin_trap();
+        } catch (const xshard::error&) {
+        }
+        try {
+            const auto crcs = xshard::detail::parse_block_checksums(std::string(bytes));
+            for (const auto& [name, crc] : crcs)
+                if (crc.size() % 8 != 0)
                     __builtin_trap();
         } catch (const xshard::error&) {
         }

@@ -276,8 +276,9 @@ TEST(checkpoint, refuses_partial_tensors) {
 
 // --- checkpoints: damage ----------------------------------------------------------------
 
-/// Loading `path` into a model holding sentinel values raises io_error mentioning `what`, and
-/// leaves every value as it was.
+/// Loading `path` into a model holding sentinel values raises io_error mentioning `what` on
+/// every rank, and leaves every value as it was, unless the damage is in the stored bytes (a
+/// checksum mismatch, found as they are read: the tensors loaded are then unspecified).
 void expect_refused(const ckpt_mesh& m, const std::string& path, const std::string& what,
                     const std::string& context) {
     net n(m, other_layouts);
@@ -286,6 +287,8 @@ void expect_refused(const ckpt_mesh& m, const std::string& path, const std::stri
     state.fill_all(9);
     expect_io_error([&] { xshard::load_checkpoint(path, n, state, true); }, what,
                     context + " (" + where(m) + ")");
+    if (what.find("checksum mismatch") != std::string::npos)
+        return;
     EXPECT_EQ(n.mismatches_all(9), 0u) << context << ": the model changed";
     EXPECT_EQ(state.mismatches_all(9), 0u) << context << ": the optimizer state changed";
 }
@@ -430,6 +433,86 @@ TEST(checkpoint, damaged_per_rank_directories_raise_everywhere_and_change_nothin
         });
         expect_refused(m, to, c.what, c.name);
     }
+}
+
+TEST(checkpoint, block_checksums_catch_damage_in_one_pass_and_in_two) {
+    // Saved on (1, p) in the 'saved' layouts; a byte of w1 ([dp, mp]: a block per rank)
+    // flipped in the last rank's block. Loaded in the saved layouts, each rank reads its own
+    // block whole and checks it as it reads (one pass); loaded in w1 [mp, dp] (the blocks
+    // straddle the load's when p > 1), the ranks share the check before reading (two passes),
+    // and nothing changes. Either way every rank raises, naming w1.
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    const auto path = saved_checkpoint(m, checkpoint_format::integrated);
+    const xshard::checkpoint_reader r(path);
+    const auto& w1 = *r.strategy().find("w1");
+    const auto blocks = r.blocks(w1);
+    ASSERT_EQ(blocks.size(), std::size_t(w.size()));
+    EXPECT_EQ(blocks.back().offset,
+              (std::vector<std::size_t>{
+                  0, xshard::block_offset(10, std::size_t(w.size()), std::size_t(w.size() - 1))}));
+    const auto at = r.segments(w1, blocks.back()).back();
+    on_rank0([&] {
+        auto b = slurp(path);
+        b[at.first + 1] = char(b[at.first + 1] ^ 0x08);
+        spit(path + ".damaged", b);
+    });
+    {
+        net n(m, saved_layouts);
+        momentum state(m, "[dp, mp]", "[mp, -]");
+        expect_io_error([&] { xshard::load_checkpoint(path + ".damaged", n, state, true); },
+                        "checksum mismatch in w1", "one pass");
+    }
+    expect_refused(m, path + ".damaged", "checksum mismatch in w1", "two passes");
+    if (w.size() > 1) { // w1 [mp, dp] splits rows, the stored blocks columns: nothing changes
+        net n(m, other_layouts);
+        n.fill_all(9);
+        expect_io_error([&] { xshard::load_checkpoint(path + ".damaged", n); },
+                        "checksum mismatch in w1", "two passes");
+        EXPECT_EQ(n.mismatches_all(9, false), 0u) << "a shared check changes nothing";
+    }
+}
+
+TEST(checkpoint, version_1_files_load_and_malformed_block_checksums_are_refused) {
+    // Version 1 (one CRC per tensor, no block checksums) as earlier saves wrote it: loads,
+    // and its damage is caught.
+    const auto w = world();
+    const ckpt_mesh m(w, {2 - w.size() % 2, w.size() / (2 - w.size() % 2)});
+    const auto path = saved_checkpoint(m, checkpoint_format::integrated);
+    const auto v1 = path + ".v1", bad = path + ".bad";
+    on_rank0([&] {
+        edit_header(path, v1, [](auto& j) {
+            j["__metadata__"].erase("xshard.block_crc32");
+            j["__metadata__"]["xshard.version"] = "1";
+        });
+        edit_header(path, bad, [](auto& j) {
+            auto blocks = nlohmann::json::parse(
+                j["__metadata__"]["xshard.block_crc32"].template get<std::string>());
+            blocks["w1"] = blocks["w1"].template get<std::string>() + "00000000";
+            j["__metadata__"]["xshard.block_crc32"] = blocks.dump();
+        });
+    });
+    EXPECT_EQ(xshard::checkpoint_reader(v1)
+                  .blocks(*xshard::checkpoint_reader(v1).strategy().find("w1"))
+                  .size(),
+              1u);
+    net n(m, other_layouts);
+    momentum state(m, "[-, mp]", "[(mp, dp), -]");
+    xshard::load_checkpoint(v1, n, state, true);
+    EXPECT_EQ(n.mismatches_all(), 0u) << where(m);
+    EXPECT_EQ(state.mismatches_all(), 0u) << where(m);
+    expect_refused(m, bad,
+                   "'w1' has " + std::to_string(m.shape().size() + 1) + " block checksums for " +
+                       std::to_string(m.shape().size()) + " stored blocks",
+                   "a block checksum too many");
+    on_rank0([&] {
+        auto b = slurp(v1);
+        const auto h = xshard::checkpoint_reader(v1).header(0);
+        const auto at = h.data_start + h.find("w2")->begin + 5;
+        b[at] = char(b[at] ^ 0x01);
+        spit(bad, b);
+    });
+    expect_refused(m, bad, "checksum mismatch in w2", "version 1, damaged");
 }
 
 TEST(checkpoint, a_model_that_does_not_match_raises_everywhere) {
@@ -689,40 +772,60 @@ TEST(checkpoint, a_save_removes_what_killed_saves_left_and_nothing_else) {
 }
 
 TEST(checkpoint, a_load_reads_the_bytes_it_verified_even_if_the_file_is_replaced) {
-    // The reader opens the file; then another file replaces it (a rename, as a save does):
-    // whose bytes are damaged. The load must read what it verifies, through the descriptor
-    // it opened: it loads the first file's values (or raises), never the damaged bytes.
+    // The reader opens the file (load_checkpoint's first step); then another file replaces
+    // it by rename, as a save does, whose values are another step's and one of whose bytes
+    // is damaged; then the load runs (load_checkpoint's second step). It must read through
+    // the descriptor it opened and checked: it loads the first file's values, whole and
+    // unchanged. (A load that opened the path again would load the other step's values or
+    // raise a checksum mismatch.)
     const auto w = world();
-    const ckpt_mesh m(w, {1, w.size()});
-    const auto dir = scratch();
-    const auto path = dir + "/ckpt.safetensors";
-    net n(m, saved_layouts);
-    n.fill_all(1);
-    xshard::save_checkpoint(path, n, {.step = 1});
-    n.fill_all(2);
-    xshard::save_checkpoint(dir + "/other.safetensors", n, {.step = 2});
+    for (const auto& [dp, mp] : {std::pair(1, w.size()), std::pair(w.size(), 1)}) {
+        const ckpt_mesh m(w, {dp, mp});
+        const auto name = where(m);
+        const auto dir = scratch();
+        const auto path = dir + "/ckpt.safetensors";
+        net n(m, saved_layouts);
+        n.fill_all(1);
+        xshard::save_checkpoint(path, n, {.step = 1});
+        n.fill_all(2);
+        xshard::save_checkpoint(dir + "/other.safetensors", n, {.step = 2});
 
-    std::optional<xshard::checkpoint_reader> r;
-    r.emplace(path);
-    xshard::mpi::barrier(w);
-    on_rank0([&] {
-        auto bytes = slurp(dir + "/other.safetensors");
-        const auto h = xshard::checkpoint_reader(dir + "/other.safetensors").header(0);
-        const auto w1 = h.data_start + h.find("w1")->begin;
-        bytes[w1 + 3] = char(bytes[w1 + 3] ^ 0x40);
-        spit(dir + "/replacement", bytes);
-        fs::rename(dir + "/replacement", path);
-    });
-    net loaded(m, other_layouts);
-    loaded.fill_all(9);
-    std::tuple<> no_state;
-    auto model = xshard::detail::collect_model(loaded, no_state, false);
-    try {
-        EXPECT_EQ(xshard::detail::load(model, *r).step, 1);
-        EXPECT_EQ(loaded.mismatches_all(1, false), 0u) << "the load read bytes it did not verify";
-    } catch (const io_error& e) {
-        EXPECT_EQ(loaded.mismatches_all(9, false), 0u) << e.what();
+        std::optional<xshard::checkpoint_reader> r;
+        r.emplace(path);
+        xshard::mpi::barrier(w);
+        on_rank0([&] {
+            auto bytes = slurp(dir + "/other.safetensors");
+            const auto h = xshard::checkpoint_reader(dir + "/other.safetensors").header(0);
+            const auto w1 = h.data_start + h.find("w1")->begin;
+            bytes[w1 + 3] = char(bytes[w1 + 3] ^ 0x40);
+            spit(dir + "/replacement", bytes);
+            fs::rename(dir + "/replacement", path);
+        });
+        for (const bool same_layouts : {true, false}) { // one pass, and two
+            net loaded(m, same_layouts ? saved_layouts : other_layouts);
+            loaded.fill_all(9);
+            std::tuple<> no_state;
+            auto model = xshard::detail::collect_model(loaded, no_state, false);
+            EXPECT_NO_THROW({ EXPECT_EQ(xshard::detail::load(model, *r).step, 1); })
+                << name << (same_layouts ? ", one pass" : ", two passes");
+            EXPECT_EQ(loaded.mismatches_all(1, false), 0u)
+                << name << (same_layouts ? ", one pass" : ", two passes")
+                << ": the load read bytes it did not open first";
+        }
+        xshard::mpi::barrier(w);
     }
+}
+
+TEST(checkpoint, ranks_that_opened_different_files_raise_everywhere) {
+    // What the load checks after opening: one file on every rank (its inode, size, time).
+    const auto w = world();
+    std::array<std::uint64_t, 4> id{7, 4096, 1, 2};
+    EXPECT_NO_THROW(xshard::detail::check_same_file(w, id, "same"));
+    if (w.rank() == w.size() - 1)
+        id[0] = 8; // another inode
+    if (w.size() > 1)
+        expect_io_error([&] { xshard::detail::check_same_file(w, id, "p"); },
+                        "p changed while it was being loaded", "another file on the last rank");
 }
 
 // --- large counts -----------------------------------------------------------------------

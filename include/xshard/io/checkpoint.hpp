@@ -7,8 +7,8 @@
 ///    writes exactly its own block of each tensor at its place in the file (pwrite of each
 ///    contiguous run, checksummed as it is written), only one copy of a replicated block is
 ///    written, and no rank ever holds a whole tensor. Python's safetensors or numpy read it.
-///    The header's `__metadata__` holds the step, the strategy (the strategy file's JSON) and
-///    a CRC-32 per tensor.
+///    The header's `__metadata__` holds the step, the strategy (the strategy file's JSON), a
+///    CRC-32 per tensor and one per block the saving ranks held (format.hpp).
 ///  * *per-rank*: a directory with each rank's shards in `rank_<r>.safetensors` (with their
 ///    CRC-32s), `strategy.json` and `checkpoint.json` (the step).
 /// Both forms are written and read with POSIX calls on the file system every rank sees (as
@@ -16,19 +16,22 @@
 /// is not used: with Open MPI its collective write reported success for writes that failed
 /// (issue 12), and ran four times slower than pwrite here.
 ///
-/// `load_checkpoint` reads either form into any strategy, on any mesh and world size, in two
-/// passes over the files it opened first: every stored byte to be loaded is read once, by
-/// one rank, and checked against its CRC-32 (the ranks' CRCs combined); then, only if all
-/// checked out, each rank reads the pieces of its destination blocks straight into the
-/// model. A truncated or corrupted file, a wrong dtype or shape, a missing tensor raise the
-/// same `io_error` on every rank and leave the model as it was, with no memory beyond the
-/// model's and one buffer; the price is the second read (from the page cache).
+/// `load_checkpoint` reads either form into any strategy, on any mesh and world size, and
+/// checks every stored byte it loads against its CRC-32 (see load): a stored block that lies
+/// inside one block of the load's layout (the same layout, or a coarser one) is read once,
+/// straight into the model, and checksummed as it is read; a stored block that straddles the
+/// load's blocks is first checked by one rank (the ranks share them), then read by those that
+/// need a part of it. A truncated file, a wrong dtype or shape, a missing tensor raise the
+/// same `io_error` on every rank before anything is read; a checksum mismatch raises it on
+/// every rank after the read (the model's values are then unspecified). No memory beyond the
+/// model's and one buffer.
 ///
 /// Saving never loses the previous checkpoint: the new one is written under a temporary
-/// name, fsynced, read back and checked against the checksums computed from memory, then
-/// renamed over the old one (for the per-rank form: the old directory is renamed `<path>.old`
-/// for the moment of the swap, and a load falls back to it). What a killed save left is
-/// removed by a later save once provably abandoned (format.hpp, remove_stale_temporaries).
+/// name, read back and checked against the checksums computed from memory while the device
+/// writes it, fsynced, then renamed over the old one (for the per-rank form: the old
+/// directory is renamed `<path>.old` for the moment of the swap, and a load falls back to
+/// it). What a killed save left is removed by a later save once provably abandoned
+/// (format.hpp, remove_stale_temporaries).
 ///
 /// Optimizer state (momentum, Adam moments, any container of tensors) is saved and restored
 /// with the parameters under the prefix "optimizer.", and the step counter with them.
@@ -168,14 +171,19 @@ void on_rank0(const communicator& c, F&& f) {
 
 /// Writes the block of `t` into `f` (which stores the tensor whole, row-major, from byte
 /// `at`) with pwrite, one call per contiguous run in the file (runs_of), each run checksummed
-/// just before it is written and recorded in `out` as a piece of tensor `key`.
-inline void write_block(const file& f, std::size_t at, const tensor_record& t, std::uint64_t key,
-                        std::vector<crc_run>& out) {
+/// just before it is written and recorded in `out` as a piece of tensor `key`. Returns the
+/// CRC-32 of the block (its bytes in its own row-major order: the runs in turn).
+inline std::uint32_t write_block(const file& f, std::size_t at, const tensor_record& t,
+                                 std::uint64_t key, std::vector<crc_run>& out) {
     const std::byte* data = t.cdata;
+    std::uint32_t block = 0;
     for (const auto& [offset, length] : runs_of(t.shape, t.offset, t.extent, t.element)) {
-        out.push_back({key, offset, length, write_checksummed(f, data, length, at + offset)});
+        const auto crc = write_checksummed(f, data, length, at + offset);
+        out.push_back({key, offset, length, crc});
+        block = std::uint32_t(::crc32_combine(uLong(block), uLong(crc), z_off_t(length)));
         data += length;
     }
+    return block;
 }
 
 /// The checksum runs of a block (of `extent` at `offset` in a tensor of `shape`) whose bytes
@@ -226,10 +234,11 @@ inline constexpr std::size_t verify_chunk = std::size_t(8) << 20;
 /// verify_chunk bytes); raises io_error on every rank naming the damaged tensors. Collective.
 inline void verify_shared(const communicator& c, const checkpoint_reader& r,
                           const std::vector<const strategy_entry*>& stored,
-                          const std::string& where) {
+                          const std::string& where,
+                          const checkpoint_reader::block_filter& only = {}) {
     std::vector<crc_run> runs;
     everywhere(c, [&] {
-        const auto pieces = r.pieces_to_verify(stored, verify_chunk);
+        const auto pieces = r.pieces_to_verify(stored, verify_chunk, only);
         std::uint64_t total = 0, at = 0;
         for (const auto& p : pieces)
             total += p.length;
@@ -242,7 +251,7 @@ inline void verify_shared(const communicator& c, const checkpoint_reader& r,
     });
     const auto all = gather_runs(c, runs);
     on_rank0(c, [&] {
-        if (const auto bad = r.damaged(stored, all); !bad.empty())
+        if (const auto bad = r.damaged(stored, all, only); !bad.empty())
             throw io_error("xshard: " + where + ": checksum mismatch in " + bad +
                            ": the checkpoint is corrupted");
     });
@@ -261,24 +270,70 @@ inline void check_same_file(const communicator& c, std::array<std::uint64_t, 4> 
     });
 }
 
-/// The post-write check of a save: the temporary `tmp` read back and checked against the
-/// checksums computed from memory, shared among the ranks as a load's verification is; a
-/// write that failed anywhere (a full disk, a quota, a file-size limit, even one MPI-IO did
-/// not report) raises io_error on every rank.
-inline void check_written(const communicator& c, const std::string& tmp,
-                          const std::string& path, const std::vector<tensor_record>& tensors,
+/// The post-write check of an integrated save, after every rank wrote its blocks and rank 0
+/// the header: the temporary `tmp` read back, each byte once by one rank (a contiguous share
+/// of the file per rank, in verify_chunk pieces), and checked against `crcs`, the CRC-32 of
+/// each tensor computed from memory; rank 0 also checks the file's size and reads the header
+/// back. Meanwhile the file is made durable: each rank has the device write its share (the
+/// writing runs while it reads its share back), then rank 0 fsyncs the file (its metadata,
+/// the device's cache). A write that failed anywhere (a full disk, a quota, a file-size
+/// limit, even one the system did not report) raises io_error on every rank. Collective.
+inline void check_written(const communicator& c, const std::string& tmp, const std::string& path,
+                          const std::string& header, const std::vector<tensor_entry>& entries,
+                          const std::vector<std::optional<std::uint32_t>>& crcs,
                           std::size_t expected_size) {
-    std::optional<checkpoint_reader> r;
-    std::vector<const strategy_entry*> stored;
+    const auto failed = [&](const std::string& why) {
+        return io_error("xshard: writing " + path + " failed: " + why);
+    };
+    const std::uint64_t p = std::uint64_t(c.size()), me = std::uint64_t(c.rank());
+    std::vector<crc_run> runs;
     everywhere(c, [&] {
-        r.emplace(tmp);
-        if (r->header(0).data_start + r->header(0).tensors.back().end != expected_size &&
-            !tensors.empty())
-            throw io_error("xshard: writing " + path + " failed: the file is not complete");
-        for (const auto& t : tensors)
-            stored.push_back(r->strategy().find(t.name));
+        file f(tmp, O_WRONLY | O_NOFOLLOW);
+        // This rank's share: the pieces that begin in [lo, hi) of the file.
+        const std::uint64_t lo = expected_size / p * me,
+                            hi = me + 1 == p ? expected_size : expected_size / p * (me + 1);
+        f.write_back(lo, hi - lo, false);
+        const file in(tmp, O_RDONLY | O_NOFOLLOW);
+        std::vector<std::byte> buffer;
+        for (std::size_t i = 0; i < entries.size(); ++i) {
+            const std::uint64_t start = header.size() + entries[i].begin,
+                                bytes = entries[i].end - entries[i].begin;
+            for (std::uint64_t o = 0; o < bytes; o += verify_chunk) {
+                if (start + o < lo || start + o >= hi)
+                    continue;
+                const auto n = std::min<std::uint64_t>(verify_chunk, bytes - o);
+                buffer.resize(std::size_t(n));
+                in.read_at(buffer.data(), buffer.size(), start + o);
+                runs.push_back({i, o, n, crc32_of(buffer.data(), buffer.size())});
+            }
+        }
+        f.write_back(lo, hi - lo);
+        f.close();
     });
-    verify_shared(c, *r, stored, "writing " + path + " failed: read back");
+    const auto all = gather_runs(c, runs);
+    on_rank0(c, [&] {
+        file f(tmp, O_WRONLY | O_NOFOLLOW);
+        f.sync();
+        if (f.size() != expected_size)
+            throw failed("the file has " + std::to_string(f.size()) + " bytes, not " +
+                         std::to_string(expected_size));
+        const file in(tmp, O_RDONLY | O_NOFOLLOW);
+        std::string back(header.size(), '\0');
+        in.read_at(back.data(), back.size(), 0);
+        if (back != header)
+            throw failed("the header read back differs from the one written");
+        std::vector<std::uint64_t> sizes;
+        for (const auto& e : entries)
+            sizes.push_back(e.end - e.begin);
+        const auto got = combine_runs(all, sizes);
+        std::string bad;
+        for (std::size_t i = 0; i < entries.size(); ++i)
+            if (!got[i] || !crcs[i] || *got[i] != *crcs[i])
+                bad += (bad.empty() ? "" : ", ") + printable(entries[i].name);
+        if (!bad.empty())
+            throw failed("read back, " + bad + " differ from what was written");
+        f.close();
+    });
 }
 
 /// Runs `cleanup` when it goes out of scope unless `committed` is set by then: what a save
@@ -304,9 +359,13 @@ private:
 inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t step) {
     const auto& c = *m.comm;
     std::vector<tensor_entry> entries;
-    for (std::size_t i = 0; i < m.tensors.size(); ++i)
-        entries.push_back({m.tensors[i].name, m.dtypes[i], m.tensors[i].shape, 0, 0});
-    std::string header = integrated_header(entries, m.strategy, step);
+    std::vector<std::vector<std::uint32_t>> block_crcs;
+    for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+        const auto& t = m.tensors[i];
+        entries.push_back({t.name, m.dtypes[i], t.shape, 0, 0});
+        block_crcs.emplace_back(primary_block_count(t.mesh, t.lay), 0);
+    }
+    std::string header = integrated_header(entries, m.strategy, step, {}, block_crcs);
     std::size_t size = header.size();
     for (const auto& e : entries)
         size = std::max(size, checked_add(header.size(), e.end));
@@ -329,45 +388,84 @@ inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t
     });
 
     // Every rank writes its own blocks (one copy of a replicated block: its primary holder's)
-    // in place with pwrite, checksumming them as it goes, and fsyncs them.
-    std::vector<crc_run> runs;
+    // in place with pwrite, checksumming them as it goes: pieces of each tensor (for its
+    // CRC whole) and each block whole (for loads).
+    std::vector<crc_run> runs, blocks;
     std::vector<std::uint64_t> sizes;
     everywhere(c, [&] {
         file f(tmp, O_WRONLY | O_NOFOLLOW);
         for (std::size_t i = 0; i < m.tensors.size(); ++i) {
             const auto& t = m.tensors[i];
             sizes.push_back(t.global_bytes());
-            if (t.primary())
-                write_block(f, checked_add(header.size(), entries[i].begin), t, i, runs);
+            if (t.primary()) {
+                const auto crc =
+                    write_block(f, checked_add(header.size(), entries[i].begin), t, i, runs);
+                blocks.push_back({i, std::uint64_t(t.mesh.group_color(t.mesh_rank, t.replicated)),
+                                  t.bytes(), crc});
+            }
         }
-        f.sync();
         f.close();
     });
     // Then rank 0 writes the header with the checksums (its length does not depend on them).
     const auto crcs = combine_runs(gather_runs(c, runs), sizes);
+    const auto all_blocks = gather_runs(c, blocks);
     on_rank0(c, [&] {
-        header = integrated_header(entries, m.strategy, step, crcs);
+        for (const auto& b : all_blocks)
+            block_crcs.at(b.tensor).at(b.offset) = std::uint32_t(b.crc);
+        header = integrated_header(entries, m.strategy, step, crcs, block_crcs);
         file f(tmp, O_WRONLY | O_NOFOLLOW);
         f.write_at(header.data(), header.size(), 0);
-        f.sync();
         f.close();
     });
-    check_written(c, tmp, path, m.tensors, size);
+    // (Every rank's header has the final one's length; rank 0's is the final one.)
+    check_written(c, tmp, path, header, entries, crcs, size);
     on_rank0(c, [&] { replace_checkpoint(tmp, path); });
     committed = true;
 }
 
-/// Loads the blocks of `m` from `r` in two passes: first every stored byte to be loaded is
-/// checked against its CRC-32 (verify_shared); then, if all passed, each rank reads its
-/// blocks straight into the model. So a damaged checkpoint changes nothing, and a load needs
-/// no memory beyond the model's and one buffer. Every file is opened before the check and
-/// read through the descriptor checked, so a save renamed over the checkpoint meanwhile is
-/// never read unverified.
+/// Whether stored block `b` lies inside one block of `t`'s layout (that of the load): then a
+/// rank that needs any of its bytes needs them all, and reads and verifies it whole.
+inline bool inside_one_block(const tensor_record& t, const stored_block& b) {
+    if (b.size() == 0)
+        return true;
+    for (std::size_t d = 0; d < b.offset.size(); ++d) {
+        const auto k = std::size_t(t.lay.split_count(d, t.mesh));
+        if (block_holding(t.shape[d], k, b.offset[d]) !=
+            block_holding(t.shape[d], k, b.offset[d] + b.extent[d] - 1))
+            return false;
+    }
+    return true;
+}
+
+/// Whether stored block `b` holds bytes of this rank's block of `t`.
+inline bool meets(const tensor_record& t, const stored_block& b) {
+    for (std::size_t d = 0; d < b.offset.size(); ++d)
+        if (b.extent[d] == 0 || t.extent[d] == 0 || b.offset[d] >= t.offset[d] + t.extent[d] ||
+            t.offset[d] >= b.offset[d] + b.extent[d])
+            return false;
+    return true;
+}
+
+/// Loads the blocks of `m` from `r`, verifying every stored byte it loads against its CRC-32:
+///  * a stored block inside one block of the load's layout (a load into the layout it was
+///    saved in, or into a coarser one) is read whole, straight into the model, by each rank
+///    that needs it, and checksummed as it is read (one pass: the bytes are read once);
+///  * a stored block that straddles blocks of the load's layout (a load into another layout)
+///    is first verified by one rank (the ranks share them, verify_shared), then each rank
+///    reads its part of it (two passes, so that no rank reads more than its part twice).
+/// The shapes, dtypes and presence of every tensor are checked first: a checkpoint that does
+/// not match changes nothing. A checksum mismatch raises io_error on every rank, naming the
+/// damaged tensors, after the read: the tensors loaded are then in an unspecified state
+/// (reload a good checkpoint). Every file is opened before anything is read and read through
+/// the descriptors opened then, and the ranks check that they opened one file, so a save
+/// renamed over the checkpoint meanwhile is never read. Collective.
 inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
     const auto& c = *m.comm;
     const std::string where = "load_checkpoint " + r.path();
     const std::size_t nt = m.tensors.size();
     std::vector<const strategy_entry*> stored(nt);
+    std::vector<std::vector<stored_block>> blocks(nt);
+    bool shared = false; // some stored block straddles blocks of the load's layout
     everywhere(c, [&] {
         for (std::size_t i = 0; i < nt; ++i) {
             const auto& t = m.tensors[i];
@@ -387,22 +485,50 @@ inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
                                "' is stored with shape " + shape_string(stored[i]->shape) +
                                ", the model has " + shape_string(t.shape));
         }
-        for (const auto& p : r.pieces_to_verify(stored, verify_chunk))
-            r.header(p.file);
-        for (std::size_t i = 0; i < nt; ++i)
-            r.open_box(*stored[i], m.tensors[i].offset, m.tensors[i].extent);
-    });
-    check_same_file(c, r.identity(), r.path());
-    // Pass 1: verification.
-    verify_shared(c, r, stored, where);
-    // Pass 2: each rank reads the pieces of its blocks, wherever they are stored, straight
-    // into the model, through the descriptors pass 1 verified.
-    everywhere(c, [&] {
+        // Every file read below is opened now (its header parsed, every block checked to be
+        // stored as the strategy says), before any data is read.
         for (std::size_t i = 0; i < nt; ++i) {
-            const auto& t = m.tensors[i];
-            r.read_box(*stored[i], t.offset, t.extent, t.data);
+            blocks[i] = r.blocks(*stored[i]);
+            for (const auto& b : blocks[i]) {
+                const bool straddles = !inside_one_block(m.tensors[i], b);
+                shared = shared || straddles;
+                if (straddles || meets(m.tensors[i], b))
+                    r.segments(*stored[i], b);
+            }
         }
     });
+    check_same_file(c, r.identity(), r.path());
+    // Pass 1, for the stored blocks that straddle the load's blocks: verified, shared.
+    if (shared)
+        verify_shared(c, r, stored, where, [&](std::size_t i, const stored_block& b) {
+            return !inside_one_block(m.tensors[i], b);
+        });
+    // Pass 2 (the only one for blocks inside one of the load's): each rank reads what it
+    // needs straight into the model, checksumming the blocks it reads whole.
+    std::string damage;
+    everywhere(c, [&] {
+        std::set<std::string> seen;
+        for (std::size_t i = 0; i < nt; ++i) {
+            const auto& t = m.tensors[i];
+            for (const auto& b : blocks[i]) {
+                if (!meets(t, b))
+                    continue;
+                const auto want = inside_one_block(t, b) ? r.checksum(*stored[i], b) : std::nullopt;
+                if (!want) {
+                    r.read_part(*stored[i], b, t.offset, t.extent, t.data);
+                } else if (crc_hex(r.read_block(*stored[i], b, t.offset, t.extent, t.data)) !=
+                           *want) {
+                    const auto name = r.block_name(*stored[i], b);
+                    if (seen.insert(name).second)
+                        damage += (damage.empty() ? "" : ", ") + name;
+                }
+            }
+        }
+    });
+    agree_on_error<io_error>(c, damage.empty()
+                                    ? std::nullopt
+                                    : std::optional("xshard: " + where + ": checksum mismatch in " +
+                                                    damage + ": the checkpoint is corrupted"));
     return {r.step(), r.format(), r.strategy()};
 }
 

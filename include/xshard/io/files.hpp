@@ -119,6 +119,25 @@ public:
         if (::fsync(fd_) != 0)
             io_fail("cannot fsync", path_);
     }
+    /// Writes the dirty pages of bytes [offset, offset + n) to the device and waits for
+    /// them (not the file's metadata, nor the device's cache: a sync() of the file still
+    /// follows). Ranks flush their shares of one file so at once, where the fsyncs of one
+    /// file would take turns. Elsewhere than Linux: sync().
+    /// With `wait` false, only starts the writing (it goes on while the caller works).
+    void write_back(std::size_t offset, std::size_t n, bool wait = true) const {
+#ifdef __linux__
+        const unsigned flags =
+            wait ? SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER
+                 : SYNC_FILE_RANGE_WRITE;
+        if (n > 0 && ::sync_file_range(fd_, off_t(offset), off_t(n), flags) != 0)
+            io_fail("cannot write back", path_);
+#else
+        (void)offset;
+        (void)n;
+        if (wait)
+            sync();
+#endif
+    }
 
 private:
     int fd_ = -1;
@@ -251,6 +270,20 @@ inline safetensors_header read_header(const file& f) {
 /// The CRC-32 of `n` bytes (zlib's; computed by libdeflate, twice as fast), continuing `crc`.
 inline std::uint32_t crc32_of(const void* data, std::size_t n, std::uint32_t crc = 0) {
     return std::uint32_t(::libdeflate_crc32(crc, data, n));
+}
+
+/// The CRC-32 of `n` bytes at `at` in `f` (continuing `crc`), read through `buffer` in
+/// pieces of at most 16 MiB.
+inline std::uint32_t crc_of_range(const file& f, std::size_t at, std::size_t n,
+                                  std::vector<std::byte>& buffer, std::uint32_t crc = 0) {
+    buffer.resize(std::max(buffer.size(), std::min<std::size_t>(n, std::size_t(16) << 20)));
+    for (std::size_t done = 0; done < n;) {
+        const auto k = std::min(buffer.size(), n - done);
+        f.read_at(buffer.data(), k, at + done);
+        crc = crc32_of(buffer.data(), k, crc);
+        done += k;
+    }
+    return crc;
 }
 
 /// "0a1b2c3d".

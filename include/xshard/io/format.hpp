@@ -6,8 +6,15 @@
 /// per-rank load reads its pieces from, and what `xshard-ckpt` works on.
 ///
 /// Integrated form: one safetensors file, every tensor whole, with `__metadata__`
-/// {"format": "xshard", "xshard.version": "1", "xshard.step": "<step>",
-///  "xshard.strategy": <the strategy file's JSON>, "xshard.crc32": {name: "<8 hex digits>"}}.
+/// {"format": "xshard", "xshard.version": "2", "xshard.step": "<step>",
+///  "xshard.strategy": <the strategy file's JSON>, "xshard.crc32": {name: "<8 hex digits>"},
+///  "xshard.block_crc32": {name: "<8 hex digits per stored block>"}}.
+/// `xshard.crc32` is each tensor's CRC-32 whole (what Python's `zlib.crc32` checks);
+/// `xshard.block_crc32` (version 2) the CRC-32 of each block the saving ranks held (the blocks
+/// of the strategy's layout, one per primary holder in mesh rank order, each block's bytes in
+/// its own row-major order): what a load checks, so that a rank reading whole blocks verifies
+/// them as it reads them, in one pass. Version 1 files (no block CRCs) and foreign files are
+/// read too, each tensor then one stored block.
 /// Per-rank form: a directory of `rank_<r>.safetensors` (rank r's blocks, with
 /// {"format": "xshard-rank", "xshard.rank": "<r>", "xshard.crc32": {...}}), `strategy.json`
 /// and `checkpoint.json` ({"format": "xshard-checkpoint", "version": 1, "step", "ranks"}).
@@ -15,9 +22,10 @@
 /// A checkpoint is a set of *stored blocks*: for the integrated form, every tensor whole in
 /// one file; for the per-rank form, the block of each tensor that each rank held, in that
 /// rank's file (replicated blocks once each: the copy of the first holder). `read_box` reads
-/// any box of a tensor, wherever its bytes are, reading only the bytes it needs;
-/// `pieces_to_verify`, `checksum_of` and `damaged` check the stored bytes against their
-/// CRC-32s, in pieces any process may take a share of.
+/// any box of a tensor, wherever its bytes are, reading only the bytes it needs; `read_block`
+/// reads a whole stored block and checksums it as it reads; `pieces_to_verify`, `checksum_of`
+/// and `damaged` check the stored bytes against their CRC-32s, in pieces any process may take
+/// a share of.
 
 #include <xshard/core/partition.hpp>
 #include <xshard/core/volume.hpp>
@@ -32,9 +40,12 @@
 #include <cstdint>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -49,20 +60,84 @@ inline std::string rank_file(const std::string& dir, int rank) {
     return dir + "/rank_" + std::to_string(rank) + ".safetensors";
 }
 
+/// The stored blocks of a tensor of `shape` with layout `lay` saved on `mesh`: the block of
+/// each primary holder (coordinate 0 along the replicated axes), in mesh rank order, as
+/// (rank, offset, extent). Work and memory in proportion to the number of blocks, whatever
+/// the mesh's size.
+inline std::vector<std::tuple<int, std::vector<std::size_t>, std::vector<std::size_t>>>
+primary_blocks(const mesh_shape& mesh, const layout& lay, const std::vector<std::size_t>& shape) {
+    const auto spread = lay.replicated_axes(mesh);
+    const int count = mesh.size() / mesh.group_size(spread);
+    std::vector<std::tuple<int, std::vector<std::size_t>, std::vector<std::size_t>>> out;
+    out.reserve(std::size_t(count));
+    auto c = mesh.coords(0);
+    for (int g = 0; g < count; ++g) {
+        // The g-th combination of the coordinates on the other axes (row-major).
+        for (std::size_t a = mesh.ndim(), rest = std::size_t(g); a-- > 0;) {
+            if (spread.contains(a))
+                continue;
+            c[a] = int(rest % std::size_t(mesh.sizes[a]));
+            rest /= std::size_t(mesh.sizes[a]);
+        }
+        std::vector<std::size_t> offset, extent;
+        for (std::size_t d = 0; d < shape.size(); ++d) {
+            const auto k = std::size_t(lay.split_count(d, mesh)),
+                       i = std::size_t(lay.block_index(d, mesh, c));
+            offset.push_back(block_offset(shape[d], k, i));
+            extent.push_back(block_extent(shape[d], k, i));
+        }
+        out.emplace_back(mesh.rank_of(c), std::move(offset), std::move(extent));
+    }
+    return out;
+}
+
+/// The number of stored blocks of a tensor with layout `lay` saved on `mesh`.
+inline std::size_t primary_block_count(const mesh_shape& mesh, const layout& lay) {
+    return std::size_t(mesh.size() / mesh.group_size(lay.replicated_axes(mesh)));
+}
+
 /// The header of an integrated checkpoint of `entries` (offsets set here), with the CRC-32 of
-/// each (in entry order; zeros where not known yet: the header keeps its length whatever the
-/// checksums, so that it can be written first and rewritten once they are known).
-inline std::string integrated_header(std::vector<tensor_entry>& entries,
-                                     const strategy_file& strategy, std::int64_t step,
-                                     const std::vector<std::optional<std::uint32_t>>& crcs = {}) {
-    nlohmann::ordered_json j = nlohmann::ordered_json::object();
-    for (std::size_t i = 0; i < entries.size(); ++i)
+/// each (in entry order) and of each of its stored blocks (`block_crcs[i]`, in the order of
+/// primary_blocks; a tensor with none gets no block checksums). Zeros where not known yet:
+/// the header keeps its length whatever the checksums, so that it can be written first and
+/// rewritten once they are known.
+inline std::string
+integrated_header(std::vector<tensor_entry>& entries, const strategy_file& strategy,
+                  std::int64_t step, const std::vector<std::optional<std::uint32_t>>& crcs = {},
+                  const std::vector<std::vector<std::uint32_t>>& block_crcs = {}) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::object(),
+                           blocks = nlohmann::ordered_json::object();
+    for (std::size_t i = 0; i < entries.size(); ++i) {
         j[entries[i].name] = crc_hex(i < crcs.size() && crcs[i] ? *crcs[i] : 0);
+        if (i < block_crcs.size() && !block_crcs[i].empty()) {
+            std::string hex;
+            for (const auto crc : block_crcs[i])
+                hex += crc_hex(crc);
+            blocks[entries[i].name] = hex;
+        }
+    }
     return make_header(entries, {{"format", "xshard"},
-                                 {"xshard.version", "1"},
+                                 {"xshard.version", "2"},
                                  {"xshard.step", std::to_string(step)},
                                  {"xshard.strategy", strategy.to_json()},
-                                 {"xshard.crc32", j.dump()}});
+                                 {"xshard.crc32", j.dump()},
+                                 {"xshard.block_crc32", blocks.dump()}});
+}
+
+/// A block CRC map ({"name": "<8 lowercase hex digits per block>", ...}), else io_error.
+inline std::map<std::string, std::string> parse_block_checksums(const std::string& text) {
+    const auto j = parse_json(text);
+    if (!j.is_object())
+        throw io_error("xshard: the block checksums are not a JSON object");
+    std::map<std::string, std::string> out;
+    for (const auto& [name, crcs] : j.items()) {
+        if (!crcs.is_string() || crcs.get<std::string>().size() % 8 != 0 ||
+            crcs.get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos)
+            throw io_error("xshard: the block checksums of '" + printable(name) +
+                           "' are not 8 hex digits per block");
+        out[name] = crcs.get<std::string>();
+    }
+    return out;
 }
 
 /// The bytes a writer checksums and then writes at a time: small enough that the write
@@ -340,6 +415,7 @@ inline void finish_per_rank(const std::string& tmp, const std::string& path,
 struct stored_block {
     int file = 0;
     std::vector<std::size_t> offset, extent;
+    std::size_t index = 0; ///< its place among the tensor's stored blocks (blocks())
 
     std::size_t size() const { return volume(extent); }
 };
@@ -395,6 +471,15 @@ public:
                 step_ = detail::parse_step(it->second);
             if (const auto it = meta.find("xshard.crc32"); it != meta.end())
                 checksums_[0] = detail::parse_checksums(it->second);
+            const auto version = meta.find("xshard.version");
+            if (version != meta.end() && version->second != "1" && version->second != "2")
+                throw io_error("version " + detail::printable(version->second) +
+                               " is not one xshard reads (1 or 2)");
+            // (Block checksums follow the file's strategy: without one, there are none.)
+            if (const auto it = meta.find("xshard.block_crc32");
+                it != meta.end() && version != meta.end() && version->second == "2" &&
+                meta.count("xshard.strategy"))
+                block_checksums_ = detail::parse_block_checksums(it->second);
         } catch (const std::exception& e) {
             throw io_error("xshard: " + path_ + ": malformed xshard metadata: " + e.what());
         }
@@ -414,6 +499,16 @@ public:
             if (!t || t->dtype != p.dtype || t->shape != p.shape)
                 throw io_error("xshard: " + path_ + ": tensor '" + detail::printable(p.name) +
                                "' is not stored as its strategy says");
+            // One checksum per stored block (checked before anything is enumerated: the work
+            // per tensor is bounded by the header's length, whatever the mesh).
+            if (const auto it = block_checksums_.find(p.name);
+                it != block_checksums_.end() &&
+                it->second.size() / 8 != detail::primary_block_count(strategy_.mesh, p.lay))
+                throw io_error("xshard: " + path_ + ": malformed xshard metadata: '" +
+                               detail::printable(p.name) + "' has " +
+                               std::to_string(it->second.size() / 8) + " block checksums for " +
+                               std::to_string(detail::primary_block_count(strategy_.mesh, p.lay)) +
+                               " stored blocks");
         }
     }
 
@@ -453,49 +548,96 @@ public:
 
     /// The stored blocks of tensor `e`, in file order.
     std::vector<stored_block> blocks(const strategy_entry& e) const {
-        if (format_ == checkpoint_format::integrated)
-            return {stored_block{0, std::vector<std::size_t>(e.shape.size(), 0), e.shape}};
+        if (format_ == checkpoint_format::integrated && !block_checksums_.count(e.name))
+            return {stored_block{0, std::vector<std::size_t>(e.shape.size(), 0), e.shape, 0}};
         std::vector<stored_block> out;
-        const auto& mesh = strategy_.mesh;
-        const auto spread = e.lay.replicated_axes(mesh);
-        for (int s = 0; s < mesh.size(); ++s) {
-            if (mesh.group_rank(s, spread) != 0)
-                continue;
-            stored_block b{s, {}, {}};
-            const auto c = mesh.coords(s);
-            for (std::size_t d = 0; d < e.shape.size(); ++d) {
-                const auto k = std::size_t(e.lay.split_count(d, mesh)),
-                           i = std::size_t(e.lay.block_index(d, mesh, c));
-                b.offset.push_back(block_offset(e.shape[d], k, i));
-                b.extent.push_back(block_extent(e.shape[d], k, i));
-            }
-            out.push_back(std::move(b));
-        }
+        for (auto& [rank, offset, extent] : detail::primary_blocks(strategy_.mesh, e.lay, e.shape))
+            out.push_back({format_ == checkpoint_format::integrated ? 0 : rank, std::move(offset),
+                           std::move(extent), out.size()});
         return out;
+    }
+
+    /// The stored checksum (8 hex digits) of block `b` of tensor `e`, if any.
+    std::optional<std::string> checksum(const strategy_entry& e, const stored_block& b) const {
+        if (const auto it = block_checksums_.find(e.name); it != block_checksums_.end())
+            return it->second.substr(8 * b.index, 8);
+        return checksum(b.file, e.name);
+    }
+
+    /// Where the bytes of stored block `b` of `e` are in its file, in the block's own
+    /// row-major order: (position, length) runs.
+    std::vector<std::pair<std::size_t, std::size_t>> segments(const strategy_entry& e,
+                                                              const stored_block& b) const {
+        const auto begin = stored_begin(b, e);
+        const auto [offset, extent] = container(e, b);
+        auto runs =
+            detail::runs_of(extent, relative(b.offset, offset), b.extent, dtype_size(e.dtype));
+        for (auto& r : runs)
+            r.first += begin;
+        return runs;
+    }
+
+    /// Reads the part of stored block `b` of `e` inside the box (`offset`, `extent`) into
+    /// `out` (that box, row-major, contiguous). Nothing is checked.
+    void read_part(const strategy_entry& e, const stored_block& b,
+                   const std::vector<std::size_t>& offset, const std::vector<std::size_t>& extent,
+                   std::byte* out) const {
+        std::vector<std::size_t> ro(offset.size()), re(offset.size());
+        for (std::size_t d = 0; d < offset.size(); ++d) {
+            const auto lo = std::max(b.offset[d], offset[d]);
+            const auto hi = std::min(b.offset[d] + b.extent[d], offset[d] + extent[d]);
+            ro[d] = lo;
+            re[d] = hi > lo ? hi - lo : 0;
+            if (re[d] == 0)
+                return;
+        }
+        const auto& f = open(b.file).first;
+        const auto begin = stored_begin(b, e);
+        const auto [so, se] = container(e, b);
+        for (const auto& [from, to, n] :
+             detail::copy_runs(ro, re, so, se, offset, extent, dtype_size(e.dtype)))
+            f.read_at(out + to, n, begin + from);
+    }
+
+    /// Reads stored block `b` of `e` whole into `out` (the row-major box (`offset`,
+    /// `extent`), which contains the block), checksumming it as it is read (in pieces of at
+    /// most 1 MiB, checksummed while in the cache): returns the CRC-32 of its bytes in the
+    /// block's order, which its stored checksum is.
+    std::uint32_t read_block(const strategy_entry& e, const stored_block& b,
+                             const std::vector<std::size_t>& offset,
+                             const std::vector<std::size_t>& extent, std::byte* out) const {
+        if (b.size() == 0)
+            return 0;
+        const auto& f = open(b.file).first;
+        const auto begin = stored_begin(b, e);
+        const auto [so, se] = container(e, b);
+        std::uint32_t crc = 0;
+        for (const auto& [from, to, n] :
+             detail::copy_runs(b.offset, b.extent, so, se, offset, extent, dtype_size(e.dtype)))
+            for (std::size_t done = 0; done < n;) {
+                const auto k = std::min(detail::write_piece, n - done);
+                f.read_at(out + to + done, k, begin + from + done);
+                crc = detail::crc32_of(out + to + done, k, crc);
+                done += k;
+            }
+        return crc;
+    }
+
+    /// The CRC-32 of stored block `b` of `e`, read through `buffer` in pieces of at most
+    /// 16 MiB.
+    std::uint32_t crc_of_block(const strategy_entry& e, const stored_block& b,
+                               std::vector<std::byte>& buffer) const {
+        std::uint32_t crc = 0;
+        for (const auto& [at, n] : segments(e, b))
+            crc = crc_of_range(b.file, at, n, buffer, crc);
+        return crc;
     }
 
     /// Reads the box (`offset`, `extent`) of tensor `e` into `out` (row-major, contiguous).
     void read_box(const strategy_entry& e, const std::vector<std::size_t>& offset,
                   const std::vector<std::size_t>& extent, std::byte* out) const {
-        const std::size_t element = dtype_size(e.dtype);
-        for (const auto& b : blocks(e)) {
-            std::vector<std::size_t> ro(offset.size()), re(offset.size());
-            bool empty = false;
-            for (std::size_t d = 0; d < offset.size(); ++d) {
-                const auto lo = std::max(b.offset[d], offset[d]);
-                const auto hi = std::min(b.offset[d] + b.extent[d], offset[d] + extent[d]);
-                ro[d] = lo;
-                re[d] = hi > lo ? hi - lo : 0;
-                empty = empty || re[d] == 0;
-            }
-            if (empty)
-                continue;
-            const auto& f = open(b.file).first;
-            const auto begin = stored_begin(b, e);
-            for (const auto& [from, to, n] :
-                 detail::copy_runs(ro, re, b.offset, b.extent, offset, extent, element))
-                f.read_at(out + to, n, begin + from);
-        }
+        for (const auto& b : blocks(e))
+            read_part(e, b, offset, extent, out);
     }
 
     /// Opens now the files that read_box(e, offset, extent) reads (so that later reads come
@@ -513,45 +655,46 @@ public:
     }
 
     /// A piece of the stored bytes that verification reads: `length` bytes at `at` in file
-    /// `file`, bytes [offset, offset + length) of stored block `key` (file * count + index of
-    /// the tensor in the list verified).
+    /// `file`, bytes [offset, offset + length) of checksummed stored block `key` (the blocks
+    /// verified, numbered in the order of the tensors and of their blocks).
     struct piece {
         int file;
         std::size_t at, length;
         std::uint64_t key, offset;
     };
 
-    /// The stored bytes of `tensors` that carry a checksum, in pieces of at most `chunk`
-    /// bytes: reading each once, wherever and by whomever, verifies them all.
+    /// Which stored blocks verification covers: `(i, b)` for block `b` of tensor `i` of the
+    /// list verified; every block when empty.
+    using block_filter = std::function<bool(std::size_t, const stored_block&)>;
+
+    /// The stored bytes of `tensors` (of their blocks that `only` selects) that carry a
+    /// checksum, in pieces of at most `chunk` bytes: reading each once, wherever and by
+    /// whomever, verifies them all.
     std::vector<piece> pieces_to_verify(const std::vector<const strategy_entry*>& tensors,
-                                        std::size_t chunk) const {
+                                        std::size_t chunk, const block_filter& only = {}) const {
         std::vector<piece> out;
+        std::uint64_t key = 0;
         for (std::size_t i = 0; i < tensors.size(); ++i)
             for (const auto& b : blocks(*tensors[i])) {
-                if (!checksum(b.file, tensors[i]->name))
+                if ((only && !only(i, b)) || !checksum(*tensors[i], b))
                     continue;
-                const auto begin = stored_begin(b, *tensors[i]);
-                const auto bytes = b.size() * dtype_size(tensors[i]->dtype);
-                for (std::size_t o = 0; o < bytes; o += chunk)
-                    out.push_back({b.file, begin + o, std::min(chunk, bytes - o),
-                                   std::uint64_t(b.file) * tensors.size() + i, o});
+                std::uint64_t offset = 0;
+                for (const auto& [at, bytes] : segments(*tensors[i], b))
+                    for (std::size_t o = 0; o < bytes; o += chunk) {
+                        const auto n = std::min(chunk, bytes - o);
+                        out.push_back({b.file, at + o, n, key, offset});
+                        offset += n;
+                    }
+                ++key;
             }
         return out;
     }
 
-    /// The CRC-32 of `n` bytes at `at` in file `file`, read through `buffer` in 16 MiB pieces.
+    /// The CRC-32 of `n` bytes at `at` in file `file` (continuing `crc`), read through
+    /// `buffer` in 16 MiB pieces.
     std::uint32_t crc_of_range(int file, std::size_t at, std::size_t n,
-                               std::vector<std::byte>& buffer) const {
-        const auto& f = open(file).first;
-        buffer.resize(std::max(buffer.size(), std::min<std::size_t>(n, std::size_t(16) << 20)));
-        std::uint32_t crc = 0;
-        for (std::size_t done = 0; done < n;) {
-            const auto k = std::min(buffer.size(), n - done);
-            f.read_at(buffer.data(), k, at + done);
-            crc = detail::crc32_of(buffer.data(), k, crc);
-            done += k;
-        }
-        return crc;
+                               std::vector<std::byte>& buffer, std::uint32_t crc = 0) const {
+        return detail::crc_of_range(open(file).first, at, n, buffer, crc);
     }
 
     /// Reads piece `p` (into `buffer`) and returns its checksum run.
@@ -561,26 +704,44 @@ public:
         return {p.key, p.offset, p.length, detail::crc32_of(buffer.data(), p.length)};
     }
 
-    /// The stored blocks of `tensors` whose checksum `runs` (of all their pieces to verify)
-    /// do not give, e.g. "w1 (in dir/rank_3.safetensors), b"; empty if none.
+    /// The stored blocks of `tensors` (those `only` selects) whose checksum `runs` (of all
+    /// their pieces to verify) do not give, e.g. "w1 (in dir/rank_3.safetensors), b"; empty if
+    /// none.
     std::string damaged(const std::vector<const strategy_entry*>& tensors,
-                        std::vector<detail::crc_run> runs) const {
-        const std::size_t n = tensors.size(), files = file_count();
-        std::vector<std::uint64_t> sizes(files * n, 0);
-        for (std::size_t i = 0; i < n; ++i)
-            for (const auto& b : blocks(*tensors[i]))
-                sizes[std::size_t(b.file) * n + i] = b.size() * dtype_size(tensors[i]->dtype);
+                        std::vector<detail::crc_run> runs, const block_filter& only = {}) const {
+        struct checked {
+            std::size_t tensor;
+            stored_block block;
+            std::string want;
+        };
+        std::vector<checked> list;
+        std::vector<std::uint64_t> sizes;
+        for (std::size_t i = 0; i < tensors.size(); ++i)
+            for (auto& b : blocks(*tensors[i])) {
+                if (only && !only(i, b))
+                    continue;
+                if (auto want = checksum(*tensors[i], b)) {
+                    sizes.push_back(b.size() * dtype_size(tensors[i]->dtype));
+                    list.push_back({i, std::move(b), std::move(*want)});
+                }
+            }
         const auto got = detail::combine_runs(std::move(runs), sizes);
         std::string bad;
-        for (std::size_t i = 0; i < n; ++i)
-            for (const auto& b : blocks(*tensors[i])) {
-                const auto want = checksum(b.file, tensors[i]->name);
-                const auto& have = got[std::size_t(b.file) * n + i];
-                if (want && (!have || detail::crc_hex(*have) != *want))
-                    bad += (bad.empty() ? "" : ", ") + detail::printable(tensors[i]->name) +
-                           (files > 1 ? " (in " + file_path(b.file) + ")" : "");
+        std::set<std::string> seen;
+        for (std::size_t k = 0; k < list.size(); ++k)
+            if (!got[k] || detail::crc_hex(*got[k]) != list[k].want) {
+                auto name = block_name(*tensors[list[k].tensor], list[k].block);
+                if (seen.insert(name).second)
+                    bad += (bad.empty() ? "" : ", ") + name;
             }
         return bad;
+    }
+
+    /// How damage to stored block `b` of `e` is named: "w1 (in dir/rank_3.safetensors)" for
+    /// the per-rank form, "w1" for the integrated form.
+    std::string block_name(const strategy_entry& e, const stored_block& b) const {
+        return detail::printable(e.name) +
+               (file_count() > 1 ? " (in " + file_path(b.file) + ")" : "");
     }
 
     /// How many files hold stored blocks.
@@ -620,10 +781,27 @@ private:
     std::size_t stored_begin(const stored_block& b, const strategy_entry& e) const {
         const auto& [f, h] = open(b.file);
         const auto* stored = h.find(e.name);
-        if (!stored || stored->shape != b.extent || stored->dtype != e.dtype)
+        if (!stored || stored->shape != container(e, b).second || stored->dtype != e.dtype)
             throw io_error("xshard: " + f.path() + " does not hold '" + detail::printable(e.name) +
                            "' as its strategy says");
         return h.data_start + stored->begin;
+    }
+
+    /// The box stored contiguously (row-major) that holds block `b` of `e`: the tensor
+    /// whole in the integrated form, the block itself in the per-rank form.
+    std::pair<std::vector<std::size_t>, std::vector<std::size_t>>
+    container(const strategy_entry& e, const stored_block& b) const {
+        if (format_ == checkpoint_format::integrated)
+            return {std::vector<std::size_t>(e.shape.size(), 0), e.shape};
+        return {b.offset, b.extent};
+    }
+
+    static std::vector<std::size_t> relative(const std::vector<std::size_t>& at,
+                                             const std::vector<std::size_t>& origin) {
+        std::vector<std::size_t> out(at.size());
+        for (std::size_t d = 0; d < at.size(); ++d)
+            out[d] = at[d] - origin[d];
+        return out;
     }
 
     const std::pair<detail::file, safetensors_header>& open(int file) const {
@@ -642,6 +820,7 @@ private:
     strategy_file strategy_;
     mutable std::map<int, std::pair<detail::file, safetensors_header>> files_;
     mutable std::map<int, std::map<std::string, std::string>> checksums_;
+    std::map<std::string, std::string> block_checksums_; ///< integrated, version 2
 };
 
 } // namespace xshard
