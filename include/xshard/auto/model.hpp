@@ -259,7 +259,11 @@ public:
         net.compile();
         const int stages = net.pipeline_settings().stages;
         std::optional<std::string> problem;
-        if (stages > 1) {
+        if (stages > 1 && strategy_searchable<network_type>)
+            problem = "xshard: model: pipeline(" + std::to_string(stages) +
+                      ") is not supported yet for a model whose strategies are searched at run "
+                      "time (searched_mlp): use pipeline(1)";
+        else if (stages > 1) {
             const auto& ms = net.mesh().shape();
             std::size_t a = ms.ndim();
             for (std::size_t i = 0; i < ms.ndim(); ++i)
@@ -293,8 +297,9 @@ public:
     /// One training step on the batch (x, y); returns its loss. Collective over the mesh.
     template <class X, class Y>
     double train_step(const X& x, const Y& y) {
-        if (pipelined())
-            return pipeline_step(x, y);
+        if constexpr (!strategy_searchable<network_type>) // (refused by the constructor)
+            if (pipelined())
+                return pipeline_step(x, y);
         auto& net = net_->model();
         const double l = loss_->forward(net.forward(x), y);
         net.backward(loss_->backward());
