@@ -8,7 +8,7 @@
 
 #include <xshard/pipeline/analysis.hpp>
 
-#include <CLI/CLI.hpp>
+#include "plan_cli.hpp"
 
 #include <cstdio>
 #include <string>
@@ -47,14 +47,8 @@ inline int plan_pipeline(int argc, char** argv) {
     app.add_option("--schedule", schedule, "gpipe, 1f1b, interleaved or zero_bubble");
     app.add_option("--virtual", virtual_stages,
                    "virtual stages v per rank (the interleaved schedule; 2 if not given)");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::CallForHelp& e) {
-        return app.exit(e);
-    } catch (const CLI::ParseError& e) {
-        std::fprintf(stderr, "xshard-plan: %s (see --help)\n", e.what());
-        return 2;
-    }
+    if (const auto status = parse_arguments(app, argc, argv))
+        return *status;
     try {
         const auto kind = pp::parse_schedule(schedule);
         if (kind == pp::schedule_kind::interleaved && app.count("--virtual") == 0)
@@ -96,11 +90,7 @@ inline int plan_pipeline(int argc, char** argv) {
         std::printf("peak in-flight activations %d (per rank:%s)\n", report.peak(), peaks.c_str());
         return report.deadlock_free ? 0 : 1;
     } catch (const std::exception& e) {
-        std::string what = e.what();
-        if (what.rfind("xshard: ", 0) == 0)
-            what = what.substr(8);
-        std::fprintf(stderr, "xshard-plan: %s\n", what.c_str());
-        return 2;
+        return report_failure(e);
     }
 }
 

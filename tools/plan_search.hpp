@@ -13,7 +13,7 @@
 #include <xshard/auto/operator_strategy_file.hpp>
 #include <xshard/auto/search.hpp>
 
-#include <CLI/CLI.hpp>
+#include "plan_cli.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -22,10 +22,6 @@
 #include <vector>
 
 namespace xshard_plan {
-
-struct search_usage_error : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
 
 /// The comma-separated positive counts of `text` (for --model).
 inline std::vector<std::size_t> counts_of(const std::string& text, const std::string& what) {
@@ -36,7 +32,7 @@ inline std::vector<std::size_t> counts_of(const std::string& text, const std::st
         const auto item = text.substr(start, comma == std::string::npos ? comma : comma - start);
         if (item.empty() || item.size() > 12 ||
             item.find_first_not_of("0123456789") != std::string::npos || std::stoull(item) == 0)
-            throw search_usage_error("--model: '" + item + "' in " + what +
+            throw usage_error("--model: '" + item + "' in " + what +
                                      " is not a positive count");
         r.push_back(std::stoull(item));
         if (comma == std::string::npos)
@@ -50,17 +46,17 @@ inline xshard::network_spec parse_model(const std::string& text, std::size_t bat
     const auto colon = text.find(':');
     const std::string kind = text.substr(0, colon);
     if (colon == std::string::npos || (kind != "mlp" && kind != "transformer"))
-        throw search_usage_error("--model: write mlp:in,hidden...,out or "
+        throw usage_error("--model: write mlp:in,hidden...,out or "
                                  "transformer:layers,hidden,heads,seq,vocab, not '" +
                                  text + "'");
     const auto n = counts_of(text.substr(colon + 1), kind);
     if (kind == "mlp") {
         if (n.size() < 2)
-            throw search_usage_error("--model: an mlp needs at least two widths (in and out)");
+            throw usage_error("--model: an mlp needs at least two widths (in and out)");
         return xshard::mlp_network(n, batch);
     }
     if (n.size() != 5)
-        throw search_usage_error("--model: a transformer takes layers,hidden,heads,seq,vocab "
+        throw usage_error("--model: a transformer takes layers,hidden,heads,seq,vocab "
                                  "(5 counts), not " +
                                  std::to_string(n.size()));
     return xshard::transformer_network(n[0], n[1], n[2], n[3], n[4], batch);
@@ -70,12 +66,12 @@ inline xshard::network_spec parse_model(const std::string& text, std::size_t bat
 inline xshard::axis_link parse_axis_link(const std::string& text) {
     const auto eq = text.find('='), comma = text.find(',');
     if (eq == std::string::npos || comma == std::string::npos || comma < eq)
-        throw search_usage_error("--axis-link: write axis=alpha,beta (seconds, seconds per byte), "
+        throw usage_error("--axis-link: write axis=alpha,beta (seconds, seconds per byte), "
                                  "not '" +
                                  text + "'");
     const auto axis = text.substr(0, eq);
     if (axis != "dp" && axis != "tp")
-        throw search_usage_error("--axis-link: the axes are dp and tp, not '" + axis + "'");
+        throw usage_error("--axis-link: the axes are dp and tp, not '" + axis + "'");
     try {
         std::size_t used = 0;
         const auto a = text.substr(eq + 1, comma - eq - 1), b = text.substr(comma + 1);
@@ -87,7 +83,7 @@ inline xshard::axis_link parse_axis_link(const std::string& text) {
             throw std::invalid_argument(b);
         return {xshard::axis_name(axis), {alpha, beta}};
     } catch (const std::invalid_argument&) {
-        throw search_usage_error("--axis-link: '" + text + "' needs two non-negative numbers");
+        throw usage_error("--axis-link: '" + text + "' needs two non-negative numbers");
     }
 }
 
@@ -111,23 +107,17 @@ inline int plan_search(int argc, char** argv) {
     app.add_option("--gemm-flops", gemm, "GEMM speed per rank, FLOP/s (bench_search measures it)");
     app.add_option("--axis-link", links, "a mesh axis' link: axis=alpha,beta (repeatable)");
     app.add_option("--save", save, "write the chosen strategies as an operator strategy file");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::CallForHelp& e) {
-        return app.exit(e);
-    } catch (const CLI::ParseError& e) {
-        std::fprintf(stderr, "xshard-plan: %s (see --help)\n", e.what());
-        return 2;
-    }
+    if (const auto status = parse_arguments(app, argc, argv))
+        return *status;
     try {
         if (batch < 1)
-            throw search_usage_error("--batch must be at least 1");
+            throw usage_error("--batch must be at least 1");
         if (ranks < 1 || ranks > (1LL << 30))
-            throw search_usage_error("--ranks must be in [1, 2^30]");
+            throw usage_error("--ranks must be in [1, 2^30]");
         if (level < 0 || level > 2)
-            throw search_usage_error("--level must be 0, 1 or 2, not " + std::to_string(level));
+            throw usage_error("--level must be 0, 1 or 2, not " + std::to_string(level));
         if (app.count("--memory-per-rank") && !(memory_gib > 0))
-            throw search_usage_error("--memory-per-rank must be a positive number of GiB");
+            throw usage_error("--memory-per-rank must be a positive number of GiB");
         xshard::search_options o;
         o.ranks = int(ranks);
         o.level = level;
@@ -140,10 +130,10 @@ inline int plan_search(int argc, char** argv) {
         else if (dtype == "f64")
             o.machine.element = 8;
         else
-            throw search_usage_error("--dtype must be f16, bf16, f32 or f64, not '" + dtype + "'");
+            throw usage_error("--dtype must be f16, bf16, f32 or f64, not '" + dtype + "'");
         if (app.count("--gemm-flops")) {
             if (!(gemm > 0))
-                throw search_usage_error("--gemm-flops must be positive");
+                throw usage_error("--gemm-flops must be positive");
             o.machine.gemm_flops = gemm;
         }
         for (const auto& l : links)
@@ -157,17 +147,13 @@ inline int plan_search(int argc, char** argv) {
         std::printf("searched %zu candidates on %lld ranks in %.3f s\n", r.candidates, ranks, took);
         if (!save.empty()) {
             if (!r.best)
-                throw search_usage_error("nothing to save: no strategy fits the memory cap");
+                throw usage_error("nothing to save: no strategy fits the memory cap");
             xshard::save_operator_strategy(save, xshard::make_operator_strategy(net, *r.best));
             std::printf("saved the operator strategy file %s\n", save.c_str());
         }
         return r.best ? 0 : 1;
     } catch (const std::exception& e) {
-        std::string what = e.what();
-        if (what.rfind("xshard: ", 0) == 0)
-            what = what.substr(8);
-        std::fprintf(stderr, "xshard-plan: %s\n", what.c_str());
-        return 2;
+        return report_failure(e);
     }
 }
 

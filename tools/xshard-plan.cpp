@@ -13,7 +13,7 @@
 #include <xshard/core/volume.hpp>
 #include <xshard/redistribute/planner.hpp>
 
-#include <CLI/CLI.hpp>
+#include "plan_cli.hpp"
 
 #include "plan_pipeline.hpp"
 #include "plan_search.hpp"
@@ -28,9 +28,7 @@
 
 namespace {
 
-struct usage_error : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
+using xshard_plan::usage_error;
 
 std::vector<std::string> split(const std::string& text) {
     std::vector<std::string> items;
@@ -171,14 +169,8 @@ int main(int argc, char** argv) {
     app.add_option("--ranks", ranks,
                    "number of ranks (fills an 'auto' mesh size; must match the mesh)");
     app.add_option("--rank", rank, "the rank whose part is printed (default 0)");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::CallForHelp& e) {
-        return app.exit(e);
-    } catch (const CLI::ParseError& e) {
-        std::fprintf(stderr, "xshard-plan: %s (see --help)\n", e.what());
-        return 2;
-    }
+    if (const auto status = xshard_plan::parse_arguments(app, argc, argv))
+        return *status;
     try {
         if (ranks < 0)
             throw usage_error("--ranks must be positive");
@@ -198,10 +190,6 @@ int main(int argc, char** argv) {
         return dispatch(shape.size(), std::make_index_sequence<xshard::max_tensor_rank + 1>{}, mesh,
                         shape, element, from, to, rank);
     } catch (const std::exception& e) {
-        std::string what = e.what();
-        if (what.rfind("xshard: ", 0) == 0)
-            what = what.substr(8);
-        std::fprintf(stderr, "xshard-plan: %s\n", what.c_str());
-        return 2;
+        return xshard_plan::report_failure(e);
     }
 }
