@@ -28,6 +28,7 @@
 #include <xshard/redistribute/copy.hpp>
 #include <xshard/redistribute/cost_model.hpp>
 #include <xshard/redistribute/geometry.hpp>
+#include <xshard/redistribute/region_message.hpp>
 
 #include <algorithm>
 #include <array>
@@ -231,13 +232,11 @@ public:
 private:
     /// A message: `count` items of `type` at element `offset` of its buffer (the input, the
     /// output, or for terms beyond the first the scratch buffer, packed).
-    struct message {
-        int peer; ///< mesh rank of the other side
+    /// A message to or from `peer` (the mesh rank of the other side) carrying `region` of
+    /// pending term `term`.
+    struct message : detail::region_message {
         int term;
         box<N> region;
-        std::size_t offset;
-        int count;
-        MPI_Datatype type;
     };
     /// A part this rank holds itself: `region` of term `term`.
     struct local_part {
@@ -309,26 +308,9 @@ private:
 
     message describe_region(int peer, int term, const box<N>& block, const box<N>& region,
                             bool packed, std::size_t packed_offset) {
-        message m{peer, term, region, 0, 1, MPI_DATATYPE_NULL};
-        if (packed || detail::is_contiguous_in(block.extent, region)) {
-            m.offset =
-                packed ? packed_offset : detail::offset_in(block.extent, block.offset, region);
-            if (region.size() <= std::size_t(INT_MAX)) {
-                m.count = int(region.size());
-                m.type = datatype_of<T>();
-            } else {
-                types_.push_back(
-                    derived_datatype::contiguous_large(region.size(), datatype_of<T>()));
-                m.type = types_.back().native();
-            }
-            return m;
-        }
-        box<N> relative = region;
-        for (std::size_t d = 0; d < N; ++d)
-            relative.offset[d] -= block.offset[d];
-        types_.push_back(detail::box_datatype<T>(block.extent, relative));
-        m.type = types_.back().native();
-        return m;
+        return {packed ? types_.contiguous(peer, packed_offset, region.size())
+                       : types_.region(peer, block, region),
+                term, region};
     }
 
     void plan_sends() {
@@ -403,7 +385,7 @@ private:
     std::vector<message> sends_, recvs_;
     std::vector<local_part> locals_;
     std::vector<T> scratch_;
-    std::vector<derived_datatype> types_;
+    detail::region_types<T> types_;
     message_batch batch_;
     step_summary summary_;
 };

@@ -37,6 +37,7 @@
 #include <xshard/redistribute/cost_model.hpp>
 #include <xshard/redistribute/geometry.hpp>
 #include <xshard/redistribute/planner.hpp>
+#include <xshard/redistribute/region_message.hpp>
 
 #include <algorithm>
 #include <array>
@@ -398,14 +399,7 @@ public:
     }
 
 private:
-    /// A message: `count` items of `type` at element `offset` of its buffer.
-    struct message {
-        int peer;
-        std::size_t offset;
-        int count;
-        MPI_Datatype type;
-        std::size_t elements;
-    };
+    using message = detail::region_message;
 
     struct compiled_step {
         step_geometry<N> geo;
@@ -416,34 +410,6 @@ private:
         message_batch messages;
     };
 
-    /// `region` inside `block` as one message: a plain count when contiguous (a contiguous
-    /// type beyond an int count), an MPI subarray type otherwise.
-    message describe_region(int peer, const box<N>& block, const box<N>& region) {
-        message m{peer, 0, 1, MPI_DATATYPE_NULL, region.size()};
-        if (detail::is_contiguous_in(block.extent, region)) {
-            m.offset = detail::offset_in(block.extent, block.offset, region);
-            return with_count(m);
-        }
-        box<N> relative = region;
-        for (std::size_t d = 0; d < N; ++d)
-            relative.offset[d] -= block.offset[d];
-        types_.push_back(detail::box_datatype<T>(block.extent, relative));
-        m.type = types_.back().native();
-        return m;
-    }
-
-    message with_count(message m) {
-        if (m.elements <= std::size_t(INT_MAX)) {
-            m.count = int(m.elements);
-            m.type = datatype_of<T>();
-        } else {
-            types_.push_back(derived_datatype::contiguous_large(m.elements, datatype_of<T>()));
-            m.count = 1;
-            m.type = types_.back().native();
-        }
-        return m;
-    }
-
     template <mesh_type Mesh>
     compiled_step compile(const Mesh& mesh, step_geometry<N> g) {
         const communicator& comm = mesh.sub(g.group);
@@ -451,12 +417,12 @@ private:
         const auto& geo = s.geo;
         std::size_t at = 0;
         for (const auto& [peer, region] : geo.sends) {
-            s.sends.push_back(describe_region(peer, geo.in_block, region));
-            s.packed.push_back(with_count(message{peer, at, 1, MPI_DATATYPE_NULL, region.size()}));
+            s.sends.push_back(types_.region(peer, geo.in_block, region));
+            s.packed.push_back(types_.contiguous(peer, at, region.size()));
             at += region.size();
         }
         for (const auto& [peer, region] : geo.recvs)
-            s.recvs.push_back(describe_region(peer, geo.out_block, region));
+            s.recvs.push_back(types_.region(peer, geo.out_block, region));
         s.messages.reserve(s.sends.size() + s.recvs.size());
         trivial_ =
             trivial_ && geo.in_block == geo.out_block && geo.sends.empty() && geo.recvs.empty();
@@ -508,7 +474,7 @@ private:
     windowed_dims dims_;
     box<N> source_, band_, output_;
     shape_type output_shape_{}, pad_before_{}, pad_after_{};
-    std::vector<derived_datatype> types_;
+    detail::region_types<T> types_;
     std::vector<compiled_step> steps_;
     std::vector<T> intermediate_[2];
     std::vector<T> scratch_;

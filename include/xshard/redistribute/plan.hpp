@@ -15,6 +15,7 @@
 #include <xshard/redistribute/geometry.hpp>
 #include <xshard/redistribute/node_step.hpp>
 #include <xshard/redistribute/planner.hpp>
+#include <xshard/redistribute/region_message.hpp>
 
 #include <algorithm>
 #include <array>
@@ -127,14 +128,7 @@ public:
 private:
     using buffer = std::vector<T, counting_allocator<T>>;
 
-    /// A message: `count` items of `type` at element offset `offset` of its buffer.
-    struct message {
-        int peer;
-        std::size_t offset;
-        int count;
-        MPI_Datatype type;
-        std::size_t elements;
-    };
+    using message = detail::region_message;
 
     struct compiled_step {
         step_geometry<N> geo;
@@ -166,30 +160,6 @@ private:
             s.messages = message_batch(); // the MPI path's slots are not needed
     }
 
-    /// A message for `region` inside `block` of a local buffer: a plain count when the
-    /// region is one contiguous run (one item of a derived contiguous type beyond an int
-    /// count), an MPI subarray datatype otherwise.
-    message describe_region(int peer, const box<N>& block, const box<N>& region) {
-        message m{peer, 0, 1, MPI_DATATYPE_NULL, region.size()};
-        if (detail::is_contiguous_in(block.extent, region)) {
-            m.offset = detail::offset_in(block.extent, block.offset, region);
-            if (region.size() <= std::size_t(INT_MAX)) {
-                m.count = int(region.size());
-                m.type = datatype_of<T>();
-            } else {
-                types_.push_back(derived_datatype::contiguous_large(region.size(), datatype_of<T>()));
-                m.type = types_.back().native();
-            }
-            return m;
-        }
-        box<N> relative = region;
-        for (std::size_t d = 0; d < N; ++d)
-            relative.offset[d] -= block.offset[d];
-        types_.push_back(detail::box_datatype<T>(block.extent, relative));
-        m.type = types_.back().native();
-        return m;
-    }
-
     template <mesh_type Mesh>
     compiled_step compile(const Mesh& mesh, step_geometry<N> g, bool last) {
         compiled_step s{std::move(g), {}, {}, {}, {}, {}, false, last, nullptr, false};
@@ -204,7 +174,7 @@ private:
             // choice of chunking from the same pieces.
             s.pieces.resize(std::size_t(geo.group_size));
             auto piece = [&](const box<N>& region) {
-                const auto m = describe_region(0, geo.in_block, region);
+                const auto m = types_.region(0, geo.in_block, region);
                 return reduce_piece{m.offset, m.elements, m.count, m.type};
             };
             s.chunked = pipelined(geo);
@@ -221,9 +191,9 @@ private:
             break;
         default:
             for (const auto& [peer, region] : geo.sends)
-                s.sends.push_back(describe_region(peer, geo.in_block, region));
+                s.sends.push_back(types_.region(peer, geo.in_block, region));
             for (const auto& [peer, region] : geo.recvs)
-                s.recvs.push_back(describe_region(peer, geo.out_block, region));
+                s.recvs.push_back(types_.region(peer, geo.out_block, region));
             s.messages.reserve(s.sends.size() + s.recvs.size());
             break;
         }
@@ -304,7 +274,7 @@ private:
     reducer<T> reducer_;
     buffer intermediate_[2] = {buffer(counting_allocator<T>(stats_.get())),
                                buffer(counting_allocator<T>(stats_.get()))};
-    std::vector<derived_datatype> types_;
+    detail::region_types<T> types_;
     std::vector<compiled_step> steps_;
     plan_summary summary_;
     box<N> from_block_, to_block_;
