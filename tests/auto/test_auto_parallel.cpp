@@ -158,8 +158,12 @@ TEST(auto_parallel, dataset_strategy) {
     config_t c(model, m);
     EXPECT_EQ(c.dataset_mode(), xshard::dataset_strategy::data_parallel);
     EXPECT_EQ(c.dataset_mesh().dataset(), xshard::dataset_strategy::data_parallel);
+    // The loss's repetitions: the ranks that hold the same rows.
+    const int tp = m.axis_size<"tp">();
+    EXPECT_EQ(c.loss_repetitions(), tp) << where(m);
     c.dataset_strategy("full_batch");
     EXPECT_EQ(c.dataset_mesh().dataset(), xshard::dataset_strategy::full_batch);
+    EXPECT_EQ(c.loss_repetitions(), m.size()) << where(m);
     c.dataset_strategy("data_parallel");
     EXPECT_EQ(c.dataset_mesh().dataset(), xshard::dataset_strategy::data_parallel);
     // The whole mesh's count fits the run (dp, tp) of axes.
@@ -171,10 +175,12 @@ TEST(auto_parallel, dataset_strategy) {
     if (n > 1) {
         EXPECT_FALSE(c.input_layouts()[0].dims[0].empty()) << where(m);
     }
+    EXPECT_EQ(c.loss_repetitions(), 1) << where(m); // rows split over every rank
     EXPECT_EQ(c.dataset_mode(), xshard::dataset_strategy::unset);
     const std::vector<layout> ls{layout::parse("[dp, -]"), layout::parse("[dp]")};
     c.dataset_strategy(ls);
     EXPECT_EQ(c.input_layouts(), ls);
+    EXPECT_EQ(c.loss_repetitions(), tp) << where(m);
     c.dataset_strategy("full_batch");
     EXPECT_TRUE(c.input_layouts().empty());
 
@@ -223,11 +229,15 @@ TEST(auto_parallel, hsdp_values) {
     expect_error([&] { c.hsdp({.optimizer_level = xshard::optimizer_level(0)}); },
                  "optimizer_level must be one of");
     EXPECT_EQ(c.hsdp_config()->threshold, 5); // unchanged by the failures
-    // level3 is MindSpore's valid value: the driver's compile() raises (its steps do not run
-    // the per-layer gathers yet), a hand-written loop gets level3 sharding from make_hsdp().
+    // level3: compile() accepts it (the driver runs it: see model_driver), make_hsdp() gives
+    // level3 sharding to a hand-written loop; with pipeline stages compile() raises.
     c.hsdp(-1, 64, "level3");
-    expect_error([&] { c.compile(); }, "level3 is not supported yet");
+    c.compile();
     EXPECT_EQ(c.make_hsdp()->options().optimizer_level, xshard::optimizer_level::level3);
+    if (m.size() % 2 == 0) {
+        c.pipeline(2);
+        expect_error([&] { c.compile(); }, "level3 with pipeline(2) is not supported yet");
+    }
 }
 
 // --- pipeline -------------------------------------------------------------------------------
@@ -429,6 +439,7 @@ record drive(const mesh_t& m, Configure&& configure, std::ostream* monitor = nul
 
 TEST(model_driver, losses_equal_the_manual_loop) {
     const auto w = world();
+    const mesh_t one(xshard::communicator::self(), {1, 1});
     using mode = xshard::fusion_threshold::mode;
     for (const auto& m : {mesh_t(w, {w.size(), 1}), world_mesh()}) {
         const std::string ctx = where(m);
@@ -453,6 +464,23 @@ TEST(model_driver, losses_equal_the_manual_loop) {
         }
         expect_same(drive(m, level2), run(m, level2), ctx + " hsdp level2 mean");
         expect_same(drive(m, fused), run(m, fused), ctx + " hsdp level1 fused");
+        // Level3 (the passes through hsdp::forward/backward): the manual loop without it, and
+        // so one rank's run.
+        expect_same(drive(m, [](config_t& c) { c.hsdp(-1, 0, "level3"); }), run(one, plain),
+                    ctx + " hsdp level3 against one rank");
+        expect_same(drive(m,
+                          [](config_t& c) {
+                              c.hsdp(-1, 0, "level3");
+                              c.enable_gradients_mean();
+                          }),
+                    run(m, [](config_t& c) { c.enable_gradients_mean(); }),
+                    ctx + " hsdp level3 mean");
+        expect_same(drive(m,
+                          [](config_t& c) {
+                              c.hsdp(-1, 1, "level3"); // 1 KB: some weights stay unsharded
+                              c.comm_fusion({.openstate = false});
+                          }),
+                    run(one, plain), ctx + " hsdp level3 1KB unfused");
         // Local norms dumped by the driver: one line per gradient and step.
         const std::string dir = scratch("driver_norms");
         const std::string file = dir + "/local_norm_rank" + std::to_string(w.rank()) + ".txt";
@@ -599,17 +627,23 @@ TEST(model_driver, eval_equals_a_serial_computation) {
     const auto w = world();
     const auto [expected_loss, expected_accuracy] = serial_metrics({0, 1, 2});
     EXPECT_GT(expected_accuracy, 0.0); // the check can fail: some labels are predicted
-    for (const auto& m : {mesh_t(w, {w.size(), 1}), world_mesh(), mesh_t(w, {1, w.size()})}) {
-        auto model = make_model(m);
-        config_t c(model, m);
-        optim::sgd opt({.lr = 0.1});
-        nn::parallel_cross_entropy<double, mesh_t> loss;
-        xshard::model trainer(c, loss, opt);
-        const auto r = trainer.eval(std::vector{batch(m, 0), batch(m, 1), batch(m, 2)});
-        EXPECT_EQ(r.samples, 3 * rows) << where(m);
-        EXPECT_NEAR(r.loss, expected_loss, 1e-12) << where(m);
-        EXPECT_DOUBLE_EQ(r.accuracy, expected_accuracy) << where(m);
-    }
+    for (const auto& m : {mesh_t(w, {w.size(), 1}), world_mesh(), mesh_t(w, {1, w.size()})})
+        for (const bool level3 : {false, true}) { // level3: the weights gathered for eval
+            auto model = make_model(m);
+            config_t c(model, m);
+            if (level3)
+                c.hsdp(-1, 0, "level3");
+            optim::sgd opt({.lr = 0.1});
+            nn::parallel_cross_entropy<double, mesh_t> loss;
+            xshard::model trainer(c, loss, opt);
+            const auto ctx = where(m) + (level3 ? " hsdp level3" : "");
+            for (int twice = 0; twice < 2; ++twice) {
+                const auto r = trainer.eval(std::vector{batch(m, 0), batch(m, 1), batch(m, 2)});
+                EXPECT_EQ(r.samples, 3 * rows) << ctx;
+                EXPECT_NEAR(r.loss, expected_loss, 1e-12) << ctx;
+                EXPECT_DOUBLE_EQ(r.accuracy, expected_accuracy) << ctx;
+            }
+        }
 }
 
 TEST(model_driver, checkpoint_callback_saves_keeps_and_resumes_in_another_strategy) {
@@ -644,17 +678,52 @@ TEST(model_driver, checkpoint_callback_saves_keeps_and_resumes_in_another_strate
     EXPECT_FALSE(std::filesystem::exists(file("mlp-1_2"))) << "not removed (keep 3)";
     for (const char* kept : {"mlp-1_4", "mlp-2_6", "mlp-2_8"})
         EXPECT_TRUE(std::filesystem::exists(file(kept))) << kept;
-    // Resumed from step 4 on another mesh, without hsdp: the last 4 steps and the weights
-    // are the uninterrupted run's (the momentum restored with the weights).
-    for (const auto& m : {mesh_t(w, {w.size(), 1}), mesh_t(w, {1, w.size()})}) {
+    // The same run at hsdp level3 (weights gathered to be saved): the same trajectory.
+    record full3;
+    {
+        const auto m = world_mesh();
         auto model = make_model(m);
         config_t c(model, m);
+        c.hsdp(-1, 0, "level3");
         optim::momentum opt({.lr = 0.1, .momentum = 0.9});
         nn::parallel_cross_entropy<double, mesh_t> loss;
         xshard::model trainer(c, loss, opt);
-        const auto info = trainer.load_checkpoint(file("mlp-1_4"));
-        EXPECT_EQ(info.step, 4);
-        EXPECT_EQ(trainer.steps(), 4u);
+        full3.losses = trainer.train(
+            2, epochs_of_batches{&m, 4},
+            {xshard::callbacks::model_checkpoint(
+                {.save_checkpoint_steps = 4, .prefix = "mlp3", .directory = dir})});
+        xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
+            full3.weights.push_back(xshard::gather_all(wt.value));
+        });
+    }
+    expect_same(full3, full, "hsdp level3 against level2");
+    // Resumed from step 4 on another mesh and hsdp level: the last 4 steps and the weights
+    // are the uninterrupted run's (the momentum restored with the weights). Level2's
+    // checkpoint at levels 0 and 3, level3's at levels 0, 1 and 3.
+    struct resume {
+        mesh_t m;
+        const char* level; // "" for no hsdp
+        const char* saved;
+    };
+    const std::vector<resume> resumes{{mesh_t(w, {w.size(), 1}), "", "mlp-1_4"},
+                                      {mesh_t(w, {1, w.size()}), "", "mlp-1_4"},
+                                      {mesh_t(w, {w.size(), 1}), "level3", "mlp-1_4"},
+                                      {world_mesh(), "level3", "mlp-1_4"},
+                                      {mesh_t(w, {1, w.size()}), "", "mlp3-1_4"},
+                                      {mesh_t(w, {w.size(), 1}), "level1", "mlp3-1_4"},
+                                      {mesh_t(w, {w.size(), 1}), "level3", "mlp3-1_4"}};
+    for (const auto& [m, level, saved] : resumes) {
+        const std::string ctx = where(m) + " " + saved + " resumed at step 4 at hsdp '" + level + "'";
+        auto model = make_model(m);
+        config_t c(model, m);
+        if (*level)
+            c.hsdp(-1, 0, level);
+        optim::momentum opt({.lr = 0.1, .momentum = 0.9});
+        nn::parallel_cross_entropy<double, mesh_t> loss;
+        xshard::model trainer(c, loss, opt);
+        const auto info = trainer.load_checkpoint(file(saved));
+        EXPECT_EQ(info.step, 4) << ctx;
+        EXPECT_EQ(trainer.steps(), 4u) << ctx;
         record resumed;
         resumed.losses = trainer.train(2, epochs_of_batches{&m, 4}, {}, 1);
         xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
@@ -662,12 +731,70 @@ TEST(model_driver, checkpoint_callback_saves_keeps_and_resumes_in_another_strate
         });
         record tail = full;
         tail.losses.erase(tail.losses.begin(), tail.losses.begin() + 4);
-        expect_same(resumed, tail, where(m) + " resumed at step 4");
+        expect_same(resumed, tail, ctx);
         // A missing checkpoint raises on every rank.
         expect_error([&] { (void)trainer.load_checkpoint(file("mlp-9_99")); }, "mlp-9_99");
     }
     expect_error([] { (void)xshard::callbacks::model_checkpoint({.save_checkpoint_steps = 0}); },
                  "save_checkpoint_steps must be a positive integer");
+}
+
+// --- disable_loss_repeated_mean: the backward seed times the loss's repetitions ---------------
+
+/// The change of every weight (gathered) in one SGD step of the driver on batch 0.
+template <class Configure>
+std::vector<xt::xarray<double>> one_step_change(const mesh_t& m, Configure&& configure) {
+    auto model = make_model(m);
+    config_t c(model, m);
+    configure(c);
+    std::vector<xt::xarray<double>> before, change;
+    xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
+        before.push_back(xshard::gather_all(wt.value));
+    });
+    optim::sgd opt({.lr = 0.1});
+    nn::parallel_cross_entropy<double, mesh_t> loss;
+    xshard::model trainer(c, loss, opt);
+    EXPECT_EQ(trainer.loss_gradient_scale(), c.loss_repeated_mean() ? 1 : c.loss_repetitions());
+    (void)trainer.train(1, std::vector{batch(m, 0)});
+    xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
+        change.push_back(xshard::gather_all(wt.value) - before[change.size()]);
+    });
+    return change;
+}
+
+TEST(model_driver, disable_loss_repeated_mean_scales_the_gradients_by_the_repetitions) {
+    const auto w = world();
+    // (mesh, r): the rows are split over dp (data_parallel: the first axis), the loss of a
+    // block of rows computed on the tp ranks that hold it.
+    std::vector<std::pair<mesh_t, int>> meshes{{mesh_t(w, {w.size(), 1}), 1},
+                                               {mesh_t(w, {1, w.size()}), w.size()}};
+    if (w.size() > 2 && w.size() % 2 == 0)
+        meshes.emplace_back(world_mesh(), 2);
+    for (const auto& [m, r] : meshes) {
+        const std::string ctx = where(m) + " r " + std::to_string(r);
+        auto model = make_model(m);
+        config_t c(model, m);
+        EXPECT_EQ(c.loss_repetitions(), r) << ctx;
+        c.dataset_strategy("full_batch");
+        EXPECT_EQ(c.loss_repetitions(), m.size()) << ctx;
+        for (const char* level : {"", "level2", "level3"}) {
+            const auto base = [&](config_t& cc) {
+                if (*level)
+                    cc.hsdp(-1, 0, level);
+            };
+            const auto plain = one_step_change(m, base);
+            const auto repeated = one_step_change(m, [&](config_t& cc) {
+                base(cc);
+                cc.disable_loss_repeated_mean();
+            });
+            ASSERT_EQ(plain.size(), repeated.size());
+            for (std::size_t i = 0; i < plain.size(); ++i) {
+                EXPECT_GT(xt::amax(xt::abs(plain[i]))(), 1e-6) << ctx; // the check can fail
+                EXPECT_TRUE(xt::allclose(repeated[i], double(r) * plain[i], 1e-10, 1e-13))
+                    << ctx << " hsdp '" << level << "' weight " << i;
+            }
+        }
+    }
 }
 
 // --- no_init_parameters_in_compile: deferred, shard-local initialisation ---------------------

@@ -17,7 +17,8 @@
 /// conditions and agrees on the outcome over the mesh (one all-reduce of an int), so an
 /// invalid value raises `xshard::error` on every rank. Settings whose mechanism xshard lacks
 /// are recorded, and `compile()` (the use) raises "not available yet" / "not supported yet"
-/// for them: hsdp level3, interleave with another scheduler than 1f1b. Parallel modes
+/// for them: hsdp level3 together with pipeline stages, interleave with another scheduler
+/// than 1f1b. Parallel modes
 /// sharding_propagation and recursive_programming run their engines in `compile()`
 /// (auto/strategy_engine.hpp) on a model whose strategies are set at run time
 /// (auto/searched_mlp.hpp); on any other model they raise.
@@ -227,8 +228,9 @@ public:
     }
 
     /// Optimizer sharding (MindSpore's hsdp). shard_size -1 or in (0, ranks]; threshold >= 0
-    /// KB; level1, level2 or level3 (level3 is recorded: compile() raises, not supported
-    /// yet). Agreed over the mesh.
+    /// KB; level1, level2 or level3 (level3: the driver runs its steps through hsdp::forward /
+    /// backward; compile() raises, not supported yet, for level3 with pipeline stages > 1).
+    /// Agreed over the mesh.
     void hsdp(const hsdp_options& o) {
         std::optional<std::string> problem;
         if (!(o.shard_size == -1 || o.shard_size > 0))
@@ -294,8 +296,14 @@ public:
     void enable_fp32_communication() { fp32_communication_ = true; }
     /// 16-bit gradients all-reduced in their own type (unless enable_fp32_communication).
     void disable_gradient_fp32_sync() { gradient_fp32_sync_ = false; }
-    /// Recorded (loss_repeated_mean()): xshard computes a replicated loss once, so its
-    /// gradient is never divided by a repetition count either way.
+    /// MindSpore: "the mean operator is not executed backwards when the calculation is
+    /// repeated". The loss is computed repeatedly on the `loss_repetitions()` ranks r that
+    /// hold the same rows of the batch; by default (as MindSpore's loss repeated mean) the
+    /// loss gradient's terms over those r ranks sum to the gradient of the loss, and after
+    /// this call the driver (xshard::model) scales the backward seed (the loss gradient) by r,
+    /// so every gradient comes out r times the default's, as MindSpore's do without the
+    /// division by r. Pure data parallelism (r = 1) is unchanged. A hand-written loop applies
+    /// it as `model.backward(loss.backward(net.loss_repetitions()))`.
     void disable_loss_repeated_mean() { loss_repeated_mean_ = false; }
     /// Prints each rank's local gradient norms in report_local_norms.
     void print_local_norm() { print_local_norm_ = true; }
@@ -371,11 +379,40 @@ public:
     bool gradient_fp32_sync() const noexcept { return gradient_fp32_sync_; }
     bool loss_repeated_mean() const noexcept { return loss_repeated_mean_; }
 
+    /// How many ranks compute the loss of the same rows (MindSpore's repeated calculation
+    /// number of the loss): the ranks of the model's mesh (the mesh without `pipeline_axis`
+    /// when pipeline stages > 1: a stage's ranks) divided by the ranks the batch's rows are
+    /// split over under the dataset strategy: data_parallel the model mesh's first axis,
+    /// full_batch none, a tuple of layouts the axes of the first input's first dimension.
+    /// On a (dp, tp) mesh under data_parallel: tp. The factor disable_loss_repeated_mean()
+    /// scales the loss gradient by (whether or not it was called). No communication.
+    int loss_repetitions(std::string_view pipeline_axis = "pp") const {
+        const auto& ms = mesh_.shape();
+        int ranks = 1, split = 1;
+        bool first = true;
+        for (std::size_t i = 0; i < ms.ndim(); ++i) {
+            if (pipeline_.stages > 1 && ms.names[i].view() == pipeline_axis)
+                continue;
+            ranks *= ms.sizes[i];
+            if (first && dataset_ == xshard::dataset_strategy::data_parallel)
+                split = ms.sizes[i];
+            first = false;
+        }
+        if (dataset_ == xshard::dataset_strategy::unset && !input_layouts_.empty() &&
+            !input_layouts_[0].dims.empty())
+            for (const auto& a : input_layouts_[0].dims[0])
+                for (std::size_t i = 0; i < ms.ndim(); ++i)
+                    if (ms.names[i].view() == a.view())
+                        split *= ms.sizes[i];
+        return split > 0 && ranks % split == 0 ? ranks / split : 1;
+    }
+
     /// The hsdp options, when hsdp() was called.
     const std::optional<hsdp_options>& hsdp_config() const noexcept { return hsdp_; }
     /// Optimizer sharding of the model with the configured options and gradient options.
     /// Collective over the mesh (xshard::hsdp's construction); throws on every rank when
-    /// hsdp() was not called or for level3 (not supported yet).
+    /// hsdp() was not called. At level3 the loop runs its passes through the sharding's
+    /// forward and backward (train/hsdp.hpp).
     std::unique_ptr<xshard::hsdp<Model>> make_hsdp() const {
         agree(hsdp_ ? std::nullopt
                     : std::optional<std::string>(
@@ -455,9 +492,12 @@ public:
                       " is not available yet (issue 17) for this model: it needs one whose "
                       "operator strategies are set at run time (xshard::searched_mlp, "
                       "auto/searched_mlp.hpp); use semi_auto";
-        else if (hsdp_ && hsdp_->optimizer_level == optimizer_level::level3)
-            problem = "xshard: auto_parallel: hsdp optimizer_level level3 is not supported yet: "
-                      "use level1 or level2";
+        else if (hsdp_ && hsdp_->optimizer_level == optimizer_level::level3 &&
+                 pipeline_.stages > 1)
+            problem = "xshard: auto_parallel: hsdp optimizer_level level3 with pipeline(" +
+                      std::to_string(pipeline_.stages) +
+                      ") is not supported yet (the pipeline's micro-batches do not gather "
+                      "each stage's weights): use level1 or level2 with pipeline stages";
         else
             problem = pipeline_problem();
         agree(problem);

@@ -18,6 +18,21 @@
 /// optimizer step (on the shards, then the all-gather, under hsdp), zero_grad. The driver adds
 /// no collective of its own to a step.
 ///
+/// hsdp optimizer_level level3 (ZeRO-3): the passes run through `hsdp::forward` and
+/// `hsdp::backward` (each layer's weights gathered just before use, the next one's
+/// prefetched, freed after; each layer's gradient reduce-scattered into the shards as soon as
+/// its backward is done), and the weights' values hold no storage between steps. `train`
+/// returns with the weights gathered (readable and saveable until the next step frees them),
+/// `eval` gathers them once before its batches, a checkpoint save or load gathers them first
+/// (one all-gather each); a level3 checkpoint is an ordinary integrated one (loads at any
+/// level, mesh or world size, and any loads at level3). Not with pipeline stages (compile()
+/// raises on every rank).
+///
+/// disable_loss_repeated_mean(): the backward seed (the loss gradient) is scaled by the
+/// configuration's `loss_repetitions()` r (the ranks that compute the loss of the same rows:
+/// tp on a (dp, tp) mesh under data_parallel; 1 under pure data parallelism), so every
+/// gradient is r times the default's, as MindSpore's without the loss repeated mean.
+///
 /// With `pipeline(stages > 1)` the configuration's mesh holds the stages on an axis
 /// (`model_options::pipeline_axis`, "pp", of size `stages`) and the model lives on the stage
 /// mesh (the other axes, pipeline::stage_mesh_of). The driver then runs each step through
@@ -281,6 +296,8 @@ public:
                 pipeline_axis_ = a;
         }
         agree_on_error(net.mesh().comm(), problem);
+        if (!net.loss_repeated_mean())
+            seed_scale_ = net.loss_repetitions(options_.pipeline_axis);
         if (pipelined())
             return; // the pipeline is made at the first step, from the batch's type
         if (net.hsdp_config())
@@ -301,8 +318,14 @@ public:
             if (pipelined())
                 return pipeline_step(x, y);
         auto& net = net_->model();
-        const double l = loss_->forward(net.forward(x), y);
-        net.backward(loss_->backward());
+        double l = 0;
+        if (level3()) {
+            l = loss_->forward(sharding_->forward(x), y);
+            sharding_->backward(loss_gradient());
+        } else {
+            l = loss_->forward(net.forward(x), y);
+            net.backward(loss_gradient());
+        }
         if (sharding_) {
             sharding_->synchronize_gradients();
             if (net_->local_norm_enabled()) {
@@ -357,6 +380,8 @@ public:
                 if (c.on_epoch_end)
                     c.on_epoch_end(e);
         }
+        if (level3())
+            sharding_->gather_weights(); // the trained weights readable (and saveable)
         return losses;
     }
 
@@ -365,11 +390,14 @@ public:
     /// uneven ones included), the loss averaged over the samples, the accuracy counted as in
     /// detail::correct_predictions. Under a pipeline, each stage's current weights are first
     /// broadcast over the pipeline axis (the model's weights once per call) and every stage
-    /// evaluates the whole chain on its stage mesh. Collective over the mesh.
+    /// evaluates the whole chain on its stage mesh. At hsdp level3 the weights are gathered
+    /// once first (and stay until the next training step). Collective over the mesh.
     template <class Dataset>
     eval_result eval(Dataset&& dataset) {
         if (stage_)
             stage_->share_weights();
+        if (level3())
+            sharding_->gather_weights();
         auto& net = net_->model();
         double loss_sum = 0;
         std::int64_t right = 0;
@@ -394,9 +422,12 @@ public:
     /// Saves the parameters (all of them after disable_strategy_file_only_for_trainable_params,
     /// else the trainable ones) and the optimizer's state as an integrated checkpoint at
     /// `path` with `step` (io/checkpoint.hpp). Collective over the mesh. Not yet under a
-    /// pipeline (raises on every rank): each stage would write its own part.
+    /// pipeline (raises on every rank): each stage would write its own part. At hsdp level3
+    /// the weights are gathered first (an all-gather; they stay until the next step).
     void save_checkpoint(const std::string& path, std::int64_t step) {
         agree_on_error(net_->mesh().comm(), pipeline_checkpoint_problem());
+        if (level3())
+            sharding_->gather_weights();
         auto& net = net_->model();
         const checkpoint_options o{.all_parameters = !net_->strategy_file_only_trainable(),
                                    .step = step};
@@ -409,9 +440,13 @@ public:
     /// Loads a checkpoint saved by `save_checkpoint` (or model_checkpoint), on any mesh, world
     /// size, layout or hsdp level, into the parameters and the optimizer's state, and resumes
     /// the step count from it (the optimizer's too). Collective over the mesh; a missing or
-    /// damaged file raises io_error on every rank and leaves the model as it was.
+    /// damaged file raises io_error on every rank and leaves the model as it was. At hsdp
+    /// level3 the weights are gathered first (storage for the loaded values; the next step
+    /// takes its shards from them).
     checkpoint_info load_checkpoint(const std::string& path) {
         agree_on_error(net_->mesh().comm(), pipeline_checkpoint_problem());
+        if (level3())
+            sharding_->gather_weights();
         auto& net = net_->model();
         const bool all = !net_->strategy_file_only_trainable();
         checkpoint_info info;
@@ -432,7 +467,39 @@ public:
     /// The optimizer sharding in use (null without hsdp() or under a pipeline).
     auto* sharding() const noexcept { return sharding_.get(); }
 
+    /// The factor of the backward seed: the configuration's loss_repetitions() after
+    /// disable_loss_repeated_mean(), else 1.
+    int loss_gradient_scale() const noexcept { return seed_scale_; }
+
 private:
+    bool level3() const noexcept {
+        return sharding_ && sharding_->options().optimizer_level == optimizer_level::level3;
+    }
+
+    /// The loss's backward seed, times seed_scale_ (disable_loss_repeated_mean).
+    auto loss_gradient() {
+        auto g = loss_->backward();
+        if (seed_scale_ != 1) {
+            using V = typename std::remove_cvref_t<decltype(g.local())>::value_type;
+            g.local() *= V(seed_scale_);
+        }
+        return g;
+    }
+
+    /// The loss a pipeline runs: `Loss` with its backward seed times `scale`.
+    struct scaled_loss {
+        Loss* loss;
+        int scale;
+        template <class P, class L>
+        auto forward(const P& prediction, const L& labels) {
+            return loss->forward(prediction, labels);
+        }
+        template <class S>
+        auto backward(S s) {
+            return loss->backward(S(s * S(scale)));
+        }
+    };
+
     template <class Dataset>
     static decltype(auto) batches_of(Dataset& dataset, std::size_t e) {
         if constexpr (requires { dataset.epoch(std::uint64_t(e)); })
@@ -484,8 +551,12 @@ private:
         }
 
         double step(const void* x, const void* y) override {
-            return double(
-                pipe.step(*static_cast<const X*>(x), *static_cast<const Y*>(y), *self->loss_));
+            const auto& xs = *static_cast<const X*>(x);
+            const auto& ys = *static_cast<const Y*>(y);
+            if (self->seed_scale_ == 1)
+                return double(pipe.step(xs, ys, *self->loss_));
+            scaled_loss scaled{self->loss_, self->seed_scale_};
+            return double(pipe.step(xs, ys, scaled));
         }
 
         void finish_step(long step) override {
@@ -553,6 +624,7 @@ private:
     std::unique_ptr<stage_runner> stage_;
     std::size_t pipeline_axis_ = 0;
     std::size_t steps_ = 0;
+    int seed_scale_ = 1;
 };
 
 } // namespace xshard
