@@ -160,7 +160,13 @@ int run(int argc, char** argv) {
     if (gradients_mean)
         parallel_net.enable_gradients_mean();
     parallel_net.disable_gradient_fp32_sync();
-    parallel_net.disable_loss_repeated_mean();
+    // disable_loss_repeated_mean (the seed calls it) scales the loss gradient by the ranks
+    // that compute the loss of the same rows, loss_repetitions(): a stage's ranks over the
+    // data-parallel ones, i.e. tp here. The seed's mesh has no tensor parallelism (r = 1: no
+    // effect), so it is called where that holds; with tp > 1 (8 ranks) it would make every
+    // gradient tp times one rank's and the losses would depend on the mesh.
+    if (parallel_net.loss_repetitions() == 1)
+        parallel_net.disable_loss_repeated_mean();
 
     // Pipeline(WithLossCell(net, loss_fn), 4, stage_config) and Model(parallel_net, ...).
     xshard::optim::sgd optimizer({.lr = lr});

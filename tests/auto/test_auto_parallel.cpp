@@ -688,10 +688,10 @@ TEST(model_driver, checkpoint_callback_saves_keeps_and_resumes_in_another_strate
         optim::momentum opt({.lr = 0.1, .momentum = 0.9});
         nn::parallel_cross_entropy<double, mesh_t> loss;
         xshard::model trainer(c, loss, opt);
-        full3.losses = trainer.train(
-            2, epochs_of_batches{&m, 4},
-            {xshard::callbacks::model_checkpoint(
-                {.save_checkpoint_steps = 4, .prefix = "mlp3", .directory = dir})});
+        full3.losses =
+            trainer.train(2, epochs_of_batches{&m, 4},
+                          {xshard::callbacks::model_checkpoint(
+                              {.save_checkpoint_steps = 4, .prefix = "mlp3", .directory = dir})});
         xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
             full3.weights.push_back(xshard::gather_all(wt.value));
         });
@@ -713,7 +713,8 @@ TEST(model_driver, checkpoint_callback_saves_keeps_and_resumes_in_another_strate
                                       {mesh_t(w, {w.size(), 1}), "level1", "mlp3-1_4"},
                                       {mesh_t(w, {w.size(), 1}), "level3", "mlp3-1_4"}};
     for (const auto& [m, level, saved] : resumes) {
-        const std::string ctx = where(m) + " " + saved + " resumed at step 4 at hsdp '" + level + "'";
+        const std::string ctx =
+            where(m) + " " + saved + " resumed at step 4 at hsdp '" + level + "'";
         auto model = make_model(m);
         config_t c(model, m);
         if (*level)
@@ -762,6 +763,32 @@ std::vector<xt::xarray<double>> one_step_change(const mesh_t& m, Configure&& con
     return change;
 }
 
+/// The same through the pipeline stages of `full` (2 micro-batches); an eval then gives every
+/// stage the others' weights.
+template <class Configure>
+std::vector<xt::xarray<double>> one_pipelined_step_change(const pp_mesh_t& full,
+                                                          Configure&& configure) {
+    const auto stage = xshard::pipeline::stage_mesh_of<mesh_t>(full);
+    auto model = make_model(stage);
+    pp_config_t c(model, full);
+    c.pipeline(full.axis_size<"pp">());
+    configure(c);
+    std::vector<xt::xarray<double>> before, change;
+    xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
+        before.push_back(xshard::gather_all(wt.value));
+    });
+    optim::sgd opt({.lr = 0.1});
+    nn::parallel_cross_entropy<double, mesh_t> loss;
+    xshard::model trainer(c, loss, opt, {.micro_batches = 2});
+    EXPECT_EQ(trainer.loss_gradient_scale(), c.loss_repeated_mean() ? 1 : c.loss_repetitions());
+    (void)trainer.train(1, std::vector{batch(stage, 0)});
+    (void)trainer.eval(std::vector{batch(stage, 1)});
+    xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
+        change.push_back(xshard::gather_all(wt.value) - before[change.size()]);
+    });
+    return change;
+}
+
 TEST(model_driver, disable_loss_repeated_mean_scales_the_gradients_by_the_repetitions) {
     const auto w = world();
     // (mesh, r): the rows are split over dp (data_parallel: the first axis), the loss of a
@@ -792,6 +819,40 @@ TEST(model_driver, disable_loss_repeated_mean_scales_the_gradients_by_the_repeti
                 EXPECT_GT(xt::amax(xt::abs(plain[i]))(), 1e-6) << ctx; // the check can fail
                 EXPECT_TRUE(xt::allclose(repeated[i], double(r) * plain[i], 1e-10, 1e-13))
                     << ctx << " hsdp '" << level << "' weight " << i;
+            }
+        }
+    }
+    // Pipeline stages: r counts a stage's ranks (pp 2 x dp x tp 2: r = 2; tp 1: r = 1); a
+    // pipeline axis of one stage is not counted either.
+    std::vector<std::pair<pp_mesh_t, int>> piped{{pp_mesh_t(w, {1, w.size(), 1}), 1}};
+    if (w.size() % 2 == 0)
+        piped.emplace_back(pp_mesh_t(w, {2, w.size() / 2, 1}), 1);
+    if (w.size() % 4 == 0)
+        piped.emplace_back(pp_mesh_t(w, {2, w.size() / 4, 2}), 2);
+    for (const auto& [full, r] : piped) {
+        const std::string ctx = where(full) + " r " + std::to_string(r);
+        {
+            const auto stage = xshard::pipeline::stage_mesh_of<mesh_t>(full);
+            auto model = make_model(stage);
+            pp_config_t c(model, full);
+            c.pipeline(full.axis_size<"pp">());
+            EXPECT_EQ(c.loss_repetitions(), r) << ctx;
+        }
+        for (const char* level : {"", "level2"}) {
+            const auto base = [&](pp_config_t& cc) {
+                if (*level)
+                    cc.hsdp(-1, 0, level);
+            };
+            const auto plain = one_pipelined_step_change(full, base);
+            const auto repeated = one_pipelined_step_change(full, [&](pp_config_t& cc) {
+                base(cc);
+                cc.disable_loss_repeated_mean();
+            });
+            ASSERT_EQ(plain.size(), repeated.size());
+            for (std::size_t i = 0; i < plain.size(); ++i) {
+                EXPECT_GT(xt::amax(xt::abs(plain[i]))(), 1e-6) << ctx;
+                EXPECT_TRUE(xt::allclose(repeated[i], double(r) * plain[i], 1e-10, 1e-13))
+                    << ctx << " pipelined, hsdp '" << level << "' weight " << i;
             }
         }
     }

@@ -381,7 +381,8 @@ public:
 
     /// How many ranks compute the loss of the same rows (MindSpore's repeated calculation
     /// number of the loss): the ranks of the model's mesh (the mesh without `pipeline_axis`
-    /// when pipeline stages > 1: a stage's ranks) divided by the ranks the batch's rows are
+    /// when pipeline stages > 1 or that axis has one rank: a stage's mesh, where the model
+    /// and its batches live) divided by the ranks the batch's rows are
     /// split over under the dataset strategy: data_parallel the model mesh's first axis,
     /// full_batch none, a tuple of layouts the axes of the first input's first dimension.
     /// On a (dp, tp) mesh under data_parallel: tp. The factor disable_loss_repeated_mean()
@@ -391,8 +392,8 @@ public:
         int ranks = 1, split = 1;
         bool first = true;
         for (std::size_t i = 0; i < ms.ndim(); ++i) {
-            if (pipeline_.stages > 1 && ms.names[i].view() == pipeline_axis)
-                continue;
+            if ((pipeline_.stages > 1 || ms.sizes[i] == 1) && ms.names[i].view() == pipeline_axis)
+                continue; // the stages' axis (of one stage: the model is on the stage mesh)
             ranks *= ms.sizes[i];
             if (first && dataset_ == xshard::dataset_strategy::data_parallel)
                 split = ms.sizes[i];
@@ -492,8 +493,7 @@ public:
                       " is not available yet (issue 17) for this model: it needs one whose "
                       "operator strategies are set at run time (xshard::searched_mlp, "
                       "auto/searched_mlp.hpp); use semi_auto";
-        else if (hsdp_ && hsdp_->optimizer_level == optimizer_level::level3 &&
-                 pipeline_.stages > 1)
+        else if (hsdp_ && hsdp_->optimizer_level == optimizer_level::level3 && pipeline_.stages > 1)
             problem = "xshard: auto_parallel: hsdp optimizer_level level3 with pipeline(" +
                       std::to_string(pipeline_.stages) +
                       ") is not supported yet (the pipeline's micro-batches do not gather "
