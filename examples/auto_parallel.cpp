@@ -13,7 +13,14 @@
 //
 //   mpirun -n 4 build/examples/auto_parallel                    # MNIST-format files it writes
 //   mpirun -n 4 build/examples/auto_parallel --mnist DIR        # DIR/train-images-idx3-ubyte ...
-//   mpirun -n 2 build/examples/auto_parallel --mode sharding_propagation
+//   mpirun -n 4 build/examples/auto_parallel --mode recursive_programming
+//
+// The search modes (recursive_programming, sharding_propagation) need a model whose operator
+// strategies are set at run time: there the network is the same chain as a searched_mlp
+// (xshard/auto/searched_mlp.hpp: linear1 784x512 without bias as MatMulCell, relu, linear2
+// 512x512, relu, linear3 512x10, drawn from the same seeds, so its losses equal the
+// semi_auto network's), laid out by the engine in compile(), without pipeline stages (the
+// driver refuses a searched model with stages) unless --stages says otherwise.
 //
 // The MindSpore original, for comparison:
 //   net_with_loss = Pipeline(nn.WithLossCell(net, loss_fn), 4, stage_config={...})
@@ -23,6 +30,7 @@
 //   parallel_net.save_param_strategy_file(f"/tmp/param_{get_rank()}.ckpt") ...
 //   model = Model(network=parallel_net, optimizer=optimizer)
 //   model.train(epoch=2, train_dataset=dataset, callbacks=[LossMonitor(per_print_times=1)])
+#include <xshard/auto/searched_mlp.hpp>
 #include <xshard/xshard.hpp>
 
 #include "mnist_like.hpp"
@@ -35,6 +43,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using stage_mesh_t = xshard::mesh<"dp", "tp">;
@@ -119,7 +128,8 @@ int run(int argc, char** argv) {
     }
 
     const auto world = xshard::communicator::world();
-    const int pp_size = stages > 0 ? stages : world.size() % 2 == 0 ? 2 : 1;
+    const bool searched = mode != "semi_auto";
+    const int pp_size = stages > 0 ? stages : !searched && world.size() % 2 == 0 ? 2 : 1;
     const int tp_size = tp > 0 ? tp : world.size() >= 8 ? 2 : 1;
     const full_mesh_t mesh({pp_size, xshard::auto_size, tp_size});
     const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
@@ -140,61 +150,79 @@ int run(int argc, char** argv) {
 
     // ms.set_seed(1); net = Network(): every rank builds the whole network on its stage mesh
     // from the same seeds; the pipeline runs on each rank only its stage's modules.
-    network net(stage_mesh);
-    xshard::auto_parallel parallel_net(net, mesh, mode);
-    parallel_net.hsdp(-1, 64, level);
-    parallel_net.pipeline(pp_size);
-    parallel_net.dataset_strategy("data_parallel");
-    const std::string rank = std::to_string(world.rank());
-    parallel_net.save_param_strategy_file(out + "/param_" + rank + ".json");
-    parallel_net.set_group_ckpt_save_file(out + "/comm_group_" + rank + ".json");
-    parallel_net.dump_local_norm(out + "/local_norm");
-    parallel_net.disable_strategy_file_only_for_trainable_params();
-    parallel_net.enable_fp32_communication();
-    if (print_norms)
-        parallel_net.enable_device_local_norm();
-    // xshard's loss is the mean over the whole global batch already, so the sum of the
-    // gradient's terms over the data-parallel copies is the gradient (MindSpore's mean of
-    // per-device means): enable_gradients_mean would divide it again by the copies, and the
-    // losses would then depend on the mesh. Off unless asked for.
-    if (gradients_mean)
-        parallel_net.enable_gradients_mean();
-    parallel_net.disable_gradient_fp32_sync();
-    // disable_loss_repeated_mean (the seed calls it) scales the loss gradient by the ranks
-    // that compute the loss of the same rows, loss_repetitions(): a stage's ranks over the
-    // data-parallel ones, i.e. tp here. The seed's mesh has no tensor parallelism (r = 1: no
-    // effect), so it is called where that holds; with tp > 1 (8 ranks) it would make every
-    // gradient tp times one rank's and the losses would depend on the mesh.
-    if (parallel_net.loss_repetitions() == 1)
-        parallel_net.disable_loss_repeated_mean();
+    const auto train_with = [&](auto& net) {
+        xshard::auto_parallel parallel_net(net, mesh, mode);
+        parallel_net.hsdp(-1, 64, level);
+        parallel_net.pipeline(pp_size);
+        parallel_net.dataset_strategy("data_parallel");
+        const std::string rank = std::to_string(world.rank());
+        parallel_net.save_param_strategy_file(out + "/param_" + rank + ".json");
+        parallel_net.set_group_ckpt_save_file(out + "/comm_group_" + rank + ".json");
+        parallel_net.dump_local_norm(out + "/local_norm");
+        parallel_net.disable_strategy_file_only_for_trainable_params();
+        parallel_net.enable_fp32_communication();
+        if (print_norms)
+            parallel_net.enable_device_local_norm();
+        // xshard's loss is the mean over the whole global batch already, so the sum of the
+        // gradient's terms over the data-parallel copies is the gradient (MindSpore's mean of
+        // per-device means): enable_gradients_mean would divide it again by the copies, and the
+        // losses would then depend on the mesh. Off unless asked for.
+        if (gradients_mean)
+            parallel_net.enable_gradients_mean();
+        parallel_net.disable_gradient_fp32_sync();
+        // disable_loss_repeated_mean (the seed calls it) scales the loss gradient by the ranks
+        // that compute the loss of the same rows, loss_repetitions(): a stage's ranks over the
+        // data-parallel ones, i.e. tp here. The seed's mesh has no tensor parallelism (r = 1: no
+        // effect), so it is called where that holds; with tp > 1 (8 ranks) it would make every
+        // gradient tp times one rank's and the losses would depend on the mesh.
+        if (parallel_net.loss_repetitions() == 1)
+            parallel_net.disable_loss_repeated_mean();
 
-    // Pipeline(WithLossCell(net, loss_fn), 4, stage_config) and Model(parallel_net, ...).
-    xshard::optim::sgd optimizer({.lr = lr});
-    nn::parallel_cross_entropy<T, stage_mesh_t> loss_fn;
-    xshard::model_options cell{.micro_batches = 4};
-    if (pp_size == 2)
-        cell.stage_config = {{"flatten", 0}, {"layer1", 0}, {"relu1", 0},
-                             {"layer2", 1},  {"relu2", 1},  {"layer3", 1}};
-    xshard::model model(parallel_net, loss_fn, optimizer, cell); // compile(): the files
-    const auto data_mesh = stage_mesh.with_dataset_strategy(parallel_net.dataset_mode());
-    const data::loader dataset(data_mesh, train,
-                               {.batch_size = 32, .seed = 1, .uneven_batches = true});
-    if (mesh.rank() == 0)
-        std::printf("auto_parallel %s on mesh(%s): hsdp %s, pipeline(stages=%d), "
-                    "dataset_strategy data_parallel, %zu samples, batch 32\n",
-                    mode.c_str(), mesh.shape().to_string().c_str(), level.c_str(), pp_size,
-                    train.size());
+        // Pipeline(WithLossCell(net, loss_fn), 4, stage_config) and Model(parallel_net, ...).
+        xshard::optim::sgd optimizer({.lr = lr});
+        nn::parallel_cross_entropy<T, stage_mesh_t> loss_fn;
+        xshard::model_options cell{.micro_batches = 4};
+        if (pp_size == 2 && !searched)
+            cell.stage_config = {{"flatten", 0}, {"layer1", 0}, {"relu1", 0},
+                                 {"layer2", 1},  {"relu2", 1},  {"layer3", 1}};
+        xshard::model model(parallel_net, loss_fn, optimizer, cell); // compile(): the files
+        if constexpr (xshard::strategy_searchable<std::remove_cvref_t<decltype(net)>>)
+            if (mesh.rank() == 0) {
+                std::printf("%s strategy (in/weight/out):", mode.c_str());
+                for (const auto& c : net.choices())
+                    std::printf(" %s/%s/%s", std::string(xshard::to_string(c.in)).c_str(),
+                                std::string(xshard::to_string(c.weight)).c_str(),
+                                std::string(xshard::to_string(c.out)).c_str());
+                std::printf("\n");
+            }
+        const auto data_mesh = stage_mesh.with_dataset_strategy(parallel_net.dataset_mode());
+        const data::loader dataset(data_mesh, train,
+                                   {.batch_size = 32, .seed = 1, .uneven_batches = true});
+        if (mesh.rank() == 0)
+            std::printf("auto_parallel %s on mesh(%s): hsdp %s, pipeline(stages=%d), "
+                        "dataset_strategy data_parallel, %zu samples, batch 32\n",
+                        mode.c_str(), mesh.shape().to_string().c_str(), level.c_str(), pp_size,
+                        train.size());
 
-    model.train(std::size_t(epochs), dataset,
-                {xshard::callbacks::loss_monitor(1, stdout, /*precision=*/15)});
+        model.train(std::size_t(epochs), dataset,
+                    {xshard::callbacks::loss_monitor(1, stdout, /*precision=*/15)});
 
-    const data::loader held_out(
-        data_mesh, test,
-        {.batch_size = 256, .shuffle = false, .drop_remainder = false, .uneven_batches = true});
-    const auto metrics = model.eval(held_out);
-    if (mesh.rank() == 0)
-        std::printf("eval on %zu held-out samples: loss %.15g accuracy %.2f %%\n", metrics.samples,
-                    metrics.loss, 100 * metrics.accuracy);
+        const data::loader held_out(
+            data_mesh, test,
+            {.batch_size = 256, .shuffle = false, .drop_remainder = false, .uneven_batches = true});
+        const auto metrics = model.eval(held_out);
+        if (mesh.rank() == 0)
+            std::printf("eval on %zu held-out samples: loss %.15g accuracy %.2f %%\n",
+                        metrics.samples, metrics.loss, 100 * metrics.accuracy);
+    };
+    if (searched) {
+        xshard::searched_mlp<T, stage_mesh_t> net(stage_mesh, {28 * 28, 512, 512, 10}, 32, 1,
+                                                  {.without_bias = {1}});
+        train_with(net);
+    } else {
+        network net(stage_mesh);
+        train_with(net);
+    }
     return 0;
 }
 

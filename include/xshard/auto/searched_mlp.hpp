@@ -15,7 +15,9 @@
 /// strategy's split; a relu redistributes its output likewise. The backward passes are the
 /// adjoints (as nn/linear.hpp's layers). The input is [dp, -] rows; the output rows are split
 /// over dp. Weights are drawn as nn/linear.hpp's (seed + i for linear i, the same on any mesh)
-/// and `apply_strategy` moves them to new layouts keeping their values.
+/// and `apply_strategy` moves them to new layouts keeping their values. A linear listed in
+/// `searched_mlp_options::without_bias` has none (MindSpore's MatMulCell; the search prices
+/// every linear with its bias, a difference of one row of the weight).
 
 #include <xshard/auto/cost.hpp>
 #include <xshard/nn/activation.hpp>
@@ -23,11 +25,19 @@
 #include <xshard/nn/module.hpp>
 
 #include <cstddef>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace xshard {
+
+/// The options of a searched_mlp.
+struct searched_mlp_options {
+    /// The linears without a bias, numbered from 1 as their names ("linear1", ...).
+    std::set<std::size_t> without_bias = {};
+};
 
 template <class T, mesh_type Mesh>
 class searched_mlp {
@@ -37,14 +47,15 @@ public:
     /// Widths {in, hidden..., out}, `batch` samples per step (what the search prices), weights
     /// from `seed`; every operator starts data parallel ([dp, -] rows, weights replicated).
     searched_mlp(const Mesh& mesh, std::vector<std::size_t> widths, std::size_t batch,
-                 unsigned seed = 1)
+                 unsigned seed = 1, const searched_mlp_options& options = {})
         : mesh_(mesh)
         , spec_(mlp_network(widths, batch)) {
         if (!mesh.has_axis("dp") || !mesh.has_axis("tp"))
             throw error("xshard: searched_mlp: the mesh " + mesh.shape().to_string() +
                         " needs axes dp and tp");
         for (std::size_t i = 0; i + 1 < widths.size(); ++i)
-            linears_.emplace_back(mesh, widths[i], widths[i + 1], seed + unsigned(i));
+            linears_.emplace_back(mesh, widths[i], widths[i + 1], seed + unsigned(i),
+                                  !options.without_bias.contains(i + 1));
         for (std::size_t i = 0; i + 2 < widths.size(); ++i)
             relus_.emplace_back(mesh);
         choices_.assign(spec_.ops.size(), {});
@@ -109,14 +120,15 @@ public:
     friend void visit_parameters(searched_mlp& m, auto&& visit) {
         for (std::size_t i = 0; i < m.linears_.size(); ++i) {
             visit("linear" + std::to_string(i + 1) + ".weight", m.linears_[i].w);
-            visit("linear" + std::to_string(i + 1) + ".bias", m.linears_[i].b);
+            if (m.linears_[i].b)
+                visit("linear" + std::to_string(i + 1) + ".bias", *m.linears_[i].b);
         }
     }
 
 private:
     struct linear {
         weight<nn::tensor<T, Mesh, 2>> w;
-        weight<nn::tensor<T, Mesh, 1>> b;
+        std::optional<weight<nn::tensor<T, Mesh, 1>>> b;
         layout out = activation_layout(activation_split::rows);
         std::optional<tensor_type> x;
         layout z_layout;
@@ -124,22 +136,24 @@ private:
         nn::kept_redistribution<T, Mesh> redistribute, adjoint, to_input_gradient;
         nn::kept_redistribution<T, Mesh, 1> to_bias_terms;
 
-        linear(const Mesh& mesh, std::size_t in, std::size_t outs, unsigned seed)
+        linear(const Mesh& mesh, std::size_t in, std::size_t outs, unsigned seed, bool bias)
             : w(nn::make_weight<T>(mesh, std::array{in, outs},
                                    weight_layout(weight_split::replicated), seed,
                                    std::uniform_real_distribution<T>(-T(1) / std::sqrt(T(in)),
-                                                                     T(1) / std::sqrt(T(in)))))
-            , b(nn::constant_weight<T>(mesh, std::array{outs},
-                                       bias_layout(weight_split::replicated), T(0))) {}
+                                                                     T(1) / std::sqrt(T(in))))) {
+            if (bias)
+                b.emplace(nn::constant_weight<T>(mesh, std::array{outs},
+                                                 bias_layout(weight_split::replicated), T(0)));
+        }
 
         void set(const op_choice& c) {
             const auto wl = weight_layout(c.weight), bl = bias_layout(c.weight);
             if (!(w.value.layout() == wl))
                 w = weight<nn::tensor<T, Mesh, 2>>(
                     xshard::redistribute<dynamic_layout(2)>(w.value, wl));
-            if (!(b.value.layout() == bl))
+            if (b && !(b->value.layout() == bl))
                 b = weight<nn::tensor<T, Mesh, 1>>(
-                    xshard::redistribute<dynamic_layout(1)>(b.value, bl));
+                    xshard::redistribute<dynamic_layout(1)>(b->value, bl));
             out = activation_layout(c.out);
         }
 
@@ -148,14 +162,17 @@ private:
             auto z = xshard::ops::matmul(in, w.value);
             z_layout = z.layout();
             reduce_first = z.layout().is_partial();
+            if (!b)
+                return redistribute(std::move(z), out);
             if (reduce_first)
-                return xshard::ops::add(redistribute(std::move(z), out), b.value);
-            return redistribute(xshard::ops::add(z, b.value), out);
+                return xshard::ops::add(redistribute(std::move(z), out), b->value);
+            return redistribute(xshard::ops::add(z, b->value), out);
         }
 
         tensor_type backward(const tensor_type& dy) {
             const auto g = adjoint.adjoint(dy, z_layout);
-            nn::accumulate(b, xshard::ops::sum<0>(reduce_first ? dy : g), to_bias_terms);
+            if (b)
+                nn::accumulate(*b, xshard::ops::sum<0>(reduce_first ? dy : g), to_bias_terms);
             nn::accumulate_product(w, xshard::ops::transposed(*x), g);
             // dx laid out as x's gradient (the dual of x's layout), as nn's layers do.
             return to_input_gradient(xshard::ops::matmul(g, xshard::ops::transposed(w.value)),
