@@ -349,8 +349,9 @@ struct record {
 /// (or by `choices` when given, in semi_auto).
 record train(const mesh_t& m, const std::vector<std::size_t>& widths, const std::string& mode,
              const std::vector<op_choice>* choices = nullptr, int steps = 3,
-             const std::string& load = {}, const std::string& save = {}) {
-    mlp_t model(m, widths, rows, 5);
+             const std::string& load = {}, const std::string& save = {},
+             const searched_mlp_options& options = {}) {
+    mlp_t model(m, widths, rows, 5, options);
     if (choices)
         model.apply_strategy(*choices);
     auto_parallel<mlp_t, mesh_t> net(model, m, mode);
@@ -453,6 +454,27 @@ TEST(searched_mlp, recursive_programming_trains_as_one_rank) {
         expect_same(train(m, widths, "sharding_propagation"), serial,
                     mesh_text(m) + " sharding_propagation");
     }
+}
+
+TEST(searched_mlp, linears_without_bias) {
+    // linear1 without bias (MindSpore's MatMulCell): no parameter linear1.bias, and the
+    // searched layouts train as one rank.
+    const std::vector<std::size_t> widths{features, 32, 32, classes};
+    const searched_mlp_options o{.without_bias = {1}};
+    const mesh_t one(communicator::self(), {1, 1});
+    {
+        mlp_t model(one, widths, rows, 5, o);
+        std::vector<std::string> names;
+        for_each_weight(model, [&](const std::string& n, auto&) { names.push_back(n); });
+        EXPECT_EQ(names,
+                  (std::vector<std::string>{"linear1.weight", "linear2.weight", "linear2.bias",
+                                            "linear3.weight", "linear3.bias"}));
+    }
+    const auto serial = train(one, widths, "semi_auto", nullptr, 3, {}, {}, o);
+    EXPECT_EQ(serial.weights.size(), 5u);
+    for (const auto& m : world_meshes())
+        expect_same(train(m, widths, "recursive_programming", nullptr, 3, {}, {}, o), serial,
+                    mesh_text(m) + " recursive_programming without linear1's bias");
 }
 
 TEST(searched_mlp, operator_strategy_files_apply_at_run_time) {
