@@ -11,6 +11,7 @@
 #include <xshard/pipeline/checkpoint.hpp>
 #include <xshard/pipeline/pipeline.hpp>
 #include <xshard/tensor/gather.hpp>
+#include <xshard/train/broadcast.hpp>
 
 #include "expect_error.hpp"
 #include "mpi_test.hpp"
@@ -395,6 +396,47 @@ TEST(pipeline, one_integrated_checkpoint_loads_into_any_strategy) {
     xshard::mpi::allreduce(world_comm, std::span(&done, 1), xshard::reduction::sum);
     if (world_comm.rank() == 0)
         std::filesystem::remove_all(dir);
+}
+
+/// parameter_broadcast with pipeline_stages and initial_rank (seed 000) applies per stage:
+/// every rank's weights start as its world rank; afterwards each stage's data-parallel
+/// copies hold one owner's values, and that owner is a rank of the same stage. An
+/// initial_rank that is not the stage's first rank raises on every rank of the stage.
+TEST(pipeline, parameter_broadcast_applies_per_stage) {
+    using xshard::testing::expect_error;
+    const auto world_comm = xshard::testing::world();
+    const int world = world_comm.size();
+    const int p = world % 2 == 0 ? 2 : (world == 3 ? 3 : 1), n = world / p;
+    const full_mesh_t mesh({p, n, 1});
+    const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+    auto model = make_model(stage_mesh);
+    pp::pipeline<decltype(model), X> pipe(mesh, "pp", stage_mesh, model, {.micro_batches = p});
+    const int stage = pipe.stage();
+    ASSERT_EQ(world_comm.rank() / n, stage) << "the stages are consecutive world ranks";
+    xshard::for_each_weight(pipe.local_parameters(), [&](const std::string&, auto& w) {
+        w.value.local().fill(double(world_comm.rank()));
+    });
+    xshard::parameter_broadcast(pipe.local_parameters(),
+                                {.initial_rank = stage * n, .pipeline_stages = p});
+    int checked = 0;
+    xshard::for_each_weight(pipe.local_parameters(), [&](const std::string& name, auto& w) {
+        const auto& local = w.value.local();
+        ASSERT_GT(local.size(), 0u) << name;
+        const double v = *local.begin();
+        EXPECT_EQ(int(v) / n, stage) << name << ": the owner is on another stage";
+        std::array<double, 2> range{v, -v};
+        xshard::mpi::allreduce(stage_mesh.sub<"dp">(), std::span(range), xshard::reduction::max);
+        EXPECT_EQ(range[0], -range[1]) << name << ": the data-parallel copies differ";
+        ++checked;
+    });
+    EXPECT_GT(checked, 0);
+    if (p > 1 && stage > 0)
+        expect_error(
+            [&] {
+                xshard::parameter_broadcast(pipe.local_parameters(),
+                                            {.initial_rank = 0, .pipeline_stages = p});
+            },
+            "is not the first rank");
 }
 
 TEST(pipeline, boundary_misuse_raises_on_every_rank) {

@@ -513,7 +513,8 @@ public:
                 throw io_error("xshard: " + path_ + ": malformed xshard metadata: '" +
                                detail::printable(p.name) + "' has " +
                                std::to_string(it->second.size() / 8) + " block checksums for " +
-                               std::to_string(detail::primary_block_count(strategy_.mesh_of(p), p.lay)) +
+                               std::to_string(
+                                   detail::primary_block_count(strategy_.mesh_of(p), p.lay)) +
                                " stored blocks");
         }
     }
@@ -557,7 +558,8 @@ public:
         if (format_ == checkpoint_format::integrated && !block_checksums_.count(e.name))
             return {stored_block{0, std::vector<std::size_t>(e.shape.size(), 0), e.shape, 0}};
         std::vector<stored_block> out;
-        for (auto& [rank, offset, extent] : detail::primary_blocks(strategy_.mesh_of(e), e.lay, e.shape))
+        for (auto& [rank, offset, extent] :
+             detail::primary_blocks(strategy_.mesh_of(e), e.lay, e.shape))
             out.push_back({format_ == checkpoint_format::integrated ? 0 : rank, std::move(offset),
                            std::move(extent), out.size()});
         return out;

@@ -16,7 +16,8 @@
 /// dtypes are safetensors' ("F64", "F32", "F16", "BF16", "I64", ...), layouts are in xshard's
 /// notation. A pipeline's strategy (pipeline/checkpoint.hpp) also gives each parameter its
 /// (virtual) `"stage"`, and its own `"mesh"` where its stage's mesh is not the file's
-/// (stages may factor their ranks differently); a parameter without one is on the file's mesh. Only trainable parameters are written unless `all_parameters` is set.
+/// (stages may factor their ranks differently); a parameter without one is on the file's mesh.
+/// Only trainable parameters are written unless `all_parameters` is set.
 /// Loading gives run-time layouts that redistribution and checkpoint loading use directly.
 
 #include <xshard/comm/agree.hpp>
