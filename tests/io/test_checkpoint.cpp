@@ -223,6 +223,18 @@ TEST(strategy_file, checkpoint_json_ranks_must_equal_the_mesh_size) {
         spit(path + "/checkpoint.json", j.dump());
     });
     expect_io_error([&] { xshard::checkpoint_reader r(path); }, "'step' is not a count", "step");
+    xshard::mpi::barrier(w);
+    // A parameter with a mesh of its own (a pipeline stage's): only integrated files.
+    on_rank0([&] {
+        auto j = nlohmann::json::parse(slurp(path + "/checkpoint.json"));
+        j["step"] = 2;
+        spit(path + "/checkpoint.json", j.dump());
+        auto s = nlohmann::json::parse(slurp(path + "/strategy.json"));
+        s["parameters"][0]["mesh"] = s["mesh"];
+        spit(path + "/strategy.json", s.dump());
+    });
+    expect_io_error([&] { xshard::checkpoint_reader r(path); }, "has a mesh of its own",
+                    "per-rank mesh");
 }
 
 // --- checkpoints: round trips -----------------------------------------------------------
