@@ -15,8 +15,9 @@
 ///
 /// dtypes are safetensors' ("F64", "F32", "F16", "BF16", "I64", ...), layouts are in xshard's
 /// notation. A pipeline's strategy (pipeline/checkpoint.hpp) also gives each parameter its
-/// (virtual) `"stage"`, and its own `"mesh"` where its stage's mesh is not the file's
-/// (stages may factor their ranks differently); a parameter without one is on the file's mesh.
+/// `"stage"` (the rank along the pipeline axis that holds it), and its own `"mesh"` where
+/// its stage's mesh is not the file's (stages may factor their ranks differently); a
+/// parameter without one is on the file's mesh.
 /// Only trainable parameters are written unless `all_parameters` is set.
 /// Loading gives run-time layouts that redistribution and checkpoint loading use directly.
 
@@ -45,7 +46,7 @@ struct strategy_entry {
     std::string dtype;
     layout lay;
     bool trainable = true;
-    /// The pipeline stage holding it (-1: not pipelined).
+    /// The pipeline stage holding it: its rank along the pipeline axis (-1: not pipelined).
     int stage = -1;
     /// Its mesh, when it is not the file's (a pipeline stage's mesh).
     std::optional<mesh_shape> mesh = std::nullopt;
