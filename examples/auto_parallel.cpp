@@ -143,8 +143,13 @@ int run(int argc, char** argv) {
                 write_mnist_like(dir);
         });
     }
-    const auto train = data::read_mnist<T>(world, dir + "/train-images-idx3-ubyte",
-                                           dir + "/train-labels-idx1-ubyte");
+    // The training set: the first stage reads the images, the last the labels, no other rank
+    // touches them (the sample count is agreed over the mesh). The held-out set is read
+    // whole: Model.eval runs the whole chain on every stage.
+    const int stage = mesh.coords()[0];
+    const auto train = data::read_mnist<T>(
+        world, dir + "/train-images-idx3-ubyte", dir + "/train-labels-idx1-ubyte",
+        {.images = stage == 0, .labels = stage == pp_size - 1});
     const auto test = data::read_mnist<T>(world, dir + "/t10k-images-idx3-ubyte",
                                           dir + "/t10k-labels-idx1-ubyte");
 

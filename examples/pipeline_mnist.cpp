@@ -116,9 +116,6 @@ int run(int argc, char** argv) {
                 write_mnist_like(dir);
         });
     }
-    const auto train = data::read_mnist<T>(world, dir + "/train-images-idx3-ubyte",
-                                           dir + "/train-labels-idx1-ubyte");
-
     // Every rank builds the network on its stage mesh (from the same seeds); the pipeline
     // runs on each rank only its stage's modules. On one rank (pp 1) every module is on
     // stage 0.
@@ -135,6 +132,13 @@ int run(int argc, char** argv) {
     // parameter_broadcast per stage: each stage's parameters from one owner among their
     // data-parallel copies (the stage mesh's; they are equal already, from the seeds).
     xshard::parameter_broadcast(pipe.local_parameters());
+    // The first stage reads the images, the last the labels, no other rank touches the
+    // dataset (the sample count is agreed over the mesh, so every loader counts the same
+    // steps).
+    const auto train = data::read_mnist<T>(world, dir + "/train-images-idx3-ubyte",
+                                           dir + "/train-labels-idx1-ubyte",
+                                           {.images = pipe.reads_inputs(),
+                                            .labels = pipe.reads_labels()});
     xshard::optim::sgd optimizer({.lr = 0.1});
     nn::parallel_cross_entropy<T, stage_mesh_t> loss_fn;
     const data::loader batches(stage_mesh, train, {.batch_size = 32, .seed = 1});

@@ -636,6 +636,41 @@ TEST(readers, mnist_idx_files) {
     expect_error([&] { xd::read_mnist(dir.path / "missing", labels); }, "cannot open");
 }
 
+/// A pipeline's per-stage reading: ranks read the images only, the labels only, both or
+/// neither (rank 0 the images, the last rank the labels); each gets the full read's count,
+/// its part of each example equal to the full read's, and empty examples where it read
+/// nothing. Image and label files of different counts, and no rank reading, raise on every
+/// rank. Each rank reads its own copy of the files.
+TEST(readers, mnist_parts_per_stage_agree_on_the_count) {
+    const auto w = world();
+    const int r = w.rank(), p = w.size();
+    const scratch_dir dir;
+    const auto images = dir.write("images", idx_images(2051, 5, 3, 4, 60));
+    const auto labels = dir.write("labels", idx_labels(2049, 5, 5));
+    const auto full = xd::read_mnist<double>(images, labels);
+    const xd::dataset_parts parts{.images = r % 3 == 0, .labels = r == p - 1 || r % 3 == 1};
+    const auto part = xd::read_mnist<double>(w, images, labels, parts);
+    ASSERT_EQ(part.size(), full.size());
+    for (std::size_t i = 0; i < full.size(); ++i) {
+        EXPECT_EQ(part[i].label, parts.labels ? full[i].label : 0) << i;
+        if (parts.images)
+            EXPECT_EQ(part[i].features, full[i].features) << i;
+        else
+            EXPECT_EQ(part[i].features.size(), 0u) << i;
+    }
+    // The last rank's label file has one label fewer (when it reads labels, others images).
+    const auto fewer = dir.write("fewer", idx_labels(2049, r == p - 1 ? 4 : 5, r == p - 1 ? 4 : 5));
+    expect_error(
+        [&] {
+            (void)xd::read_mnist<double>(w, images, fewer,
+                                         {.images = r != p - 1 || p == 1, .labels = r == p - 1});
+        },
+        p == 1 ? "has 5 images but" : "the image and label files must hold as many");
+    expect_error(
+        [&] { (void)xd::read_mnist<double>(w, images, labels, {.images = false, .labels = false}); },
+        "no rank reads");
+}
+
 std::vector<unsigned char> cifar_records(std::size_t n, std::size_t first) {
     std::vector<unsigned char> b;
     for (std::size_t r = 0; r < n; ++r) {

@@ -176,8 +176,27 @@ TEST(strategy_file, rejects_malformed_files) {
         {std::string(good).replace(good.find("\"w\""), 3, "\"__metadata__\""), "reserved"},
         {std::string(good).replace(good.find("F64"), 3, "F64\\u001b[2J"), "unknown dtype 'F64\\x1b[2J'"},
         {std::string(20000, '[') + std::string(20000, ']'), "nested deeper than 32"},
+        // A pipeline's parameter: its stage a count, its own mesh one its layout fits.
+        {std::string(good).replace(good.find("\"layout\""), 0, "\"stage\": -1, "), "stage"},
+        {std::string(good).replace(good.find("\"layout\""), 0,
+                                   R"("mesh": {"axes": ["tp"], "sizes": [2]}, )"),
+         "names an axis"},
+        {std::string(good).replace(good.find("\"layout\""), 0, R"("mesh": [2], )"),
+         "a mesh is not an object"},
     };
     EXPECT_NO_THROW(xshard::strategy_file::from_json(good));
+    // A pipeline's stage and mesh of its own round-trip.
+    const auto piped = xshard::strategy_file::from_json(
+        std::string(good).replace(good.find("\"layout\""), 0,
+                                  R"("stage": 1, "mesh": {"axes": ["dp"], "sizes": [4]}, )"));
+    ASSERT_EQ(piped.parameters.size(), 1u);
+    EXPECT_EQ(piped.parameters[0].stage, 1);
+    ASSERT_TRUE(piped.parameters[0].mesh);
+    EXPECT_EQ(piped.mesh_of(piped.parameters[0]).to_string(), "dp=4");
+    const auto again = xshard::strategy_file::from_json(piped.to_json());
+    EXPECT_EQ(again.parameters[0].stage, 1);
+    EXPECT_EQ(again.mesh_of(again.parameters[0]).to_string(), "dp=4");
+    EXPECT_EQ(again.mesh.to_string(), "dp=2");
     for (const auto& [text, what] : cases)
         expect_io_error([&] { xshard::strategy_file::from_json(text); }, what, text);
     expect_io_error([&] { xshard::load_strategy_file(dir + "/missing.json"); }, "cannot open",
@@ -204,6 +223,18 @@ TEST(strategy_file, checkpoint_json_ranks_must_equal_the_mesh_size) {
         spit(path + "/checkpoint.json", j.dump());
     });
     expect_io_error([&] { xshard::checkpoint_reader r(path); }, "'step' is not a count", "step");
+    xshard::mpi::barrier(w);
+    // A parameter with a mesh of its own (a pipeline stage's): only integrated files.
+    on_rank0([&] {
+        auto j = nlohmann::json::parse(slurp(path + "/checkpoint.json"));
+        j["step"] = 2;
+        spit(path + "/checkpoint.json", j.dump());
+        auto s = nlohmann::json::parse(slurp(path + "/strategy.json"));
+        s["parameters"][0]["mesh"] = s["mesh"];
+        spit(path + "/strategy.json", s.dump());
+    });
+    expect_io_error([&] { xshard::checkpoint_reader r(path); }, "has a mesh of its own",
+                    "per-rank mesh");
 }
 
 // --- checkpoints: round trips -----------------------------------------------------------

@@ -11,6 +11,7 @@
 #include <xshard/pipeline/checkpoint.hpp>
 #include <xshard/pipeline/pipeline.hpp>
 #include <xshard/tensor/gather.hpp>
+#include <xshard/train/broadcast.hpp>
 
 #include "expect_error.hpp"
 #include "mpi_test.hpp"
@@ -18,12 +19,15 @@
 #include <gtest/gtest.h>
 #include <xtensor/xrandom.hpp>
 
+#include <csignal>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
 #include <random>
 #include <string>
+
+#include <sys/resource.h>
 
 namespace {
 
@@ -237,14 +241,20 @@ TEST(pipeline, each_stage_reads_only_its_data) {
                  "the first stage needs the batch");
 }
 
-/// Checkpoints per stage (pipeline/checkpoint.hpp): a trained pipeline's stages save their
-/// own parameters; they load into the model on one mesh (no pipeline), into a pipeline cut
-/// otherwise, and the one-mesh model's own checkpoint loads back into a pipeline. Every
-/// loaded weight equals the one-rank step's (init - lr x gradient).
-TEST(pipeline, stage_checkpoints_load_into_any_strategy) {
+/// One integrated checkpoint of every stage (pipeline/checkpoint.hpp): a trained pipeline
+/// (pp x dp) saves it collectively; it loads into the model on one mesh of every rank and on
+/// one rank (another world size) with the ordinary load_checkpoint, into pipelines of every
+/// factorisation pp x dp x tp of the world (other stage counts, stage meshes, the default
+/// cut) and one cut otherwise, and into stages on differently shaped meshes, whose own
+/// checkpoint (parameters with meshes of their own) loads back into one mesh. The one-mesh
+/// model's checkpoint loads into a pipeline. A save that fails on one rank (a file size
+/// limit) raises on every rank and leaves the previous checkpoint loadable. Every loaded
+/// weight equals the one-rank step's (init - lr x gradient).
+TEST(pipeline, one_integrated_checkpoint_loads_into_any_strategy) {
+    using xshard::testing::expect_error;
     const auto world_comm = xshard::testing::world();
     const int world = world_comm.size();
-    const int p = world % 2 == 0 ? 2 : 1;
+    const int p = world % 2 == 0 ? 2 : (world == 3 ? 3 : 1);
     const full_mesh_t mesh({p, world / p, 1});
     const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
     const auto b = make_batch(std::size_t(8 * (world / p)), 29);
@@ -268,7 +278,15 @@ TEST(pipeline, stage_checkpoints_load_into_any_strategy) {
         });
         return checked;
     };
+    // Every weight is checked once per pipeline (on its stage).
+    const auto check_pipe = [&](auto& pipe, const auto& full, const std::string& what) {
+        int total = check(pipe.local_parameters(), what);
+        xshard::mpi::allreduce(full.template sub<"pp">(), std::span(&total, 1),
+                               xshard::reduction::sum);
+        EXPECT_EQ(total, int(expected.size())) << what;
+    };
     const auto dir = xshard::testing::shared_directory(world_comm, "/tmp");
+    const auto path = dir + "/pipe.safetensors";
     auto model = make_model(stage_mesh);
     nn::parallel_cross_entropy<double, stage_mesh_t> loss;
     {
@@ -281,40 +299,144 @@ TEST(pipeline, stage_checkpoints_load_into_any_strategy) {
         pipe.synchronize_gradients();
         xshard::optim::sgd({.lr = 0.1}).step(pipe.local_parameters());
         check(pipe.local_parameters(), "trained");
-        pp::save_stage_checkpoints(pipe, dir + "/stages", 1);
+        pp::save_pipeline_checkpoint(path, pipe, {.step = 1});
+        pp::save_pipeline_strategy_file(dir + "/pipe.strategy.json", pipe);
+        // The strategy file: every parameter once, with its stage (the one running it).
+        const auto f = xshard::load_strategy_file(dir + "/pipe.strategy.json");
+        EXPECT_EQ(f.pipeline_stages, p);
+        EXPECT_EQ(f.parameters.size(), expected.size());
+        for (const auto& [module, stage] : pipe.stages())
+            for (const auto& e : f.parameters)
+                if (e.name.rfind(module + ".", 0) == 0) {
+                    EXPECT_EQ(e.stage, stage) << e.name;
+                    EXPECT_FALSE(e.mesh) << e.name << ": every stage has one mesh shape";
+                }
+        // One file: no per-stage files beside it.
+        EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 2);
+        // A save that fails on the last stage's first rank, which writes its blocks (a file
+        // size limit: EFBIG), raises on every rank and leaves the previous checkpoint.
+        ::signal(SIGXFSZ, SIG_IGN);
+        rlimit saved{};
+        ::getrlimit(RLIMIT_FSIZE, &saved);
+        if (mesh.coords()[0] == p - 1 && stage_mesh.rank() == 0) {
+            rlimit small = saved;
+            small.rlim_cur = 16;
+            ::setrlimit(RLIMIT_FSIZE, &small);
+        }
+        expect_error([&] { pp::save_pipeline_checkpoint(path, pipe, {.step = 2}); }, "");
+        ::setrlimit(RLIMIT_FSIZE, &saved);
+        xshard::mpi::barrier(world_comm);
+        EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 2)
+            << "a failed save left a temporary";
     }
-    // Into the model on one mesh of every rank (dp x tp = world x 1).
-    const stage_mesh_t whole_mesh(world_comm, {world, 1});
-    auto whole = make_model(whole_mesh);
-    pp::load_stage_checkpoints(dir + "/stages", whole);
-    EXPECT_EQ(check(whole, "stage files into one mesh"), int(expected.size()));
-    // Into a pipeline cut otherwise (the first two modules on stage 0).
+    // Into the model on one mesh of every rank (dp x tp = world x 1), and on one rank.
     {
-        auto fresh = make_model(stage_mesh);
-        pp::pipeline<decltype(fresh), X> other(
-            mesh, "pp", stage_mesh, fresh,
-            {.micro_batches = 2,
-             .stage_starts = p == 2 ? std::vector<std::size_t>{2} : std::vector<std::size_t>{}});
-        pp::load_stage_checkpoints(dir + "/stages", other);
-        check(other.local_parameters(), "stage files into another cut");
-    }
-    // And back: the one-mesh model's checkpoint into a pipeline.
-    xshard::save_checkpoint(dir + "/whole.safetensors", whole);
-    {
+        const stage_mesh_t whole_mesh(world_comm, {world, 1});
+        auto whole = make_model(whole_mesh);
+        const auto info = xshard::load_checkpoint(path, whole);
+        EXPECT_EQ(info.step, 1);
+        EXPECT_EQ(check(whole, "into one mesh"), int(expected.size()));
+        const stage_mesh_t one(xshard::communicator::self(), {1, 1});
+        auto single = make_model(one);
+        xshard::load_checkpoint(path, single);
+        EXPECT_EQ(check(single, "into one rank"), int(expected.size()));
+        // And back: the one-mesh model's checkpoint into a pipeline.
+        xshard::save_checkpoint(dir + "/whole.safetensors", whole);
         auto fresh = make_model(stage_mesh);
         pp::pipeline<decltype(fresh), X> back(mesh, "pp", stage_mesh, fresh, {.micro_batches = 2});
-        xshard::load_checkpoint(dir + "/whole.safetensors", back.local_parameters());
-        check(back.local_parameters(), "one-mesh checkpoint into a pipeline");
+        pp::load_pipeline_checkpoint(dir + "/whole.safetensors", back);
+        check_pipe(back, mesh, "one-mesh checkpoint into a pipeline");
     }
-    // The strategy file of each stage names its parameters and the stage count.
-    const auto f = xshard::load_strategy_file(dir + "/stages/stage_" +
-                                              std::to_string(mesh.coords()[0]) + ".strategy.json");
-    EXPECT_EQ(f.pipeline_stages, p);
-    EXPECT_FALSE(f.parameters.empty());
+    // Into pipelines of every factorisation (pp up to 4, tp up to 2), and one cut otherwise.
+    for (const auto& sizes : meshes(world)) {
+        const full_mesh_t other_mesh(sizes);
+        const auto other_stage = pp::stage_mesh_of<stage_mesh_t>(other_mesh);
+        const std::string what = "into pp=" + std::to_string(sizes[0]) +
+                                 " dp=" + std::to_string(sizes[1]) +
+                                 " tp=" + std::to_string(sizes[2]);
+        auto fresh = make_model(other_stage);
+        pp::pipeline<decltype(fresh), X> other(other_mesh, "pp", other_stage, fresh,
+                                               {.micro_batches = 2});
+        const auto info = pp::load_pipeline_checkpoint(path, other);
+        EXPECT_EQ(info.step, 1) << what;
+        check_pipe(other, other_mesh, what);
+        if (sizes[0] == 2) {
+            auto cut = make_model(other_stage);
+            pp::pipeline<decltype(cut), X> again(other_mesh, "pp", other_stage, cut,
+                                                 {.micro_batches = 2, .stage_starts = {2}});
+            pp::load_pipeline_checkpoint(path, again);
+            check_pipe(again, other_mesh, what + ", another cut");
+        }
+    }
+    // Stages on differently shaped meshes (n x 1, then n/2 x 2): load, save, load into one
+    // mesh. The second stage's parameters are stored with a mesh of their own.
+    if (world % 4 == 0) {
+        const int n = world / 2;
+        const full_mesh_t two({2, n, 1});
+        const std::array<int, 2> shape =
+            two.coords()[0] == 1 ? std::array<int, 2>{n / 2, 2} : std::array<int, 2>{n, 1};
+        const stage_mesh_t odd(two.sub(full_mesh_t::axes<"dp", "tp">()), shape);
+        auto fresh = make_model(odd);
+        pp::pipeline<decltype(fresh), X> mixed(two, "pp", odd, fresh, {.micro_batches = 2});
+        pp::load_pipeline_checkpoint(path, mixed);
+        check_pipe(mixed, two, "into stages on differently shaped meshes");
+        pp::save_pipeline_checkpoint(dir + "/mixed.safetensors", mixed, {.step = 5});
+        const auto s = pp::pipeline_strategy(mixed);
+        int own = 0;
+        for (const auto& e : s.parameters)
+            own += e.mesh.has_value() && e.stage == 1;
+        EXPECT_GT(own, 0);
+        const stage_mesh_t whole_mesh(world_comm, {n, 2});
+        auto whole = make_model(whole_mesh);
+        EXPECT_EQ(xshard::load_checkpoint(dir + "/mixed.safetensors", whole).step, 5);
+        EXPECT_EQ(check(whole, "from stages on differently shaped meshes"),
+                  int(expected.size()));
+    }
     int done = 1; // every rank has read before rank 0 removes the directory
     xshard::mpi::allreduce(world_comm, std::span(&done, 1), xshard::reduction::sum);
     if (world_comm.rank() == 0)
         std::filesystem::remove_all(dir);
+}
+
+/// parameter_broadcast with pipeline_stages and initial_rank (seed 000) applies per stage:
+/// every rank's weights start as its world rank; afterwards each stage's data-parallel
+/// copies hold one owner's values, and that owner is a rank of the same stage. An
+/// initial_rank that is not the stage's first rank raises on every rank of the stage.
+TEST(pipeline, parameter_broadcast_applies_per_stage) {
+    using xshard::testing::expect_error;
+    const auto world_comm = xshard::testing::world();
+    const int world = world_comm.size();
+    const int p = world % 2 == 0 ? 2 : (world == 3 ? 3 : 1), n = world / p;
+    const full_mesh_t mesh({p, n, 1});
+    const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+    auto model = make_model(stage_mesh);
+    pp::pipeline<decltype(model), X> pipe(mesh, "pp", stage_mesh, model, {.micro_batches = p});
+    const int stage = pipe.stage();
+    ASSERT_EQ(world_comm.rank() / n, stage) << "the stages are consecutive world ranks";
+    xshard::for_each_weight(pipe.local_parameters(), [&](const std::string&, auto& w) {
+        w.value.local().fill(double(world_comm.rank()));
+    });
+    xshard::parameter_broadcast(pipe.local_parameters(),
+                                {.initial_rank = stage * n, .pipeline_stages = p});
+    int checked = 0;
+    xshard::for_each_weight(pipe.local_parameters(), [&](const std::string& name, auto& w) {
+        const auto& local = w.value.local();
+        ASSERT_GT(local.size(), 0u) << name;
+        const double v = *local.begin();
+        EXPECT_EQ(int(v) / n, stage) << name << ": the owner is on another stage";
+        std::array<double, 2> range{v, -v};
+        xshard::mpi::allreduce(stage_mesh.sub<"dp">(), std::span(range), xshard::reduction::max);
+        EXPECT_EQ(range[0], -range[1]) << name << ": the data-parallel copies differ";
+        ++checked;
+    });
+    EXPECT_GT(checked, 0);
+    if (p > 1 && stage > 0)
+        expect_error(
+            [&] {
+                xshard::parameter_broadcast(pipe.local_parameters(),
+                                            {.initial_rank = 0, .pipeline_stages = p});
+            },
+            "is not the first rank");
 }
 
 TEST(pipeline, boundary_misuse_raises_on_every_rank) {

@@ -49,6 +49,7 @@
 #include <xshard/comm/error.hpp>
 #include <xshard/io/checkpoint.hpp>
 #include <xshard/param/traversal.hpp>
+#include <xshard/pipeline/checkpoint.hpp>
 #include <xshard/pipeline/pipeline.hpp>
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/train/gradients.hpp>
@@ -421,42 +422,62 @@ public:
 
     /// Saves the parameters (all of them after disable_strategy_file_only_for_trainable_params,
     /// else the trainable ones) and the optimizer's state as an integrated checkpoint at
-    /// `path` with `step` (io/checkpoint.hpp). Collective over the mesh. Not yet under a
-    /// pipeline (raises on every rank): each stage would write its own part. At hsdp level3
-    /// the weights are gathered first (an all-gather; they stay until the next step).
+    /// `path` with `step` (io/checkpoint.hpp). Collective over the mesh. Under a pipeline, one
+    /// integrated checkpoint of every stage (pipeline/checkpoint.hpp: each stage's ranks write
+    /// their own modules' blocks and optimizer state); before the first step, when no stage
+    /// has trained yet, the first stage writes the whole model. At hsdp level3 the weights are
+    /// gathered first (an all-gather; they stay until the next step).
     void save_checkpoint(const std::string& path, std::int64_t step) {
-        agree_on_error(net_->mesh().comm(), pipeline_checkpoint_problem());
         if (level3())
             sharding_->gather_weights();
         auto& net = net_->model();
-        const checkpoint_options o{.all_parameters = !net_->strategy_file_only_trainable(),
-                                   .step = step};
-        if constexpr (requires { optimizer_->state_of(net); })
-            xshard::save_checkpoint(path, net, o, optimizer_->state_of(net));
-        else
-            xshard::save_checkpoint(path, net, o);
+        if (pipelined() && !stage_) {
+            std::optional<std::string> problem;
+            if (pipeline_rank() == 0) {
+                try {
+                    save_checkpoint_on(net, path, step);
+                } catch (const std::exception& e) {
+                    problem = e.what();
+                }
+            }
+            agree_on_error<io_error>(net_->mesh().comm(), problem);
+            return;
+        }
+        if (stage_) {
+            stage_->save(path, step, !net_->strategy_file_only_trainable());
+            return;
+        }
+        save_checkpoint_on(net, path, step);
     }
 
     /// Loads a checkpoint saved by `save_checkpoint` (or model_checkpoint), on any mesh, world
-    /// size, layout or hsdp level, into the parameters and the optimizer's state, and resumes
-    /// the step count from it (the optimizer's too). Collective over the mesh; a missing or
-    /// damaged file raises io_error on every rank and leaves the model as it was. At hsdp
-    /// level3 the weights are gathered first (storage for the loaded values; the next step
-    /// takes its shards from them).
+    /// size, layout, hsdp level or pipeline (cut, stage count), into the parameters and the
+    /// optimizer's state, and resumes the step count from it (the optimizer's too). Under a
+    /// pipeline each stage loads the modules it runs; before the first step (a resumed run)
+    /// each stage loads the whole model on its stage mesh, which the pipeline made at the
+    /// first step then runs. Collective over the mesh; a missing or damaged file raises
+    /// io_error on every rank and leaves the model as it was. At hsdp level3 the weights are
+    /// gathered first (storage for the loaded values; the next step takes its shards from
+    /// them).
     checkpoint_info load_checkpoint(const std::string& path) {
-        agree_on_error(net_->mesh().comm(), pipeline_checkpoint_problem());
         if (level3())
             sharding_->gather_weights();
-        auto& net = net_->model();
-        const bool all = !net_->strategy_file_only_trainable();
         checkpoint_info info;
-        if constexpr (requires { optimizer_->state_of(net); }) {
-            info = xshard::load_checkpoint(path, net, optimizer_->state_of(net), all);
-            if constexpr (requires { optimizer_->set_steps(info.step); })
-                optimizer_->set_steps(info.step);
+        if (stage_) {
+            info = stage_->load(path, !net_->strategy_file_only_trainable());
+        } else if (pipelined()) {
+            std::optional<std::string> problem;
+            try {
+                info = load_checkpoint_on(path);
+            } catch (const std::exception& e) {
+                problem = e.what();
+            }
+            agree_on_error<io_error>(net_->mesh().comm(), problem);
         } else {
-            info = xshard::load_checkpoint(path, net, std::tuple<>{}, all);
+            info = load_checkpoint_on(path);
         }
+        if constexpr (requires { optimizer_->set_steps(info.step); })
+            optimizer_->set_steps(info.step);
         steps_ = std::size_t(info.step);
         return info;
     }
@@ -500,21 +521,36 @@ private:
         }
     };
 
+
+    /// This rank's coordinate along the pipeline axis.
+    int pipeline_rank() const { return net_->mesh().coords()[pipeline_axis_]; }
+
+    /// save_checkpoint of the whole model `net` (collective over its mesh).
+    void save_checkpoint_on(network_type& net, const std::string& path, std::int64_t step) {
+        const checkpoint_options o{.all_parameters = !net_->strategy_file_only_trainable(),
+                                   .step = step};
+        if constexpr (requires { optimizer_->state_of(net); })
+            xshard::save_checkpoint(path, net, o, optimizer_->state_of(net));
+        else
+            xshard::save_checkpoint(path, net, o);
+    }
+
+    /// load_checkpoint of the whole model (collective over its mesh).
+    checkpoint_info load_checkpoint_on(const std::string& path) {
+        auto& net = net_->model();
+        const bool all = !net_->strategy_file_only_trainable();
+        if constexpr (requires { optimizer_->state_of(net); })
+            return xshard::load_checkpoint(path, net, optimizer_->state_of(net), all);
+        else
+            return xshard::load_checkpoint(path, net, std::tuple<>{}, all);
+    }
+
     template <class Dataset>
     static decltype(auto) batches_of(Dataset& dataset, std::size_t e) {
         if constexpr (requires { dataset.epoch(std::uint64_t(e)); })
             return dataset.epoch(std::uint64_t(e));
         else
             return (dataset);
-    }
-
-    std::optional<std::string> pipeline_checkpoint_problem() const {
-        if (!pipelined())
-            return std::nullopt;
-        return "xshard: model: checkpoints of a pipelined model (pipeline(" +
-               std::to_string(net_->pipeline_settings().stages) +
-               ")) are not supported by the driver yet: save each stage's "
-               "pipeline.local_parameters()";
     }
 
     /// The pipeline, its optimizer sharding and this rank's stage, type-erased over the
@@ -525,6 +561,8 @@ private:
         virtual double step(const void* x, const void* y) = 0;
         virtual void finish_step(long step) = 0;
         virtual void share_weights() = 0;
+        virtual void save(const std::string& path, std::int64_t step, bool all) = 0;
+        virtual checkpoint_info load(const std::string& path, bool all) = 0;
     };
 
     template <class X, class Y>
@@ -594,6 +632,25 @@ private:
                     mpi::bcast(along, w.value.local(), it->second);
                 });
             });
+        }
+
+        void save(const std::string& path, std::int64_t step, bool all) override {
+            const checkpoint_options o{.all_parameters = all, .step = step};
+            auto& local = pipe.local_parameters();
+            if constexpr (requires { self->optimizer_->state_of(local); })
+                xshard::pipeline::save_pipeline_checkpoint(path, pipe, o,
+                                                           self->optimizer_->state_of(local));
+            else
+                xshard::pipeline::save_pipeline_checkpoint(path, pipe, o);
+        }
+
+        checkpoint_info load(const std::string& path, bool all) override {
+            auto& local = pipe.local_parameters();
+            if constexpr (requires { self->optimizer_->state_of(local); })
+                return xshard::pipeline::load_pipeline_checkpoint(
+                    path, pipe, self->optimizer_->state_of(local), all);
+            else
+                return xshard::pipeline::load_pipeline_checkpoint(path, pipe, std::tuple<>{}, all);
         }
 
         model* self;

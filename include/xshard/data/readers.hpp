@@ -10,8 +10,11 @@
 ///    32x32 image per channel, red then green then blue. Features: 3072 values in that
 ///    (channel-major) order.
 ///
-/// Every rank reads the whole file (each rank's loader picks its own samples from it); the
-/// files are not compressed (gunzip them first). Malformed files raise xshard::error naming
+/// Every rank reads the whole file (each rank's loader picks its own samples from it), or,
+/// for a pipeline (MindSpore's per-stage data loading), only the part its stage needs:
+/// `read_mnist(c, images, labels, {.images = ..., .labels = ...})` reads the images on the
+/// first stage, the labels on the last and nothing elsewhere, the sample count agreed over
+/// `c` from the ranks that read. The files are not compressed (gunzip them first). Malformed files raise xshard::error naming
 /// the file and what is wrong with it: wrong magic number, truncated or over-long data,
 /// image and label counts that differ, CIFAR-10 labels out of range. The overloads that take
 /// a communicator first raise on every rank of it when any rank's read fails, or when the
@@ -129,6 +132,41 @@ std::vector<example<T>> read_mnist(const std::filesystem::path& images,
     return out;
 }
 
+/// The examples of an IDX image file alone: features as read_mnist's, labels 0.
+template <std::floating_point T = float>
+std::vector<example<T>> read_mnist_images(const std::filesystem::path& images) {
+    const auto bytes = detail::read_bytes(images, "read_mnist");
+    const auto h = detail::read_idx_header(bytes, images, 2051, "images");
+    const std::size_t pixels = h.dims[1] * h.dims[2];
+    std::vector<example<T>> out(h.dims[0]);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+        out[i].features = xt::xtensor<T, 1>::from_shape({pixels});
+        const unsigned char* p = bytes.data() + h.data_offset + i * pixels;
+        for (std::size_t j = 0; j < pixels; ++j)
+            out[i].features(j) = T(p[j]) / T(255);
+    }
+    return out;
+}
+
+/// The examples of an IDX label file alone: labels as stored, no features (width 0).
+template <std::floating_point T = float>
+std::vector<example<T>> read_mnist_labels(const std::filesystem::path& labels) {
+    const auto bytes = detail::read_bytes(labels, "read_mnist");
+    const auto h = detail::read_idx_header(bytes, labels, 2049, "labels");
+    std::vector<example<T>> out(h.dims[0]);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+        out[i].features = xt::xtensor<T, 1>::from_shape({0});
+        out[i].label = bytes[h.data_offset + i];
+    }
+    return out;
+}
+
+/// Which files of a dataset a rank reads.
+struct dataset_parts {
+    bool images = true; ///< the samples' features (a pipeline's first stage)
+    bool labels = true; ///< their labels (a pipeline's last stage)
+};
+
 /// Bytes of a CIFAR-10 record: the label and 3 x 32 x 32 pixels.
 inline constexpr std::size_t cifar10_record_bytes = 1 + 3 * 32 * 32;
 
@@ -186,6 +224,41 @@ std::vector<example<T>> read_mnist(const communicator& c, const std::filesystem:
     auto out = agreed(c, [&] { return read_mnist<T>(images, labels); });
     detail::check_dataset_agrees(c, out.size(), out.empty() ? 0 : out.front().features.size(),
                                  "read_mnist");
+    return out;
+}
+
+/// `read_mnist` of the parts this rank reads (a pipeline: `{.images = pipe.reads_inputs(),
+/// .labels = pipe.reads_labels()}`): the images, the labels (read_mnist_images,
+/// read_mnist_labels), both, or neither, which no other file reading replaces: a rank that
+/// reads neither gets as many empty examples (no features, label 0) as the others read, so
+/// that every rank's loader counts the same steps. The count is agreed over `c` (the whole
+/// mesh) from the ranks that read: a read failing anywhere, image and label files of
+/// different counts, or no rank reading raise xshard::error on every rank. Collective: an
+/// all-reduce of one int, one of six integers.
+template <std::floating_point T = float>
+std::vector<example<T>> read_mnist(const communicator& c, const std::filesystem::path& images,
+                                   const std::filesystem::path& labels, dataset_parts parts) {
+    std::vector<example<T>> out;
+    agreed(c, [&] {
+        if (parts.images && parts.labels)
+            out = read_mnist<T>(images, labels);
+        else if (parts.images)
+            out = read_mnist_images<T>(images);
+        else if (parts.labels)
+            out = read_mnist_labels<T>(labels);
+    });
+    const bool read = parts.images || parts.labels;
+    const unsigned long long n = out.size();
+    const auto r = value_ranges<3>(c, {read ? n : 0ULL, read ? n : ~0ULL, read ? 1ULL : 0ULL});
+    if (r[2].most == 0)
+        throw error("xshard: read_mnist: no rank reads " + images.string() + " or " +
+                    labels.string());
+    if (r[0].most != r[1].least)
+        throw error("xshard: read_mnist: the ranks read " + std::to_string(r[1].least) + " to " +
+                    std::to_string(r[0].most) + " samples from " + images.string() + " and " +
+                    labels.string() + "; the image and label files must hold as many");
+    if (!read)
+        out.assign(std::size_t(r[0].most), example<T>{xt::xtensor<T, 1>::from_shape({0}), 0});
     return out;
 }
 

@@ -91,6 +91,12 @@ struct ckpt_model {
     mesh_shape mesh;
     int rank = 0;
     strategy_file strategy; ///< of everything saved (parameters, then optimizer state)
+    /// Which tensors this rank holds a block of (empty: all). A pipeline's checkpoint
+    /// (pipeline/checkpoint.hpp) lists every stage's tensors on every rank, each held by its
+    /// stage's ranks only (its record then gives its stage's mesh, layout and shape).
+    std::vector<bool> held;
+
+    bool holds(std::size_t i) const { return held.empty() || held[i]; }
 };
 
 /// The bytes of this rank's block of `t`.
@@ -356,6 +362,8 @@ private:
     F cleanup_;
 };
 
+/// Saves `m` as an integrated checkpoint (see the file comment). Collective over `m.comm`,
+/// each rank writing the primary blocks of the tensors it holds (ckpt_model::held).
 inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t step) {
     const auto& c = *m.comm;
     std::vector<tensor_entry> entries;
@@ -397,7 +405,7 @@ inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t
         for (std::size_t i = 0; i < m.tensors.size(); ++i) {
             const auto& t = m.tensors[i];
             sizes.push_back(t.global_bytes());
-            if (t.primary()) {
+            if (m.holds(i) && t.primary()) {
                 const auto crc =
                     write_block(f, checked_add(header.size(), entries[i].begin), t, i, runs);
                 blocks.push_back({i, std::uint64_t(t.mesh.group_color(t.mesh_rank, t.replicated)),

@@ -436,6 +436,12 @@ public:
         if (fs::is_directory(path_)) {
             format_ = checkpoint_format::per_rank;
             strategy_ = strategy_file::from_json(detail::read_file(path_ + "/strategy.json"));
+            for (const auto& p : strategy_.parameters)
+                if (p.mesh)
+                    throw io_error("xshard: " + path_ + "/strategy.json: '" +
+                                   detail::printable(p.name) +
+                                   "' has a mesh of its own, which only integrated checkpoints "
+                                   "store");
             try {
                 const auto j = detail::parse_json(detail::read_file(path_ + "/checkpoint.json"));
                 if (!j.is_object() || j.value("format", "") != "xshard-checkpoint" ||
@@ -503,11 +509,12 @@ public:
             // per tensor is bounded by the header's length, whatever the mesh).
             if (const auto it = block_checksums_.find(p.name);
                 it != block_checksums_.end() &&
-                it->second.size() / 8 != detail::primary_block_count(strategy_.mesh, p.lay))
+                it->second.size() / 8 != detail::primary_block_count(strategy_.mesh_of(p), p.lay))
                 throw io_error("xshard: " + path_ + ": malformed xshard metadata: '" +
                                detail::printable(p.name) + "' has " +
                                std::to_string(it->second.size() / 8) + " block checksums for " +
-                               std::to_string(detail::primary_block_count(strategy_.mesh, p.lay)) +
+                               std::to_string(
+                                   detail::primary_block_count(strategy_.mesh_of(p), p.lay)) +
                                " stored blocks");
         }
     }
@@ -551,7 +558,8 @@ public:
         if (format_ == checkpoint_format::integrated && !block_checksums_.count(e.name))
             return {stored_block{0, std::vector<std::size_t>(e.shape.size(), 0), e.shape, 0}};
         std::vector<stored_block> out;
-        for (auto& [rank, offset, extent] : detail::primary_blocks(strategy_.mesh, e.lay, e.shape))
+        for (auto& [rank, offset, extent] :
+             detail::primary_blocks(strategy_.mesh_of(e), e.lay, e.shape))
             out.push_back({format_ == checkpoint_format::integrated ? 0 : rank, std::move(offset),
                            std::move(extent), out.size()});
         return out;

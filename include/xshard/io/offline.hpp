@@ -142,7 +142,7 @@ inline std::size_t merge_checkpoint(const std::string& path, const std::string& 
     }
     std::vector<std::vector<std::uint32_t>> zeros;
     for (const auto& e : tensors)
-        zeros.emplace_back(detail::primary_block_count(r.strategy().mesh, e.lay), 0);
+        zeros.emplace_back(detail::primary_block_count(r.strategy().mesh_of(e), e.lay), 0);
     std::string header = detail::integrated_header(entries, r.strategy(), r.step(), {}, zeros);
     detail::verify_stored(r, tensors);
     detail::replaceable(out);
@@ -185,7 +185,7 @@ inline std::size_t merge_checkpoint(const std::string& path, const std::string& 
         for (std::size_t i = 0; i < tensors.size(); ++i) {
             const auto& e = tensors[i];
             for (const auto& [rank, offset, extent] :
-                 detail::primary_blocks(r.strategy().mesh, e.lay, e.shape)) {
+                 detail::primary_blocks(r.strategy().mesh_of(e), e.lay, e.shape)) {
                 std::uint32_t crc = 0;
                 for (const auto& [at, n] :
                      detail::runs_of(e.shape, offset, extent, dtype_size(e.dtype)))

@@ -14,7 +14,11 @@
 ///     }
 ///
 /// dtypes are safetensors' ("F64", "F32", "F16", "BF16", "I64", ...), layouts are in xshard's
-/// notation. Only trainable parameters are written unless `all_parameters` is set.
+/// notation. A pipeline's strategy (pipeline/checkpoint.hpp) also gives each parameter its
+/// `"stage"` (the rank along the pipeline axis that holds it), and its own `"mesh"` where
+/// its stage's mesh is not the file's (stages may factor their ranks differently); a
+/// parameter without one is on the file's mesh.
+/// Only trainable parameters are written unless `all_parameters` is set.
 /// Loading gives run-time layouts that redistribution and checkpoint loading use directly.
 
 #include <xshard/comm/agree.hpp>
@@ -28,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include <climits>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -41,6 +46,10 @@ struct strategy_entry {
     std::string dtype;
     layout lay;
     bool trainable = true;
+    /// The pipeline stage holding it: its rank along the pipeline axis (-1: not pipelined).
+    int stage = -1;
+    /// Its mesh, when it is not the file's (a pipeline stage's mesh).
+    std::optional<mesh_shape> mesh = std::nullopt;
 };
 
 /// The contents of a strategy file.
@@ -49,6 +58,9 @@ struct strategy_file {
     mesh_shape mesh;
     int pipeline_stages = 1;
     std::vector<strategy_entry> parameters;
+
+    /// The mesh parameter `e` was laid out on.
+    const mesh_shape& mesh_of(const strategy_entry& e) const { return e.mesh ? *e.mesh : mesh; }
 
     const strategy_entry* find(std::string_view name) const {
         for (const auto& p : parameters)
@@ -69,19 +81,28 @@ struct strategy_file {
         nlohmann::ordered_json j;
         j["format"] = "xshard-strategy";
         j["version"] = current_version;
-        std::vector<std::string> axes;
-        for (const auto& a : mesh.names)
-            axes.emplace_back(a.view());
-        j["mesh"] = {{"axes", axes},
-                     {"sizes", std::vector<int>(mesh.sizes.begin(), mesh.sizes.end())}};
+        const auto mesh_json = [](const mesh_shape& m) {
+            std::vector<std::string> axes;
+            for (const auto& a : m.names)
+                axes.emplace_back(a.view());
+            return nlohmann::ordered_json{
+                {"axes", axes}, {"sizes", std::vector<int>(m.sizes.begin(), m.sizes.end())}};
+        };
+        j["mesh"] = mesh_json(mesh);
         j["pipeline_stages"] = pipeline_stages;
         j["parameters"] = nlohmann::ordered_json::array();
-        for (const auto& p : parameters)
-            j["parameters"].push_back({{"name", p.name},
-                                       {"shape", p.shape},
-                                       {"dtype", p.dtype},
-                                       {"layout", p.lay.to_string()},
-                                       {"trainable", p.trainable}});
+        for (const auto& p : parameters) {
+            nlohmann::ordered_json e{{"name", p.name},
+                                     {"shape", p.shape},
+                                     {"dtype", p.dtype},
+                                     {"layout", p.lay.to_string()},
+                                     {"trainable", p.trainable}};
+            if (p.stage >= 0)
+                e["stage"] = p.stage;
+            if (p.mesh)
+                e["mesh"] = mesh_json(*p.mesh);
+            j["parameters"].push_back(std::move(e));
+        }
         return j.dump(2) + "\n";
     }
 
@@ -106,26 +127,31 @@ struct strategy_file {
                                (j.contains("version") ? j["version"].dump() : "(none)") +
                                " (this xshard reads version " + std::to_string(current_version) +
                                ")");
-            const auto& mesh = j.at("mesh");
-            const auto& axes = mesh.at("axes");
-            const auto& sizes = mesh.at("sizes");
-            if (!axes.is_array() || !sizes.is_array() || axes.size() != sizes.size() ||
-                axes.size() > max_mesh_axes)
-                throw io_error("xshard: the mesh needs lists of at most " +
-                               std::to_string(max_mesh_axes) + " axes and as many sizes");
-            static_vector<axis_name, max_mesh_axes> names;
-            static_vector<int, max_mesh_axes> counts;
-            std::size_t ranks = 1;
-            for (std::size_t i = 0; i < axes.size(); ++i) {
-                if (!axes[i].is_string() || !is_valid_axis_name(axes[i].get<std::string>()))
-                    throw io_error("xshard: mesh axis " + axes[i].dump() + " is not an axis name");
-                names.push_back(axis_name(axes[i].get<std::string>()));
-                counts.push_back(int(detail::json_count(sizes[i], "a mesh size", 1, INT_MAX)));
-                ranks = checked_mul(ranks, std::size_t(counts.back()), "the mesh's size");
-            }
-            if (ranks > std::size_t(INT_MAX))
-                throw io_error("xshard: a mesh of " + std::to_string(ranks) + " ranks");
-            f.mesh = mesh_shape(names, counts);
+            const auto parse_mesh = [](const nlohmann::json& mesh) {
+                if (!mesh.is_object())
+                    throw io_error("xshard: a mesh is not an object");
+                const auto& axes = mesh.at("axes");
+                const auto& sizes = mesh.at("sizes");
+                if (!axes.is_array() || !sizes.is_array() || axes.size() != sizes.size() ||
+                    axes.size() > max_mesh_axes)
+                    throw io_error("xshard: the mesh needs lists of at most " +
+                                   std::to_string(max_mesh_axes) + " axes and as many sizes");
+                static_vector<axis_name, max_mesh_axes> names;
+                static_vector<int, max_mesh_axes> counts;
+                std::size_t ranks = 1;
+                for (std::size_t i = 0; i < axes.size(); ++i) {
+                    if (!axes[i].is_string() || !is_valid_axis_name(axes[i].get<std::string>()))
+                        throw io_error("xshard: mesh axis " + axes[i].dump() +
+                                       " is not an axis name");
+                    names.push_back(axis_name(axes[i].get<std::string>()));
+                    counts.push_back(int(detail::json_count(sizes[i], "a mesh size", 1, INT_MAX)));
+                    ranks = checked_mul(ranks, std::size_t(counts.back()), "the mesh's size");
+                }
+                if (ranks > std::size_t(INT_MAX))
+                    throw io_error("xshard: a mesh of " + std::to_string(ranks) + " ranks");
+                return mesh_shape(names, counts);
+            };
+            f.mesh = parse_mesh(j.at("mesh"));
             if (j.contains("pipeline_stages"))
                 f.pipeline_stages =
                     int(detail::json_count(j["pipeline_stages"], "pipeline_stages", 1, INT_MAX));
@@ -164,10 +190,15 @@ struct strategy_file {
                         throw io_error("xshard: " + name + "'s 'trainable' is not true or false");
                     e.trainable = p["trainable"].get<bool>();
                 }
+                if (p.contains("stage"))
+                    e.stage = int(detail::json_count(p["stage"], "the stage of " + name, 0,
+                                                     INT_MAX));
+                if (p.contains("mesh"))
+                    e.mesh = parse_mesh(p["mesh"]);
                 if (e.lay.rank() != e.shape.size())
                     throw io_error("xshard: " + name +
                                    " has a layout of another rank than its shape");
-                e.lay.validate(f.mesh);
+                e.lay.validate(f.mesh_of(e));
                 f.parameters.push_back(std::move(e));
             }
         } catch (const io_error&) {

@@ -1,133 +1,175 @@
 #pragma once
 /// \file
-/// Checkpoints and strategy files of a pipeline, per stage (as MindSpore saves each stage's
-/// parameters with its own strategy): in a directory, each pipeline rank's stage writes its
-/// modules' parameters into `stage_<r>.safetensors` (an integrated checkpoint of that stage,
-/// io/checkpoint.hpp: written by the stage's ranks only, every stage at once) and their
-/// strategy into `stage_<r>.strategy.json` (each parameter's layout on the stage's mesh, and
-/// the pipeline's stage count); `stages.json` maps each module to its file. Loading reads
-/// the stage files into any strategy (io/checkpoint.hpp's load-into-any-strategy, file by
-/// file): a model on one mesh (no pipeline), or a pipeline with another cut, another number
-/// of stages or other stage meshes, each rank loading the modules it holds from the files
-/// that hold them. The other way, a checkpoint of a model on one mesh (save_checkpoint)
-/// loads into a pipeline through `load_checkpoint(path, pipe.local_parameters())`.
+/// Checkpoints and strategy files of a pipeline: every stage's parameters in ONE integrated
+/// checkpoint (io/checkpoint.hpp's form: one safetensors file holding every tensor whole,
+/// under its module name, with its CRC-32s), written collectively by every rank of the
+/// pipeline's mesh: each stage's ranks write the blocks of their own stage's parameters, one
+/// copy of each replicated block, at their places in the one file. Its strategy (in the
+/// header, and in the strategy file `save_pipeline_strategy_file` writes) gives each
+/// parameter its layout, its stage (`"stage"`: its rank along the pipeline axis) and, when
+/// its stage's mesh is not the first stage's, that mesh (stages may factor their ranks
+/// differently), with the stage count.
+///
+/// The save keeps io/checkpoint.hpp's contract: it yields a loadable checkpoint or raises the
+/// same `io_error` on every rank and leaves the previous checkpoint at `path` intact.
+///
+/// Such a checkpoint loads into any strategy: into a model on one mesh (no pipeline) with
+/// the ordinary `load_checkpoint(path, model)`, and into a pipeline of any cut, stage count,
+/// stage meshes and world size with `load_pipeline_checkpoint(path, pipe)` (each stage loads
+/// the modules it runs). A checkpoint of a model on one mesh (`save_checkpoint`) loads into
+/// a pipeline the same way.
 
 #include <xshard/comm/agree.hpp>
+#include <xshard/comm/collectives.hpp>
 #include <xshard/io/checkpoint.hpp>
-#include <xshard/io/files.hpp>
 #include <xshard/io/strategy_file.hpp>
 #include <xshard/pipeline/pipeline.hpp>
 
-#include <nlohmann/json.hpp>
-
-#include <filesystem>
-#include <map>
 #include <optional>
-#include <set>
+#include <span>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 namespace xshard::pipeline {
 
 namespace detail {
 
-inline std::string stage_file(const std::string& dir, int r) {
-    return dir + "/stage_" + std::to_string(r) + ".safetensors";
-}
-
-/// Module name -> file index, from `dir/stages.json`.
-inline std::map<std::string, int> read_stage_index(const std::string& dir) {
-    const auto j = nlohmann::json::parse(xshard::detail::read_file(dir + "/stages.json"));
-    std::map<std::string, int> out;
-    for (const auto& [name, file] : j.at("modules").items())
-        out[name] = file.get<int>();
-    return out;
-}
-
-/// Loads, file by file, the modules of `model` named in `holds` from the stage files of
-/// `dir` (index `index`): a stage_view per file, collective over the mesh of its tensors.
-template <class Model>
-void load_files(const std::string& dir, const std::map<std::string, int>& index, Model& model,
-                const std::set<std::string>& holds) {
-    std::map<int, std::set<std::string>> per_file;
-    for (const auto& [name, file] : index)
-        if (holds.count(name))
-            per_file[file].insert(name);
-    for (auto& [file, names] : per_file) {
-        stage_view<Model> view{&model, &names};
-        bool any = false;
-        for_each_parameter(view, [&](const std::string&, const auto&) { any = true; });
-        if (any)
-            load_checkpoint(stage_file(dir, file), view);
+/// Every stage's tensors (parameters, then optimizer state under "optimizer."), on every
+/// rank of the pipeline's mesh, in stage order: this rank's stage's as records of its
+/// tensors, the other stages' as records of their shape, element type, layout and stage
+/// mesh only (not held, ckpt_model::held). Collective over the mesh (an all-gather of the
+/// stages, one strategy broadcast per stage); an error raises on every rank.
+template <class Model, distributed_tensor X, parameter_container S>
+xshard::detail::ckpt_model every_stage(pipeline<Model, X>& pipe, const S& optimizer_state,
+                                       bool all) {
+    const auto& world = pipe.comm();
+    xshard::detail::ckpt_model local;
+    std::optional<std::string> problem;
+    try {
+        xshard::detail::collect(local, pipe.local_parameters(), "", all);
+        xshard::detail::collect(local, optimizer_state, "optimizer.", true);
+    } catch (const std::exception& e) {
+        problem = e.what();
     }
+    agree_on_error(world, problem);
+    // The lowest rank of each stage tells the others its stage's strategy.
+    const int me = pipe.stage(), p = pipe.config().stages;
+    std::vector<int> mine{me}, stage_of(std::size_t(world.size()));
+    mpi::allgather(world, mine, stage_of);
+    xshard::detail::ckpt_model m;
+    m.comm = &world;
+    m.strategy.pipeline_stages = p;
+    bool first = true;
+    for (int s = 0; s < p; ++s) {
+        int root = 0;
+        while (root < world.size() && stage_of[std::size_t(root)] != s)
+            ++root;
+        const auto text = xshard::detail::message_from(
+            world, root, world.rank() == root ? std::optional(local.strategy.to_json())
+                                              : std::nullopt);
+        strategy_file stage;
+        xshard::detail::everywhere(world, [&] { stage = strategy_file::from_json(text); });
+        if (!stage.parameters.empty() && first) {
+            m.strategy.mesh = stage.mesh;
+            first = false;
+        }
+        for (std::size_t j = 0; j < stage.parameters.size(); ++j) {
+            auto e = stage.parameters[j];
+            e.stage = s;
+            if (!(stage.mesh == m.strategy.mesh))
+                e.mesh = stage.mesh;
+            if (s == me) {
+                m.tensors.push_back(local.tensors.at(j));
+            } else {
+                tensor_record t;
+                t.name = e.name;
+                t.element = dtype_size(e.dtype);
+                t.shape = e.shape;
+                t.lay = e.lay;
+                t.mesh = stage.mesh;
+                t.replicated = e.lay.replicated_axes(stage.mesh);
+                t.trainable = e.trainable;
+                m.tensors.push_back(std::move(t));
+            }
+            m.held.push_back(s == me);
+            m.dtypes.push_back(e.dtype);
+            m.strategy.parameters.push_back(std::move(e));
+        }
+    }
+    // (Every rank holds the same names: the same error everywhere.)
+    if (m.tensors.empty())
+        throw error("xshard: pipeline checkpoint: the pipeline has no parameters to save");
+    xshard::detail::check_names(m);
+    return m;
 }
 
 } // namespace detail
 
-/// Saves the pipeline's parameters, stage by stage, into directory `dir` (see the file
-/// comment; created if needed), with `step` recorded. Collective over the pipeline's mesh:
-/// each stage's checkpoint is collective over its stage mesh, and a failure anywhere raises
-/// `io_error` on every rank.
+/// The strategy of the whole pipeline (every stage's parameters, trainable ones unless
+/// `all`, each with its stage and, where it differs from the first stage's, its stage's
+/// mesh), on every rank. Collective over the pipeline's mesh.
 template <class Model, distributed_tensor X>
-void save_stage_checkpoints(pipeline<Model, X>& pipe, const std::string& dir,
-                            std::int64_t step = 0) {
-    const auto& world = pipe.comm();
+strategy_file pipeline_strategy(pipeline<Model, X>& pipe, bool all = false) {
+    return detail::every_stage(pipe, std::tuple<>{}, all).strategy;
+}
+
+/// Writes `pipeline_strategy(pipe, all)` to `path` (rank 0 writes, durably and atomically).
+/// Collective over the pipeline's mesh; a failure raises io_error on every rank.
+template <class Model, distributed_tensor X>
+void save_pipeline_strategy_file(const std::string& path, pipeline<Model, X>& pipe,
+                                 bool all = false) {
+    const auto f = pipeline_strategy(pipe, all);
+    xshard::detail::on_rank0(pipe.comm(),
+                             [&] { xshard::detail::write_file_atomically(path, f.to_json()); });
+}
+
+/// Saves every stage's parameters (trainable ones unless `options.all_parameters`) and
+/// `optimizer_state` (this rank's stage's, e.g. its optimizer's state over
+/// `pipe.local_parameters()`) into the one integrated checkpoint `path`, with
+/// `options.step` (see the file comment). Collective over the pipeline's mesh; a failure
+/// anywhere raises io_error on every rank and leaves the previous checkpoint intact. Only
+/// the integrated form: a per-rank directory has one mesh.
+template <class Model, distributed_tensor X, parameter_container S = std::tuple<>>
+void save_pipeline_checkpoint(const std::string& path, pipeline<Model, X>& pipe,
+                              const checkpoint_options& options = {},
+                              const S& optimizer_state = {}) {
+    if (options.format != checkpoint_format::integrated)
+        throw error("xshard: pipeline checkpoint: a pipeline saves one integrated checkpoint "
+                    "(checkpoint_format::integrated)");
+    auto m = detail::every_stage(pipe, optimizer_state, options.all_parameters);
+    xshard::detail::save_integrated(m, path, options.step);
+}
+
+/// Loads a checkpoint (a pipeline's, or a model's on one mesh, either form) into a pipeline
+/// of any cut, stage count, stage meshes and world size: each stage the modules it runs (and
+/// `optimizer_state`, this rank's stage's), collectively over its stage mesh. Collective
+/// over the pipeline's mesh; a failure anywhere (a missing file or tensor, a damaged block)
+/// raises io_error on every rank (a mismatch before anything is read changes nothing).
+template <class Model, distributed_tensor X, parameter_container S = std::tuple<>>
+checkpoint_info load_pipeline_checkpoint(const std::string& path, pipeline<Model, X>& pipe,
+                                         S&& optimizer_state = {}, bool all_parameters = false) {
+    bool any = false;
+    const auto count = [&](const std::string&, const auto&) { any = true; };
+    for_each_parameter(pipe.local_parameters(), count);
+    for_each_parameter(optimizer_state, count);
+    checkpoint_info info;
     std::optional<std::string> problem;
-    if (world.rank() == 0) {
-        try {
-            std::filesystem::create_directories(dir);
-            nlohmann::json j;
-            j["files"] = pipe.config().stages;
-            for (const auto& [name, stage] : pipe.stages())
-                j["modules"][name] = pipe.config().rank_of_stage(stage);
-            xshard::detail::write_file_atomically(dir + "/stages.json", j.dump(1));
-        } catch (const std::exception& e) {
-            problem =
-                "xshard: pipeline checkpoint: cannot write " + dir + "/stages.json: " + e.what();
+    try {
+        if (any)
+            info = load_checkpoint(path, pipe.local_parameters(),
+                                   std::forward<S>(optimizer_state), all_parameters);
+        else {
+            // A stage without parameters (activations only) loads nothing; it learns the step.
+            const checkpoint_reader r(path);
+            info = {r.step(), r.format(), r.strategy()};
         }
-    }
-    agree_on_error<io_error>(world, problem);
-    try {
-        const int r = pipe.stage();
-        save_checkpoint(detail::stage_file(dir, r), pipe.local_parameters(), {.step = step});
-        save_strategy_file(dir + "/stage_" + std::to_string(r) + ".strategy.json",
-                           pipe.local_parameters(), false, pipe.config().stages);
-    } catch (const std::exception& e) {
-        problem = e.what();
-    }
-    agree_on_error<io_error>(world, problem);
-}
-
-/// Loads the stage checkpoints of `dir` into `model`, a model on one mesh (not pipelined):
-/// every rank reads every stage file. Collective over the model's mesh; throws io_error on
-/// every rank, changing nothing of the file it failed on, when a file is missing, damaged or
-/// does not match the model.
-template <class Model>
-void load_stage_checkpoints(const std::string& dir, Model& model) {
-    const communicator* comm = nullptr;
-    for_each_parameter(model, [&](const std::string&, const auto& t) { comm = &t.mesh().comm(); });
-    if (!comm)
-        throw error("xshard: pipeline checkpoint: the model has no parameters to load");
-    std::map<std::string, int> index;
-    xshard::detail::everywhere(*comm, [&] { index = detail::read_stage_index(dir); });
-    std::set<std::string> all;
-    visit_parameters(model, [&](std::string_view name, auto&) { all.insert(std::string(name)); });
-    detail::load_files(dir, index, model, all);
-}
-
-/// Loads the stage checkpoints of `dir` into a pipeline of any cut, stage count and stage
-/// meshes: each rank the modules it runs, from the files that hold them. Collective over
-/// the pipeline's mesh; a failure anywhere raises `io_error` on every rank.
-template <class Model, distributed_tensor X>
-void load_stage_checkpoints(const std::string& dir, pipeline<Model, X>& pipe) {
-    std::map<std::string, int> index;
-    xshard::detail::everywhere(pipe.comm(), [&] { index = detail::read_stage_index(dir); });
-    std::optional<std::string> problem;
-    try {
-        detail::load_files(dir, index, pipe.model(), pipe.local_modules());
     } catch (const std::exception& e) {
         problem = e.what();
     }
     agree_on_error<io_error>(pipe.comm(), problem);
+    return info;
 }
 
 } // namespace xshard::pipeline
