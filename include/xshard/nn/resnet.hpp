@@ -9,7 +9,13 @@
 /// Parallel layouts (`resnet_options`): the input's batch split is kept through the network
 /// (data parallelism over the batch's axes); `blocks.model_parallel` splits every block's
 /// inner channels over `blocks.axis` (see resnet_blocks.hpp); `classifier_parallel` splits
-/// the classifier's classes over that axis and all-gathers the logits.
+/// the classifier's classes over that axis and all-gathers the logits. An input whose height
+/// and/or width is split (spatial parallelism, `[dp, -, sp, -]`) keeps that split through
+/// every block (halo exchanges in the convolutions and the max pooling, batch norm sums
+/// all-reduced over the bands) down to the global pooling, whose features come out
+/// replicated over the spatial axes; the image size must leave every stage's bands at least
+/// as thick as their halos (ResNet-18 on 16 x 16 images: 2 bands, not 4), else the first
+/// layer that cannot serve them raises a sentence on every rank.
 
 #include <xshard/nn/global_pooling.hpp>
 #include <xshard/nn/linear.hpp>
