@@ -288,9 +288,10 @@ int main(int argc, char** argv) {
         app.add_option("--depth", o.depth, "18 or 50");
         app.add_option("--cifar", o.cifar, "cifar-10-batches-bin directory (else generated files)");
         app.add_option("--mode", o.mode, "data_parallel, semi_auto, hybrid or spatial");
-        app.add_option("--mp", o.mp,
-                       "model-parallel ranks (semi_auto, hybrid), or the bands of each image (spatial); "
-                       "default 2 when even");
+        app.add_option(
+            "--mp", o.mp,
+            "model-parallel ranks (semi_auto, hybrid), or the bands of each image (spatial); "
+            "default 2 when even");
         app.add_option("--grad-accumulation", o.grad_accumulation, "micro-steps per update");
         app.add_option("--steps", o.steps, "optimizer steps");
         app.add_option("--batch-size", o.batch_size, "global batch (the tutorial's 32)");

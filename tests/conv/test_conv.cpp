@@ -306,9 +306,10 @@ void check_layer(const mesh_t& m, Make make, const std::array<std::size_t, NI>& 
     auto grads = xshard::gradients_of{layer};
     xshard::synchronize_gradients(layer, grads);
     const auto gdx = resolved(dx);
-    EXPECT_TRUE(close(gdx, sdx.local(), tolerance)) << context << ": input gradient differs from one rank by "
-                                         << xt::amax(xt::abs(gdx - sdx.local()))() << " (largest "
-                                         << xt::amax(xt::abs(gdx))() << ")";
+    EXPECT_TRUE(close(gdx, sdx.local(), tolerance))
+        << context << ": input gradient differs from one rank by "
+        << xt::amax(xt::abs(gdx - sdx.local()))() << " (largest " << xt::amax(xt::abs(gdx))()
+        << ")";
     std::vector<xt::xarray<double>> serial_grads;
     xshard::for_each_weight(
         serial, [&](const std::string&, auto& w) { serial_grads.emplace_back(w.grad.local()); });
@@ -473,8 +474,8 @@ TEST(spatial_layers, convolution_and_pooling_equal_one_rank) {
             m, [](const mesh_t& mm) { return conv(mm, 4, 5, 3, 7, {.stride = 2, .padding = 1}); },
             spatial_images, l, "conv2d 3x3 stride 2" + label, false, 1e-12);
         check_layer(
-            m, [](const mesh_t& mm) { return conv(mm, 4, 6, 1, 7, {.stride = 2}); },
-            spatial_images, l, "conv2d 1x1 stride 2" + label, false, 1e-12);
+            m, [](const mesh_t& mm) { return conv(mm, 4, 6, 1, 7, {.stride = 2}); }, spatial_images,
+            l, "conv2d 1x1 stride 2" + label, false, 1e-12);
         check_layer(
             m,
             [](const mesh_t& mm) {
@@ -495,10 +496,13 @@ TEST(spatial_layers, batch_norm_pooling_flatten_and_blocks_equal_one_rank) {
     for_each_spatial_layout([](const mesh_t& m, const layout& l) {
         const auto label = " " + l.to_string();
         using bn = nn::batch_norm2d<double, mesh_t>;
+        // Unsynchronised, a batch split over dp normalises each rank's images alone (not one
+        // rank's figures); the bands of one image are reduced either way.
         for (bool sync : {false, true})
-            check_layer(
-                m, [&](const mesh_t& mm) { return bn(mm, 4, {.sync = sync}); }, spatial_images, l,
-                std::string("batch_norm2d") + (sync ? " sync" : "") + label, sync, 1e-12);
+            if (sync || !l.is_split(0))
+                check_layer(
+                    m, [&](const mesh_t& mm) { return bn(mm, 4, {.sync = sync}); }, spatial_images,
+                    l, std::string("batch_norm2d") + (sync ? " sync" : "") + label, sync, 1e-12);
         check_layer(
             m, [](const mesh_t& mm) { return nn::global_avg_pool2d<double, mesh_t>(mm); },
             spatial_images, l, "global_avg_pool2d" + label, true, 1e-12);
@@ -622,8 +626,8 @@ TEST(models, batch_norm_running_statistics_round_trip_through_a_checkpoint) {
     }
     loaded.train(false);
     serial.train(false);
-    const auto y = loaded.forward(xshard::distribute<xshard::dynamic_layout(4)>(
-        b, gx, nn::make_layout({"", "", "dp", ""})));
+    const auto y = loaded.forward(
+        xshard::distribute<xshard::dynamic_layout(4)>(b, gx, nn::make_layout({"", "", "dp", ""})));
     const auto sy = serial.forward(
         xshard::distribute<xshard::dynamic_layout(4)>(serial_mesh(), gx, layout::replicated(4)));
     EXPECT_TRUE(close(xshard::gather_all(y), sy.local(), 1e-12));

@@ -56,11 +56,11 @@ public:
                                                     make_layout({o_.axis}), T(0))
                                      .value),
                        std::nullopt, false}
-        , moving_var_{"moving_variance",
-                      std::move(constant_weight<T>(mesh, std::array{channels},
-                                                   make_layout({o_.axis}), T(1))
-                                    .value),
-                      std::nullopt, false} {}
+        , moving_var_{
+              "moving_variance",
+              std::move(constant_weight<T>(mesh, std::array{channels}, make_layout({o_.axis}), T(1))
+                            .value),
+              std::nullopt, false} {}
 
     /// Training (batch statistics) or evaluation (running statistics).
     void train(bool on) noexcept { training_ = on; }

@@ -183,10 +183,10 @@ private:
     /// its edges' padding).
     template <class X>
     ops::conv2d_geometry geometry(const X& xl) const {
-        return local_conv_geometry(
-            ops::nchw_shape(xl.shape()), ops::nchw_shape(w_.value.local().shape()), o_.stride,
-            spatial_ ? halo_.padding() : ops::padding2d::uniform(o_.padding), o_.dilation,
-            o_.groups);
+        return local_conv_geometry(ops::nchw_shape(xl.shape()),
+                                   ops::nchw_shape(w_.value.local().shape()), o_.stride,
+                                   spatial_ ? halo_.padding() : ops::padding2d::uniform(o_.padding),
+                                   o_.dilation, o_.groups);
     }
 
     windowed_dims windows() const {

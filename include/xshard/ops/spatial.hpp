@@ -223,10 +223,10 @@ public:
     /// `exchange` and their local kernels themselves. Collective like `backward`.
     local_type adjoint(const local_type& grad_band) {
         if (xshard::detail::to_array<rank>(grad_band.shape()) != plan_.band().extent)
-            throw error("xshard: spatial_op::adjoint: the band gradient has shape " +
-                        xshard::detail::shape_string(
-                            xshard::detail::to_array<rank>(grad_band.shape())) +
-                        ", the band " + xshard::detail::shape_string(plan_.band().extent));
+            throw error(
+                "xshard: spatial_op::adjoint: the band gradient has shape " +
+                xshard::detail::shape_string(xshard::detail::to_array<rank>(grad_band.shape())) +
+                ", the band " + xshard::detail::shape_string(plan_.band().extent));
         auto grad = local_type::from_shape(plan_.source_block().extent);
         plan_.adjoint(grad_band.data(), grad.data());
         return grad;
