@@ -6,9 +6,9 @@
 //   resnet18_step_spatial2_f32  the same step on a batch of 8 256 x 256 images whose height
 //                           is split over the ranks (spatial parallelism: halo exchange before
 //                           every convolution and pooling, batch norm statistics all-reduced
-//                           over the bands), vs `one_rank`; "halo_bytes_per_step" is what this
-//                           process's halo steps handed to MPI in one step (forward and
-//                           adjoint, rank 0's; every band but the last sends as much or more).
+//                           over the bands), vs `one_rank`; "halo_bytes_per_step" is what the
+//                           halo steps handed to MPI in one step, forward and adjoint, summed
+//                           over the ranks (`resnet::halo_bytes_sent()`).
 //   conv2d_local_f32[_<shape>]  xshard's local convolution (forward, backward to the input and
 //                           to the weights) vs `onednn_direct`: oneDNN's primitives called
 //                           directly on the same NCHW shapes, built once. On planes under 8 x 8
@@ -88,13 +88,14 @@ void resnet_step_spatial(const xshard::communicator& world, const bench::options
     xshard::optim::momentum a({.lr = 0.01, .momentum = 0.9}), b({.lr = 0.01, .momentum = 0.9});
     auto step = step_of(net, x, a, false);
     step(); // plans the halos
-    const std::size_t before = nn::halo_bytes_sent();
+    const std::size_t before = net.halo_bytes_sent();
     step();
-    const std::size_t halo = nn::halo_bytes_sent() - before;
+    double halo = double(net.halo_bytes_sent() - before); // summed over the ranks
+    xshard::mpi::allreduce(world, std::span(&halo, 1), xshard::reduction::sum);
     const auto t = bench::compare(world, o, step, step_of(serial, sx, b));
     bench::report(world, "resnet18_step_spatial" + std::to_string(world.size()) + "_f32",
                   gx.size() * sizeof(T), "one_rank", t,
-                  "\"halo_bytes_per_step\": " + std::to_string(halo));
+                  "\"halo_bytes_per_step\": " + std::to_string(std::size_t(halo)));
 }
 
 /// oneDNN's convolution primitives on NCHW memory, built once: the peer of the local kernels.

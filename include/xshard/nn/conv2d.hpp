@@ -167,6 +167,9 @@ public:
 
     const weight<tensor<T, Mesh, 4>>& kernel() const noexcept { return w_; }
 
+    /// Bytes this rank's halo exchanges sent so far (0 without a spatial split).
+    std::size_t halo_bytes_sent() const noexcept { return halo_.bytes_sent(); }
+
 private:
     static layout weight_layout(const options& o) {
         switch (o.split) {

@@ -14,8 +14,9 @@
 /// those rows. Bands thinner than the halo are an `xshard::error` with a sentence on every
 /// rank alike (redistribute/halo.hpp, `check_halo`).
 ///
-/// `halo_bytes_sent()` counts the bytes this process's kept halos handed to MPI (forward and
-/// adjoint), for the benchmarks' per-step figures.
+/// `bytes_sent()` counts the bytes the halo handed to MPI on this rank (forward exchanges and
+/// adjoints, since construction); the layers report it as `halo_bytes_sent()`, summed by the
+/// blocks and the ResNet, for the benchmarks' per-step figures.
 
 #include <xshard/nn/module.hpp>
 #include <xshard/ops/conv_kernels.hpp>
@@ -24,13 +25,6 @@
 #include <optional>
 
 namespace xshard::nn {
-
-/// Bytes the kept halos of this process handed to MPI since it started (forward exchanges
-/// and adjoints); a benchmark reads it before and after a step.
-inline std::size_t& halo_bytes_sent() noexcept {
-    static std::size_t bytes = 0;
-    return bytes;
-}
 
 /// Whether an NCHW layout splits height or width: the layers' spatial path.
 inline bool splits_image(const layout& l) {
@@ -73,7 +67,7 @@ public:
         if (!op_ || !op_->fits(x))
             op_.emplace(x, windows);
         const auto& b = op_->exchange(x);
-        halo_bytes_sent() += op_->plan().bytes_sent();
+        bytes_ += op_->plan().bytes_sent();
         return b;
     }
 
@@ -88,15 +82,19 @@ public:
     /// adjoint: the neighbours' halo entries summed in). Collective like `band`.
     local_type adjoint(const local_type& grad_band) {
         auto g = op_->adjoint(grad_band);
-        halo_bytes_sent() += op_->plan().bytes_sent();
+        bytes_ += op_->plan().bytes_sent();
         return g;
     }
 
     /// The kept spatial operation (its plan: geometry, summary, describe()).
     const ops::spatial_op<tensor_type>& op() const { return *op_; }
 
+    /// Bytes this rank's halo steps handed to MPI since construction (forward and adjoint).
+    std::size_t bytes_sent() const noexcept { return bytes_; }
+
 private:
     std::optional<ops::spatial_op<tensor_type>> op_;
+    std::size_t bytes_ = 0;
 };
 
 } // namespace xshard::nn

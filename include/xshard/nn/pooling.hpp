@@ -89,6 +89,9 @@ public:
 
     friend void visit_parameters(pool2d&, auto&&) {}
 
+    /// Bytes this rank's halo exchanges sent so far (0 without a spatial split).
+    std::size_t halo_bytes_sent() const noexcept { return halo_.bytes_sent(); }
+
 private:
     pool_options o_;
     ops::pool2d_geometry g_;

@@ -95,6 +95,15 @@ public:
             b.train(on);
     }
 
+    /// Bytes this rank's halo exchanges sent so far, every convolution and the max pooling
+    /// (spatial parallelism; 0 without).
+    std::size_t halo_bytes_sent() const {
+        std::size_t n = conv1_.halo_bytes_sent() + pool_.halo_bytes_sent();
+        for (const auto& b : blocks_)
+            n += b.halo_bytes_sent();
+        return n;
+    }
+
     /// Names as torchvision's: conv1, bn1, layer1.0.conv1, ..., fc.weight.
     friend void visit_parameters(resnet& r, auto&& visit) {
         visit("conv1", r.conv1_);
