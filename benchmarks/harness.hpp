@@ -102,7 +102,7 @@ inline void report(const communicator& c, std::string_view name, std::size_t byt
                 "\"baseline\": \"%.*s\", \"baseline_seconds\": %.6g, \"ratio\": %.4f%s%.*s}\n",
                 int(name.size()), name.data(), c.size(), bytes, t.seconds, int(baseline.size()),
                 baseline.data(), t.baseline_seconds, t.seconds / t.baseline_seconds,
-                extra.empty() ? "" : ", ", int(extra.size()), extra.data());
+                extra.empty() ? "" : ", ", int(extra.size()), extra.empty() ? "" : extra.data());
     std::fflush(stdout);
 }
 
