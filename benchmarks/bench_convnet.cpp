@@ -3,6 +3,12 @@
 //                           Momentum) on a global batch of 64 32 x 32 images split over the
 //                           ranks (local batch norm), vs `one_rank`: the same step on the whole
 //                           batch on one rank.
+//   resnet18_step_spatial2_f32  the same step on a batch of 8 256 x 256 images whose height
+//                           is split over the ranks (spatial parallelism: halo exchange before
+//                           every convolution and pooling, batch norm statistics all-reduced
+//                           over the bands), vs `one_rank`; "halo_bytes_per_step" is what the
+//                           halo steps handed to MPI in one step, forward and adjoint, summed
+//                           over the ranks (`resnet::halo_bytes_sent()`).
 //   conv2d_local_f32[_<shape>]  xshard's local convolution (forward, backward to the input and
 //                           to the weights) vs `onednn_direct`: oneDNN's primitives called
 //                           directly on the same NCHW shapes, built once. On planes under 8 x 8
@@ -28,16 +34,18 @@ using T = float;
 
 namespace {
 
-/// One training step of `net` on x with a fixed logits gradient.
+/// One training step of `net` on x with a fixed logits gradient; `mean`: the gradients
+/// averaged over the replicas (data parallel), else summed (the bands' terms, spatial).
 template <class Net>
-auto step_of(Net& net, const nn::tensor<T, mesh_t, 4>& x, xshard::optim::momentum& opt) {
-    return [&net, &x, &opt] {
+auto step_of(Net& net, const nn::tensor<T, mesh_t, 4>& x, xshard::optim::momentum& opt,
+             bool mean = true) {
+    return [&net, &x, &opt, mean] {
         const auto y = net.forward(x);
         auto dy = y;
         dy.local().fill(T(1e-3));
         net.backward(nn::as_gradient(dy));
         auto grads = xshard::gradients_of{net};
-        xshard::synchronize_gradients(net, grads, {.mean = true});
+        xshard::synchronize_gradients(net, grads, {.mean = mean});
         opt.step(net);
         xshard::for_each_weight(net, [](const std::string&, auto& w) { w.zero_grad(); });
     };
@@ -62,6 +70,32 @@ void resnet_step(const xshard::communicator& world, const bench::options& o) {
     const auto t = bench::compare(world, o, step_of(net, x, a), step_of(serial, sx, b));
     bench::report(world, "resnet18_step_dp" + std::to_string(world.size()) + "_f32",
                   gx.size() * sizeof(T), "one_rank", t);
+}
+
+void resnet_step_spatial(const xshard::communicator& world, const bench::options& o) {
+    const std::size_t batch = o.quick ? 2 : 8, S = o.quick ? 64 : 256;
+    const mesh_t mesh(world, {1, world.size()});
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    std::mt19937 e(1);
+    const xt::xtensor<T, 4> gx =
+        xt::random::rand<T>(std::array<std::size_t, 4>{batch, 3, S, S}, T(-1), T(1), e);
+    auto net = nn::resnet18<T>(mesh, 10);
+    auto serial = nn::resnet18<T>(one, 10);
+    const auto x = xshard::distribute<xshard::dynamic_layout(4)>(
+        mesh, gx, nn::make_layout({"", "", "mp", ""}));
+    const auto sx =
+        xshard::distribute<xshard::dynamic_layout(4)>(one, gx, nn::make_layout({"", "", "", ""}));
+    xshard::optim::momentum a({.lr = 0.01, .momentum = 0.9}), b({.lr = 0.01, .momentum = 0.9});
+    auto step = step_of(net, x, a, false);
+    step(); // plans the halos
+    const std::size_t before = net.halo_bytes_sent();
+    step();
+    double halo = double(net.halo_bytes_sent() - before); // summed over the ranks
+    xshard::mpi::allreduce(world, std::span(&halo, 1), xshard::reduction::sum);
+    const auto t = bench::compare(world, o, step, step_of(serial, sx, b));
+    bench::report(world, "resnet18_step_spatial" + std::to_string(world.size()) + "_f32",
+                  gx.size() * sizeof(T), "one_rank", t,
+                  "\"halo_bytes_per_step\": " + std::to_string(std::size_t(halo)));
 }
 
 /// oneDNN's convolution primitives on NCHW memory, built once: the peer of the local kernels.
@@ -152,7 +186,9 @@ int main(int argc, char** argv) {
         conv_local(world, o, "conv2d_local_f32", 32, 64, 16, 64, 1); // oneDNN's regime
     if (o.wants("conv2d_local_f32_4x4"))
         conv_local(world, o, "conv2d_local_f32_4x4", 32, 256, 4, 256, 1); // the GEMM's
-    if (o.wants("resnet18_step"))
+    if (o.wants("resnet18_step_dp"))
         resnet_step(world, o);
+    if (o.wants("resnet18_step_spatial"))
+        resnet_step_spatial(world, o);
     return 0;
 }

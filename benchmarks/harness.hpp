@@ -93,14 +93,16 @@ comparison compare(const communicator& c, const options& o, F&& candidate, G&& b
 }
 
 /// Prints the JSON line of a case (rank 0 of `c` only).
+/// `extra`: further JSON fields of the case ("\"halo_bytes\": 123"), appended as they are.
 inline void report(const communicator& c, std::string_view name, std::size_t bytes,
-                   std::string_view baseline, comparison t) {
+                   std::string_view baseline, comparison t, std::string_view extra = {}) {
     if (c.rank() != 0)
         return;
     std::printf("{\"name\": \"%.*s\", \"ranks\": %d, \"bytes\": %zu, \"seconds\": %.6g, "
-                "\"baseline\": \"%.*s\", \"baseline_seconds\": %.6g, \"ratio\": %.4f}\n",
+                "\"baseline\": \"%.*s\", \"baseline_seconds\": %.6g, \"ratio\": %.4f%s%.*s}\n",
                 int(name.size()), name.data(), c.size(), bytes, t.seconds, int(baseline.size()),
-                baseline.data(), t.baseline_seconds, t.seconds / t.baseline_seconds);
+                baseline.data(), t.baseline_seconds, t.seconds / t.baseline_seconds,
+                extra.empty() ? "" : ", ", int(extra.size()), extra.empty() ? "" : extra.data());
     std::fflush(stdout);
 }
 

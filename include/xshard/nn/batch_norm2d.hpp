@@ -14,7 +14,17 @@
 ///   result equals one rank's on the whole batch;
 /// - `sync` off (MindSpore's data-parallel default): each rank normalises with its own
 ///   images' statistics, no message.
+/// Height and width may be split (spatial parallelism): a rank holds a band of each image, so
+/// the per-channel sums are always all-reduced over the spatial axes (with the batch's axes
+/// in the same all-reduce when synchronised): the statistics are the whole images', as on
+/// one rank.
 /// gamma and beta are laid out like the channels; their gradients are each rank's terms.
+///
+/// The running statistics are parameters too, not trainable (MindSpore's `moving_mean` and
+/// `moving_variance`, laid out like gamma): the parameter traversal lists them after gamma
+/// and beta, so checkpoints saved and loaded with `all_parameters` carry them into any
+/// layout or mesh, and `parameter_broadcast` covers them; optimizers and gradient
+/// synchronisation, which walk weights, skip them.
 
 #include <xshard/comm/collectives.hpp>
 #include <xshard/nn/module.hpp>
@@ -41,8 +51,16 @@ public:
         : o_(std::move(o))
         , gamma_(constant_weight<T>(mesh, std::array{channels}, make_layout({o_.axis}), T(1)))
         , beta_(constant_weight<T>(mesh, std::array{channels}, make_layout({o_.axis}), T(0)))
-        , running_mean_(gamma_.value.local().size(), T(0))
-        , running_var_(gamma_.value.local().size(), T(1)) {}
+        , moving_mean_{"moving_mean",
+                       std::move(constant_weight<T>(mesh, std::array{channels},
+                                                    make_layout({o_.axis}), T(0))
+                                     .value),
+                       std::nullopt, false}
+        , moving_var_{
+              "moving_variance",
+              std::move(constant_weight<T>(mesh, std::array{channels}, make_layout({o_.axis}), T(1))
+                            .value),
+              std::nullopt, false} {}
 
     /// Training (batch statistics) or evaluation (running statistics).
     void train(bool on) noexcept { training_ = on; }
@@ -58,8 +76,11 @@ public:
         const auto x = to_channels_(x_in, to);
         const auto& a = x.local();
         const std::size_t n = a.shape()[0], c = a.shape()[1], hw = a.shape()[2] * a.shape()[3];
-        const auto batch_axes = x.layout().split_axes(0, x.mesh().shape());
-        const bool reduce = o_.sync && !batch_axes.empty();
+        const auto& ms = x.mesh().shape();
+        const auto spatial_axes = x.layout().split_axes(2, ms) | x.layout().split_axes(3, ms);
+        const auto reduce_axes =
+            (o_.sync ? x.layout().split_axes(0, ms) : axis_set{}) | spatial_axes;
+        const bool reduce = !reduce_axes.empty();
         std::vector<T> mean(c, T(0)), var(c, T(0));
         double count = double(n * hw);
         if (training_) {
@@ -70,8 +91,9 @@ public:
                     for (std::size_t j = 0; j < hw; ++j)
                         mean[k] += a.data()[(i * c + k) * hw + j];
             if (reduce) {
-                count = double(x.shape()[0] * hw);
-                allreduce(x.mesh().sub(batch_axes), std::span(mean), reduction::sum);
+                const auto& g = x.shape();
+                count = double((o_.sync ? g[0] : n) * g[2] * g[3]);
+                allreduce(x.mesh().sub(reduce_axes), std::span(mean), reduction::sum);
             }
             for (auto& m : mean)
                 m /= T(count);
@@ -82,16 +104,20 @@ public:
                         var[k] += d * d;
                     }
             if (reduce)
-                allreduce(x.mesh().sub(batch_axes), std::span(var), reduction::sum);
+                allreduce(x.mesh().sub(reduce_axes), std::span(var), reduction::sum);
+            auto& rm = moving_mean_.value.local();
+            auto& rv = moving_var_.value.local();
             for (std::size_t k = 0; k < c; ++k) {
                 var[k] /= T(count);
                 const T unbiased = count > 1 ? var[k] * T(count / (count - 1)) : var[k];
-                running_mean_[k] = (T(1) - o_.momentum) * running_mean_[k] + o_.momentum * mean[k];
-                running_var_[k] = (T(1) - o_.momentum) * running_var_[k] + o_.momentum * unbiased;
+                rm(k) = (T(1) - o_.momentum) * rm(k) + o_.momentum * mean[k];
+                rv(k) = (T(1) - o_.momentum) * rv(k) + o_.momentum * unbiased;
             }
         } else {
-            mean = running_mean_;
-            var = running_var_;
+            for (std::size_t k = 0; k < c; ++k) {
+                mean[k] = moving_mean_.value.local()(k);
+                var[k] = moving_var_.value.local()(k);
+            }
         }
         count_ = T(count);
         reduce_ = reduce;
@@ -109,7 +135,7 @@ public:
                     xhat_.data()[at] = (a.data()[at] - mean[k]) * rstd_[k];
                     y.local().data()[at] = xhat_.data()[at] * gm(k) + bt(k);
                 }
-        batch_axes_ = batch_axes;
+        reduce_axes_ = reduce_axes;
         return y;
     }
 
@@ -142,7 +168,7 @@ public:
         auto dx = dy;
         const auto& gm = gamma_.value.local();
         if (training_ && reduce_)
-            allreduce(mesh.sub(batch_axes_), std::span(sums), reduction::sum);
+            allreduce(mesh.sub(reduce_axes_), std::span(sums), reduction::sum);
         for (std::size_t i = 0; i < n; ++i)
             for (std::size_t k = 0; k < c; ++k)
                 for (std::size_t j = 0; j < hw; ++j) {
@@ -158,20 +184,23 @@ public:
     friend void visit_parameters(batch_norm2d& l, auto&& visit) {
         visit("gamma", l.gamma_);
         visit("beta", l.beta_);
+        visit("moving_mean", l.moving_mean_);
+        visit("moving_variance", l.moving_var_);
     }
 
     /// This rank's channels' running statistics (for evaluation).
-    const std::vector<T>& running_mean() const noexcept { return running_mean_; }
-    const std::vector<T>& running_var() const noexcept { return running_var_; }
+    const xt::xtensor<T, 1>& running_mean() const noexcept { return moving_mean_.value.local(); }
+    const xt::xtensor<T, 1>& running_var() const noexcept { return moving_var_.value.local(); }
 
 private:
     options o_;
     weight<tensor<T, Mesh, 1>> gamma_, beta_;
-    std::vector<T> running_mean_, running_var_, rstd_;
+    parameter<tensor<T, Mesh, 1>> moving_mean_, moving_var_;
+    std::vector<T> rstd_;
     xt::xtensor<T, 4> xhat_;
     T count_ = T(1);
     bool training_ = true, reduce_ = false;
-    axis_set batch_axes_;
+    axis_set reduce_axes_;
     layout x_layout_;
     kept_redistribution<T, Mesh, 4> to_channels_, to_channels_adjoint_;
 };

@@ -14,8 +14,18 @@
 ///   all-reduced to whole channels unless `resolve_output` is off (cost of the all-reduce:
 ///   2 (p-1)/p of the output block's bytes per rank; its adjoint, backward, the same).
 ///
+/// Any of these combines with a height and/or width split of the input (spatial
+/// parallelism, `[dp, -, sp, -]`): the layer gathers its extended band through the halo step
+/// (nn/kept_halo.hpp), convolves it with the padding of its band edges and returns its block
+/// of output rows, split like the input's (stride, dilation and uneven bands exact); backward
+/// it sums the halo rows' gradients back (the step's adjoint). Cost per step: the halo rows,
+/// (kernel - 1) dilation / 2 per side, of the local batch and channels, to and from each
+/// neighbouring band, forward and backward. The weight gradient is each band's term (summed
+/// over the spatial axes with the data-parallel ones by `synchronize_gradients`).
+///
 /// Local work is ops/conv_kernels.hpp's (oneDNN or im2col + GEMM).
 
+#include <xshard/nn/kept_halo.hpp>
 #include <xshard/nn/module.hpp>
 #include <xshard/ops/conv_kernels.hpp>
 #include <xshard/ops/conv_rule.hpp>
@@ -89,16 +99,20 @@ public:
         raise_conv_problem(r.problem, "conv2d");
         x_layout_ = x_in.layout();
         x_ = to_input_(x_in, r.x);
-        const auto& xl = x_->local();
-        const auto g = geometry(*x_);
+        spatial_ = splits_image(r.x);
+        const auto& xl = spatial_ ? halo_.band(*x_, windows()) : x_->local();
+        const auto g = geometry(xl);
         const auto s = g.output_shape();
         typename tensor<T, Mesh, 4>::local_type y = tensor<T, Mesh, 4>::local_type::from_shape(s);
         ops::conv2d_forward(xl.data(), w_.value.local().data(), y.data(), g);
         if (b_ && !r.out.is_partial())
             add_bias(y);
         const auto& shape = x_in.shape();
-        const std::array<std::size_t, 4> global{shape[0], w_.value.shape()[0], g.out_h(),
-                                                g.out_w()};
+        const std::size_t k = w_.value.shape()[2], p = o_.padding;
+        const std::array<std::size_t, 4> global{
+            shape[0], w_.value.shape()[0],
+            ops::window_output_extent(shape[2], p, p, k, o_.stride, o_.dilation),
+            ops::window_output_extent(shape[3], p, p, k, o_.stride, o_.dilation)};
         tensor<T, Mesh, 4> out(xshard::detail::unchecked, x_in.mesh(), global, std::move(y), r.out);
         y_layout_ = r.out;
         if (r.out.is_partial() && o_.resolve_output) {
@@ -118,7 +132,8 @@ public:
         tensor<T, Mesh, 4> dy = y_layout_.is_partial() && o_.resolve_output
                                     ? resolve_adjoint_.adjoint(dy_in, y_layout_)
                                     : dy_in;
-        const auto g = geometry(*x_);
+        const auto& xl = spatial_ ? halo_.op().band() : x_->local();
+        const auto g = geometry(xl);
         if (b_) {
             xt::xtensor<T, 1> db = xt::zeros<T>({g.out_channels});
             // The bias is added after the resolution: its gradient comes from dy_in's terms.
@@ -133,11 +148,12 @@ public:
                                                std::move(db), dual(bl, mesh.shape())));
         }
         auto& grad = w_.terms();
-        ops::conv2d_backward_weight(x_->local().data(), dy.local().data(), grad.local().data(), g,
-                                    true);
+        ops::conv2d_backward_weight(xl.data(), dy.local().data(), grad.local().data(), g, true);
         typename tensor<T, Mesh, 4>::local_type dx =
-            tensor<T, Mesh, 4>::local_type::from_shape(x_->local().shape());
+            tensor<T, Mesh, 4>::local_type::from_shape(xl.shape());
         ops::conv2d_backward_input(dy.local().data(), w_.value.local().data(), dx.data(), g);
+        if (spatial_)
+            dx = halo_.adjoint(dx);
         tensor<T, Mesh, 4> dxt(xshard::detail::unchecked, mesh, x_->shape(), std::move(dx),
                                dual(x_->layout(), mesh.shape()));
         return to_input_.adjoint(std::move(dxt), x_layout_);
@@ -151,6 +167,9 @@ public:
 
     const weight<tensor<T, Mesh, 4>>& kernel() const noexcept { return w_; }
 
+    /// Bytes this rank's halo exchanges sent so far (0 without a spatial split).
+    std::size_t halo_bytes_sent() const noexcept { return halo_.bytes_sent(); }
+
 private:
     static layout weight_layout(const options& o) {
         switch (o.split) {
@@ -163,10 +182,18 @@ private:
         }
     }
 
-    ops::conv2d_geometry geometry(const tensor<T, Mesh, 4>& x) const {
-        return local_conv_geometry(ops::nchw_shape(x.local().shape()),
+    /// The geometry of the local convolution of `xl` (the block, or the extended band with
+    /// its edges' padding).
+    template <class X>
+    ops::conv2d_geometry geometry(const X& xl) const {
+        return local_conv_geometry(ops::nchw_shape(xl.shape()),
                                    ops::nchw_shape(w_.value.local().shape()), o_.stride,
-                                   ops::padding2d::uniform(o_.padding), o_.dilation, o_.groups);
+                                   spatial_ ? halo_.padding() : ops::padding2d::uniform(o_.padding),
+                                   o_.dilation, o_.groups);
+    }
+
+    windowed_dims windows() const {
+        return nchw_windows(w_.value.shape()[2], o_.stride, o_.dilation, o_.padding);
     }
 
     template <class Y>
@@ -184,6 +211,8 @@ private:
     std::optional<weight<tensor<T, Mesh, 1>>> b_;
     std::optional<tensor<T, Mesh, 4>> x_;
     layout x_layout_, y_layout_;
+    bool spatial_ = false;
+    kept_halo<T, Mesh> halo_;
     kept_redistribution<T, Mesh, 4> to_input_, resolve_, resolve_adjoint_;
 };
 

@@ -2,7 +2,9 @@
 /// \file
 /// Flatten (MindSpore's Flatten): NCHW [N, C, H, W] -> [N, C H W], row-major, the batch's
 /// split kept. The channels must be whole unless H = W = 1 (then [dp, mp, -, -] -> [dp, mp]).
-/// Local forward and backward (a reshape of the block).
+/// Local forward and backward (a reshape of the block). A height or width split (spatial
+/// parallelism) is gathered first, the rows of C H W being whole only then (one all-gather
+/// over the spatial axes forward, its adjoint, a reduce-scatter, backward).
 
 #include <xshard/nn/module.hpp>
 #include <xshard/ops/conv_rule.hpp>
@@ -15,9 +17,14 @@ class flatten {
 public:
     explicit flatten(const Mesh&) {}
 
-    tensor<T, Mesh> forward(const tensor<T, Mesh, 4>& x) {
-        const auto r = pool2d_rule(x.layout());
+    tensor<T, Mesh> forward(const tensor<T, Mesh, 4>& x_in) {
+        const auto r = pool2d_rule(x_in.layout());
         raise_conv_problem(r.problem, "flatten");
+        in_layout_ = x_in.layout();
+        auto whole = x_in.layout();
+        whole.dims[2].clear();
+        whole.dims[3].clear();
+        const auto x = gather_(x_in, whole);
         const auto& s = x.shape();
         if (x.layout().is_split(1) && s[2] * s[3] != 1)
             throw error("xshard: flatten: the channels are split (" + x.layout().to_string() +
@@ -43,14 +50,17 @@ public:
         layout l = x_layout_;
         l.partial = dy.layout().partial;
         l.op = dy.layout().op;
-        return tensor<T, Mesh, 4>(xshard::detail::unchecked, dy.mesh(), x_shape_, std::move(dx), l);
+        return gather_.adjoint(
+            tensor<T, Mesh, 4>(xshard::detail::unchecked, dy.mesh(), x_shape_, std::move(dx), l),
+            in_layout_);
     }
 
     friend void visit_parameters(flatten&, auto&&) {}
 
 private:
     std::array<std::size_t, 4> x_shape_{};
-    layout x_layout_;
+    layout x_layout_, in_layout_;
+    kept_redistribution<T, Mesh, 4> gather_;
 };
 
 } // namespace xshard::nn

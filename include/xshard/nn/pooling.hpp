@@ -2,9 +2,13 @@
 /// \file
 /// Window pooling layers on NCHW activations: `max_pool2d` and `avg_pool2d` (kernel, stride,
 /// padding). Rule (ops/conv_rule.hpp, `pool2d_rule`): the output keeps the input's layout
-/// (batch and channels split as they come, height and width whole); forward and backward are
-/// local (ops/conv_kernels.hpp), no message.
+/// (batch, channels, height and width split as they come); forward and backward are local
+/// (ops/conv_kernels.hpp), no message, unless height or width is split (spatial
+/// parallelism): then each rank pools its extended band, gathered by the halo step
+/// (nn/kept_halo.hpp), into its block of output rows (strides and windows straddling band
+/// edges exact), and backward sums the halo rows' gradients back.
 
+#include <xshard/nn/kept_halo.hpp>
 #include <xshard/nn/module.hpp>
 #include <xshard/ops/conv_kernels.hpp>
 #include <xshard/ops/conv_rule.hpp>
@@ -47,17 +51,23 @@ public:
     tensor<T, Mesh, 4> forward(const tensor<T, Mesh, 4>& x) {
         const auto r = pool2d_rule(x.layout());
         raise_conv_problem(r.problem, Max ? "max_pool2d" : "avg_pool2d");
-        g_ = pool_geometry(ops::nchw_shape(x.local().shape()), o_);
-        g_.check(Max ? "max_pool2d" : "avg_pool2d");
         const auto& xs = x.shape();
         auto global = pool_geometry(ops::nchw_shape(xs), o_);
+        global.check(Max ? "max_pool2d" : "avg_pool2d");
+        spatial_ = splits_image(x.layout());
+        const auto& xl =
+            spatial_ ? halo_.band(x, nchw_windows(o_.kernel, global.stride_h, 1, o_.padding))
+                     : x.local();
+        g_ = pool_geometry(ops::nchw_shape(xl.shape()), o_);
+        if (spatial_)
+            g_.pad = halo_.padding();
         typename tensor<T, Mesh, 4>::local_type y =
             tensor<T, Mesh, 4>::local_type::from_shape(g_.output_shape());
         if constexpr (Max) {
             argmax_.resize(y.size());
-            ops::max_pool2d_forward(x.local().data(), y.data(), argmax_.data(), g_);
+            ops::max_pool2d_forward(xl.data(), y.data(), argmax_.data(), g_);
         } else {
-            ops::avg_pool2d_forward(x.local().data(), y.data(), g_, o_.count_include_pad);
+            ops::avg_pool2d_forward(xl.data(), y.data(), g_, o_.count_include_pad);
         }
         x_shape_ = xs;
         return tensor<T, Mesh, 4>(xshard::detail::unchecked, x.mesh(), global.output_shape(),
@@ -71,17 +81,24 @@ public:
             ops::max_pool2d_backward(dy.local().data(), argmax_.data(), dx.data(), g_);
         else
             ops::avg_pool2d_backward(dy.local().data(), dx.data(), g_, o_.count_include_pad);
+        if (spatial_)
+            dx = halo_.adjoint(dx);
         return tensor<T, Mesh, 4>(xshard::detail::unchecked, dy.mesh(), x_shape_, std::move(dx),
                                   dy.layout());
     }
 
     friend void visit_parameters(pool2d&, auto&&) {}
 
+    /// Bytes this rank's halo exchanges sent so far (0 without a spatial split).
+    std::size_t halo_bytes_sent() const noexcept { return halo_.bytes_sent(); }
+
 private:
     pool_options o_;
     ops::pool2d_geometry g_;
     std::vector<std::int32_t> argmax_;
     std::array<std::size_t, 4> x_shape_{};
+    bool spatial_ = false;
+    kept_halo<T, Mesh> halo_;
 };
 
 } // namespace detail

@@ -9,7 +9,13 @@
 /// Parallel layouts (`resnet_options`): the input's batch split is kept through the network
 /// (data parallelism over the batch's axes); `blocks.model_parallel` splits every block's
 /// inner channels over `blocks.axis` (see resnet_blocks.hpp); `classifier_parallel` splits
-/// the classifier's classes over that axis and all-gathers the logits.
+/// the classifier's classes over that axis and all-gathers the logits. An input whose height
+/// and/or width is split (spatial parallelism, `[dp, -, sp, -]`) keeps that split through
+/// every block (halo exchanges in the convolutions and the max pooling, batch norm sums
+/// all-reduced over the bands) down to the global pooling, whose features come out
+/// replicated over the spatial axes; the image size must leave every stage's bands at least
+/// as thick as their halos (ResNet-18 on 16 x 16 images: 2 bands, not 4), else the first
+/// layer that cannot serve them raises a sentence on every rank.
 
 #include <xshard/nn/global_pooling.hpp>
 #include <xshard/nn/linear.hpp>
@@ -87,6 +93,15 @@ public:
         bn1_.train(on);
         for (auto& b : blocks_)
             b.train(on);
+    }
+
+    /// Bytes this rank's halo exchanges sent so far, every convolution and the max pooling
+    /// (spatial parallelism; 0 without).
+    std::size_t halo_bytes_sent() const {
+        std::size_t n = conv1_.halo_bytes_sent() + pool_.halo_bytes_sent();
+        for (const auto& b : blocks_)
+            n += b.halo_bytes_sent();
+        return n;
     }
 
     /// Names as torchvision's: conv1, bn1, layer1.0.conv1, ..., fc.weight.

@@ -65,6 +65,7 @@ struct shortcut {
         if (bn)
             bn->train(on);
     }
+    std::size_t halo_bytes_sent() const { return conv ? conv->halo_bytes_sent() : 0; }
     void visit(auto&& visit) {
         if (conv) {
             visit("downsample.0", *conv);
@@ -131,6 +132,11 @@ public:
         shortcut_.train(on);
     }
 
+    /// Bytes this rank's halo exchanges sent so far (spatial parallelism; 0 without).
+    std::size_t halo_bytes_sent() const {
+        return conv1_.halo_bytes_sent() + conv2_.halo_bytes_sent() + shortcut_.halo_bytes_sent();
+    }
+
     friend void visit_parameters(basic_block& b, auto&& visit) {
         visit("conv1", b.conv1_);
         visit("bn1", b.bn1_);
@@ -194,6 +200,12 @@ public:
         bn2_.train(on);
         bn3_.train(on);
         shortcut_.train(on);
+    }
+
+    /// Bytes this rank's halo exchanges sent so far (spatial parallelism; 0 without).
+    std::size_t halo_bytes_sent() const {
+        return conv1_.halo_bytes_sent() + conv2_.halo_bytes_sent() + conv3_.halo_bytes_sent() +
+               shortcut_.halo_bytes_sent();
     }
 
     friend void visit_parameters(bottleneck& b, auto&& visit) {

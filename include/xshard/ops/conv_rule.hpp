@@ -11,8 +11,12 @@
 ///   message forward; the input's gradient is each rank's term.
 /// - input channels split (x [N, mp, H, W], w [-, mp, -, -]) = partial sums: y is
 ///   partial(sum: mp), resolved by an all-reduce where a consumer needs it.
-/// - height or width split = spatial parallelism, which needs halo exchange: not a layout
-///   these rules serve (`conv_problem::spatial_split`).
+/// - height and/or width split = spatial parallelism: each rank holds a band of rows
+///   (columns); the output keeps the split (y [N, -, sp, -]) and the layers gather the halo
+///   rows their windows need through the planner's `halo` step (ops/spatial.hpp,
+///   redistribute/halo.hpp) before the local kernel. The spatial axes must differ from the
+///   weight's channel axes (`conv_problem::axis_conflict`); bands thinner than the halo are
+///   an `xshard::error` of the halo plan, on every rank alike.
 ///
 /// Like the rules of ops/rules.hpp they are constexpr functions of layout values: a problem
 /// is a compile error quoting its sentence for layout types (`conv_rule_holds_v`) and an
@@ -32,7 +36,6 @@ namespace xshard {
 enum class conv_problem : std::uint8_t {
     none,
     not_nchw,         ///< the input is not rank 4 or the weight not rank 4
-    spatial_split,    ///< height or width split (spatial parallelism needs halos)
     kernel_split,     ///< the weight's kernel dimensions are split
     partial_input,    ///< the input is a pending sum
     channel_mismatch, ///< input channels split unlike the weight's input channels
@@ -58,10 +61,6 @@ constexpr void raise_conv_problem(conv_problem p, std::string_view operation) {
     case conv_problem::not_nchw:
         throw error(where + "the input must be [N, C, H, W] and the weight "
                             "[Cout, Cin / groups, kh, kw] (rank 4 both)");
-    case conv_problem::spatial_split:
-        throw error(where +
-                    "the input splits height or width (spatial parallelism), which needs a "
-                    "halo exchange these layers do not do; split the batch or the channels");
     case conv_problem::kernel_split:
         throw error(where + "the weight's kernel dimensions cannot be split; split its output "
                             "or input channels");
@@ -71,8 +70,9 @@ constexpr void raise_conv_problem(conv_problem p, std::string_view operation) {
         throw error(where + "the input's channels and the weight's input channels are split "
                             "over different mesh axes; redistribute one of them");
     case conv_problem::axis_conflict:
-        throw error(where + "the output would put one mesh axis on two dimensions (the batch "
-                            "and the output channels split alike); use another axis");
+        throw error(where + "the output would put one mesh axis on two dimensions (the batch, "
+                            "height or width split like the weight's channels); use another "
+                            "axis");
     case conv_problem::grouped_split:
         throw error(where + "a grouped convolution (groups > 1) needs its channels whole; "
                             "split the batch");
@@ -92,12 +92,10 @@ constexpr conv_rule_result fail(conv_rule_result r, conv_problem p) {
     return r;
 }
 
-/// The checks every NCHW activation passes: rank 4, no spatial split, no pending sum.
+/// The checks every NCHW activation passes: rank 4, no pending sum.
 constexpr conv_rule_result check_nchw(conv_rule_result r, const layout& x) {
     if (x.rank() != 4)
         return fail(r, conv_problem::not_nchw);
-    if (x.is_split(2) || x.is_split(3))
-        r = fail(r, conv_problem::spatial_split);
     if (x.is_partial())
         r = fail(r, conv_problem::partial_input);
     return r;
@@ -105,7 +103,7 @@ constexpr conv_rule_result check_nchw(conv_rule_result r, const layout& x) {
 
 } // namespace detail
 
-/// conv2d(x, w, groups): y [x.N, w.Cout, -, -] partial(sum: the input channels' axes). A
+/// conv2d(x, w, groups): y [x.N, w.Cout, x.H, x.W] partial(sum: the input channels' axes). A
 /// replicated input is sliced to the weight's input-channel split (free); an input-channel
 /// split the weight lacks is a mismatch (the weight's layout is the layer's choice).
 constexpr conv_rule_result conv2d_rule(const layout& x, const layout& w, std::size_t groups = 1) {
@@ -122,21 +120,25 @@ constexpr conv_rule_result conv2d_rule(const layout& x, const layout& w, std::si
     r.x.dims[1] = w.dims[1];
     r.x.partial.clear();
     for (const auto& a : w.dims[0])
-        if (x.dims[0].contains(a) || w.dims[1].contains(a))
+        if (x.dims[0].contains(a) || w.dims[1].contains(a) || x.dims[2].contains(a) ||
+            x.dims[3].contains(a))
             r = detail::fail(r, conv_problem::axis_conflict);
     for (const auto& a : w.dims[1])
-        if (x.dims[0].contains(a))
+        if (x.dims[0].contains(a) || x.dims[2].contains(a) || x.dims[3].contains(a))
             r = detail::fail(r, conv_problem::axis_conflict);
     r.out.dims[0] = x.dims[0];
     r.out.dims[1] = w.dims[0];
+    r.out.dims[2] = x.dims[2];
+    r.out.dims[3] = x.dims[3];
     r.out.partial = w.dims[1];
     r.out.op = reduction::sum;
     return r;
 }
 
 /// A pooling window (max, average) or 2-D batch normalisation: the output keeps the input's
-/// layout (batch and channels split as they come; batch normalisation all-reduces its
-/// statistics over the batch's axes when synchronised).
+/// layout (batch, channels, height and width split as they come: pooling over a spatial
+/// split gathers its halos; batch normalisation all-reduces its statistics over the spatial
+/// axes, and over the batch's axes too when synchronised).
 constexpr conv_rule_result pool2d_rule(const layout& x) {
     conv_rule_result r{x, layout{}, x};
     return detail::check_nchw(r, x);

@@ -210,6 +210,28 @@ public:
                            layout_);
     }
 
+    /// Whether `x` is a tensor the plan was made for (its mesh, global shape and layout):
+    /// a layer keeping the plan across steps rebuilds it when not. Local, no message.
+    bool fits(const tensor_type& x) const {
+        return x.mesh() == mesh_ && x.shape() == plan_.shape() && x.layout() == layout_;
+    }
+
+    /// The halo step's adjoint alone: from the gradient of the band `exchange` gathered
+    /// (`plan().band()` extents), this rank's block of the input's gradient (its own rows'
+    /// entries plus its neighbours' halo entries for them). For layers whose output is laid
+    /// out unlike their input (a convolution splitting its output channels), which call
+    /// `exchange` and their local kernels themselves. Collective like `backward`.
+    local_type adjoint(const local_type& grad_band) {
+        if (xshard::detail::to_array<rank>(grad_band.shape()) != plan_.band().extent)
+            throw error(
+                "xshard: spatial_op::adjoint: the band gradient has shape " +
+                xshard::detail::shape_string(xshard::detail::to_array<rank>(grad_band.shape())) +
+                ", the band " + xshard::detail::shape_string(plan_.band().extent));
+        auto grad = local_type::from_shape(plan_.source_block().extent);
+        plan_.adjoint(grad_band.data(), grad.data());
+        return grad;
+    }
+
     /// The extended band the last `forward` (or `exchange`) gathered.
     const local_type& band() const noexcept { return band_; }
     /// The halo plan (its geometry, its summary).

@@ -189,19 +189,27 @@ concept parameter_container = requires(C& c) {
 /// Parameter name -> layout (a layout dictionary, MindSpore's parameter_layout_dict).
 using layout_dict = std::map<std::string, layout>;
 
-/// The layout dictionary of a container: every parameter's current layout.
+/// The layout dictionary of a container: every parameter's current layout (the trainable
+/// ones only with `trainable_only`: those that have gradients).
 template <parameter_container C>
-layout_dict layouts_of(const C& c) {
+layout_dict layouts_of(const C& c, bool trainable_only = false) {
     layout_dict d;
-    for_each_parameter(c, [&](const std::string& name, const auto& t) { d[name] = t.layout(); });
+    for_each_parameter(c, [&](const std::string& name, const auto& t, bool trainable) {
+        if (trainable || !trainable_only)
+            d[name] = t.layout();
+    });
     return d;
 }
 
-/// The names of a container's parameters, in enumeration order.
+/// The names of a container's parameters, in enumeration order (the trainable ones only
+/// with `trainable_only`).
 template <parameter_container C>
-std::vector<std::string> parameter_names(const C& c) {
+std::vector<std::string> parameter_names(const C& c, bool trainable_only = false) {
     std::vector<std::string> names;
-    for_each_parameter(c, [&](const std::string& name, const auto&) { names.push_back(name); });
+    for_each_parameter(c, [&](const std::string& name, const auto&, bool trainable) {
+        if (trainable || !trainable_only)
+            names.push_back(name);
+    });
     return names;
 }
 

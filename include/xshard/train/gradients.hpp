@@ -97,12 +97,14 @@ public:
     template <parameter_container P, parameter_container G>
     gradient_synchronizer(const P& params, G& grads, const gradient_options& options = {})
         : options_(options) {
-        const layout_dict layouts = options.layouts ? *options.layouts : layouts_of(params);
+        // Non-trainable parameters (batch norm's running statistics) have no gradient.
+        const layout_dict layouts =
+            options.layouts ? *options.layouts : layouts_of(params, /*trainable_only=*/true);
         refs_ = detail::param_refs(grads, &layouts);
         if (refs_.empty())
             return;
         std::optional<std::string> problem = detail::first_problem(refs_);
-        const auto names = parameter_names(params);
+        const auto names = parameter_names(params, /*trainable_only=*/true);
         if (!problem)
             problem = options.fusion.allreduce.problem(refs_.size());
         if (!problem && names != parameter_names(grads))
