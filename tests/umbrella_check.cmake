@@ -1,0 +1,30 @@
+# cmake -DINCLUDE_DIR=<include> -P umbrella_check.cmake
+# Fails, naming them, when public headers are missing from the umbrella header
+# xshard/xshard.hpp ("everything xshard offers, in one include") or when it names a header
+# that does not exist.
+cmake_policy(SET CMP0057 NEW)
+file(GLOB_RECURSE headers RELATIVE ${INCLUDE_DIR} ${INCLUDE_DIR}/xshard/*/*.hpp)
+file(STRINGS ${INCLUDE_DIR}/xshard/xshard.hpp lines REGEX "^#include <xshard/")
+set(included)
+foreach(line IN LISTS lines)
+  string(REGEX REPLACE "^#include <(.*)>.*$" "\\1" header "${line}")
+  list(APPEND included ${header})
+endforeach()
+set(missing)
+foreach(header IN LISTS headers)
+  if(NOT header IN_LIST included)
+    list(APPEND missing ${header})
+  endif()
+endforeach()
+set(unknown)
+foreach(header IN LISTS included)
+  if(NOT header IN_LIST headers)
+    list(APPEND unknown ${header})
+  endif()
+endforeach()
+if(missing OR unknown)
+  message(FATAL_ERROR "xshard/xshard.hpp: missing headers: ${missing}; "
+                      "headers that do not exist: ${unknown}")
+endif()
+list(LENGTH headers count)
+message(STATUS "xshard/xshard.hpp includes all ${count} public headers")
