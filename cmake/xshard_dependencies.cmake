@@ -9,6 +9,8 @@ find_dependency(MPI REQUIRED COMPONENTS CXX)
 find_dependency(range-v3 REQUIRED)
 find_dependency(nlohmann_json REQUIRED)
 find_dependency(ZLIB REQUIRED)
+# A save closes the checkpoint it replaced on a thread of its own (io/files.hpp).
+find_dependency(Threads REQUIRED)
 # libdeflate's CRC-32 (twice zlib's speed, same values) for checkpoints; it ships no CMake
 # package in Debian, only a pkg-config file.
 find_dependency(PkgConfig REQUIRED)

@@ -295,6 +295,36 @@ TEST(checkpoint, a_new_save_replaces_the_previous_one_and_leaves_no_temporary) {
     }
 }
 
+TEST(files, hold_open_holds_regular_files_only_and_never_blocks) {
+    const auto w = world();
+    if (w.rank() != 0)
+        return;
+    const auto dir = fs::temp_directory_path() / ("xshard_hold_" + xshard::detail::random_suffix());
+    fs::create_directories(dir);
+    const auto regular = (dir / "regular").string(), fifo = (dir / "fifo").string(),
+               link = (dir / "link").string();
+    std::ofstream(regular) << "previous bytes";
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    fs::create_symlink(regular, link);
+    EXPECT_FALSE(xshard::detail::hold_open(fifo)) << "a FIFO is not held (and did not block)";
+    EXPECT_FALSE(xshard::detail::hold_open(link)) << "a link is not followed";
+    EXPECT_FALSE(xshard::detail::hold_open((dir / "missing").string()));
+    EXPECT_FALSE(xshard::detail::hold_open(dir.string())) << "a directory is not held";
+    auto held = xshard::detail::hold_open(regular);
+    ASSERT_TRUE(held);
+    // Unlinked while held, the file keeps its bytes for the holder; close_in_background
+    // then closes it (and frees it) without the caller waiting.
+    fs::remove(regular);
+    std::string back(14, '\0');
+    held->read_at(back.data(), back.size(), 0);
+    EXPECT_EQ(back, "previous bytes");
+    std::vector<xshard::detail::file> files;
+    files.push_back(std::move(*held));
+    xshard::detail::close_in_background(std::move(files));
+    xshard::detail::close_in_background({});
+    fs::remove_all(dir);
+}
+
 TEST(checkpoint, refuses_partial_tensors) {
     const auto w = world();
     const ckpt_mesh m(w, {1, w.size()});

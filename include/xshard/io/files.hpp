@@ -27,10 +27,12 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <random>
 #include <utility>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -159,6 +161,37 @@ inline void commit_rename(const std::string& from, const std::string& to) {
     if (::rename(from.c_str(), to.c_str()) != 0)
         io_fail("cannot rename " + from + " to", to);
     sync_directory_of(to);
+}
+
+/// Unlinking or renaming over the last name of a file frees its blocks then, in time
+/// proportional to its size (about 0.12 s for 512 MiB on ext4 here), unless the file is still
+/// open: then its last close frees them. A save that replaces or removes a previous checkpoint
+/// first opens its files (hold_open), and after the renames and unlinks closes them on a
+/// thread of its own (close_in_background), so the save does not wait for the freeing.
+///
+/// `path` opened for reading if it is a regular file (never following a link, never
+/// blocking on a FIFO); nothing otherwise.
+inline std::optional<file> hold_open(const std::string& path) noexcept {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return std::nullopt;
+    auto f = file::adopt(fd, path);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        return std::nullopt;
+    return f;
+}
+
+/// Closes `files` on a thread of its own while the caller goes on (see hold_open), or at once
+/// if no thread can be started. Never throws.
+inline void close_in_background(std::vector<file> files) noexcept {
+    if (files.empty())
+        return;
+    try {
+        std::thread([held = std::move(files)] {}).detach(); // their destructors close them
+    } catch (...) {
+        // the lambda (and the files it holds) is destroyed here: closed now
+    }
 }
 
 /// Eight random hexadecimal digits, for names nobody can predict.

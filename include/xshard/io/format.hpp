@@ -272,23 +272,31 @@ inline existing replaceable(const std::string& path) {
 
 /// Removes the checkpoint at `path` (after `replaceable` said what it is): a file, or the
 /// files of xshard's names in a directory and then the directory. Nothing else is removed.
+/// The files' blocks are freed in the background (hold_open).
 inline void remove_checkpoint(const std::string& path) {
     namespace fs = std::filesystem;
     const auto kind = replaceable(path);
     if (kind == existing::nothing)
         return;
+    std::vector<file> held; // freed in the background (hold_open)
+    const auto remove = [&](const std::string& name) {
+        if (auto f = hold_open(name))
+            held.push_back(std::move(*f));
+        if (::unlink(name.c_str()) != 0 && errno != ENOENT)
+            io_fail("cannot remove", name);
+    };
     if (kind == existing::checkpoint_directory) {
         std::vector<std::string> names;
         for (const auto& e : fs::directory_iterator(path))
             names.push_back(e.path().string());
         for (const auto& n : names)
-            if (::unlink(n.c_str()) != 0 && errno != ENOENT)
-                io_fail("cannot remove", n);
+            remove(n);
         if (::rmdir(path.c_str()) != 0 && errno != ENOENT)
             io_fail("cannot remove", path);
-    } else if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-        io_fail("cannot remove", path);
+    } else {
+        remove(path);
     }
+    close_in_background(std::move(held));
 }
 
 /// Removes a temporary directory a failed save created (mkdtemp: nobody else's): the files of
@@ -371,8 +379,9 @@ inline std::string previous_name(const std::string& path) { return path + ".old"
 /// directory is swapped through <path>.old (a process killed between the two renames leaves
 /// <path>.old, which readers fall back to and the next save puts back first). The previous
 /// checkpoint is removed unless `remove_old` is false (the caller then removes
-/// previous_name(path)). Throws io_error, replacing nothing, when `path` (or <path>.old)
-/// holds something that is not an xshard checkpoint.
+/// previous_name(path)); its blocks are freed in the background (hold_open). Throws
+/// io_error, replacing nothing, when `path` (or <path>.old) holds something that is not an
+/// xshard checkpoint.
 inline void replace_checkpoint(const std::string& tmp, const std::string& path,
                                bool remove_old = true) {
     const std::string old = previous_name(path);
@@ -384,7 +393,11 @@ inline void replace_checkpoint(const std::string& tmp, const std::string& path,
     remove_checkpoint(old);
     const bool is_file = std::filesystem::is_regular_file(tmp);
     if (now == existing::nothing || (is_file && now == existing::file)) {
+        std::vector<file> previous; // freed in the background (hold_open)
+        if (auto f = now == existing::file ? hold_open(path) : std::nullopt)
+            previous.push_back(std::move(*f));
         commit_rename(tmp, path);
+        close_in_background(std::move(previous));
         return;
     }
     commit_rename(path, old);
