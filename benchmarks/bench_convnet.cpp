@@ -23,7 +23,10 @@
 
 #include <xtensor/xrandom.hpp>
 
+#include <array>
+#include <initializer_list>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace bench = xshard::bench;
@@ -51,50 +54,55 @@ auto step_of(Net& net, const nn::tensor<T, mesh_t, 4>& x, xshard::optim::momentu
     };
 }
 
+/// ResNet-18 on a mesh of the world and on one rank, each with its optimizer, and one batch of
+/// random images (batch x 3 x S x S) laid out as `spec` on the mesh and whole on one rank.
+struct resnet_case {
+    mesh_t mesh, one;
+    xt::xtensor<T, 4> gx;
+    nn::resnet<T, mesh_t, nn::basic_block> net, serial;
+    nn::tensor<T, mesh_t, 4> x, sx;
+    xshard::optim::momentum a{{.lr = 0.01, .momentum = 0.9}}, b{{.lr = 0.01, .momentum = 0.9}};
+
+    resnet_case(const xshard::communicator& world, std::array<int, 2> shape,
+                std::size_t batch, std::size_t S, std::initializer_list<std::string> spec)
+        : mesh(world, shape)
+        , one(xshard::communicator::self(), {1, 1})
+        , gx(images(batch, S))
+        , net(nn::resnet18<T>(mesh, 10))
+        , serial(nn::resnet18<T>(one, 10))
+        , x(xshard::distribute<xshard::dynamic_layout(4)>(mesh, gx, nn::make_layout(spec)))
+        , sx(xshard::distribute<xshard::dynamic_layout(4)>(one, gx,
+                                                           nn::make_layout({"", "", "", ""}))) {}
+
+    static xt::xtensor<T, 4> images(std::size_t batch, std::size_t S) {
+        std::mt19937 e(1);
+        return xt::random::rand<T>(std::array<std::size_t, 4>{batch, 3, S, S}, T(-1), T(1), e);
+    }
+};
+
 void resnet_step(const xshard::communicator& world, const bench::options& o) {
-    const std::size_t batch = o.quick ? 8 : 64, S = o.quick ? 16 : 32;
-    const mesh_t mesh(world, {world.size(), 1});
-    const mesh_t one(xshard::communicator::self(), {1, 1});
-    std::mt19937 e(1);
-    const xt::xtensor<T, 4> gx =
-        xt::random::rand<T>(std::array<std::size_t, 4>{batch, 3, S, S}, T(-1), T(1), e);
     // Batch norm with each rank's statistics (MindSpore's data-parallel default): no
     // collective in the forward and backward passes, only the gradient all-reduce.
-    auto net = nn::resnet18<T>(mesh, 10);
-    auto serial = nn::resnet18<T>(one, 10);
-    const auto x = xshard::distribute<xshard::dynamic_layout(4)>(
-        mesh, gx, nn::make_layout({"dp", "", "", ""}));
-    const auto sx =
-        xshard::distribute<xshard::dynamic_layout(4)>(one, gx, nn::make_layout({"", "", "", ""}));
-    xshard::optim::momentum a({.lr = 0.01, .momentum = 0.9}), b({.lr = 0.01, .momentum = 0.9});
-    const auto t = bench::compare(world, o, step_of(net, x, a), step_of(serial, sx, b));
+    resnet_case r(world, {world.size(), 1}, o.quick ? 8 : 64, o.quick ? 16 : 32,
+                  {"dp", "", "", ""});
+    const auto t =
+        bench::compare(world, o, step_of(r.net, r.x, r.a), step_of(r.serial, r.sx, r.b));
     bench::report(world, "resnet18_step_dp" + std::to_string(world.size()) + "_f32",
-                  gx.size() * sizeof(T), "one_rank", t);
+                  r.gx.size() * sizeof(T), "one_rank", t);
 }
 
 void resnet_step_spatial(const xshard::communicator& world, const bench::options& o) {
-    const std::size_t batch = o.quick ? 2 : 8, S = o.quick ? 64 : 256;
-    const mesh_t mesh(world, {1, world.size()});
-    const mesh_t one(xshard::communicator::self(), {1, 1});
-    std::mt19937 e(1);
-    const xt::xtensor<T, 4> gx =
-        xt::random::rand<T>(std::array<std::size_t, 4>{batch, 3, S, S}, T(-1), T(1), e);
-    auto net = nn::resnet18<T>(mesh, 10);
-    auto serial = nn::resnet18<T>(one, 10);
-    const auto x = xshard::distribute<xshard::dynamic_layout(4)>(
-        mesh, gx, nn::make_layout({"", "", "mp", ""}));
-    const auto sx =
-        xshard::distribute<xshard::dynamic_layout(4)>(one, gx, nn::make_layout({"", "", "", ""}));
-    xshard::optim::momentum a({.lr = 0.01, .momentum = 0.9}), b({.lr = 0.01, .momentum = 0.9});
-    auto step = step_of(net, x, a, false);
+    resnet_case r(world, {1, world.size()}, o.quick ? 2 : 8, o.quick ? 64 : 256,
+                  {"", "", "mp", ""});
+    auto step = step_of(r.net, r.x, r.a, false);
     step(); // plans the halos
-    const std::size_t before = net.halo_bytes_sent();
+    const std::size_t before = r.net.halo_bytes_sent();
     step();
-    double halo = double(net.halo_bytes_sent() - before); // summed over the ranks
+    double halo = double(r.net.halo_bytes_sent() - before); // summed over the ranks
     xshard::mpi::allreduce(world, std::span(&halo, 1), xshard::reduction::sum);
-    const auto t = bench::compare(world, o, step, step_of(serial, sx, b));
+    const auto t = bench::compare(world, o, step, step_of(r.serial, r.sx, r.b));
     bench::report(world, "resnet18_step_spatial" + std::to_string(world.size()) + "_f32",
-                  gx.size() * sizeof(T), "one_rank", t,
+                  r.gx.size() * sizeof(T), "one_rank", t,
                   "\"halo_bytes_per_step\": " + std::to_string(std::size_t(halo)));
 }
 

@@ -652,47 +652,36 @@ TEST(model_driver, checkpoint_callback_saves_keeps_and_resumes_in_another_strate
     const auto file = [&](const std::string& name) {
         return dir + "/" + name + ".safetensors";
     };
-    // Uninterrupted: 2 epochs of 4 steps under hsdp level2, saved every 2 steps, 3 kept.
-    record full;
-    {
+    // An uninterrupted run of 2 epochs of 4 steps on the world mesh at hsdp `level`, saved by
+    // `checkpoints`.
+    const auto uninterrupted = [&](const char* level,
+                                   const xshard::checkpoint_config& checkpoints) {
+        record r;
         const auto m = world_mesh();
         auto model = make_model(m);
         config_t c(model, m);
-        c.hsdp(-1, 0, "level2");
+        c.hsdp(-1, 0, level);
         optim::momentum opt({.lr = 0.1, .momentum = 0.9});
         nn::parallel_cross_entropy<double, mesh_t> loss;
         xshard::model trainer(c, loss, opt);
-        full.losses =
-            trainer.train(2, epochs_of_batches{&m, 4},
-                          {xshard::callbacks::model_checkpoint({.save_checkpoint_steps = 2,
-                                                                .keep_checkpoint_max = 3,
-                                                                .prefix = "mlp",
-                                                                .directory = dir})});
+        r.losses = trainer.train(2, epochs_of_batches{&m, 4},
+                                 {xshard::callbacks::model_checkpoint(checkpoints)});
         xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
-            full.weights.push_back(xshard::gather_all(wt.value));
+            r.weights.push_back(xshard::gather_all(wt.value));
         });
-    }
+        return r;
+    };
+    // At level2, saved every 2 steps, 3 kept.
+    const record full = uninterrupted("level2", {.save_checkpoint_steps = 2,
+                                                 .keep_checkpoint_max = 3,
+                                                 .prefix = "mlp",
+                                                 .directory = dir});
     EXPECT_FALSE(std::filesystem::exists(file("mlp-1_2"))) << "not removed (keep 3)";
     for (const char* kept : {"mlp-1_4", "mlp-2_6", "mlp-2_8"})
         EXPECT_TRUE(std::filesystem::exists(file(kept))) << kept;
     // The same run at hsdp level3 (weights gathered to be saved): the same trajectory.
-    record full3;
-    {
-        const auto m = world_mesh();
-        auto model = make_model(m);
-        config_t c(model, m);
-        c.hsdp(-1, 0, "level3");
-        optim::momentum opt({.lr = 0.1, .momentum = 0.9});
-        nn::parallel_cross_entropy<double, mesh_t> loss;
-        xshard::model trainer(c, loss, opt);
-        full3.losses =
-            trainer.train(2, epochs_of_batches{&m, 4},
-                          {xshard::callbacks::model_checkpoint(
-                              {.save_checkpoint_steps = 4, .prefix = "mlp3", .directory = dir})});
-        xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
-            full3.weights.push_back(xshard::gather_all(wt.value));
-        });
-    }
+    const record full3 =
+        uninterrupted("level3", {.save_checkpoint_steps = 4, .prefix = "mlp3", .directory = dir});
     expect_same(full3, full, "hsdp level3 against level2");
     // Resumed from step 4 on another mesh and hsdp level: the last 4 steps and the weights
     // are the uninterrupted run's (the momentum restored with the weights). Level2's
