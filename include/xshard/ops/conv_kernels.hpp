@@ -142,7 +142,7 @@ enum class conv_backend : std::uint8_t {
     onednn,    ///< oneDNN's convolution primitives (float only)
 };
 
-namespace detail {
+namespace conv_detail {
 
 /// A scratch buffer per thread and type, grown as needed and kept: im2col's columns.
 template <class T>
@@ -411,7 +411,7 @@ inline bool empty(const conv2d_geometry& g) {
     return g.batch == 0 || g.out_channels == 0 || g.out_h() == 0 || g.out_w() == 0;
 }
 
-} // namespace detail
+} // namespace conv_detail
 
 /// Concept of the element types the kernels compute in.
 template <class T>
@@ -422,18 +422,18 @@ concept conv_element = std::is_same_v<T, float> || std::is_same_v<T, double>;
 template <conv_element T>
 void conv2d_forward(const T* x, const T* w, T* y, const conv2d_geometry& g,
                     conv_backend backend = conv_backend::automatic) {
-    if (detail::empty(g))
+    if (conv_detail::empty(g))
         return;
     if (g.in_channels == 0) {
         std::fill_n(y, volume(g.output_shape()), T(0));
         return;
     }
-    if (detail::use_onednn<T>(backend, g)) {
+    if (conv_detail::use_onednn<T>(backend, g)) {
         if constexpr (std::is_same_v<T, float>)
-            detail::onednn_conv_for(g).forward(x, w, y);
+            conv_detail::onednn_conv_for(g).forward(x, w, y);
         return;
     }
-    detail::gemm_conv_forward(x, w, y, g);
+    conv_detail::gemm_conv_forward(x, w, y, g);
 }
 
 /// dx = the gradient of conv2d's input given dy (dx overwritten). Local.
@@ -442,16 +442,16 @@ void conv2d_backward_input(const T* dy, const T* w, T* dx, const conv2d_geometry
                            conv_backend backend = conv_backend::automatic) {
     if (g.batch == 0 || g.in_channels == 0 || g.in_h == 0 || g.in_w == 0)
         return;
-    if (detail::empty(g)) {
+    if (conv_detail::empty(g)) {
         std::fill_n(dx, volume(g.input_shape()), T(0));
         return;
     }
-    if (detail::use_onednn<T>(backend, g)) {
+    if (conv_detail::use_onednn<T>(backend, g)) {
         if constexpr (std::is_same_v<T, float>)
-            detail::onednn_conv_for(g).backward_input(dy, w, dx);
+            conv_detail::onednn_conv_for(g).backward_input(dy, w, dx);
         return;
     }
-    detail::gemm_conv_backward_input(dy, w, dx, g);
+    conv_detail::gemm_conv_backward_input(dy, w, dx, g);
 }
 
 /// dw = (or += with `accumulate`) the gradient of conv2d's weights given x and dy. Local.
@@ -460,25 +460,25 @@ void conv2d_backward_weight(const T* x, const T* dy, T* dw, const conv2d_geometr
                             bool accumulate = false,
                             conv_backend backend = conv_backend::automatic) {
     const std::size_t n = volume(g.weight_shape());
-    if (detail::empty(g) || g.in_channels == 0 || g.in_h == 0 || g.in_w == 0) {
+    if (conv_detail::empty(g) || g.in_channels == 0 || g.in_h == 0 || g.in_w == 0) {
         if (!accumulate)
             std::fill_n(dw, n, T(0));
         return;
     }
-    if (detail::use_onednn<T>(backend, g)) {
+    if (conv_detail::use_onednn<T>(backend, g)) {
         if constexpr (std::is_same_v<T, float>) {
             if (!accumulate) {
-                detail::onednn_conv_for(g).backward_weight(x, dy, dw);
+                conv_detail::onednn_conv_for(g).backward_weight(x, dy, dw);
             } else {
-                float* tmp = detail::scratch<float>(n, 2);
-                detail::onednn_conv_for(g).backward_weight(x, dy, tmp);
+                float* tmp = conv_detail::scratch<float>(n, 2);
+                conv_detail::onednn_conv_for(g).backward_weight(x, dy, tmp);
                 for (std::size_t i = 0; i < n; ++i)
                     dw[i] += tmp[i];
             }
         }
         return;
     }
-    detail::gemm_conv_backward_weight(x, dy, dw, g, accumulate);
+    conv_detail::gemm_conv_backward_weight(x, dy, dw, g, accumulate);
 }
 
 /// y = max over each window (padding never wins); `argmax` (y's size) receives the index of
@@ -525,7 +525,7 @@ void max_pool2d_backward(const T* dy, const std::int32_t* argmax, T* dx, const p
             dx[p * plane + std::size_t(argmax[p * oh * ow + o])] += dy[p * oh * ow + o];
 }
 
-namespace detail {
+namespace conv_detail {
 
 /// The divisor of an average-pooling window: the whole window with `count_include_pad`,
 /// else its part inside the input.
@@ -544,7 +544,7 @@ inline std::size_t avg_divisor(const pool2d_geometry& g, std::size_t i, std::siz
     return std::size_t(std::max<std::ptrdiff_t>(rows, 0) * std::max<std::ptrdiff_t>(cols, 0));
 }
 
-} // namespace detail
+} // namespace conv_detail
 
 /// y = the mean of each window; padding counts as zeros when `count_include_pad` (PyTorch's
 /// default), else the mean is over the window's part inside the input. Local.
@@ -568,7 +568,7 @@ void avg_pool2d_forward(const T* x, T* y, const pool2d_geometry& g, bool count_i
                 for (std::size_t r = rb; r < re; ++r)
                     for (std::size_t c = cb; c < ce; ++c)
                         s += plane[r * W + c];
-                const std::size_t d = detail::avg_divisor(g, i, j, count_include_pad);
+                const std::size_t d = conv_detail::avg_divisor(g, i, j, count_include_pad);
                 y[(p * oh + i) * ow + j] = d ? s / T(d) : T(0);
             }
         }
@@ -594,7 +594,7 @@ void avg_pool2d_backward(const T* dy, T* dx, const pool2d_geometry& g,
                 const std::size_t cb = std::size_t(std::max<std::ptrdiff_t>(c0, 0));
                 const std::size_t ce = std::size_t(
                     std::min<std::ptrdiff_t>(c0 + std::ptrdiff_t(g.kernel_w), std::ptrdiff_t(W)));
-                const std::size_t d = detail::avg_divisor(g, i, j, count_include_pad);
+                const std::size_t d = conv_detail::avg_divisor(g, i, j, count_include_pad);
                 if (d == 0)
                     continue;
                 const T v = dy[(p * oh + i) * ow + j] / T(d);
