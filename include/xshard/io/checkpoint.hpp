@@ -4,8 +4,9 @@
 ///
 /// Two forms (MindSpore's integrated_save):
 ///  * *integrated* (the default): one safetensors file holding every tensor whole. Each rank
-///    writes exactly its own block of each tensor at its place in the file (pwrite of each
-///    contiguous run, checksummed as it is written), only one copy of a replicated block is
+///    writes exactly its own block of each tensor at its place in the file (each contiguous
+///    run checksummed as it is stored; short runs through a shared mapping of space
+///    allocated first, see mapped_writer.hpp), only one copy of a replicated block is
 ///    written, and no rank ever holds a whole tensor. Python's safetensors or numpy read it.
 ///    The header's `__metadata__` holds the step, the strategy (the strategy file's JSON), a
 ///    CRC-32 per tensor and one per block the saving ranks held (format.hpp).
@@ -42,6 +43,7 @@
 #include <xshard/core/volume.hpp>
 #include <xshard/io/files.hpp>
 #include <xshard/io/format.hpp>
+#include <xshard/io/mapped_writer.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>
 #include <xshard/param/tensor_record.hpp>
@@ -175,16 +177,24 @@ void on_rank0(const communicator& c, F&& f) {
     });
 }
 
-/// Writes the block of `t` into `f` (which stores the tensor whole, row-major, from byte
-/// `at`) with pwrite, one call per contiguous run in the file (runs_of), each run checksummed
-/// just before it is written and recorded in `out` as a piece of tensor `key`. Returns the
-/// CRC-32 of the block (its bytes in its own row-major order: the runs in turn).
-inline std::uint32_t write_block(const file& f, std::size_t at, const tensor_record& t,
+/// Writes the block of `t` into the file of `w` (which stores the tensor whole, row-major,
+/// from byte `at`): each contiguous run in the file (runs_of) is checksummed as it is stored
+/// and recorded in `out` as a piece of tensor `key`; short runs go through the mapping, after
+/// the bytes from the first run to the last are reserved (mapped_writer.hpp). Returns the CRC-32 of the block (its bytes in its own
+/// row-major order: the runs in turn).
+inline std::uint32_t write_block(mapped_writer& w, std::size_t at, const tensor_record& t,
                                  std::uint64_t key, std::vector<crc_run>& out) {
+    const auto runs = runs_of(t.shape, t.offset, t.extent, t.element);
+    if (runs.empty())
+        return 0;
+    if (runs.front().second < mapped_writer::short_run) {
+        const auto first = checked_add(at, runs.front().first);
+        w.reserve(first, checked_add(at, runs.back().first + runs.back().second) - first);
+    }
     const std::byte* data = t.cdata;
     std::uint32_t block = 0;
-    for (const auto& [offset, length] : runs_of(t.shape, t.offset, t.extent, t.element)) {
-        const auto crc = write_checksummed(f, data, length, at + offset);
+    for (const auto& [offset, length] : runs) {
+        const auto crc = w.write_checksummed(data, length, at + offset);
         out.push_back({key, offset, length, crc});
         block = std::uint32_t(::crc32_combine(uLong(block), uLong(crc), z_off_t(length)));
         data += length;
@@ -401,15 +411,20 @@ inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t
     std::vector<crc_run> runs, blocks;
     std::vector<std::uint64_t> sizes;
     everywhere(c, [&] {
-        file f(tmp, O_WRONLY | O_NOFOLLOW);
-        for (std::size_t i = 0; i < m.tensors.size(); ++i) {
-            const auto& t = m.tensors[i];
-            sizes.push_back(t.global_bytes());
-            if (m.holds(i) && t.primary()) {
-                const auto crc =
-                    write_block(f, checked_add(header.size(), entries[i].begin), t, i, runs);
-                blocks.push_back({i, std::uint64_t(t.mesh.group_color(t.mesh_rank, t.replicated)),
-                                  t.bytes(), crc});
+        // (Read and write: a shared mapping of a file must be readable.)
+        file f(tmp, O_RDWR | O_NOFOLLOW);
+        {
+            mapped_writer w(f);
+            for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+                const auto& t = m.tensors[i];
+                sizes.push_back(t.global_bytes());
+                if (m.holds(i) && t.primary()) {
+                    const auto crc =
+                        write_block(w, checked_add(header.size(), entries[i].begin), t, i, runs);
+                    blocks.push_back({i,
+                                      std::uint64_t(t.mesh.group_color(t.mesh_rank, t.replicated)),
+                                      t.bytes(), crc});
+                }
             }
         }
         f.close();

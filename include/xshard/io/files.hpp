@@ -15,6 +15,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -116,6 +117,34 @@ public:
             n -= std::size_t(put);
             offset += std::size_t(put);
         }
+    }
+    /// Allocates the bytes [offset, offset + n) of the file (fallocate), extending it to cover
+    /// them, so that stores into a mapping of them (mapped_writer.hpp) cannot fail for want of
+    /// space: a full disk, a quota or a file-size limit shows here, as an io_error. Returns
+    /// false, doing nothing, where the file system cannot allocate ahead (EOPNOTSUPP).
+    /// A file-size limit (RLIMIT_FSIZE) is checked as a pwrite would: bytes past it raise
+    /// EFBIG, also inside the file (where fallocate would not check it).
+    bool reserve(std::size_t offset, std::size_t n) const {
+#ifdef __linux__
+        rlimit limit{};
+        if (n > 0 && ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+            checked_add(offset, n) > limit.rlim_cur) {
+            errno = EFBIG;
+            io_fail("cannot allocate " + std::to_string(n) + " bytes in", path_);
+        }
+        while (n > 0 && ::fallocate(fd_, 0, off_t(offset), off_t(n)) != 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EOPNOTSUPP || errno == ENOSYS)
+                return false;
+            io_fail("cannot allocate " + std::to_string(n) + " bytes in", path_);
+        }
+        return true;
+#else
+        (void)offset;
+        (void)n;
+        return false;
+#endif
     }
     void sync() const {
         if (::fsync(fd_) != 0)

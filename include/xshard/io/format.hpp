@@ -30,6 +30,7 @@
 #include <xshard/core/partition.hpp>
 #include <xshard/core/volume.hpp>
 #include <xshard/io/files.hpp>
+#include <xshard/io/mapped_writer.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>
 
@@ -140,23 +141,6 @@ inline std::map<std::string, std::string> parse_block_checksums(const std::strin
     return out;
 }
 
-/// The bytes a writer checksums and then writes at a time: small enough that the write
-/// copies them from the cache the checksum just read them into.
-inline constexpr std::size_t write_piece = std::size_t(1) << 20;
-
-/// Writes the `n` bytes at `data` to `f` at `at` with pwrite, in pieces of write_piece bytes
-/// each checksummed just before it is written; returns their CRC-32 (continuing `crc`).
-inline std::uint32_t write_checksummed(const file& f, const std::byte* data, std::size_t n,
-                                       std::size_t at, std::uint32_t crc = 0) {
-    for (std::size_t done = 0; done < n;) {
-        const auto k = std::min(write_piece, n - done);
-        crc = crc32_of(data + done, k, crc);
-        f.write_at(data + done, k, checked_add(at, done));
-        done += k;
-    }
-    return crc;
-}
-
 /// Writes rank `rank`'s file of a per-rank checkpoint in directory `dir`: each tensor's block
 /// (entries with the block's extent as shape, and its bytes), checksummed as it is written
 /// (the header, whose length does not depend on the checksums, is written last), fsynced,
@@ -180,11 +164,13 @@ inline void write_rank_file(const std::string& dir, int rank, std::vector<tensor
     auto f = file::adopt(fd, path);
     std::vector<std::uint32_t> crc;
     std::size_t end = start;
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-        crc.push_back(write_checksummed(f, data[i], entries[i].end - entries[i].begin,
-                                        start + entries[i].begin));
-        end = std::max(end, start + entries[i].end);
-    }
+    for (const auto& e : entries)
+        end = std::max(end, checked_add(start, e.end));
+    // Contiguous blocks: pwrite (the writer maps nothing it was not asked to reserve).
+    mapped_writer w(f);
+    for (std::size_t i = 0; i < entries.size(); ++i)
+        crc.push_back(w.write_checksummed(data[i], entries[i].end - entries[i].begin,
+                                          start + entries[i].begin));
     const std::string header = header_of(crc);
     if (header.size() != start)
         throw io_error("xshard: " + path + ": the header changed length with its checksums");
