@@ -79,14 +79,28 @@ TEST(hsdp_layouts, the_data_parallel_axes_join_a_dimension) {
     using xshard::detail::hsdp_axes;
     const xshard::mesh_shape m3({"a", "b", "c"}, {2, 3, 2});
     const auto all = m3.all_axes();
-    EXPECT_EQ(hsdp_axes(all, m3, -1, "w").bits, all.bits);
-    EXPECT_EQ(hsdp_axes(all, m3, 3, "w").bits, xshard::axis_set{}.with(1).bits);
-    EXPECT_EQ(hsdp_axes(all, m3, 2, "w").bits, xshard::axis_set{}.with(2).bits); // minor-most
-    EXPECT_EQ(hsdp_axes(all, m3, 6, "w").bits, xshard::axis_set{}.with(1).with(2).bits);
+    EXPECT_EQ(hsdp_axes(all, m3, -1, "w").axes.bits, all.bits);
+    EXPECT_EQ(hsdp_axes(all, m3, 3, "w").axes.bits, xshard::axis_set{}.with(1).bits);
+    EXPECT_EQ(hsdp_axes(all, m3, 2, "w").axes.bits, xshard::axis_set{}.with(2).bits); // minor
+    EXPECT_EQ(hsdp_axes(all, m3, 6, "w").axes.bits, xshard::axis_set{}.with(1).with(2).bits);
+    EXPECT_EQ(hsdp_axes(all, m3, 6, "w").split_axis, -1);
     EXPECT_TRUE(hsdp_axes(all, m3, 1, "w").empty());
     expect_error([&] { (void)hsdp_axes(all, m3, 5, "w"); }, "does not divide");
+    // Over part of an axis: copies of `inner` consecutive ranks of it.
     const xshard::mesh_shape m4({"dp"}, {4});
-    expect_error([&] { (void)hsdp_axes(m4.all_axes(), m4, 2, "w"); }, "not supported yet");
+    const auto g4 = hsdp_axes(m4.all_axes(), m4, 2, "w");
+    EXPECT_EQ(g4.axes.bits, m4.all_axes().bits);
+    EXPECT_EQ(g4.split_axis, 0);
+    EXPECT_EQ(g4.inner, 2);
+    // (6, 2) with shard_size 4: tp whole and 2 of dp's 6.
+    const xshard::mesh_shape m62({"dp", "tp"}, {6, 2});
+    const auto g62 = hsdp_axes(m62.all_axes(), m62, 4, "w");
+    EXPECT_EQ(g62.axes.bits, m62.all_axes().bits);
+    EXPECT_EQ(g62.split_axis, 0);
+    EXPECT_EQ(g62.inner, 2);
+    // 6 = 2 x 3 of (4, 9) would need parts of both axes.
+    const xshard::mesh_shape m49({"a", "b"}, {4, 9});
+    expect_error([&] { (void)hsdp_axes(m49.all_axes(), m49, 6, "w"); }, "not supported yet");
 }
 
 // --- trajectories ---------------------------------------------------------------------------
@@ -282,6 +296,37 @@ void check_trajectories(const typename Opt::options_type& o) {
     };
     const auto serial = run<Opt>(one, o, {}, steps);
     const auto serial_clipped = run<Opt>(one, o, {.clip = 0.5}, steps);
+    // Hybrid sharding over part of dp (copies of shard_size consecutive dp ranks, the state
+    // on each copy's mesh): dp = 4 with 2; 6 with 2 and 3; 8 with 2 and 4; (4, 2) with 2
+    // (tp whole for the bias replicated over both axes).
+    {
+        const auto w = world();
+        std::vector<std::array<int, 2>> shapes{{w.size(), 1}};
+        if (w.size() >= 8 && w.size() % 2 == 0)
+            shapes.push_back({w.size() / 2, 2});
+        for (const auto& shape : shapes) {
+            const mesh_t m(w, shape);
+            const int dp = shape[0];
+            for (int k = 2; k < dp; ++k) {
+                if (dp % k)
+                    continue;
+                for (const auto level : {level1, level2, level3})
+                    for (const bool driven : {false, true}) {
+                        if (driven && level == level1)
+                            continue;
+                        const config c{.level = int(level),
+                                       .hsdp = {.shard_size = k,
+                                                .threshold = 0,
+                                                .optimizer_level = level},
+                                       .driven = driven};
+                        expect_same(run<Opt>(m, o, c, steps), serial,
+                                    std::string(Opt::name) + " " + where(m) + " shard_size " +
+                                        std::to_string(k) + " " + std::string(to_string(level)) +
+                                        (driven ? " driven" : ""));
+                    }
+            }
+        }
+    }
     for_each_dp_tp([&](const mesh_t& m) {
         const std::string context = std::string(Opt::name) + " " + where(m);
         expect_same(run<Opt>(m, o, {}, steps), serial, context + " level0");
@@ -291,7 +336,6 @@ void check_trajectories(const typename Opt::options_type& o) {
         // Hybrid sharding: shard_size 2 splits each weight over a set of its replicated axes
         // of 2 ranks (dp, or tp for the row-parallel bias replicated over both on a (2, 2)
         // mesh) and keeps copies over the rest.
-        // (dp = 4 or 8 with shard_size 2 would need a sub-axis of dp: "not supported yet".)
         if (m.shape().axis_size("dp") == 2)
             for (const auto level : {level1, level2, level3})
                 expect_same(
@@ -543,6 +587,23 @@ TEST(hsdp_errors, misuse_raises_on_every_rank) {
         xshard::hsdp<model_t> s(model,
                                 {.threshold = 0, .optimizer_level = optimizer_level::level3});
         expect_error([&] { s.synchronize_gradients(); }, "through hsdp::backward");
+    }
+    if (w.size() >= 4 && w.size() % 2 == 0) {
+        // Sharded over part of dp, the state lives on each copy's mesh: checkpoints refuse it
+        // (on every rank alike) rather than save it wrongly.
+        const mesh_t m1(w, {w.size(), 1});
+        auto part = make_model(m1);
+        optim::adam opt;
+        xshard::hsdp<model_t> s(part, {.shard_size = 2, .threshold = 0});
+        const std::string dir = xshard::testing::shared_directory(w, XSHARD_TRAIN_SCRATCH);
+        expect_error(
+            [&] {
+                xshard::save_checkpoint(dir + "/part.safetensors", part, {}, opt.state_of(part));
+            },
+            "not supported yet");
+        xshard::mpi::barrier(w);
+        if (w.rank() == 0)
+            std::filesystem::remove_all(dir);
     }
     // Nothing is left sharded when a construction fails.
     xshard::for_each_weight(model, [&](const std::string&, auto& wt) { EXPECT_FALSE(wt.shard); });

@@ -115,6 +115,12 @@ void collect(ckpt_model& m, C& container, const std::string& prefix, bool all) {
             throw error("xshard: checkpoint: '" + name + "' is partial " + t.layout().to_string() +
                         "; resolve it before saving");
         auto c = record_of(prefix + name, t, trainable);
+        if (m.comm && c.mesh_comm->size() != m.comm->size())
+            throw error("xshard: checkpoint: '" + name + "' lives on a mesh of " +
+                        std::to_string(c.mesh_comm->size()) + " ranks, the tensors before it on " +
+                        std::to_string(m.comm->size()) +
+                        "; a checkpoint saves the tensors of one mesh (hsdp's state sharded over "
+                        "part of a mesh axis, whose mesh is one copy's: not supported yet)");
         m.comm = c.mesh_comm;
         m.mesh = c.mesh;
         m.rank = c.mesh_rank;
