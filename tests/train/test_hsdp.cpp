@@ -484,6 +484,69 @@ TEST(hsdp_checkpoint, saved_sharded_loads_at_any_level) {
         std::filesystem::remove_all(dir);
 }
 
+/// A state sharded over part of dp (shard_size 2 of W, each copy's state on its own mesh)
+/// saves into an integrated checkpoint that loads unsharded, into another partial sharding,
+/// and at level3 on half the ranks; each run then continues as the one that saved.
+TEST(hsdp_checkpoint, partial_axis_state_loads_anywhere) {
+    const auto w = world();
+    if (w.size() < 4 || w.size() % 2)
+        return;
+    const std::string dir = xshard::testing::shared_directory(w, XSHARD_TRAIN_SCRATCH);
+    const std::string path = dir + "/hsdp_part.safetensors";
+    const optim::adam_options o{.lr = 0.01};
+    const mesh_t m(w, {w.size(), 1});
+    const config src{.level = 1, .hsdp = {.shard_size = 2, .threshold = 0}};
+    auto a = make_model(m);
+    optim::adam opt_a(o);
+    record ra;
+    {
+        xshard::hsdp<model_t> sharding(a, src.hsdp);
+        train(a, opt_a, src, &sharding, 0, 3, ra);
+        xshard::save_checkpoint(path, a, {.step = opt_a.steps()}, opt_a.state_of(a));
+        train(a, opt_a, src, &sharding, 3, 3, ra);
+    }
+    const auto reference = weights_of(a, {});
+    const auto check = [&](const mesh_t& mm, const config& c, const std::string& context) {
+        auto b = make_model(mm);
+        optim::adam opt_b(o);
+        std::optional<xshard::hsdp<model_t>> sharding;
+        if (c.level) {
+            sharding.emplace(b, c.hsdp);
+            sharding->gather_weights(); // level3: storage for the loaded values
+        }
+        const auto info = xshard::load_checkpoint(path, b, opt_b.state_of(b));
+        EXPECT_EQ(info.step, 3) << context;
+        opt_b.set_steps(info.step);
+        record rb;
+        train(b, opt_b, c, sharding ? &*sharding : static_cast<xshard::hsdp<model_t>*>(nullptr),
+              3, 3, rb);
+        if (sharding)
+            sharding->gather_weights();
+        const auto got = weights_of(b, {});
+        for (std::size_t i = 0; i < got.weights.size(); ++i)
+            EXPECT_TRUE(xt::allclose(got.weights[i], reference.weights[i], 1e-12, 1e-12))
+                << context << " weight " << i;
+        for (std::size_t i = 0; i < 3; ++i)
+            EXPECT_NEAR(rb.losses[i], ra.losses[3 + i], 1e-12) << context << " loss " << i;
+    };
+    check(m, {}, "unsharded " + where(m));
+    check(m,
+          {.level = 2,
+           .hsdp = {.shard_size = w.size() / 2 > 2 ? w.size() / 2 : 2,
+                    .threshold = 0,
+                    .optimizer_level = optimizer_level::level2}},
+          "partial level2 " + where(m));
+    {
+        const auto half = w.split(w.rank() < w.size() / 2 ? 0 : 1, w.rank());
+        const mesh_t hm(half, {half.size(), 1});
+        check(hm, {.level = 3, .hsdp = {.threshold = 0, .optimizer_level = optimizer_level::level3}},
+              "level3 on half the ranks " + where(hm));
+    }
+    xshard::mpi::barrier(w);
+    if (w.rank() == 0)
+        std::filesystem::remove_all(dir);
+}
+
 TEST(hsdp_level3, weights_hold_storage_only_in_use) {
     const auto w = world();
     const mesh_t m(w, {w.size(), 1});
@@ -589,8 +652,8 @@ TEST(hsdp_errors, misuse_raises_on_every_rank) {
         expect_error([&] { s.synchronize_gradients(); }, "through hsdp::backward");
     }
     if (w.size() >= 4 && w.size() % 2 == 0) {
-        // Sharded over part of dp, the state lives on each copy's mesh: checkpoints refuse it
-        // (on every rank alike) rather than save it wrongly.
+        // Sharded over part of dp, the state lives on each copy's mesh: the per-rank form of
+        // a checkpoint refuses it (on every rank alike) rather than save it wrongly.
         const mesh_t m1(w, {w.size(), 1});
         auto part = make_model(m1);
         optim::adam opt;
@@ -598,7 +661,9 @@ TEST(hsdp_errors, misuse_raises_on_every_rank) {
         const std::string dir = xshard::testing::shared_directory(w, XSHARD_TRAIN_SCRATCH);
         expect_error(
             [&] {
-                xshard::save_checkpoint(dir + "/part.safetensors", part, {}, opt.state_of(part));
+                xshard::save_checkpoint(dir + "/part", part,
+                                        {.format = xshard::checkpoint_format::per_rank},
+                                        opt.state_of(part));
             },
             "not supported yet");
         xshard::mpi::barrier(w);
