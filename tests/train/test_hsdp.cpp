@@ -314,11 +314,10 @@ void check_trajectories(const typename Opt::options_type& o) {
                     for (const bool driven : {false, true}) {
                         if (driven && level == level1)
                             continue;
-                        const config c{.level = int(level),
-                                       .hsdp = {.shard_size = k,
-                                                .threshold = 0,
-                                                .optimizer_level = level},
-                                       .driven = driven};
+                        const config c{
+                            .level = int(level),
+                            .hsdp = {.shard_size = k, .threshold = 0, .optimizer_level = level},
+                            .driven = driven};
                         expect_same(run<Opt>(m, o, c, steps), serial,
                                     std::string(Opt::name) + " " + where(m) + " shard_size " +
                                         std::to_string(k) + " " + std::string(to_string(level)) +
@@ -518,8 +517,8 @@ TEST(hsdp_checkpoint, partial_axis_state_loads_anywhere) {
         EXPECT_EQ(info.step, 3) << context;
         opt_b.set_steps(info.step);
         record rb;
-        train(b, opt_b, c, sharding ? &*sharding : static_cast<xshard::hsdp<model_t>*>(nullptr),
-              3, 3, rb);
+        train(b, opt_b, c, sharding ? &*sharding : static_cast<xshard::hsdp<model_t>*>(nullptr), 3,
+              3, rb);
         if (sharding)
             sharding->gather_weights();
         const auto got = weights_of(b, {});
@@ -539,7 +538,8 @@ TEST(hsdp_checkpoint, partial_axis_state_loads_anywhere) {
     {
         const auto half = w.split(w.rank() < w.size() / 2 ? 0 : 1, w.rank());
         const mesh_t hm(half, {half.size(), 1});
-        check(hm, {.level = 3, .hsdp = {.threshold = 0, .optimizer_level = optimizer_level::level3}},
+        check(hm,
+              {.level = 3, .hsdp = {.threshold = 0, .optimizer_level = optimizer_level::level3}},
               "level3 on half the ranks " + where(hm));
     }
     xshard::mpi::barrier(w);

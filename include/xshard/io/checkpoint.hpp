@@ -58,8 +58,8 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <span>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -122,12 +122,10 @@ void collect(ckpt_model& m, C& container, const std::string& prefix, bool all) {
         std::optional<mesh_shape> own;
         bool writes = true;
         if (m.comm && c.mesh_comm->size() != m.comm->size()) {
-            if (c.mesh_comm->size() > m.comm->size() ||
-                m.comm->size() % c.mesh_comm->size() != 0)
+            if (c.mesh_comm->size() > m.comm->size() || m.comm->size() % c.mesh_comm->size() != 0)
                 throw error("xshard: checkpoint: '" + name + "' lives on a mesh of " +
                             std::to_string(c.mesh_comm->size()) +
-                            " ranks, the tensors before it on " +
-                            std::to_string(m.comm->size()) +
+                            " ranks, the tensors before it on " + std::to_string(m.comm->size()) +
                             "; a checkpoint saves the tensors of one mesh, or of copies of "
                             "a part of it");
             own = c.mesh;

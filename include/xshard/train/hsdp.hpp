@@ -244,8 +244,8 @@ inline hsdp_group hsdp_axes(axis_set replicated, const mesh_shape& mesh, int sha
         if (whole)
             return {whole->with(a), int(a), inner};
     }
-    throw error("xshard: hsdp: shard_size " + std::to_string(shard_size) + " for weight '" +
-                name + "' (data-parallel group of " + std::to_string(size) +
+    throw error("xshard: hsdp: shard_size " + std::to_string(shard_size) + " for weight '" + name +
+                "' (data-parallel group of " + std::to_string(size) +
                 " ranks) is not supported yet: it must be the size of a set of the weight's "
                 "replicated mesh axes, or of such a set and a divisor of one more axis (mesh " +
                 mesh.to_string() + ")");
@@ -1268,7 +1268,8 @@ private:
     std::map<std::string, std::size_t> unit_index_;
     mesh_shape mesh_shape_{};
     const communicator* comm_ = nullptr; ///< the weights' mesh's
-    std::deque<refinement> refinements_; ///< copy meshes (kept in place: entries point in) of splits over part of an axis
+    /// Copy meshes of splits over part of an axis (kept in place: entries point in).
+    std::deque<refinement> refinements_;
     std::vector<fused> gathers_, scatters_;
     std::unique_ptr<detail::selected_weights<M>> values_, grads_;
     std::optional<gradient_synchronizer> sync_;
