@@ -500,6 +500,17 @@ TEST(hsdp_checkpoint, partial_axis_state_loads_anywhere) {
     record ra;
     {
         xshard::hsdp<model_t> sharding(a, src.hsdp);
+        // Each weight's state on the mesh of its group of 2 consecutive ranks, half its size.
+        xshard::for_each_weight(a, [&](const std::string& name, auto& wt) {
+            ASSERT_TRUE(wt.shard) << name;
+            EXPECT_EQ(wt.shard->value.mesh().size(), 2) << name;
+            EXPECT_EQ(wt.shard->value.mesh().rank(), w.rank() % 2) << name;
+            std::uint64_t held = wt.shard->value.local().size();
+            xshard::mpi::allreduce(wt.shard->value.mesh().comm(), std::span(&held, 1),
+                                   xshard::reduction::sum);
+            EXPECT_EQ(held, std::uint64_t(wt.value.size())) << name; // split over the 2
+            EXPECT_LT(std::size_t(wt.shard->value.local().size()), wt.value.size()) << name;
+        });
         train(a, opt_a, src, &sharding, 0, 3, ra);
         xshard::save_checkpoint(path, a, {.step = opt_a.steps()}, opt_a.state_of(a));
         train(a, opt_a, src, &sharding, 3, 3, ra);
