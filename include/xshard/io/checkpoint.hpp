@@ -61,6 +61,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -93,7 +94,7 @@ struct ckpt_model {
     mesh_shape mesh;
     int rank = 0;
     strategy_file strategy; ///< of everything saved (parameters, then optimizer state)
-    /// Which tensors this rank holds a block of (empty: all). A pipeline's checkpoint
+    /// Which tensors this rank holds a block of, to write (empty: all). A pipeline's checkpoint
     /// (pipeline/checkpoint.hpp) lists every stage's tensors on every rank, each held by its
     /// stage's ranks only (its record then gives its stage's mesh, layout and shape).
     std::vector<bool> held;
@@ -117,12 +118,32 @@ void collect(ckpt_model& m, C& container, const std::string& prefix, bool all) {
             throw error("xshard: checkpoint: '" + name + "' is partial " + t.layout().to_string() +
                         "; resolve it before saving");
         auto c = record_of(prefix + name, t, trainable);
-        m.comm = c.mesh_comm;
-        m.mesh = c.mesh;
-        m.rank = c.mesh_rank;
-        m.strategy.mesh = c.mesh;
+        // A tensor on a mesh of part of the ranks, one of copies of it that tile the mesh
+        // (hsdp's state sharded over part of a mesh axis, train/hsdp.hpp), is saved with its
+        // own mesh, by the copy holding the mesh's rank 0, and loaded by every copy.
+        std::optional<mesh_shape> own;
+        bool writes = true;
+        if (m.comm && c.mesh_comm->size() != m.comm->size()) {
+            if (c.mesh_comm->size() > m.comm->size() || m.comm->size() % c.mesh_comm->size() != 0)
+                throw error("xshard: checkpoint: '" + name + "' lives on a mesh of " +
+                            std::to_string(c.mesh_comm->size()) +
+                            " ranks, the tensors before it on " + std::to_string(m.comm->size()) +
+                            "; a checkpoint saves the tensors of one mesh, or of copies of "
+                            "a part of it");
+            own = c.mesh;
+            int lowest = m.comm->rank();
+            mpi::allreduce(*c.mesh_comm, std::span(&lowest, 1), reduction::min);
+            writes = lowest == 0;
+        } else {
+            m.comm = c.mesh_comm;
+            m.mesh = c.mesh;
+            m.rank = c.mesh_rank;
+            m.strategy.mesh = c.mesh;
+        }
         m.dtypes.emplace_back(dtype_of<T>().name);
-        m.strategy.parameters.push_back({c.name, c.shape, m.dtypes.back(), c.lay, trainable});
+        m.strategy.parameters.push_back(
+            {c.name, c.shape, m.dtypes.back(), c.lay, trainable, -1, own});
+        m.held.push_back(writes);
         m.tensors.push_back(std::move(c));
     });
 }
@@ -603,10 +624,17 @@ template <parameter_container P, parameter_container S = std::tuple<>>
 void save_checkpoint(const std::string& path, const P& params,
                      const checkpoint_options& options = {}, const S& optimizer_state = {}) {
     auto m = detail::collect_model(params, optimizer_state, options.all_parameters);
-    if (options.format == checkpoint_format::integrated)
+    if (options.format == checkpoint_format::integrated) {
         detail::save_integrated(m, path, options.step);
-    else
+    } else {
+        for (const auto& e : m.strategy.parameters)
+            if (e.mesh) // (the same on every rank)
+                throw error("xshard: checkpoint: '" + e.name +
+                            "' lives on the mesh of a copy of part of the ranks (hsdp "
+                            "shard_size over part of a mesh axis): the per-rank form of it is "
+                            "not supported yet; save it integrated");
         detail::save_per_rank(m, path, options.step);
+    }
 }
 
 /// Loads a checkpoint of either form (a file: integrated; a directory: per-rank) into
