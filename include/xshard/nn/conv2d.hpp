@@ -27,6 +27,7 @@
 
 #include <xshard/nn/kept_halo.hpp>
 #include <xshard/nn/module.hpp>
+#include <xshard/nn/step_profile.hpp>
 #include <xshard/ops/conv_kernels.hpp>
 #include <xshard/ops/conv_rule.hpp>
 
@@ -104,7 +105,10 @@ public:
         const auto g = geometry(xl);
         const auto s = g.output_shape();
         typename tensor<T, Mesh, 4>::local_type y = tensor<T, Mesh, 4>::local_type::from_shape(s);
-        ops::conv2d_forward(xl.data(), w_.value.local().data(), y.data(), g);
+        {
+            const profile_scope timed(step_part::conv_forward);
+            ops::conv2d_forward(xl.data(), w_.value.local().data(), y.data(), g);
+        }
         if (b_ && !r.out.is_partial())
             add_bias(y);
         const auto& shape = x_in.shape();
@@ -148,10 +152,13 @@ public:
                                                std::move(db), dual(bl, mesh.shape())));
         }
         auto& grad = w_.terms();
-        ops::conv2d_backward_weight(xl.data(), dy.local().data(), grad.local().data(), g, true);
         typename tensor<T, Mesh, 4>::local_type dx =
             tensor<T, Mesh, 4>::local_type::from_shape(xl.shape());
-        ops::conv2d_backward_input(dy.local().data(), w_.value.local().data(), dx.data(), g);
+        {
+            const profile_scope timed(step_part::conv_backward);
+            ops::conv2d_backward_weight(xl.data(), dy.local().data(), grad.local().data(), g, true);
+            ops::conv2d_backward_input(dy.local().data(), w_.value.local().data(), dx.data(), g);
+        }
         if (spatial_)
             dx = halo_.adjoint(dx);
         tensor<T, Mesh, 4> dxt(xshard::detail::unchecked, mesh, x_->shape(), std::move(dx),

@@ -19,6 +19,7 @@
 /// blocks and the ResNet, for the benchmarks' per-step figures.
 
 #include <xshard/nn/module.hpp>
+#include <xshard/nn/step_profile.hpp>
 #include <xshard/ops/conv_kernels.hpp>
 #include <xshard/ops/spatial.hpp>
 
@@ -64,6 +65,7 @@ public:
     /// `x`'s extended band along `windows` (nchw_windows of the layer). Collective over the
     /// mesh (see spatial_op::exchange); plans first when `x` does not fit the kept plan.
     const local_type& band(const tensor_type& x, const windowed_dims& windows) {
+        const profile_scope timed(step_part::halo);
         if (!op_ || !op_->fits(x))
             op_.emplace(x, windows);
         const auto& b = op_->exchange(x);
@@ -81,6 +83,7 @@ public:
     /// The gradient of this rank's input block from that of its band (the halo step's
     /// adjoint: the neighbours' halo entries summed in). Collective like `band`.
     local_type adjoint(const local_type& grad_band) {
+        const profile_scope timed(step_part::halo);
         auto g = op_->adjoint(grad_band);
         bytes_ += op_->plan().bytes_sent();
         return g;
