@@ -136,7 +136,7 @@ public:
         tensor<T, Mesh, 4> dy = y_layout_.is_partial() && o_.resolve_output
                                     ? resolve_adjoint_.adjoint(dy_in, y_layout_)
                                     : dy_in;
-        const auto& xl = spatial_ ? halo_.op().band() : x_->local();
+        const auto& xl = spatial_ && !halo_.trivial() ? halo_.op().band() : x_->local();
         const auto g = geometry(xl);
         if (b_) {
             xt::xtensor<T, 1> db = xt::zeros<T>({g.out_channels});
@@ -159,7 +159,7 @@ public:
             ops::conv2d_backward_weight(xl.data(), dy.local().data(), grad.local().data(), g, true);
             ops::conv2d_backward_input(dy.local().data(), w_.value.local().data(), dx.data(), g);
         }
-        if (spatial_)
+        if (spatial_ && !halo_.trivial())
             dx = halo_.adjoint(dx);
         tensor<T, Mesh, 4> dxt(xshard::detail::unchecked, mesh, x_->shape(), std::move(dx),
                                dual(x_->layout(), mesh.shape()));

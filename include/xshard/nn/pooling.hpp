@@ -86,7 +86,7 @@ public:
             else
                 ops::avg_pool2d_backward(dy.local().data(), dx.data(), g_, o_.count_include_pad);
         }
-        if (spatial_)
+        if (spatial_ && !halo_.trivial())
             dx = halo_.adjoint(dx);
         return tensor<T, Mesh, 4>(xshard::detail::unchecked, dy.mesh(), x_shape_, std::move(dx),
                                   dy.layout());
