@@ -9,6 +9,9 @@
 //                           over the bands), vs `one_rank`; "halo_bytes_per_step" is what the
 //                           halo steps handed to MPI in one step, forward and adjoint, summed
 //                           over the ranks (`resnet::halo_bytes_sent()`).
+//   Both step cases also print "threads_per_rank" (set to 1 OpenMP/oneDNN and 1 OpenBLAS
+//                           thread by the benchmark, on both sides) and "phases" /
+//                           "baseline_phases": each part's seconds per step (benchmarks/README.md).
 //   conv2d_local_f32[_<shape>]  xshard's local convolution (forward, backward to the input and
 //                           to the weights) vs `onednn_direct`: oneDNN's primitives called
 //                           directly on the same NCHW shapes, built once. On planes under 8 x 8
