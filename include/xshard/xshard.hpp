@@ -70,6 +70,7 @@
 #include <xshard/nn/pooling.hpp>
 #include <xshard/nn/resnet.hpp>
 #include <xshard/nn/resnet_blocks.hpp>
+#include <xshard/nn/step_profile.hpp>
 #include <xshard/ops/conv_kernels.hpp>
 #include <xshard/ops/conv_rule.hpp>
 #include <xshard/ops/elementwise.hpp>
