@@ -425,6 +425,36 @@ TEST(hsdp_state, sharded_state_takes_a_share_of_the_bytes) {
 
 // --- checkpoints across levels --------------------------------------------------------------
 
+/// Loads the checkpoint at `path` (saved after `step` steps of a run whose losses are `ra`)
+/// into a model on `mm` at configuration `c`, trains it 3 steps more, and expects the losses
+/// of the saving run's next 3 steps and its final weights (`reference`).
+void resume_and_compare(const std::string& path, const mesh_t& mm, const config& c,
+                        const optim::adam_options& o, int step, const record& reference,
+                        const record& ra, const std::string& context) {
+    auto b = make_model(mm);
+    optim::adam opt_b(o);
+    std::optional<xshard::hsdp<model_t>> sharding;
+    if (c.level) {
+        sharding.emplace(b, c.hsdp);
+        sharding->gather_weights(); // level3: storage for the loaded values
+    }
+    const auto info = xshard::load_checkpoint(path, b, opt_b.state_of(b));
+    EXPECT_EQ(info.step, step) << context;
+    opt_b.set_steps(info.step);
+    record rb;
+    train(b, opt_b, c, sharding ? &*sharding : static_cast<xshard::hsdp<model_t>*>(nullptr), step,
+          3, rb);
+    if (sharding)
+        sharding->gather_weights();
+    const auto got = weights_of(b, {});
+    for (std::size_t i = 0; i < got.weights.size(); ++i)
+        EXPECT_TRUE(xt::allclose(got.weights[i], reference.weights[i], 1e-12, 1e-12))
+            << context << " weight " << i;
+    for (std::size_t i = 0; i < 3; ++i)
+        EXPECT_NEAR(rb.losses[i], ra.losses[std::size_t(step) + i], 1e-12)
+            << context << " loss " << i;
+}
+
 TEST(hsdp_checkpoint, saved_sharded_loads_at_any_level) {
     const auto w = world();
     const std::string dir = xshard::testing::shared_directory(w, XSHARD_TRAIN_SCRATCH);
@@ -450,31 +480,11 @@ TEST(hsdp_checkpoint, saved_sharded_loads_at_any_level) {
                 const std::string context = "saved at " + std::string(to_string(saved)) +
                                             ", loaded at level " + std::to_string(level) + " " +
                                             where(mm);
-                auto b = make_model(mm);
-                optim::adam opt_b(o);
                 const config c{.level = level,
                                .hsdp = {.threshold = 0,
                                         .optimizer_level = level == 3 ? optimizer_level::level3
                                                                       : optimizer_level::level2}};
-                std::optional<xshard::hsdp<model_t>> sharding;
-                if (level) {
-                    sharding.emplace(b, c.hsdp);
-                    sharding->gather_weights(); // level3: storage for the loaded values
-                }
-                const auto info = xshard::load_checkpoint(path, b, opt_b.state_of(b));
-                opt_b.set_steps(info.step);
-                record rb;
-                train(b, opt_b, c,
-                      sharding ? &*sharding : static_cast<xshard::hsdp<model_t>*>(nullptr), 3, 3,
-                      rb);
-                if (sharding)
-                    sharding->gather_weights();
-                const auto got = weights_of(b, {});
-                for (std::size_t i = 0; i < got.weights.size(); ++i)
-                    EXPECT_TRUE(xt::allclose(got.weights[i], reference.weights[i], 1e-12, 1e-12))
-                        << context << " weight " << i;
-                for (std::size_t i = 0; i < 3; ++i)
-                    EXPECT_NEAR(rb.losses[i], ra.losses[3 + i], 1e-12) << context;
+                resume_and_compare(path, mm, c, o, 3, reference, ra, context);
             }
         });
     }
@@ -517,27 +527,7 @@ TEST(hsdp_checkpoint, partial_axis_state_loads_anywhere) {
     }
     const auto reference = weights_of(a, {});
     const auto check = [&](const mesh_t& mm, const config& c, const std::string& context) {
-        auto b = make_model(mm);
-        optim::adam opt_b(o);
-        std::optional<xshard::hsdp<model_t>> sharding;
-        if (c.level) {
-            sharding.emplace(b, c.hsdp);
-            sharding->gather_weights(); // level3: storage for the loaded values
-        }
-        const auto info = xshard::load_checkpoint(path, b, opt_b.state_of(b));
-        EXPECT_EQ(info.step, 3) << context;
-        opt_b.set_steps(info.step);
-        record rb;
-        train(b, opt_b, c, sharding ? &*sharding : static_cast<xshard::hsdp<model_t>*>(nullptr), 3,
-              3, rb);
-        if (sharding)
-            sharding->gather_weights();
-        const auto got = weights_of(b, {});
-        for (std::size_t i = 0; i < got.weights.size(); ++i)
-            EXPECT_TRUE(xt::allclose(got.weights[i], reference.weights[i], 1e-12, 1e-12))
-                << context << " weight " << i;
-        for (std::size_t i = 0; i < 3; ++i)
-            EXPECT_NEAR(rb.losses[i], ra.losses[3 + i], 1e-12) << context << " loss " << i;
+        resume_and_compare(path, mm, c, o, 3, reference, ra, context);
     };
     check(m, {}, "unsharded " + where(m));
     check(m,
