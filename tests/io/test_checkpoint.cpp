@@ -607,6 +607,57 @@ TEST(checkpoint, block_checksums_catch_damage_in_one_pass_and_in_two) {
     }
 }
 
+/// Column splits of wide rows load in batches of short runs (format.hpp read_block): rows of
+/// 3072 doubles (24 KiB) split over W ranks give each rank runs of 24/W KiB with gaps of
+/// 24 - 24/W KiB between them (W = 2, 3: runs and gaps read together; 4, 6, 8: gaps longer
+/// than short_read, each run read apart; 1: one run); 700 rows cross the batches' byte bound,
+/// and a [2000, 16] tensor their buffer bound. Loaded into the saved layout the values are
+/// exact, and a flipped byte in a run still raises a checksum mismatch.
+TEST(checkpoint, short_runs_load_in_batches_exactly_and_checked) {
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    const auto value = [](std::size_t i, std::size_t j) { return double(i * 100003 + j) * 0.5; };
+    const auto make = [&](std::size_t rows, std::size_t cols, bool fill) {
+        auto t = xshard::zeros<double, xshard::dynamic_layout(2)>(m, {rows, cols}, "[-, mp]");
+        if (fill) {
+            const auto b = t.block();
+            for (std::size_t i = 0; i < b.extent[0]; ++i)
+                for (std::size_t j = 0; j < b.extent[1]; ++j)
+                    t.local()(i, j) = value(b.offset[0] + i, b.offset[1] + j);
+        }
+        return t;
+    };
+    const auto mismatches = [&](const auto& t) {
+        std::size_t bad = 0;
+        const auto b = t.block();
+        for (std::size_t i = 0; i < b.extent[0]; ++i)
+            for (std::size_t j = 0; j < b.extent[1]; ++j)
+                bad += t.local()(i, j) != value(b.offset[0] + i, b.offset[1] + j);
+        return bad;
+    };
+    const auto path = scratch() + "/wide.safetensors";
+    xshard::save_checkpoint(path, std::tuple(xshard::parameter{"wide", make(700, 3072, true)},
+                                             xshard::parameter{"tall", make(2000, 16, true)}));
+    auto loaded = std::tuple(xshard::parameter{"wide", make(700, 3072, false)},
+                             xshard::parameter{"tall", make(2000, 16, false)});
+    xshard::load_checkpoint(path, loaded);
+    EXPECT_EQ(mismatches(std::get<0>(loaded).value), 0u) << where(m);
+    EXPECT_EQ(mismatches(std::get<1>(loaded).value), 0u) << where(m);
+    // A byte of the last rank's run in the middle row of 'wide' flipped (W = 1: of the
+    // tensor's one run).
+    const xshard::checkpoint_reader r(path);
+    const auto& e = *r.strategy().find("wide");
+    const auto segments = r.segments(e, r.blocks(e).back()); // one at W = 1
+    const auto at = segments[std::min<std::size_t>(350, segments.size() - 1)].first + 3;
+    on_rank0([&] {
+        auto b = slurp(path);
+        b[at] = char(b[at] ^ 0x10);
+        spit(path + ".damaged", b);
+    });
+    expect_io_error([&] { xshard::load_checkpoint(path + ".damaged", loaded); },
+                    "checksum mismatch in wide", "a short run");
+}
+
 TEST(checkpoint, version_1_files_load_and_malformed_block_checksums_are_refused) {
     // Version 1 (one CRC per tensor, no block checksums) as earlier saves wrote it: loads,
     // and its damage is caught.
