@@ -4,6 +4,7 @@
 
 #include <xshard/comm/subarray.hpp>
 #include <xshard/io/checkpoint.hpp>
+#include <xshard/io/file_mapping.hpp>
 #include <xshard/io/files.hpp>
 #include <xshard/io/format.hpp>
 #include <xshard/io/mapped_writer.hpp>
@@ -18,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -228,20 +230,96 @@ TEST(strategy_file, checkpoint_json_ranks_must_equal_the_mesh_size) {
     });
     expect_io_error([&] { xshard::checkpoint_reader r(path); }, "'step' is not a count", "step");
     xshard::mpi::barrier(w);
-    // A parameter with a mesh of its own (a pipeline stage's): only integrated files.
-    on_rank0([&] {
-        auto j = nlohmann::json::parse(slurp(path + "/checkpoint.json"));
-        j["step"] = 2;
-        spit(path + "/checkpoint.json", j.dump());
-        auto s = nlohmann::json::parse(slurp(path + "/strategy.json"));
-        s["parameters"][0]["mesh"] = s["mesh"];
-        spit(path + "/strategy.json", s.dump());
-    });
-    expect_io_error([&] { xshard::checkpoint_reader r(path); }, "has a mesh of its own",
-                    "per-rank mesh");
+    // A parameter with a mesh of its own needs, per rank, the ranks that held it (a copy's),
+    // each a rank of the file's mesh, none twice.
+    const auto with_ranks = [&](std::optional<nlohmann::json> ranks) {
+        on_rank0([&] {
+            auto j = nlohmann::json::parse(slurp(path + "/checkpoint.json"));
+            j["step"] = 2;
+            spit(path + "/checkpoint.json", j.dump());
+            auto s = nlohmann::json::parse(slurp(path + "/strategy.json"));
+            s["parameters"][0]["mesh"] = s["mesh"];
+            if (ranks)
+                s["parameters"][0]["ranks"] = *ranks;
+            spit(path + "/strategy.json", s.dump());
+        });
+    };
+    with_ranks(std::nullopt);
+    expect_io_error([&] { xshard::checkpoint_reader r(path); },
+                    "has a mesh of its own without the ranks that held it", "per-rank mesh");
+    if (w.size() > 1) {
+        with_ranks(nlohmann::json::array({0}));
+        expect_io_error([&] { xshard::checkpoint_reader r(path); },
+                        "not a list of one rank per rank", "ranks too few");
+    }
+    std::vector<int> twice(std::size_t(w.size()), 0), past(std::size_t(w.size()), 0);
+    for (int r = 0; r < w.size(); ++r)
+        past[std::size_t(r)] = r + 1;
+    with_ranks(nlohmann::json(past));
+    expect_io_error([&] { xshard::checkpoint_reader r(path); }, "a rank of parameter",
+                    "a rank past the mesh");
+    if (w.size() > 1) {
+        with_ranks(nlohmann::json(twice));
+        expect_io_error([&] { xshard::checkpoint_reader r(path); }, "twice", "a rank twice");
+    }
 }
 
 // --- checkpoints: round trips -----------------------------------------------------------
+
+TEST(checkpoint, copies_of_a_mesh_over_every_other_rank_save_and_load_in_both_forms) {
+    // A tensor on copies of a mesh over part of the ranks (as hsdp's state sharded over part
+    // of an axis), here the even and the odd ranks (not consecutive: a per-rank checkpoint
+    // reads the copy holding rank 0 from rank files 0, 2, 4, ...), beside one on the whole
+    // mesh; loaded onto the whole mesh and back onto the copies, exactly.
+    const auto w = world();
+    if (w.size() % 2)
+        return;
+    const ckpt_mesh m(w, {w.size(), 1});
+    const auto half = w.split(w.rank() % 2, w.rank());
+    const ckpt_mesh hm(half, {half.size(), 1});
+    const auto value = [](std::size_t i, std::size_t j) { return double(i * 1009 + j) + 0.25; };
+    const auto make = [&](const ckpt_mesh& on, std::vector<std::size_t> shape, const char* l,
+                          bool fill) {
+        auto t = xshard::zeros<double, xshard::dynamic_layout(2)>(on, {shape[0], shape[1]}, l);
+        const auto b = t.block();
+        for (std::size_t i = 0; fill && i < b.extent[0]; ++i)
+            for (std::size_t j = 0; j < b.extent[1]; ++j)
+                t.local()(i, j) = value(b.offset[0] + i, b.offset[1] + j);
+        return t;
+    };
+    const auto mismatches = [&](const auto& t) {
+        std::size_t bad = 0;
+        const auto b = t.block();
+        for (std::size_t i = 0; i < b.extent[0]; ++i)
+            for (std::size_t j = 0; j < b.extent[1]; ++j)
+                bad += t.local()(i, j) != value(b.offset[0] + i, b.offset[1] + j);
+        return bad;
+    };
+    for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank}) {
+        const auto path = scratch() + "/copies";
+        xshard::save_checkpoint(path,
+                                std::tuple(xshard::parameter{"full", make(m, {10, 6}, "[dp, -]", true)},
+                                           xshard::parameter{"part", make(hm, {9, 5}, "[dp, -]", true)}),
+                                {.format = format});
+        const xshard::checkpoint_reader r(path);
+        const auto& e = *r.strategy().find("part");
+        ASSERT_TRUE(e.mesh.has_value());
+        std::vector<int> evens;
+        for (int k = 0; k < w.size(); k += 2)
+            evens.push_back(k);
+        EXPECT_EQ(e.ranks, evens) << "the copy holding rank 0";
+        auto whole = std::tuple(xshard::parameter{"full", make(m, {10, 6}, "[-, dp]", false)},
+                                xshard::parameter{"part", make(m, {9, 5}, "[-, dp]", false)});
+        xshard::load_checkpoint(path, whole);
+        EXPECT_EQ(mismatches(std::get<0>(whole).value), 0u) << where(m);
+        EXPECT_EQ(mismatches(std::get<1>(whole).value), 0u) << where(m);
+        auto copies = std::tuple(xshard::parameter{"full", make(m, {10, 6}, "[dp, -]", false)},
+                                 xshard::parameter{"part", make(hm, {9, 5}, "[-, dp]", false)});
+        xshard::load_checkpoint(path, copies);
+        EXPECT_EQ(mismatches(std::get<1>(copies).value), 0u) << where(hm);
+        xshard::mpi::barrier(w);
+    }
+}
 
 TEST(checkpoint, loads_into_other_layouts_in_both_forms_with_optimizer_state_and_step) {
     for_each_world_mesh([&](const ckpt_mesh& m) {
@@ -338,8 +416,8 @@ TEST(files, mapped_writer_interleaves_short_runs_of_all_ranks_through_reserved_m
     const auto path = scratch() + "/mapped";
     on_rank0([&] { xshard::detail::file(path, O_WRONLY | O_CREAT | O_EXCL); });
     constexpr std::size_t run = 4096, runs = 300, at = 1234, big = 65536;
-    static_assert(run < xshard::detail::mapped_writer::short_run &&
-                  big >= xshard::detail::mapped_writer::short_run);
+    static_assert(run < xshard::detail::short_run &&
+                  big >= xshard::detail::short_run);
     const auto byte_of = [](std::size_t offset) { return std::byte((offset * 7 + offset / 4093) & 0xff); };
     const auto expected = [&](std::size_t from, std::size_t n) {
         std::vector<std::byte> v(n);
@@ -396,6 +474,56 @@ TEST(files, mapped_writer_interleaves_short_runs_of_all_ranks_through_reserved_m
         EXPECT_NO_THROW(writer.reserve(0, 1 << 16));
         ::setrlimit(RLIMIT_FSIZE, &saved);
     }
+}
+
+/// A SIGBUS handler that counts its calls (the one installed before xshard's guard).
+int foreign_sigbus_calls = 0;
+void foreign_sigbus(int) { ++foreign_sigbus_calls; }
+
+TEST(files, a_file_shrunk_under_a_mapping_is_an_io_error_and_other_sigbus_handlers_stay) {
+    // Each rank maps a file of its own, which is then truncated: a load or store through the
+    // mapping raises io_error (not SIGBUS), a SIGBUS of anything else still reaches the
+    // handler installed before, and that handler is back in place afterwards.
+    const auto w = world();
+    const auto path = scratch() + "/shrinking." + std::to_string(w.rank());
+    spit(path, std::string(std::size_t(256) << 10, 'x'));
+    struct sigaction foreign {}, now {};
+    foreign.sa_handler = foreign_sigbus;
+    sigemptyset(&foreign.sa_mask);
+    struct sigaction saved {};
+    ::sigaction(SIGBUS, &foreign, &saved);
+    {
+        const xshard::detail::file f(path, O_RDWR);
+        xshard::detail::file_window window(f, PROT_READ | PROT_WRITE, std::size_t(64) << 10);
+        ASSERT_TRUE(window.map(0, 4096));
+        char c = 0;
+        window.access([&] { c = char(*window.at(8192)); }, "read");
+        EXPECT_EQ(c, 'x');
+        ::raise(SIGBUS); // not a fault of the window: the previous handler's
+        EXPECT_EQ(foreign_sigbus_calls, 1);
+        ASSERT_EQ(::truncate(path.c_str(), 4096), 0);
+        window.access([&] { c = char(*window.at(100)); }, "read"); // still in the file
+        EXPECT_EQ(c, 'x');
+        try {
+            window.access([&] { c = char(*window.at(8192)); }, "read");
+            ADD_FAILURE() << "a load past the end of a shrunk file did not raise";
+        } catch (const io_error& e) {
+            EXPECT_NE(std::string(e.what()).find(path + " shrank while it was read"),
+                      std::string::npos)
+                << e.what();
+        }
+        // The same through the writer, in space it reserved before the file shrank.
+        xshard::detail::mapped_writer writer(f);
+        writer.reserve(0, std::size_t(128) << 10);
+        ASSERT_EQ(::truncate(path.c_str(), 4096), 0);
+        const std::vector<std::byte> run(4096, std::byte{7});
+        EXPECT_THROW(writer.write_checksummed(run.data(), run.size(), 65536), io_error);
+        EXPECT_NO_THROW(writer.write_checksummed(run.data(), run.size(), 0));
+    }
+    ::sigaction(SIGBUS, nullptr, &now);
+    EXPECT_EQ(now.sa_handler, &foreign_sigbus) << "the handler installed before is restored";
+    ::sigaction(SIGBUS, &saved, nullptr);
+    fs::remove(path);
 }
 
 TEST(checkpoint, refuses_partial_tensors) {
@@ -607,13 +735,12 @@ TEST(checkpoint, block_checksums_catch_damage_in_one_pass_and_in_two) {
     }
 }
 
-/// Column splits of wide rows load in batches of short runs (format.hpp read_block): rows of
-/// 3072 doubles (24 KiB) split over W ranks give each rank runs of 24/W KiB with gaps of
-/// 24 - 24/W KiB between them (W = 2, 3: runs and gaps read together; 4, 6, 8: gaps longer
-/// than short_read, each run read apart; 1: one run); 700 rows cross the batches' byte bound,
-/// and a [2000, 16] tensor their buffer bound. Loaded into the saved layout the values are
-/// exact, and a flipped byte in a run still raises a checksum mismatch.
-TEST(checkpoint, short_runs_load_in_batches_exactly_and_checked) {
+/// Column splits of wide rows load through a mapping of the file (format.hpp read_block):
+/// rows of 3072 doubles (24 KiB) split over W ranks give each rank runs of 24/W KiB (W >= 2:
+/// short; 1: one long run, read); a [2000, 16] tensor gives runs of 128/W bytes. Loaded into
+/// the saved layout the values are exact, a flipped byte in a run still raises a checksum
+/// mismatch, and a file truncated while it is read raises io_error on the ranks reading it.
+TEST(checkpoint, short_runs_load_through_a_mapping_exactly_and_checked) {
     const auto w = world();
     const ckpt_mesh m(w, {1, w.size()});
     const auto value = [](std::size_t i, std::size_t j) { return double(i * 100003 + j) * 0.5; };
@@ -656,6 +783,27 @@ TEST(checkpoint, short_runs_load_in_batches_exactly_and_checked) {
     });
     expect_io_error([&] { xshard::load_checkpoint(path + ".damaged", loaded); },
                     "checksum mismatch in wide", "a short run");
+    // Truncated (by "another process") after a first read of this rank's block of 'wide'.
+    on_rank0([&] { spit(path + ".shrinking", slurp(path)); });
+    const xshard::checkpoint_reader shrinking(path + ".shrinking");
+    const auto& entry = *shrinking.strategy().find("wide");
+    const auto block = shrinking.blocks(entry).at(std::size_t(w.rank()));
+    std::vector<std::byte> out(block.size() * sizeof(double));
+    EXPECT_EQ(xshard::detail::crc_hex(
+                  shrinking.read_block(entry, block, block.offset, block.extent, out.data())),
+              *shrinking.checksum(entry, block));
+    xshard::mpi::barrier(w);
+    on_rank0([&] { ASSERT_EQ(::truncate((path + ".shrinking").c_str(), 4096), 0); });
+    xshard::mpi::barrier(w);
+    try {
+        shrinking.read_block(entry, block, block.offset, block.extent, out.data());
+        ADD_FAILURE() << "reading a truncated file did not raise" << where(m);
+    } catch (const io_error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(w.size() > 1 ? "shrank while it was read" : "is truncated"),
+                  std::string::npos)
+            << what << where(m);
+    }
 }
 
 TEST(checkpoint, version_1_files_load_and_malformed_block_checksums_are_refused) {
