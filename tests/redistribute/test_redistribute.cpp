@@ -289,6 +289,33 @@ TEST(redistribute, shards_partly_in_node_storage_are_exact) {
     });
 }
 
+TEST(redistribute, tensors_in_node_storage_take_the_node_path_by_default) {
+    // From 1 MiB on, without any tuning, all-reduce included; smaller ones and ordinary
+    // meshes keep MPI messages.
+    const auto w = world();
+    xshard::node_storage storage(w, 8 << 20);
+    const xshard::mesh<"x"> plain(w, {w.size()});
+    const xshard::node_shared<xshard::mesh<"x">> m(plain);
+    const std::array<std::size_t, 2> big{512, 300}, small{16, 3}; // 1.17 MiB, 384 B
+    const bool node = w.size() > 1 && xshard::shared_memory_allowed();
+    for (const char* to : {"[-, x]", "[-, -]"}) {
+        auto a = xshard::full<double, dynamic_layout(2)>(m, big, 1.0,
+                                                         layout("[-, -] partial(sum: x)"));
+        auto pa = xshard::make_redistribution<dynamic_layout(2)>(a, layout(to));
+        const xt::xtensor<double, 2> ones = xt::ones<double>(big);
+        EXPECT_EQ(xshard::gather_all(pa(a)), ones) << to;
+        EXPECT_EQ(pa.plan().shared_memory_steps() > 0, node) << to;
+        auto b = xshard::full<double, dynamic_layout(2)>(m, small, 1.0, layout("[x, -]"));
+        auto pb = xshard::make_redistribution<dynamic_layout(2)>(b, layout(to));
+        (void)pb(b);
+        EXPECT_EQ(pb.plan().shared_memory_steps(), 0u) << to;
+        auto c = xshard::full<double, dynamic_layout(2)>(plain, big, 1.0, layout("[x, -]"));
+        auto pc = xshard::make_redistribution<dynamic_layout(2)>(c, layout(to));
+        (void)pc(c);
+        EXPECT_EQ(pc.plan().shared_memory_steps(), 0u) << to;
+    }
+}
+
 TEST(redistribute, a_slow_writer_is_never_read_early) {
     // In place, a reader reads the owner's shard itself: a rank that writes its shard late
     // (sleeping while the others already entered the redistribution) must still be read
