@@ -289,6 +289,19 @@ TEST(redistribute, shards_partly_in_node_storage_are_exact) {
     });
 }
 
+TEST(redistribute, shards_in_different_arenas_are_staged) {
+    // Each half of the world opens its own node storage: members of a step that spans both
+    // halves cannot read each other's arena through their own, so every member stages its
+    // block (after the first barrier, those whose block lies in their arena), exact.
+    const auto w = world();
+    const auto half = w.split(w.rank() % 2, w.rank());
+    xshard::node_storage storage(half, 1 << 20);
+    for_each_mesh([&](const auto& m) {
+        const xshard::node_shared<std::remove_cvref_t<decltype(m)>> nm(m);
+        random_pairs_shared<2>(nm, 12, 41);
+    });
+}
+
 TEST(redistribute, tensors_in_node_storage_take_the_node_path_by_default) {
     // From 1 MiB on, without any tuning, all-reduce included; smaller ones and ordinary
     // meshes keep MPI messages.
