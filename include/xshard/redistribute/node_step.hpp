@@ -6,14 +6,15 @@
 ///
 /// Why: on one node Open MPI moves large messages with CMA (process_vm_readv), which pins
 /// pages and runs at a fraction of the memory bandwidth, while ranks that copy at the same
-/// time share the full bandwidth (benchmarks/README.md). Here every member exposes the
-/// parts of its source block that others need in a window of its own (one staging copy,
-/// made by the owner), then each member copies (or, reducing, adds) what it needs straight
-/// from the owners' windows into its destination block, all members at once. A byte read
-/// by a peer is written once into the window and read once from it; the block a rank
-/// keeps is copied directly, while the others stage. Two node barriers per run order it:
-/// after staging (nobody reads a window before its owner finished writing it) and after
-/// reading (nobody overwrites a window a peer still reads).
+/// time share the full bandwidth (benchmarks/README.md). Here every member exposes its
+/// source block: in place when the block lies in node storage (comm/node_arena.hpp, the
+/// shards of tensors on a `node_shared` mesh), else by copying the parts others need into
+/// a window of its own (one staging copy, made by the owner). Then each member copies (or,
+/// reducing, adds) what it needs straight from the owners' blocks or windows into its
+/// destination block, all members at once; the block a rank keeps is copied directly, while
+/// the others stage. Two node barriers per run order it: after publishing (nobody reads a
+/// block before its owner finished writing it) and after reading (nobody changes a block a
+/// peer still reads).
 
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/combine.hpp>
