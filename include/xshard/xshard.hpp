@@ -51,6 +51,7 @@
 #include <xshard/data/text.hpp>
 #include <xshard/data/views.hpp>
 #include <xshard/io/checkpoint.hpp>
+#include <xshard/io/file_mapping.hpp>
 #include <xshard/io/files.hpp>
 #include <xshard/io/format.hpp>
 #include <xshard/io/mapped_writer.hpp>
