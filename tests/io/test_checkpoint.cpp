@@ -233,6 +233,7 @@ TEST(strategy_file, checkpoint_json_ranks_must_equal_the_mesh_size) {
     // A parameter with a mesh of its own needs, per rank, the ranks that held it (a copy's),
     // each a rank of the file's mesh, none twice.
     const auto with_ranks = [&](std::optional<nlohmann::json> ranks) {
+        xshard::mpi::barrier(w); // (every rank has read the files the last check used)
         on_rank0([&] {
             auto j = nlohmann::json::parse(slurp(path + "/checkpoint.json"));
             j["step"] = 2;
