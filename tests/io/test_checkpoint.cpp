@@ -26,8 +26,8 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstring>
 #include <csignal>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -176,11 +176,13 @@ TEST(strategy_file, rejects_malformed_files) {
         {R"({"format": "xshard-strategy", "version": 1, "parameters": [],
             "mesh": {"axes": ["dp", "mp"], "sizes": [65536, 65536]}})",
          "a mesh of 4294967296 ranks"},
-        {std::string(good).replace(good.find("{\"name\""), 0,
-                                   R"({"name": "w", "shape": [1], "dtype": "F64", "layout": "[-]"},)"),
+        {std::string(good).replace(
+             good.find("{\"name\""), 0,
+             R"({"name": "w", "shape": [1], "dtype": "F64", "layout": "[-]"},)"),
          "parameter 'w' appears twice"},
         {std::string(good).replace(good.find("\"w\""), 3, "\"__metadata__\""), "reserved"},
-        {std::string(good).replace(good.find("F64"), 3, "F64\\u001b[2J"), "unknown dtype 'F64\\x1b[2J'"},
+        {std::string(good).replace(good.find("F64"), 3, "F64\\u001b[2J"),
+         "unknown dtype 'F64\\x1b[2J'"},
         {std::string(20000, '[') + std::string(20000, ']'), "nested deeper than 32"},
         // A pipeline's parameter: its stage a count, its own mesh one its layout fits.
         {std::string(good).replace(good.find("\"layout\""), 0, "\"stage\": -1, "), "stage"},
@@ -192,9 +194,8 @@ TEST(strategy_file, rejects_malformed_files) {
     };
     EXPECT_NO_THROW(xshard::strategy_file::from_json(good));
     // A pipeline's stage and mesh of its own round-trip.
-    const auto piped = xshard::strategy_file::from_json(
-        std::string(good).replace(good.find("\"layout\""), 0,
-                                  R"("stage": 1, "mesh": {"axes": ["dp"], "sizes": [4]}, )"));
+    const auto piped = xshard::strategy_file::from_json(std::string(good).replace(
+        good.find("\"layout\""), 0, R"("stage": 1, "mesh": {"axes": ["dp"], "sizes": [4]}, )"));
     ASSERT_EQ(piped.parameters.size(), 1u);
     EXPECT_EQ(piped.parameters[0].stage, 1);
     ASSERT_TRUE(piped.parameters[0].mesh);
@@ -267,6 +268,31 @@ TEST(strategy_file, checkpoint_json_ranks_must_equal_the_mesh_size) {
 
 // --- checkpoints: round trips -----------------------------------------------------------
 
+/// The value of element (i, j) of the tensors `indexed` fills.
+double indexed_value(std::size_t i, std::size_t j) {
+    return double(i * 100003 + j) * 0.5;
+}
+/// A [rows, cols] tensor of layout `l` on `on` whose elements are `indexed_value` of their
+/// global indices (`fill`), or zeros.
+dyn<double, 2> indexed(const ckpt_mesh& on, std::size_t rows, std::size_t cols, const char* l,
+                       bool fill) {
+    auto t = xshard::zeros<double, xshard::dynamic_layout(2)>(on, {rows, cols}, l);
+    const auto b = t.block();
+    for (std::size_t i = 0; fill && i < b.extent[0]; ++i)
+        for (std::size_t j = 0; j < b.extent[1]; ++j)
+            t.local()(i, j) = indexed_value(b.offset[0] + i, b.offset[1] + j);
+    return t;
+}
+/// The elements of this rank's block of `t` that are not `indexed_value` of their indices.
+std::size_t index_mismatches(const dyn<double, 2>& t) {
+    std::size_t bad = 0;
+    const auto b = t.block();
+    for (std::size_t i = 0; i < b.extent[0]; ++i)
+        for (std::size_t j = 0; j < b.extent[1]; ++j)
+            bad += t.local()(i, j) != indexed_value(b.offset[0] + i, b.offset[1] + j);
+    return bad;
+}
+
 TEST(checkpoint, copies_of_a_mesh_over_every_other_rank_save_and_load_in_both_forms) {
     // A tensor on copies of a mesh over part of the ranks (as hsdp's state sharded over part
     // of an axis), here the even and the odd ranks (not consecutive: a per-rank checkpoint
@@ -278,30 +304,13 @@ TEST(checkpoint, copies_of_a_mesh_over_every_other_rank_save_and_load_in_both_fo
     const ckpt_mesh m(w, {w.size(), 1});
     const auto half = w.split(w.rank() % 2, w.rank());
     const ckpt_mesh hm(half, {half.size(), 1});
-    const auto value = [](std::size_t i, std::size_t j) { return double(i * 1009 + j) + 0.25; };
-    const auto make = [&](const ckpt_mesh& on, std::vector<std::size_t> shape, const char* l,
-                          bool fill) {
-        auto t = xshard::zeros<double, xshard::dynamic_layout(2)>(on, {shape[0], shape[1]}, l);
-        const auto b = t.block();
-        for (std::size_t i = 0; fill && i < b.extent[0]; ++i)
-            for (std::size_t j = 0; j < b.extent[1]; ++j)
-                t.local()(i, j) = value(b.offset[0] + i, b.offset[1] + j);
-        return t;
-    };
-    const auto mismatches = [&](const auto& t) {
-        std::size_t bad = 0;
-        const auto b = t.block();
-        for (std::size_t i = 0; i < b.extent[0]; ++i)
-            for (std::size_t j = 0; j < b.extent[1]; ++j)
-                bad += t.local()(i, j) != value(b.offset[0] + i, b.offset[1] + j);
-        return bad;
-    };
     for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank}) {
         const auto path = scratch() + "/copies";
-        xshard::save_checkpoint(path,
-                                std::tuple(xshard::parameter{"full", make(m, {10, 6}, "[dp, -]", true)},
-                                           xshard::parameter{"part", make(hm, {9, 5}, "[dp, -]", true)}),
-                                {.format = format});
+        xshard::save_checkpoint(
+            path,
+            std::tuple(xshard::parameter{"full", indexed(m, 10, 6, "[dp, -]", true)},
+                       xshard::parameter{"part", indexed(hm, 9, 5, "[dp, -]", true)}),
+            {.format = format});
         const xshard::checkpoint_reader r(path);
         const auto& e = *r.strategy().find("part");
         ASSERT_TRUE(e.mesh.has_value());
@@ -309,15 +318,15 @@ TEST(checkpoint, copies_of_a_mesh_over_every_other_rank_save_and_load_in_both_fo
         for (int k = 0; k < w.size(); k += 2)
             evens.push_back(k);
         EXPECT_EQ(e.ranks, evens) << "the copy holding rank 0";
-        auto whole = std::tuple(xshard::parameter{"full", make(m, {10, 6}, "[-, dp]", false)},
-                                xshard::parameter{"part", make(m, {9, 5}, "[-, dp]", false)});
+        auto whole = std::tuple(xshard::parameter{"full", indexed(m, 10, 6, "[-, dp]", false)},
+                                xshard::parameter{"part", indexed(m, 9, 5, "[-, dp]", false)});
         xshard::load_checkpoint(path, whole);
-        EXPECT_EQ(mismatches(std::get<0>(whole).value), 0u) << where(m);
-        EXPECT_EQ(mismatches(std::get<1>(whole).value), 0u) << where(m);
-        auto copies = std::tuple(xshard::parameter{"full", make(m, {10, 6}, "[dp, -]", false)},
-                                 xshard::parameter{"part", make(hm, {9, 5}, "[-, dp]", false)});
+        EXPECT_EQ(index_mismatches(std::get<0>(whole).value), 0u) << where(m);
+        EXPECT_EQ(index_mismatches(std::get<1>(whole).value), 0u) << where(m);
+        auto copies = std::tuple(xshard::parameter{"full", indexed(m, 10, 6, "[dp, -]", false)},
+                                 xshard::parameter{"part", indexed(hm, 9, 5, "[-, dp]", false)});
         xshard::load_checkpoint(path, copies);
-        EXPECT_EQ(mismatches(std::get<1>(copies).value), 0u) << where(hm);
+        EXPECT_EQ(index_mismatches(std::get<1>(copies).value), 0u) << where(hm);
         xshard::mpi::barrier(w);
     }
 }
@@ -417,9 +426,10 @@ TEST(files, mapped_writer_interleaves_short_runs_of_all_ranks_through_reserved_m
     const auto path = scratch() + "/mapped";
     on_rank0([&] { xshard::detail::file(path, O_WRONLY | O_CREAT | O_EXCL); });
     constexpr std::size_t run = 4096, runs = 300, at = 1234, big = 65536;
-    static_assert(run < xshard::detail::short_run &&
-                  big >= xshard::detail::short_run);
-    const auto byte_of = [](std::size_t offset) { return std::byte((offset * 7 + offset / 4093) & 0xff); };
+    static_assert(run < xshard::detail::short_run && big >= xshard::detail::short_run);
+    const auto byte_of = [](std::size_t offset) {
+        return std::byte((offset * 7 + offset / 4093) & 0xff);
+    };
     const auto expected = [&](std::size_t from, std::size_t n) {
         std::vector<std::byte> v(n);
         for (std::size_t i = 0; i < n; ++i)
@@ -479,7 +489,9 @@ TEST(files, mapped_writer_interleaves_short_runs_of_all_ranks_through_reserved_m
 
 /// A SIGBUS handler that counts its calls (the one installed before xshard's guard).
 int foreign_sigbus_calls = 0;
-void foreign_sigbus(int) { ++foreign_sigbus_calls; }
+void foreign_sigbus(int) {
+    ++foreign_sigbus_calls;
+}
 
 TEST(files, a_file_shrunk_under_a_mapping_is_an_io_error_and_other_sigbus_handlers_stay) {
     // Each rank maps a file of its own, which is then truncated: a load or store through the
@@ -488,7 +500,8 @@ TEST(files, a_file_shrunk_under_a_mapping_is_an_io_error_and_other_sigbus_handle
     const auto w = world();
     const auto path = scratch() + "/shrinking." + std::to_string(w.rank());
     spit(path, std::string(std::size_t(256) << 10, 'x'));
-    struct sigaction foreign {}, now {};
+    struct sigaction foreign {
+    }, now{};
     foreign.sa_handler = foreign_sigbus;
     sigemptyset(&foreign.sa_mask);
     struct sigaction saved {};
@@ -744,33 +757,15 @@ TEST(checkpoint, block_checksums_catch_damage_in_one_pass_and_in_two) {
 TEST(checkpoint, short_runs_load_through_a_mapping_exactly_and_checked) {
     const auto w = world();
     const ckpt_mesh m(w, {1, w.size()});
-    const auto value = [](std::size_t i, std::size_t j) { return double(i * 100003 + j) * 0.5; };
-    const auto make = [&](std::size_t rows, std::size_t cols, bool fill) {
-        auto t = xshard::zeros<double, xshard::dynamic_layout(2)>(m, {rows, cols}, "[-, mp]");
-        if (fill) {
-            const auto b = t.block();
-            for (std::size_t i = 0; i < b.extent[0]; ++i)
-                for (std::size_t j = 0; j < b.extent[1]; ++j)
-                    t.local()(i, j) = value(b.offset[0] + i, b.offset[1] + j);
-        }
-        return t;
-    };
-    const auto mismatches = [&](const auto& t) {
-        std::size_t bad = 0;
-        const auto b = t.block();
-        for (std::size_t i = 0; i < b.extent[0]; ++i)
-            for (std::size_t j = 0; j < b.extent[1]; ++j)
-                bad += t.local()(i, j) != value(b.offset[0] + i, b.offset[1] + j);
-        return bad;
-    };
     const auto path = scratch() + "/wide.safetensors";
-    xshard::save_checkpoint(path, std::tuple(xshard::parameter{"wide", make(700, 3072, true)},
-                                             xshard::parameter{"tall", make(2000, 16, true)}));
-    auto loaded = std::tuple(xshard::parameter{"wide", make(700, 3072, false)},
-                             xshard::parameter{"tall", make(2000, 16, false)});
+    xshard::save_checkpoint(
+        path, std::tuple(xshard::parameter{"wide", indexed(m, 700, 3072, "[-, mp]", true)},
+                         xshard::parameter{"tall", indexed(m, 2000, 16, "[-, mp]", true)}));
+    auto loaded = std::tuple(xshard::parameter{"wide", indexed(m, 700, 3072, "[-, mp]", false)},
+                             xshard::parameter{"tall", indexed(m, 2000, 16, "[-, mp]", false)});
     xshard::load_checkpoint(path, loaded);
-    EXPECT_EQ(mismatches(std::get<0>(loaded).value), 0u) << where(m);
-    EXPECT_EQ(mismatches(std::get<1>(loaded).value), 0u) << where(m);
+    EXPECT_EQ(index_mismatches(std::get<0>(loaded).value), 0u) << where(m);
+    EXPECT_EQ(index_mismatches(std::get<1>(loaded).value), 0u) << where(m);
     // A byte of the last rank's run in the middle row of 'wide' flipped (W = 1: of the
     // tensor's one run).
     const xshard::checkpoint_reader r(path);
@@ -884,7 +879,9 @@ TEST(checkpoint, duplicate_and_reserved_names_are_refused_in_every_container) {
     const auto w = world();
     const ckpt_mesh m(w, {1, w.size()});
     const auto path = scratch() + "/ckpt";
-    auto t = [&] { return xshard::zeros<double, xshard::dynamic_layout(1)>(m, {6}, "[mp]"); };
+    auto t = [&] {
+        return xshard::zeros<double, xshard::dynamic_layout(1)>(m, {6}, "[mp]");
+    };
     const auto expect = [&](auto&& container, const std::string& what, const std::string& kind) {
         for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank}) {
             try {
@@ -946,8 +943,14 @@ TEST(checkpoint, never_replaces_or_removes_what_is_not_a_checkpoint) {
                  fs::create_directories(path);
                  spit(path + "/strategy.json", "mine");
              }},
-            {"a user's file", [&] { spit(path, "mine"); }},
-            {"a link", [&] { fs::create_symlink(victim, path); }},
+            {"a user's file",
+             [&] {
+                 spit(path, "mine");
+             }},
+            {"a link",
+             [&] {
+                 fs::create_symlink(victim, path);
+             }},
         };
         for (const auto& [name, make] : cases) {
             on_rank0([&] {
@@ -1008,9 +1011,8 @@ TEST(checkpoint, either_form_replaces_the_other_and_stale_temporaries_do_not_mat
     });
     net n(m, saved_layouts);
     std::int64_t step = 0;
-    for (const auto format :
-         {checkpoint_format::integrated, checkpoint_format::per_rank,
-          checkpoint_format::integrated, checkpoint_format::per_rank}) {
+    for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank,
+                              checkpoint_format::integrated, checkpoint_format::per_rank}) {
         ++step;
         n.fill_all(step);
         xshard::save_checkpoint(path, n, {.format = format, .step = step});
@@ -1080,9 +1082,12 @@ TEST(checkpoint, a_save_removes_what_killed_saves_left_and_nothing_else) {
         EXPECT_EQ(loaded.mismatches_all(3, false), 0u);
         xshard::mpi::barrier(w);
         const auto form = format == checkpoint_format::integrated ? "integrated" : "per-rank";
-        std::set<std::string> kept{"ckpt",           "ckpt.tmp-00112233445566ff",
-                                   "ckpt.tmp-Zz0000", "ckpt.tmp-fedcba9876543210",
-                                   "ckpt.tmp-notes", "victim.txt"};
+        std::set<std::string> kept{"ckpt",
+                                   "ckpt.tmp-00112233445566ff",
+                                   "ckpt.tmp-Zz0000",
+                                   "ckpt.tmp-fedcba9876543210",
+                                   "ckpt.tmp-notes",
+                                   "victim.txt"};
         std::vector<std::string> others;
         for (const auto& e : fs::directory_iterator(dir)) {
             const auto name = e.path().filename().string();
@@ -1193,8 +1198,8 @@ TEST(subarray, split_counts_give_the_same_box_as_mpi_subarray) {
                     want.push_back(source[(((offset[0] + i) * 7 + offset[1] + j) * 3 + k) * 2 + b]);
     const auto element = xshard::byte_run_datatype(2);
     for (const std::size_t limit : {std::size_t(2), std::size_t(3), std::size_t(1) << 30}) {
-        const auto split = xshard::detail::box_from_vectors(shape, offset, extent,
-                                                            element.native(), limit);
+        const auto split =
+            xshard::detail::box_from_vectors(shape, offset, extent, element.native(), limit);
         EXPECT_EQ(packed(split, source), want) << "limit " << limit;
         EXPECT_EQ(xshard::detail::extent_of(split.native()), source.size()) << "limit " << limit;
     }
@@ -1212,7 +1217,9 @@ TEST(large, a_block_over_2_gib_saves_and_loads_in_both_forms) {
         return xshard::zeros<std::uint8_t, xshard::dynamic_layout(2)>(m, {3, cols * w.size()},
                                                                       "[-, mp]");
     };
-    auto value = [](std::size_t i) { return std::uint8_t((i * 7 + i / 4099) % 251); };
+    auto value = [](std::size_t i) {
+        return std::uint8_t((i * 7 + i / 4099) % 251);
+    };
     auto saved = std::tuple(xshard::parameter{"big", make()});
     auto& block = std::get<0>(saved).value.local();
     for (std::size_t i = 0; i < block.size(); ++i)
