@@ -145,6 +145,29 @@ void memcpy_case(const xshard::communicator& c, const bench::options& o, const s
 /// on this rank) at the same time, from memory it owns into memory it owns. A redistribution
 /// moves at least that (each destination byte is written once) while the ranks share the
 /// node's memory bandwidth alike.
+/// Reports case `name`: `t` (a partial sum of `bytes / 8` doubles made whole) against
+/// MPI_Allreduce of the same buffers.
+void allreduce_case(const xshard::communicator& c, const bench::options& o,
+                    const std::string& name, std::size_t bytes, auto& t) {
+    const int count = int(bytes / 8);
+    bench::report(c, name, bytes, "MPI_Allreduce",
+                  bench::compare(c, o, [&] { t.run(); }, [&] {
+                      MPI_Allreduce(t.in(), t.out(), count, MPI_DOUBLE, MPI_SUM, c.native());
+                  }));
+}
+
+/// Reports case `name`: `t` (a partial sum of `bytes / 8` doubles split over the ranks)
+/// against MPI_Reduce_scatter_block of the same buffers.
+void reduce_scatter_case(const xshard::communicator& c, const bench::options& o,
+                         const std::string& name, std::size_t bytes, auto& t) {
+    const int count = int(bytes / 8 / std::size_t(c.size()));
+    bench::report(c, name, bytes, "MPI_Reduce_scatter_block",
+                  bench::compare(c, o, [&] { t.run(); }, [&] {
+                      MPI_Reduce_scatter_block(t.in(), t.out(), count, MPI_DOUBLE, MPI_SUM,
+                                               c.native());
+                  }));
+}
+
 void concurrent_memcpy_case(const xshard::communicator& c, const bench::options& o,
                             const std::string& name, std::size_t global_bytes, std::size_t bytes,
                             auto&& candidate) {
@@ -221,23 +244,11 @@ int main(int argc, char** argv) {
         }
         if (o.wants("partial_to_replicate" + suffix)) {
             case_tensors<"[-] partial(sum: x)", "[-]"> t(m, {bytes / 8});
-            const int count = int(bytes / 8);
-            bench::report(
-                m.comm(), "partial_to_replicate" + suffix, bytes, "MPI_Allreduce",
-                bench::compare(
-                    m.comm(), o, [&] { t.run(); },
-                    [&] { MPI_Allreduce(t.in(), t.out(), count, MPI_DOUBLE, MPI_SUM, comm); }));
+            allreduce_case(m.comm(), o, "partial_to_replicate" + suffix, bytes, t);
         }
         if (o.wants("partial_to_split" + suffix)) {
             case_tensors<"[-] partial(sum: x)", "[x]"> t(m, {bytes / 8});
-            const int count = int(bytes / 8 / std::size_t(p));
-            bench::report(m.comm(), "partial_to_split" + suffix, bytes, "MPI_Reduce_scatter_block",
-                          bench::compare(
-                              m.comm(), o, [&] { t.run(); },
-                              [&] {
-                                  MPI_Reduce_scatter_block(t.in(), t.out(), count, MPI_DOUBLE,
-                                                           MPI_SUM, comm);
-                              }));
+            reduce_scatter_case(m.comm(), o, "partial_to_split" + suffix, bytes, t);
         }
         if (o.wants("multi_axis_reorder" + suffix)) {
             // [(dp,mp), -] -> [-, (mp,dp)] on a dp x mp mesh (mp = 2 when the ranks allow).
@@ -260,25 +271,13 @@ int main(int argc, char** argv) {
     for (const std::size_t bytes :
          o.quick ? std::vector<std::size_t>{}
                  : std::vector<std::size_t>{64u << 10, 256u << 10, 1u << 20, 4u << 20, 16u << 20}) {
-        const int count = int(bytes / 8);
         if (o.wants("partial_to_replicate_" + size_name(bytes))) {
             case_tensors<"[-] partial(sum: x)", "[-]"> t(m, {bytes / 8});
-            bench::report(
-                m.comm(), "partial_to_replicate_" + size_name(bytes), bytes, "MPI_Allreduce",
-                bench::compare(
-                    m.comm(), o, [&] { t.run(); },
-                    [&] { MPI_Allreduce(t.in(), t.out(), count, MPI_DOUBLE, MPI_SUM, comm); }));
+            allreduce_case(m.comm(), o, "partial_to_replicate_" + size_name(bytes), bytes, t);
         }
         if (o.wants("partial_to_split_" + size_name(bytes))) {
             case_tensors<"[-] partial(sum: x)", "[x]"> t(m, {bytes / 8});
-            bench::report(m.comm(), "partial_to_split_" + size_name(bytes), bytes,
-                          "MPI_Reduce_scatter_block",
-                          bench::compare(
-                              m.comm(), o, [&] { t.run(); },
-                              [&] {
-                                  MPI_Reduce_scatter_block(t.in(), t.out(), count / p, MPI_DOUBLE,
-                                                           MPI_SUM, comm);
-                              }));
+            reduce_scatter_case(m.comm(), o, "partial_to_split_" + size_name(bytes), bytes, t);
         }
     }
 
@@ -308,25 +307,13 @@ int main(int argc, char** argv) {
             xshard::node_storage storage(world, 2 * bytes + slack);
             case_tensors<"[-] partial(sum: x)", "[-]", node_mesh> t(nm, {bytes / 8},
                                                                     node_tuning());
-            const int count = int(bytes / 8);
-            bench::report(
-                m.comm(), "partial_to_replicate" + suffix, bytes, "MPI_Allreduce",
-                bench::compare(
-                    m.comm(), o, [&] { t.run(); },
-                    [&] { MPI_Allreduce(t.in(), t.out(), count, MPI_DOUBLE, MPI_SUM, comm); }));
+            allreduce_case(m.comm(), o, "partial_to_replicate" + suffix, bytes, t);
         }
         if (o.wants("partial_to_split" + suffix)) {
             xshard::node_storage storage(world, bytes + bytes / std::size_t(p) + slack);
             case_tensors<"[-] partial(sum: x)", "[x]", node_mesh> t(nm, {bytes / 8},
                                                                     node_tuning());
-            const int count = int(bytes / 8 / std::size_t(p));
-            bench::report(m.comm(), "partial_to_split" + suffix, bytes, "MPI_Reduce_scatter_block",
-                          bench::compare(
-                              m.comm(), o, [&] { t.run(); },
-                              [&] {
-                                  MPI_Reduce_scatter_block(t.in(), t.out(), count, MPI_DOUBLE,
-                                                           MPI_SUM, comm);
-                              }));
+            reduce_scatter_case(m.comm(), o, "partial_to_split" + suffix, bytes, t);
         }
         const std::size_t side = o.quick ? 256 : 8192;
         const std::string anchor_node = (o.quick ? std::string("colblock_to_rowblock_256")
