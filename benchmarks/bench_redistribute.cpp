@@ -147,13 +147,14 @@ void memcpy_case(const xshard::communicator& c, const bench::options& o, const s
 /// node's memory bandwidth alike.
 /// Reports case `name`: `t` (a partial sum of `bytes / 8` doubles made whole) against
 /// MPI_Allreduce of the same buffers.
-void allreduce_case(const xshard::communicator& c, const bench::options& o,
-                    const std::string& name, std::size_t bytes, auto& t) {
+void allreduce_case(const xshard::communicator& c, const bench::options& o, const std::string& name,
+                    std::size_t bytes, auto& t) {
     const int count = int(bytes / 8);
-    bench::report(c, name, bytes, "MPI_Allreduce",
-                  bench::compare(c, o, [&] { t.run(); }, [&] {
-                      MPI_Allreduce(t.in(), t.out(), count, MPI_DOUBLE, MPI_SUM, c.native());
-                  }));
+    bench::report(
+        c, name, bytes, "MPI_Allreduce",
+        bench::compare(
+            c, o, [&] { t.run(); },
+            [&] { MPI_Allreduce(t.in(), t.out(), count, MPI_DOUBLE, MPI_SUM, c.native()); }));
 }
 
 /// Reports case `name`: `t` (a partial sum of `bytes / 8` doubles split over the ranks)
@@ -162,10 +163,12 @@ void reduce_scatter_case(const xshard::communicator& c, const bench::options& o,
                          const std::string& name, std::size_t bytes, auto& t) {
     const int count = int(bytes / 8 / std::size_t(c.size()));
     bench::report(c, name, bytes, "MPI_Reduce_scatter_block",
-                  bench::compare(c, o, [&] { t.run(); }, [&] {
-                      MPI_Reduce_scatter_block(t.in(), t.out(), count, MPI_DOUBLE, MPI_SUM,
-                                               c.native());
-                  }));
+                  bench::compare(
+                      c, o, [&] { t.run(); },
+                      [&] {
+                          MPI_Reduce_scatter_block(t.in(), t.out(), count, MPI_DOUBLE, MPI_SUM,
+                                                   c.native());
+                      }));
 }
 
 void concurrent_memcpy_case(const xshard::communicator& c, const bench::options& o,
@@ -305,14 +308,12 @@ int main(int argc, char** argv) {
         }
         if (o.wants("partial_to_replicate" + suffix)) {
             xshard::node_storage storage(world, 2 * bytes + slack);
-            case_tensors<"[-] partial(sum: x)", "[-]", node_mesh> t(nm, {bytes / 8},
-                                                                    node_tuning());
+            case_tensors<"[-] partial(sum: x)", "[-]", node_mesh> t(nm, {bytes / 8}, node_tuning());
             allreduce_case(m.comm(), o, "partial_to_replicate" + suffix, bytes, t);
         }
         if (o.wants("partial_to_split" + suffix)) {
             xshard::node_storage storage(world, bytes + bytes / std::size_t(p) + slack);
-            case_tensors<"[-] partial(sum: x)", "[x]", node_mesh> t(nm, {bytes / 8},
-                                                                    node_tuning());
+            case_tensors<"[-] partial(sum: x)", "[x]", node_mesh> t(nm, {bytes / 8}, node_tuning());
             reduce_scatter_case(m.comm(), o, "partial_to_split" + suffix, bytes, t);
         }
         const std::size_t side = o.quick ? 256 : 8192;
