@@ -161,6 +161,49 @@ TEST(redistribute, single_step_plans_stay_within_one_destination_block) {
     });
 }
 
+TEST(redistribute, plans_routed_through_an_intermediate_layout_are_exact) {
+    // Where going through a third layout is cheaper than every greedy candidate (route.hpp),
+    // the plan runs that route: the values must be those of the serial reference all the same.
+    // Under the default model and under one whose all-reduce is 3x slower (so that on every
+    // mesh of 2 ranks or more a reduce-scatter plus an all-gather beats it).
+    xshard::cost_model slow_all_reduce;
+    slow_all_reduce.all_reduce.beta *= 3;
+    slow_all_reduce.all_reduce.alpha *= 3;
+    const std::array<xshard::cost_model, 2> models{xshard::cost_model{}, slow_all_reduce};
+    for (std::size_t k = 0; k < models.size(); ++k) {
+        const auto& model = models[k];
+        for_each_mesh([&](const auto& m) {
+            const std::array<std::size_t, 2> shape{96, 75};
+            int routed = 0;
+            for (const auto& from : all_layouts(m.shape(), 2, true)) {
+                for (const auto& to : all_layouts(m.shape(), 2, true)) {
+                    const auto candidates = xshard::plan_redistribution(from, to);
+                    const auto route = xshard::choose_route(candidates, m.shape(), shape,
+                                                            sizeof(long long), model);
+                    if (std::find(candidates.paths.begin(), candidates.paths.end(), route.steps) !=
+                        candidates.paths.end())
+                        continue;
+                    ++routed;
+                    xt::xtensor<long long, 2> expected;
+                    const auto src = make_source(m, shape, from, expected);
+                    auto plan = xshard::make_redistribution<dynamic_layout(2)>(src, to, model);
+                    const auto& steps = plan.plan().summary().steps;
+                    ASSERT_EQ(steps.size(), route.steps.size()) << plan.describe();
+                    for (std::size_t i = 0; i < steps.size(); ++i)
+                        ASSERT_EQ(steps[i].planned, route.steps[i]) << plan.describe();
+                    const auto out = plan(src);
+                    ASSERT_EQ(xshard::gather_all(out), expected)
+                        << from << " -> " << to << " " << where(m) << "\n"
+                        << plan.describe();
+                }
+            }
+            if (k == 1 && m.shape().size() > 1) {
+                EXPECT_GT(routed, 0) << where(m);
+            }
+        });
+    }
+}
+
 TEST(redistribute, typed_layouts_plan_at_compile_time) {
     using M = xshard::mesh<"dp", "mp">;
     const M m = xshard::testing::world_mesh_2d();
@@ -235,8 +278,7 @@ void random_pairs_shared(const Mesh& m, int pairs, unsigned seed) {
         }
         // Mixed: back to the source layout on MPI messages, then once more through shared
         // memory from a tensor the MPI path made.
-        auto back =
-            xshard::make_redistribution<dynamic_layout(N)>(out, from, {}, through_messages);
+        auto back = xshard::make_redistribution<dynamic_layout(N)>(out, from, {}, through_messages);
         const auto returned = back(out);
         auto forth =
             xshard::make_redistribution<dynamic_layout(N)>(returned, to, {}, through_shared_memory);
@@ -271,8 +313,8 @@ TEST(redistribute, through_shared_memory_large_reductions_are_exact) {
             }
             const auto src = xshard::from_local(m, shape, local, from);
             for (const auto& tuning : {through_shared_memory, through_messages}) {
-                auto plan = xshard::make_redistribution<dynamic_layout(2)>(src, layout(to), {},
-                                                                           tuning);
+                auto plan =
+                    xshard::make_redistribution<dynamic_layout(2)>(src, layout(to), {}, tuning);
                 for (int run = 0; run < 2; ++run)
                     EXPECT_EQ(xshard::gather_all(plan(src)), expected)
                         << to << " run " << run << " " << where(m);
