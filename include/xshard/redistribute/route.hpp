@@ -49,14 +49,40 @@ struct priced_route {
 
 namespace detail {
 
-/// The ranks a plan is priced on: every rank of a mesh of at most 256, a stride of the
-/// others (every rank works out the same list).
+/// The ranks a plan is priced on: every rank of a mesh of at most 256; on larger ones a stride
+/// of 64 ranks (choose_candidate's) and the ranks whose coordinates are 0, 1, the middle or
+/// the last on every axis (blocks of a dimension have at most two sizes, the larger first, so
+/// these meet every kind of block and neighbour). Every rank works out the same list.
 inline std::vector<int> priced_ranks(const mesh_shape& mesh) {
     std::vector<int> ranks;
     const int p = mesh.size();
     const int stride = p <= 256 ? 1 : p / 64;
     for (long long r = 0; r < p; r += stride) // long long: r + stride may pass INT_MAX
         ranks.push_back(int(r));
+    if (p <= 256)
+        return ranks;
+    std::vector<std::vector<int>> coords;
+    for (int size : mesh.sizes) {
+        std::vector<int> c{0, 1, size / 2, size - 1};
+        std::erase_if(c, [&](int x) { return x >= size; });
+        std::sort(c.begin(), c.end());
+        c.erase(std::unique(c.begin(), c.end()), c.end());
+        coords.push_back(c);
+    }
+    std::vector<std::size_t> at(coords.size(), 0);
+    while (true) {
+        long long r = 0;
+        for (std::size_t a = 0; a < coords.size(); ++a)
+            r = r * mesh.sizes[a] + coords[a][at[a]];
+        ranks.push_back(int(r));
+        std::size_t a = coords.size();
+        while (a > 0 && ++at[a - 1] == coords[a - 1].size())
+            at[--a] = 0;
+        if (a == 0)
+            break;
+    }
+    std::sort(ranks.begin(), ranks.end());
+    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
     return ranks;
 }
 
