@@ -197,7 +197,7 @@ TEST(redistribute, plans_routed_through_an_intermediate_layout_are_exact) {
                         << plan.describe();
                 }
             }
-            if (k == 1 && m.shape().size() > 1) {
+            if (k == 1 && m.shape().size() > 1 && m.shape().ndim() <= 2) { // route.hpp's bound
                 EXPECT_GT(routed, 0) << where(m);
             }
         });

@@ -15,9 +15,9 @@
 /// A route's price is the sum of its steps' (steps are collective: each waits for its
 /// slowest member), and the shortest route (Dijkstra) is a distance by construction: for
 /// any layouts a, b, c, price(a, c) <= price(a, b) + price(b, c), and never above the
-/// cheapest candidate's. The graph has 4 layouts for a matrix on one axis, 18 on two, 92 on
-/// three (28 and 40 for rank-3 and rank-4 tensors on two axes); past `max_route_layouts`
-/// (a rank-3 tensor on three axes has 176) the plan keeps the candidates alone, and the
+/// cheapest candidate's. The graph has 4 layouts for a matrix on one axis, 18 on two (28 and
+/// 40 for rank-3 and rank-4 tensors); past `max_route_layouts` (a matrix on three axes has 92:
+/// searching it made each plan cost about 25 ms) the plan keeps the candidates alone, and the
 /// property is not promised there.
 
 #include <xshard/core/layout.hpp>
@@ -37,7 +37,7 @@
 namespace xshard {
 
 /// Most layouts the route search enumerates (see the file comment).
-inline constexpr std::size_t max_route_layouts = 100;
+inline constexpr std::size_t max_route_layouts = 40;
 
 /// A sequence of steps and its price (seconds, the sum over steps of the slowest priced
 /// rank's).
@@ -349,6 +349,11 @@ priced_route choose_route(const plan_candidates& c, const mesh_shape& mesh,
         if (p.valid && p.seconds < best.seconds * (1 - 1e-12))
             best = p;
     }
+    // Meshes of one or two axes only: on 2x2x2 a routed plan of a rank-1 tensor ([-] partial
+    // (sum: b, c) -> [(c,b,a)]) lost values (redistribute.through_shared_memory_the_tensor_is_
+    // preserved at 8 ranks; not found yet).
+    if (mesh.ndim() > 2)
+        return best;
     const auto route = cheapest_route(c.from, c.to, mesh, shape, element, model, tuning,
                                       best.seconds * (1 + 1e-12), ranks);
     if (route && route->seconds < best.seconds * (1 - 1e-12))
