@@ -9,12 +9,16 @@
 //                           over the bands), vs `one_rank`; "halo_bytes_per_step" is what the
 //                           halo steps handed to MPI in one step, forward and adjoint, summed
 //                           over the ranks (`resnet::halo_bytes_sent()`).
+//   Both step cases also print "threads_per_rank" (set to 1 OpenMP/oneDNN and 1 OpenBLAS
+//                           thread by the benchmark, on both sides) and "phases" /
+//                           "baseline_phases": each part's seconds per step (benchmarks/README.md).
 //   conv2d_local_f32[_<shape>]  xshard's local convolution (forward, backward to the input and
 //                           to the weights) vs `onednn_direct`: oneDNN's primitives called
 //                           directly on the same NCHW shapes, built once. On planes under 8 x 8
 //                           xshard takes its batched im2col + GEMM instead (conv_kernels.hpp).
 #include <xshard/comm/environment.hpp>
 #include <xshard/nn/resnet.hpp>
+#include <xshard/nn/step_profile.hpp>
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/train/gradients.hpp>
@@ -23,7 +27,11 @@
 
 #include <xtensor/xrandom.hpp>
 
+#include <dlfcn.h>
+
 #include <array>
+#include <cstdio>
+#include <optional>
 #include <initializer_list>
 #include <random>
 #include <string>
@@ -37,21 +45,118 @@ using T = float;
 
 namespace {
 
-/// One training step of `net` on x with a fixed logits gradient; `mean`: the gradients
-/// averaged over the replicas (data parallel), else summed (the bands' terms, spatial).
+/// Threads per rank, set explicitly (not left to the environment): one OpenMP thread (oneDNN
+/// runs on OpenMP here) and one OpenBLAS thread, on the 2-rank case and on the one-rank
+/// baseline alike. Looked up at run time (both libraries are loaded with xshard; an absent
+/// one is reported as 0). Returns the JSON field reporting what the libraries then say.
+std::string one_thread_per_rank() {
+    using set_fn = void (*)(int);
+    using get_fn = int (*)();
+    auto set = [](const char* name) {
+        if (auto f = reinterpret_cast<set_fn>(dlsym(RTLD_DEFAULT, name)))
+            f(1);
+    };
+    auto get = [](const char* name) {
+        const auto f = reinterpret_cast<get_fn>(dlsym(RTLD_DEFAULT, name));
+        return f ? f() : 0;
+    };
+    set("omp_set_num_threads");
+    set("openblas_set_num_threads");
+    return "\"threads_per_rank\": {\"openmp_onednn\": " +
+           std::to_string(get("omp_get_max_threads")) +
+           ", \"openblas\": " + std::to_string(get("openblas_get_num_threads")) + "}";
+}
+
+/// Seconds of one step's parts on this rank (see `phase_json`).
+struct phases {
+    double forward = 0, backward = 0, gradient_sync = 0, optimizer = 0;
+    std::array<double, std::size_t(nn::step_part::count_)> parts{};
+};
+
+/// A training step of `net` on x with a fixed logits gradient, as a training loop runs it:
+/// forward, backward, gradient all-reduce (the synchronizer planned once, its bucket and
+/// buffer reused every step), Momentum, gradients zeroed. `mean`: the gradients averaged
+/// over the replicas (data parallel), else summed (the bands' terms, spatial). With `timed`,
+/// the step's parts are written there (nn::step_profile on for the layers' parts).
 template <class Net>
-auto step_of(Net& net, const nn::tensor<T, mesh_t, 4>& x, xshard::optim::momentum& opt,
-             bool mean = true) {
-    return [&net, &x, &opt, mean] {
+struct trainer {
+    Net& net;
+    const nn::tensor<T, mesh_t, 4>& x;
+    xshard::optim::momentum& opt;
+    bool mean = true;
+    xshard::gradients_of<Net> grads{net};
+    std::optional<xshard::gradient_synchronizer> sync{};
+
+    void operator()(phases* timed = nullptr) {
+        if (timed) {
+            nn::step_profile::reset();
+            nn::step_profile::enabled = true;
+        }
+        const double t0 = MPI_Wtime();
         const auto y = net.forward(x);
+        const double t1 = MPI_Wtime();
         auto dy = y;
         dy.local().fill(T(1e-3));
         net.backward(nn::as_gradient(dy));
-        auto grads = xshard::gradients_of{net};
-        xshard::synchronize_gradients(net, grads, {.mean = mean});
+        const double t2 = MPI_Wtime();
+        if (!sync) { // after the first backward pass: the gradients exist
+            // One fusion bucket for ResNet-18's 44.7 MB of gradients (comm_fusion size mode,
+            // 64 MiB): the all-reduce runs after the backward pass, where buckets overlap
+            // nothing and each adds its rounds of messages (4 MiB buckets: 11 all-reduces).
+            xshard::gradient_options go{.mean = mean};
+            go.fusion.allreduce.how = xshard::fusion_threshold::mode::size;
+            go.fusion.allreduce.threshold_mib = 64;
+            sync.emplace(net, grads, go);
+        }
+        sync->synchronize();
+        const double t3 = MPI_Wtime();
         opt.step(net);
         xshard::for_each_weight(net, [](const std::string&, auto& w) { w.zero_grad(); });
-    };
+        const double t4 = MPI_Wtime();
+        if (timed) {
+            nn::step_profile::enabled = false;
+            *timed = {t1 - t0, t2 - t1, t3 - t2, t4 - t3, nn::step_profile::totals};
+        }
+    }
+};
+
+/// `{"forward": s, ..., "halo": s}`: the median over repetitions of each part's seconds, the
+/// slowest rank's.
+std::string phase_json(const xshard::communicator& world, const std::vector<phases>& reps) {
+    std::vector<std::string> names{"forward", "backward", "gradient_sync", "optimizer"};
+    for (const char* n : nn::step_part_names)
+        names.emplace_back(n);
+    std::string out = "{";
+    for (std::size_t k = 0; k < names.size(); ++k) {
+        std::vector<double> v;
+        for (const auto& p : reps) {
+            const std::array<double, 4> head{p.forward, p.backward, p.gradient_sync, p.optimizer};
+            v.push_back(k < 4 ? head[k] : p.parts[k - 4]);
+        }
+        for (auto& s : v)
+            xshard::mpi::allreduce(world, std::span(&s, 1), xshard::reduction::max);
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%s\"%s\": %.4g", k ? ", " : "", names[k].c_str(),
+                      bench::median(v));
+        out += buf;
+    }
+    return out + "}";
+}
+
+/// The parts of the candidate's and the baseline's steps, interleaved (3 repetitions, 1 with
+/// --quick): JSON fields "phases" and "baseline_phases".
+template <class F, class G>
+std::string phase_fields(const xshard::communicator& world, const bench::options& o, F& candidate,
+                         G& baseline) {
+    std::vector<phases> a, b;
+    for (int r = 0; r < (o.quick ? 1 : 3); ++r) {
+        xshard::mpi::barrier(world);
+        candidate(&a.emplace_back());
+        xshard::mpi::barrier(world);
+        baseline(&b.emplace_back());
+    }
+    return "\"phases\": " + phase_json(world, a) +
+           ", \"baseline_phases\": " + phase_json(world, b);
 }
 
 /// ResNet-18 on a mesh of the world and on one rank, each with its optimizer, and one batch of
@@ -80,30 +185,36 @@ struct resnet_case {
     }
 };
 
-void resnet_step(const xshard::communicator& world, const bench::options& o) {
+void resnet_step(const xshard::communicator& world, const bench::options& o,
+                 const std::string& threads) {
     // Batch norm with each rank's statistics (MindSpore's data-parallel default): no
     // collective in the forward and backward passes, only the gradient all-reduce.
     resnet_case r(world, {world.size(), 1}, o.quick ? 8 : 64, o.quick ? 16 : 32,
                   {"dp", "", "", ""});
-    const auto t =
-        bench::compare(world, o, step_of(r.net, r.x, r.a), step_of(r.serial, r.sx, r.b));
+    trainer<decltype(r.net)> step{r.net, r.x, r.a};
+    trainer<decltype(r.serial)> serial{r.serial, r.sx, r.b};
+    const auto t = bench::compare(world, o, [&] { step(); }, [&] { serial(); });
     bench::report(world, "resnet18_step_dp" + std::to_string(world.size()) + "_f32",
-                  r.gx.size() * sizeof(T), "one_rank", t);
+                  r.gx.size() * sizeof(T), "one_rank", t,
+                  threads + ", " + phase_fields(world, o, step, serial));
 }
 
-void resnet_step_spatial(const xshard::communicator& world, const bench::options& o) {
+void resnet_step_spatial(const xshard::communicator& world, const bench::options& o,
+                         const std::string& threads) {
     resnet_case r(world, {1, world.size()}, o.quick ? 2 : 8, o.quick ? 64 : 256,
                   {"", "", "mp", ""});
-    auto step = step_of(r.net, r.x, r.a, false);
+    trainer<decltype(r.net)> step{r.net, r.x, r.a, false};
+    trainer<decltype(r.serial)> serial{r.serial, r.sx, r.b};
     step(); // plans the halos
     const std::size_t before = r.net.halo_bytes_sent();
     step();
     double halo = double(r.net.halo_bytes_sent() - before); // summed over the ranks
     xshard::mpi::allreduce(world, std::span(&halo, 1), xshard::reduction::sum);
-    const auto t = bench::compare(world, o, step, step_of(r.serial, r.sx, r.b));
+    const auto t = bench::compare(world, o, [&] { step(); }, [&] { serial(); });
     bench::report(world, "resnet18_step_spatial" + std::to_string(world.size()) + "_f32",
                   r.gx.size() * sizeof(T), "one_rank", t,
-                  "\"halo_bytes_per_step\": " + std::to_string(std::size_t(halo)));
+                  "\"halo_bytes_per_step\": " + std::to_string(std::size_t(halo)) + ", " +
+                      threads + ", " + phase_fields(world, o, step, serial));
 }
 
 /// oneDNN's convolution primitives on NCHW memory, built once: the peer of the local kernels.
@@ -190,13 +301,14 @@ int main(int argc, char** argv) {
     xshard::environment env(argc, argv);
     const auto o = bench::options::parse(argc, argv);
     const auto world = xshard::communicator::world();
+    const auto threads = one_thread_per_rank();
     if (o.wants("conv2d_local_f32"))
         conv_local(world, o, "conv2d_local_f32", 32, 64, 16, 64, 1); // oneDNN's regime
     if (o.wants("conv2d_local_f32_4x4"))
         conv_local(world, o, "conv2d_local_f32_4x4", 32, 256, 4, 256, 1); // the GEMM's
     if (o.wants("resnet18_step_dp"))
-        resnet_step(world, o);
+        resnet_step(world, o, threads);
     if (o.wants("resnet18_step_spatial"))
-        resnet_step_spatial(world, o);
+        resnet_step_spatial(world, o, threads);
     return 0;
 }

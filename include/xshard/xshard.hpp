@@ -51,6 +51,7 @@
 #include <xshard/io/checkpoint.hpp>
 #include <xshard/io/files.hpp>
 #include <xshard/io/format.hpp>
+#include <xshard/io/mapped_writer.hpp>
 #include <xshard/io/offline.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>
@@ -69,6 +70,7 @@
 #include <xshard/nn/pooling.hpp>
 #include <xshard/nn/resnet.hpp>
 #include <xshard/nn/resnet_blocks.hpp>
+#include <xshard/nn/step_profile.hpp>
 #include <xshard/ops/conv_kernels.hpp>
 #include <xshard/ops/conv_rule.hpp>
 #include <xshard/ops/elementwise.hpp>

@@ -230,14 +230,10 @@ TEST(auto_parallel, hsdp_values) {
                  "optimizer_level must be one of");
     EXPECT_EQ(c.hsdp_config()->threshold, 5); // unchanged by the failures
     // level3: compile() accepts it (the driver runs it: see model_driver), make_hsdp() gives
-    // level3 sharding to a hand-written loop; with pipeline stages compile() raises.
+    // level3 sharding to a hand-written loop; with pipeline stages too (model_pipeline).
     c.hsdp(-1, 64, "level3");
     c.compile();
     EXPECT_EQ(c.make_hsdp()->options().optimizer_level, xshard::optimizer_level::level3);
-    if (m.size() % 2 == 0) {
-        c.pipeline(2);
-        expect_error([&] { c.compile(); }, "level3 with pipeline(2) is not supported yet");
-    }
 }
 
 // --- pipeline -------------------------------------------------------------------------------
@@ -558,6 +554,8 @@ TEST(model_driver, pipeline_stages_equal_one_rank) {
         meshes.push_back(pp_mesh_t(w, {2, w.size() / 2, 1}));
     if (w.size() % 4 == 0)
         meshes.push_back(pp_mesh_t(w, {2, w.size() / 4, 2}));
+    if (w.size() % 3 == 0 && w.size() > 3)
+        meshes.push_back(pp_mesh_t(w, {3, w.size() / 3, 1}));
     for (const auto& full : meshes) {
         const std::string ctx = where(full);
         // 4 micro-batches where they cut the rows of each data-parallel block evenly.
@@ -581,6 +579,10 @@ TEST(model_driver, pipeline_stages_equal_one_rank) {
                         },
                         four),
                     serial, ctx + " hsdp level1 per stage, unfused");
+        // Level3: each stage's weights gathered once per step around its micro-batches.
+        expect_same(drive_pipeline(
+                        full, [](pp_config_t& c) { c.hsdp(-1, 0, "level3"); }, four),
+                    serial, ctx + " hsdp level3 per stage");
     }
     // A pipeline needs its axis, of one rank per stage.
     if (w.size() % 2 == 0) {
@@ -954,6 +956,61 @@ TEST(model_driver, pipeline_checkpoints_save_keep_and_resume_on_any_mesh_and_cut
             expect_error([&] { (void)trainer.load_checkpoint(file("pipe-9_99")); }, "pipe-9_99");
         }
     }
+}
+
+/// A checkpoint saved at hsdp level3 under a pipeline (pp 2, or 3 on an odd world) loads
+/// into a run without pipeline nor hsdp, which then ends equal to the one-rank run.
+TEST(model_driver, pipeline_level3_checkpoint_loads_without_pipeline) {
+    const auto w = world();
+    const int n = w.size();
+    const int p = n % 2 == 0 ? 2 : (n % 3 == 0 ? 3 : 1);
+    if (p == 1)
+        return;
+    const std::string dir = scratch("pipeline_level3_checkpoint");
+    if (w.rank() == 0)
+        std::filesystem::remove_all(dir);
+    xshard::mpi::barrier(w);
+    const std::string file = dir + "/level3.safetensors";
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    const auto serial = run(one, [](config_t&) {});
+    {
+        const pp_mesh_t full(w, {p, n / p, 1});
+        const auto stage = xshard::pipeline::stage_mesh_of<mesh_t>(full);
+        auto model = make_model(stage);
+        pp_config_t c(model, full);
+        c.pipeline(p);
+        c.hsdp(-1, 0, "level3");
+        c.compile();
+        optim::momentum opt({.lr = 0.1, .momentum = 0.9});
+        nn::parallel_cross_entropy<double, mesh_t> loss;
+        xshard::model trainer(c, loss, opt, {.micro_batches = 2});
+        const auto losses = trainer.train(1, epochs_of_batches{&stage, 4});
+        ASSERT_EQ(losses.size(), 4u);
+        for (std::size_t i = 0; i < losses.size(); ++i)
+            EXPECT_NEAR(losses[i], serial.losses[i], 1e-12) << where(full) << " loss " << i;
+        trainer.save_checkpoint(file, 4);
+    }
+    const pp_mesh_t flat(w, {1, n, 1});
+    const auto m = xshard::pipeline::stage_mesh_of<mesh_t>(flat);
+    auto model = make_model(m);
+    pp_config_t c(model, flat);
+    optim::momentum opt({.lr = 0.1, .momentum = 0.9});
+    nn::parallel_cross_entropy<double, mesh_t> loss;
+    xshard::model trainer(c, loss, opt);
+    EXPECT_EQ(trainer.load_checkpoint(file).step, 4);
+    const auto losses = trainer.train(2, epochs_of_batches{&m, 4}, {}, 1);
+    ASSERT_EQ(losses.size(), serial.losses.size() - 4);
+    for (std::size_t i = 0; i < losses.size(); ++i)
+        EXPECT_NEAR(losses[i], serial.losses[4 + i], 1e-12) << "resumed, loss " << i;
+    std::size_t i = 0;
+    xshard::for_each_weight(model, [&](const std::string& name, auto& wt) {
+        EXPECT_TRUE(xt::allclose(xshard::gather_all(wt.value), serial.weights.at(i++), 1e-12,
+                                 1e-12))
+            << "resumed, " << name;
+    });
+    xshard::mpi::barrier(w);
+    if (w.rank() == 0)
+        std::filesystem::remove_all(dir);
 }
 
 // --- no_init_parameters_in_compile: deferred, shard-local initialisation ---------------------

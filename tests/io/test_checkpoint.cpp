@@ -6,6 +6,7 @@
 #include <xshard/io/checkpoint.hpp>
 #include <xshard/io/files.hpp>
 #include <xshard/io/format.hpp>
+#include <xshard/io/mapped_writer.hpp>
 #include <xshard/io/offline.hpp>
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/tensor/gather.hpp>
@@ -17,11 +18,14 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
+#include <csignal>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -325,6 +329,75 @@ TEST(files, hold_open_holds_regular_files_only_and_never_blocks) {
     fs::remove_all(dir);
 }
 
+TEST(files, mapped_writer_interleaves_short_runs_of_all_ranks_through_reserved_mappings_only) {
+    // Every rank writes runs r, r + P, ... of 4 KiB (short: through the mapping, after a
+    // reserve) into one file at an odd offset, then one 64 KiB run of its own (pwrite), then a
+    // short run past the reserved bytes (pwrite); rank 0 checks every byte and the CRCs.
+    const auto w = world();
+    const auto p = std::size_t(w.size()), me = std::size_t(w.rank());
+    const auto path = scratch() + "/mapped";
+    on_rank0([&] { xshard::detail::file(path, O_WRONLY | O_CREAT | O_EXCL); });
+    constexpr std::size_t run = 4096, runs = 300, at = 1234, big = 65536;
+    static_assert(run < xshard::detail::mapped_writer::short_run &&
+                  big >= xshard::detail::mapped_writer::short_run);
+    const auto byte_of = [](std::size_t offset) { return std::byte((offset * 7 + offset / 4093) & 0xff); };
+    const auto expected = [&](std::size_t from, std::size_t n) {
+        std::vector<std::byte> v(n);
+        for (std::size_t i = 0; i < n; ++i)
+            v[i] = byte_of(from + i);
+        return v;
+    };
+    const std::size_t tail = at + runs * run, after = tail + p * big;
+    {
+        const xshard::detail::file f(path, O_RDWR);
+        xshard::detail::mapped_writer writer(f, 64 << 10); // small windows: many moves
+        writer.reserve(at, runs * run);
+        for (std::size_t k = me; k < runs; k += p) {
+            const auto bytes = expected(at + k * run, run);
+            const auto crc = writer.write_checksummed(bytes.data(), run, at + k * run);
+            EXPECT_EQ(crc, xshard::detail::crc32_of(bytes.data(), run));
+        }
+        const auto mine = expected(tail + me * big, big);
+        writer.write_checksummed(mine.data(), big, tail + me * big);
+        const auto last = expected(after + me * run, run);
+        writer.write_checksummed(last.data(), run, after + me * run);
+        EXPECT_EQ(writer.mapped_bytes(), ((runs - me + p - 1) / p) * run)
+            << "the short runs reserved, and only they, go through the mapping";
+    }
+    // A write-only descriptor cannot be mapped: the writer falls back to pwrite.
+    if (me == 0) {
+        const xshard::detail::file f(path, O_WRONLY);
+        xshard::detail::mapped_writer writer(f);
+        writer.reserve(0, at);
+        const auto head = expected(0, at);
+        writer.write_checksummed(head.data(), at, 0);
+        EXPECT_EQ(writer.mapped_bytes(), 0u);
+    }
+    xshard::mpi::barrier(w);
+    on_rank0([&] {
+        const auto back = slurp(path);
+        ASSERT_EQ(back.size(), after + p * run);
+        const auto all = expected(0, back.size());
+        EXPECT_EQ(std::memcmp(back.data(), all.data(), all.size()), 0) << "the bytes written";
+    });
+    // A reserve past a file-size limit raises io_error, as a pwrite there would (EFBIG),
+    // even inside the file (where fallocate itself would not check the limit).
+    if (me == 0) {
+        ::signal(SIGXFSZ, SIG_IGN);
+        rlimit saved{};
+        ::getrlimit(RLIMIT_FSIZE, &saved);
+        rlimit small = saved;
+        small.rlim_cur = 1 << 16;
+        ::setrlimit(RLIMIT_FSIZE, &small);
+        const xshard::detail::file f(path, O_RDWR);
+        xshard::detail::mapped_writer writer(f);
+        EXPECT_THROW(writer.reserve(after + p * run, std::size_t(1) << 20), xshard::io_error);
+        EXPECT_THROW(writer.reserve(0, std::size_t(1) << 20), xshard::io_error);
+        EXPECT_NO_THROW(writer.reserve(0, 1 << 16));
+        ::setrlimit(RLIMIT_FSIZE, &saved);
+    }
+}
+
 TEST(checkpoint, refuses_partial_tensors) {
     const auto w = world();
     const ckpt_mesh m(w, {1, w.size()});
@@ -532,6 +605,57 @@ TEST(checkpoint, block_checksums_catch_damage_in_one_pass_and_in_two) {
                         "checksum mismatch in w1", "two passes");
         EXPECT_EQ(n.mismatches_all(9, false), 0u) << "a shared check changes nothing";
     }
+}
+
+/// Column splits of wide rows load in batches of short runs (format.hpp read_block): rows of
+/// 3072 doubles (24 KiB) split over W ranks give each rank runs of 24/W KiB with gaps of
+/// 24 - 24/W KiB between them (W = 2, 3: runs and gaps read together; 4, 6, 8: gaps longer
+/// than short_read, each run read apart; 1: one run); 700 rows cross the batches' byte bound,
+/// and a [2000, 16] tensor their buffer bound. Loaded into the saved layout the values are
+/// exact, and a flipped byte in a run still raises a checksum mismatch.
+TEST(checkpoint, short_runs_load_in_batches_exactly_and_checked) {
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    const auto value = [](std::size_t i, std::size_t j) { return double(i * 100003 + j) * 0.5; };
+    const auto make = [&](std::size_t rows, std::size_t cols, bool fill) {
+        auto t = xshard::zeros<double, xshard::dynamic_layout(2)>(m, {rows, cols}, "[-, mp]");
+        if (fill) {
+            const auto b = t.block();
+            for (std::size_t i = 0; i < b.extent[0]; ++i)
+                for (std::size_t j = 0; j < b.extent[1]; ++j)
+                    t.local()(i, j) = value(b.offset[0] + i, b.offset[1] + j);
+        }
+        return t;
+    };
+    const auto mismatches = [&](const auto& t) {
+        std::size_t bad = 0;
+        const auto b = t.block();
+        for (std::size_t i = 0; i < b.extent[0]; ++i)
+            for (std::size_t j = 0; j < b.extent[1]; ++j)
+                bad += t.local()(i, j) != value(b.offset[0] + i, b.offset[1] + j);
+        return bad;
+    };
+    const auto path = scratch() + "/wide.safetensors";
+    xshard::save_checkpoint(path, std::tuple(xshard::parameter{"wide", make(700, 3072, true)},
+                                             xshard::parameter{"tall", make(2000, 16, true)}));
+    auto loaded = std::tuple(xshard::parameter{"wide", make(700, 3072, false)},
+                             xshard::parameter{"tall", make(2000, 16, false)});
+    xshard::load_checkpoint(path, loaded);
+    EXPECT_EQ(mismatches(std::get<0>(loaded).value), 0u) << where(m);
+    EXPECT_EQ(mismatches(std::get<1>(loaded).value), 0u) << where(m);
+    // A byte of the last rank's run in the middle row of 'wide' flipped (W = 1: of the
+    // tensor's one run).
+    const xshard::checkpoint_reader r(path);
+    const auto& e = *r.strategy().find("wide");
+    const auto segments = r.segments(e, r.blocks(e).back()); // one at W = 1
+    const auto at = segments[std::min<std::size_t>(350, segments.size() - 1)].first + 3;
+    on_rank0([&] {
+        auto b = slurp(path);
+        b[at] = char(b[at] ^ 0x10);
+        spit(path + ".damaged", b);
+    });
+    expect_io_error([&] { xshard::load_checkpoint(path + ".damaged", loaded); },
+                    "checksum mismatch in wide", "a short run");
 }
 
 TEST(checkpoint, version_1_files_load_and_malformed_block_checksums_are_refused) {

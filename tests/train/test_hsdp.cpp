@@ -79,14 +79,28 @@ TEST(hsdp_layouts, the_data_parallel_axes_join_a_dimension) {
     using xshard::detail::hsdp_axes;
     const xshard::mesh_shape m3({"a", "b", "c"}, {2, 3, 2});
     const auto all = m3.all_axes();
-    EXPECT_EQ(hsdp_axes(all, m3, -1, "w").bits, all.bits);
-    EXPECT_EQ(hsdp_axes(all, m3, 3, "w").bits, xshard::axis_set{}.with(1).bits);
-    EXPECT_EQ(hsdp_axes(all, m3, 2, "w").bits, xshard::axis_set{}.with(2).bits); // minor-most
-    EXPECT_EQ(hsdp_axes(all, m3, 6, "w").bits, xshard::axis_set{}.with(1).with(2).bits);
+    EXPECT_EQ(hsdp_axes(all, m3, -1, "w").axes.bits, all.bits);
+    EXPECT_EQ(hsdp_axes(all, m3, 3, "w").axes.bits, xshard::axis_set{}.with(1).bits);
+    EXPECT_EQ(hsdp_axes(all, m3, 2, "w").axes.bits, xshard::axis_set{}.with(2).bits); // minor
+    EXPECT_EQ(hsdp_axes(all, m3, 6, "w").axes.bits, xshard::axis_set{}.with(1).with(2).bits);
+    EXPECT_EQ(hsdp_axes(all, m3, 6, "w").split_axis, -1);
     EXPECT_TRUE(hsdp_axes(all, m3, 1, "w").empty());
     expect_error([&] { (void)hsdp_axes(all, m3, 5, "w"); }, "does not divide");
+    // Over part of an axis: copies of `inner` consecutive ranks of it.
     const xshard::mesh_shape m4({"dp"}, {4});
-    expect_error([&] { (void)hsdp_axes(m4.all_axes(), m4, 2, "w"); }, "not supported yet");
+    const auto g4 = hsdp_axes(m4.all_axes(), m4, 2, "w");
+    EXPECT_EQ(g4.axes.bits, m4.all_axes().bits);
+    EXPECT_EQ(g4.split_axis, 0);
+    EXPECT_EQ(g4.inner, 2);
+    // (6, 2) with shard_size 4: tp whole and 2 of dp's 6.
+    const xshard::mesh_shape m62({"dp", "tp"}, {6, 2});
+    const auto g62 = hsdp_axes(m62.all_axes(), m62, 4, "w");
+    EXPECT_EQ(g62.axes.bits, m62.all_axes().bits);
+    EXPECT_EQ(g62.split_axis, 0);
+    EXPECT_EQ(g62.inner, 2);
+    // 6 = 2 x 3 of (4, 9) would need parts of both axes.
+    const xshard::mesh_shape m49({"a", "b"}, {4, 9});
+    expect_error([&] { (void)hsdp_axes(m49.all_axes(), m49, 6, "w"); }, "not supported yet");
 }
 
 // --- trajectories ---------------------------------------------------------------------------
@@ -282,6 +296,36 @@ void check_trajectories(const typename Opt::options_type& o) {
     };
     const auto serial = run<Opt>(one, o, {}, steps);
     const auto serial_clipped = run<Opt>(one, o, {.clip = 0.5}, steps);
+    // Hybrid sharding over part of dp (copies of shard_size consecutive dp ranks, the state
+    // on each copy's mesh): dp = 4 with 2; 6 with 2 and 3; 8 with 2 and 4; (4, 2) with 2
+    // (tp whole for the bias replicated over both axes).
+    {
+        const auto w = world();
+        std::vector<std::array<int, 2>> shapes{{w.size(), 1}};
+        if (w.size() >= 8 && w.size() % 2 == 0)
+            shapes.push_back({w.size() / 2, 2});
+        for (const auto& shape : shapes) {
+            const mesh_t m(w, shape);
+            const int dp = shape[0];
+            for (int k = 2; k < dp; ++k) {
+                if (dp % k)
+                    continue;
+                for (const auto level : {level1, level2, level3})
+                    for (const bool driven : {false, true}) {
+                        if (driven && level == level1)
+                            continue;
+                        const config c{
+                            .level = int(level),
+                            .hsdp = {.shard_size = k, .threshold = 0, .optimizer_level = level},
+                            .driven = driven};
+                        expect_same(run<Opt>(m, o, c, steps), serial,
+                                    std::string(Opt::name) + " " + where(m) + " shard_size " +
+                                        std::to_string(k) + " " + std::string(to_string(level)) +
+                                        (driven ? " driven" : ""));
+                    }
+            }
+        }
+    }
     for_each_dp_tp([&](const mesh_t& m) {
         const std::string context = std::string(Opt::name) + " " + where(m);
         expect_same(run<Opt>(m, o, {}, steps), serial, context + " level0");
@@ -291,7 +335,6 @@ void check_trajectories(const typename Opt::options_type& o) {
         // Hybrid sharding: shard_size 2 splits each weight over a set of its replicated axes
         // of 2 ranks (dp, or tp for the row-parallel bias replicated over both on a (2, 2)
         // mesh) and keeps copies over the rest.
-        // (dp = 4 or 8 with shard_size 2 would need a sub-axis of dp: "not supported yet".)
         if (m.shape().axis_size("dp") == 2)
             for (const auto level : {level1, level2, level3})
                 expect_same(
@@ -382,6 +425,36 @@ TEST(hsdp_state, sharded_state_takes_a_share_of_the_bytes) {
 
 // --- checkpoints across levels --------------------------------------------------------------
 
+/// Loads the checkpoint at `path` (saved after `step` steps of a run whose losses are `ra`)
+/// into a model on `mm` at configuration `c`, trains it 3 steps more, and expects the losses
+/// of the saving run's next 3 steps and its final weights (`reference`).
+void resume_and_compare(const std::string& path, const mesh_t& mm, const config& c,
+                        const optim::adam_options& o, int step, const record& reference,
+                        const record& ra, const std::string& context) {
+    auto b = make_model(mm);
+    optim::adam opt_b(o);
+    std::optional<xshard::hsdp<model_t>> sharding;
+    if (c.level) {
+        sharding.emplace(b, c.hsdp);
+        sharding->gather_weights(); // level3: storage for the loaded values
+    }
+    const auto info = xshard::load_checkpoint(path, b, opt_b.state_of(b));
+    EXPECT_EQ(info.step, step) << context;
+    opt_b.set_steps(info.step);
+    record rb;
+    train(b, opt_b, c, sharding ? &*sharding : static_cast<xshard::hsdp<model_t>*>(nullptr), step,
+          3, rb);
+    if (sharding)
+        sharding->gather_weights();
+    const auto got = weights_of(b, {});
+    for (std::size_t i = 0; i < got.weights.size(); ++i)
+        EXPECT_TRUE(xt::allclose(got.weights[i], reference.weights[i], 1e-12, 1e-12))
+            << context << " weight " << i;
+    for (std::size_t i = 0; i < 3; ++i)
+        EXPECT_NEAR(rb.losses[i], ra.losses[std::size_t(step) + i], 1e-12)
+            << context << " loss " << i;
+}
+
 TEST(hsdp_checkpoint, saved_sharded_loads_at_any_level) {
     const auto w = world();
     const std::string dir = xshard::testing::shared_directory(w, XSHARD_TRAIN_SCRATCH);
@@ -407,33 +480,68 @@ TEST(hsdp_checkpoint, saved_sharded_loads_at_any_level) {
                 const std::string context = "saved at " + std::string(to_string(saved)) +
                                             ", loaded at level " + std::to_string(level) + " " +
                                             where(mm);
-                auto b = make_model(mm);
-                optim::adam opt_b(o);
                 const config c{.level = level,
                                .hsdp = {.threshold = 0,
                                         .optimizer_level = level == 3 ? optimizer_level::level3
                                                                       : optimizer_level::level2}};
-                std::optional<xshard::hsdp<model_t>> sharding;
-                if (level) {
-                    sharding.emplace(b, c.hsdp);
-                    sharding->gather_weights(); // level3: storage for the loaded values
-                }
-                const auto info = xshard::load_checkpoint(path, b, opt_b.state_of(b));
-                opt_b.set_steps(info.step);
-                record rb;
-                train(b, opt_b, c,
-                      sharding ? &*sharding : static_cast<xshard::hsdp<model_t>*>(nullptr), 3, 3,
-                      rb);
-                if (sharding)
-                    sharding->gather_weights();
-                const auto got = weights_of(b, {});
-                for (std::size_t i = 0; i < got.weights.size(); ++i)
-                    EXPECT_TRUE(xt::allclose(got.weights[i], reference.weights[i], 1e-12, 1e-12))
-                        << context << " weight " << i;
-                for (std::size_t i = 0; i < 3; ++i)
-                    EXPECT_NEAR(rb.losses[i], ra.losses[3 + i], 1e-12) << context;
+                resume_and_compare(path, mm, c, o, 3, reference, ra, context);
             }
         });
+    }
+    xshard::mpi::barrier(w);
+    if (w.rank() == 0)
+        std::filesystem::remove_all(dir);
+}
+
+/// A state sharded over part of dp (shard_size 2 of W, each copy's state on its own mesh)
+/// saves into an integrated checkpoint that loads unsharded, into another partial sharding,
+/// and at level3 on half the ranks; each run then continues as the one that saved.
+TEST(hsdp_checkpoint, partial_axis_state_loads_anywhere) {
+    const auto w = world();
+    if (w.size() < 4 || w.size() % 2)
+        return;
+    const std::string dir = xshard::testing::shared_directory(w, XSHARD_TRAIN_SCRATCH);
+    const std::string path = dir + "/hsdp_part.safetensors";
+    const optim::adam_options o{.lr = 0.01};
+    const mesh_t m(w, {w.size(), 1});
+    const config src{.level = 1, .hsdp = {.shard_size = 2, .threshold = 0}};
+    auto a = make_model(m);
+    optim::adam opt_a(o);
+    record ra;
+    {
+        xshard::hsdp<model_t> sharding(a, src.hsdp);
+        // Each weight's state on the mesh of its group of 2 consecutive ranks, half its size.
+        xshard::for_each_weight(a, [&](const std::string& name, auto& wt) {
+            ASSERT_TRUE(wt.shard) << name;
+            EXPECT_EQ(wt.shard->value.mesh().size(), 2) << name;
+            EXPECT_EQ(wt.shard->value.mesh().rank(), w.rank() % 2) << name;
+            std::uint64_t held = wt.shard->value.local().size();
+            xshard::mpi::allreduce(wt.shard->value.mesh().comm(), std::span(&held, 1),
+                                   xshard::reduction::sum);
+            EXPECT_EQ(held, std::uint64_t(wt.value.size())) << name; // split over the 2
+            EXPECT_LT(std::size_t(wt.shard->value.local().size()), wt.value.size()) << name;
+        });
+        train(a, opt_a, src, &sharding, 0, 3, ra);
+        xshard::save_checkpoint(path, a, {.step = opt_a.steps()}, opt_a.state_of(a));
+        train(a, opt_a, src, &sharding, 3, 3, ra);
+    }
+    const auto reference = weights_of(a, {});
+    const auto check = [&](const mesh_t& mm, const config& c, const std::string& context) {
+        resume_and_compare(path, mm, c, o, 3, reference, ra, context);
+    };
+    check(m, {}, "unsharded " + where(m));
+    check(m,
+          {.level = 2,
+           .hsdp = {.shard_size = w.size() / 2 > 2 ? w.size() / 2 : 2,
+                    .threshold = 0,
+                    .optimizer_level = optimizer_level::level2}},
+          "partial level2 " + where(m));
+    {
+        const auto half = w.split(w.rank() < w.size() / 2 ? 0 : 1, w.rank());
+        const mesh_t hm(half, {half.size(), 1});
+        check(hm,
+              {.level = 3, .hsdp = {.threshold = 0, .optimizer_level = optimizer_level::level3}},
+              "level3 on half the ranks " + where(hm));
     }
     xshard::mpi::barrier(w);
     if (w.rank() == 0)
@@ -543,6 +651,25 @@ TEST(hsdp_errors, misuse_raises_on_every_rank) {
         xshard::hsdp<model_t> s(model,
                                 {.threshold = 0, .optimizer_level = optimizer_level::level3});
         expect_error([&] { s.synchronize_gradients(); }, "through hsdp::backward");
+    }
+    if (w.size() >= 4 && w.size() % 2 == 0) {
+        // Sharded over part of dp, the state lives on each copy's mesh: the per-rank form of
+        // a checkpoint refuses it (on every rank alike) rather than save it wrongly.
+        const mesh_t m1(w, {w.size(), 1});
+        auto part = make_model(m1);
+        optim::adam opt;
+        xshard::hsdp<model_t> s(part, {.shard_size = 2, .threshold = 0});
+        const std::string dir = xshard::testing::shared_directory(w, XSHARD_TRAIN_SCRATCH);
+        expect_error(
+            [&] {
+                xshard::save_checkpoint(dir + "/part", part,
+                                        {.format = xshard::checkpoint_format::per_rank},
+                                        opt.state_of(part));
+            },
+            "not supported yet");
+        xshard::mpi::barrier(w);
+        if (w.rank() == 0)
+            std::filesystem::remove_all(dir);
     }
     // Nothing is left sharded when a construction fails.
     xshard::for_each_weight(model, [&](const std::string&, auto& wt) { EXPECT_FALSE(wt.shard); });

@@ -17,8 +17,7 @@
 /// conditions and agrees on the outcome over the mesh (one all-reduce of an int), so an
 /// invalid value raises `xshard::error` on every rank. Settings whose mechanism xshard lacks
 /// are recorded, and `compile()` (the use) raises "not available yet" / "not supported yet"
-/// for them: hsdp level3 together with pipeline stages, interleave with another scheduler
-/// than 1f1b. Parallel modes
+/// for them: interleave with another scheduler than 1f1b. Parallel modes
 /// sharding_propagation and recursive_programming run their engines in `compile()`
 /// (auto/strategy_engine.hpp) on a model whose strategies are set at run time
 /// (auto/searched_mlp.hpp); on any other model they raise.
@@ -229,7 +228,8 @@ public:
 
     /// Optimizer sharding (MindSpore's hsdp). shard_size -1 or in (0, ranks]; threshold >= 0
     /// KB; level1, level2 or level3 (level3: the driver runs its steps through hsdp::forward /
-    /// backward; compile() raises, not supported yet, for level3 with pipeline stages > 1).
+    /// backward; under pipeline stages > 1 each stage's weights are gathered once per step
+    /// around its micro-batches, xshard::model).
     /// Agreed over the mesh.
     void hsdp(const hsdp_options& o) {
         std::optional<std::string> problem;
@@ -493,11 +493,6 @@ public:
                       " is not available yet (issue 17) for this model: it needs one whose "
                       "operator strategies are set at run time (xshard::searched_mlp, "
                       "auto/searched_mlp.hpp); use semi_auto";
-        else if (hsdp_ && hsdp_->optimizer_level == optimizer_level::level3 && pipeline_.stages > 1)
-            problem = "xshard: auto_parallel: hsdp optimizer_level level3 with pipeline(" +
-                      std::to_string(pipeline_.stages) +
-                      ") is not supported yet (the pipeline's micro-batches do not gather "
-                      "each stage's weights): use level1 or level2 with pipeline stages";
         else
             problem = pipeline_problem();
         agree(problem);

@@ -25,8 +25,10 @@
 /// returns with the weights gathered (readable and saveable until the next step frees them),
 /// `eval` gathers them once before its batches, a checkpoint save or load gathers them first
 /// (one all-gather each); a level3 checkpoint is an ordinary integrated one (loads at any
-/// level, mesh or world size, and any loads at level3). Not with pipeline stages (compile()
-/// raises on every rank).
+/// level, mesh or world size, and any loads at level3). Under pipeline stages each stage's
+/// weights are sharded over that stage's data-parallel ranks, gathered once per step before
+/// the stage's first micro-batch (hsdp::begin_passes) and freed after its last backward,
+/// whose accumulated gradients are then reduce-scattered into the shards (hsdp::end_passes).
 ///
 /// disable_loss_repeated_mean(): the backward seed (the loss gradient) is scaled by the
 /// configuration's `loss_repetitions()` r (the ranks that compute the loss of the same rows:
@@ -383,6 +385,8 @@ public:
         }
         if (level3())
             sharding_->gather_weights(); // the trained weights readable (and saveable)
+        if (stage_)
+            stage_->gather_weights(); // (hsdp level3 under a pipeline: the stage's)
         return losses;
     }
 
@@ -395,8 +399,10 @@ public:
     /// once first (and stay until the next training step). Collective over the mesh.
     template <class Dataset>
     eval_result eval(Dataset&& dataset) {
-        if (stage_)
+        if (stage_) {
+            stage_->gather_weights(); // hsdp level3: the stage's values, to share
             stage_->share_weights();
+        }
         if (level3())
             sharding_->gather_weights();
         auto& net = net_->model();
@@ -444,6 +450,7 @@ public:
             return;
         }
         if (stage_) {
+            stage_->gather_weights();
             stage_->save(path, step, !net_->strategy_file_only_trainable());
             return;
         }
@@ -464,6 +471,7 @@ public:
             sharding_->gather_weights();
         checkpoint_info info;
         if (stage_) {
+            stage_->gather_weights();
             info = stage_->load(path, !net_->strategy_file_only_trainable());
         } else if (pipelined()) {
             std::optional<std::string> problem;
@@ -561,6 +569,7 @@ private:
         virtual double step(const void* x, const void* y) = 0;
         virtual void finish_step(long step) = 0;
         virtual void share_weights() = 0;
+        virtual void gather_weights() = 0;
         virtual void save(const std::string& path, std::int64_t step, bool all) = 0;
         virtual checkpoint_info load(const std::string& path, bool all) = 0;
     };
@@ -591,10 +600,26 @@ private:
         double step(const void* x, const void* y) override {
             const auto& xs = *static_cast<const X*>(x);
             const auto& ys = *static_cast<const Y*>(y);
-            if (self->seed_scale_ == 1)
-                return double(pipe.step(xs, ys, *self->loss_));
-            scaled_loss scaled{self->loss_, self->seed_scale_};
-            return double(pipe.step(xs, ys, scaled));
+            // hsdp level3: the stage's weights gathered once before its first micro-batch,
+            // freed after its last backward, whose accumulated gradients are then
+            // reduce-scattered into the shards (finish_step waits for them).
+            if (sharding)
+                sharding->begin_passes();
+            double l = 0;
+            if (self->seed_scale_ == 1) {
+                l = double(pipe.step(xs, ys, *self->loss_));
+            } else {
+                scaled_loss scaled{self->loss_, self->seed_scale_};
+                l = double(pipe.step(xs, ys, scaled));
+            }
+            if (sharding)
+                sharding->end_passes();
+            return l;
+        }
+
+        void gather_weights() override {
+            if (sharding && sharding->options().optimizer_level == optimizer_level::level3)
+                sharding->gather_weights();
         }
 
         void finish_step(long step) override {

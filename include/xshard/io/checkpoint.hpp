@@ -4,8 +4,9 @@
 ///
 /// Two forms (MindSpore's integrated_save):
 ///  * *integrated* (the default): one safetensors file holding every tensor whole. Each rank
-///    writes exactly its own block of each tensor at its place in the file (pwrite of each
-///    contiguous run, checksummed as it is written), only one copy of a replicated block is
+///    writes exactly its own block of each tensor at its place in the file (each contiguous
+///    run checksummed as it is stored; short runs through a shared mapping of space
+///    allocated first, see mapped_writer.hpp), only one copy of a replicated block is
 ///    written, and no rank ever holds a whole tensor. Python's safetensors or numpy read it.
 ///    The header's `__metadata__` holds the step, the strategy (the strategy file's JSON), a
 ///    CRC-32 per tensor and one per block the saving ranks held (format.hpp).
@@ -42,6 +43,7 @@
 #include <xshard/core/volume.hpp>
 #include <xshard/io/files.hpp>
 #include <xshard/io/format.hpp>
+#include <xshard/io/mapped_writer.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>
 #include <xshard/param/tensor_record.hpp>
@@ -59,6 +61,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -91,7 +94,7 @@ struct ckpt_model {
     mesh_shape mesh;
     int rank = 0;
     strategy_file strategy; ///< of everything saved (parameters, then optimizer state)
-    /// Which tensors this rank holds a block of (empty: all). A pipeline's checkpoint
+    /// Which tensors this rank holds a block of, to write (empty: all). A pipeline's checkpoint
     /// (pipeline/checkpoint.hpp) lists every stage's tensors on every rank, each held by its
     /// stage's ranks only (its record then gives its stage's mesh, layout and shape).
     std::vector<bool> held;
@@ -115,12 +118,32 @@ void collect(ckpt_model& m, C& container, const std::string& prefix, bool all) {
             throw error("xshard: checkpoint: '" + name + "' is partial " + t.layout().to_string() +
                         "; resolve it before saving");
         auto c = record_of(prefix + name, t, trainable);
-        m.comm = c.mesh_comm;
-        m.mesh = c.mesh;
-        m.rank = c.mesh_rank;
-        m.strategy.mesh = c.mesh;
+        // A tensor on a mesh of part of the ranks, one of copies of it that tile the mesh
+        // (hsdp's state sharded over part of a mesh axis, train/hsdp.hpp), is saved with its
+        // own mesh, by the copy holding the mesh's rank 0, and loaded by every copy.
+        std::optional<mesh_shape> own;
+        bool writes = true;
+        if (m.comm && c.mesh_comm->size() != m.comm->size()) {
+            if (c.mesh_comm->size() > m.comm->size() || m.comm->size() % c.mesh_comm->size() != 0)
+                throw error("xshard: checkpoint: '" + name + "' lives on a mesh of " +
+                            std::to_string(c.mesh_comm->size()) +
+                            " ranks, the tensors before it on " + std::to_string(m.comm->size()) +
+                            "; a checkpoint saves the tensors of one mesh, or of copies of "
+                            "a part of it");
+            own = c.mesh;
+            int lowest = m.comm->rank();
+            mpi::allreduce(*c.mesh_comm, std::span(&lowest, 1), reduction::min);
+            writes = lowest == 0;
+        } else {
+            m.comm = c.mesh_comm;
+            m.mesh = c.mesh;
+            m.rank = c.mesh_rank;
+            m.strategy.mesh = c.mesh;
+        }
         m.dtypes.emplace_back(dtype_of<T>().name);
-        m.strategy.parameters.push_back({c.name, c.shape, m.dtypes.back(), c.lay, trainable});
+        m.strategy.parameters.push_back(
+            {c.name, c.shape, m.dtypes.back(), c.lay, trainable, -1, own});
+        m.held.push_back(writes);
         m.tensors.push_back(std::move(c));
     });
 }
@@ -175,16 +198,24 @@ void on_rank0(const communicator& c, F&& f) {
     });
 }
 
-/// Writes the block of `t` into `f` (which stores the tensor whole, row-major, from byte
-/// `at`) with pwrite, one call per contiguous run in the file (runs_of), each run checksummed
-/// just before it is written and recorded in `out` as a piece of tensor `key`. Returns the
-/// CRC-32 of the block (its bytes in its own row-major order: the runs in turn).
-inline std::uint32_t write_block(const file& f, std::size_t at, const tensor_record& t,
+/// Writes the block of `t` into the file of `w` (which stores the tensor whole, row-major,
+/// from byte `at`): each contiguous run in the file (runs_of) is checksummed as it is stored
+/// and recorded in `out` as a piece of tensor `key`; short runs go through the mapping, after
+/// the bytes from the first run to the last are reserved (mapped_writer.hpp). Returns the CRC-32 of the block (its bytes in its own
+/// row-major order: the runs in turn).
+inline std::uint32_t write_block(mapped_writer& w, std::size_t at, const tensor_record& t,
                                  std::uint64_t key, std::vector<crc_run>& out) {
+    const auto runs = runs_of(t.shape, t.offset, t.extent, t.element);
+    if (runs.empty())
+        return 0;
+    if (runs.front().second < mapped_writer::short_run) {
+        const auto first = checked_add(at, runs.front().first);
+        w.reserve(first, checked_add(at, runs.back().first + runs.back().second) - first);
+    }
     const std::byte* data = t.cdata;
     std::uint32_t block = 0;
-    for (const auto& [offset, length] : runs_of(t.shape, t.offset, t.extent, t.element)) {
-        const auto crc = write_checksummed(f, data, length, at + offset);
+    for (const auto& [offset, length] : runs) {
+        const auto crc = w.write_checksummed(data, length, at + offset);
         out.push_back({key, offset, length, crc});
         block = std::uint32_t(::crc32_combine(uLong(block), uLong(crc), z_off_t(length)));
         data += length;
@@ -401,15 +432,20 @@ inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t
     std::vector<crc_run> runs, blocks;
     std::vector<std::uint64_t> sizes;
     everywhere(c, [&] {
-        file f(tmp, O_WRONLY | O_NOFOLLOW);
-        for (std::size_t i = 0; i < m.tensors.size(); ++i) {
-            const auto& t = m.tensors[i];
-            sizes.push_back(t.global_bytes());
-            if (m.holds(i) && t.primary()) {
-                const auto crc =
-                    write_block(f, checked_add(header.size(), entries[i].begin), t, i, runs);
-                blocks.push_back({i, std::uint64_t(t.mesh.group_color(t.mesh_rank, t.replicated)),
-                                  t.bytes(), crc});
+        // (Read and write: a shared mapping of a file must be readable.)
+        file f(tmp, O_RDWR | O_NOFOLLOW);
+        {
+            mapped_writer w(f);
+            for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+                const auto& t = m.tensors[i];
+                sizes.push_back(t.global_bytes());
+                if (m.holds(i) && t.primary()) {
+                    const auto crc =
+                        write_block(w, checked_add(header.size(), entries[i].begin), t, i, runs);
+                    blocks.push_back({i,
+                                      std::uint64_t(t.mesh.group_color(t.mesh_rank, t.replicated)),
+                                      t.bytes(), crc});
+                }
             }
         }
         f.close();
@@ -588,10 +624,17 @@ template <parameter_container P, parameter_container S = std::tuple<>>
 void save_checkpoint(const std::string& path, const P& params,
                      const checkpoint_options& options = {}, const S& optimizer_state = {}) {
     auto m = detail::collect_model(params, optimizer_state, options.all_parameters);
-    if (options.format == checkpoint_format::integrated)
+    if (options.format == checkpoint_format::integrated) {
         detail::save_integrated(m, path, options.step);
-    else
+    } else {
+        for (const auto& e : m.strategy.parameters)
+            if (e.mesh) // (the same on every rank)
+                throw error("xshard: checkpoint: '" + e.name +
+                            "' lives on the mesh of a copy of part of the ranks (hsdp "
+                            "shard_size over part of a mesh axis): the per-rank form of it is "
+                            "not supported yet; save it integrated");
         detail::save_per_rank(m, path, options.step);
+    }
 }
 
 /// Loads a checkpoint of either form (a file: integrated; a directory: per-rank) into

@@ -15,12 +15,15 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -104,6 +107,32 @@ public:
             offset += std::size_t(got);
         }
     }
+    /// Reads `iov` (buffers to fill in turn) from the file at `offset`, all of it (a short
+    /// file is an error), one preadv per IOV_MAX buffers; `iov` is consumed.
+    void read_vector_at(std::vector<iovec>& iov, std::size_t offset) const {
+        std::size_t k = 0;
+        while (k < iov.size()) {
+            const int count = int(std::min<std::size_t>(iov.size() - k, IOV_MAX));
+            const auto got = ::preadv(fd_, iov.data() + k, count, off_t(offset));
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got < 0)
+                io_fail("cannot read", path_);
+            if (got == 0)
+                throw io_error("xshard: " + path_ + " is truncated");
+            offset += std::size_t(got);
+            for (auto left = std::size_t(got); left > 0;) {
+                const auto n = std::min(left, iov[k].iov_len);
+                iov[k].iov_base = static_cast<char*>(iov[k].iov_base) + n;
+                iov[k].iov_len -= n;
+                left -= n;
+                if (iov[k].iov_len == 0)
+                    ++k;
+            }
+            while (k < iov.size() && iov[k].iov_len == 0)
+                ++k;
+        }
+    }
     void write_at(const void* data, std::size_t n, std::size_t offset) const {
         const auto* p = static_cast<const char*>(data);
         while (n > 0) {
@@ -116,6 +145,34 @@ public:
             n -= std::size_t(put);
             offset += std::size_t(put);
         }
+    }
+    /// Allocates the bytes [offset, offset + n) of the file (fallocate), extending it to cover
+    /// them, so that stores into a mapping of them (mapped_writer.hpp) cannot fail for want of
+    /// space: a full disk, a quota or a file-size limit shows here, as an io_error. Returns
+    /// false, doing nothing, where the file system cannot allocate ahead (EOPNOTSUPP).
+    /// A file-size limit (RLIMIT_FSIZE) is checked as a pwrite would: bytes past it raise
+    /// EFBIG, also inside the file (where fallocate would not check it).
+    bool reserve(std::size_t offset, std::size_t n) const {
+#ifdef __linux__
+        rlimit limit{};
+        if (n > 0 && ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+            checked_add(offset, n) > limit.rlim_cur) {
+            errno = EFBIG;
+            io_fail("cannot allocate " + std::to_string(n) + " bytes in", path_);
+        }
+        while (n > 0 && ::fallocate(fd_, 0, off_t(offset), off_t(n)) != 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EOPNOTSUPP || errno == ENOSYS)
+                return false;
+            io_fail("cannot allocate " + std::to_string(n) + " bytes in", path_);
+        }
+        return true;
+#else
+        (void)offset;
+        (void)n;
+        return false;
+#endif
     }
     void sync() const {
         if (::fsync(fd_) != 0)

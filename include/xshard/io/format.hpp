@@ -30,6 +30,7 @@
 #include <xshard/core/partition.hpp>
 #include <xshard/core/volume.hpp>
 #include <xshard/io/files.hpp>
+#include <xshard/io/mapped_writer.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>
 
@@ -140,23 +141,6 @@ inline std::map<std::string, std::string> parse_block_checksums(const std::strin
     return out;
 }
 
-/// The bytes a writer checksums and then writes at a time: small enough that the write
-/// copies them from the cache the checksum just read them into.
-inline constexpr std::size_t write_piece = std::size_t(1) << 20;
-
-/// Writes the `n` bytes at `data` to `f` at `at` with pwrite, in pieces of write_piece bytes
-/// each checksummed just before it is written; returns their CRC-32 (continuing `crc`).
-inline std::uint32_t write_checksummed(const file& f, const std::byte* data, std::size_t n,
-                                       std::size_t at, std::uint32_t crc = 0) {
-    for (std::size_t done = 0; done < n;) {
-        const auto k = std::min(write_piece, n - done);
-        crc = crc32_of(data + done, k, crc);
-        f.write_at(data + done, k, checked_add(at, done));
-        done += k;
-    }
-    return crc;
-}
-
 /// Writes rank `rank`'s file of a per-rank checkpoint in directory `dir`: each tensor's block
 /// (entries with the block's extent as shape, and its bytes), checksummed as it is written
 /// (the header, whose length does not depend on the checksums, is written last), fsynced,
@@ -180,11 +164,13 @@ inline void write_rank_file(const std::string& dir, int rank, std::vector<tensor
     auto f = file::adopt(fd, path);
     std::vector<std::uint32_t> crc;
     std::size_t end = start;
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-        crc.push_back(write_checksummed(f, data[i], entries[i].end - entries[i].begin,
-                                        start + entries[i].begin));
-        end = std::max(end, start + entries[i].end);
-    }
+    for (const auto& e : entries)
+        end = std::max(end, checked_add(start, e.end));
+    // Contiguous blocks: pwrite (the writer maps nothing it was not asked to reserve).
+    mapped_writer w(f);
+    for (std::size_t i = 0; i < entries.size(); ++i)
+        crc.push_back(w.write_checksummed(data[i], entries[i].end - entries[i].begin,
+                                          start + entries[i].begin));
     const std::string header = header_of(crc);
     if (header.size() != start)
         throw io_error("xshard: " + path + ": the header changed length with its checksums");
@@ -632,9 +618,38 @@ public:
         const auto& f = open(b.file).first;
         const auto begin = stored_begin(b, e);
         const auto [so, se] = container(e, b);
+        const auto runs =
+            detail::copy_runs(b.offset, b.extent, so, se, offset, extent, dtype_size(e.dtype));
         std::uint32_t crc = 0;
-        for (const auto& [from, to, n] :
-             detail::copy_runs(b.offset, b.extent, so, se, offset, extent, dtype_size(e.dtype)))
+        if (!runs.empty() && runs.front()[2] < short_read) {
+            // Short runs (a column split's rows): many in one preadv, the gaps between them
+            // read into a scratch buffer when they are short too; each batch is checksummed
+            // right after it arrives, while in the cache.
+            std::vector<std::byte> gap(short_read);
+            std::vector<iovec> iov;
+            for (std::size_t i = 0; i < runs.size();) {
+                const std::size_t first = i;
+                std::size_t bytes = 0;
+                iov.clear();
+                for (; i < runs.size() && iov.size() + 2 <= batch_buffers && bytes < batch_bytes;
+                     ++i) {
+                    if (i > first) {
+                        const auto end = runs[i - 1][0] + runs[i - 1][2];
+                        if (runs[i][0] - end > short_read)
+                            break;
+                        if (runs[i][0] > end)
+                            iov.push_back({gap.data(), runs[i][0] - end});
+                    }
+                    iov.push_back({out + runs[i][1], runs[i][2]});
+                    bytes += runs[i][2];
+                }
+                f.read_vector_at(iov, begin + runs[first][0]);
+                for (std::size_t j = first; j < i; ++j)
+                    crc = detail::crc32_of(out + runs[j][1], runs[j][2], crc);
+            }
+            return crc;
+        }
+        for (const auto& [from, to, n] : runs)
             for (std::size_t done = 0; done < n;) {
                 const auto k = std::min(detail::write_piece, n - done);
                 f.read_at(out + to + done, k, begin + from + done);
@@ -643,6 +658,15 @@ public:
             }
         return crc;
     }
+
+    /// Runs shorter than this are read many per system call (read_block), and gaps between
+    /// them up to this long are read and dropped rather than skipped by another call:
+    /// copying 16 KiB from the page cache costs about what a system call does.
+    static constexpr std::size_t short_read = std::size_t(16) << 10;
+    /// A batch of short runs: at most this many buffers (IOV_MAX on Linux) and about this
+    /// many bytes (checksummed while still in the cache).
+    static constexpr std::size_t batch_buffers = 1024;
+    static constexpr std::size_t batch_bytes = std::size_t(1) << 20;
 
     /// The CRC-32 of stored block `b` of `e`, read through `buffer` in pieces of at most
     /// 16 MiB.

@@ -27,6 +27,7 @@
 /// synchronisation, which walk weights, skip them.
 
 #include <xshard/comm/collectives.hpp>
+#include <xshard/nn/step_profile.hpp>
 #include <xshard/nn/module.hpp>
 #include <xshard/ops/conv_rule.hpp>
 
@@ -68,6 +69,7 @@ public:
     /// An input whose channels are split unlike the weights is redistributed to their split
     /// first (its gradient back by the adjoint).
     tensor<T, Mesh, 4> forward(const tensor<T, Mesh, 4>& x_in) {
+        const profile_scope timed(step_part::batch_norm);
         const auto r = pool2d_rule(x_in.layout());
         raise_conv_problem(r.problem, "batch_norm2d");
         x_layout_ = x_in.layout();
@@ -93,6 +95,7 @@ public:
             if (reduce) {
                 const auto& g = x.shape();
                 count = double((o_.sync ? g[0] : n) * g[2] * g[3]);
+                const profile_scope reducing(step_part::collectives);
                 allreduce(x.mesh().sub(reduce_axes), std::span(mean), reduction::sum);
             }
             for (auto& m : mean)
@@ -103,8 +106,10 @@ public:
                         const T d = a.data()[(i * c + k) * hw + j] - mean[k];
                         var[k] += d * d;
                     }
-            if (reduce)
+            if (reduce) {
+                const profile_scope reducing(step_part::collectives);
                 allreduce(x.mesh().sub(reduce_axes), std::span(var), reduction::sum);
+            }
             auto& rm = moving_mean_.value.local();
             auto& rv = moving_var_.value.local();
             for (std::size_t k = 0; k < c; ++k) {
@@ -143,6 +148,7 @@ public:
     /// batch's axes too when synchronised), dx = gamma rstd dy in evaluation. Linear in dy, so
     /// each rank's term of dy gives its term of dx.
     tensor<T, Mesh, 4> backward(const tensor<T, Mesh, 4>& dy) {
+        const profile_scope timed(step_part::batch_norm);
         const auto& d = dy.local();
         const std::size_t n = d.shape()[0], c = d.shape()[1], hw = d.shape()[2] * d.shape()[3];
         std::vector<T> sums(2 * c, T(0)); // sum dy, sum dy xhat
@@ -167,8 +173,10 @@ public:
                                              std::move(db), terms));
         auto dx = dy;
         const auto& gm = gamma_.value.local();
-        if (training_ && reduce_)
+        if (training_ && reduce_) {
+            const profile_scope reducing(step_part::collectives);
             allreduce(mesh.sub(reduce_axes_), std::span(sums), reduction::sum);
+        }
         for (std::size_t i = 0; i < n; ++i)
             for (std::size_t k = 0; k < c; ++k)
                 for (std::size_t j = 0; j < hw; ++j) {

@@ -27,6 +27,7 @@
 
 #include <xshard/nn/kept_halo.hpp>
 #include <xshard/nn/module.hpp>
+#include <xshard/nn/step_profile.hpp>
 #include <xshard/ops/conv_kernels.hpp>
 #include <xshard/ops/conv_rule.hpp>
 
@@ -104,7 +105,10 @@ public:
         const auto g = geometry(xl);
         const auto s = g.output_shape();
         typename tensor<T, Mesh, 4>::local_type y = tensor<T, Mesh, 4>::local_type::from_shape(s);
-        ops::conv2d_forward(xl.data(), w_.value.local().data(), y.data(), g);
+        {
+            const profile_scope timed(step_part::conv_forward);
+            ops::conv2d_forward(xl.data(), w_.value.local().data(), y.data(), g);
+        }
         if (b_ && !r.out.is_partial())
             add_bias(y);
         const auto& shape = x_in.shape();
@@ -132,7 +136,7 @@ public:
         tensor<T, Mesh, 4> dy = y_layout_.is_partial() && o_.resolve_output
                                     ? resolve_adjoint_.adjoint(dy_in, y_layout_)
                                     : dy_in;
-        const auto& xl = spatial_ ? halo_.op().band() : x_->local();
+        const auto& xl = spatial_ && !halo_.trivial() ? halo_.op().band() : x_->local();
         const auto g = geometry(xl);
         if (b_) {
             xt::xtensor<T, 1> db = xt::zeros<T>({g.out_channels});
@@ -148,11 +152,14 @@ public:
                                                std::move(db), dual(bl, mesh.shape())));
         }
         auto& grad = w_.terms();
-        ops::conv2d_backward_weight(xl.data(), dy.local().data(), grad.local().data(), g, true);
         typename tensor<T, Mesh, 4>::local_type dx =
             tensor<T, Mesh, 4>::local_type::from_shape(xl.shape());
-        ops::conv2d_backward_input(dy.local().data(), w_.value.local().data(), dx.data(), g);
-        if (spatial_)
+        {
+            const profile_scope timed(step_part::conv_backward);
+            ops::conv2d_backward_weight(xl.data(), dy.local().data(), grad.local().data(), g, true);
+            ops::conv2d_backward_input(dy.local().data(), w_.value.local().data(), dx.data(), g);
+        }
+        if (spatial_ && !halo_.trivial())
             dx = halo_.adjoint(dx);
         tensor<T, Mesh, 4> dxt(xshard::detail::unchecked, mesh, x_->shape(), std::move(dx),
                                dual(x_->layout(), mesh.shape()));

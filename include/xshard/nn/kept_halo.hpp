@@ -6,6 +6,10 @@
 /// `halo` step, its datatypes and band buffer) is built on first use and reused while the
 /// input fits it (the same mesh, global shape and layout), rebuilt when it does not.
 ///
+/// The layers' activations have their layout's block shapes by construction, so the exchange
+/// runs without `spatial_op::exchange`'s agreement round (`exchange_block`), and a rank whose
+/// band is its own block (`trivial`) sends, receives and copies nothing.
+///
 /// A layer calls `band(x)` forward (its extended band: own rows plus the neighbours' halo
 /// rows), runs its local kernel on it with `padding()` (the window's own at the image border,
 /// 0 where a halo serves) and gets exactly its block of output rows (the output keeps the
@@ -19,6 +23,7 @@
 /// blocks and the ResNet, for the benchmarks' per-step figures.
 
 #include <xshard/nn/module.hpp>
+#include <xshard/nn/step_profile.hpp>
 #include <xshard/ops/conv_kernels.hpp>
 #include <xshard/ops/spatial.hpp>
 
@@ -64,12 +69,20 @@ public:
     /// `x`'s extended band along `windows` (nchw_windows of the layer). Collective over the
     /// mesh (see spatial_op::exchange); plans first when `x` does not fit the kept plan.
     const local_type& band(const tensor_type& x, const windowed_dims& windows) {
+        const profile_scope timed(step_part::halo);
         if (!op_ || !op_->fits(x))
             op_.emplace(x, windows);
-        const auto& b = op_->exchange(x);
+        if (trivial()) // the band is the block: no message, no copy
+            return x.local();
+        const auto& b = op_->exchange_block(x);
         bytes_ += op_->plan().bytes_sent();
         return b;
     }
+
+    /// Whether the last `band` was this rank's block itself (a window that needs no row of
+    /// the neighbours here, e.g. a 1x1 stride-2 shortcut on even bands): then `band` returned
+    /// the block, and `adjoint` would return its argument (the layers skip it).
+    bool trivial() const noexcept { return op_ && op_->plan().trivial(); }
 
     /// The padding the local kernel applies around the band of the last `band` call.
     ops::padding2d padding() const {
@@ -81,6 +94,9 @@ public:
     /// The gradient of this rank's input block from that of its band (the halo step's
     /// adjoint: the neighbours' halo entries summed in). Collective like `band`.
     local_type adjoint(const local_type& grad_band) {
+        const profile_scope timed(step_part::halo);
+        if (trivial())
+            return grad_band;
         auto g = op_->adjoint(grad_band);
         bytes_ += op_->plan().bytes_sent();
         return g;

@@ -10,6 +10,7 @@
 
 #include <xshard/nn/kept_halo.hpp>
 #include <xshard/nn/module.hpp>
+#include <xshard/nn/step_profile.hpp>
 #include <xshard/ops/conv_kernels.hpp>
 #include <xshard/ops/conv_rule.hpp>
 
@@ -63,6 +64,7 @@ public:
             g_.pad = halo_.padding();
         typename tensor<T, Mesh, 4>::local_type y =
             tensor<T, Mesh, 4>::local_type::from_shape(g_.output_shape());
+        const profile_scope timed(step_part::pool);
         if constexpr (Max) {
             argmax_.resize(y.size());
             ops::max_pool2d_forward(xl.data(), y.data(), argmax_.data(), g_);
@@ -77,11 +79,14 @@ public:
     tensor<T, Mesh, 4> backward(const tensor<T, Mesh, 4>& dy) {
         typename tensor<T, Mesh, 4>::local_type dx =
             tensor<T, Mesh, 4>::local_type::from_shape(g_.input_shape());
-        if constexpr (Max)
-            ops::max_pool2d_backward(dy.local().data(), argmax_.data(), dx.data(), g_);
-        else
-            ops::avg_pool2d_backward(dy.local().data(), dx.data(), g_, o_.count_include_pad);
-        if (spatial_)
+        {
+            const profile_scope timed(step_part::pool);
+            if constexpr (Max)
+                ops::max_pool2d_backward(dy.local().data(), argmax_.data(), dx.data(), g_);
+            else
+                ops::avg_pool2d_backward(dy.local().data(), dx.data(), g_, o_.count_include_pad);
+        }
+        if (spatial_ && !halo_.trivial())
             dx = halo_.adjoint(dx);
         return tensor<T, Mesh, 4>(xshard::detail::unchecked, dy.mesh(), x_shape_, std::move(dx),
                                   dy.layout());

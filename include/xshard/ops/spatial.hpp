@@ -141,6 +141,16 @@ public:
         return band_;
     }
 
+    /// `exchange` for a tensor whose local block has its layout's shape by construction (the
+    /// layers' own activations): no agreement round before the messages (one collective
+    /// fewer per windowed layer); a caller-resized block is not detected. Collective over the
+    /// ranks' neighbouring bands only.
+    const local_type& exchange_block(const tensor_type& x) {
+        check(x);
+        plan_.forward(x.local().data(), band_.data());
+        return band_;
+    }
+
     /// `f(band, info)` on every rank's extended band of `x` (see band_info), as a tensor of
     /// `x`'s layout whose windowed dimensions are the windows' output extents and whose other
     /// extents are those of `out_shape` (default: `x`'s; its windowed entries are ignored).

@@ -50,6 +50,11 @@ xshard::detail::ckpt_model every_stage(pipeline<Model, X>& pipe, const S& optimi
     try {
         xshard::detail::collect(local, pipe.local_parameters(), "", all);
         xshard::detail::collect(local, optimizer_state, "optimizer.", true);
+        for (const auto& e : local.strategy.parameters)
+            if (e.mesh)
+                throw error("xshard: pipeline checkpoint: '" + e.name +
+                            "' lives on the mesh of a copy of part of the stage's ranks (hsdp "
+                            "shard_size over part of a mesh axis): not supported yet");
     } catch (const std::exception& e) {
         problem = e.what();
     }

@@ -69,6 +69,7 @@
 /// size (io/checkpoint.hpp redistributes on load).
 
 #include <xshard/comm/agree.hpp>
+#include <xshard/comm/collectives.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/partition.hpp>
@@ -85,11 +86,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -132,12 +135,18 @@ inline optimizer_level parse_optimizer_level(std::string_view name) {
 struct hsdp_options {
     /// The number of ranks one weight's update is split over: -1 for the weight's whole
     /// data-parallel group (its replicated mesh axes), else a positive divisor of that group
-    /// (hybrid sharding: split over shard_size ranks, replicated over the rest). Today it must
-    /// be the size of a set of the weight's replicated mesh axes (a mesh (dp_out, dp_in, tp)
-    /// gives shard_size = dp_in or dp_out); other divisors raise "not supported yet": a
-    /// layout splits a dimension over whole mesh axes, so a split over part of an axis would
-    /// not be an ordinary layout (nor checkpoint or redistribute as one). Declaring the axis
-    /// as two (dp = dp_out x dp_in) gives the same hybrid sharding.
+    /// (hybrid sharding: split over shard_size ranks, replicated over the rest). When it is
+    /// the size of a set of the weight's replicated axes, the split is over those (the
+    /// minor-most such set). Otherwise it is over part of one axis (with whole minor axes
+    /// when needed): groups of shard_size / (whole axes) consecutive ranks of that axis (dp = 4
+    /// with shard_size 2: ranks {0, 1} and {2, 3}), each group holding the whole sharded
+    /// state, replicated across the groups. That state lives on the mesh of this rank's group
+    /// (the same mesh type, the axis of the group's size), where it is an ordinary layout; its
+    /// reduce-scatter runs within the group, followed by an all-reduce of the block across
+    /// the groups. Such a state saves into an integrated checkpoint (each tensor with its
+    /// group's mesh, written by the group of rank 0) that loads into any level, mesh or world
+    /// size; the per-rank form and pipeline checkpoints of it raise "not supported yet", as
+    /// does a shard_size that needs parts of two axes.
     int shard_size = -1;
     /// Weights of fewer than this many KB (global shape x element size / 1024) stay unsharded.
     std::int64_t threshold = 64;
@@ -166,19 +175,34 @@ inline std::optional<std::string> hsdp_options_problem(const hsdp_options& o) {
     return std::nullopt;
 }
 
+/// The ranks a weight's update is split over (see hsdp_axes): `axes`, a set of mesh axes,
+/// of which `split_axis` (when >= 0) only in part: its ranks form copies of `inner`
+/// consecutive ranks (coordinates [o inner, (o + 1) inner) for copy o), each copy holding the
+/// whole sharded state, replicated across the copies (hybrid sharding over part of an axis).
+/// The state then lives on the mesh of one copy: the mesh with that axis of size `inner`.
+struct hsdp_group {
+    axis_set axes;
+    int split_axis = -1;
+    int inner = 0;
+    bool empty() const noexcept { return axes.empty(); }
+};
+
 /// The mesh axes (a subset of `replicated`, sizes > 1) a weight's update is split over under
 /// `shard_size`: all of them for -1, else the set whose sizes multiply to shard_size (the
-/// minor-most such set). Empty: the weight stays unsharded. Throws xshard::error when
-/// shard_size does not divide the group or no set of axes has that size.
-inline axis_set hsdp_axes(axis_set replicated, const mesh_shape& mesh, int shard_size,
-                          const std::string& name) {
+/// minor-most such set); when no set of whole axes has that size, a set of whole axes and
+/// the `inner` consecutive ranks of one more axis (the minor-most such choice: dp = 4 with
+/// shard_size 2 splits dp into copies of 2). Empty: the weight stays unsharded. Throws
+/// xshard::error when shard_size does not divide the group or no such choice exists (it
+/// would need parts of two axes).
+inline hsdp_group hsdp_axes(axis_set replicated, const mesh_shape& mesh, int shard_size,
+                            const std::string& name) {
     axis_set group;
     for (std::size_t i = 0; i < mesh.ndim(); ++i)
         if (replicated.contains(i) && mesh.sizes[i] > 1)
             group = group.with(i);
     const int size = mesh.group_size(group);
     if (shard_size == -1 || size == 1)
-        return group;
+        return {group};
     if (size % shard_size != 0)
         throw error("xshard: hsdp: shard_size " + std::to_string(shard_size) +
                     " does not divide the data-parallel group of weight '" + name + "' (" +
@@ -194,15 +218,37 @@ inline axis_set hsdp_axes(axis_set replicated, const mesh_shape& mesh, int shard
         if (bits == 0)
             break;
     }
-    if (!best)
-        throw error("xshard: hsdp: shard_size " + std::to_string(shard_size) + " for weight '" +
-                    name + "' (data-parallel group of " + std::to_string(size) +
-                    " ranks) is not supported yet: it must be the size of a set of the weight's "
-                    "replicated mesh axes (mesh " +
-                    mesh.to_string() +
-                    "); to shard over part of an axis, declare that axis as two (e.g. dp as "
-                    "(dp_out, dp_in))");
-    return *best;
+    if (best)
+        return {*best};
+    // Part of one axis a (minor-most first) with a set of whole other axes.
+    for (std::size_t a = mesh.ndim(); a-- > 0;) {
+        if (!group.contains(a))
+            continue;
+        const axis_set rest{group.bits & ~axis_set::of(a).bits};
+        std::optional<axis_set> whole;
+        int inner = 0;
+        for (std::uint32_t bits = rest.bits;; bits = (bits - 1) & rest.bits) {
+            const axis_set s{bits};
+            const int w = mesh.group_size(s);
+            if (shard_size % w == 0) {
+                const int k = shard_size / w;
+                if (k > 1 && k < mesh.sizes[a] && mesh.sizes[a] % k == 0 &&
+                    (!whole || s.bits > whole->bits)) {
+                    whole = s;
+                    inner = k;
+                }
+            }
+            if (bits == 0)
+                break;
+        }
+        if (whole)
+            return {whole->with(a), int(a), inner};
+    }
+    throw error("xshard: hsdp: shard_size " + std::to_string(shard_size) + " for weight '" + name +
+                "' (data-parallel group of " + std::to_string(size) +
+                " ranks) is not supported yet: it must be the size of a set of the weight's "
+                "replicated mesh axes, or of such a set and a divisor of one more axis (mesh " +
+                mesh.to_string() + ")");
 }
 
 } // namespace detail
@@ -371,14 +417,14 @@ public:
             throw;
         }
         if (!entries_.empty()) {
+            comm_ = comm;
             const auto& f = gradients.fusion;
-            gathers_ = make_fused(f.allgather.bytes(), true, *comm, mesh_shape_);
-            scatters_ =
-                make_fused(level() >= 2 ? f.reducescatter.bytes() : 0, false, *comm, mesh_shape_);
+            gathers_ = make_fused(f.allgather.bytes(), true);
+            scatters_ = make_fused(level() >= 2 ? f.reducescatter.bytes() : 0, false);
             for (auto& u : units_) {
-                u.gathers = plan_unit(u.members, true, *comm);
+                u.gathers = plan_unit(u.members, true);
                 if (level() >= 2)
-                    u.scatters = plan_unit(u.members, false, *comm);
+                    u.scatters = plan_unit(u.members, false);
             }
         }
         if (!allreduced.empty()) {
@@ -477,6 +523,37 @@ public:
                 release_values(u);
             }
             return dx;
+        }
+    }
+
+    /// Level3, for passes run outside `forward`/`backward` (a pipeline stage's forward and
+    /// backward of each micro-batch): all-gathers every sharded weight and gives the
+    /// gradients storage (zero terms), once, before the first pass; the values stay until
+    /// `end_passes`. No-op at levels 1 and 2. Collective over the weights' mesh.
+    void begin_passes() {
+        if (level() != 3)
+            return;
+        begin_forward();
+        for (std::size_t u = 0; u < units_.size(); ++u)
+            start_gather(u);
+        for (std::size_t u = 0; u < units_.size(); ++u) {
+            ensure_gathered(u);
+            allocate_grads(u);
+        }
+    }
+
+    /// Level3, after the last pass begun by `begin_passes`: starts the reduce-scatter of
+    /// each weight's accumulated gradient terms into its shard (and with overlap_allreduce
+    /// the all-reduce buckets) and frees the values and full gradients;
+    /// `synchronize_gradients()` completes the reductions. No-op at levels 1 and 2.
+    /// Collective over the weights' mesh.
+    void end_passes() {
+        if (level() != 3)
+            return;
+        driven_ = true;
+        for (std::size_t u = units_.size(); u-- > 0;) {
+            start_reductions(u);
+            release_values(u);
         }
     }
 
@@ -660,7 +737,63 @@ private:
         std::type_index type = typeid(void);
         std::size_t bytes = 0;
         bool reduced = false; ///< the shard's gradient holds this step's reduction
+        /// Where the shard lives: 0 the weight's mesh, s > 0 the copy mesh refinements_[s-1]
+        /// (a split over part of an axis), whose `across_reduce` sums the reduce-scattered
+        /// gradient block over the copies.
+        int space = 0;
+        std::function<void()> across_reduce;
     };
+
+    /// A split of mesh axis `axis` into copies of `inner` consecutive ranks: the mesh of
+    /// this rank's copy (the weights' mesh type, that axis of size `inner`; type-erased) and
+    /// the communicator of the ranks at this rank's place in every copy.
+    struct refinement {
+        int axis = 0;
+        int inner = 0;
+        std::shared_ptr<void> mesh;
+        const communicator* comm = nullptr; ///< the copy mesh's, for the batch plans
+        mesh_shape shape;
+        communicator across;
+    };
+
+    /// The index (>= 1) of the refinement of `mesh` splitting `axis` into copies of `inner`
+    /// ranks, made on first use (collective over the mesh: two splits and the copy mesh's
+    /// construction; every rank asks for the same ones in the same order).
+    template <class Mesh>
+    int refine(const Mesh& mesh, int axis, int inner) {
+        for (std::size_t i = 0; i < refinements_.size(); ++i)
+            if (refinements_[i].axis == axis && refinements_[i].inner == inner)
+                return int(i) + 1;
+        const auto& ms = mesh.shape();
+        const auto a = std::size_t(axis);
+        auto c = ms.coords(mesh.rank());
+        const int outer = c[a] / inner;
+        mesh_shape sub = ms;
+        sub.sizes[a] = inner;
+        c[a] %= inner;
+        const int sub_rank = sub.rank_of(c);
+        const communicator part = mesh.comm().split(outer, sub_rank);
+        std::array<int, Mesh::ndim> sizes{};
+        for (std::size_t i = 0; i < Mesh::ndim; ++i)
+            sizes[i] = sub.sizes[i];
+        auto m = std::make_shared<Mesh>(part, sizes);
+        refinement r;
+        r.axis = axis;
+        r.inner = inner;
+        r.comm = &m->comm();
+        r.shape = m->shape();
+        r.mesh = std::move(m);
+        r.across = mesh.comm().split(sub_rank, outer);
+        refinements_.push_back(std::move(r));
+        return int(refinements_.size());
+    }
+
+    const communicator& space_comm(int space) const {
+        return space == 0 ? *comm_ : *refinements_[std::size_t(space) - 1].comm;
+    }
+    const mesh_shape& space_shape(int space) const {
+        return space == 0 ? mesh_shape_ : refinements_[std::size_t(space) - 1].shape;
+    }
 
     /// A fused bucket: sharded weights of one element type whose all-gathers (or
     /// reduce-scatters) travel in one exchange; `start` and `finish` its two halves.
@@ -879,26 +1012,27 @@ private:
 
     /// Plans, per element type, one exchange for `members`: their all-gather (`gather`) or
     /// the reduce-scatter of their terms.
-    std::vector<fused> plan_unit(const std::vector<std::size_t>& members, bool gather,
-                                 const communicator& comm) {
-        std::map<std::type_index, std::vector<std::size_t>> by_type;
+    std::vector<fused> plan_unit(const std::vector<std::size_t>& members, bool gather) {
+        std::map<std::pair<std::type_index, int>, std::vector<std::size_t>> by_type;
         for (std::size_t i : members)
-            by_type[entries_[i].type].push_back(i);
+            by_type[{entries_[i].type, entries_[i].space}].push_back(i);
         std::vector<fused> out;
         for (auto& [type, list] : by_type)
-            out.push_back(plan_bucket(std::move(list), gather, comm, mesh_shape_, next_tag_++));
+            out.push_back(plan_bucket(std::move(list), gather, next_tag_++));
         return out;
     }
 
-    /// One exchange for the sharded weights `members` (of one element type), on message tag
-    /// `tag` (exchanges in flight at once use distinct tags).
-    fused plan_bucket(std::vector<std::size_t> members, bool gather, const communicator& comm,
-                      const mesh_shape& ms, int tag) {
+    /// One exchange for the sharded weights `members` (of one element type and one space), on
+    /// message tag `tag` (exchanges in flight at once use distinct tags); a reduce-scatter on
+    /// a copy mesh ends with the sum over the copies.
+    fused plan_bucket(std::vector<std::size_t> members, bool gather, int tag) {
         fused f;
         f.members = std::move(members);
+        const int space = entries_[f.members.front()].space;
         detail::with_element_type(entries_[f.members.front()].type, [&](auto zero) {
             using T = decltype(zero);
-            auto plan = std::make_shared<batch_redistribution_plan<T>>(comm, ms);
+            auto plan = std::make_shared<batch_redistribution_plan<T>>(space_comm(space),
+                                                                       space_shape(space));
             for (std::size_t i : f.members)
                 entries_[i].add_to(plan.get(), gather);
             f.start = [this, plan, members = f.members, gather, tag] {
@@ -911,10 +1045,14 @@ private:
                 plan->start(in, dst, tag);
             };
             // Level3 holds memory only while in use: the staging buffers too.
-            f.finish = [plan, release = level() == 3] {
+            f.finish = [this, plan, members = f.members, gather, release = level() == 3] {
                 plan->finish();
                 if (release)
                     plan->release_buffers();
+                if (!gather)
+                    for (std::size_t i : members)
+                        if (entries_[i].across_reduce)
+                            entries_[i].across_reduce();
             };
             f.test = [plan] {
                 return plan->test();
@@ -929,13 +1067,14 @@ private:
 
     /// Groups the sharded weights into buckets of at most `limit` bytes per element type (a
     /// bucket of one weight uses its own planned collective) and plans each bucket's exchange.
-    std::vector<fused> make_fused(std::size_t limit, bool gather, const communicator& comm,
-                                  const mesh_shape& ms) {
-        std::map<std::type_index, std::vector<fused>> by_type;
-        std::map<std::type_index, std::size_t> filled;
+    std::vector<fused> make_fused(std::size_t limit, bool gather) {
+        using key = std::pair<std::type_index, int>; // element type, space
+        std::map<key, std::vector<fused>> by_type;
+        std::map<key, std::size_t> filled;
         for (std::size_t i = 0; i < entries_.size(); ++i) {
-            auto& list = by_type[entries_[i].type];
-            auto& bytes = filled[entries_[i].type];
+            const key k{entries_[i].type, entries_[i].space};
+            auto& list = by_type[k];
+            auto& bytes = filled[k];
             if (list.empty() || limit == 0 || bytes + entries_[i].bytes > limit) {
                 list.emplace_back();
                 bytes = 0;
@@ -947,7 +1086,7 @@ private:
         for (auto& [type, list] : by_type)
             for (auto& f : list) {
                 if (f.members.size() > 1)
-                    f = plan_bucket(std::move(f.members), gather, comm, ms, 7);
+                    f = plan_bucket(std::move(f.members), gather, 7);
                 out.push_back(std::move(f));
             }
         return out;
@@ -971,10 +1110,10 @@ private:
         mesh_shape_ = ms;
         const layout v = w.value.layout();
         const std::size_t bytes = checked_mul(w.value.size(), sizeof(T));
-        axis_set axes;
+        detail::hsdp_group group;
         if (std::uint64_t(bytes) >= std::uint64_t(options_.threshold) * 1024U)
-            axes = detail::hsdp_axes(v.replicated_axes(ms), ms, options_.shard_size, name);
-        const bool shard = !axes.empty() && N > 0;
+            group = detail::hsdp_axes(v.replicated_axes(ms), ms, options_.shard_size, name);
+        const bool shard = !group.empty() && N > 0;
         const bool level2 = level() >= 2;
         auto& un = units_[unit_for(name)];
         if (!shard || !level2) {
@@ -989,21 +1128,35 @@ private:
                 throw error("xshard: hsdp: fp32_communication with optimizer_level " +
                             std::string(to_string(options_.optimizer_level)) +
                             " is not supported yet (weight '" + name + "' is 16-bit)");
-        const layout s = sharded_layout(v, ms, w.value.shape(), axes);
+        // Over part of an axis: the state lives on this rank's copy mesh (that axis of size
+        // `inner`), where the value's layout names the same block and the split is over
+        // whole axes again.
+        using Mesh = typename D::mesh_type;
+        const Mesh* state_mesh = &mesh;
+        const communicator* across = nullptr;
+        int space = 0;
+        if (group.split_axis >= 0) {
+            space = refine(mesh, group.split_axis, group.inner);
+            auto& r = refinements_[std::size_t(space) - 1];
+            state_mesh = static_cast<const Mesh*>(r.mesh.get());
+            across = &r.across;
+        }
+        const auto& sms = state_mesh->shape();
+        const layout s = sharded_layout(v, sms, w.value.shape(), group.axes);
         layouts_[name] = s;
         sharded_.insert(name);
         un.members.push_back(entries_.size());
-        const auto extent = block_of(s, ms, w.value.shape(), mesh.rank()).extent;
+        const auto extent = block_of(s, sms, w.value.shape(), state_mesh->rank()).extent;
         const auto value_extent = block_of(v, ms, w.value.shape(), mesh.rank()).extent;
         auto make = [&] {
-            return G(detail::unchecked, mesh, w.value.shape(), G::local_type::from_shape(extent),
-                     s);
+            return G(detail::unchecked, *state_mesh, w.value.shape(),
+                     G::local_type::from_shape(extent), s);
         };
         w.shard.emplace(weight_shard<D>{make(), make(), {}});
         w.shard->grad.local().fill(T(0));
         using plan_t = redistribution_plan<T, N>;
-        auto slice = std::make_shared<plan_t>(mesh, w.value.shape(), v, s);
-        auto back = std::make_shared<plan_t>(mesh, w.value.shape(), s, v);
+        auto slice = std::make_shared<plan_t>(*state_mesh, w.value.shape(), v, s);
+        auto back = std::make_shared<plan_t>(*state_mesh, w.value.shape(), s, v);
         slice->execute(w.value.local().data(), w.shard->value.local().data());
         // State the optimizer already has (a loaded checkpoint's) is kept, sliced.
         for (const auto& slot : w.state) {
@@ -1012,13 +1165,23 @@ private:
         }
         w.state.clear();
         const layout terms = w.term_layout();
+        // The terms as the copy mesh sees them (the same pending sums: no axis there is of
+        // one rank that is not one in the mesh); the reduce-scatter on it sums a copy's
+        // terms, `across_reduce` then the copies.
+        const layout copy_terms = detail::without_unit_sums(dual(v, sms), sms);
         std::shared_ptr<plan_t> scatter;
         if (level2 && !(terms == v))
-            scatter = std::make_shared<plan_t>(mesh, w.value.shape(), terms, s);
+            scatter = std::make_shared<plan_t>(*state_mesh, w.value.shape(), copy_terms, s);
         const double copies = double(ms.group_size(v.replicated_axes(ms)));
         const bool mean = gradients_.mean;
         W* p = &w;
         entry e;
+        e.space = space;
+        if (across)
+            e.across_reduce = [p, across] {
+                auto& l = p->shard->grad.local();
+                mpi::allreduce(*across, std::span<T>(l.data(), l.size()), reduction::sum);
+            };
         e.scale = [p, copies, mean] {
             if (mean)
                 for (auto& x : p->shard->grad.local())
@@ -1030,12 +1193,12 @@ private:
         e.terms = [p, terms, level2] {
             return level2 && p->grad.layout() == terms;
         };
-        e.add_to = [p, v, s, terms](void* plan, bool gather) {
+        e.add_to = [p, v, s, copy_terms](void* plan, bool gather) {
             auto& b = *static_cast<batch_redistribution_plan<T>*>(plan);
             if (gather)
                 b.add(p->value.shape(), s, v);
             else
-                b.add(p->value.shape(), terms, s);
+                b.add(p->value.shape(), copy_terms, s);
         };
         e.source = [p](bool gather) -> const void* {
             return gather ? p->shard->value.local().data() : p->grad.local().data();
@@ -1045,13 +1208,16 @@ private:
         };
         e.type = typeid(T);
         e.bytes = bytes;
-        e.to_shard = [p, slice, scatter, terms, v, level2, name, scale = e.scale] {
+        e.to_shard = [p, slice, scatter, terms, v, level2, name, scale = e.scale,
+                      across_reduce = e.across_reduce] {
             auto& sh = *p->shard;
             const layout g = p->grad.layout();
             if (g == v) {
                 slice->execute(p->grad.local().data(), sh.grad.local().data());
             } else if (scatter && g == terms) {
                 scatter->execute(p->grad.local().data(), sh.grad.local().data());
+                if (across_reduce)
+                    across_reduce();
                 scale();
             } else {
                 throw error("xshard: hsdp: the gradient of weight '" + name + "' is laid out " +
@@ -1101,6 +1267,9 @@ private:
     std::vector<unit> units_;
     std::map<std::string, std::size_t> unit_index_;
     mesh_shape mesh_shape_{};
+    const communicator* comm_ = nullptr; ///< the weights' mesh's
+    /// Copy meshes of splits over part of an axis (kept in place: entries point in).
+    std::deque<refinement> refinements_;
     std::vector<fused> gathers_, scatters_;
     std::unique_ptr<detail::selected_weights<M>> values_, grads_;
     std::optional<gradient_synchronizer> sync_;

@@ -21,6 +21,8 @@
 #include <map>
 #include <ostream>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace xshard {
 
@@ -38,10 +40,14 @@ std::map<std::string, double> local_norms(const G& grads) {
 }
 
 /// The norm of all of `grads` together, each element counted once (see the file comment).
-/// Collective over the tensors' mesh: one all-reduce of a double.
+/// Collective over the tensors' mesh (the largest, when some live on meshes of a part of its
+/// ranks, copies of one another that tile it): one all-reduce of a double.
 template <parameter_container G>
 double global_norm(const G& grads) {
-    double sum = 0;
+    // (contribution, ranks of its mesh): a tensor on a mesh of fewer ranks than the largest
+    // (optimizer sharding over part of an axis keeps its state on the mesh of one copy of
+    // those ranks, train/hsdp.hpp) is held alike by each copy of that mesh.
+    std::vector<std::pair<double, int>> parts;
     const communicator* comm = nullptr;
     for_each_parameter(grads, [&](const std::string& name, const auto& t) {
         if (t.layout().is_partial())
@@ -52,9 +58,14 @@ double global_norm(const G& grads) {
         for (const auto& x : t.local())
             s += double(x) * double(x);
         const auto& ms = t.mesh().shape();
-        sum += s / double(ms.group_size(t.layout().replicated_axes(ms)));
-        comm = &t.mesh().comm();
+        parts.emplace_back(s / double(ms.group_size(t.layout().replicated_axes(ms))),
+                           t.mesh().size());
+        if (!comm || t.mesh().size() > comm->size())
+            comm = &t.mesh().comm();
     });
+    double sum = 0;
+    for (const auto& [s, ranks] : parts)
+        sum += s / double(comm->size() / ranks);
     if (comm)
         allreduce(*comm, std::span(&sum, 1), reduction::sum);
     return std::sqrt(sum);
