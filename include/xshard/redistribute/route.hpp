@@ -186,10 +186,15 @@ inline std::optional<step> edge(const layout& x, const layout& y) {
         }
         return std::nullopt;
     }
-    // reduce_scatter of one partial axis into the minor end of one dimension.
+    // reduce_scatter of one partial axis into the minor end of one dimension: y keeps every
+    // other partial axis of x (a subset: on three axes or more, y could otherwise name a
+    // partial axis x splits or replicates, and the edge would claim a reduction it skips).
     if (y.partial.size() + 1 != x.partial.size() || (!y.partial.empty() && y.op != x.op))
         return std::nullopt;
     std::optional<axis_name> axis;
+    for (const auto& a : y.partial)
+        if (!x.partial.contains(a))
+            return std::nullopt;
     for (const auto& a : x.partial)
         if (!y.partial.contains(a))
             axis = a;
