@@ -276,10 +276,9 @@ int triangle_violations(std::mt19937& rng, const mesh_shape& m, int triples) {
 
 TEST(planner, a_direct_redistribution_never_costs_more_than_a_detour) {
     // The consistency property (PyTorch's planner broke it): on random layout
-    // triples (sum and max reductions), meshes of one and two axes, even and uneven shapes,
-    // the planner's price of a -> c is at most a -> b plus b -> c (three-axis meshes are past
-    // max_route_layouts). The three greedy
-    // candidates alone broke it on about one triple in twenty.
+    // triples (sum and max reductions), meshes of one, two and three axes (with axes of size
+    // 1 too), even and uneven shapes, the planner's price of a -> c is at most a -> b plus
+    // b -> c. The three greedy candidates alone broke it on about one triple in twenty.
     std::mt19937 rng(17);
     int violations = 0, checked = 0;
     const auto run = [&](const char* mesh, int rank2, int rank3) {
@@ -295,8 +294,13 @@ TEST(planner, a_direct_redistribution_never_costs_more_than_a_detour) {
     run("dp=4,tp=2", 400, 100);
     run("dp=3,tp=5", 300, 0);
     run("dp=64,tp=256", 200, 0);
+    run("a=2,b=2,c=2", 120, 30);
+    run("a=3,b=1,c=2", 100, 20);
+    run("a=2,b=4,c=8", 60, 10);
+    run("a=4,b=4,c=4", 40, 0);
+    run("a=16,b=16,c=32", 30, 0); // priced on a sample of ranks (route.hpp)
     EXPECT_EQ(violations, 0) << "of " << checked << " triples";
-    EXPECT_EQ(checked, 2700);
+    EXPECT_EQ(checked, 3110);
 }
 
 TEST(planner, the_route_is_cheaper_than_the_greedy_candidates_where_they_detour) {
