@@ -7,7 +7,10 @@
 //   mpirun -n 2 build/benchmarks/bench_redistribute [--reps N] [--filter name] [--quick]
 //
 // The shared-memory path of steps among ranks of one node is opt-in (reduce_tuning);
-// `mpirun -x XSHARD_BENCH_SHARED_MEMORY=1 ...` measures the cases through it.
+// `mpirun -x XSHARD_BENCH_SHARED_MEMORY=1 ...` measures the cases through it. The cases
+// named `..._node_storage` keep their shards in node storage (node_shared mesh, a
+// node_storage opened for the case) and always take the shared-memory path: peers' blocks
+// are read in place, each byte copied once.
 
 #include "harness.hpp"
 
@@ -107,15 +110,24 @@ xshard::reduce_tuning bench_tuning() {
     return t;
 }
 
-template <xshard::layout From, xshard::layout To>
-struct case_tensors {
-    xshard::dtensor<double, mesh_1d, From> src;
-    xshard::redistribution<xshard::dtensor<double, mesh_1d, From>, To> plan;
-    xshard::dtensor<double, mesh_1d, To> dst;
+/// The tuning of the node-storage cases: the shared-memory path at every size.
+xshard::reduce_tuning node_tuning() {
+    xshard::reduce_tuning t;
+    t.shared_memory_min_bytes = 0;
+    t.shared_memory_all_reduce = true;
+    return t;
+}
 
-    case_tensors(const mesh_1d& m, std::array<std::size_t, From.rank()> shape)
+template <xshard::layout From, xshard::layout To, class Mesh = mesh_1d>
+struct case_tensors {
+    xshard::dtensor<double, Mesh, From> src;
+    xshard::redistribution<xshard::dtensor<double, Mesh, From>, To> plan;
+    xshard::dtensor<double, Mesh, To> dst;
+
+    case_tensors(const Mesh& m, std::array<std::size_t, From.rank()> shape,
+                 const xshard::reduce_tuning& tuning = bench_tuning())
         : src(xshard::full<double, From>(m, shape, 1.0))
-        , plan(src, To, {}, bench_tuning())
+        , plan(src, To, {}, tuning)
         , dst(plan(src)) {}
     void run() { plan.execute_unchecked(src, dst); }
     const double* in() const { return src.local().data(); }
@@ -267,6 +279,64 @@ int main(int argc, char** argv) {
                                   MPI_Reduce_scatter_block(t.in(), t.out(), count / p, MPI_DOUBLE,
                                                            MPI_SUM, comm);
                               }));
+        }
+    }
+
+    // Shards in node storage (64 MiB tensors; the anchor below too): against every rank
+    // copying its destination block at once, and against MPI's reductions.
+    {
+        using node_mesh = xshard::node_shared<mesh_1d>;
+        const node_mesh nm(m);
+        const std::size_t bytes = o.quick ? std::size_t(1) << 16 : std::size_t(64) << 20;
+        const std::size_t n = std::size_t(1) << (std::bit_width(bytes / 8) / 2);
+        const std::size_t R = n, C = bytes / 8 / n;
+        const std::string suffix = "_" + size_name(bytes) + "_node_storage";
+        const std::size_t slack = std::size_t(1) << 20;
+        if (o.wants("split0_to_split1" + suffix)) {
+            xshard::node_storage storage(world, 2 * bytes / std::size_t(p) + slack);
+            case_tensors<"[x, -]", "[-, x]", node_mesh> t(nm, {R, C}, node_tuning());
+            concurrent_memcpy_case(m.comm(), o, "split0_to_split1" + suffix, bytes,
+                                   t.dst.local().size() * 8, [&] { t.run(); });
+        }
+        if (o.wants("uneven_general" + suffix)) {
+            xshard::node_storage storage(world, 2 * bytes / std::size_t(p) + slack);
+            case_tensors<"[x, -]", "[-, x]", node_mesh> t(nm, {R + 3, C - 5}, node_tuning());
+            concurrent_memcpy_case(m.comm(), o, "uneven_general" + suffix, bytes,
+                                   t.dst.local().size() * 8, [&] { t.run(); });
+        }
+        if (o.wants("partial_to_replicate" + suffix)) {
+            xshard::node_storage storage(world, 2 * bytes + slack);
+            case_tensors<"[-] partial(sum: x)", "[-]", node_mesh> t(nm, {bytes / 8},
+                                                                    node_tuning());
+            const int count = int(bytes / 8);
+            bench::report(
+                m.comm(), "partial_to_replicate" + suffix, bytes, "MPI_Allreduce",
+                bench::compare(
+                    m.comm(), o, [&] { t.run(); },
+                    [&] { MPI_Allreduce(t.in(), t.out(), count, MPI_DOUBLE, MPI_SUM, comm); }));
+        }
+        if (o.wants("partial_to_split" + suffix)) {
+            xshard::node_storage storage(world, bytes + bytes / std::size_t(p) + slack);
+            case_tensors<"[-] partial(sum: x)", "[x]", node_mesh> t(nm, {bytes / 8},
+                                                                    node_tuning());
+            const int count = int(bytes / 8 / std::size_t(p));
+            bench::report(m.comm(), "partial_to_split" + suffix, bytes, "MPI_Reduce_scatter_block",
+                          bench::compare(
+                              m.comm(), o, [&] { t.run(); },
+                              [&] {
+                                  MPI_Reduce_scatter_block(t.in(), t.out(), count, MPI_DOUBLE,
+                                                           MPI_SUM, comm);
+                              }));
+        }
+        const std::size_t side = o.quick ? 256 : 8192;
+        const std::string anchor_node = (o.quick ? std::string("colblock_to_rowblock_256")
+                                                 : std::string("colblock_to_rowblock_8192")) +
+                                        "_node_storage";
+        if (o.wants(anchor_node)) {
+            xshard::node_storage storage(world, 2 * side * side * 8 / std::size_t(p) + slack);
+            case_tensors<"[-, x]", "[x, -]", node_mesh> t(nm, {side, side}, node_tuning());
+            concurrent_memcpy_case(m.comm(), o, anchor_node, side * side * 8,
+                                   t.dst.local().size() * 8, [&] { t.run(); });
         }
     }
 

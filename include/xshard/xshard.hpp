@@ -23,6 +23,7 @@
 #include <xshard/comm/file.hpp>
 #include <xshard/comm/float16.hpp>
 #include <xshard/comm/node.hpp>
+#include <xshard/comm/node_arena.hpp>
 #include <xshard/comm/node_barrier.hpp>
 #include <xshard/comm/node_reduce.hpp>
 #include <xshard/comm/pairwise_reduce.hpp>
@@ -36,6 +37,7 @@
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh.hpp>
 #include <xshard/core/mesh_shape.hpp>
+#include <xshard/core/node_shared.hpp>
 #include <xshard/core/partition.hpp>
 #include <xshard/core/rule.hpp>
 #include <xshard/core/static_vector.hpp>
@@ -49,6 +51,7 @@
 #include <xshard/data/text.hpp>
 #include <xshard/data/views.hpp>
 #include <xshard/io/checkpoint.hpp>
+#include <xshard/io/file_mapping.hpp>
 #include <xshard/io/files.hpp>
 #include <xshard/io/format.hpp>
 #include <xshard/io/mapped_writer.hpp>

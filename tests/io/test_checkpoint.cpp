@@ -4,6 +4,7 @@
 
 #include <xshard/comm/subarray.hpp>
 #include <xshard/io/checkpoint.hpp>
+#include <xshard/io/file_mapping.hpp>
 #include <xshard/io/files.hpp>
 #include <xshard/io/format.hpp>
 #include <xshard/io/mapped_writer.hpp>
@@ -18,14 +19,15 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
-#include <cstring>
 #include <csignal>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -174,11 +176,13 @@ TEST(strategy_file, rejects_malformed_files) {
         {R"({"format": "xshard-strategy", "version": 1, "parameters": [],
             "mesh": {"axes": ["dp", "mp"], "sizes": [65536, 65536]}})",
          "a mesh of 4294967296 ranks"},
-        {std::string(good).replace(good.find("{\"name\""), 0,
-                                   R"({"name": "w", "shape": [1], "dtype": "F64", "layout": "[-]"},)"),
+        {std::string(good).replace(
+             good.find("{\"name\""), 0,
+             R"({"name": "w", "shape": [1], "dtype": "F64", "layout": "[-]"},)"),
          "parameter 'w' appears twice"},
         {std::string(good).replace(good.find("\"w\""), 3, "\"__metadata__\""), "reserved"},
-        {std::string(good).replace(good.find("F64"), 3, "F64\\u001b[2J"), "unknown dtype 'F64\\x1b[2J'"},
+        {std::string(good).replace(good.find("F64"), 3, "F64\\u001b[2J"),
+         "unknown dtype 'F64\\x1b[2J'"},
         {std::string(20000, '[') + std::string(20000, ']'), "nested deeper than 32"},
         // A pipeline's parameter: its stage a count, its own mesh one its layout fits.
         {std::string(good).replace(good.find("\"layout\""), 0, "\"stage\": -1, "), "stage"},
@@ -190,9 +194,8 @@ TEST(strategy_file, rejects_malformed_files) {
     };
     EXPECT_NO_THROW(xshard::strategy_file::from_json(good));
     // A pipeline's stage and mesh of its own round-trip.
-    const auto piped = xshard::strategy_file::from_json(
-        std::string(good).replace(good.find("\"layout\""), 0,
-                                  R"("stage": 1, "mesh": {"axes": ["dp"], "sizes": [4]}, )"));
+    const auto piped = xshard::strategy_file::from_json(std::string(good).replace(
+        good.find("\"layout\""), 0, R"("stage": 1, "mesh": {"axes": ["dp"], "sizes": [4]}, )"));
     ASSERT_EQ(piped.parameters.size(), 1u);
     EXPECT_EQ(piped.parameters[0].stage, 1);
     ASSERT_TRUE(piped.parameters[0].mesh);
@@ -228,20 +231,105 @@ TEST(strategy_file, checkpoint_json_ranks_must_equal_the_mesh_size) {
     });
     expect_io_error([&] { xshard::checkpoint_reader r(path); }, "'step' is not a count", "step");
     xshard::mpi::barrier(w);
-    // A parameter with a mesh of its own (a pipeline stage's): only integrated files.
-    on_rank0([&] {
-        auto j = nlohmann::json::parse(slurp(path + "/checkpoint.json"));
-        j["step"] = 2;
-        spit(path + "/checkpoint.json", j.dump());
-        auto s = nlohmann::json::parse(slurp(path + "/strategy.json"));
-        s["parameters"][0]["mesh"] = s["mesh"];
-        spit(path + "/strategy.json", s.dump());
-    });
-    expect_io_error([&] { xshard::checkpoint_reader r(path); }, "has a mesh of its own",
-                    "per-rank mesh");
+    // A parameter with a mesh of its own needs, per rank, the ranks that held it (a copy's),
+    // each a rank of the file's mesh, none twice.
+    const auto with_ranks = [&](std::optional<nlohmann::json> ranks) {
+        xshard::mpi::barrier(w); // (every rank has read the files the last check used)
+        on_rank0([&] {
+            auto j = nlohmann::json::parse(slurp(path + "/checkpoint.json"));
+            j["step"] = 2;
+            spit(path + "/checkpoint.json", j.dump());
+            auto s = nlohmann::json::parse(slurp(path + "/strategy.json"));
+            s["parameters"][0]["mesh"] = s["mesh"];
+            if (ranks)
+                s["parameters"][0]["ranks"] = *ranks;
+            spit(path + "/strategy.json", s.dump());
+        });
+    };
+    with_ranks(std::nullopt);
+    expect_io_error([&] { xshard::checkpoint_reader r(path); },
+                    "has a mesh of its own without the ranks that held it", "per-rank mesh");
+    if (w.size() > 1) {
+        with_ranks(nlohmann::json::array({0}));
+        expect_io_error([&] { xshard::checkpoint_reader r(path); },
+                        "not a list of one rank per rank", "ranks too few");
+    }
+    std::vector<int> twice(std::size_t(w.size()), 0), past(std::size_t(w.size()), 0);
+    for (int r = 0; r < w.size(); ++r)
+        past[std::size_t(r)] = r + 1;
+    with_ranks(nlohmann::json(past));
+    expect_io_error([&] { xshard::checkpoint_reader r(path); }, "a rank of parameter",
+                    "a rank past the mesh");
+    if (w.size() > 1) {
+        with_ranks(nlohmann::json(twice));
+        expect_io_error([&] { xshard::checkpoint_reader r(path); }, "twice", "a rank twice");
+    }
 }
 
 // --- checkpoints: round trips -----------------------------------------------------------
+
+/// The value of element (i, j) of the tensors `indexed` fills.
+double indexed_value(std::size_t i, std::size_t j) {
+    return double(i * 100003 + j) * 0.5;
+}
+/// A [rows, cols] tensor of layout `l` on `on` whose elements are `indexed_value` of their
+/// global indices (`fill`), or zeros.
+dyn<double, 2> indexed(const ckpt_mesh& on, std::size_t rows, std::size_t cols, const char* l,
+                       bool fill) {
+    auto t = xshard::zeros<double, xshard::dynamic_layout(2)>(on, {rows, cols}, l);
+    const auto b = t.block();
+    for (std::size_t i = 0; fill && i < b.extent[0]; ++i)
+        for (std::size_t j = 0; j < b.extent[1]; ++j)
+            t.local()(i, j) = indexed_value(b.offset[0] + i, b.offset[1] + j);
+    return t;
+}
+/// The elements of this rank's block of `t` that are not `indexed_value` of their indices.
+std::size_t index_mismatches(const dyn<double, 2>& t) {
+    std::size_t bad = 0;
+    const auto b = t.block();
+    for (std::size_t i = 0; i < b.extent[0]; ++i)
+        for (std::size_t j = 0; j < b.extent[1]; ++j)
+            bad += t.local()(i, j) != indexed_value(b.offset[0] + i, b.offset[1] + j);
+    return bad;
+}
+
+TEST(checkpoint, copies_of_a_mesh_over_every_other_rank_save_and_load_in_both_forms) {
+    // A tensor on copies of a mesh over part of the ranks (as hsdp's state sharded over part
+    // of an axis), here the even and the odd ranks (not consecutive: a per-rank checkpoint
+    // reads the copy holding rank 0 from rank files 0, 2, 4, ...), beside one on the whole
+    // mesh; loaded onto the whole mesh and back onto the copies, exactly.
+    const auto w = world();
+    if (w.size() % 2)
+        return;
+    const ckpt_mesh m(w, {w.size(), 1});
+    const auto half = w.split(w.rank() % 2, w.rank());
+    const ckpt_mesh hm(half, {half.size(), 1});
+    for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank}) {
+        const auto path = scratch() + "/copies";
+        xshard::save_checkpoint(
+            path,
+            std::tuple(xshard::parameter{"full", indexed(m, 10, 6, "[dp, -]", true)},
+                       xshard::parameter{"part", indexed(hm, 9, 5, "[dp, -]", true)}),
+            {.format = format});
+        const xshard::checkpoint_reader r(path);
+        const auto& e = *r.strategy().find("part");
+        ASSERT_TRUE(e.mesh.has_value());
+        std::vector<int> evens;
+        for (int k = 0; k < w.size(); k += 2)
+            evens.push_back(k);
+        EXPECT_EQ(e.ranks, evens) << "the copy holding rank 0";
+        auto whole = std::tuple(xshard::parameter{"full", indexed(m, 10, 6, "[-, dp]", false)},
+                                xshard::parameter{"part", indexed(m, 9, 5, "[-, dp]", false)});
+        xshard::load_checkpoint(path, whole);
+        EXPECT_EQ(index_mismatches(std::get<0>(whole).value), 0u) << where(m);
+        EXPECT_EQ(index_mismatches(std::get<1>(whole).value), 0u) << where(m);
+        auto copies = std::tuple(xshard::parameter{"full", indexed(m, 10, 6, "[dp, -]", false)},
+                                 xshard::parameter{"part", indexed(hm, 9, 5, "[-, dp]", false)});
+        xshard::load_checkpoint(path, copies);
+        EXPECT_EQ(index_mismatches(std::get<1>(copies).value), 0u) << where(hm);
+        xshard::mpi::barrier(w);
+    }
+}
 
 TEST(checkpoint, loads_into_other_layouts_in_both_forms_with_optimizer_state_and_step) {
     for_each_world_mesh([&](const ckpt_mesh& m) {
@@ -338,9 +426,10 @@ TEST(files, mapped_writer_interleaves_short_runs_of_all_ranks_through_reserved_m
     const auto path = scratch() + "/mapped";
     on_rank0([&] { xshard::detail::file(path, O_WRONLY | O_CREAT | O_EXCL); });
     constexpr std::size_t run = 4096, runs = 300, at = 1234, big = 65536;
-    static_assert(run < xshard::detail::mapped_writer::short_run &&
-                  big >= xshard::detail::mapped_writer::short_run);
-    const auto byte_of = [](std::size_t offset) { return std::byte((offset * 7 + offset / 4093) & 0xff); };
+    static_assert(run < xshard::detail::short_run && big >= xshard::detail::short_run);
+    const auto byte_of = [](std::size_t offset) {
+        return std::byte((offset * 7 + offset / 4093) & 0xff);
+    };
     const auto expected = [&](std::size_t from, std::size_t n) {
         std::vector<std::byte> v(n);
         for (std::size_t i = 0; i < n; ++i)
@@ -396,6 +485,59 @@ TEST(files, mapped_writer_interleaves_short_runs_of_all_ranks_through_reserved_m
         EXPECT_NO_THROW(writer.reserve(0, 1 << 16));
         ::setrlimit(RLIMIT_FSIZE, &saved);
     }
+}
+
+/// A SIGBUS handler that counts its calls (the one installed before xshard's guard).
+int foreign_sigbus_calls = 0;
+void foreign_sigbus(int) {
+    ++foreign_sigbus_calls;
+}
+
+TEST(files, a_file_shrunk_under_a_mapping_is_an_io_error_and_other_sigbus_handlers_stay) {
+    // Each rank maps a file of its own, which is then truncated: a load or store through the
+    // mapping raises io_error (not SIGBUS), a SIGBUS of anything else still reaches the
+    // handler installed before, and that handler is back in place afterwards.
+    const auto w = world();
+    const auto path = scratch() + "/shrinking." + std::to_string(w.rank());
+    spit(path, std::string(std::size_t(256) << 10, 'x'));
+    struct sigaction foreign {
+    }, now{};
+    foreign.sa_handler = foreign_sigbus;
+    sigemptyset(&foreign.sa_mask);
+    struct sigaction saved {};
+    ::sigaction(SIGBUS, &foreign, &saved);
+    {
+        const xshard::detail::file f(path, O_RDWR);
+        xshard::detail::file_window window(f, PROT_READ | PROT_WRITE, std::size_t(64) << 10);
+        ASSERT_TRUE(window.map(0, 4096));
+        char c = 0;
+        window.access([&] { c = char(*window.at(8192)); }, "read");
+        EXPECT_EQ(c, 'x');
+        ::raise(SIGBUS); // not a fault of the window: the previous handler's
+        EXPECT_EQ(foreign_sigbus_calls, 1);
+        ASSERT_EQ(::truncate(path.c_str(), 4096), 0);
+        window.access([&] { c = char(*window.at(100)); }, "read"); // still in the file
+        EXPECT_EQ(c, 'x');
+        try {
+            window.access([&] { c = char(*window.at(8192)); }, "read");
+            ADD_FAILURE() << "a load past the end of a shrunk file did not raise";
+        } catch (const io_error& e) {
+            EXPECT_NE(std::string(e.what()).find(path + " shrank while it was read"),
+                      std::string::npos)
+                << e.what();
+        }
+        // The same through the writer, in space it reserved before the file shrank.
+        xshard::detail::mapped_writer writer(f);
+        writer.reserve(0, std::size_t(128) << 10);
+        ASSERT_EQ(::truncate(path.c_str(), 4096), 0);
+        const std::vector<std::byte> run(4096, std::byte{7});
+        EXPECT_THROW(writer.write_checksummed(run.data(), run.size(), 65536), io_error);
+        EXPECT_NO_THROW(writer.write_checksummed(run.data(), run.size(), 0));
+    }
+    ::sigaction(SIGBUS, nullptr, &now);
+    EXPECT_EQ(now.sa_handler, &foreign_sigbus) << "the handler installed before is restored";
+    ::sigaction(SIGBUS, &saved, nullptr);
+    fs::remove(path);
 }
 
 TEST(checkpoint, refuses_partial_tensors) {
@@ -607,42 +749,23 @@ TEST(checkpoint, block_checksums_catch_damage_in_one_pass_and_in_two) {
     }
 }
 
-/// Column splits of wide rows load in batches of short runs (format.hpp read_block): rows of
-/// 3072 doubles (24 KiB) split over W ranks give each rank runs of 24/W KiB with gaps of
-/// 24 - 24/W KiB between them (W = 2, 3: runs and gaps read together; 4, 6, 8: gaps longer
-/// than short_read, each run read apart; 1: one run); 700 rows cross the batches' byte bound,
-/// and a [2000, 16] tensor their buffer bound. Loaded into the saved layout the values are
-/// exact, and a flipped byte in a run still raises a checksum mismatch.
-TEST(checkpoint, short_runs_load_in_batches_exactly_and_checked) {
+/// Column splits of wide rows load through a mapping of the file (format.hpp read_block):
+/// rows of 3072 doubles (24 KiB) split over W ranks give each rank runs of 24/W KiB (W >= 2:
+/// short; 1: one long run, read); a [2000, 16] tensor gives runs of 128/W bytes. Loaded into
+/// the saved layout the values are exact, a flipped byte in a run still raises a checksum
+/// mismatch, and a file truncated while it is read raises io_error on the ranks reading it.
+TEST(checkpoint, short_runs_load_through_a_mapping_exactly_and_checked) {
     const auto w = world();
     const ckpt_mesh m(w, {1, w.size()});
-    const auto value = [](std::size_t i, std::size_t j) { return double(i * 100003 + j) * 0.5; };
-    const auto make = [&](std::size_t rows, std::size_t cols, bool fill) {
-        auto t = xshard::zeros<double, xshard::dynamic_layout(2)>(m, {rows, cols}, "[-, mp]");
-        if (fill) {
-            const auto b = t.block();
-            for (std::size_t i = 0; i < b.extent[0]; ++i)
-                for (std::size_t j = 0; j < b.extent[1]; ++j)
-                    t.local()(i, j) = value(b.offset[0] + i, b.offset[1] + j);
-        }
-        return t;
-    };
-    const auto mismatches = [&](const auto& t) {
-        std::size_t bad = 0;
-        const auto b = t.block();
-        for (std::size_t i = 0; i < b.extent[0]; ++i)
-            for (std::size_t j = 0; j < b.extent[1]; ++j)
-                bad += t.local()(i, j) != value(b.offset[0] + i, b.offset[1] + j);
-        return bad;
-    };
     const auto path = scratch() + "/wide.safetensors";
-    xshard::save_checkpoint(path, std::tuple(xshard::parameter{"wide", make(700, 3072, true)},
-                                             xshard::parameter{"tall", make(2000, 16, true)}));
-    auto loaded = std::tuple(xshard::parameter{"wide", make(700, 3072, false)},
-                             xshard::parameter{"tall", make(2000, 16, false)});
+    xshard::save_checkpoint(
+        path, std::tuple(xshard::parameter{"wide", indexed(m, 700, 3072, "[-, mp]", true)},
+                         xshard::parameter{"tall", indexed(m, 2000, 16, "[-, mp]", true)}));
+    auto loaded = std::tuple(xshard::parameter{"wide", indexed(m, 700, 3072, "[-, mp]", false)},
+                             xshard::parameter{"tall", indexed(m, 2000, 16, "[-, mp]", false)});
     xshard::load_checkpoint(path, loaded);
-    EXPECT_EQ(mismatches(std::get<0>(loaded).value), 0u) << where(m);
-    EXPECT_EQ(mismatches(std::get<1>(loaded).value), 0u) << where(m);
+    EXPECT_EQ(index_mismatches(std::get<0>(loaded).value), 0u) << where(m);
+    EXPECT_EQ(index_mismatches(std::get<1>(loaded).value), 0u) << where(m);
     // A byte of the last rank's run in the middle row of 'wide' flipped (W = 1: of the
     // tensor's one run).
     const xshard::checkpoint_reader r(path);
@@ -656,6 +779,27 @@ TEST(checkpoint, short_runs_load_in_batches_exactly_and_checked) {
     });
     expect_io_error([&] { xshard::load_checkpoint(path + ".damaged", loaded); },
                     "checksum mismatch in wide", "a short run");
+    // Truncated (by "another process") after a first read of this rank's block of 'wide'.
+    on_rank0([&] { spit(path + ".shrinking", slurp(path)); });
+    const xshard::checkpoint_reader shrinking(path + ".shrinking");
+    const auto& entry = *shrinking.strategy().find("wide");
+    const auto block = shrinking.blocks(entry).at(std::size_t(w.rank()));
+    std::vector<std::byte> out(block.size() * sizeof(double));
+    EXPECT_EQ(xshard::detail::crc_hex(
+                  shrinking.read_block(entry, block, block.offset, block.extent, out.data())),
+              *shrinking.checksum(entry, block));
+    xshard::mpi::barrier(w);
+    on_rank0([&] { ASSERT_EQ(::truncate((path + ".shrinking").c_str(), 4096), 0); });
+    xshard::mpi::barrier(w);
+    try {
+        shrinking.read_block(entry, block, block.offset, block.extent, out.data());
+        ADD_FAILURE() << "reading a truncated file did not raise" << where(m);
+    } catch (const io_error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(w.size() > 1 ? "shrank while it was read" : "is truncated"),
+                  std::string::npos)
+            << what << where(m);
+    }
 }
 
 TEST(checkpoint, version_1_files_load_and_malformed_block_checksums_are_refused) {
@@ -735,7 +879,9 @@ TEST(checkpoint, duplicate_and_reserved_names_are_refused_in_every_container) {
     const auto w = world();
     const ckpt_mesh m(w, {1, w.size()});
     const auto path = scratch() + "/ckpt";
-    auto t = [&] { return xshard::zeros<double, xshard::dynamic_layout(1)>(m, {6}, "[mp]"); };
+    auto t = [&] {
+        return xshard::zeros<double, xshard::dynamic_layout(1)>(m, {6}, "[mp]");
+    };
     const auto expect = [&](auto&& container, const std::string& what, const std::string& kind) {
         for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank}) {
             try {
@@ -797,8 +943,14 @@ TEST(checkpoint, never_replaces_or_removes_what_is_not_a_checkpoint) {
                  fs::create_directories(path);
                  spit(path + "/strategy.json", "mine");
              }},
-            {"a user's file", [&] { spit(path, "mine"); }},
-            {"a link", [&] { fs::create_symlink(victim, path); }},
+            {"a user's file",
+             [&] {
+                 spit(path, "mine");
+             }},
+            {"a link",
+             [&] {
+                 fs::create_symlink(victim, path);
+             }},
         };
         for (const auto& [name, make] : cases) {
             on_rank0([&] {
@@ -859,9 +1011,8 @@ TEST(checkpoint, either_form_replaces_the_other_and_stale_temporaries_do_not_mat
     });
     net n(m, saved_layouts);
     std::int64_t step = 0;
-    for (const auto format :
-         {checkpoint_format::integrated, checkpoint_format::per_rank,
-          checkpoint_format::integrated, checkpoint_format::per_rank}) {
+    for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank,
+                              checkpoint_format::integrated, checkpoint_format::per_rank}) {
         ++step;
         n.fill_all(step);
         xshard::save_checkpoint(path, n, {.format = format, .step = step});
@@ -931,9 +1082,12 @@ TEST(checkpoint, a_save_removes_what_killed_saves_left_and_nothing_else) {
         EXPECT_EQ(loaded.mismatches_all(3, false), 0u);
         xshard::mpi::barrier(w);
         const auto form = format == checkpoint_format::integrated ? "integrated" : "per-rank";
-        std::set<std::string> kept{"ckpt",           "ckpt.tmp-00112233445566ff",
-                                   "ckpt.tmp-Zz0000", "ckpt.tmp-fedcba9876543210",
-                                   "ckpt.tmp-notes", "victim.txt"};
+        std::set<std::string> kept{"ckpt",
+                                   "ckpt.tmp-00112233445566ff",
+                                   "ckpt.tmp-Zz0000",
+                                   "ckpt.tmp-fedcba9876543210",
+                                   "ckpt.tmp-notes",
+                                   "victim.txt"};
         std::vector<std::string> others;
         for (const auto& e : fs::directory_iterator(dir)) {
             const auto name = e.path().filename().string();
@@ -1044,8 +1198,8 @@ TEST(subarray, split_counts_give_the_same_box_as_mpi_subarray) {
                     want.push_back(source[(((offset[0] + i) * 7 + offset[1] + j) * 3 + k) * 2 + b]);
     const auto element = xshard::byte_run_datatype(2);
     for (const std::size_t limit : {std::size_t(2), std::size_t(3), std::size_t(1) << 30}) {
-        const auto split = xshard::detail::box_from_vectors(shape, offset, extent,
-                                                            element.native(), limit);
+        const auto split =
+            xshard::detail::box_from_vectors(shape, offset, extent, element.native(), limit);
         EXPECT_EQ(packed(split, source), want) << "limit " << limit;
         EXPECT_EQ(xshard::detail::extent_of(split.native()), source.size()) << "limit " << limit;
     }
@@ -1063,7 +1217,9 @@ TEST(large, a_block_over_2_gib_saves_and_loads_in_both_forms) {
         return xshard::zeros<std::uint8_t, xshard::dynamic_layout(2)>(m, {3, cols * w.size()},
                                                                       "[-, mp]");
     };
-    auto value = [](std::size_t i) { return std::uint8_t((i * 7 + i / 4099) % 251); };
+    auto value = [](std::size_t i) {
+        return std::uint8_t((i * 7 + i / 4099) % 251);
+    };
     auto saved = std::tuple(xshard::parameter{"big", make()});
     auto& block = std::get<0>(saved).value.local();
     for (std::size_t i = 0; i < block.size(); ++i)

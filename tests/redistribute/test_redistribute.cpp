@@ -5,6 +5,7 @@
 // within its memory figure.
 
 #include <xshard/comm/node.hpp>
+#include <xshard/core/node_shared.hpp>
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/gather.hpp>
@@ -341,7 +342,7 @@ const xshard::reduce_tuning through_messages{.shared_memory_min_bytes = SIZE_MAX
 /// old values); not a byte through MPI once the windows are set up; and the result fed to a
 /// plan on MPI messages and back (tensors of both paths mixed).
 template <std::size_t N, class Mesh>
-void random_pairs_shared(const Mesh& m, int pairs, unsigned seed) {
+void random_pairs_shared(const Mesh& m, int pairs, unsigned seed, bool in_storage = false) {
     const auto layouts = all_layouts(m.shape(), N, true);
     std::mt19937 rng(seed); // the same draws on every rank
     std::uniform_int_distribution<std::size_t> pick(0, layouts.size() - 1);
@@ -376,6 +377,10 @@ void random_pairs_shared(const Mesh& m, int pairs, unsigned seed) {
         if (xshard::shared_memory_allowed()) {
             EXPECT_EQ(sent, 0u) << what << ": bytes went through MPI";
         }
+        // Shards in node storage on every rank, one step: read in place, no staging window.
+        if (in_storage && steps.size() == 1) {
+            EXPECT_EQ(plan.plan().window_bytes(), 0u) << what;
+        }
         // Mixed: back to the source layout on MPI messages, then once more through shared
         // memory from a tensor the MPI path made.
         auto back = xshard::make_redistribution<dynamic_layout(N)>(out, from, {}, through_messages);
@@ -392,6 +397,131 @@ TEST(redistribute, through_shared_memory_the_tensor_is_preserved) {
         random_pairs_shared<2>(m, 24, 12);
         random_pairs_shared<3>(m, 12, 13);
     });
+}
+
+/// Whether every rank of the world has an open node arena with `bytes` free.
+bool storage_everywhere(const xshard::node_storage& storage, std::size_t bytes) {
+    int ok = storage.is_open() && storage.free_bytes() >= bytes ? 1 : 0;
+    xshard::mpi::allreduce(world(), std::span(&ok, 1), xshard::reduction::min);
+    return ok == 1;
+}
+
+TEST(redistribute, shards_in_node_storage_are_read_in_place) {
+    // The same random pairs with every shard in node storage (node_shared meshes): exact,
+    // no byte through MPI, and single-step plans need no staging window.
+    xshard::node_storage storage(world(), 1 << 20);
+    const bool everywhere = storage_everywhere(storage, 1 << 20);
+    for_each_mesh([&](const auto& m) {
+        const xshard::node_shared<std::remove_cvref_t<decltype(m)>> nm(m);
+        random_pairs_shared<1>(nm, 12, 21, everywhere);
+        random_pairs_shared<2>(nm, 24, 22, everywhere);
+        random_pairs_shared<3>(nm, 12, 23, everywhere);
+    });
+}
+
+TEST(redistribute, shards_partly_in_node_storage_are_exact) {
+    // Mixed: every other rank's arena too small for any shard (theirs go to the heap and are
+    // staged), and arenas that fill up during the test.
+    const auto w = world();
+    xshard::node_storage storage(w, w.rank() % 2 ? 4096 : 64);
+    for_each_mesh([&](const auto& m) {
+        const xshard::node_shared<std::remove_cvref_t<decltype(m)>> nm(m);
+        random_pairs_shared<2>(nm, 16, 31);
+        random_pairs_shared<3>(nm, 8, 32);
+    });
+}
+
+TEST(redistribute, shards_in_different_arenas_are_staged) {
+    // Each half of the world opens its own node storage: members of a step that spans both
+    // halves cannot read each other's arena through their own, so every member stages its
+    // block (after the first barrier, those whose block lies in their arena), exact.
+    const auto w = world();
+    const auto half = w.split(w.rank() % 2, w.rank());
+    xshard::node_storage storage(half, 1 << 20);
+    for_each_mesh([&](const auto& m) {
+        const xshard::node_shared<std::remove_cvref_t<decltype(m)>> nm(m);
+        random_pairs_shared<2>(nm, 12, 41);
+    });
+}
+
+TEST(redistribute, tensors_in_node_storage_take_the_node_path_by_default) {
+    // From 1 MiB on, without any tuning, all-reduce included; smaller ones and ordinary
+    // meshes keep MPI messages.
+    const auto w = world();
+    xshard::node_storage storage(w, 8 << 20);
+    const xshard::mesh<"x"> plain(w, {w.size()});
+    const xshard::node_shared<xshard::mesh<"x">> m(plain);
+    const std::array<std::size_t, 2> big{512, 300}, small{16, 3}; // 1.17 MiB, 384 B
+    const bool node = w.size() > 1 && xshard::shared_memory_allowed();
+    for (const char* to : {"[-, x]", "[-, -]"}) {
+        auto a = xshard::full<double, dynamic_layout(2)>(m, big, 1.0,
+                                                         layout("[-, -] partial(sum: x)"));
+        auto pa = xshard::make_redistribution<dynamic_layout(2)>(a, layout(to));
+        const xt::xtensor<double, 2> ones = xt::ones<double>(big);
+        EXPECT_EQ(xshard::gather_all(pa(a)), ones) << to;
+        EXPECT_EQ(pa.plan().shared_memory_steps() > 0, node) << to;
+        auto b = xshard::full<double, dynamic_layout(2)>(m, small, 1.0, layout("[x, -]"));
+        auto pb = xshard::make_redistribution<dynamic_layout(2)>(b, layout(to));
+        (void)pb(b);
+        EXPECT_EQ(pb.plan().shared_memory_steps(), 0u) << to;
+        auto c = xshard::full<double, dynamic_layout(2)>(plain, big, 1.0, layout("[x, -]"));
+        auto pc = xshard::make_redistribution<dynamic_layout(2)>(c, layout(to));
+        (void)pc(c);
+        EXPECT_EQ(pc.plan().shared_memory_steps(), 0u) << to;
+    }
+}
+
+TEST(redistribute, a_slow_writer_is_never_read_early) {
+    // In place, a reader reads the owner's shard itself: a rank that writes its shard late
+    // (sleeping while the others already entered the redistribution) must still be read
+    // after it wrote, and a rank that overwrites its shard as soon as its call returns must
+    // not disturb a peer still reading. All-to-all, all-gather and the reductions, exact.
+    const auto w = world();
+    xshard::node_storage storage(w, 1 << 22);
+    using M = xshard::node_shared<xshard::mesh<"x">>;
+    const M m(w, {w.size()});
+    const std::array<std::size_t, 2> shape{std::size_t(37 * w.size() + 5), 29};
+    const std::pair<const char*, const char*> pairs[] = {
+        {"[x, -]", "[-, x]"}, {"[x, -]", "[-, -]"}, {"[-, x]", "[x, -]"},
+        {"[-, -] partial(sum: x)", "[-, -]"}, {"[-, -] partial(sum: x)", "[x, -]"}};
+    for (const auto& [from, to] : pairs) {
+        const bool partial = std::string_view(from).find("partial") != std::string_view::npos;
+        auto value = [&](int round, int term, std::size_t i) {
+            return (long long)(i % 1009) * (round + 1) + (partial ? 100000LL * term : 0);
+        };
+        auto src = xshard::zeros<long long, dynamic_layout(2)>(m, shape, layout(from));
+        auto plan = xshard::make_redistribution<dynamic_layout(2)>(src, layout(to), {},
+                                                                   through_shared_memory);
+        auto out = plan(src);
+        const auto b = src.block();
+        for (int round = 0; round < 6; ++round) {
+            if (m.rank() == round % m.size())
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            // This rank's shard: its block of the global tensor (its own term, partial).
+            auto& local = src.local();
+            const auto ext = b.extent;
+            for (std::size_t r = 0; r < ext[0]; ++r)
+                for (std::size_t c = 0; c < ext[1]; ++c)
+                    local(r, c) = value(round, partial ? m.rank() : 0,
+                                        (b.offset[0] + r) * shape[1] + b.offset[1] + c);
+            plan.execute(src, out);
+            local.fill(-1); // at once: a peer still reading would see it
+            auto expected = xt::xtensor<long long, 2>::from_shape(shape);
+            for (std::size_t i = 0; i < expected.size(); ++i) {
+                expected.data()[i] = 0;
+                for (int q = 0; q < (partial ? m.size() : 1); ++q)
+                    expected.data()[i] += value(round, q, i);
+            }
+            const auto ob = out.block();
+            bool exact = true;
+            for (std::size_t r = 0; r < ob.extent[0] && exact; ++r)
+                for (std::size_t c = 0; c < ob.extent[1] && exact; ++c)
+                    exact = out.local()(r, c) ==
+                            expected(ob.offset[0] + r, ob.offset[1] + c);
+            EXPECT_TRUE(exact) << from << " -> " << to << " round " << round << " rank "
+                               << m.rank();
+        }
+    }
 }
 
 TEST(redistribute, through_shared_memory_large_reductions_are_exact) {

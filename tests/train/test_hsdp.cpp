@@ -495,7 +495,8 @@ TEST(hsdp_checkpoint, saved_sharded_loads_at_any_level) {
 
 /// A state sharded over part of dp (shard_size 2 of W, each copy's state on its own mesh)
 /// saves into an integrated checkpoint that loads unsharded, into another partial sharding,
-/// and at level3 on half the ranks; each run then continues as the one that saved.
+/// and at level3 on half the ranks, and into a per-rank one that loads unsharded; each run
+/// then continues as the one that saved.
 TEST(hsdp_checkpoint, partial_axis_state_loads_anywhere) {
     const auto w = world();
     if (w.size() < 4 || w.size() % 2)
@@ -523,6 +524,10 @@ TEST(hsdp_checkpoint, partial_axis_state_loads_anywhere) {
         });
         train(a, opt_a, src, &sharding, 0, 3, ra);
         xshard::save_checkpoint(path, a, {.step = opt_a.steps()}, opt_a.state_of(a));
+        xshard::save_checkpoint(dir + "/hsdp_part_per_rank", a,
+                                {.format = xshard::checkpoint_format::per_rank,
+                                 .step = opt_a.steps()},
+                                opt_a.state_of(a));
         train(a, opt_a, src, &sharding, 3, 3, ra);
     }
     const auto reference = weights_of(a, {});
@@ -530,6 +535,8 @@ TEST(hsdp_checkpoint, partial_axis_state_loads_anywhere) {
         resume_and_compare(path, mm, c, o, 3, reference, ra, context);
     };
     check(m, {}, "unsharded " + where(m));
+    resume_and_compare(dir + "/hsdp_part_per_rank", m, {}, o, 3, reference, ra,
+                       "per-rank, unsharded " + where(m));
     check(m,
           {.level = 2,
            .hsdp = {.shard_size = w.size() / 2 > 2 ? w.size() / 2 : 2,
@@ -651,25 +658,6 @@ TEST(hsdp_errors, misuse_raises_on_every_rank) {
         xshard::hsdp<model_t> s(model,
                                 {.threshold = 0, .optimizer_level = optimizer_level::level3});
         expect_error([&] { s.synchronize_gradients(); }, "through hsdp::backward");
-    }
-    if (w.size() >= 4 && w.size() % 2 == 0) {
-        // Sharded over part of dp, the state lives on each copy's mesh: the per-rank form of
-        // a checkpoint refuses it (on every rank alike) rather than save it wrongly.
-        const mesh_t m1(w, {w.size(), 1});
-        auto part = make_model(m1);
-        optim::adam opt;
-        xshard::hsdp<model_t> s(part, {.shard_size = 2, .threshold = 0});
-        const std::string dir = xshard::testing::shared_directory(w, XSHARD_TRAIN_SCRATCH);
-        expect_error(
-            [&] {
-                xshard::save_checkpoint(dir + "/part", part,
-                                        {.format = xshard::checkpoint_format::per_rank},
-                                        opt.state_of(part));
-            },
-            "not supported yet");
-        xshard::mpi::barrier(w);
-        if (w.rank() == 0)
-            std::filesystem::remove_all(dir);
     }
     // Nothing is left sharded when a construction fails.
     xshard::for_each_weight(model, [&](const std::string&, auto& wt) { EXPECT_FALSE(wt.shard); });

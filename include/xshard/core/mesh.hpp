@@ -227,4 +227,12 @@ concept mesh_type = requires(const M& m) {
     { m.comm() } -> std::same_as<const communicator&>;
 };
 
+/// A mesh type that names the allocator of the shards of tensors on it
+/// (`M::shard_allocator<T>`, e.g. `node_shared<mesh<...>>`, core/node_shared.hpp); other
+/// mesh types keep xtensor's default.
+template <class M>
+concept has_shard_allocator = mesh_type<M> && requires {
+    typename M::template shard_allocator<double>;
+};
+
 } // namespace xshard

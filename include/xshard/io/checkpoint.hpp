@@ -122,6 +122,7 @@ void collect(ckpt_model& m, C& container, const std::string& prefix, bool all) {
         // (hsdp's state sharded over part of a mesh axis, train/hsdp.hpp), is saved with its
         // own mesh, by the copy holding the mesh's rank 0, and loaded by every copy.
         std::optional<mesh_shape> own;
+        std::vector<int> ranks;
         bool writes = true;
         if (m.comm && c.mesh_comm->size() != m.comm->size()) {
             if (c.mesh_comm->size() > m.comm->size() || m.comm->size() % c.mesh_comm->size() != 0)
@@ -131,9 +132,12 @@ void collect(ckpt_model& m, C& container, const std::string& prefix, bool all) {
                             "; a checkpoint saves the tensors of one mesh, or of copies of "
                             "a part of it");
             own = c.mesh;
-            int lowest = m.comm->rank();
-            mpi::allreduce(*c.mesh_comm, std::span(&lowest, 1), reduction::min);
-            writes = lowest == 0;
+            // The ranks of the copy holding rank 0, in its mesh's order, known everywhere.
+            const int me = m.comm->rank();
+            ranks.resize(std::size_t(c.mesh_comm->size()));
+            mpi::allgather(*c.mesh_comm, std::span(&me, 1), ranks);
+            writes = std::ranges::min(ranks) == 0;
+            mpi::bcast(*m.comm, ranks, 0);
         } else {
             m.comm = c.mesh_comm;
             m.mesh = c.mesh;
@@ -142,7 +146,7 @@ void collect(ckpt_model& m, C& container, const std::string& prefix, bool all) {
         }
         m.dtypes.emplace_back(dtype_of<T>().name);
         m.strategy.parameters.push_back(
-            {c.name, c.shape, m.dtypes.back(), c.lay, trainable, -1, own});
+            {c.name, c.shape, m.dtypes.back(), c.lay, trainable, -1, own, std::move(ranks)});
         m.held.push_back(writes);
         m.tensors.push_back(std::move(c));
     });
@@ -208,7 +212,7 @@ inline std::uint32_t write_block(mapped_writer& w, std::size_t at, const tensor_
     const auto runs = runs_of(t.shape, t.offset, t.extent, t.element);
     if (runs.empty())
         return 0;
-    if (runs.front().second < mapped_writer::short_run) {
+    if (runs.front().second < short_run) {
         const auto first = checked_add(at, runs.front().first);
         w.reserve(first, checked_add(at, runs.back().first + runs.back().second) - first);
     }
@@ -627,12 +631,6 @@ void save_checkpoint(const std::string& path, const P& params,
     if (options.format == checkpoint_format::integrated) {
         detail::save_integrated(m, path, options.step);
     } else {
-        for (const auto& e : m.strategy.parameters)
-            if (e.mesh) // (the same on every rank)
-                throw error("xshard: checkpoint: '" + e.name +
-                            "' lives on the mesh of a copy of part of the ranks (hsdp "
-                            "shard_size over part of a mesh axis): the per-rank form of it is "
-                            "not supported yet; save it integrated");
         detail::save_per_rank(m, path, options.step);
     }
 }

@@ -17,13 +17,11 @@
 #include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -105,32 +103,6 @@ public:
             p += got;
             n -= std::size_t(got);
             offset += std::size_t(got);
-        }
-    }
-    /// Reads `iov` (buffers to fill in turn) from the file at `offset`, all of it (a short
-    /// file is an error), one preadv per IOV_MAX buffers; `iov` is consumed.
-    void read_vector_at(std::vector<iovec>& iov, std::size_t offset) const {
-        std::size_t k = 0;
-        while (k < iov.size()) {
-            const int count = int(std::min<std::size_t>(iov.size() - k, IOV_MAX));
-            const auto got = ::preadv(fd_, iov.data() + k, count, off_t(offset));
-            if (got < 0 && errno == EINTR)
-                continue;
-            if (got < 0)
-                io_fail("cannot read", path_);
-            if (got == 0)
-                throw io_error("xshard: " + path_ + " is truncated");
-            offset += std::size_t(got);
-            for (auto left = std::size_t(got); left > 0;) {
-                const auto n = std::min(left, iov[k].iov_len);
-                iov[k].iov_base = static_cast<char*>(iov[k].iov_base) + n;
-                iov[k].iov_len -= n;
-                left -= n;
-                if (iov[k].iov_len == 0)
-                    ++k;
-            }
-            while (k < iov.size() && iov[k].iov_len == 0)
-                ++k;
         }
     }
     void write_at(const void* data, std::size_t n, std::size_t offset) const {

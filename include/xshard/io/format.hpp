@@ -30,15 +30,19 @@
 #include <xshard/core/partition.hpp>
 #include <xshard/core/volume.hpp>
 #include <xshard/io/files.hpp>
+#include <xshard/io/file_mapping.hpp>
 #include <xshard/io/mapped_writer.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>
 
 #include <nlohmann/json.hpp>
 
+#include <sys/mman.h>
+
 #include <array>
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <functional>
@@ -436,11 +440,10 @@ public:
             format_ = checkpoint_format::per_rank;
             strategy_ = strategy_file::from_json(detail::read_file(path_ + "/strategy.json"));
             for (const auto& p : strategy_.parameters)
-                if (p.mesh)
+                if (p.mesh && p.ranks.empty())
                     throw io_error("xshard: " + path_ + "/strategy.json: '" +
                                    detail::printable(p.name) +
-                                   "' has a mesh of its own, which only integrated checkpoints "
-                                   "store");
+                                   "' has a mesh of its own without the ranks that held it");
             try {
                 const auto j = detail::parse_json(detail::read_file(path_ + "/checkpoint.json"));
                 if (!j.is_object() || j.value("format", "") != "xshard-checkpoint" ||
@@ -559,8 +562,10 @@ public:
         std::vector<stored_block> out;
         for (auto& [rank, offset, extent] :
              detail::primary_blocks(strategy_.mesh_of(e), e.lay, e.shape))
-            out.push_back({format_ == checkpoint_format::integrated ? 0 : rank, std::move(offset),
-                           std::move(extent), out.size()});
+            out.push_back({format_ == checkpoint_format::integrated ? 0
+                           : e.ranks.empty()                           ? rank
+                                                                       : e.ranks.at(std::size_t(rank)),
+                           std::move(offset), std::move(extent), out.size()});
         return out;
     }
 
@@ -621,52 +626,42 @@ public:
         const auto runs =
             detail::copy_runs(b.offset, b.extent, so, se, offset, extent, dtype_size(e.dtype));
         std::uint32_t crc = 0;
-        if (!runs.empty() && runs.front()[2] < short_read) {
-            // Short runs (a column split's rows): many in one preadv, the gaps between them
-            // read into a scratch buffer when they are short too; each batch is checksummed
-            // right after it arrives, while in the cache.
-            std::vector<std::byte> gap(short_read);
-            std::vector<iovec> iov;
-            for (std::size_t i = 0; i < runs.size();) {
-                const std::size_t first = i;
-                std::size_t bytes = 0;
-                iov.clear();
-                for (; i < runs.size() && iov.size() + 2 <= batch_buffers && bytes < batch_bytes;
-                     ++i) {
-                    if (i > first) {
-                        const auto end = runs[i - 1][0] + runs[i - 1][2];
-                        if (runs[i][0] - end > short_read)
-                            break;
-                        if (runs[i][0] > end)
-                            iov.push_back({gap.data(), runs[i][0] - end});
-                    }
-                    iov.push_back({out + runs[i][1], runs[i][2]});
-                    bytes += runs[i][2];
-                }
-                f.read_vector_at(iov, begin + runs[first][0]);
-                for (std::size_t j = first; j < i; ++j)
-                    crc = detail::crc32_of(out + runs[j][1], runs[j][2], crc);
+        std::size_t i = 0;
+        // Short runs (a column split's rows) are copied from a read-only mapping of the file,
+        // a window's runs at a time, each checksummed right after it is copied, while in the
+        // cache: a system call per run, or reading the other ranks' runs between them, costs
+        // more. What cannot be mapped, and long runs, are read (pread).
+        if (!runs.empty() && runs.front()[2] < detail::short_run) {
+            detail::file_window window(f, PROT_READ);
+            while (i < runs.size() && window.map(begin + runs[i][0], runs[i][2])) {
+                const auto [lo, hi] = window.range();
+                std::size_t j = i;
+                while (j < runs.size() && begin + runs[j][0] >= lo &&
+                       begin + runs[j][0] + runs[j][2] <= hi)
+                    ++j;
+                window.access(
+                    [&] {
+                        for (std::size_t k = i; k < j; ++k) {
+                            std::memcpy(out + runs[k][1], window.at(begin + runs[k][0]),
+                                        runs[k][2]);
+                            crc = detail::crc32_of(out + runs[k][1], runs[k][2], crc);
+                        }
+                    },
+                    "read");
+                i = j;
             }
-            return crc;
         }
-        for (const auto& [from, to, n] : runs)
+        for (; i < runs.size(); ++i) {
+            const auto& [from, to, n] = runs[i];
             for (std::size_t done = 0; done < n;) {
                 const auto k = std::min(detail::write_piece, n - done);
                 f.read_at(out + to + done, k, begin + from + done);
                 crc = detail::crc32_of(out + to + done, k, crc);
                 done += k;
             }
+        }
         return crc;
     }
-
-    /// Runs shorter than this are read many per system call (read_block), and gaps between
-    /// them up to this long are read and dropped rather than skipped by another call:
-    /// copying 16 KiB from the page cache costs about what a system call does.
-    static constexpr std::size_t short_read = std::size_t(16) << 10;
-    /// A batch of short runs: at most this many buffers (IOV_MAX on Linux) and about this
-    /// many bytes (checksummed while still in the cache).
-    static constexpr std::size_t batch_buffers = 1024;
-    static constexpr std::size_t batch_bytes = std::size_t(1) << 20;
 
     /// The CRC-32 of stored block `b` of `e`, read through `buffer` in pieces of at most
     /// 16 MiB.

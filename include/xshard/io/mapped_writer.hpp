@@ -17,14 +17,13 @@
 /// A store into a mapping cannot report an error: where the file system has no space for
 /// it, the process gets SIGBUS. So only bytes allocated first are stored so (reserve, which
 /// reports a full disk, a quota or a file-size limit as an io_error); anything else, and
-/// everything on a file system that cannot allocate ahead, is written with pwrite.
+/// everything on a file system that cannot allocate ahead, is written with pwrite. A file
+/// shrunk under the mapping by another process is an io_error too (file_mapping.hpp).
 /// Write-back errors show, as for pwrite, when the file is flushed (file::write_back,
 /// file::sync).
 
+#include <xshard/io/file_mapping.hpp>
 #include <xshard/io/files.hpp>
-
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -40,26 +39,19 @@ inline constexpr std::size_t write_piece = std::size_t(1) << 20;
 
 /// Writes byte ranges of an open file, checksumming them as it goes: short runs inside the
 /// range last reserved through a shared mapping of a window of the file (at least `window`
-/// bytes, page-aligned, moved along as the writes go), everything else with pwrite. Not
-/// copyable; unmaps on destruction.
+/// bytes: file_window), everything else with pwrite. Not copyable.
 class mapped_writer {
 public:
-    /// Runs shorter than this are stored through the mapping (see the file comment).
-    static constexpr std::size_t short_run = std::size_t(16) << 10;
-
     explicit mapped_writer(const file& f, std::size_t window = std::size_t(64) << 20)
         : file_(&f)
-        , window_(window) {}
-    mapped_writer(const mapped_writer&) = delete;
-    mapped_writer& operator=(const mapped_writer&) = delete;
-    ~mapped_writer() { unmap(); }
+        , window_(f, PROT_READ | PROT_WRITE, window) {}
 
     /// Allocates [offset, offset + n) (file::reserve), so that short runs written into it
     /// may go through the mapping. Throws io_error on a full disk, quota or size limit;
     /// where the file system cannot allocate ahead, everything goes through pwrite.
     void reserve(std::size_t offset, std::size_t n) {
         reserved_ = {0, 0};
-        if (mapping_ok_ && file_->reserve(offset, n))
+        if (file_->reserve(offset, n))
             reserved_ = {offset, checked_add(offset, n)};
     }
 
@@ -69,9 +61,9 @@ public:
     std::uint32_t write_checksummed(const std::byte* data, std::size_t n, std::size_t at,
                                     std::uint32_t crc = 0) {
         if (n < short_run && at >= reserved_.first && n <= reserved_.second - at &&
-            at < reserved_.second && map(at, n)) {
+            at < reserved_.second && window_.map(at, n)) {
             crc = crc32_of(data, n, crc);
-            std::memcpy(base_ + (at - lo_), data, n);
+            window_.access([&] { std::memcpy(window_.at(at), data, n); }, "written");
             mapped_bytes_ += n;
             return crc;
         }
@@ -88,36 +80,9 @@ public:
     std::size_t mapped_bytes() const noexcept { return mapped_bytes_; }
 
 private:
-    /// Maps a window holding [at, at + n); false (and pwrite from now on) when mmap refuses
-    /// (a file system without shared mappings, a file opened write-only).
-    bool map(std::size_t at, std::size_t n) {
-        if (base_ && at >= lo_ && at + n <= lo_ + length_)
-            return true;
-        unmap();
-        static const std::size_t page = std::size_t(::sysconf(_SC_PAGESIZE));
-        lo_ = at / page * page;
-        length_ = std::max(window_, at + n - lo_);
-        void* p = ::mmap(nullptr, length_, PROT_READ | PROT_WRITE, MAP_SHARED, file_->fd(),
-                         off_t(lo_));
-        if (p == MAP_FAILED) {
-            mapping_ok_ = false;
-            return false;
-        }
-        base_ = static_cast<std::byte*>(p);
-        return true;
-    }
-    void unmap() noexcept {
-        if (base_)
-            ::munmap(base_, length_);
-        base_ = nullptr;
-    }
-
     const file* file_;
-    std::size_t window_;
-    bool mapping_ok_ = true;
+    file_window window_;
     std::pair<std::size_t, std::size_t> reserved_{0, 0}; ///< [begin, end) reserved last
-    std::byte* base_ = nullptr;
-    std::size_t lo_ = 0, length_ = 0;
     std::size_t mapped_bytes_ = 0;
 };
 

@@ -17,7 +17,9 @@
 /// notation. A pipeline's strategy (pipeline/checkpoint.hpp) also gives each parameter its
 /// `"stage"` (the rank along the pipeline axis that holds it), and its own `"mesh"` where
 /// its stage's mesh is not the file's (stages may factor their ranks differently); a
-/// parameter without one is on the file's mesh.
+/// parameter without one is on the file's mesh. A tensor on copies of a mesh over part of
+/// the ranks (hsdp's state sharded over part of a mesh axis) has its copy's `"mesh"` and
+/// `"ranks"`, the file's ranks that held the copy holding rank 0, in its mesh's rank order.
 /// Only trainable parameters are written unless `all_parameters` is set.
 /// Loading gives run-time layouts that redistribution and checkpoint loading use directly.
 
@@ -48,8 +50,13 @@ struct strategy_entry {
     bool trainable = true;
     /// The pipeline stage holding it: its rank along the pipeline axis (-1: not pipelined).
     int stage = -1;
-    /// Its mesh, when it is not the file's (a pipeline stage's mesh).
+    /// Its mesh, when it is not the file's (a pipeline stage's mesh, or a copy over part of
+    /// the file's ranks: hsdp's state sharded over part of a mesh axis).
     std::optional<mesh_shape> mesh = std::nullopt;
+    /// With `mesh` a copy over part of the file's ranks: the file's ranks that held that
+    /// mesh's ranks, in order (the copy holding rank 0, whose blocks a per-rank checkpoint
+    /// reads from their rank files). Empty otherwise.
+    std::vector<int> ranks = {};
 };
 
 /// The contents of a strategy file.
@@ -101,6 +108,8 @@ struct strategy_file {
                 e["stage"] = p.stage;
             if (p.mesh)
                 e["mesh"] = mesh_json(*p.mesh);
+            if (!p.ranks.empty())
+                e["ranks"] = p.ranks;
             j["parameters"].push_back(std::move(e));
         }
         return j.dump(2) + "\n";
@@ -195,6 +204,21 @@ struct strategy_file {
                                                      INT_MAX));
                 if (p.contains("mesh"))
                     e.mesh = parse_mesh(p["mesh"]);
+                if (p.contains("ranks")) {
+                    const auto& r = p["ranks"];
+                    if (!e.mesh || !r.is_array() || r.size() != std::size_t(e.mesh->size()))
+                        throw io_error("xshard: " + name +
+                                       "'s 'ranks' is not a list of one rank per rank of its "
+                                       "own mesh");
+                    std::set<int> distinct;
+                    for (const auto& k : r) {
+                        e.ranks.push_back(int(detail::json_count(k, "a rank of " + name, 0,
+                                                                 std::size_t(f.mesh.size()) - 1)));
+                        if (!distinct.insert(e.ranks.back()).second)
+                            throw io_error("xshard: " + name + "'s 'ranks' names rank " +
+                                           std::to_string(e.ranks.back()) + " twice");
+                    }
+                }
                 if (e.lay.rank() != e.shape.size())
                     throw io_error("xshard: " + name +
                                    " has a layout of another rank than its shape");

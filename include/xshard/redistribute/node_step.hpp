@@ -6,20 +6,22 @@
 ///
 /// Why: on one node Open MPI moves large messages with CMA (process_vm_readv), which pins
 /// pages and runs at a fraction of the memory bandwidth, while ranks that copy at the same
-/// time share the full bandwidth (benchmarks/README.md). Here every member exposes the
-/// parts of its source block that others need in a window of its own (one staging copy,
-/// made by the owner), then each member copies (or, reducing, adds) what it needs straight
-/// from the owners' windows into its destination block, all members at once. A byte read
-/// by a peer is written once into the window and read once from it; the block a rank
-/// keeps is copied directly, while the others stage. Two node barriers per run order it:
-/// after staging (nobody reads a window before its owner finished writing it) and after
-/// reading (nobody overwrites a window a peer still reads).
+/// time share the full bandwidth (benchmarks/README.md). Here every member exposes its
+/// source block: in place when the block lies in node storage (comm/node_arena.hpp, the
+/// shards of tensors on a `node_shared` mesh), else by copying the parts others need into
+/// a window of its own (one staging copy, made by the owner). Then each member copies (or,
+/// reducing, adds) what it needs straight from the owners' blocks or windows into its
+/// destination block, all members at once; the block a rank keeps is copied directly, while
+/// the others stage. Two node barriers per run order it: after publishing (nobody reads a
+/// block before its owner finished writing it) and after reading (nobody changes a block a
+/// peer still reads).
 
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/combine.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/node.hpp>
+#include <xshard/comm/node_arena.hpp>
 #include <xshard/comm/node_barrier.hpp>
 #include <xshard/comm/node_reduce.hpp>
 #include <xshard/comm/pairwise_reduce.hpp>
@@ -32,6 +34,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -57,8 +60,18 @@ void combine_region(const T* from, const std::array<std::size_t, N>& from_shape,
 } // namespace detail
 
 /// The node-local executor of one step of a plan (see the file comment). Built once with
-/// the plan (collective over the step's communicator: two window allocations), run many
-/// times; runs allocate nothing and communicate through shared memory only.
+/// the plan (collective over the step's communicator: a small control window and a
+/// barrier), run many times; runs allocate nothing and communicate through shared memory
+/// only.
+///
+/// Blocks in node storage (comm/node_arena.hpp: shards of tensors on a `node_shared` mesh)
+/// are read in place: each run, every member publishes in its control slot, before the
+/// first barrier, whether its input block (and, for an all-reduce, its output) lies in the
+/// arena and where. After the barrier a member reads member q's part straight from q's
+/// block when q published one, and from q's staging window otherwise (q stages only when
+/// its block is outside the arena). Every member reads every slot, so all take the same
+/// decisions. The staging window is allocated by the first run that needs one (collective,
+/// decided from the slots): a plan whose blocks all lie in the arena never allocates it.
 template <class T, std::size_t N>
 class node_step {
 public:
@@ -89,39 +102,53 @@ public:
         return s;
     }
 
-    /// The bytes of this rank's window.
-    std::size_t window_bytes() const noexcept { return window_.segment_bytes(me_); }
+    /// The bytes of this rank's staging window (0 while every run found its blocks in node
+    /// storage).
+    std::size_t window_bytes() const noexcept {
+        return window_ ? window_.segment_bytes(me_) : 0;
+    }
+
+    /// How many members' input blocks the last run read in place (from node storage).
+    std::size_t read_in_place() const noexcept {
+        return std::size_t(std::count_if(in_src_.begin(), in_src_.end(),
+                                          [](const T* p) { return p != nullptr; }));
+    }
 
     /// An exchange-like step: this rank's input block at `in`, output block at `out`.
-    /// Returns the bytes peers read from this rank's window.
+    /// Returns the bytes peers read from this rank (its block or its window).
     std::size_t exchange(const step_geometry<N>& geo, const T* in, T* out) {
-        const std::size_t sent = stage(geo, in);
+        const bool had_window = publish(in, nullptr);
+        if (had_window && !published_in_)
+            stage(geo, in);
         // The block this rank keeps, while slower peers still stage.
         detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, out, geo.out_block.extent,
                             geo.out_block.offset, geo.kept);
         barrier_.arrive_and_wait();
+        agree(had_window, false, geo, in);
         for (const auto& [peer, region] : geo.recvs) {
             const auto& b = peer_in_[std::size_t(peer)];
-            detail::copy_region(staging(peer), b.extent, b.offset, out, geo.out_block.extent,
+            detail::copy_region(source(peer), b.extent, b.offset, out, geo.out_block.extent,
                                 geo.out_block.offset, region);
         }
         barrier_.arrive_and_wait();
-        return sent;
+        return sent_bytes(geo);
     }
 
     /// A reduce-scatter: this rank's piece of the reduction into `out` (its output block),
-    /// its own term read from `in` and every peer's from the peer's window, in one pass
-    /// over `out` (cache-sized chunks). Returns the bytes peers read from this rank.
+    /// its own term read from `in` and every peer's from the peer's block or window, in one
+    /// pass over `out` (cache-sized chunks). Returns the bytes peers read from this rank.
     std::size_t reduce_scatter(const step_geometry<N>& geo, const T* in, T* out, reduction op) {
-        const std::size_t sent = stage(geo, in);
+        const bool had_window = publish(in, nullptr);
+        if (had_window && !published_in_)
+            stage(geo, in);
         barrier_.arrive_and_wait();
+        agree(had_window, false, geo, in);
         // Every member's input block is the same block (of a pending sum), so a run sits at
-        // the same offset in `in` and in every window.
-        const T* origin = geo.recvs.empty() ? in : staging(geo.recvs.front().first);
-        detail::for_each_run(origin, geo.in_block.extent, geo.in_block.offset, out,
+        // the same offset in `in`, in every peer's block and in every window.
+        detail::for_each_run(in, geo.in_block.extent, geo.in_block.offset, out,
                              geo.out_block.extent, geo.out_block.offset, geo.out_block,
                              [&](T* d, const T* s, std::size_t n) {
-                                 const std::size_t at = std::size_t(s - origin);
+                                 const std::size_t at = std::size_t(s - in);
                                  if (geo.recvs.empty()) {
                                      std::memcpy(d, in + at, n * sizeof(T));
                                      return;
@@ -131,31 +158,169 @@ public:
                                      bool first = true;
                                      for (const auto& r : geo.recvs) {
                                          combine(d + c, first ? in + at + c : d + c,
-                                                 staging(r.first) + at + c, m, op);
+                                                 source(r.first) + at + c, m, op);
                                          first = false;
                                      }
                                  }
                              });
         barrier_.arrive_and_wait();
-        return sent;
+        return sent_bytes(geo);
     }
 
-    /// An all-reduce of `n` elements from `in` into `out` (see node_all_reduce).
+    /// An all-reduce of `n` elements from `in` into `out` (they may be the same buffer).
+    /// Member g owns segment g (about n / p elements): after the first barrier it adds every
+    /// member's term of its segment, read in place (from the member's block in node storage,
+    /// or the segments the member staged), into its `out`; after the second barrier every
+    /// member copies the others' results from their outputs (or windows, when an output
+    /// lies outside node storage); a third keeps the next run from overwriting what a peer
+    /// still reads. Returns the bytes peers read from this rank.
     std::size_t all_reduce(const T* in, T* out, std::size_t n, reduction op) {
-        return node_all_reduce(window_, barrier_, in, out, n, op);
+        const auto p = std::size_t(comm_.size());
+        auto segment = [&](std::size_t g) {
+            return std::pair{g * (n / p) + std::min(g, n % p), n / p + (g < n % p ? 1 : 0)};
+        };
+        const bool had_window = publish(in, out);
+        if (had_window && !published_in_)
+            stage_all_reduce(in, n);
+        barrier_.arrive_and_wait();
+        agree(had_window, true, {}, in, n);
+        const auto [lo, len] = segment(std::size_t(me_));
+        constexpr std::size_t piece = chunk;
+        for (std::size_t c = lo; c < lo + len; c += piece) {
+            const std::size_t m = std::min(piece, lo + len - c);
+            bool first = true;
+            for (int q = 0; q < int(p); ++q)
+                if (q != me_) {
+                    combine(out + c, first ? in + c : out + c, source(q) + c, m, op);
+                    first = false;
+                }
+            if (first) // one member: nothing to add
+                std::memmove(out + c, in + c, m * sizeof(T));
+        }
+        if (!out_src_[std::size_t(me_)] && len > 0)
+            std::memcpy(staging(me_) + lo, out + lo, len * sizeof(T));
+        barrier_.arrive_and_wait();
+        for (std::size_t g = 0; g < p; ++g)
+            if (int(g) != me_) {
+                const auto [glo, glen] = segment(g);
+                const T* from = out_src_[g] ? out_src_[g] : staging(int(g));
+                std::memcpy(out + glo, from + glo, glen * sizeof(T));
+            }
+        barrier_.arrive_and_wait();
+        return (n - len) * sizeof(T) + (p - 1) * len * sizeof(T);
     }
 
 private:
+    /// A member's control slot: where its blocks lie in node storage (if they do).
+    struct slot {
+        std::uint64_t arena = 0; ///< the id of the member's open arena, 0 for none
+        std::uint64_t in_rank = 0, in_offset = 0, out_rank = 0, out_offset = 0;
+        std::uint64_t flags = 0; ///< 1: input in the arena, 2: output in the arena
+    };
+    static constexpr std::size_t slot_bytes = 64;
+    static_assert(sizeof(slot) <= slot_bytes);
+
+    /// Writes this member's slot (read by peers after the next barrier). Returns whether
+    /// the staging window existed (the same on every member).
+    bool publish(const T* in, const T* out) {
+        arena_ = node_arena::current();
+        slot s;
+        published_in_ = false;
+        if (arena_) {
+            s.arena = arena_->id();
+            if (const auto l = arena_->locate(in)) {
+                s.flags |= 1;
+                s.in_rank = std::uint64_t(l->node_rank);
+                s.in_offset = l->offset;
+                published_in_ = true;
+            }
+            if (out)
+                if (const auto l = arena_->locate(out)) {
+                    s.flags |= 2;
+                    s.out_rank = std::uint64_t(l->node_rank);
+                    s.out_offset = l->offset;
+                }
+        }
+        std::memcpy(control_.segment(me_), &s, sizeof s);
+        return bool(window_);
+    }
+
+    /// After the first barrier: reads every member's slot and decides, the same on every
+    /// member, whose blocks are read in place. Members whose blocks are not, and that have
+    /// not staged yet (no window existed, or their arena differs from the others'), stage
+    /// now, into a window allocated now if there was none, and a barrier follows.
+    void agree(bool had_window, bool reduce_all, const step_geometry<N>& geo, const T* in,
+               std::size_t n = 0) {
+        const auto p = std::size_t(comm_.size());
+        bool common = arena_ != nullptr;
+        std::vector<slot>& slots = slots_;
+        for (std::size_t q = 0; q < p; ++q) {
+            std::memcpy(&slots[q], control_.segment(int(q)), sizeof(slot));
+            common = common && slots[q].arena == arena_->id();
+        }
+        bool need_window = false, late = false;
+        for (std::size_t q = 0; q < p; ++q) {
+            const auto& s = slots[q];
+            in_src_[q] = common && (s.flags & 1)
+                             ? reinterpret_cast<const T*>(
+                                   arena_->address(int(s.in_rank), std::size_t(s.in_offset)))
+                             : nullptr;
+            out_src_[q] = common && (s.flags & 2)
+                              ? reinterpret_cast<const T*>(
+                                    arena_->address(int(s.out_rank), std::size_t(s.out_offset)))
+                              : nullptr;
+            if (!in_src_[q]) {
+                need_window = true;
+                late = late || !had_window || (s.flags & 1);
+            }
+            if (reduce_all && !out_src_[q])
+                need_window = true;
+        }
+        if (need_window && !window_)
+            window_ = shared_window(comm_, staging_bytes_);
+        if (!late)
+            return;
+        const auto& mine = slots[std::size_t(me_)];
+        if (!in_src_[std::size_t(me_)] && (!had_window || (mine.flags & 1))) {
+            if (reduce_all)
+                stage_all_reduce(in, n);
+            else
+                stage(geo, in);
+        }
+        barrier_.arrive_and_wait();
+    }
+
+    /// Member q's input block: in place, or its staged copy.
+    const T* source(int q) const noexcept {
+        const T* p = in_src_[std::size_t(q)];
+        return p ? p : staging(q);
+    }
+
     /// Copies the parts of this rank's input block (at `in`) that peers read into this
-    /// rank's window, at the offsets they have in the block. Returns their bytes.
-    std::size_t stage(const step_geometry<N>& geo, const T* in) {
+    /// rank's window, at the offsets they have in the block.
+    void stage(const step_geometry<N>& geo, const T* in) {
         T* mine = staging(me_);
-        std::size_t sent = 0;
-        for (const auto& [peer, region] : geo.sends) {
+        for (const auto& [peer, region] : geo.sends)
             detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, mine,
                                 geo.in_block.extent, geo.in_block.offset, region);
+    }
+
+    /// An all-reduce's staging: the segments others own.
+    void stage_all_reduce(const T* in, std::size_t n) {
+        const auto p = std::size_t(comm_.size());
+        T* mine = staging(me_);
+        for (std::size_t g = 0; g < p; ++g)
+            if (int(g) != me_) {
+                const std::size_t lo = g * (n / p) + std::min(g, n % p);
+                const std::size_t len = n / p + (g < n % p ? 1 : 0);
+                std::memcpy(mine + lo, in + lo, len * sizeof(T));
+            }
+    }
+
+    static std::size_t sent_bytes(const step_geometry<N>& geo) {
+        std::size_t sent = 0;
+        for (const auto& [peer, region] : geo.sends)
             sent += region.size() * sizeof(T);
-        }
         return sent;
     }
 
@@ -164,17 +329,29 @@ private:
     static constexpr std::size_t chunk = 4096;
 
     node_step(const communicator& c, const step_geometry<N>& geo, std::vector<box<N>> peer_in)
-        : window_(c, geo.in_block.size() * sizeof(T))
+        : comm_(c)
+        , control_(c, slot_bytes)
         , barrier_(c)
         , peer_in_(std::move(peer_in))
+        , slots_(std::size_t(c.size()))
+        , in_src_(std::size_t(c.size()))
+        , out_src_(std::size_t(c.size()))
+        , staging_bytes_(geo.in_block.size() * sizeof(T))
         , me_(c.rank()) {}
 
     T* staging(int q) const noexcept { return reinterpret_cast<T*>(window_.segment(q)); }
 
-    shared_window window_;
+    communicator comm_;
+    shared_window control_; ///< one slot per member
+    shared_window window_;  ///< staging, allocated by the first run that needs it
     node_barrier barrier_;
     std::vector<box<N>> peer_in_;
+    std::vector<slot> slots_;
+    std::vector<const T*> in_src_, out_src_; ///< members' blocks read in place (else null)
+    std::shared_ptr<detail::node_arena_state> arena_;
+    std::size_t staging_bytes_ = 0;
     int me_ = 0;
+    bool published_in_ = false;
 };
 
 } // namespace xshard

@@ -22,6 +22,7 @@
 #include <array>
 #include <climits>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -36,7 +37,8 @@ namespace xshard {
 /// each step's communicator by node and, where all its members share one node, sets the
 /// step up to run through shared-memory windows (node_step.hpp); destroying a plan that
 /// holds windows is then collective over those members (MPI_Win_free), so destroy plans in
-/// the same order on every rank.
+/// the same order on every rank. Tensors whose shards live in node storage (`node_shared`
+/// meshes) take the shared-memory path from 1 MiB on by default (`tuning_for`).
 template <class T, std::size_t N>
 class redistribution_plan {
 public:
@@ -56,9 +58,9 @@ public:
                         const reduce_tuning& tuning = {})
         : mesh_(mesh.shape())
         , shape_(shape)
-        , tuning_(tuning)
+        , tuning_(tuning_for<Mesh>(tuning))
         , stats_(std::make_unique<allocation_stats>())
-        , reducer_(tuning, stats_.get())
+        , reducer_(tuning_, stats_.get())
         , rank_(mesh.rank()) {
         const auto path = choose_route(candidates, mesh_, shape, sizeof(T), model, tuning).steps;
         summary_ = summarize(path, mesh_, shape, sizeof(T), mesh.rank(), model, tuning);
@@ -124,6 +126,23 @@ public:
                 n += s.node->window_bytes();
         return n;
     }
+
+    /// The tuning a plan on mesh type Mesh uses: `tuning`, except that tensors whose shards
+    /// live in node storage (a mesh type with a shard allocator, `node_shared<M>`) take the
+    /// shared-memory path from `node_storage_min_bytes` on, all-reduces included, unless
+    /// `tuning` already sets a threshold: their blocks are read in place, which pays.
+    template <class Mesh>
+    static reduce_tuning tuning_for(reduce_tuning tuning) {
+        if constexpr (has_shard_allocator<Mesh>) {
+            if (tuning.shared_memory_min_bytes == SIZE_MAX) {
+                tuning.shared_memory_min_bytes = node_storage_min_bytes;
+                tuning.shared_memory_all_reduce = true;
+            }
+        }
+        return tuning;
+    }
+    /// The size from which tensors in node storage take the shared-memory path by default.
+    static constexpr std::size_t node_storage_min_bytes = std::size_t(1) << 20;
 
 private:
     using buffer = std::vector<T, counting_allocator<T>>;

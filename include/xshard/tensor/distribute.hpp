@@ -99,7 +99,8 @@ auto distribute(const Mesh& mesh, const xt::xexpression<E>& global, const layout
     const auto& g = global.derived_cast();
     const auto shape = detail::agreed_shape<N>(mesh, g, lay);
     const auto c = mesh.coords();
-    xt::xtensor<T, N> local = detail::view_of(g, block_of(lay, mesh.shape(), shape, c));
+    typename dtensor<T, Mesh, L>::local_type local =
+        detail::view_of(g, block_of(lay, mesh.shape(), shape, c));
     if (!detail::holds_term(lay, mesh.shape(), c))
         local.fill(T{});
     return dtensor<T, Mesh, L>(detail::unchecked, mesh, shape, std::move(local), lay);
@@ -132,7 +133,7 @@ dtensor<T, Mesh, L> distribute_from(const Mesh& mesh, const xt::xtensor<T, N>& g
     const auto spread = detail::spread_axes(lay, ms);
     const auto c = mesh.coords();
     const auto b = block_of(lay, ms, shape, c);
-    auto local = xt::xtensor<T, N>::from_shape(b.extent);
+    auto local = dtensor<T, Mesh, L>::local_type::from_shape(b.extent);
 
     std::vector<request> pending;
     message_batch sends;
@@ -165,7 +166,8 @@ dtensor<T, Mesh, L> full(const Mesh& mesh, const std::array<std::size_t, L.rank(
                          const layout& l = L) {
     const auto& lay = detail::layout_for<L>(l, mesh.shape());
     const auto c = mesh.coords();
-    auto local = xt::xtensor<T, L.rank()>::from_shape(block_of(lay, mesh.shape(), shape, c).extent);
+    auto local =
+        dtensor<T, Mesh, L>::local_type::from_shape(block_of(lay, mesh.shape(), shape, c).extent);
     local.fill(detail::holds_term(lay, mesh.shape(), c) ? value : T{});
     return dtensor<T, Mesh, L>(detail::unchecked, mesh, shape, std::move(local), lay);
 }
@@ -196,7 +198,7 @@ auto generate(const Mesh& mesh, const std::array<std::size_t, L.rank()>& shape, 
     const auto& lay = detail::layout_for<L>(l, mesh.shape());
     const auto c = mesh.coords();
     const auto b = block_of(lay, mesh.shape(), shape, c);
-    auto local = xt::xtensor<T, N>::from_shape(b.extent);
+    auto local = dtensor<T, Mesh, L>::local_type::from_shape(b.extent);
     if constexpr (N == 0) {
         local() = dist(engine);
     } else if (!b.empty()) {

@@ -82,6 +82,19 @@ const layout& layout_for(const layout& given, const mesh_shape& mesh) {
 
 } // namespace detail
 
+namespace detail {
+/// The shard type of a dtensor of element type T and rank N on mesh type Mesh.
+template <class T, std::size_t N, class Mesh>
+struct shard_of {
+    using type = xt::xtensor<T, N>;
+};
+template <class T, std::size_t N, has_shard_allocator Mesh>
+struct shard_of<T, N, Mesh> {
+    using type = xt::xtensor<T, N, XTENSOR_DEFAULT_LAYOUT,
+                             typename Mesh::template shard_allocator<T>>;
+};
+} // namespace detail
+
 /// A tensor of element type T and global shape `shape()`, laid out over the axes of a mesh
 /// of type Mesh as layout L says; this rank holds `local()`, an `xt::xtensor` (an ordinary
 /// xtensor expression: use it with views, reductions, assignment).
@@ -110,7 +123,9 @@ public:
     /// The tensor's rank (number of dimensions).
     static constexpr std::size_t rank = L.rank();
     using shape_type = std::array<std::size_t, rank>;
-    using local_type = xt::xtensor<T, rank>;
+    /// The shard: an xtensor, with the mesh type's allocator when it names one
+    /// (`node_shared<M>`: node storage), xtensor's default otherwise.
+    using local_type = typename detail::shard_of<T, rank, Mesh>::type;
     /// The layout template argument (`dynamic_layout(rank)` for run-time layouts).
     static constexpr xshard::layout static_layout = L;
     /// Marks distributed operands for xshard's operators.

@@ -143,10 +143,10 @@ struct hsdp_options {
     /// state, replicated across the groups. That state lives on the mesh of this rank's group
     /// (the same mesh type, the axis of the group's size), where it is an ordinary layout; its
     /// reduce-scatter runs within the group, followed by an all-reduce of the block across
-    /// the groups. Such a state saves into an integrated checkpoint (each tensor with its
-    /// group's mesh, written by the group of rank 0) that loads into any level, mesh or world
-    /// size; the per-rank form and pipeline checkpoints of it raise "not supported yet", as
-    /// does a shard_size that needs parts of two axes.
+    /// the groups. Such a state saves into a checkpoint of either form (each tensor with its
+    /// group's mesh and ranks, as the group of rank 0 holds it) that loads into any level,
+    /// mesh or world size; pipeline checkpoints of it raise "not supported yet", as does a
+    /// shard_size that needs parts of two axes.
     int shard_size = -1;
     /// Weights of fewer than this many KB (global shape x element size / 1024) stay unsharded.
     std::int64_t threshold = 64;
