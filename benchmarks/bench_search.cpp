@@ -121,6 +121,7 @@ int main(int argc, char** argv) {
     xshard::search_options so;
     so.ranks = p;
     so.machine.element = 8;
+    so.machine.optimizer_states = 1; // momentum: one slot per weight (the default is Adam's two)
     const double g = gemm_seconds(batch, widths[0], widths[1]);
     double flops = 2.0 * double(batch * widths[0] * widths[1]) / g;
     xshard::mpi::allreduce(world, std::span(&flops, 1), xshard::reduction::min);

@@ -9,15 +9,17 @@
 //
 // Bad input gives one line on stderr and exit status 2.
 
-#include <xshard/redistribute/geometry.hpp>
 #include <xshard/core/volume.hpp>
+#include <xshard/redistribute/geometry.hpp>
 #include <xshard/redistribute/planner.hpp>
+#include <xshard/redistribute/route.hpp>
 
 #include "plan_cli.hpp"
 
 #include "plan_pipeline.hpp"
 #include "plan_search.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <map>
@@ -122,11 +124,20 @@ int print_plan(const xshard::mesh_shape& mesh, const std::vector<std::size_t>& e
         xshard::checked_mul(xshard::volume(extents), element, "the tensor's size in bytes");
     const xshard::cost_model model{};
     const auto candidates = xshard::plan_redistribution(from, to);
-    const auto chosen = xshard::choose_candidate(candidates, mesh, shape, element, model);
+    // What a plan runs: a candidate, or a cheaper route through intermediate layouts.
+    const auto route = xshard::choose_route(candidates, mesh, shape, element, model);
+    const auto chosen =
+        std::size_t(std::find(candidates.paths.begin(), candidates.paths.end(), route.steps) -
+                    candidates.paths.begin());
     std::printf("mesh(%s), %d ranks; global shape %s, %s; plan for rank %d\n",
                 mesh.to_string().c_str(), mesh.size(), xshard::detail::shape_string(shape).c_str(),
                 mib(total).c_str(), rank);
     std::printf("from %s to %s\n", from.to_string().c_str(), to.to_string().c_str());
+    if (chosen == candidates.paths.size()) {
+        const auto s = xshard::summarize(route.steps, mesh, shape, element, rank, model);
+        std::printf("\nthrough intermediate layouts (cheaper than every candidate):\n%s",
+                    xshard::describe(s, mesh).c_str());
+    }
     for (std::size_t i = 0; i < candidates.paths.size(); ++i) {
         const auto s = xshard::summarize(candidates.paths[i], mesh, shape, element, rank, model);
         if (i == chosen) {

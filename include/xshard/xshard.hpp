@@ -112,6 +112,7 @@
 #include <xshard/redistribute/planner.hpp>
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/redistribute/region_message.hpp>
+#include <xshard/redistribute/route.hpp>
 #include <xshard/redistribute/traffic.hpp>
 #include <xshard/shard/shard.hpp>
 #include <xshard/tensor/distribute.hpp>

@@ -71,26 +71,24 @@ bool same(double a, double b) {
     return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b));
 }
 
-TEST(search_cost, planner_alone_can_price_a_detour_cheaper) {
-    // Why the search closes prices under composition: the planner's greedy candidates price
-    // [tp, -] -> [dp, -] partial(tp) above the route through [tp, dp].
+TEST(search_cost, the_planner_routes_through_a_cheaper_intermediate_layout) {
+    // The planner's greedy candidates priced [tp, -] -> [dp, -] partial(tp) above the route
+    // through [tp, dp]; the planner now takes the cheapest route (redistribute/route.hpp),
+    // and the search prices what it runs.
     redistribution_pricer p(dp_tp(2, 3), cost_model{}, 4);
     const std::array<std::size_t, 2> shape{1336, 1336};
     const auto a = layout::parse("[tp, -]"), b = layout::parse("[tp, dp]"),
                c = layout::parse("[dp, -] partial(sum: tp)");
-    const double direct = p.direct(a, c, shape).seconds;
     const double via = p.direct(a, b, shape).seconds + p.direct(b, c, shape).seconds;
-    EXPECT_GT(direct, via);
-    (void)p(a, b, 1336, 1336); // b joins the layouts routes may pass through
     EXPECT_LE(p(a, c, 1336, 1336).seconds, via * (1 + 1e-12));
     const auto r = p.route(a, c, 1336, 1336);
-    ASSERT_GE(r.size(), 3u);
+    ASSERT_GE(r.size(), 2u);
     EXPECT_EQ(r.front(), a);
     EXPECT_EQ(r.back(), c);
     double along = 0;
     for (std::size_t i = 0; i + 1 < r.size(); ++i)
         along += p.direct(r[i], r[i + 1], shape).seconds;
-    EXPECT_TRUE(same(along, p(a, c, 1336, 1336).seconds));
+    EXPECT_LE(p(a, c, 1336, 1336).seconds, along * (1 + 1e-9));
 }
 
 TEST(search_cost, direct_never_costs_more_than_via_on_random_triples) {
@@ -121,14 +119,19 @@ TEST(search_cost, per_axis_links_price_steps_over_their_axes) {
     const auto mesh = dp_tp(4, 4);
     redistribution_pricer p(mesh, m, 4);
     const std::array<std::size_t, 2> shape{4096, 4096};
-    // all-gather over tp: 3 messages, 3/4 of the 4096 x 4096 floats received, a quarter kept.
+    // all-gather over tp: 3 messages, 3/4 of the 4096 x 4096 floats received, a quarter kept
+    // (the step itself: with tp's link that slow, the planner's route avoids it, below).
     const double bytes = 4096.0 * 4096 * 4;
-    const double tp_gather =
-        p.direct(layout::parse("[tp, -]"), layout::parse("[-, -]"), shape).seconds;
+    const auto gather = [&](const char* from) {
+        const auto c = plan_redistribution(layout::parse(from), layout::parse("[-, -]"));
+        return price_route(c.paths[0], mesh, shape, 4, p.sample_ranks(), m).seconds;
+    };
+    const double tp_gather = gather("[tp, -]");
+    EXPECT_LE(p.direct(layout::parse("[tp, -]"), layout::parse("[-, -]"), shape).seconds,
+              tp_gather);
     EXPECT_TRUE(same(tp_gather, 3 * 1e-5 + 0.75 * bytes / 1e9 + m.copy * bytes / 4)) << tp_gather;
     // over dp (no link of its own): the kind's link.
-    const double dp_gather =
-        p.direct(layout::parse("[dp, -]"), layout::parse("[-, -]"), shape).seconds;
+    const double dp_gather = gather("[dp, -]");
     EXPECT_TRUE(same(dp_gather, 3 * m.all_gather.alpha + 0.75 * bytes * m.all_gather.beta +
                                     m.copy * bytes / 4))
         << dp_gather;

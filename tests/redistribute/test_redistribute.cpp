@@ -41,8 +41,13 @@ auto make_source(const Mesh& m, const std::array<std::size_t, N>& shape, const l
                  xt::xtensor<long long, N>& expected) {
     const auto partial = l.partial_axes(m.shape());
     const int terms = m.shape().group_size(partial);
+    // Each term's offset is a hash of its position p: a plan that reduces over the wrong
+    // axes (or counts a term twice) gets another value. (p * 1000 * (p % 2 ? -1 : 1) did
+    // not: on four terms 0 + -1000 == 2000 + -3000, so a route that reduced b, c wrongly as
+    // c, a on 2x2x2 went unseen in most draws.)
     auto term = [&](int p, std::size_t i) {
-        return (long long)((i * 7 + 3) % 101) - 50 + p * 1000 * (p % 2 ? -1 : 1);
+        return (long long)((i * 7 + 3) % 101) - 50 +
+               (long long)((unsigned long long)p * 2654435761ULL % 65521ULL);
     };
     expected = xt::xtensor<long long, N>::from_shape(shape);
     for (std::size_t i = 0; i < expected.size(); ++i) {
@@ -162,6 +167,144 @@ TEST(redistribute, single_step_plans_stay_within_one_destination_block) {
     });
 }
 
+TEST(redistribute, plans_routed_through_an_intermediate_layout_are_exact) {
+    // Where going through a third layout is cheaper than every greedy candidate (route.hpp),
+    // the plan runs that route: the values must be those of the serial reference all the same.
+    // Under the default model and under one whose all-reduce is 3x slower (so that on every
+    // mesh of 2 ranks or more a reduce-scatter plus an all-gather beats it).
+    xshard::cost_model slow_all_reduce;
+    slow_all_reduce.all_reduce.beta *= 3;
+    slow_all_reduce.all_reduce.alpha *= 3;
+    const std::array<xshard::cost_model, 2> models{xshard::cost_model{}, slow_all_reduce};
+    for (std::size_t k = 0; k < models.size(); ++k) {
+        const auto& model = models[k];
+        for_each_mesh([&](const auto& m) {
+            const std::array<std::size_t, 2> shape{96, 75};
+            int routed = 0;
+            std::size_t pair = 0;
+            for (const auto& from : all_layouts(m.shape(), 2, true)) {
+                for (const auto& to : all_layouts(m.shape(), 2, true)) {
+                    // 2x2x2 has about 135 x 135 pairs, and under the slow all-reduce a search
+                    // settles most of its layouts: every 211th (three-axis meshes are
+                    // routed_plans_on_three_axis_meshes_are_exact's).
+                    if (m.shape().ndim() > 2 && pair++ % 211 != 0)
+                        continue;
+                    const auto candidates = xshard::plan_redistribution(from, to);
+                    const auto route = xshard::choose_route(candidates, m.shape(), shape,
+                                                            sizeof(long long), model);
+                    if (std::find(candidates.paths.begin(), candidates.paths.end(), route.steps) !=
+                        candidates.paths.end())
+                        continue;
+                    ++routed;
+                    xt::xtensor<long long, 2> expected;
+                    const auto src = make_source(m, shape, from, expected);
+                    auto plan = xshard::make_redistribution<dynamic_layout(2)>(src, to, model);
+                    const auto& steps = plan.plan().summary().steps;
+                    ASSERT_EQ(steps.size(), route.steps.size()) << plan.describe();
+                    for (std::size_t i = 0; i < steps.size(); ++i)
+                        ASSERT_EQ(steps[i].planned, route.steps[i]) << plan.describe();
+                    const auto out = plan(src);
+                    ASSERT_EQ(xshard::gather_all(out), expected)
+                        << from << " -> " << to << " " << where(m) << "\n"
+                        << plan.describe();
+                }
+            }
+            if (k == 1 && m.shape().size() > 1) {
+                EXPECT_GT(routed, 0) << where(m);
+            }
+        });
+    }
+}
+
+/// Meshes of three axes over the whole world, with axes of size 1: (1, W, 1), (W, 1, 1),
+/// (2, 1, W/2) and (3, 1, W/3) where they divide, and 2x2x2 at 8 ranks.
+template <class F>
+void for_each_three_axis_mesh(F&& f) {
+    const auto w = world();
+    const int p = w.size();
+    std::vector<std::array<int, 3>> shapes{{1, p, 1}, {p, 1, 1}};
+    if (p % 2 == 0 && p > 2)
+        shapes.push_back({2, 1, p / 2});
+    if (p % 3 == 0 && p > 3)
+        shapes.push_back({3, 1, p / 3});
+    if (p == 8)
+        shapes.push_back({2, 2, 2});
+    for (const auto& s : shapes)
+        f(xshard::mesh<"a", "b", "c">(w, s));
+}
+
+/// Random pairs of rank-N layouts (partial states with sum and max included) on `m`, each
+/// planned under `model` and redistributed; adds to `routed` how many ran a route through an
+/// intermediate layout (not one of the greedy candidates).
+template <std::size_t N, class Mesh>
+void routed_random_pairs(const Mesh& m, const xshard::cost_model& model, int pairs, unsigned seed,
+                         int& routed) {
+    const auto layouts = all_layouts(m.shape(), N, true);
+    std::mt19937 rng(seed); // the same draws on every rank
+    std::uniform_int_distribution<std::size_t> pick(0, layouts.size() - 1);
+    for (int k = 0; k < pairs; ++k) {
+        auto shape = random_shape<N>(rng);
+        if (k % 2 == 1) // larger tensors too: bandwidth-bound steps route differently
+            for (auto& e : shape)
+                e = e * 13 + 5;
+        const auto& from = layouts[pick(rng)];
+        const auto& to = layouts[pick(rng)];
+        xt::xtensor<long long, N> expected;
+        const auto src = make_source(m, shape, from, expected);
+        auto plan = xshard::make_redistribution<dynamic_layout(N)>(src, to, model);
+        const auto candidates = xshard::plan_redistribution(from, to);
+        std::vector<xshard::step> steps;
+        for (const auto& s : plan.plan().summary().steps)
+            steps.push_back(s.planned);
+        routed += std::none_of(candidates.paths.begin(), candidates.paths.end(), [&](const auto& c) {
+            return std::equal(c.begin(), c.end(), steps.begin(), steps.end());
+        });
+        ASSERT_EQ(xshard::gather_all(plan(src)), expected)
+            << from << " -> " << to << " shape " << xshard::detail::shape_string(shape) << " "
+            << where(m) << "\n"
+            << plan.describe();
+    }
+}
+
+TEST(redistribute, routed_plans_on_three_axis_meshes_are_exact) {
+    // The plan a route search gives on meshes of three axes (route.hpp), against the serial
+    // reference, under the default model and one whose all-reduce is 3x slower (more
+    // routes). First the pair that lost values when a reduce_scatter edge could name a new
+    // partial axis ([-] partial(sum: b, c) -> [c] partial(sum: a)).
+    xshard::cost_model slow_all_reduce;
+    slow_all_reduce.all_reduce.beta *= 3;
+    slow_all_reduce.all_reduce.alpha *= 3;
+    for_each_three_axis_mesh([&](const auto& m) {
+        for (const auto& model : {xshard::cost_model{}, slow_all_reduce}) {
+            for (std::size_t n : {1, 2, 3, 5, 7, 8, 9, 13, 64, 1000}) {
+                const std::array<std::size_t, 1> shape{n};
+                for (const char* from : {"[-] partial(sum: b, c)", "[a] partial(sum: b, c)",
+                                         "[-] partial(max: a, c)", "[b] partial(sum: a)"}) {
+                    for (const char* to : {"[(c,b,a)]", "[(c,b)] partial(sum: a)", "[c]"}) {
+                        xt::xtensor<long long, 1> expected;
+                        const auto src = make_source(m, shape, layout(from), expected);
+                        auto plan =
+                            xshard::make_redistribution<dynamic_layout(1)>(src, layout(to), model);
+                        ASSERT_EQ(xshard::gather_all(plan(src)), expected)
+                            << from << " -> " << to << " shape " << n << " " << where(m) << "\n"
+                            << plan.describe();
+                    }
+                }
+            }
+        }
+        int routed = 0;
+        for (std::size_t k = 0; k < 2; ++k) {
+            const auto& model = k == 0 ? xshard::cost_model{} : slow_all_reduce;
+            routed_random_pairs<1>(m, model, 60, 31 + unsigned(k), routed);
+            routed_random_pairs<2>(m, model, 60, 33 + unsigned(k), routed);
+            routed_random_pairs<3>(m, model, 25, 35 + unsigned(k), routed);
+        }
+        if (m.shape().size() > 1) {
+            EXPECT_GT(routed, 0) << where(m);
+        }
+    });
+}
+
 TEST(redistribute, typed_layouts_plan_at_compile_time) {
     using M = xshard::mesh<"dp", "mp">;
     const M m = xshard::testing::world_mesh_2d();
@@ -240,8 +383,7 @@ void random_pairs_shared(const Mesh& m, int pairs, unsigned seed, bool in_storag
         }
         // Mixed: back to the source layout on MPI messages, then once more through shared
         // memory from a tensor the MPI path made.
-        auto back =
-            xshard::make_redistribution<dynamic_layout(N)>(out, from, {}, through_messages);
+        auto back = xshard::make_redistribution<dynamic_layout(N)>(out, from, {}, through_messages);
         const auto returned = back(out);
         auto forth =
             xshard::make_redistribution<dynamic_layout(N)>(returned, to, {}, through_shared_memory);
@@ -401,8 +543,8 @@ TEST(redistribute, through_shared_memory_large_reductions_are_exact) {
             }
             const auto src = xshard::from_local(m, shape, local, from);
             for (const auto& tuning : {through_shared_memory, through_messages}) {
-                auto plan = xshard::make_redistribution<dynamic_layout(2)>(src, layout(to), {},
-                                                                           tuning);
+                auto plan =
+                    xshard::make_redistribution<dynamic_layout(2)>(src, layout(to), {}, tuning);
                 for (int run = 0; run < 2; ++run)
                     EXPECT_EQ(xshard::gather_all(plan(src)), expected)
                         << to << " run " << run << " " << where(m);

@@ -27,13 +27,11 @@
 ///  * memory: weights, gradients (sharded at level 2), optimizer state (sharded at levels 1
 ///    and 2), and the activations kept for the backward pass per micro-batch in flight.
 ///
-/// Redistribution prices are closed under composition (`redistribution_pricer`): the price of
-/// a -> c is that of the cheapest route through the layouts the search uses, each hop the
-/// planner's own plan, so a direct redistribution never costs more than a detour. The
-/// planner's three greedy candidates alone break that (on random layout triples about one in
-/// twelve: tests/auto/test_search.cpp keeps a case); rather than a fourth candidate in the
-/// planner, the search takes min(direct, via) and `route` names the layouts a run passes
-/// through to get the priced cost.
+/// Redistribution prices are the planner's (`redistribution_pricer`): redistribution_plan runs
+/// the cheapest of its candidates and of the routes through intermediate layouts
+/// (redistribute/route.hpp), a shortest path, so a direct redistribution never costs more
+/// than a detour (tests/redistribute/test_planner.cpp checks it on random layout triples)
+/// and the price is what a run does; `route` names the layouts it passes through.
 
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
@@ -41,6 +39,7 @@
 #include <xshard/redistribute/cost_model.hpp>
 #include <xshard/redistribute/geometry.hpp>
 #include <xshard/redistribute/planner.hpp>
+#include <xshard/redistribute/route.hpp>
 
 #include <algorithm>
 #include <array>
@@ -316,39 +315,24 @@ public:
         , element_(element)
         , ranks_(sample_ranks()) {}
 
-    /// The planner's own price of `from` -> `to`: its cheapest valid candidate for the slowest
-    /// priced rank, preferring candidates whose extra memory stays within a destination block
-    /// (choose_candidate's rule, on `sample_ranks`), without detours.
+    /// The planner's price of `from` -> `to` (redistribution_plan's choice, route.hpp: the
+    /// cheapest of its candidates and of the routes through intermediate layouts), for the
+    /// slowest of `sample_ranks` per step.
     template <std::size_t N>
     redistribution_price direct(const layout& from, const layout& to,
                                 const std::array<std::size_t, N>& shape) const {
+        return price_of(planned(from, to, shape), shape);
+    }
+
+    /// The steps of the planner's route `from` -> `to`.
+    template <std::size_t N>
+    step_list planned(const layout& from, const layout& to,
+                      const std::array<std::size_t, N>& shape) const {
         if (from == to)
             return {};
-        const auto c = plan_redistribution(from, to);
-        const auto& ranks = ranks_;
-        std::optional<redistribution_price> best;
-        bool best_fits = false;
-        for (const auto& path : c.paths) {
-            redistribution_price p;
-            bool valid = true, fits = true;
-            for (int r : ranks) {
-                const auto s = summarize(path, mesh_, shape, element_, r, model_);
-                valid = valid && s.valid;
-                fits = fits &&
-                       s.peak_extra_bytes <= std::max(s.destination_bytes, std::size_t(1) << 16);
-                p.seconds = std::max(p.seconds, s.seconds);
-                p.bytes = std::max(p.bytes, s.bytes_sent());
-            }
-            if (!valid)
-                continue;
-            if (!best || (fits && !best_fits) || (fits == best_fits && p.seconds < best->seconds)) {
-                best = p;
-                best_fits = fits;
-            }
-        }
-        if (!best)
-            throw std::logic_error("xshard: no valid redistribution plan (a bug)");
-        return *best;
+        return choose_route(plan_redistribution(from, to), mesh_, shape, element_, model_, {},
+                            ranks_)
+            .steps;
     }
 
     /// `direct`, memoised per layouts and shape.
@@ -362,45 +346,26 @@ public:
         return memo_.emplace(std::move(key), direct(from, to, shape)).first->second;
     }
 
-    /// The price of `from` -> `to` for a [rows, features] tensor: the cheapest route through
-    /// the layouts priced so far for that shape (the activation splits, their duals and every
-    /// layout asked about), each hop the planner's direct plan. All-pairs shortest routes
-    /// (Floyd-Warshall) over those layouts, recomputed when a new layout joins: so for any
-    /// layouts a, b, c asked about, price(a, c) <= price(a, b) + price(b, c).
+    /// The price of `from` -> `to` for a [rows, features] tensor: the planner's (`direct`),
+    /// memoised. A distance: price(a, c) <= price(a, b) + price(b, c) (route.hpp).
     redistribution_price operator()(const layout& from, const layout& to, std::size_t rows,
                                     std::size_t features) {
         if (from == to)
             return {};
-        auto& t = table(rows, features, {from, to});
-        return t.dist[t.index(from)][t.index(to)];
+        return direct_memo(from, to, std::array<std::size_t, 2>{rows, features});
     }
 
-    /// The layouts of the cheapest route `from` -> `to` (`operator()`'s), both ends included.
+    /// The layouts the planner's route `from` -> `to` passes through, both ends included.
     std::vector<layout> route(const layout& from, const layout& to, std::size_t rows,
-                              std::size_t features) {
-        if (from == to)
-            return {from};
-        auto& t = table(rows, features, {from, to});
+                              std::size_t features) const {
         std::vector<layout> r{from};
-        for (std::size_t i = t.index(from), j = t.index(to); i != j;) {
-            i = t.next[i][j];
-            r.push_back(t.nodes[i]);
-        }
+        for (const auto& s : planned(from, to, std::array<std::size_t, 2>{rows, features}))
+            r.push_back(s.to);
         return r;
     }
 
     const mesh_shape& mesh() const noexcept { return mesh_; }
     const cost_model& model() const noexcept { return model_; }
-
-    /// The layouts a route may pass through: the activation splits and their duals.
-    std::vector<layout> via_layouts() const {
-        std::vector<layout> v;
-        for (auto a : activation_splits) {
-            v.push_back(activation_layout(a));
-            v.push_back(dual(activation_layout(a), mesh_));
-        }
-        return v;
-    }
 
     /// The ranks priced: every rank of a mesh of at most 64, else those whose coordinates are
     /// 0, 1, the middle or the last on every axis (the blocks of a dimension are at most two
@@ -441,51 +406,26 @@ private:
     cost_model model_;
     std::size_t element_;
     std::vector<int> ranks_;
-    struct routes {
-        std::vector<layout> nodes;
-        std::vector<std::vector<redistribution_price>> dist;
-        std::vector<std::vector<std::size_t>> next;
-        std::size_t index(const layout& l) const {
-            return std::size_t(std::find(nodes.begin(), nodes.end(), l) - nodes.begin());
+    template <std::size_t N>
+    redistribution_price price_of(const step_list& steps,
+                                  const std::array<std::size_t, N>& shape) const {
+        redistribution_price p;
+        for (const auto& s : steps) {
+            p.seconds += price_step(s, mesh_, shape, element_, ranks_, model_).first;
+            std::size_t sent = 0;
+            for (int r : ranks_) {
+                step_list one;
+                one.push_back(s);
+                sent =
+                    std::max(sent, summarize(one, mesh_, shape, element_, r, model_).bytes_sent());
+            }
+            p.bytes += sent;
         }
-    };
-
-    routes& table(std::size_t rows, std::size_t features, std::initializer_list<layout> asked) {
-        auto& t = routes_[{rows, features}];
-        bool grown = t.nodes.empty();
-        if (t.nodes.empty())
-            t.nodes = via_layouts();
-        for (const auto& l : asked)
-            if (t.index(l) == t.nodes.size()) {
-                t.nodes.push_back(l);
-                grown = true;
-            }
-        if (!grown)
-            return t;
-        const std::array<std::size_t, 2> shape{rows, features};
-        const std::size_t n = t.nodes.size();
-        t.dist.assign(n, std::vector<redistribution_price>(n));
-        t.next.assign(n, std::vector<std::size_t>(n));
-        for (std::size_t i = 0; i < n; ++i)
-            for (std::size_t j = 0; j < n; ++j) {
-                t.next[i][j] = j;
-                if (i != j)
-                    t.dist[i][j] = direct_memo(t.nodes[i], t.nodes[j], shape);
-            }
-        for (std::size_t k = 0; k < n; ++k)
-            for (std::size_t i = 0; i < n; ++i)
-                for (std::size_t j = 0; j < n; ++j)
-                    if (t.dist[i][k].seconds + t.dist[k][j].seconds < t.dist[i][j].seconds) {
-                        t.dist[i][j] = {t.dist[i][k].seconds + t.dist[k][j].seconds,
-                                        t.dist[i][k].bytes + t.dist[k][j].bytes};
-                        t.next[i][j] = t.next[i][k];
-                    }
-        return t;
+        return p;
     }
 
     std::map<std::tuple<std::string, std::string, std::vector<std::size_t>>, redistribution_price>
         memo_;
-    std::map<std::pair<std::size_t, std::size_t>, routes> routes_;
 };
 
 /// What one operator costs one rank of its stage (see the file comment). Times are seconds,

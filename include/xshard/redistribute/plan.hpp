@@ -16,6 +16,7 @@
 #include <xshard/redistribute/node_step.hpp>
 #include <xshard/redistribute/planner.hpp>
 #include <xshard/redistribute/region_message.hpp>
+#include <xshard/redistribute/route.hpp>
 
 #include <algorithm>
 #include <array>
@@ -61,8 +62,7 @@ public:
         , stats_(std::make_unique<allocation_stats>())
         , reducer_(tuning_, stats_.get())
         , rank_(mesh.rank()) {
-        const auto& path =
-            candidates.paths[choose_candidate(candidates, mesh_, shape, sizeof(T), model, tuning)];
+        const auto path = choose_route(candidates, mesh_, shape, sizeof(T), model, tuning).steps;
         summary_ = summarize(path, mesh_, shape, sizeof(T), mesh.rank(), model, tuning);
         from_block_ = block_of(candidates.from, mesh_, shape, mesh.rank());
         to_block_ = block_of(candidates.to, mesh_, shape, mesh.rank());
@@ -116,7 +116,7 @@ public:
     /// How many steps run through shared memory rather than MPI messages.
     std::size_t shared_memory_steps() const noexcept {
         return std::size_t(std::count_if(steps_.begin(), steps_.end(),
-                                          [](const compiled_step& s) { return bool(s.node); }));
+                                         [](const compiled_step& s) { return bool(s.node); }));
     }
     /// The bytes of this rank's shared-memory windows (staging for peers' reads).
     std::size_t window_bytes() const noexcept {
@@ -168,8 +168,8 @@ private:
     void decide_path(compiled_step& s) {
         s.node_decided = true;
         const auto& geo = s.geo;
-        if (!geo.valid || !node_path_applies(geo.planned.kind, geo.group_size, tensor_bytes(),
-                                             tuning_))
+        if (!geo.valid ||
+            !node_path_applies(geo.planned.kind, geo.group_size, tensor_bytes(), tuning_))
             return;
         std::vector<box<N>> peer_in; // where each member's input block sits
         for (const int r : mesh_.group_ranks(rank_, geo.group))

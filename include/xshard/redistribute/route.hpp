@@ -1,0 +1,457 @@
+#pragma once
+/// \file
+/// The cheapest route of a redistribution: the planner's candidates (planner.hpp) are three
+/// greedy step sequences, and a greedy sequence can cost more than going through a third
+/// layout (on random layout triples about one in twenty: an all-reduce priced above its
+/// reduce-scatter plus all-gather, an exchange whose bytes an all-gather moves cheaper, an
+/// exchange that feeds ranks a later zero step clears). A price with that flaw is not a
+/// distance, and a search minimising it (auto/cost.hpp) is misled, as PyTorch's planner was.
+///
+/// So a plan also searches the graph whose nodes are every layout of the tensor on the mesh
+/// and whose edges are single steps (an exchange-like step between any two layouts with the
+/// same pending reduction, named when it is one: all_gather, slice, all_to_all; all_reduce
+/// of some partial axes; reduce_scatter of one into a dimension's minor end; zero of some
+/// replicated axes), each edge priced for the slowest priced rank under the cost model.
+/// A route's price is the sum of its steps' (steps are collective: each waits for its
+/// slowest member), and the shortest route (Dijkstra) is a distance by construction: for
+/// any layouts a, b, c, price(a, c) <= price(a, b) + price(b, c), and never above the
+/// cheapest candidate's. The graph has 4 layouts for a matrix on one axis, 18 on two (28 and
+/// 40 for rank-3 and rank-4 tensors), 92 on three (176 for a rank-3 tensor; 168 for a vector
+/// on four axes); past `max_route_layouts` (a rank-4 tensor on three axes: 296; a matrix on
+/// four: 536) the plan keeps the candidates alone, and the property is not promised there.
+///
+/// Speed: the graph's structure depends on the axis names, the tensor's rank and the
+/// reductions only, so it is built once per thread and kept (route_graph_of); the search
+/// prices an edge rank by rank and drops it as soon as one rank prices it past what could
+/// shorten the route (rank 0 first: it holds the largest blocks), so most edges cost one
+/// rank's count. Measured (one core, 4-byte elements, random layout pairs with partial
+/// states and shapes up to 3000, sum and max): a matrix on 2x2x2 1.8 ms per plan (worst
+/// 4.7 ms), on 2x4x8 / 4x4x4 / 2x2x16 (64 ranks) 5.8-6.9 ms (worst 17 ms); a rank-3 tensor
+/// 7.7 ms on 2x2x2 and 10-16 ms at 64 ranks; a vector 0.2-1.8 ms. Before (a graph built
+/// per plan, every edge priced on every rank): 9.6 ms and 58-66 ms for a matrix, 25-1200 ms
+/// for rank 3 and 4. A rank-4 tensor on three axes would take 20-40 ms, hence the bound.
+
+#include <xshard/core/layout.hpp>
+#include <xshard/core/mesh_shape.hpp>
+#include <xshard/redistribute/geometry.hpp>
+#include <xshard/redistribute/planner.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <queue>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace xshard {
+
+/// Most layouts (with one reduction) the route search enumerates: tensors up to rank 3 on
+/// meshes of three axes (see the file comment).
+inline constexpr std::size_t max_route_layouts = 176;
+
+/// A sequence of steps and its price (seconds, the sum over steps of the slowest priced
+/// rank's).
+struct priced_route {
+    step_list steps;
+    double seconds = 0;
+    bool valid = true;
+};
+
+namespace detail {
+
+/// The ranks a plan is priced on: every rank of a mesh of at most 256; on larger ones a stride
+/// of 64 ranks (choose_candidate's) and the ranks whose coordinates are 0, 1, the middle or
+/// the last on every axis (blocks of a dimension have at most two sizes, the larger first, so
+/// these meet every kind of block and neighbour). Every rank works out the same list.
+inline std::vector<int> priced_ranks(const mesh_shape& mesh) {
+    std::vector<int> ranks;
+    const int p = mesh.size();
+    const int stride = p <= 256 ? 1 : p / 64;
+    for (long long r = 0; r < p; r += stride) // long long: r + stride may pass INT_MAX
+        ranks.push_back(int(r));
+    if (p <= 256)
+        return ranks;
+    std::vector<std::vector<int>> coords;
+    for (int size : mesh.sizes) {
+        std::vector<int> c{0, 1, size / 2, size - 1};
+        std::erase_if(c, [&](int x) { return x >= size; });
+        std::sort(c.begin(), c.end());
+        c.erase(std::unique(c.begin(), c.end()), c.end());
+        coords.push_back(c);
+    }
+    std::vector<std::size_t> at(coords.size(), 0);
+    while (true) {
+        long long r = 0;
+        for (std::size_t a = 0; a < coords.size(); ++a)
+            r = r * mesh.sizes[a] + coords[a][at[a]];
+        ranks.push_back(int(r));
+        std::size_t a = coords.size();
+        while (a > 0 && ++at[a - 1] == coords[a - 1].size())
+            at[--a] = 0;
+        if (a == 0)
+            break;
+    }
+    std::sort(ranks.begin(), ranks.end());
+    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+    return ranks;
+}
+
+/// `l` with its partial axes in mesh order and the reduction `sum` when nothing is partial:
+/// layouts that mean the same compare equal.
+inline layout canonical(const layout& l, const mesh_shape& mesh) {
+    layout c = l;
+    c.partial.clear();
+    for (const auto& a : mesh.names)
+        if (l.partial.contains(a))
+            c.partial.push_back(a);
+    if (c.partial.empty())
+        c.op = reduction::sum;
+    c.dynamic = false;
+    return c;
+}
+
+/// Every layout of a rank-`rank` tensor on `mesh` (each axis replicated, partial with one of
+/// `ops`, or splitting a dimension at any position), canonical; empty when there are more
+/// than `limit` with one reduction.
+inline std::vector<layout> all_layouts_on(const mesh_shape& mesh, std::size_t rank,
+                                          const static_vector<reduction, 2>& ops,
+                                          std::size_t limit) {
+    std::vector<layout> done;
+    bool over = false;
+    std::vector<layout> partial_free{layout::replicated(rank)};
+    // Place the axes one by one; an axis marked partial goes to `partial` (op set later).
+    for (const auto& a : mesh.names) {
+        std::vector<layout> next;
+        for (const auto& l : partial_free) {
+            next.push_back(l); // replicated
+            layout p = l;
+            p.partial.push_back(a);
+            next.push_back(p);
+            for (std::size_t d = 0; d < rank; ++d)
+                for (std::size_t pos = 0; pos <= l.dims[d].size(); ++pos) {
+                    layout s = l;
+                    dim_axes axes;
+                    for (std::size_t i = 0; i < l.dims[d].size(); ++i) {
+                        if (i == pos)
+                            axes.push_back(a);
+                        axes.push_back(l.dims[d][i]);
+                    }
+                    if (pos == l.dims[d].size())
+                        axes.push_back(a);
+                    s.dims[d] = axes;
+                    next.push_back(s);
+                }
+            if (next.size() > limit) {
+                over = true;
+                break;
+            }
+        }
+        if (over)
+            return {};
+        partial_free = std::move(next);
+    }
+    for (const auto& l : partial_free) {
+        if (l.partial.empty()) {
+            done.push_back(l);
+            continue;
+        }
+        for (auto op : ops) {
+            layout c = l;
+            c.op = op;
+            done.push_back(c);
+        }
+    }
+    return done;
+}
+
+/// The single step from `x` to `y` (canonical layouts), if the graph has that edge.
+inline std::optional<step> edge(const layout& x, const layout& y) {
+    if (x == y)
+        return std::nullopt;
+    const bool same_splits = x.dims == y.dims;
+    if (x.partial == y.partial && x.op == y.op)
+        return classify(x, y);
+    if (same_splits) {
+        // all_reduce of the partial axes y lacks (y's partial a subset of x's).
+        bool subset = y.partial.size() < x.partial.size() && (y.partial.empty() || y.op == x.op);
+        for (const auto& a : y.partial)
+            subset = subset && x.partial.contains(a);
+        if (subset) {
+            dim_axes reduced;
+            for (const auto& a : x.partial)
+                if (!y.partial.contains(a))
+                    reduced.push_back(a);
+            return step{step_kind::all_reduce, x, y, reduced, 0, 0};
+        }
+        // zero of axes replicated in x (x's partial a subset of y's).
+        bool grows = x.partial.size() < y.partial.size() && (x.partial.empty() || y.op == x.op);
+        for (const auto& a : x.partial)
+            grows = grows && y.partial.contains(a);
+        if (grows) {
+            dim_axes zeroed;
+            for (const auto& a : y.partial)
+                if (!x.partial.contains(a))
+                    zeroed.push_back(a);
+            return step{step_kind::zero, x, y, zeroed, 0, 0};
+        }
+        return std::nullopt;
+    }
+    // reduce_scatter of one partial axis into the minor end of one dimension: y keeps every
+    // other partial axis of x (a subset: on three axes or more, y could otherwise name a
+    // partial axis x splits or replicates, and the edge would claim a reduction it skips).
+    if (y.partial.size() + 1 != x.partial.size() || (!y.partial.empty() && y.op != x.op))
+        return std::nullopt;
+    std::optional<axis_name> axis;
+    for (const auto& a : y.partial)
+        if (!x.partial.contains(a))
+            return std::nullopt;
+    for (const auto& a : x.partial)
+        if (!y.partial.contains(a))
+            axis = a;
+    if (!axis)
+        return std::nullopt;
+    for (std::size_t d = 0; d < x.rank(); ++d) {
+        if (y.dims[d] == x.dims[d])
+            continue;
+        layout grown = x;
+        grown.dims[d].push_back(*axis);
+        if (!(grown.dims == y.dims))
+            return std::nullopt;
+        return make_step(step_kind::reduce_scatter, x, y, *axis, d);
+    }
+    return std::nullopt;
+}
+
+/// The graph of a tensor's layouts on a mesh: its nodes (all_layouts_on) and, per node, the
+/// single steps out of it (edge). It depends on the axis names, the tensor's rank and the
+/// reductions only (not on sizes or shapes), so it is built once per thread for each and kept.
+struct route_graph {
+    /// A step between two nodes, without its layouts (a step holds two: about 2 KiB).
+    struct arc {
+        std::size_t to = 0;
+        step_kind kind = step_kind::exchange;
+        std::uint8_t dim = 0, dim2 = 0;
+        dim_axes axes;
+    };
+    std::vector<layout> nodes;
+    std::vector<std::vector<arc>> out; ///< the steps out of each node
+
+    step step_of(std::size_t from, const arc& a) const {
+        return step{a.kind, nodes[from], nodes[a.to], a.axes, a.dim, a.dim2};
+    }
+};
+
+/// The route graph of a rank-`rank` tensor on meshes with `mesh`'s axis names; null past
+/// `limit` layouts. Cached per thread (at most 64 graphs; the oldest go first).
+inline std::shared_ptr<const route_graph> route_graph_of(const mesh_shape& mesh, std::size_t rank,
+                                                         const static_vector<reduction, 2>& ops,
+                                                         std::size_t limit) {
+    std::string key = std::to_string(rank) + "/" + std::to_string(limit) + "/";
+    for (auto op : ops)
+        key += std::to_string(int(op)) + ",";
+    for (const auto& a : mesh.names)
+        key += "/" + std::string(a.view());
+    thread_local std::vector<std::pair<std::string, std::shared_ptr<const route_graph>>> cache;
+    for (const auto& [k, g] : cache)
+        if (k == key)
+            return g;
+    auto g = std::make_shared<route_graph>();
+    g->nodes = all_layouts_on(mesh, rank, ops, limit);
+    if (g->nodes.empty()) {
+        g = nullptr;
+    } else {
+        const std::size_t n = g->nodes.size();
+        g->out.resize(n);
+        for (std::size_t i = 0; i < n; ++i)
+            for (std::size_t j = 0; j < n; ++j)
+                if (auto e = edge(g->nodes[i], g->nodes[j]))
+                    g->out[i].push_back({j, e->kind, e->dim, e->dim2, e->axes});
+    }
+    if (cache.size() == 64)
+        cache.erase(cache.begin());
+    cache.emplace_back(std::move(key), g);
+    return g;
+}
+
+} // namespace detail
+
+/// The price of one step for a tensor of global `shape`: the slowest of `ranks` (as
+/// `summarize` prices it inside a plan), and whether it is valid on all of them.
+template <std::size_t N>
+std::pair<double, bool> price_step(const step& s, const mesh_shape& mesh,
+                                   const std::array<std::size_t, N>& shape, std::size_t element,
+                                   const std::vector<int>& ranks, const cost_model& model,
+                                   const reduce_tuning& tuning = {}) {
+    std::size_t tensor_bytes = element;
+    for (const auto e : shape)
+        tensor_bytes = detail::saturating_mul(tensor_bytes, e);
+    double worst = 0;
+    bool valid = true;
+    for (int rank : ranks) {
+        const auto t = traffic_of(s, mesh, shape, rank);
+        valid = valid && t.valid;
+        const bool shared = model.node_local && t.valid &&
+                            node_path_applies(t.planned.kind, t.group_size, tensor_bytes, tuning);
+        worst = std::max(worst, summarize(t, mesh, element, model, tuning, shared).seconds);
+    }
+    return {worst, valid};
+}
+
+/// `price_step`, or nullopt as soon as some rank of `ranks` prices the step at `limit` or
+/// more, or finds it invalid (the route search skips such edges: they cannot shorten a
+/// route; the first of `ranks`, rank 0, holds the largest blocks and usually decides).
+template <std::size_t N>
+std::optional<double> price_step_below(const step& s, const mesh_shape& mesh,
+                                       const std::array<std::size_t, N>& shape,
+                                       std::size_t element, const std::vector<int>& ranks,
+                                       const cost_model& model, const reduce_tuning& tuning,
+                                       double limit) {
+    std::size_t tensor_bytes = element;
+    for (const auto e : shape)
+        tensor_bytes = detail::saturating_mul(tensor_bytes, e);
+    double worst = 0;
+    for (int rank : ranks) {
+        const auto t = traffic_of(s, mesh, shape, rank);
+        if (!t.valid)
+            return std::nullopt;
+        const bool shared =
+            model.node_local && node_path_applies(t.planned.kind, t.group_size, tensor_bytes, tuning);
+        worst = std::max(worst, summarize(t, mesh, element, model, tuning, shared).seconds);
+        if (worst >= limit)
+            return std::nullopt;
+    }
+    return worst;
+}
+
+/// The price of `steps` for a tensor of global `shape`: per step the slowest of `ranks`,
+/// summed; invalid when a step is on some rank (a reduce_scatter whose pieces do not tile).
+template <std::size_t N>
+priced_route price_route(const step_list& steps, const mesh_shape& mesh,
+                         const std::array<std::size_t, N>& shape, std::size_t element,
+                         const std::vector<int>& ranks, const cost_model& model,
+                         const reduce_tuning& tuning = {}) {
+    priced_route r{steps, 0, true};
+    for (const auto& s : steps) {
+        const auto [seconds, valid] = price_step(s, mesh, shape, element, ranks, model, tuning);
+        r.valid = r.valid && valid;
+        r.seconds += seconds;
+    }
+    return r;
+}
+
+/// The cheapest route `from` -> `to` (see the file comment): the shortest in the graph of
+/// single steps when the tensor has at most `max_route_layouts` layouts on the mesh, nullopt
+/// otherwise. Every rank computes the same route from the same data.
+template <std::size_t N>
+std::optional<priced_route>
+cheapest_route(const layout& from, const layout& to, const mesh_shape& mesh,
+               const std::array<std::size_t, N>& shape, std::size_t element,
+               const cost_model& model, const reduce_tuning& tuning = {},
+               double bound = std::numeric_limits<double>::infinity(),
+               const std::vector<int>& priced = {}) {
+    if (from == to)
+        return priced_route{};
+    static_vector<reduction, 2> ops;
+    for (const layout* l : {&from, &to})
+        if (l->is_partial() && !ops.contains(l->op))
+            ops.push_back(l->op);
+    if (ops.empty())
+        ops.push_back(reduction::sum);
+    const auto graph = detail::route_graph_of(mesh, from.rank(), ops, max_route_layouts);
+    if (!graph)
+        return std::nullopt;
+    const auto& nodes = graph->nodes;
+    const auto a = detail::canonical(from, mesh), c = detail::canonical(to, mesh);
+    const auto index = [&](const layout& l) {
+        return std::size_t(std::find(nodes.begin(), nodes.end(), l) - nodes.begin());
+    };
+    const std::size_t n = nodes.size(), source = index(a), target = index(c);
+    if (source == n || target == n)
+        return std::nullopt;
+    if (source == target) { // the same layout written differently: nothing moves
+        priced_route r;
+        return r;
+    }
+    const auto ranks = priced.empty() ? detail::priced_ranks(mesh) : priced;
+    const double inf = std::numeric_limits<double>::infinity();
+    std::vector<double> dist(n, inf);
+    std::vector<std::size_t> prev(n, n);
+    std::vector<const detail::route_graph::arc*> via(n, nullptr);
+    std::vector<bool> settled(n, false);
+    using entry = std::pair<double, std::size_t>;
+    std::priority_queue<entry, std::vector<entry>, std::greater<>> queue;
+    dist[source] = 0;
+    queue.push({0, source});
+    while (!queue.empty()) {
+        const auto [d, i] = queue.top();
+        queue.pop();
+        if (settled[i])
+            continue;
+        settled[i] = true;
+        if (i == target || d >= bound)
+            break;
+        for (const auto& arc : graph->out[i]) {
+            const std::size_t j = arc.to;
+            if (settled[j])
+                continue;
+            const auto s = graph->step_of(i, arc);
+            // Priced only as far as it could shorten the route to j (or stay within bound):
+            // the same shortest routes, most edges dismissed on their first rank.
+            const double limit = std::min(dist[j], std::max(bound, d)) - d;
+            const auto seconds =
+                price_step_below(s, mesh, shape, element, ranks, model, tuning, limit);
+            if (!seconds)
+                continue;
+            dist[j] = d + *seconds;
+            prev[j] = i;
+            via[j] = &arc;
+            queue.push({dist[j], j});
+        }
+    }
+    if (!settled[target] || dist[target] == inf)
+        return std::nullopt;
+    priced_route r;
+    r.seconds = dist[target];
+    std::vector<step> back;
+    for (std::size_t j = target; j != source; j = prev[j])
+        back.push_back(graph->step_of(prev[j], *via[j]));
+    for (auto it = back.rbegin(); it != back.rend(); ++it)
+        r.steps.push_back(*it);
+    // The ends as the caller wrote them (the same layouts; partial axes in its order).
+    r.steps[0].from = from;
+    r.steps.back().to = to;
+    return r;
+}
+
+/// The steps a plan runs for `c.from` -> `c.to`, and their price: the cheapest route when
+/// it costs less than every candidate, else the cheapest candidate (`choose_candidate`'s pick
+/// among equals). Priced on `priced` ranks (`detail::priced_ranks` when empty). Every rank
+/// computes the same from the same data.
+template <std::size_t N>
+priced_route choose_route(const plan_candidates& c, const mesh_shape& mesh,
+                          const std::array<std::size_t, N>& shape, std::size_t element,
+                          const cost_model& model, const reduce_tuning& tuning = {},
+                          const std::vector<int>& priced = {}) {
+    if (c.paths.empty())
+        return {};
+    const auto ranks = priced.empty() ? detail::priced_ranks(mesh) : priced;
+    const auto pick = choose_candidate(c, mesh, shape, element, model, tuning);
+    auto best = price_route(c.paths[pick], mesh, shape, element, ranks, model, tuning);
+    for (const auto& path : c.paths) {
+        const auto p = price_route(path, mesh, shape, element, ranks, model, tuning);
+        if (p.valid && p.seconds < best.seconds * (1 - 1e-12))
+            best = p;
+    }
+    const auto route = cheapest_route(c.from, c.to, mesh, shape, element, model, tuning,
+                                      best.seconds * (1 + 1e-12), ranks);
+    if (route && route->seconds < best.seconds * (1 - 1e-12))
+        return *route;
+    return best;
+}
+
+} // namespace xshard
