@@ -256,9 +256,10 @@ void routed_random_pairs(const Mesh& m, const xshard::cost_model& model, int pai
         std::vector<xshard::step> steps;
         for (const auto& s : plan.plan().summary().steps)
             steps.push_back(s.planned);
-        routed += std::none_of(candidates.paths.begin(), candidates.paths.end(), [&](const auto& c) {
-            return std::equal(c.begin(), c.end(), steps.begin(), steps.end());
-        });
+        routed +=
+            std::none_of(candidates.paths.begin(), candidates.paths.end(), [&](const auto& c) {
+                return std::equal(c.begin(), c.end(), steps.begin(), steps.end());
+            });
         ASSERT_EQ(xshard::gather_all(plan(src)), expected)
             << from << " -> " << to << " shape " << xshard::detail::shape_string(shape) << " "
             << where(m) << "\n"
@@ -378,8 +379,15 @@ void random_pairs_shared(const Mesh& m, int pairs, unsigned seed, bool in_storag
             EXPECT_EQ(sent, 0u) << what << ": bytes went through MPI";
         }
         // Shards in node storage on every rank, one step: read in place, no staging window.
+        // An exchange among them: every member writes its block into the destinations.
         if (in_storage && steps.size() == 1) {
             EXPECT_EQ(plan.plan().window_bytes(), 0u) << what;
+            const auto kind = steps[0].planned.kind;
+            const bool exchange =
+                kind != xshard::step_kind::all_reduce && kind != xshard::step_kind::reduce_scatter;
+            EXPECT_EQ(plan.plan().steps_written_in_place(),
+                      exchange && plan.plan().shared_memory_steps() == 1 ? 1u : 0u)
+                << what;
         }
         // Mixed: back to the source layout on MPI messages, then once more through shared
         // memory from a tensor the MPI path made.
@@ -419,6 +427,33 @@ TEST(redistribute, shards_in_node_storage_are_read_in_place) {
     });
 }
 
+TEST(redistribute, large_blocks_written_in_place_band_by_band_are_exact) {
+    // Blocks of many bands (64 KiB each, node_step.hpp's push): bands of the first dimension,
+    // and of the second at every index of the first (slices of the first too large), each
+    // written into every destination in node storage, exact.
+    xshard::node_storage storage(world(), 16 << 20);
+    const bool everywhere = storage_everywhere(storage, 16 << 20);
+    const std::array<std::array<std::size_t, 3>, 2> shapes{{{40, 70, 50}, {3, 301, 53}}};
+    const std::pair<const char*, const char*> pairs[] = {
+        {"[x, -, -]", "[-, -, x]"}, {"[-, x, -]", "[x, -, -]"}, {"[-, -, x]", "[-, x, -]"},
+        {"[x, -, -]", "[-, -, -]"}, {"[-, x, -]", "[-, -, -]"}};
+    using M = xshard::node_shared<xshard::mesh<"x">>;
+    const M m(world(), {world().size()});
+    for (const auto& shape : shapes)
+        for (const auto& [from, to] : pairs) {
+            xt::xtensor<long long, 3> expected;
+            const auto src = make_source(m, shape, layout(from), expected);
+            auto plan = xshard::make_redistribution<dynamic_layout(3)>(src, layout(to), {},
+                                                                       through_shared_memory);
+            const std::string what = std::string(from) + " -> " + to + " shape " +
+                                     xshard::detail::shape_string(shape);
+            EXPECT_EQ(xshard::gather_all(plan(src)), expected) << what;
+            if (everywhere && world().size() > 1 && xshard::shared_memory_allowed()) {
+                EXPECT_EQ(plan.plan().steps_written_in_place(), 1u) << what;
+            }
+        }
+}
+
 TEST(redistribute, shards_partly_in_node_storage_are_exact) {
     // Mixed: every other rank's arena too small for any shard (theirs go to the heap and are
     // staged), and arenas that fill up during the test.
@@ -454,8 +489,8 @@ TEST(redistribute, tensors_in_node_storage_take_the_node_path_by_default) {
     const std::array<std::size_t, 2> big{512, 300}, small{16, 3}; // 1.17 MiB, 384 B
     const bool node = w.size() > 1 && xshard::shared_memory_allowed();
     for (const char* to : {"[-, x]", "[-, -]"}) {
-        auto a = xshard::full<double, dynamic_layout(2)>(m, big, 1.0,
-                                                         layout("[-, -] partial(sum: x)"));
+        auto a =
+            xshard::full<double, dynamic_layout(2)>(m, big, 1.0, layout("[-, -] partial(sum: x)"));
         auto pa = xshard::make_redistribution<dynamic_layout(2)>(a, layout(to));
         const xt::xtensor<double, 2> ones = xt::ones<double>(big);
         EXPECT_EQ(xshard::gather_all(pa(a)), ones) << to;
@@ -481,9 +516,11 @@ TEST(redistribute, a_slow_writer_is_never_read_early) {
     using M = xshard::node_shared<xshard::mesh<"x">>;
     const M m(w, {w.size()});
     const std::array<std::size_t, 2> shape{std::size_t(37 * w.size() + 5), 29};
-    const std::pair<const char*, const char*> pairs[] = {
-        {"[x, -]", "[-, x]"}, {"[x, -]", "[-, -]"}, {"[-, x]", "[x, -]"},
-        {"[-, -] partial(sum: x)", "[-, -]"}, {"[-, -] partial(sum: x)", "[x, -]"}};
+    const std::pair<const char*, const char*> pairs[] = {{"[x, -]", "[-, x]"},
+                                                         {"[x, -]", "[-, -]"},
+                                                         {"[-, x]", "[x, -]"},
+                                                         {"[-, -] partial(sum: x)", "[-, -]"},
+                                                         {"[-, -] partial(sum: x)", "[x, -]"}};
     for (const auto& [from, to] : pairs) {
         const bool partial = std::string_view(from).find("partial") != std::string_view::npos;
         auto value = [&](int round, int term, std::size_t i) {
@@ -516,8 +553,7 @@ TEST(redistribute, a_slow_writer_is_never_read_early) {
             bool exact = true;
             for (std::size_t r = 0; r < ob.extent[0] && exact; ++r)
                 for (std::size_t c = 0; c < ob.extent[1] && exact; ++c)
-                    exact = out.local()(r, c) ==
-                            expected(ob.offset[0] + r, ob.offset[1] + c);
+                    exact = out.local()(r, c) == expected(ob.offset[0] + r, ob.offset[1] + c);
             EXPECT_TRUE(exact) << from << " -> " << to << " round " << round << " rank "
                                << m.rank();
         }

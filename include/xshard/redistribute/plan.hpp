@@ -118,6 +118,13 @@ public:
         return std::size_t(std::count_if(steps_.begin(), steps_.end(),
                                          [](const compiled_step& s) { return bool(s.node); }));
     }
+    /// How many shared-memory steps' last run had every member write its block into the
+    /// destinations (every output block in node storage) instead of reading.
+    std::size_t steps_written_in_place() const noexcept {
+        return std::size_t(std::count_if(steps_.begin(), steps_.end(), [](const compiled_step& s) {
+            return s.node && s.node->wrote_in_place();
+        }));
+    }
     /// The bytes of this rank's shared-memory windows (staging for peers' reads).
     std::size_t window_bytes() const noexcept {
         std::size_t n = 0;
@@ -171,10 +178,13 @@ private:
         if (!geo.valid ||
             !node_path_applies(geo.planned.kind, geo.group_size, tensor_bytes(), tuning_))
             return;
-        std::vector<box<N>> peer_in; // where each member's input block sits
-        for (const int r : mesh_.group_ranks(rank_, geo.group))
+        std::vector<box<N>> peer_in, peer_out; // where each member's blocks sit
+        for (const int r : mesh_.group_ranks(rank_, geo.group)) {
             peer_in.push_back(block_of(geo.planned.from, mesh_, shape_, r));
-        s.node = node_step<T, N>::make(s.comm, geo, std::move(peer_in), tensor_bytes(), tuning_);
+            peer_out.push_back(block_of(geo.planned.to, mesh_, shape_, r));
+        }
+        s.node = node_step<T, N>::make(s.comm, geo, std::move(peer_in), std::move(peer_out),
+                                       tensor_bytes(), tuning_);
         if (s.node)
             s.messages = message_batch(); // the MPI path's slots are not needed
     }
