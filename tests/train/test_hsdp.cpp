@@ -24,9 +24,12 @@
 #include <array>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -83,24 +86,69 @@ TEST(hsdp_layouts, the_data_parallel_axes_join_a_dimension) {
     EXPECT_EQ(hsdp_axes(all, m3, 3, "w").axes.bits, xshard::axis_set{}.with(1).bits);
     EXPECT_EQ(hsdp_axes(all, m3, 2, "w").axes.bits, xshard::axis_set{}.with(2).bits); // minor
     EXPECT_EQ(hsdp_axes(all, m3, 6, "w").axes.bits, xshard::axis_set{}.with(1).with(2).bits);
-    EXPECT_EQ(hsdp_axes(all, m3, 6, "w").split_axis, -1);
+    EXPECT_TRUE(hsdp_axes(all, m3, 6, "w").parts.empty());
     EXPECT_TRUE(hsdp_axes(all, m3, 1, "w").empty());
     expect_error([&] { (void)hsdp_axes(all, m3, 5, "w"); }, "does not divide");
     // Over part of an axis: copies of `inner` consecutive ranks of it.
     const xshard::mesh_shape m4({"dp"}, {4});
     const auto g4 = hsdp_axes(m4.all_axes(), m4, 2, "w");
     EXPECT_EQ(g4.axes.bits, m4.all_axes().bits);
-    EXPECT_EQ(g4.split_axis, 0);
-    EXPECT_EQ(g4.inner, 2);
+    EXPECT_EQ(g4.parts, (std::vector<std::pair<int, int>>{{0, 2}}));
     // (6, 2) with shard_size 4: tp whole and 2 of dp's 6.
     const xshard::mesh_shape m62({"dp", "tp"}, {6, 2});
     const auto g62 = hsdp_axes(m62.all_axes(), m62, 4, "w");
     EXPECT_EQ(g62.axes.bits, m62.all_axes().bits);
-    EXPECT_EQ(g62.split_axis, 0);
-    EXPECT_EQ(g62.inner, 2);
-    // 6 = 2 x 3 of (4, 9) would need parts of both axes.
+    EXPECT_EQ(g62.parts, (std::vector<std::pair<int, int>>{{0, 2}}));
+    // 6 = 2 x 3 of (4, 9) takes parts of both axes: 3 of b's 9, then 2 of a's 4; 4 of (6, 6)
+    // 2 of each.
     const xshard::mesh_shape m49({"a", "b"}, {4, 9});
-    expect_error([&] { (void)hsdp_axes(m49.all_axes(), m49, 6, "w"); }, "not supported yet");
+    const auto g49 = hsdp_axes(m49.all_axes(), m49, 6, "w");
+    EXPECT_EQ(g49.axes.bits, m49.all_axes().bits);
+    EXPECT_EQ(g49.parts, (std::vector<std::pair<int, int>>{{0, 2}, {1, 3}}));
+    const xshard::mesh_shape m66({"a", "b"}, {6, 6});
+    EXPECT_EQ(hsdp_axes(m66.all_axes(), m66, 4, "w").parts,
+              (std::vector<std::pair<int, int>>{{0, 2}, {1, 2}}));
+    EXPECT_EQ(hsdp_axes(m66.all_axes(), m66, 9, "w").parts,
+              (std::vector<std::pair<int, int>>{{0, 3}, {1, 3}}));
+    // Only the replicated axes count: b is not, so 4 does not divide a's 6.
+    expect_error([&] { (void)hsdp_axes(xshard::axis_set{}.with(0), m66, 4, "w"); },
+                 "does not divide");
+    // The copies: every rank in exactly one, each copy the product of one block of every
+    // part's axis (and the whole other axes), its ranks at distinct places of the copy mesh.
+    for (const auto& [shape, parts] :
+         std::vector<std::pair<xshard::mesh_shape, std::vector<std::pair<int, int>>>>{
+             {m49, g49.parts},
+             {m66, {{0, 2}, {1, 2}}},
+             {xshard::mesh_shape({"a", "b", "c"}, {6, 2, 4}), {{0, 3}, {2, 2}}}}) {
+        const int copies = shape.size() / [&] {
+            int n = shape.size();
+            for (const auto& [a, inner] : parts)
+                n = n / shape.sizes[std::size_t(a)] * inner;
+            return n;
+        }();
+        std::map<int, std::set<int>> places; // copy -> copy ranks
+        for (int r = 0; r < shape.size(); ++r) {
+            const auto coords = shape.coords(r);
+            const auto c = xshard::detail::hsdp_copy_of(shape, coords, parts);
+            ASSERT_GE(c.outer, 0);
+            ASSERT_LT(c.outer, copies);
+            EXPECT_TRUE(places[c.outer].insert(c.shape.rank_of(c.coords)).second) << r;
+            for (std::size_t a = 0; a < shape.ndim(); ++a)
+                EXPECT_LT(c.coords[a], c.shape.sizes[a]);
+            // Ranks share a copy exactly when they lie in the same block of every part's axis.
+            for (int q = 0; q < shape.size(); ++q) {
+                const auto cq = xshard::detail::hsdp_copy_of(shape, shape.coords(q), parts);
+                bool same_blocks = true;
+                for (const auto& [a, inner] : parts)
+                    same_blocks = same_blocks && coords[std::size_t(a)] / inner ==
+                                                     shape.coords(q)[std::size_t(a)] / inner;
+                EXPECT_EQ(cq.outer == c.outer, same_blocks) << r << " " << q;
+            }
+        }
+        EXPECT_EQ(int(places.size()), copies);
+        for (const auto& [o, ranks] : places)
+            EXPECT_EQ(int(ranks.size()), shape.size() / copies) << o;
+    }
 }
 
 // --- trajectories ---------------------------------------------------------------------------
@@ -524,10 +572,10 @@ TEST(hsdp_checkpoint, partial_axis_state_loads_anywhere) {
         });
         train(a, opt_a, src, &sharding, 0, 3, ra);
         xshard::save_checkpoint(path, a, {.step = opt_a.steps()}, opt_a.state_of(a));
-        xshard::save_checkpoint(dir + "/hsdp_part_per_rank", a,
-                                {.format = xshard::checkpoint_format::per_rank,
-                                 .step = opt_a.steps()},
-                                opt_a.state_of(a));
+        xshard::save_checkpoint(
+            dir + "/hsdp_part_per_rank", a,
+            {.format = xshard::checkpoint_format::per_rank, .step = opt_a.steps()},
+            opt_a.state_of(a));
         train(a, opt_a, src, &sharding, 3, 3, ra);
     }
     const auto reference = weights_of(a, {});

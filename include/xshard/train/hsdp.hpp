@@ -90,6 +90,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <span>
@@ -139,14 +140,14 @@ struct hsdp_options {
     /// the size of a set of the weight's replicated axes, the split is over those (the
     /// minor-most such set). Otherwise it is over part of one axis (with whole minor axes
     /// when needed): groups of shard_size / (whole axes) consecutive ranks of that axis (dp = 4
-    /// with shard_size 2: ranks {0, 1} and {2, 3}), each group holding the whole sharded
-    /// state, replicated across the groups. That state lives on the mesh of this rank's group
-    /// (the same mesh type, the axis of the group's size), where it is an ordinary layout; its
-    /// reduce-scatter runs within the group, followed by an all-reduce of the block across
-    /// the groups. Such a state saves into a checkpoint of either form (each tensor with its
-    /// group's mesh and ranks, as the group of rank 0 holds it) that loads into any level,
-    /// mesh or world size; pipeline checkpoints of it raise "not supported yet", as does a
-    /// shard_size that needs parts of two axes.
+    /// with shard_size 2: ranks {0, 1} and {2, 3}), or, when that cannot make the size
+    /// either (36 ranks and more: (4, 9) with 6), over parts of several axes, each group
+    /// holding the whole sharded state, replicated across the groups. That state lives on the mesh
+    /// of this rank's group (the same mesh type, the axes cut to the group's extent), where it is
+    /// an ordinary layout; its reduce-scatter runs within the group, followed by an all-reduce of
+    /// the block across the groups. Such a state saves into a checkpoint of either form (each
+    /// tensor with its group's mesh and ranks, as the group of rank 0 holds it) that loads into any
+    /// level, mesh or world size; pipeline checkpoints of it raise "not supported yet".
     int shard_size = -1;
     /// Weights of fewer than this many KB (global shape x element size / 1024) stay unsharded.
     std::int64_t threshold = 64;
@@ -176,24 +177,48 @@ inline std::optional<std::string> hsdp_options_problem(const hsdp_options& o) {
 }
 
 /// The ranks a weight's update is split over (see hsdp_axes): `axes`, a set of mesh axes,
-/// of which `split_axis` (when >= 0) only in part: its ranks form copies of `inner`
-/// consecutive ranks (coordinates [o inner, (o + 1) inner) for copy o), each copy holding the
-/// whole sharded state, replicated across the copies (hybrid sharding over part of an axis).
-/// The state then lives on the mesh of one copy: the mesh with that axis of size `inner`.
+/// of which those in `parts` only in part: axis a of part (a, inner) is cut into copies of
+/// `inner` consecutive ranks (coordinates [o inner, (o + 1) inner) for copy o), and a copy
+/// of the state is one such block of every part's axis (with the whole other axes), each
+/// copy holding the whole sharded state, replicated across the copies (hybrid sharding over
+/// part of the group). The state then lives on the mesh of one copy: the mesh with each
+/// part's axis of size `inner`.
 struct hsdp_group {
     axis_set axes;
-    int split_axis = -1;
-    int inner = 0;
+    std::vector<std::pair<int, int>> parts; ///< (axis, inner), by axis
     bool empty() const noexcept { return axes.empty(); }
 };
+
+/// Where the rank at `coords` of `mesh` sits when the axes of `parts` are cut into copies
+/// (hsdp_group): the copy (its index `outer`, counting the parts' blocks row-major in axis
+/// order), the copy's mesh shape, and the rank's coordinates in it.
+struct hsdp_copy {
+    int outer = 0;
+    mesh_shape shape;
+    mesh_coords coords;
+};
+
+inline hsdp_copy hsdp_copy_of(const mesh_shape& mesh, mesh_coords coords,
+                              const std::vector<std::pair<int, int>>& parts) {
+    hsdp_copy c{0, mesh, coords};
+    for (const auto& [axis, inner] : parts) {
+        const auto a = std::size_t(axis);
+        c.outer = c.outer * (mesh.sizes[a] / inner) + coords[a] / inner;
+        c.shape.sizes[a] = inner;
+        c.coords[a] = coords[a] % inner;
+    }
+    return c;
+}
 
 /// The mesh axes (a subset of `replicated`, sizes > 1) a weight's update is split over under
 /// `shard_size`: all of them for -1, else the set whose sizes multiply to shard_size (the
 /// minor-most such set); when no set of whole axes has that size, a set of whole axes and
 /// the `inner` consecutive ranks of one more axis (the minor-most such choice: dp = 4 with
-/// shard_size 2 splits dp into copies of 2). Empty: the weight stays unsharded. Throws
-/// xshard::error when shard_size does not divide the group or no such choice exists (it
-/// would need parts of two axes).
+/// shard_size 2 splits dp into copies of 2); when neither exists, parts of several axes,
+/// taken minor axes first (each the greatest common divisor of what remains and the axis:
+/// (4, 9) with shard_size 6 takes 3 of 9 and 2 of 4; this needs 36 ranks or more). Empty:
+/// the weight stays unsharded. Throws xshard::error when shard_size does not divide the
+/// group.
 inline hsdp_group hsdp_axes(axis_set replicated, const mesh_shape& mesh, int shard_size,
                             const std::string& name) {
     axis_set group;
@@ -202,7 +227,7 @@ inline hsdp_group hsdp_axes(axis_set replicated, const mesh_shape& mesh, int sha
             group = group.with(i);
     const int size = mesh.group_size(group);
     if (shard_size == -1 || size == 1)
-        return {group};
+        return {group, {}};
     if (size % shard_size != 0)
         throw error("xshard: hsdp: shard_size " + std::to_string(shard_size) +
                     " does not divide the data-parallel group of weight '" + name + "' (" +
@@ -219,7 +244,7 @@ inline hsdp_group hsdp_axes(axis_set replicated, const mesh_shape& mesh, int sha
             break;
     }
     if (best)
-        return {*best};
+        return {*best, {}};
     // Part of one axis a (minor-most first) with a set of whole other axes.
     for (std::size_t a = mesh.ndim(); a-- > 0;) {
         if (!group.contains(a))
@@ -242,13 +267,27 @@ inline hsdp_group hsdp_axes(axis_set replicated, const mesh_shape& mesh, int sha
                 break;
         }
         if (whole)
-            return {whole->with(a), int(a), inner};
+            return {whole->with(a), {{int(a), inner}}};
     }
-    throw error("xshard: hsdp: shard_size " + std::to_string(shard_size) + " for weight '" + name +
-                "' (data-parallel group of " + std::to_string(size) +
-                " ranks) is not supported yet: it must be the size of a set of the weight's "
-                "replicated mesh axes, or of such a set and a divisor of one more axis (mesh " +
-                mesh.to_string() + ")");
+    // Parts of several axes, minor axes first: shard_size divides the group's size, so every
+    // prime factor it takes is left in some axis.
+    hsdp_group g;
+    int left = shard_size;
+    for (std::size_t a = mesh.ndim(); a-- > 0 && left > 1;) {
+        if (!group.contains(a))
+            continue;
+        const int k = std::gcd(left, mesh.sizes[a]);
+        if (k == 1)
+            continue;
+        g.axes = g.axes.with(a);
+        if (k < mesh.sizes[a])
+            g.parts.insert(g.parts.begin(), {int(a), k});
+        left /= k;
+    }
+    if (left != 1) // unreachable: shard_size divides the group
+        throw error("xshard: hsdp: shard_size " + std::to_string(shard_size) + " for weight '" +
+                    name + "' does not factor over the mesh " + mesh.to_string());
+    return g;
 }
 
 } // namespace detail
@@ -744,46 +783,39 @@ private:
         std::function<void()> across_reduce;
     };
 
-    /// A split of mesh axis `axis` into copies of `inner` consecutive ranks: the mesh of
-    /// this rank's copy (the weights' mesh type, that axis of size `inner`; type-erased) and
-    /// the communicator of the ranks at this rank's place in every copy.
+    /// A cut of mesh axes into copies (hsdp_group's `parts`): the mesh of this rank's copy
+    /// (the weights' mesh type, each part's axis of its `inner` size; type-erased) and the
+    /// communicator of the ranks at this rank's place in every copy.
     struct refinement {
-        int axis = 0;
-        int inner = 0;
+        std::vector<std::pair<int, int>> parts;
         std::shared_ptr<void> mesh;
         const communicator* comm = nullptr; ///< the copy mesh's, for the batch plans
         mesh_shape shape;
         communicator across;
     };
 
-    /// The index (>= 1) of the refinement of `mesh` splitting `axis` into copies of `inner`
-    /// ranks, made on first use (collective over the mesh: two splits and the copy mesh's
-    /// construction; every rank asks for the same ones in the same order).
+    /// The index (>= 1) of the refinement of `mesh` cutting it into copies by `parts`, made
+    /// on first use (collective over the mesh: two splits and the copy mesh's construction;
+    /// every rank asks for the same ones in the same order).
     template <class Mesh>
-    int refine(const Mesh& mesh, int axis, int inner) {
+    int refine(const Mesh& mesh, const std::vector<std::pair<int, int>>& parts) {
         for (std::size_t i = 0; i < refinements_.size(); ++i)
-            if (refinements_[i].axis == axis && refinements_[i].inner == inner)
+            if (refinements_[i].parts == parts)
                 return int(i) + 1;
-        const auto& ms = mesh.shape();
-        const auto a = std::size_t(axis);
-        auto c = ms.coords(mesh.rank());
-        const int outer = c[a] / inner;
-        mesh_shape sub = ms;
-        sub.sizes[a] = inner;
-        c[a] %= inner;
-        const int sub_rank = sub.rank_of(c);
-        const communicator part = mesh.comm().split(outer, sub_rank);
+        const auto copy =
+            detail::hsdp_copy_of(mesh.shape(), mesh.shape().coords(mesh.rank()), parts);
+        const int sub_rank = copy.shape.rank_of(copy.coords);
+        const communicator part = mesh.comm().split(copy.outer, sub_rank);
         std::array<int, Mesh::ndim> sizes{};
         for (std::size_t i = 0; i < Mesh::ndim; ++i)
-            sizes[i] = sub.sizes[i];
+            sizes[i] = copy.shape.sizes[i];
         auto m = std::make_shared<Mesh>(part, sizes);
         refinement r;
-        r.axis = axis;
-        r.inner = inner;
+        r.parts = parts;
         r.comm = &m->comm();
         r.shape = m->shape();
         r.mesh = std::move(m);
-        r.across = mesh.comm().split(sub_rank, outer);
+        r.across = mesh.comm().split(sub_rank, copy.outer);
         refinements_.push_back(std::move(r));
         return int(refinements_.size());
     }
@@ -1128,15 +1160,15 @@ private:
                 throw error("xshard: hsdp: fp32_communication with optimizer_level " +
                             std::string(to_string(options_.optimizer_level)) +
                             " is not supported yet (weight '" + name + "' is 16-bit)");
-        // Over part of an axis: the state lives on this rank's copy mesh (that axis of size
-        // `inner`), where the value's layout names the same block and the split is over
-        // whole axes again.
+        // Over part of the axes: the state lives on this rank's copy mesh (each part's axis
+        // of its `inner` size), where the value's layout names the same block and the split
+        // is over whole axes again.
         using Mesh = typename D::mesh_type;
         const Mesh* state_mesh = &mesh;
         const communicator* across = nullptr;
         int space = 0;
-        if (group.split_axis >= 0) {
-            space = refine(mesh, group.split_axis, group.inner);
+        if (!group.parts.empty()) {
+            space = refine(mesh, group.parts);
             auto& r = refinements_[std::size_t(space) - 1];
             state_mesh = static_cast<const Mesh*>(r.mesh.get());
             across = &r.across;
