@@ -449,6 +449,27 @@ TEST(hsdp_trajectories, transformer_block) {
                     20, make, width),
                 serial,
                 "transformer_block " + where(m) + " " + std::string(xshard::to_string(level)));
+        // shard_size over part of dp (dp 4: copies of 2; dp 8: of 2 and of 4) and a threshold
+        // that keeps the small weights (biases, norms: under 1 KB) unsharded.
+        const int dp = m.shape().axis_size("dp");
+        for (int k = 2; k < dp; k *= 2)
+            for (const auto level :
+                 {optimizer_level::level1, optimizer_level::level2, optimizer_level::level3})
+                expect_same(
+                    run<optim::momentum>(
+                        m, o,
+                        {.level = int(level),
+                         .hsdp = {.shard_size = k, .threshold = 0, .optimizer_level = level}},
+                        20, make, width),
+                    serial,
+                    "transformer_block " + where(m) + " shard_size " + std::to_string(k) + " " +
+                        std::string(xshard::to_string(level)));
+        expect_same(
+            run<optim::momentum>(
+                m, o,
+                {.level = 2, .hsdp = {.threshold = 1, .optimizer_level = optimizer_level::level2}},
+                20, make, width),
+            serial, "transformer_block " + where(m) + " level2 threshold 1 KB");
     });
 }
 
