@@ -12,9 +12,12 @@
 /// a window of its own (one staging copy, made by the owner). Then each member copies (or,
 /// reducing, adds) what it needs straight from the owners' blocks or windows into its
 /// destination block, all members at once; the block a rank keeps is copied directly, while
-/// the others stage. Two node barriers per run order it: after publishing (nobody reads a
-/// block before its owner finished writing it) and after reading (nobody changes a block a
-/// peer still reads).
+/// the others stage. When every member's destination block lies in node storage too, an
+/// exchange runs the other way round: each member writes its own source block into every
+/// destination, reading it in address order (see `exchange`). Two node barriers per run
+/// order it: after publishing (nobody reads a block before its owner finished writing it,
+/// nobody writes a destination before its owner entered the run) and after copying (nobody
+/// changes a block a peer still reads, nobody returns before its destination is complete).
 
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/combine.hpp>
