@@ -383,10 +383,7 @@ public:
                 if (c.on_epoch_end)
                     c.on_epoch_end(e);
         }
-        if (level3())
-            sharding_->gather_weights(); // the trained weights readable (and saveable)
-        if (stage_)
-            stage_->gather_weights(); // (hsdp level3 under a pipeline: the stage's)
+        gather_weights(); // the trained weights readable (and saveable)
         return losses;
     }
 
@@ -399,12 +396,9 @@ public:
     /// once first (and stay until the next training step). Collective over the mesh.
     template <class Dataset>
     eval_result eval(Dataset&& dataset) {
-        if (stage_) {
-            stage_->gather_weights(); // hsdp level3: the stage's values, to share
+        gather_weights(); // (under a pipeline: the stage's values, to share)
+        if (stage_)
             stage_->share_weights();
-        }
-        if (level3())
-            sharding_->gather_weights();
         auto& net = net_->model();
         double loss_sum = 0;
         std::int64_t right = 0;
@@ -434,8 +428,7 @@ public:
     /// has trained yet, the first stage writes the whole model. At hsdp level3 the weights are
     /// gathered first (an all-gather; they stay until the next step).
     void save_checkpoint(const std::string& path, std::int64_t step) {
-        if (level3())
-            sharding_->gather_weights();
+        gather_weights();
         auto& net = net_->model();
         if (pipelined() && !stage_) {
             std::optional<std::string> problem;
@@ -450,7 +443,6 @@ public:
             return;
         }
         if (stage_) {
-            stage_->gather_weights();
             stage_->save(path, step, !net_->strategy_file_only_trainable());
             return;
         }
@@ -467,11 +459,9 @@ public:
     /// gathered first (storage for the loaded values; the next step takes its shards from
     /// them).
     checkpoint_info load_checkpoint(const std::string& path) {
-        if (level3())
-            sharding_->gather_weights();
+        gather_weights();
         checkpoint_info info;
         if (stage_) {
-            stage_->gather_weights();
             info = stage_->load(path, !net_->strategy_file_only_trainable());
         } else if (pipelined()) {
             std::optional<std::string> problem;
@@ -503,6 +493,15 @@ public:
 private:
     bool level3() const noexcept {
         return sharding_ && sharding_->options().optimizer_level == optimizer_level::level3;
+    }
+
+    /// hsdp level3: the weights gathered (the model's, or under a pipeline this stage's), so
+    /// that they are readable and saveable; they stay until the next training step.
+    void gather_weights() {
+        if (level3())
+            sharding_->gather_weights();
+        if (stage_)
+            stage_->gather_weights();
     }
 
     /// The loss's backward seed, times seed_scale_ (disable_loss_repeated_mean).
