@@ -144,9 +144,10 @@ struct hsdp_options {
     /// (the same mesh type, the axis of the group's size), where it is an ordinary layout; its
     /// reduce-scatter runs within the group, followed by an all-reduce of the block across
     /// the groups. Such a state saves into a checkpoint of either form (each tensor with its
-    /// group's mesh and ranks, as the group of rank 0 holds it) that loads into any level,
-    /// mesh or world size; pipeline checkpoints of it raise "not supported yet", as does a
-    /// shard_size that needs parts of two axes.
+    /// group's mesh and ranks, as the group of rank 0 holds it), and into a pipeline's
+    /// checkpoint (pipeline/checkpoint.hpp: the group of its stage mesh's rank 0 writes it),
+    /// that loads into any level, mesh, pipeline or world size. A shard_size that needs parts
+    /// of two axes raises "not supported yet".
     int shard_size = -1;
     /// Weights of fewer than this many KB (global shape x element size / 1024) stay unsharded.
     std::int64_t threshold = 64;
