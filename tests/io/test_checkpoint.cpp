@@ -233,7 +233,7 @@ TEST(strategy_file, checkpoint_json_ranks_must_equal_the_mesh_size) {
     xshard::mpi::barrier(w);
     // A parameter with a mesh of its own needs, per rank, the ranks that held it (a copy's),
     // each a rank of the file's mesh, none twice.
-    const auto with_ranks = [&](std::optional<nlohmann::json> ranks) {
+    const auto with_ranks = [&](std::optional<nlohmann::json> ranks, int stages = 1) {
         xshard::mpi::barrier(w); // (every rank has read the files the last check used)
         on_rank0([&] {
             auto j = nlohmann::json::parse(slurp(path + "/checkpoint.json"));
@@ -241,6 +241,7 @@ TEST(strategy_file, checkpoint_json_ranks_must_equal_the_mesh_size) {
             spit(path + "/checkpoint.json", j.dump());
             auto s = nlohmann::json::parse(slurp(path + "/strategy.json"));
             s["parameters"][0]["mesh"] = s["mesh"];
+            s["pipeline_stages"] = stages;
             if (ranks)
                 s["parameters"][0]["ranks"] = *ranks;
             spit(path + "/strategy.json", s.dump());
@@ -260,6 +261,11 @@ TEST(strategy_file, checkpoint_json_ranks_must_equal_the_mesh_size) {
     with_ranks(nlohmann::json(past));
     expect_io_error([&] { xshard::checkpoint_reader r(path); }, "a rank of parameter",
                     "a rank past the mesh");
+    // (A pipeline's strategy names ranks of every stage, a per-rank checkpoint's only its
+    // mesh's.)
+    with_ranks(nlohmann::json(past), 2);
+    expect_io_error([&] { xshard::checkpoint_reader r(path); }, "names rank",
+                    "a rank past the mesh of a per-rank checkpoint of 2 stages");
     if (w.size() > 1) {
         with_ranks(nlohmann::json(twice));
         expect_io_error([&] { xshard::checkpoint_reader r(path); }, "twice", "a rank twice");

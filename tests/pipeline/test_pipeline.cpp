@@ -12,6 +12,7 @@
 #include <xshard/pipeline/pipeline.hpp>
 #include <xshard/tensor/gather.hpp>
 #include <xshard/train/broadcast.hpp>
+#include <xshard/train/hsdp.hpp>
 
 #include "expect_error.hpp"
 #include "mpi_test.hpp"
@@ -26,6 +27,8 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include <sys/resource.h>
 
@@ -395,6 +398,194 @@ TEST(pipeline, one_integrated_checkpoint_loads_into_any_strategy) {
     int done = 1; // every rank has read before rank 0 removes the directory
     xshard::mpi::allreduce(world_comm, std::span(&done, 1), xshard::reduction::sum);
     if (world_comm.rank() == 0)
+        std::filesystem::remove_all(dir);
+}
+
+/// Every weight's value and Adam state of `params` gathered whole, by name (the state under
+/// "optimizer.", as checkpoints name it). Collective over each tensor's mesh.
+template <class P>
+std::map<std::string, xt::xarray<double>> contents(P& params, const xshard::optim::adam& opt) {
+    std::map<std::string, xt::xarray<double>> out;
+    xshard::for_each_weight(
+        params, [&](const std::string& name, auto& w) { out[name] = xshard::gather_all(w.value); });
+    auto state = opt.state_of(params);
+    xshard::for_each_parameter(state, [&](const std::string& name, auto& t) {
+        out["optimizer." + name] = xshard::gather_all(t);
+    });
+    return out;
+}
+
+/// Optimizer state sharded over part of each stage's dp axis (hsdp shard_size 2: copies of 2
+/// consecutive ranks, each holding the state on its own mesh; 2 stages x dp 4 at 8 ranks,
+/// one stage of dp 4 or 6 at 4 and 6) saves into one pipeline checkpoint whose strategy gives
+/// each state tensor its copy's mesh and the pipeline's ranks of the copy that wrote it, and
+/// which loads exactly into the same pipeline (which then trains on as the saving one), a
+/// model on one rank and one on every rank without sharding, and a pipeline of another stage
+/// count at level2. Where dp has no proper part (1, 2, 3 ranks) the state is sharded over the
+/// whole dp (shard_size -1) and goes the same ways.
+TEST(pipeline, optimizer_state_sharded_over_part_of_a_stage_loads_anywhere) {
+    const auto world_comm = xshard::testing::world();
+    const int world = world_comm.size(), rank = world_comm.rank();
+    const int p = world == 8 ? 2 : 1, dp = world / p;
+    const int shard = dp >= 4 && dp % 2 == 0 ? 2 : -1;
+    const full_mesh_t mesh({p, dp, 1});
+    const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+    const xshard::optim::adam_options o{.lr = 0.01};
+    const auto b = make_batch(std::size_t(8 * dp), 31), b2 = make_batch(std::size_t(8 * dp), 37);
+    const auto inputs = [&](const stage_mesh_t& m, const batch& d) {
+        return std::pair{
+            xshard::distribute<xshard::dynamic_layout(2)>(m, d.x, nn::make_layout({"dp", ""})),
+            xshard::distribute<xshard::dynamic_layout(1)>(m, d.y, nn::make_layout({"dp"}))};
+    };
+    // The one-rank run: the weights and Adam's state after one step.
+    const stage_mesh_t one(xshard::communicator::self(), {1, 1});
+    std::map<std::string, xt::xarray<double>> expected;
+    {
+        auto model = make_model(one);
+        nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+        const auto [x, y] = inputs(one, b);
+        loss.forward(model.forward(x), y);
+        model.backward(loss.backward());
+        xshard::optim::adam opt(o);
+        opt.step(model);
+        expected = contents(model, opt);
+    }
+    // `got` equals `want` where both have a name (exactly when tol is 0); returns the count.
+    const auto compare = [&](const auto& got, const auto& want, double tol,
+                             const std::string& what) {
+        int n = 0;
+        for (const auto& [name, v] : got) {
+            const auto it = want.find(name);
+            if (it == want.end()) {
+                ADD_FAILURE() << name << " missing, " << what << ", rank " << rank;
+                continue;
+            }
+            EXPECT_TRUE(tol == 0 ? v == it->second : xt::allclose(v, it->second, tol, tol))
+                << name << ", " << what << ", rank " << rank;
+            ++n;
+        }
+        return n;
+    };
+    const auto dir = xshard::testing::shared_directory(world_comm, "/tmp");
+    const auto path = dir + "/sharded.safetensors";
+    const std::string config = "pp=" + std::to_string(p) + " dp=" + std::to_string(dp) +
+                               " shard_size=" + std::to_string(shard);
+    std::map<std::string, xt::xarray<double>> saved; // this rank's stage's, as saved
+    auto model = make_model(stage_mesh), again = make_model(stage_mesh);
+    {
+        nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+        pp::pipeline<decltype(model), X> pipe(mesh, "pp", stage_mesh, model, {.micro_batches = 2});
+        using view_t = std::remove_reference_t<decltype(pipe.local_parameters())>;
+        xshard::hsdp<view_t> sharding(pipe.local_parameters(),
+                                      {.shard_size = shard, .threshold = 0});
+        xshard::for_each_weight(pipe.local_parameters(), [&](const std::string& name, auto& w) {
+            if (dp == 1)
+                return;
+            ASSERT_TRUE(w.shard) << name << ", " << config;
+            EXPECT_EQ(w.shard->value.mesh().size(), shard > 0 ? shard : dp) << name;
+        });
+        xshard::optim::adam opt(o);
+        {
+            const auto [x, y] = inputs(stage_mesh, b);
+            pipe.step(x, y, loss);
+            sharding.synchronize_gradients();
+            sharding.step(opt);
+        }
+        saved = contents(pipe.local_parameters(), opt);
+        EXPECT_GT(compare(saved, expected, 1e-12, "trained, " + config), 0);
+        pp::save_pipeline_checkpoint(path, pipe, {.step = 1},
+                                     opt.state_of(pipe.local_parameters()));
+        // The state's entries: with a copy's mesh and the pipeline's ranks of the copy that
+        // holds its stage mesh's rank 0 (stage s's dp coordinates 0 .. shard - 1).
+        const auto f = xshard::checkpoint_reader(path).strategy();
+        EXPECT_EQ(f.pipeline_stages, p);
+        EXPECT_EQ(f.parameters.size(), expected.size());
+        int copies = 0;
+        for (const auto& e : f.parameters) {
+            if (!e.name.starts_with("optimizer.") || shard < 0) {
+                EXPECT_FALSE(e.mesh) << e.name << ", " << config;
+                EXPECT_TRUE(e.ranks.empty()) << e.name << ", " << config;
+                continue;
+            }
+            ASSERT_TRUE(e.mesh) << e.name;
+            EXPECT_EQ(e.mesh->size(), shard) << e.name;
+            ASSERT_EQ(e.ranks.size(), std::size_t(shard)) << e.name;
+            for (int k = 0; k < shard; ++k)
+                EXPECT_EQ(e.ranks[std::size_t(k)], e.stage * dp + k) << e.name << ", " << config;
+            ++copies;
+        }
+        EXPECT_EQ(copies, shard > 0 ? int(expected.size()) * 2 / 3 : 0) << config;
+
+        // (a) The same pipeline: the same contents exactly, then one more step as the saver.
+        pp::pipeline<decltype(again), X> same(mesh, "pp", stage_mesh, again, {.micro_batches = 2});
+        xshard::hsdp<view_t> resharded(same.local_parameters(),
+                                       {.shard_size = shard, .threshold = 0});
+        xshard::optim::adam resumed(o);
+        const auto info =
+            pp::load_pipeline_checkpoint(path, same, resumed.state_of(same.local_parameters()));
+        EXPECT_EQ(info.step, 1);
+        resumed.set_steps(info.step);
+        EXPECT_EQ(compare(contents(same.local_parameters(), resumed), saved, 0,
+                          "into the same pipeline, " + config),
+                  int(saved.size()));
+        const auto [x, y] = inputs(stage_mesh, b2);
+        pipe.zero_grad();
+        pipe.step(x, y, loss);
+        sharding.synchronize_gradients();
+        sharding.step(opt);
+        nn::parallel_cross_entropy<double, stage_mesh_t> loss2;
+        same.step(x, y, loss2);
+        resharded.synchronize_gradients();
+        resharded.step(resumed);
+        EXPECT_EQ(compare(contents(same.local_parameters(), resumed),
+                          contents(pipe.local_parameters(), opt), 1e-12,
+                          "a step after loading, " + config),
+                  int(saved.size()));
+    }
+    // (b) A model on one rank and one on every rank, neither sharded: the stored values are
+    // the saved ones exactly (the one-rank run's to 1e-12).
+    std::map<std::string, xt::xarray<double>> stored;
+    {
+        auto single = make_model(one);
+        xshard::optim::adam opt(o);
+        EXPECT_EQ(xshard::load_checkpoint(path, single, opt.state_of(single)).step, 1);
+        stored = contents(single, opt);
+        EXPECT_EQ(compare(stored, expected, 1e-12, "into one rank, " + config),
+                  int(expected.size()));
+        EXPECT_EQ(compare(saved, stored, 0, "saved and stored, " + config), int(saved.size()));
+        const stage_mesh_t whole_mesh(world_comm, {world, 1});
+        auto whole = make_model(whole_mesh);
+        xshard::optim::adam opt_whole(o);
+        xshard::load_checkpoint(path, whole, opt_whole.state_of(whole));
+        EXPECT_EQ(compare(contents(whole, opt_whole), stored, 0, "into one mesh, " + config),
+                  int(expected.size()));
+    }
+    // (c) A pipeline of another stage count (2 stages where the saver had 1, else 1; 3 on 3
+    // ranks) at level2 over the whole dp: each weight and its state once, exactly.
+    {
+        const int q = world % 2 == 0 ? (p == 1 ? 2 : 1) : world;
+        const full_mesh_t other_mesh({q, world / q, 1});
+        const auto other_stage = pp::stage_mesh_of<stage_mesh_t>(other_mesh);
+        auto fresh = make_model(other_stage);
+        pp::pipeline<decltype(fresh), X> other(other_mesh, "pp", other_stage, fresh,
+                                               {.micro_batches = 2});
+        using view_t = std::remove_reference_t<decltype(other.local_parameters())>;
+        xshard::hsdp<view_t> level2(
+            other.local_parameters(),
+            {.threshold = 0, .optimizer_level = xshard::optimizer_level::level2});
+        xshard::optim::adam opt(o);
+        EXPECT_EQ(
+            pp::load_pipeline_checkpoint(path, other, opt.state_of(other.local_parameters())).step,
+            1);
+        int total = compare(contents(other.local_parameters(), opt), stored, 0,
+                            "into pp=" + std::to_string(q) + " at level2, " + config);
+        xshard::mpi::allreduce(other_mesh.sub<"pp">(), std::span(&total, 1),
+                               xshard::reduction::sum);
+        EXPECT_EQ(total, int(expected.size())) << config;
+    }
+    int done = 1; // every rank has read before rank 0 removes the directory
+    xshard::mpi::allreduce(world_comm, std::span(&done, 1), xshard::reduction::sum);
+    if (rank == 0)
         std::filesystem::remove_all(dir);
 }
 

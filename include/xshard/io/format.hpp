@@ -444,6 +444,15 @@ public:
                     throw io_error("xshard: " + path_ + "/strategy.json: '" +
                                    detail::printable(p.name) +
                                    "' has a mesh of its own without the ranks that held it");
+            // (A pipeline's strategy names ranks of every stage; a per-rank checkpoint has
+            // the rank files of one mesh.)
+            for (const auto& p : strategy_.parameters)
+                for (const int k : p.ranks)
+                    if (k >= strategy_.mesh.size())
+                        throw io_error("xshard: " + path_ + "/strategy.json: '" +
+                                       detail::printable(p.name) + "' names rank " +
+                                       std::to_string(k) + " of a mesh of " +
+                                       std::to_string(strategy_.mesh.size()) + " ranks");
             try {
                 const auto j = detail::parse_json(detail::read_file(path_ + "/checkpoint.json"));
                 if (!j.is_object() || j.value("format", "") != "xshard-checkpoint" ||

@@ -19,7 +19,9 @@
 /// its stage's mesh is not the file's (stages may factor their ranks differently); a
 /// parameter without one is on the file's mesh. A tensor on copies of a mesh over part of
 /// the ranks (hsdp's state sharded over part of a mesh axis) has its copy's `"mesh"` and
-/// `"ranks"`, the file's ranks that held the copy holding rank 0, in its mesh's rank order.
+/// `"ranks"`, the file's ranks that held the copy holding rank 0, in its mesh's rank order
+/// (in a pipeline's strategy: the pipeline's ranks, of the copy holding its stage mesh's
+/// rank 0; the stages' meshes together have `pipeline_stages` times the file's mesh's ranks).
 /// Only trainable parameters are written unless `all_parameters` is set.
 /// Loading gives run-time layouts that redistribution and checkpoint loading use directly.
 
@@ -55,7 +57,8 @@ struct strategy_entry {
     std::optional<mesh_shape> mesh = std::nullopt;
     /// With `mesh` a copy over part of the file's ranks: the file's ranks that held that
     /// mesh's ranks, in order (the copy holding rank 0, whose blocks a per-rank checkpoint
-    /// reads from their rank files). Empty otherwise.
+    /// reads from their rank files; in a pipeline's strategy the pipeline mesh's ranks of the
+    /// copy holding its stage mesh's rank 0). Empty otherwise.
     std::vector<int> ranks = {};
 };
 
@@ -210,10 +213,13 @@ struct strategy_file {
                         throw io_error("xshard: " + name +
                                        "'s 'ranks' is not a list of one rank per rank of its "
                                        "own mesh");
+                    // The file's ranks: a pipeline's stages each have the file's mesh's size.
+                    const std::size_t file_ranks =
+                        std::size_t(f.mesh.size()) * std::size_t(f.pipeline_stages);
                     std::set<int> distinct;
                     for (const auto& k : r) {
-                        e.ranks.push_back(int(detail::json_count(k, "a rank of " + name, 0,
-                                                                 std::size_t(f.mesh.size()) - 1)));
+                        e.ranks.push_back(
+                            int(detail::json_count(k, "a rank of " + name, 0, file_ranks - 1)));
                         if (!distinct.insert(e.ranks.back()).second)
                             throw io_error("xshard: " + name + "'s 'ranks' names rank " +
                                            std::to_string(e.ranks.back()) + " twice");

@@ -8,7 +8,10 @@
 /// header, and in the strategy file `save_pipeline_strategy_file` writes) gives each
 /// parameter its layout, its stage (`"stage"`: its rank along the pipeline axis) and, when
 /// its stage's mesh is not the first stage's, that mesh (stages may factor their ranks
-/// differently), with the stage count.
+/// differently), with the stage count. Optimizer state on copies of a mesh over part of a
+/// stage's ranks (hsdp's shard_size over part of a mesh axis, train/hsdp.hpp) is written by
+/// the copy holding its stage mesh's rank 0 and stored with that copy's mesh and `"ranks"`,
+/// the pipeline mesh's ranks of that copy.
 ///
 /// The save keeps io/checkpoint.hpp's contract: it yields a loadable checkpoint or raises the
 /// same `io_error` on every rank and leaves the previous checkpoint at `path` intact.
@@ -38,8 +41,9 @@ namespace detail {
 
 /// Every stage's tensors (parameters, then optimizer state under "optimizer."), on every
 /// rank of the pipeline's mesh, in stage order: this rank's stage's as records of its
-/// tensors, the other stages' as records of their shape, element type, layout and stage
-/// mesh only (not held, ckpt_model::held). Collective over the mesh (an all-gather of the
+/// tensors (held unless a copy of a part of the stage other than the one that writes holds
+/// them), the other stages' as records of their shape, element type, layout and mesh only
+/// (not held, ckpt_model::held). Collective over the mesh (an all-gather of the
 /// stages, one strategy broadcast per stage); an error raises on every rank.
 template <class Model, distributed_tensor X, parameter_container S>
 xshard::detail::ckpt_model every_stage(pipeline<Model, X>& pipe, const S& optimizer_state,
@@ -50,26 +54,31 @@ xshard::detail::ckpt_model every_stage(pipeline<Model, X>& pipe, const S& optimi
     try {
         xshard::detail::collect(local, pipe.local_parameters(), "", all);
         xshard::detail::collect(local, optimizer_state, "optimizer.", true);
-        for (const auto& e : local.strategy.parameters)
-            if (e.mesh)
-                throw error("xshard: pipeline checkpoint: '" + e.name +
-                            "' lives on the mesh of a copy of part of the stage's ranks (hsdp "
-                            "shard_size over part of a mesh axis): not supported yet");
     } catch (const std::exception& e) {
         problem = e.what();
     }
     agree_on_error(world, problem);
-    // The lowest rank of each stage tells the others its stage's strategy.
+    // The lowest rank of each stage tells the others its stage's strategy. Each rank's stage
+    // and rank on its stage's mesh (whose ranks a copy's "ranks" name), known everywhere.
     const int me = pipe.stage(), p = pipe.config().stages;
-    std::vector<int> mine{me}, stage_of(std::size_t(world.size()));
-    mpi::allgather(world, mine, stage_of);
+    std::vector<int> mine{me, local.comm ? local.comm->rank() : -1},
+        places(2 * std::size_t(world.size()));
+    mpi::allgather(world, mine, places);
+    const auto stage_of = [&](int r) { return places[2 * std::size_t(r)]; };
+    const auto world_rank = [&](int s, int stage_rank) {
+        for (int r = 0; r < world.size(); ++r)
+            if (stage_of(r) == s && places[2 * std::size_t(r) + 1] == stage_rank)
+                return r;
+        throw error("xshard: pipeline checkpoint: stage " + std::to_string(s) + " has no rank " +
+                    std::to_string(stage_rank)); // (not reached: the stage's ranks sent it)
+    };
     xshard::detail::ckpt_model m;
     m.comm = &world;
     m.strategy.pipeline_stages = p;
     bool first = true;
     for (int s = 0; s < p; ++s) {
         int root = 0;
-        while (root < world.size() && stage_of[std::size_t(root)] != s)
+        while (root < world.size() && stage_of(root) != s)
             ++root;
         const auto text = xshard::detail::message_from(
             world, root, world.rank() == root ? std::optional(local.strategy.to_json())
@@ -83,7 +92,13 @@ xshard::detail::ckpt_model every_stage(pipeline<Model, X>& pipe, const S& optimi
         for (std::size_t j = 0; j < stage.parameters.size(); ++j) {
             auto e = stage.parameters[j];
             e.stage = s;
-            if (!(stage.mesh == m.strategy.mesh))
+            // A tensor on copies of a mesh over part of the stage's ranks (hsdp's state
+            // sharded over part of a mesh axis) keeps its copy's mesh; its "ranks", the
+            // stage mesh's ranks of the copy that writes it, become the pipeline's.
+            if (e.mesh)
+                for (auto& r : e.ranks)
+                    r = world_rank(s, r);
+            else if (!(stage.mesh == m.strategy.mesh))
                 e.mesh = stage.mesh;
             if (s == me) {
                 m.tensors.push_back(local.tensors.at(j));
@@ -93,12 +108,14 @@ xshard::detail::ckpt_model every_stage(pipeline<Model, X>& pipe, const S& optimi
                 t.element = dtype_size(e.dtype);
                 t.shape = e.shape;
                 t.lay = e.lay;
-                t.mesh = stage.mesh;
-                t.replicated = e.lay.replicated_axes(stage.mesh);
+                t.mesh = e.mesh ? *e.mesh : stage.mesh;
+                t.replicated = e.lay.replicated_axes(t.mesh);
                 t.trainable = e.trainable;
                 m.tensors.push_back(std::move(t));
             }
-            m.held.push_back(s == me);
+            // Of a tensor on copies of a part of the stage, only the copy named by its
+            // "ranks" writes (collect's choice).
+            m.held.push_back(s == me && local.holds(j));
             m.dtypes.push_back(e.dtype);
             m.strategy.parameters.push_back(std::move(e));
         }

@@ -142,12 +142,13 @@ struct hsdp_options {
     /// when needed): groups of shard_size / (whole axes) consecutive ranks of that axis (dp = 4
     /// with shard_size 2: ranks {0, 1} and {2, 3}), or, when that cannot make the size
     /// either (36 ranks and more: (4, 9) with 6), over parts of several axes, each group
-    /// holding the whole sharded state, replicated across the groups. That state lives on the mesh
-    /// of this rank's group (the same mesh type, the axes cut to the group's extent), where it is
-    /// an ordinary layout; its reduce-scatter runs within the group, followed by an all-reduce of
-    /// the block across the groups. Such a state saves into a checkpoint of either form (each
-    /// tensor with its group's mesh and ranks, as the group of rank 0 holds it) that loads into any
-    /// level, mesh or world size; pipeline checkpoints of it raise "not supported yet".
+    /// holding the whole sharded state, replicated across the groups. That state lives on the
+    /// mesh of this rank's group (the same mesh type, the axes cut to the group's extent),
+    /// where it is an ordinary layout; its reduce-scatter runs within the group, followed by
+    /// an all-reduce of the block across the groups. Such a state saves into a checkpoint of
+    /// either form (each tensor with its group's mesh and ranks, as the group of rank 0 holds
+    /// it), and into a pipeline's checkpoint (pipeline/checkpoint.hpp: the group of its stage
+    /// mesh's rank 0 writes it), that loads into any level, mesh, pipeline or world size.
     int shard_size = -1;
     /// Weights of fewer than this many KB (global shape x element size / 1024) stay unsharded.
     std::int64_t threshold = 64;
