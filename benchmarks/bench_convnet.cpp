@@ -3,6 +3,8 @@
 //                           Momentum) on a global batch of 64 32 x 32 images split over the
 //                           ranks (local batch norm), vs `one_rank`: the same step on the whole
 //                           batch on one rank.
+//   resnet18_step_dp2_f32_node_storage  the same with a node storage open: the gradient
+//                           bucket lives in node-shared memory and is all-reduced in place.
 //   resnet18_step_spatial2_f32  the same step on a batch of 8 256 x 256 images whose height
 //                           is split over the ranks (spatial parallelism: halo exchange before
 //                           every convolution and pooling, batch norm statistics all-reduced
@@ -17,6 +19,7 @@
 //                           directly on the same NCHW shapes, built once. On planes under 8 x 8
 //                           xshard takes its batched im2col + GEMM instead (conv_kernels.hpp).
 #include <xshard/comm/environment.hpp>
+#include <xshard/comm/node_arena.hpp>
 #include <xshard/nn/resnet.hpp>
 #include <xshard/nn/step_profile.hpp>
 #include <xshard/optim/optimizers.hpp>
@@ -31,8 +34,8 @@
 
 #include <array>
 #include <cstdio>
-#include <optional>
 #include <initializer_list>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -155,8 +158,7 @@ std::string phase_fields(const xshard::communicator& world, const bench::options
         xshard::mpi::barrier(world);
         baseline(&b.emplace_back());
     }
-    return "\"phases\": " + phase_json(world, a) +
-           ", \"baseline_phases\": " + phase_json(world, b);
+    return "\"phases\": " + phase_json(world, a) + ", \"baseline_phases\": " + phase_json(world, b);
 }
 
 /// ResNet-18 on a mesh of the world and on one rank, each with its optimizer, and one batch of
@@ -168,8 +170,8 @@ struct resnet_case {
     nn::tensor<T, mesh_t, 4> x, sx;
     xshard::optim::momentum a{{.lr = 0.01, .momentum = 0.9}}, b{{.lr = 0.01, .momentum = 0.9}};
 
-    resnet_case(const xshard::communicator& world, std::array<int, 2> shape,
-                std::size_t batch, std::size_t S, std::initializer_list<std::string> spec)
+    resnet_case(const xshard::communicator& world, std::array<int, 2> shape, std::size_t batch,
+                std::size_t S, std::initializer_list<std::string> spec)
         : mesh(world, shape)
         , one(xshard::communicator::self(), {1, 1})
         , gx(images(batch, S))
@@ -185,16 +187,24 @@ struct resnet_case {
     }
 };
 
+/// `in_node_storage`: with a node storage open (comm/node_arena.hpp), so that the gradient
+/// bucket lives in it and is all-reduced through shared memory, read in place.
 void resnet_step(const xshard::communicator& world, const bench::options& o,
-                 const std::string& threads) {
+                 const std::string& threads, bool in_node_storage) {
+    std::optional<xshard::node_storage> storage;
+    if (in_node_storage)
+        storage.emplace(world, std::size_t(96) << 20); // the 44.7 MB bucket and slack
     // Batch norm with each rank's statistics (MindSpore's data-parallel default): no
     // collective in the forward and backward passes, only the gradient all-reduce.
     resnet_case r(world, {world.size(), 1}, o.quick ? 8 : 64, o.quick ? 16 : 32,
                   {"dp", "", "", ""});
     trainer<decltype(r.net)> step{r.net, r.x, r.a};
     trainer<decltype(r.serial)> serial{r.serial, r.sx, r.b};
-    const auto t = bench::compare(world, o, [&] { step(); }, [&] { serial(); });
-    bench::report(world, "resnet18_step_dp" + std::to_string(world.size()) + "_f32",
+    const auto t = bench::compare(
+        world, o, [&] { step(); }, [&] { serial(); });
+    bench::report(world,
+                  "resnet18_step_dp" + std::to_string(world.size()) + "_f32" +
+                      (in_node_storage ? "_node_storage" : ""),
                   r.gx.size() * sizeof(T), "one_rank", t,
                   threads + ", " + phase_fields(world, o, step, serial));
 }
@@ -210,11 +220,12 @@ void resnet_step_spatial(const xshard::communicator& world, const bench::options
     step();
     double halo = double(r.net.halo_bytes_sent() - before); // summed over the ranks
     xshard::mpi::allreduce(world, std::span(&halo, 1), xshard::reduction::sum);
-    const auto t = bench::compare(world, o, [&] { step(); }, [&] { serial(); });
+    const auto t = bench::compare(
+        world, o, [&] { step(); }, [&] { serial(); });
     bench::report(world, "resnet18_step_spatial" + std::to_string(world.size()) + "_f32",
                   r.gx.size() * sizeof(T), "one_rank", t,
-                  "\"halo_bytes_per_step\": " + std::to_string(std::size_t(halo)) + ", " +
-                      threads + ", " + phase_fields(world, o, step, serial));
+                  "\"halo_bytes_per_step\": " + std::to_string(std::size_t(halo)) + ", " + threads +
+                      ", " + phase_fields(world, o, step, serial));
 }
 
 /// oneDNN's convolution primitives on NCHW memory, built once: the peer of the local kernels.
@@ -306,8 +317,10 @@ int main(int argc, char** argv) {
         conv_local(world, o, "conv2d_local_f32", 32, 64, 16, 64, 1); // oneDNN's regime
     if (o.wants("conv2d_local_f32_4x4"))
         conv_local(world, o, "conv2d_local_f32_4x4", 32, 256, 4, 256, 1); // the GEMM's
-    if (o.wants("resnet18_step_dp"))
-        resnet_step(world, o, threads);
+    for (const bool in_node_storage : {false, true})
+        if (o.wants("resnet18_step_dp" + std::to_string(world.size()) + "_f32" +
+                    (in_node_storage ? "_node_storage" : "")))
+            resnet_step(world, o, threads, in_node_storage);
     if (o.wants("resnet18_step_spatial"))
         resnet_step_spatial(world, o, threads);
     return 0;
