@@ -11,6 +11,8 @@
 //                       1024), batch 64, parallel_cross_entropy over the 1024 outputs as classes.
 //   mlp_step_dp*_f64_batch512: the MLP in double with batch 512, data-parallel: where the
 //                       products outweigh the weight-sized work (update, gradient all-reduce).
+//   mlp_step_dp*_f64_node_storage: mlp_step_dp*_f64 with a node storage open, so that the
+//                       gradient buckets are all-reduced through shared memory.
 //   mlp_step_dp*_f64_hsdp1, _hsdp2: the data-parallel MLP in double under optimizer sharding
 //                       (xshard::hsdp, MindSpore's optimizer_level level1 / level2): the
 //                       Momentum state and master weights split over dp, the updated blocks
@@ -583,6 +585,14 @@ int main(int argc, char** argv) {
             memory_case(o, "memory_dp" + p + "_hsdp" + std::to_string(level), dp, mlp, level);
     }
     mlp_cases(double{}, "f64");
+    // The same data-parallel step with a node storage open: the gradient buckets' buffers
+    // in the arena, all-reduced through shared memory (train/gradients.hpp; the weights stay
+    // on the heap, so a bucket of one gradient is staged).
+    if (const auto name = "mlp_step_dp" + p + "_f64_node_storage"; o.wants(name)) {
+        const xshard::node_storage storage(c, std::size_t(64) << 20);
+        run_case(o, name, dp, one, dp_efficiency,
+                 [&](const mesh_t& m) { return make_mlp<double>(m, mlp); });
+    }
     driver_case(o, "mlp_step_tp" + p + "_f64_driver", tp, mlp);
     run_case(o, "mlp_step_dp" + p + "_f64_batch512", dp, one, dp_efficiency, [&](const mesh_t& m) {
         return make_mlp<double>(m, {mlp.features, mlp.hidden, 8 * mlp.batch});
