@@ -9,7 +9,8 @@
 /// mode): one all-reduce per bucket, xshard's pairwise all-reduce from 1 MiB on
 /// (benchmarks/README.md compares it with MPI's). A
 /// `gradient_synchronizer` plans the buckets and allocates their buffers once and is reused
-/// every step; `synchronize_gradients` is the one-off form.
+/// every step; `synchronize_gradients` is the one-off form (which keeps messages: see "Node
+/// storage" below).
 ///
 /// Overlap: call `ready(name)` as the backward pass produces each gradient; a bucket's
 /// all-reduce starts (nonblocking) as soon as its last gradient is ready, while the caller
@@ -28,6 +29,10 @@
 /// reduced on the gradient itself, in place too when the gradient lies in node storage (a
 /// parameter on a `node_shared` mesh, core/node_shared.hpp), staged otherwise. These
 /// all-reduces are blocking: `ready` then only counts, and `wait` runs the buckets in order.
+/// Only a kept synchronizer does this (`gradient_options::shared_memory`): 2 ranks,
+/// `bench_training` `mlp_step_dp2_f64_kept_sync_node_storage`, gradient sync 0.04-0.05 s
+/// against 0.08-0.11 s through messages, while the one-off `synchronize_gradients`, making its
+/// windows every call, took 0.26-0.29 s.
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
@@ -73,6 +78,11 @@ struct gradient_options {
     comm_fusion fusion{};
     /// Layouts of the parameters, when they are not the parameters' own.
     std::optional<layout_dict> layouts = std::nullopt;
+    /// Whether a kept synchronizer all-reduces its buckets through shared memory when a
+    /// `node_storage` is open (see the file comment). `synchronize_gradients` turns it off:
+    /// the windows a synchronizer makes for it once (collective allocations, page faults)
+    /// cost more than one step's saving.
+    bool shared_memory = true;
 };
 
 namespace detail {
@@ -123,7 +133,7 @@ public:
         agree_on_error(*refs_.front().mesh_comm, problem);
         // The shared-memory path when every rank has node storage open (the same answer on
         // every rank, so every group's members agree).
-        int shared = node_arena::current() ? 1 : 0;
+        int shared = options.shared_memory && node_arena::current() ? 1 : 0;
         allreduce(*refs_.front().mesh_comm, std::span(&shared, 1), reduction::min);
         node_path_ = shared == 1;
         // Summed, the gradients hold what their parameters' layouts say (before, a weight's
@@ -384,7 +394,9 @@ private:
 /// the file comment). Collective over the parameters' mesh.
 template <parameter_container P, parameter_container G>
 void synchronize_gradients(const P& params, G& grads, const gradient_options& options = {}) {
-    gradient_synchronizer(params, grads, options).synchronize();
+    gradient_options once = options;
+    once.shared_memory = false;
+    gradient_synchronizer(params, grads, once).synchronize();
 }
 
 } // namespace xshard
