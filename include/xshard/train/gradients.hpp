@@ -29,10 +29,9 @@
 /// reduced on the gradient itself, in place too when the gradient lies in node storage (a
 /// parameter on a `node_shared` mesh, core/node_shared.hpp), staged otherwise. These
 /// all-reduces are blocking: `ready` then only counts, and `wait` runs the buckets in order.
-/// Only a kept synchronizer does this (`gradient_options::shared_memory`): 2 ranks,
-/// `bench_training` `mlp_step_dp2_f64_kept_sync_node_storage`, gradient sync 0.04-0.05 s
-/// against 0.08-0.11 s through messages, while the one-off `synchronize_gradients`, making its
-/// windows every call, took 0.26-0.29 s.
+/// Only a kept synchronizer does this (`gradient_options::shared_memory`): the one-off
+/// `synchronize_gradients` would make its windows every call (README, "Performance on one
+/// node": 0.26-0.29 s per MLP step against 0.05-0.1 s through messages).
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
