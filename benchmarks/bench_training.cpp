@@ -11,6 +11,10 @@
 //                       1024), batch 64, parallel_cross_entropy over the 1024 outputs as classes.
 //   mlp_step_dp*_f64_batch512: the MLP in double with batch 512, data-parallel: where the
 //                       products outweigh the weight-sized work (update, gradient all-reduce).
+//   mlp_step_dp*_f64_node_storage: mlp_step_dp*_f64 with a node storage open, so that the
+//                       gradient buckets are all-reduced through shared memory.
+//   mlp_step_dp*_f64_kept_sync, _kept_sync_node_storage: the same with one kept
+//                       gradient_synchronizer instead of synchronize_gradients every step.
 //   mlp_step_dp*_f64_hsdp1, _hsdp2: the data-parallel MLP in double under optimizer sharding
 //                       (xshard::hsdp, MindSpore's optimizer_level level1 / level2): the
 //                       Momentum state and master weights split over dp, the updated blocks
@@ -233,6 +237,12 @@ public:
         double gather = 0;
         if (sharding_) {
             sharding_->synchronize_gradients();
+        } else if (keep_synchronizer_) {
+            if (!sync_) { // made once the trainer has stopped moving (it points into the model)
+                grads_ = std::make_unique<xshard::gradients_of<Model>>(model_);
+                sync_ = std::make_unique<xshard::gradient_synchronizer>(model_, *grads_);
+            }
+            sync_->synchronize();
         } else {
             auto grads = xshard::gradients_of{model_};
             xshard::synchronize_gradients(model_, grads);
@@ -254,6 +264,10 @@ public:
                   end - sync_done - gather,
                   gather};
     }
+
+    /// Synchronises the gradients with one kept `gradient_synchronizer` (its buffers and
+    /// windows made once) rather than `synchronize_gradients` every step.
+    void keep_synchronizer() { keep_synchronizer_ = true; }
 
     /// Optimizer sharding's phase timings (none without).
     std::optional<xshard::hsdp_timings> hsdp_timings() const {
@@ -298,6 +312,9 @@ private:
     int hsdp_level_ = 0;
     bool overlap_ = false; ///< under sharding, the passes through hsdp::forward / backward
     std::unique_ptr<xshard::hsdp<Model>> sharding_;
+    bool keep_synchronizer_ = false;
+    std::unique_ptr<xshard::gradients_of<Model>> grads_;
+    std::unique_ptr<xshard::gradient_synchronizer> sync_;
 };
 
 template <class T, class Model>
@@ -583,6 +600,25 @@ int main(int argc, char** argv) {
             memory_case(o, "memory_dp" + p + "_hsdp" + std::to_string(level), dp, mlp, level);
     }
     mlp_cases(double{}, "f64");
+    // The same data-parallel step with a kept gradient_synchronizer, and with a node storage
+    // open too: the gradient buckets' buffers in the arena, all-reduced through shared memory
+    // (train/gradients.hpp; the weights stay on the heap, so a bucket of one gradient is
+    // staged).
+    auto kept = [&](const mesh_t& m) {
+        auto t = make_mlp<double>(m, mlp);
+        t.keep_synchronizer();
+        return t;
+    };
+    run_case(o, "mlp_step_dp" + p + "_f64_kept_sync", dp, one, dp_efficiency, kept);
+    if (const auto name = "mlp_step_dp" + p + "_f64_kept_sync_node_storage"; o.wants(name)) {
+        const xshard::node_storage storage(c, std::size_t(64) << 20);
+        run_case(o, name, dp, one, dp_efficiency, kept);
+    }
+    if (const auto name = "mlp_step_dp" + p + "_f64_node_storage"; o.wants(name)) {
+        const xshard::node_storage storage(c, std::size_t(64) << 20);
+        run_case(o, name, dp, one, dp_efficiency,
+                 [&](const mesh_t& m) { return make_mlp<double>(m, mlp); });
+    }
     driver_case(o, "mlp_step_tp" + p + "_f64_driver", tp, mlp);
     run_case(o, "mlp_step_dp" + p + "_f64_batch512", dp, one, dp_efficiency, [&](const mesh_t& m) {
         return make_mlp<double>(m, {mlp.features, mlp.hidden, 8 * mlp.batch});

@@ -3,6 +3,7 @@
 // deliberately slow writers: no rank may read a segment before its owner finished writing.
 
 #include <xshard/comm/node.hpp>
+#include <xshard/comm/node_arena.hpp>
 #include <xshard/comm/pairwise_reduce.hpp>
 #include <xshard/comm/node_barrier.hpp>
 #include <xshard/comm/shared_window.hpp>
@@ -12,8 +13,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -157,6 +160,91 @@ TEST(shared_memory, all_reduce_reads_summands_in_place) {
                 r.all_reduce(*c, in.data(), in.data(), n, op);
                 EXPECT_EQ(in, expected) << "in place, rank " << w.rank() << " n " << n;
             }
+        }
+    }
+}
+
+/// Runs the shared-memory all-reduce of `c` on summands (and results) that lie where
+/// `in_arena(rank)` / `out_arena(rank)` say, checking exact sums and maxima, in place and not;
+/// returns the bytes sent through MPI point to point.
+unsigned long long node_reduce_case(xshard::reducer<double>& r, const xshard::communicator& c,
+                                    bool in_arena, bool out_arena) {
+    using arena_vector = std::vector<double, xshard::node_allocator<double>>;
+    unsigned long long sent = 0;
+    for (std::size_t n : {1, 7, 4097, 20011}) {
+        for (auto op : {xshard::reduction::sum, xshard::reduction::max}) {
+            auto term = [](int q, std::size_t i) {
+                return double(int((i * 11 + std::size_t(q) * 5) % 31) - 15 + 100 * q);
+            };
+            arena_vector in_a(in_arena ? n : 0), out_a(out_arena ? n : 0);
+            std::vector<double> in_h(in_arena ? 0 : n), out_h(out_arena ? 0 : n), expected(n);
+            double* in = in_arena ? in_a.data() : in_h.data();
+            double* out = out_arena ? out_a.data() : out_h.data();
+            for (std::size_t i = 0; i < n; ++i) {
+                in[i] = term(c.rank(), i);
+                expected[i] = term(0, i);
+                for (int q = 1; q < c.size(); ++q)
+                    expected[i] = xshard::detail::combine_one(expected[i], term(q, i), op);
+            }
+            // A slow writer: its summand is written late.
+            if (c.rank() == int(n % std::size_t(c.size()))) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                for (std::size_t i = 0; i < n; ++i)
+                    in[i] = term(c.rank(), i);
+            }
+            xshard::testing::traffic::reset();
+            r.all_reduce(c, in, out, n, op);
+            sent += xshard::testing::traffic::sent();
+            EXPECT_TRUE(std::equal(out, out + n, expected.begin()))
+                << "rank " << c.rank() << " n " << n;
+            r.all_reduce(c, in, in, n, op);
+            sent += xshard::testing::traffic::sent();
+            EXPECT_TRUE(std::equal(in, in + n, expected.begin()))
+                << "in place, rank " << c.rank() << " n " << n;
+        }
+    }
+    return sent;
+}
+
+TEST(shared_memory, all_reduce_reads_node_storage_in_place) {
+    // Summands and results in node storage: read and written in place, over the world and
+    // over halves of it; exact, not a byte through MPI and no staging window.
+    const auto w = world();
+    const auto half = w.split(w.rank() % 2, w.rank());
+    xshard::node_storage storage(w, 4 << 20);
+    int open = storage.is_open() ? 1 : 0;
+    xshard::mpi::allreduce(w, std::span(&open, 1), xshard::reduction::min);
+    const bool shared = xshard::node_group(w).whole_communicator_shares_memory() && open == 1;
+    for (const auto* c : {&w, &half}) {
+        xshard::reducer<double> r(
+            xshard::reduce_tuning{.shared_memory_min_bytes = 0, .shared_memory_all_reduce = true});
+        const auto sent = node_reduce_case(r, *c, true, true);
+        if (shared) {
+            EXPECT_EQ(sent, 0u) << "rank " << w.rank();
+            EXPECT_EQ(r.node_staging_bytes(), 0u) << "rank " << w.rank();
+        }
+    }
+    EXPECT_EQ(storage.free_blocks(), storage.is_open() ? 1u : 0u); // every block returned
+}
+
+TEST(shared_memory, all_reduce_stages_what_is_not_in_node_storage) {
+    // Mixed: odd members' summands on the heap (staged), even members' in node storage (read
+    // in place); then every summand in the arena and every result on the heap (results
+    // published through the window). Exact; the window is allocated, no byte through MPI.
+    const auto w = world();
+    xshard::node_storage storage(w, 4 << 20);
+    int open = storage.is_open() ? 1 : 0;
+    xshard::mpi::allreduce(w, std::span(&open, 1), xshard::reduction::min);
+    const bool shared = xshard::node_group(w).whole_communicator_shares_memory() && open == 1;
+    for (int variant = 0; variant < 2; ++variant) {
+        xshard::reducer<double> r(
+            xshard::reduce_tuning{.shared_memory_min_bytes = 0, .shared_memory_all_reduce = true});
+        const bool in_arena = variant == 0 ? w.rank() % 2 == 0 : true;
+        const bool out_arena = variant == 0 ? in_arena : false;
+        const auto sent = node_reduce_case(r, w, in_arena, out_arena);
+        if (shared && w.size() > 1) {
+            EXPECT_EQ(sent, 0u) << "rank " << w.rank();
+            EXPECT_GT(r.node_staging_bytes(), 0u) << "rank " << w.rank() << " variant " << variant;
         }
     }
 }

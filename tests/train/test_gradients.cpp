@@ -1,7 +1,8 @@
 // Gradient synchronisation (train/gradients.hpp): sums and means over the redundant copies
 // of every layout, bucketed, per tensor and overlapped; 16-bit gradients communicated in
-// float32.
+// float32; buckets in node storage all-reduced through shared memory, read in place.
 
+#include <xshard/core/node_shared.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/train/gradients.hpp>
 
@@ -9,12 +10,14 @@
 #include "layouts.hpp"
 #include "mpi_test.hpp"
 #include "parameters.hpp"
+#include "traffic.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <tuple>
 
@@ -199,3 +202,124 @@ TEST(gradients, index_fusion_closes_buckets_at_the_given_parameters) {
             "index mode needs strictly increasing");
     }
 }
+
+namespace {
+
+/// Synchronises integer-valued gradients of every layout of `m`'s tensors with a kept
+/// synchronizer (blocking, then overlapped) and checks the sums exactly; fused buckets and
+/// (with `fusion_bytes` 0) one bucket per parameter, reduced on the gradient itself. Returns
+/// the bytes sent through MPI point to point by the synchronisations and the synchronizers'
+/// staging bytes.
+template <class M>
+std::pair<unsigned long long, std::size_t> sync_exact(const M& m, double fusion_bytes) {
+    std::map<std::string, dyn<M>> params, grads;
+    const auto all = xshard::testing::all_layouts(m.shape(), 2, false);
+    for (std::size_t k = 0; k < all.size(); ++k) {
+        if (all[k].is_partial())
+            continue;
+        const auto name = "g" + std::to_string(100 + k);
+        params.emplace(name, filled<double>(m, {6, 5}, all[k], start));
+        grads.emplace(name, filled<double>(m, {6, 5}, all[k], start));
+    }
+    xshard::gradient_options options;
+    if (fusion_bytes >= 0)
+        options.fusion.allreduce = {xshard::fusion_threshold::mode::size, fusion_bytes};
+    xshard::gradient_synchronizer sync(params, grads, options);
+    EXPECT_EQ(sync.uses_node_storage(), xshard::node_arena::current() != nullptr);
+    unsigned long long sent = 0;
+    for (int step = 0; step < 2; ++step) {
+        for (auto& [name, g] : grads)
+            for (std::size_t i = 0; i < g.local().size(); ++i)
+                g.local().data()[i] = double(step * 7 + m.rank() * 1000 + int(i));
+        xshard::testing::traffic::reset();
+        if (step == 0)
+            sync.synchronize();
+        else {
+            for (auto it = params.rbegin(); it != params.rend(); ++it)
+                sync.ready(it->first);
+            sync.wait();
+        }
+        sent += xshard::testing::traffic::sent();
+        for (auto& [name, p] : params) {
+            const auto members = m.group_ranks(p.layout().replicated_axes(m.shape()));
+            for (std::size_t i = 0; i < p.local().size(); ++i) {
+                double s = 0;
+                for (int r : members)
+                    s += double(step * 7 + r * 1000 + int(i));
+                EXPECT_EQ(grads.at(name).local().data()[i], s)
+                    << name << " step " << step << " " << where(m);
+            }
+        }
+    }
+    // The one-off form keeps messages, exact too: the sums summed again.
+    auto again = grads;
+    xshard::synchronize_gradients(params, again, options);
+    for (auto& [name, p] : params) {
+        const auto members = m.group_ranks(p.layout().replicated_axes(m.shape()));
+        for (std::size_t i = 0; i < p.local().size(); ++i)
+            EXPECT_EQ(again.at(name).local().data()[i],
+                      grads.at(name).local().data()[i] * double(members.size()))
+                << name << " " << where(m);
+    }
+    return {sent, sync.node_staging_bytes()};
+}
+
+/// Whether every rank of the world has the shared-memory transport and an open arena.
+bool open_everywhere(const xshard::node_storage& storage) {
+    int ok = storage.is_open() && xshard::node_group(world()).whole_communicator_shares_memory()
+                 ? 1
+                 : 0;
+    xshard::mpi::allreduce(world(), std::span(&ok, 1), xshard::reduction::min);
+    return ok == 1;
+}
+
+TEST(gradients, buckets_in_node_storage_are_read_in_place) {
+    // Node storage open: bucket buffers and (on node_shared meshes) the gradients themselves
+    // lie in the arena, so every bucket is summed through shared memory in place: exact, not
+    // a byte through MPI, no staging window.
+    xshard::node_storage storage(world(), 8 << 20);
+    const bool everywhere = open_everywhere(storage);
+    for_each_mesh([&](const auto& plain) {
+        const xshard::node_shared<std::remove_cvref_t<decltype(plain)>> m(plain);
+        for (double fusion : {-1.0, 0.0}) { // fused buckets; one per parameter
+            const auto [sent, staging] = sync_exact(m, fusion);
+            if (everywhere) {
+                EXPECT_EQ(sent, 0u) << where(m) << " fusion " << fusion;
+                EXPECT_EQ(staging, 0u) << where(m) << " fusion " << fusion;
+            }
+        }
+    });
+}
+
+TEST(gradients, buckets_partly_in_node_storage_are_staged_and_exact) {
+    // Odd ranks' arenas too small for any bucket (their buffers go to the heap, and are
+    // staged), even ranks' buffers in the arena; gradients of ordinary meshes (one bucket per
+    // parameter: on the heap, staged). Exact; the groups that mix them stage.
+    const auto w = world();
+    xshard::node_storage storage(w, w.rank() % 2 ? 64 : 8 << 20);
+    const bool everywhere = open_everywhere(storage);
+    std::size_t staged = 0;
+    for_each_mesh([&](const auto& m) {
+        for (double fusion : {-1.0, 0.0}) {
+            const auto [sent, staging] = sync_exact(m, fusion);
+            if (everywhere) {
+                EXPECT_EQ(sent, 0u) << where(m) << " fusion " << fusion;
+            }
+            staged += staging;
+        }
+    });
+    xshard::mpi::allreduce(w, std::span(&staged, 1), xshard::reduction::max);
+    if (everywhere && w.size() > 1) {
+        EXPECT_GT(staged, 0u);
+    }
+}
+
+TEST(gradients, without_node_storage_buckets_take_messages) {
+    // No arena open: the synchronizer keeps MPI (and its buffers the heap); exact.
+    for_each_mesh([&](const auto& m) {
+        const auto [sent, staging] = sync_exact(m, -1.0);
+        EXPECT_EQ(staging, 0u);
+    });
+}
+
+} // namespace

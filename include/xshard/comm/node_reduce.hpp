@@ -1,71 +1,230 @@
 #pragma once
 /// \file
-/// All-reduce among the ranks of one node through a shared-memory window: every member
-/// reads the others' summands in place, no message.
+/// All-reduce among the ranks of one node through shared memory: every member reads the
+/// others' summands in place, no message. Summands and results that lie in node storage
+/// (node_arena.hpp) are read where they are; the others are staged once into a window.
 
 #include <xshard/comm/combine.hpp>
+#include <xshard/comm/communicator.hpp>
+#include <xshard/comm/node_arena.hpp>
 #include <xshard/comm/node_barrier.hpp>
 #include <xshard/comm/reduction.hpp>
 #include <xshard/comm/shared_window.hpp>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <memory>
 #include <utility>
+#include <vector>
 
 namespace xshard {
 
-/// All-reduce of `n` elements from `in` into `out` (they may be the same buffer) over the
-/// members of `window`, each of whose segments holds at least n elements of T. Member g owns
-/// segment g (about n / p elements): every member first puts the segments others own into
-/// its window (one copy of (p-1)/p n); after a node barrier g adds every member's term of its
-/// segment, read in place (xsimd, cache-sized chunks), and publishes the result in its
-/// window; after a second barrier every member copies the others' results. Each byte is read
-/// once per stage; all members copy and add at the same time. A third barrier keeps a window
-/// from being overwritten by the next call while a peer still reads it. Returns the bytes
-/// peers read from this rank, counted as the pairwise algorithm counts its sends.
+namespace detail {
+
+/// Member g's segment of an all-reduce of n elements over p members: its offset and length
+/// (n / p elements, one more for the first n % p).
+inline std::pair<std::size_t, std::size_t> reduce_segment(std::size_t g, std::size_t n,
+                                                          std::size_t p) noexcept {
+    return {g * (n / p) + std::min(g, n % p), n / p + (g < n % p ? 1 : 0)};
+}
+
+/// Copies the segments of `in` that members other than `me` own into `window`, at their
+/// offsets: what a member whose summand is not read in place exposes.
 template <class T>
-std::size_t node_all_reduce(const shared_window& window, node_barrier& barrier, const T* in, T* out,
-                            std::size_t n, reduction op) {
-    const auto p = std::size_t(window.size());
-    const int me = window.rank();
-    auto segment = [&](std::size_t g) {
-        return std::pair{g * (n / p) + std::min(g, n % p), n / p + (g < n % p ? 1 : 0)};
-    };
-    auto staging = [&](int q) { return reinterpret_cast<T*>(window.segment(q)); };
-    T* mine = staging(me);
-    std::size_t sent = 0;
+void stage_segments(const T* in, T* window, std::size_t n, std::size_t p, int me) {
     for (std::size_t g = 0; g < p; ++g)
         if (int(g) != me) {
-            const auto [lo, len] = segment(g);
-            std::memcpy(mine + lo, in + lo, len * sizeof(T));
-            sent += len * sizeof(T);
+            const auto [lo, len] = reduce_segment(g, n, p);
+            std::memcpy(window + lo, in + lo, len * sizeof(T));
         }
-    barrier.arrive_and_wait();
-    const auto [lo, len] = segment(std::size_t(me));
-    // Cache-sized chunks: the partial result stays in cache while each peer's term is added.
+}
+
+/// Member `me`'s share of an all-reduce: its segment of `out` = its own term (from `in`)
+/// combined with every other member q's term, read from `source(q)` (a pointer to q's n
+/// elements: its summand in place or its staged copy), in cache-sized chunks (the partial
+/// result stays in cache while each term is added). `in` and `out` may be the same buffer.
+template <class T, class Source>
+void reduce_share(const T* in, T* out, std::size_t n, std::size_t p, int me, Source&& source,
+                  reduction op) {
+    const auto [lo, len] = reduce_segment(std::size_t(me), n, p);
     constexpr std::size_t chunk = 4096;
     for (std::size_t c = lo; c < lo + len; c += chunk) {
         const std::size_t m = std::min(chunk, lo + len - c);
         bool first = true;
         for (int q = 0; q < int(p); ++q)
             if (q != me) {
-                combine(out + c, first ? in + c : out + c, staging(q) + c, m, op);
+                const T* from = source(q);
+                combine(out + c, first ? in + c : out + c, from + c, m, op);
                 first = false;
             }
         if (first) // one member: nothing to add
             std::memmove(out + c, in + c, m * sizeof(T));
-        std::memcpy(mine + c, out + c, m * sizeof(T));
     }
-    sent += (p - 1) * len * sizeof(T);
-    barrier.arrive_and_wait();
+}
+
+/// Copies every other member g's segment of the result into `out`, from `result(g)` (a
+/// pointer to g's n elements: its output in place or its window).
+template <class T, class Result>
+void gather_shares(T* out, std::size_t n, std::size_t p, int me, Result&& result) {
     for (std::size_t g = 0; g < p; ++g)
         if (int(g) != me) {
-            const auto [glo, glen] = segment(g);
-            std::memcpy(out + glo, staging(int(g)) + glo, glen * sizeof(T));
+            const auto [lo, len] = reduce_segment(g, n, p);
+            std::memcpy(out + lo, result(int(g)) + lo, len * sizeof(T));
         }
-    barrier.arrive_and_wait();
-    return sent;
 }
+
+} // namespace detail
+
+/// All-reduces over a communicator whose members share one node, through shared memory.
+/// Built once per communicator (collective: a small control window and a node barrier), run
+/// many times.
+///
+/// A run of `all_reduce(in, out, n, op)`: member g owns segment g (about n / p elements).
+/// Before the first barrier every member publishes in its control slot whether its `in`
+/// and `out` lie in the open node arena (node_arena.hpp) and where. After it every member
+/// reads every slot, so all decide alike: when all members' arena is the same one, member
+/// q's summand is read in place if q published it, else from q's staging window (one copy of
+/// the (p-1)/p n elements others own, made by q). Then g adds every member's term of its
+/// segment into its `out` (xsimd, cache-sized chunks), and publishes the result in place (its
+/// `out` in the arena) or in its window; after a second barrier every member copies the
+/// others' results; a third keeps the next run from overwriting a block a peer still reads.
+/// Each byte is read once per stage, all members copy and add at the same time. The staging
+/// window is allocated (collectively, decided from the slots) by the first run that needs
+/// one: runs whose buffers all lie in node storage never allocate it.
+class node_all_reducer {
+public:
+    /// Collective over `c`, whose members must share one node (throws `error` when MPI
+    /// refuses the control window).
+    explicit node_all_reducer(const communicator& c)
+        : comm_(c)
+        , control_(c, slot_bytes)
+        , barrier_(c)
+        , slots_(std::size_t(c.size()))
+        , in_src_(std::size_t(c.size()))
+        , out_src_(std::size_t(c.size()))
+        , me_(c.rank()) {}
+
+    node_all_reducer(const node_all_reducer&) = delete;
+    node_all_reducer& operator=(const node_all_reducer&) = delete;
+
+    /// All-reduce of `n` elements from `in` into `out` (they may be the same buffer);
+    /// collective over the communicator, every member with the same n. Returns the bytes
+    /// peers read from this rank, counted as the pairwise algorithm counts its sends.
+    template <class T>
+    std::size_t all_reduce(const T* in, T* out, std::size_t n, reduction op) {
+        const auto p = std::size_t(comm_.size());
+        const std::size_t bytes = n * sizeof(T);
+        // The same on every member: every run had the same n everywhere.
+        const bool had_window = staging_bytes_ >= bytes;
+        const slot mine = publish(in, out);
+        if (had_window && !(mine.flags & 1))
+            detail::stage_segments(in, staging<T>(me_), n, p, me_);
+        barrier_.arrive_and_wait();
+        bool late = false, need_window = false;
+        bool common = arena_ != nullptr;
+        for (std::size_t q = 0; q < p; ++q) {
+            std::memcpy(&slots_[q], control_.segment(int(q)), sizeof(slot));
+            common = common && slots_[q].arena == arena_->id();
+        }
+        for (std::size_t q = 0; q < p; ++q) {
+            const auto& s = slots_[q];
+            in_src_[q] = common && (s.flags & 1)
+                             ? arena_->address(int(s.in_rank), std::size_t(s.in_offset))
+                             : nullptr;
+            out_src_[q] = common && (s.flags & 2)
+                              ? arena_->address(int(s.out_rank), std::size_t(s.out_offset))
+                              : nullptr;
+            need_window = need_window || !in_src_[q] || !out_src_[q];
+            // Not staged before the barrier: no window existed, or q published a block
+            // the others cannot read (their arena differs).
+            late = late || (!in_src_[q] && (!had_window || (s.flags & 1)));
+        }
+        if (need_window && !had_window) {
+            staging_ = shared_window(comm_, bytes);
+            staging_bytes_ = bytes;
+        }
+        if (late) {
+            if (!in_src_[std::size_t(me_)] && (!had_window || (mine.flags & 1)))
+                detail::stage_segments(in, staging<T>(me_), n, p, me_);
+            barrier_.arrive_and_wait();
+        }
+        in_place_ = std::size_t(std::count_if(in_src_.begin(), in_src_.end(),
+                                              [](const std::byte* b) { return b != nullptr; }));
+        detail::reduce_share(in, out, n, p, me_, [&](int q) { return source<T>(q); }, op);
+        const auto [lo, len] = detail::reduce_segment(std::size_t(me_), n, p);
+        if (!out_src_[std::size_t(me_)] && len > 0)
+            std::memcpy(staging<T>(me_) + lo, out + lo, len * sizeof(T));
+        barrier_.arrive_and_wait();
+        detail::gather_shares(out, n, p, me_, [&](int g) {
+            const std::byte* b = out_src_[std::size_t(g)];
+            return b ? reinterpret_cast<const T*>(b) : staging<T>(g);
+        });
+        barrier_.arrive_and_wait();
+        return (n - len) * sizeof(T) + (p - 1) * len * sizeof(T);
+    }
+
+    /// The bytes of this rank's staging window (0 while every run read every member's
+    /// buffers in place).
+    std::size_t staging_bytes() const noexcept { return staging_ ? staging_bytes_ : 0; }
+
+    /// How many members' summands the last run read in place (from node storage).
+    std::size_t read_in_place() const noexcept { return in_place_; }
+
+private:
+    /// A member's control slot: where its buffers lie in node storage (if they do).
+    struct slot {
+        std::uint64_t arena = 0; ///< the id of the member's open arena, 0 for none
+        std::uint64_t in_rank = 0, in_offset = 0, out_rank = 0, out_offset = 0;
+        std::uint64_t flags = 0; ///< 1: input in the arena, 2: output in the arena
+    };
+    static constexpr std::size_t slot_bytes = 64;
+    static_assert(sizeof(slot) <= slot_bytes);
+
+    /// Writes this member's slot (read by peers after the next barrier).
+    template <class T>
+    slot publish(const T* in, const T* out) {
+        arena_ = node_arena::current();
+        slot s;
+        if (arena_) {
+            s.arena = arena_->id();
+            if (const auto l = arena_->locate(in)) {
+                s.flags |= 1;
+                s.in_rank = std::uint64_t(l->node_rank);
+                s.in_offset = l->offset;
+            }
+            if (const auto l = arena_->locate(out)) {
+                s.flags |= 2;
+                s.out_rank = std::uint64_t(l->node_rank);
+                s.out_offset = l->offset;
+            }
+        }
+        std::memcpy(control_.segment(me_), &s, sizeof s);
+        return s;
+    }
+
+    template <class T>
+    T* staging(int q) const noexcept {
+        return reinterpret_cast<T*>(staging_.segment(q));
+    }
+
+    /// Member q's summand: in place, or its staged copy.
+    template <class T>
+    const T* source(int q) const noexcept {
+        const std::byte* b = in_src_[std::size_t(q)];
+        return b ? reinterpret_cast<const T*>(b) : staging<T>(q);
+    }
+
+    communicator comm_;
+    shared_window control_; ///< one slot per member
+    shared_window staging_; ///< allocated by the first run that needs it
+    node_barrier barrier_;
+    std::vector<slot> slots_;
+    std::vector<const std::byte*> in_src_, out_src_; ///< read in place (else null)
+    std::shared_ptr<detail::node_arena_state> arena_;
+    std::size_t staging_bytes_ = 0, in_place_ = 0;
+    int me_ = 0;
+};
 
 } // namespace xshard

@@ -13,8 +13,9 @@
 /// the lower bounds. Messages below `reduce_tuning::min_bytes` go to MPI, whose
 /// latency-optimal algorithms win there. With `reduce_tuning::shared_memory_all_reduce`, an
 /// all-reduce of at least `reduce_tuning::shared_memory_min_bytes` over a communicator whose
-/// members share one node reads the members' summands in place through a shared-memory
-/// window instead (node_reduce.hpp): no message at all.
+/// members share one node reads the members' summands in place through shared memory
+/// instead (node_reduce.hpp): no message at all; buffers in node storage (node_arena.hpp)
+/// are read and written where they are, others are staged once into a window.
 
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/combine.hpp>
@@ -23,10 +24,8 @@
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/node.hpp>
-#include <xshard/comm/node_barrier.hpp>
 #include <xshard/comm/node_reduce.hpp>
 #include <xshard/comm/reduction.hpp>
-#include <xshard/comm/shared_window.hpp>
 
 #include <mpi.h>
 
@@ -56,9 +55,12 @@ struct reduce_tuning {
     /// one node"). The environment variable XSHARD_SHARED_MEMORY=0 turns it off everywhere.
     std::size_t shared_memory_min_bytes = SIZE_MAX;
     /// Whether all-reduces take the shared-memory path too (node_reduce.hpp). Off by
-    /// default: on the development machine it measured no faster than the pairwise
-    /// messages for one 64 MiB all-reduce (Open MPI's CMA is a single copy for contiguous
-    /// messages) and slower for 4 MiB gradient buckets (three node barriers each).
+    /// default: while buffers live in private memory the path stages each summand once, and
+    /// on the development machine it measured no faster than the pairwise messages for one
+    /// 64 MiB all-reduce (Open MPI's CMA is a single copy for contiguous messages) and
+    /// slower for 4 MiB gradient buckets (three node barriers each). Buffers in node storage
+    /// (node_arena.hpp) are read in place, without staging: the gradient synchronizer turns
+    /// the path on when a node storage is open (train/gradients.hpp).
     bool shared_memory_all_reduce = false;
 
     /// Elements of `element` bytes in a chunk.
@@ -99,6 +101,16 @@ public:
         , scratch_(counting_allocator<T>(stats)) {}
 
     const reduce_tuning& tuning() const noexcept { return tuning_; }
+
+    /// The bytes of this rank's staging windows of the shared-memory path (0 while every
+    /// all-reduce through it read every member's buffers in place, from node storage).
+    std::size_t node_staging_bytes() const noexcept {
+        std::size_t b = 0;
+        for (const auto& s : nodes_)
+            if (s->reducer)
+                b += s->reducer->staging_bytes();
+        return b;
+    }
 
     /// Makes room for receiving pieces of up to `n` elements and sending pieces of up to
     /// `send_elements` in one round; `execute`-time calls within these sizes allocate
@@ -206,8 +218,8 @@ public:
         const std::size_t bytes = n * sizeof(T);
         if (tuning_.shared_memory_all_reduce && p > 1 && n > 0 &&
             bytes >= tuning_.shared_memory_min_bytes)
-            if (auto* node = node_path(c, n))
-                return node_all_reduce(node->window, node->barrier, in, out, n, op);
+            if (auto* node = node_path(c))
+                return node->all_reduce(in, out, n, op);
         if constexpr (summable<T>) {
             if (!tuning_.pairwise_all_reduce(n, p, sizeof(T))) {
                 if (in == out)
@@ -263,50 +275,40 @@ public:
 
 private:
     /// The shared-memory path over one communicator: whether its members share a node, and
-    /// a window of room for `capacity` elements per member.
+    /// its all-reducer.
     struct node_state {
         communicator comm;
         bool usable = false;
-        std::size_t capacity = 0;
-        shared_window window;
-        node_barrier barrier;
+        std::unique_ptr<node_all_reducer> reducer;
     };
 
-    /// The shared-memory path for an all-reduce of n elements over `c`, or null when its
-    /// members do not share a node. The first call for `c` (and one whose n outgrows the
-    /// window) is collective over `c`: every member calls it with the same n, so every member
-    /// decides alike; a window MPI refuses anywhere turns the path off everywhere.
-    node_state* node_path(const communicator& c, std::size_t n) {
+    /// The shared-memory path for all-reduces over `c`, or null when its members do not
+    /// share a node. The first call for `c` is collective over `c` (every member decides
+    /// alike); a control window MPI refuses anywhere turns the path off everywhere.
+    node_all_reducer* node_path(const communicator& c) {
         auto it = std::find_if(nodes_.begin(), nodes_.end(),
                                [&](const auto& s) { return s->comm == c; });
         if (it == nodes_.end()) {
             auto s = std::make_unique<node_state>();
             s->comm = c;
             s->usable = node_group(c).whole_communicator_shares_memory();
+            if (s->usable) {
+                int ok = 1;
+                try {
+                    s->reducer = std::make_unique<node_all_reducer>(c);
+                } catch (const error&) {
+                    ok = 0;
+                }
+                allreduce(c, std::span(&ok, 1), reduction::min);
+                if (!ok) {
+                    s->usable = false;
+                    s->reducer.reset();
+                }
+            }
             nodes_.push_back(std::move(s));
             it = std::prev(nodes_.end());
         }
-        node_state& s = **it;
-        if (!s.usable)
-            return nullptr;
-        if (s.capacity < n) {
-            int ok = 1;
-            try {
-                s.window = shared_window(c, n * sizeof(T));
-                if (!s.barrier)
-                    s.barrier = node_barrier(c);
-                s.capacity = n;
-            } catch (const error&) {
-                ok = 0;
-            }
-            allreduce(c, std::span(&ok, 1), reduction::min);
-            if (!ok) {
-                s.usable = false;
-                s.window = shared_window();
-                return nullptr;
-            }
-        }
-        return &s;
+        return (*it)->usable ? (*it)->reducer.get() : nullptr;
     }
 
     T* slot(std::size_t j, std::size_t chunk) {

@@ -197,36 +197,21 @@ public:
     /// still reads. Returns the bytes peers read from this rank.
     std::size_t all_reduce(const T* in, T* out, std::size_t n, reduction op) {
         const auto p = std::size_t(comm_.size());
-        auto segment = [&](std::size_t g) {
-            return std::pair{g * (n / p) + std::min(g, n % p), n / p + (g < n % p ? 1 : 0)};
-        };
         const bool had_window = publish(in, out);
         if (had_window && !published_in_)
-            stage_all_reduce(in, n);
+            detail::stage_segments(in, staging(me_), n, p, me_);
         barrier_.arrive_and_wait();
         agree(had_window, true, {}, in, n);
-        const auto [lo, len] = segment(std::size_t(me_));
-        constexpr std::size_t piece = chunk;
-        for (std::size_t c = lo; c < lo + len; c += piece) {
-            const std::size_t m = std::min(piece, lo + len - c);
-            bool first = true;
-            for (int q = 0; q < int(p); ++q)
-                if (q != me_) {
-                    combine(out + c, first ? in + c : out + c, source(q) + c, m, op);
-                    first = false;
-                }
-            if (first) // one member: nothing to add
-                std::memmove(out + c, in + c, m * sizeof(T));
-        }
+        // The segment loop and the copies are node_all_reducer's (comm/node_reduce.hpp).
+        detail::reduce_share(in, out, n, p, me_, [&](int q) { return source(q); }, op);
+        const auto [lo, len] = detail::reduce_segment(std::size_t(me_), n, p);
         if (!out_src_[std::size_t(me_)] && len > 0)
             std::memcpy(staging(me_) + lo, out + lo, len * sizeof(T));
         barrier_.arrive_and_wait();
-        for (std::size_t g = 0; g < p; ++g)
-            if (int(g) != me_) {
-                const auto [glo, glen] = segment(g);
-                const T* from = out_src_[g] ? out_src_[g] : staging(int(g));
-                std::memcpy(out + glo, from + glo, glen * sizeof(T));
-            }
+        detail::gather_shares(out, n, p, me_, [&](int g) {
+            const T* from = out_src_[std::size_t(g)];
+            return from ? from : staging(g);
+        });
         barrier_.arrive_and_wait();
         return (n - len) * sizeof(T) + (p - 1) * len * sizeof(T);
     }
@@ -307,7 +292,7 @@ private:
         const auto& mine = slots[std::size_t(me_)];
         if (!in_src_[std::size_t(me_)] && (!had_window || (mine.flags & 1))) {
             if (reduce_all)
-                stage_all_reduce(in, n);
+                detail::stage_segments(in, staging(me_), n, std::size_t(comm_.size()), me_);
             else
                 stage(geo, in);
         }
@@ -380,18 +365,6 @@ private:
         for (const auto& [peer, region] : geo.sends)
             detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, mine,
                                 geo.in_block.extent, geo.in_block.offset, region);
-    }
-
-    /// An all-reduce's staging: the segments others own.
-    void stage_all_reduce(const T* in, std::size_t n) {
-        const auto p = std::size_t(comm_.size());
-        T* mine = staging(me_);
-        for (std::size_t g = 0; g < p; ++g)
-            if (int(g) != me_) {
-                const std::size_t lo = g * (n / p) + std::min(g, n % p);
-                const std::size_t len = n / p + (g < n % p ? 1 : 0);
-                std::memcpy(mine + lo, in + lo, len * sizeof(T));
-            }
     }
 
     static std::size_t sent_bytes(const step_geometry<N>& geo) {
