@@ -26,6 +26,7 @@
 #include <xshard/comm/node_arena.hpp>
 #include <xshard/comm/node_barrier.hpp>
 #include <xshard/comm/node_reduce.hpp>
+#include <xshard/comm/node_slots.hpp>
 #include <xshard/comm/pairwise_reduce.hpp>
 #include <xshard/comm/reduction.hpp>
 #include <xshard/comm/report_errors.hpp>

@@ -367,37 +367,14 @@ public:
     const mesh_shape& mesh() const noexcept { return mesh_; }
     const cost_model& model() const noexcept { return model_; }
 
-    /// The ranks priced: every rank of a mesh of at most 64, else those whose coordinates are
-    /// 0, 1, the middle or the last on every axis (the blocks of a dimension are at most two
-    /// sizes, the larger ones first, so these meet every kind of block and neighbour).
+    /// The ranks priced: every rank of a mesh of at most 64, else its corner ranks (those
+    /// whose coordinates are 0, 1, the middle or the last on every axis).
     std::vector<int> sample_ranks() const {
+        if (mesh_.size() > 64)
+            return corner_ranks(mesh_);
         std::vector<int> ranks;
-        const int p = mesh_.size();
-        if (p <= 64) {
-            for (int r = 0; r < p; ++r)
-                ranks.push_back(r);
-            return ranks;
-        }
-        std::vector<std::vector<int>> coords;
-        for (int size : mesh_.sizes) {
-            std::vector<int> c{0, 1, size / 2, size - 1};
-            std::sort(c.begin(), c.end());
-            c.erase(std::unique(c.begin(), c.end()), c.end());
-            std::erase_if(c, [&](int x) { return x >= size; });
-            coords.push_back(c);
-        }
-        std::vector<std::size_t> at(coords.size(), 0);
-        while (true) {
-            long long r = 0;
-            for (std::size_t a = 0; a < coords.size(); ++a)
-                r = r * mesh_.sizes[a] + coords[a][at[a]];
-            ranks.push_back(int(r));
-            std::size_t a = coords.size();
-            while (a > 0 && ++at[a - 1] == coords[a - 1].size())
-                at[--a] = 0;
-            if (a == 0)
-                break;
-        }
+        for (int r = 0; r < mesh_.size(); ++r)
+            ranks.push_back(r);
         return ranks;
     }
 

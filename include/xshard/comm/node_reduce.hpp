@@ -8,6 +8,7 @@
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/node_arena.hpp>
 #include <xshard/comm/node_barrier.hpp>
+#include <xshard/comm/node_slots.hpp>
 #include <xshard/comm/reduction.hpp>
 #include <xshard/comm/shared_window.hpp>
 
@@ -99,11 +100,8 @@ public:
     /// refuses the control window).
     explicit node_all_reducer(const communicator& c)
         : comm_(c)
-        , control_(c, slot_bytes)
+        , slots_(c)
         , barrier_(c)
-        , slots_(std::size_t(c.size()))
-        , in_src_(std::size_t(c.size()))
-        , out_src_(std::size_t(c.size()))
         , me_(c.rank()) {}
 
     node_all_reducer(const node_all_reducer&) = delete;
@@ -114,52 +112,45 @@ public:
     /// peers read from this rank, counted as the pairwise algorithm counts its sends.
     template <class T>
     std::size_t all_reduce(const T* in, T* out, std::size_t n, reduction op) {
+        if (n == 0) // on every member alike (the same n everywhere): nothing to reduce
+            return 0;
         const auto p = std::size_t(comm_.size());
         const std::size_t bytes = n * sizeof(T);
         // The same on every member: every run had the same n everywhere.
-        const bool had_window = staging_bytes_ >= bytes;
-        const slot mine = publish(in, out);
-        if (had_window && !(mine.flags & 1))
+        const bool had_window = staging_ && staging_bytes_ >= bytes;
+        const auto mine = slots_.publish(in, out);
+        if (had_window && !(mine & detail::node_slots::in_arena))
             detail::stage_segments(in, staging<T>(me_), n, p, me_);
         barrier_.arrive_and_wait();
+        slots_.read();
         bool late = false, need_window = false;
-        bool common = arena_ != nullptr;
-        for (std::size_t q = 0; q < p; ++q) {
-            std::memcpy(&slots_[q], control_.segment(int(q)), sizeof(slot));
-            common = common && slots_[q].arena == arena_->id();
-        }
-        for (std::size_t q = 0; q < p; ++q) {
-            const auto& s = slots_[q];
-            in_src_[q] = common && (s.flags & 1)
-                             ? arena_->address(int(s.in_rank), std::size_t(s.in_offset))
-                             : nullptr;
-            out_src_[q] = common && (s.flags & 2)
-                              ? arena_->address(int(s.out_rank), std::size_t(s.out_offset))
-                              : nullptr;
-            need_window = need_window || !in_src_[q] || !out_src_[q];
+        for (int q = 0; q < int(p); ++q) {
+            const bool in_place = slots_.in<T>(q) != nullptr;
+            need_window = need_window || !in_place || !slots_.out<T>(q);
             // Not staged before the barrier: no window existed, or q published a block
             // the others cannot read (their arena differs).
-            late = late || (!in_src_[q] && (!had_window || (s.flags & 1)));
+            late = late ||
+                   (!in_place && (!had_window || (slots_.flags(q) & detail::node_slots::in_arena)));
         }
         if (need_window && !had_window) {
             staging_ = shared_window(comm_, bytes);
             staging_bytes_ = bytes;
         }
         if (late) {
-            if (!in_src_[std::size_t(me_)] && (!had_window || (mine.flags & 1)))
+            if (!slots_.in<T>(me_) && (!had_window || (mine & detail::node_slots::in_arena)))
                 detail::stage_segments(in, staging<T>(me_), n, p, me_);
             barrier_.arrive_and_wait();
         }
-        in_place_ = std::size_t(std::count_if(in_src_.begin(), in_src_.end(),
-                                              [](const std::byte* b) { return b != nullptr; }));
-        detail::reduce_share(in, out, n, p, me_, [&](int q) { return source<T>(q); }, op);
+        in_place_ = slots_.inputs_in_place();
+        detail::reduce_share(
+            in, out, n, p, me_, [&](int q) { return source<T>(q); }, op);
         const auto [lo, len] = detail::reduce_segment(std::size_t(me_), n, p);
-        if (!out_src_[std::size_t(me_)] && len > 0)
+        if (!slots_.out<T>(me_) && len > 0)
             std::memcpy(staging<T>(me_) + lo, out + lo, len * sizeof(T));
         barrier_.arrive_and_wait();
         detail::gather_shares(out, n, p, me_, [&](int g) {
-            const std::byte* b = out_src_[std::size_t(g)];
-            return b ? reinterpret_cast<const T*>(b) : staging<T>(g);
+            const T* r = slots_.out<T>(g);
+            return r ? r : staging<T>(g);
         });
         barrier_.arrive_and_wait();
         return (n - len) * sizeof(T) + (p - 1) * len * sizeof(T);
@@ -173,37 +164,6 @@ public:
     std::size_t read_in_place() const noexcept { return in_place_; }
 
 private:
-    /// A member's control slot: where its buffers lie in node storage (if they do).
-    struct slot {
-        std::uint64_t arena = 0; ///< the id of the member's open arena, 0 for none
-        std::uint64_t in_rank = 0, in_offset = 0, out_rank = 0, out_offset = 0;
-        std::uint64_t flags = 0; ///< 1: input in the arena, 2: output in the arena
-    };
-    static constexpr std::size_t slot_bytes = 64;
-    static_assert(sizeof(slot) <= slot_bytes);
-
-    /// Writes this member's slot (read by peers after the next barrier).
-    template <class T>
-    slot publish(const T* in, const T* out) {
-        arena_ = node_arena::current();
-        slot s;
-        if (arena_) {
-            s.arena = arena_->id();
-            if (const auto l = arena_->locate(in)) {
-                s.flags |= 1;
-                s.in_rank = std::uint64_t(l->node_rank);
-                s.in_offset = l->offset;
-            }
-            if (const auto l = arena_->locate(out)) {
-                s.flags |= 2;
-                s.out_rank = std::uint64_t(l->node_rank);
-                s.out_offset = l->offset;
-            }
-        }
-        std::memcpy(control_.segment(me_), &s, sizeof s);
-        return s;
-    }
-
     template <class T>
     T* staging(int q) const noexcept {
         return reinterpret_cast<T*>(staging_.segment(q));
@@ -212,17 +172,14 @@ private:
     /// Member q's summand: in place, or its staged copy.
     template <class T>
     const T* source(int q) const noexcept {
-        const std::byte* b = in_src_[std::size_t(q)];
-        return b ? reinterpret_cast<const T*>(b) : staging<T>(q);
+        const T* b = slots_.in<T>(q);
+        return b ? b : staging<T>(q);
     }
 
     communicator comm_;
-    shared_window control_; ///< one slot per member
+    detail::node_slots slots_;
     shared_window staging_; ///< allocated by the first run that needs it
     node_barrier barrier_;
-    std::vector<slot> slots_;
-    std::vector<const std::byte*> in_src_, out_src_; ///< read in place (else null)
-    std::shared_ptr<detail::node_arena_state> arena_;
     std::size_t staging_bytes_ = 0, in_place_ = 0;
     int me_ = 0;
 };

@@ -27,6 +27,7 @@
 #include <xshard/comm/node_arena.hpp>
 #include <xshard/comm/node_barrier.hpp>
 #include <xshard/comm/node_reduce.hpp>
+#include <xshard/comm/node_slots.hpp>
 #include <xshard/comm/pairwise_reduce.hpp>
 #include <xshard/comm/shared_window.hpp>
 #include <xshard/core/partition.hpp>
@@ -108,12 +109,13 @@ public:
 
     /// The bytes of this rank's staging window (0 while every run found its blocks in node
     /// storage).
-    std::size_t window_bytes() const noexcept { return window_ ? window_.segment_bytes(me_) : 0; }
+    std::size_t window_bytes() const noexcept {
+        return reducer_ ? reducer_->staging_bytes() : window_ ? window_.segment_bytes(me_) : 0;
+    }
 
     /// How many members' input blocks the last run read in place (from node storage).
     std::size_t read_in_place() const noexcept {
-        return std::size_t(
-            std::count_if(in_src_.begin(), in_src_.end(), [](const T* p) { return p != nullptr; }));
+        return reducer_ ? reducer_->read_in_place() : slots_.inputs_in_place();
     }
 
     /// An exchange-like step: this rank's input block at `in`, output block at `out`.
@@ -134,7 +136,7 @@ public:
             detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, out,
                                 geo.out_block.extent, geo.out_block.offset, geo.kept);
         barrier_.arrive_and_wait();
-        agree(had_window, false, geo, in, 0, true);
+        agree(had_window, geo, in, true);
         if (push_) {
             push(geo, in, out, predicted_push);
         } else {
@@ -163,7 +165,7 @@ public:
         if (had_window && !published_in_)
             stage(geo, in);
         barrier_.arrive_and_wait();
-        agree(had_window, false, geo, in);
+        agree(had_window, geo, in);
         // Every member's input block is the same block (of a pending sum), so a run sits at
         // the same offset in `in`, in every peer's block and in every window.
         detail::for_each_run(in, geo.in_block.extent, geo.in_block.offset, out,
@@ -188,120 +190,52 @@ public:
         return sent_bytes(geo);
     }
 
-    /// An all-reduce of `n` elements from `in` into `out` (they may be the same buffer).
-    /// Member g owns segment g (about n / p elements): after the first barrier it adds every
-    /// member's term of its segment, read in place (from the member's block in node storage,
-    /// or the segments the member staged), into its `out`; after the second barrier every
-    /// member copies the others' results from their outputs (or windows, when an output
-    /// lies outside node storage); a third keeps the next run from overwriting what a peer
-    /// still reads. Returns the bytes peers read from this rank.
+    /// An all-reduce of `n` elements from `in` into `out` (they may be the same buffer):
+    /// comm/node_reduce.hpp's node_all_reducer (summands and results read in place where
+    /// they lie in node storage). Returns the bytes peers read from this rank.
     std::size_t all_reduce(const T* in, T* out, std::size_t n, reduction op) {
-        const auto p = std::size_t(comm_.size());
-        const bool had_window = publish(in, out);
-        if (had_window && !published_in_)
-            detail::stage_segments(in, staging(me_), n, p, me_);
-        barrier_.arrive_and_wait();
-        agree(had_window, true, {}, in, n);
-        // The segment loop and the copies are node_all_reducer's (comm/node_reduce.hpp).
-        detail::reduce_share(in, out, n, p, me_, [&](int q) { return source(q); }, op);
-        const auto [lo, len] = detail::reduce_segment(std::size_t(me_), n, p);
-        if (!out_src_[std::size_t(me_)] && len > 0)
-            std::memcpy(staging(me_) + lo, out + lo, len * sizeof(T));
-        barrier_.arrive_and_wait();
-        detail::gather_shares(out, n, p, me_, [&](int g) {
-            const T* from = out_src_[std::size_t(g)];
-            return from ? from : staging(g);
-        });
-        barrier_.arrive_and_wait();
-        return (n - len) * sizeof(T) + (p - 1) * len * sizeof(T);
+        return reducer_->all_reduce(in, out, n, op);
     }
 
 private:
-    /// A member's control slot: where its blocks lie in node storage (if they do).
-    struct slot {
-        std::uint64_t arena = 0; ///< the id of the member's open arena, 0 for none
-        std::uint64_t in_rank = 0, in_offset = 0, out_rank = 0, out_offset = 0;
-        std::uint64_t flags = 0; ///< 1: input in the arena, 2: output in the arena
-    };
-    static constexpr std::size_t slot_bytes = 64;
-    static_assert(sizeof(slot) <= slot_bytes);
-
     /// Writes this member's slot (read by peers after the next barrier). Returns whether
     /// the staging window existed (the same on every member).
     bool publish(const T* in, const T* out) {
-        arena_ = node_arena::current();
-        slot s;
-        published_in_ = false;
-        if (arena_) {
-            s.arena = arena_->id();
-            if (const auto l = arena_->locate(in)) {
-                s.flags |= 1;
-                s.in_rank = std::uint64_t(l->node_rank);
-                s.in_offset = l->offset;
-                published_in_ = true;
-            }
-            if (out)
-                if (const auto l = arena_->locate(out)) {
-                    s.flags |= 2;
-                    s.out_rank = std::uint64_t(l->node_rank);
-                    s.out_offset = l->offset;
-                }
-        }
-        std::memcpy(control_.segment(me_), &s, sizeof s);
+        published_in_ = slots_.publish(in, out) & detail::node_slots::in_arena;
         return bool(window_);
     }
 
     /// After the first barrier: reads every member's slot and decides, the same on every
-    /// member, whose blocks are read in place. Members whose blocks are not, and that have
+    /// member, whose blocks are read in place (or, `may_push` and every output in node
+    /// storage, written in place). Members whose blocks are not read in place, and that have
     /// not staged yet (no window existed, or their arena differs from the others'), stage
     /// now, into a window allocated now if there was none, and a barrier follows.
-    void agree(bool had_window, bool reduce_all, const step_geometry<N>& geo, const T* in,
-               std::size_t n = 0, bool may_push = false) {
-        const auto p = std::size_t(comm_.size());
-        bool common = arena_ != nullptr;
-        std::vector<slot>& slots = slots_;
-        for (std::size_t q = 0; q < p; ++q) {
-            std::memcpy(&slots[q], control_.segment(int(q)), sizeof(slot));
-            common = common && slots[q].arena == arena_->id();
-        }
-        bool need_window = false, late = false;
-        for (std::size_t q = 0; q < p; ++q) {
-            const auto& s = slots[q];
-            in_src_[q] = common && (s.flags & 1) ? reinterpret_cast<const T*>(arena_->address(
-                                                       int(s.in_rank), std::size_t(s.in_offset)))
-                                                 : nullptr;
-            out_src_[q] = common && (s.flags & 2) ? reinterpret_cast<T*>(arena_->address(
-                                                        int(s.out_rank), std::size_t(s.out_offset)))
-                                                  : nullptr;
-            if (!in_src_[q]) {
-                need_window = true;
-                late = late || !had_window || (s.flags & 1);
-            }
-            if (reduce_all && !out_src_[q])
-                need_window = true;
-        }
+    void agree(bool had_window, const step_geometry<N>& geo, const T* in, bool may_push = false) {
+        const int p = comm_.size();
+        slots_.read();
         // Writing into every member's output in node storage: nobody reads an input.
-        push_ = may_push &&
-                std::all_of(out_src_.begin(), out_src_.end(), [](T* o) { return o != nullptr; });
+        push_ = may_push && slots_.outputs_in_place() == std::size_t(p);
         if (push_)
             return;
+        bool need_window = false, late = false;
+        for (int q = 0; q < p; ++q)
+            if (!slots_.in<T>(q)) {
+                need_window = true;
+                late = late || !had_window || (slots_.flags(q) & detail::node_slots::in_arena);
+            }
         if (need_window && !window_)
             window_ = shared_window(comm_, staging_bytes_);
         if (!late)
             return;
-        const auto& mine = slots[std::size_t(me_)];
-        if (!in_src_[std::size_t(me_)] && (!had_window || (mine.flags & 1))) {
-            if (reduce_all)
-                detail::stage_segments(in, staging(me_), n, std::size_t(comm_.size()), me_);
-            else
-                stage(geo, in);
-        }
+        if (!slots_.in<T>(me_) &&
+            (!had_window || (slots_.flags(me_) & detail::node_slots::in_arena)))
+            stage(geo, in);
         barrier_.arrive_and_wait();
     }
 
     /// Member q's input block: in place, or its staged copy.
     const T* source(int q) const noexcept {
-        const T* p = in_src_[std::size_t(q)];
+        const T* p = slots_.in<T>(q);
         return p ? p : staging(q);
     }
 
@@ -320,8 +254,8 @@ private:
                                     geo.out_block.offset, geo.kept.intersect(band));
             for (const auto& [peer, region] : geo.sends) {
                 const auto& o = peer_out_[std::size_t(peer)];
-                detail::copy_region(in, b.extent, b.offset, out_src_[std::size_t(peer)], o.extent,
-                                    o.offset, region.intersect(band));
+                detail::copy_region(in, b.extent, b.offset, slots_.out<T>(peer), o.extent, o.offset,
+                                    region.intersect(band));
             }
         };
         if constexpr (N == 0) {
@@ -383,27 +317,23 @@ private:
     node_step(const communicator& c, const step_geometry<N>& geo, std::vector<box<N>> peer_in,
               std::vector<box<N>> peer_out)
         : comm_(c)
-        , control_(c, slot_bytes)
+        , slots_(c)
         , barrier_(c)
+        , reducer_(geo.planned.kind == step_kind::all_reduce ? std::make_unique<node_all_reducer>(c)
+                                                             : nullptr)
         , peer_in_(std::move(peer_in))
         , peer_out_(std::move(peer_out))
-        , slots_(std::size_t(c.size()))
-        , in_src_(std::size_t(c.size()))
-        , out_src_(std::size_t(c.size()))
         , staging_bytes_(geo.in_block.size() * sizeof(T))
         , me_(c.rank()) {}
 
     T* staging(int q) const noexcept { return reinterpret_cast<T*>(window_.segment(q)); }
 
     communicator comm_;
-    shared_window control_; ///< one slot per member
-    shared_window window_;  ///< staging, allocated by the first run that needs it
+    detail::node_slots slots_;
+    shared_window window_; ///< staging, allocated by the first run that needs it
     node_barrier barrier_;
-    std::vector<box<N>> peer_in_, peer_out_; ///< members' input and output blocks
-    std::vector<slot> slots_;
-    std::vector<const T*> in_src_; ///< members' input blocks read in place (else null)
-    std::vector<T*> out_src_;      ///< members' output blocks in node storage (else null)
-    std::shared_ptr<detail::node_arena_state> arena_;
+    std::unique_ptr<node_all_reducer> reducer_; ///< an all-reduce step's
+    std::vector<box<N>> peer_in_, peer_out_;    ///< members' input and output blocks
     std::size_t staging_bytes_ = 0;
     int me_ = 0;
     bool published_in_ = false;

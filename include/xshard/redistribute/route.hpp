@@ -64,18 +64,10 @@ struct priced_route {
 
 namespace detail {
 
-/// The ranks a plan is priced on: every rank of a mesh of at most 256; on larger ones a stride
-/// of 64 ranks (choose_candidate's) and the ranks whose coordinates are 0, 1, the middle or
-/// the last on every axis (blocks of a dimension have at most two sizes, the larger first, so
-/// these meet every kind of block and neighbour). Every rank works out the same list.
-inline std::vector<int> priced_ranks(const mesh_shape& mesh) {
-    std::vector<int> ranks;
-    const int p = mesh.size();
-    const int stride = p <= 256 ? 1 : p / 64;
-    for (long long r = 0; r < p; r += stride) // long long: r + stride may pass INT_MAX
-        ranks.push_back(int(r));
-    if (p <= 256)
-        return ranks;
+/// The ranks whose coordinates are 0, 1, the middle or the last on every axis of `mesh`,
+/// ascending: blocks of a dimension have at most two sizes, the larger first, so these meet
+/// every kind of block and neighbour.
+inline std::vector<int> corner_ranks(const mesh_shape& mesh) {
     std::vector<std::vector<int>> coords;
     for (int size : mesh.sizes) {
         std::vector<int> c{0, 1, size / 2, size - 1};
@@ -84,8 +76,9 @@ inline std::vector<int> priced_ranks(const mesh_shape& mesh) {
         c.erase(std::unique(c.begin(), c.end()), c.end());
         coords.push_back(c);
     }
+    std::vector<int> ranks;
     std::vector<std::size_t> at(coords.size(), 0);
-    while (true) {
+    while (true) { // row-major over ascending coordinates: ascending ranks
         long long r = 0;
         for (std::size_t a = 0; a < coords.size(); ++a)
             r = r * mesh.sizes[a] + coords[a][at[a]];
@@ -96,6 +89,21 @@ inline std::vector<int> priced_ranks(const mesh_shape& mesh) {
         if (a == 0)
             break;
     }
+    return ranks;
+}
+
+/// The ranks a plan is priced on: every rank of a mesh of at most 256; on larger ones a stride
+/// of 64 ranks (choose_candidate's) and the corner ranks. Every rank works out the same list.
+inline std::vector<int> priced_ranks(const mesh_shape& mesh) {
+    std::vector<int> ranks;
+    const int p = mesh.size();
+    const int stride = p <= 256 ? 1 : p / 64;
+    for (long long r = 0; r < p; r += stride) // long long: r + stride may pass INT_MAX
+        ranks.push_back(int(r));
+    if (p <= 256)
+        return ranks;
+    const auto corners = corner_ranks(mesh);
+    ranks.insert(ranks.end(), corners.begin(), corners.end());
     std::sort(ranks.begin(), ranks.end());
     ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
     return ranks;
@@ -307,10 +315,9 @@ std::pair<double, bool> price_step(const step& s, const mesh_shape& mesh,
 /// route; the first of `ranks`, rank 0, holds the largest blocks and usually decides).
 template <std::size_t N>
 std::optional<double> price_step_below(const step& s, const mesh_shape& mesh,
-                                       const std::array<std::size_t, N>& shape,
-                                       std::size_t element, const std::vector<int>& ranks,
-                                       const cost_model& model, const reduce_tuning& tuning,
-                                       double limit) {
+                                       const std::array<std::size_t, N>& shape, std::size_t element,
+                                       const std::vector<int>& ranks, const cost_model& model,
+                                       const reduce_tuning& tuning, double limit) {
     std::size_t tensor_bytes = element;
     for (const auto e : shape)
         tensor_bytes = detail::saturating_mul(tensor_bytes, e);
@@ -319,8 +326,8 @@ std::optional<double> price_step_below(const step& s, const mesh_shape& mesh,
         const auto t = traffic_of(s, mesh, shape, rank);
         if (!t.valid)
             return std::nullopt;
-        const bool shared =
-            model.node_local && node_path_applies(t.planned.kind, t.group_size, tensor_bytes, tuning);
+        const bool shared = model.node_local &&
+                            node_path_applies(t.planned.kind, t.group_size, tensor_bytes, tuning);
         worst = std::max(worst, summarize(t, mesh, element, model, tuning, shared).seconds);
         if (worst >= limit)
             return std::nullopt;
