@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -30,6 +31,23 @@ using xshard::testing::for_each_mesh;
 using xshard::testing::start;
 using xshard::testing::where;
 using xshard::testing::world;
+
+/// A parameter and a gradient of `shape` in every layout of `m`'s matrices without pending
+/// sums ("g100", "g101", ...), the parameters filled with `start`, the gradients with
+/// `gradient`.
+template <class M, class F = double (*)(int, std::size_t)>
+void every_layout(const M& m, std::array<std::size_t, 2> shape,
+                  std::map<std::string, dyn<M>>& params, std::map<std::string, dyn<M>>& grads,
+                  F gradient = start) {
+    const auto all = xshard::testing::all_layouts(m.shape(), 2, false);
+    for (std::size_t k = 0; k < all.size(); ++k) {
+        if (all[k].is_partial())
+            continue;
+        const auto name = "g" + std::to_string(100 + k);
+        params.emplace(name, filled<double>(m, shape, all[k], start));
+        grads.emplace(name, filled<double>(m, shape, all[k], gradient));
+    }
+}
 
 TEST(gradients, sum_and_mean_over_the_redundant_copies) {
     for_each_mesh([](const auto& m) {
@@ -89,18 +107,11 @@ TEST(gradients, a_kept_synchronizer_follows_gradients_whose_storage_was_replaced
         using M = std::remove_cvref_t<decltype(m)>;
         std::map<std::string, dyn<M>> params;
         std::map<std::string, dyn<M>> grads;
-        const auto all = xshard::testing::all_layouts(m.shape(), 2, false);
-        for (std::size_t k = 0; k < all.size(); ++k) {
-            if (all[k].is_partial())
-                continue;
-            const auto name = "g" + std::to_string(100 + k);
-            params.emplace(name, filled<double>(m, {5, 3}, all[k], start));
-            grads.emplace(name, filled<double>(m, {5, 3}, all[k], start));
-        }
-        xshard::gradient_synchronizer sync(params, grads,
-                                           {.fusion = {.allreduce = {
-                                                           xshard::fusion_threshold::mode::size,
-                                                           3e-4}}}); // small buckets, several
+        every_layout(m, {5, 3}, params, grads);
+        xshard::gradient_synchronizer sync(
+            params, grads,
+            {.fusion = {.allreduce = {xshard::fusion_threshold::mode::size,
+                                      3e-4}}}); // small buckets, several
         for (int step = 0; step < 3; ++step) {
             // Every step the backward pass hands over new storage (as a non-noalias `+=`
             // does): the old buffers are freed.
@@ -213,14 +224,7 @@ namespace {
 template <class M>
 std::pair<unsigned long long, std::size_t> sync_exact(const M& m, double fusion_bytes) {
     std::map<std::string, dyn<M>> params, grads;
-    const auto all = xshard::testing::all_layouts(m.shape(), 2, false);
-    for (std::size_t k = 0; k < all.size(); ++k) {
-        if (all[k].is_partial())
-            continue;
-        const auto name = "g" + std::to_string(100 + k);
-        params.emplace(name, filled<double>(m, {6, 5}, all[k], start));
-        grads.emplace(name, filled<double>(m, {6, 5}, all[k], start));
-    }
+    every_layout(m, {6, 5}, params, grads);
     xshard::gradient_options options;
     if (fusion_bytes >= 0)
         options.fusion.allreduce = {xshard::fusion_threshold::mode::size, fusion_bytes};
@@ -266,9 +270,8 @@ std::pair<unsigned long long, std::size_t> sync_exact(const M& m, double fusion_
 
 /// Whether every rank of the world has the shared-memory transport and an open arena.
 bool open_everywhere(const xshard::node_storage& storage) {
-    int ok = storage.is_open() && xshard::node_group(world()).whole_communicator_shares_memory()
-                 ? 1
-                 : 0;
+    int ok =
+        storage.is_open() && xshard::node_group(world()).whole_communicator_shares_memory() ? 1 : 0;
     xshard::mpi::allreduce(world(), std::span(&ok, 1), xshard::reduction::min);
     return ok == 1;
 }

@@ -371,7 +371,7 @@ public:
     /// whose coordinates are 0, 1, the middle or the last on every axis).
     std::vector<int> sample_ranks() const {
         if (mesh_.size() > 64)
-            return corner_ranks(mesh_);
+            return detail::corner_ranks(mesh_);
         std::vector<int> ranks;
         for (int r = 0; r < mesh_.size(); ++r)
             ranks.push_back(r);
