@@ -336,6 +336,10 @@ TEST(redistribute, typed_layouts_plan_at_compile_time) {
 const xshard::reduce_tuning through_shared_memory{.shared_memory_min_bytes = 0,
                                                   .shared_memory_all_reduce = true};
 const xshard::reduce_tuning through_messages{.shared_memory_min_bytes = SIZE_MAX};
+/// The shared-memory path with every output block written with non-temporal stores.
+const xshard::reduce_tuning streaming_through_shared_memory{.shared_memory_min_bytes = 0,
+                                                            .shared_memory_all_reduce = true,
+                                                            .shared_memory_streaming_bytes = 0};
 
 /// Random pairs through the shared-memory path (redistribute/node_step.hpp): exact values;
 /// a reused plan on new values whose writers are deliberately slow (ranks arrive at
@@ -343,7 +347,8 @@ const xshard::reduce_tuning through_messages{.shared_memory_min_bytes = SIZE_MAX
 /// old values); not a byte through MPI once the windows are set up; and the result fed to a
 /// plan on MPI messages and back (tensors of both paths mixed).
 template <std::size_t N, class Mesh>
-void random_pairs_shared(const Mesh& m, int pairs, unsigned seed, bool in_storage = false) {
+void random_pairs_shared(const Mesh& m, int pairs, unsigned seed, bool in_storage = false,
+                         const xshard::reduce_tuning& tuning = through_shared_memory) {
     const auto layouts = all_layouts(m.shape(), N, true);
     std::mt19937 rng(seed); // the same draws on every rank
     std::uniform_int_distribution<std::size_t> pick(0, layouts.size() - 1);
@@ -355,8 +360,7 @@ void random_pairs_shared(const Mesh& m, int pairs, unsigned seed, bool in_storag
         const auto src = make_source(m, shape, from, expected);
         const std::string what = from.to_string() + " -> " + to.to_string() + " shape " +
                                  xshard::detail::shape_string(shape) + " " + where(m);
-        auto plan =
-            xshard::make_redistribution<dynamic_layout(N)>(src, to, {}, through_shared_memory);
+        auto plan = xshard::make_redistribution<dynamic_layout(N)>(src, to, {}, tuning);
         auto out = plan(src);
         ASSERT_EQ(xshard::gather_all(out), expected) << what << "\n" << plan.describe();
         const auto& steps = plan.plan().summary().steps;
@@ -404,6 +408,8 @@ TEST(redistribute, through_shared_memory_the_tensor_is_preserved) {
         random_pairs_shared<1>(m, 12, 11);
         random_pairs_shared<2>(m, 24, 12);
         random_pairs_shared<3>(m, 12, 13);
+        // Output blocks written with non-temporal stores (and fenced before the barrier).
+        random_pairs_shared<2>(m, 12, 14, false, streaming_through_shared_memory);
     });
 }
 
@@ -424,6 +430,7 @@ TEST(redistribute, shards_in_node_storage_are_read_in_place) {
         random_pairs_shared<1>(nm, 12, 21, everywhere);
         random_pairs_shared<2>(nm, 24, 22, everywhere);
         random_pairs_shared<3>(nm, 12, 23, everywhere);
+        random_pairs_shared<3>(nm, 12, 24, everywhere, streaming_through_shared_memory);
     });
 }
 
@@ -434,24 +441,29 @@ TEST(redistribute, large_blocks_written_in_place_band_by_band_are_exact) {
     xshard::node_storage storage(world(), 16 << 20);
     const bool everywhere = storage_everywhere(storage, 16 << 20);
     const std::array<std::array<std::size_t, 3>, 2> shapes{{{40, 70, 50}, {3, 301, 53}}};
-    const std::pair<const char*, const char*> pairs[] = {
-        {"[x, -, -]", "[-, -, x]"}, {"[-, x, -]", "[x, -, -]"}, {"[-, -, x]", "[-, x, -]"},
-        {"[x, -, -]", "[-, -, -]"}, {"[-, x, -]", "[-, -, -]"}};
+    const std::pair<const char*, const char*> pairs[] = {{"[x, -, -]", "[-, -, x]"},
+                                                         {"[-, x, -]", "[x, -, -]"},
+                                                         {"[-, -, x]", "[-, x, -]"},
+                                                         {"[x, -, -]", "[-, -, -]"},
+                                                         {"[-, x, -]", "[-, -, -]"}};
     using M = xshard::node_shared<xshard::mesh<"x">>;
     const M m(world(), {world().size()});
     for (const auto& shape : shapes)
-        for (const auto& [from, to] : pairs) {
-            xt::xtensor<long long, 3> expected;
-            const auto src = make_source(m, shape, layout(from), expected);
-            auto plan = xshard::make_redistribution<dynamic_layout(3)>(src, layout(to), {},
-                                                                       through_shared_memory);
-            const std::string what = std::string(from) + " -> " + to + " shape " +
-                                     xshard::detail::shape_string(shape);
-            EXPECT_EQ(xshard::gather_all(plan(src)), expected) << what;
-            if (everywhere && world().size() > 1 && xshard::shared_memory_allowed()) {
-                EXPECT_EQ(plan.plan().steps_written_in_place(), 1u) << what;
+        for (const bool streaming : {false, true}) // cached or non-temporal stores
+            for (const auto& [from, to] : pairs) {
+                xt::xtensor<long long, 3> expected;
+                const auto src = make_source(m, shape, layout(from), expected);
+                auto plan = xshard::make_redistribution<dynamic_layout(3)>(
+                    src, layout(to), {},
+                    streaming ? streaming_through_shared_memory : through_shared_memory);
+                const std::string what = std::string(from) + " -> " + to + " shape " +
+                                         xshard::detail::shape_string(shape) +
+                                         (streaming ? " streaming" : "");
+                EXPECT_EQ(xshard::gather_all(plan(src)), expected) << what;
+                if (everywhere && world().size() > 1 && xshard::shared_memory_allowed()) {
+                    EXPECT_EQ(plan.plan().steps_written_in_place(), 1u) << what;
+                }
             }
-        }
 }
 
 TEST(redistribute, shards_partly_in_node_storage_are_exact) {

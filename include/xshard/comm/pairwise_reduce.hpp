@@ -62,6 +62,10 @@ struct reduce_tuning {
     /// (node_arena.hpp) are read in place, without staging: the gradient synchronizer turns
     /// the path on when a node storage is open (train/gradients.hpp).
     bool shared_memory_all_reduce = false;
+    /// Shared-memory exchange steps write output blocks of at least this many bytes with
+    /// non-temporal stores (redistribute/node_step.hpp: blocks far larger than the cache;
+    /// on the development machine they paid for 256 MiB blocks, not for 32 MiB ones).
+    std::size_t shared_memory_streaming_bytes = std::size_t(64) << 20;
 
     /// Elements of `element` bytes in a chunk.
     std::size_t chunk_elements(std::size_t element) const {
@@ -184,8 +188,8 @@ public:
                 // One message of n elements when not chunked: beyond an int count it is one
                 // item of a derived type.
                 const auto [count, type] = detail::wire_count<T>(std::min(chunk, n - j * chunk));
-                detail::check_mpi(MPI_Irecv(slot(j, chunk), count, type, from, scatter_tag(j),
-                                            comm, &pending[j % 2]),
+                detail::check_mpi(MPI_Irecv(slot(j, chunk), count, type, from, scatter_tag(j), comm,
+                                            &pending[j % 2]),
                                   "MPI_Irecv");
             };
             if (chunks > 0)
@@ -286,8 +290,8 @@ private:
     /// share a node. The first call for `c` is collective over `c` (every member decides
     /// alike); a control window MPI refuses anywhere turns the path off everywhere.
     node_all_reducer* node_path(const communicator& c) {
-        auto it = std::find_if(nodes_.begin(), nodes_.end(),
-                               [&](const auto& s) { return s->comm == c; });
+        auto it =
+            std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& s) { return s->comm == c; });
         if (it == nodes_.end()) {
             auto s = std::make_unique<node_state>();
             s->comm = c;

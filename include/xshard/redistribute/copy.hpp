@@ -4,10 +4,16 @@
 
 #include <xshard/core/partition.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <optional>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace xshard::detail {
 
@@ -101,6 +107,56 @@ void copy_region(const T* from, const std::array<std::size_t, N>& from_shape,
                  const std::array<std::size_t, N>& to_origin, const box<N>& region) {
     for_each_run(from, from_shape, from_origin, to, to_shape, to_origin, region,
                  [](T* d, const T* s, std::size_t n) { std::memcpy(d, s, n * sizeof(T)); });
+}
+
+/// Copies `n` bytes with non-temporal stores where the CPU has them (SSE2): the destination
+/// is written without first being read into the cache (a cached store reads every line it
+/// writes), which pays for destinations far larger than the cache, that nobody reads soon.
+/// The stores are weakly ordered: `stream_fence()` before another thread may read them.
+inline void stream_copy(void* to, const void* from, std::size_t n) noexcept {
+#if defined(__SSE2__)
+    auto* d = static_cast<std::byte*>(to);
+    const auto* s = static_cast<const std::byte*>(from);
+    const std::size_t head =
+        std::min(n, (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16); // to 16-byte alignment
+    std::memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    std::size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        const auto* p = reinterpret_cast<const __m128i*>(s + i);
+        auto* q = reinterpret_cast<__m128i*>(d + i);
+        const __m128i a = _mm_loadu_si128(p), b = _mm_loadu_si128(p + 1),
+                      c = _mm_loadu_si128(p + 2), e = _mm_loadu_si128(p + 3);
+        _mm_stream_si128(q, a);
+        _mm_stream_si128(q + 1, b);
+        _mm_stream_si128(q + 2, c);
+        _mm_stream_si128(q + 3, e);
+    }
+    std::memcpy(d + i, s + i, n - i);
+#else
+    std::memcpy(to, from, n);
+#endif
+}
+
+/// Orders the non-temporal stores of `stream_copy` before the stores that follow (a barrier
+/// that lets other threads read them).
+inline void stream_fence() noexcept {
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
+}
+
+/// `copy_region` through `stream_copy` when `streaming`.
+template <class T, std::size_t N>
+void copy_region(const T* from, const std::array<std::size_t, N>& from_shape,
+                 const std::array<std::size_t, N>& from_origin, T* to,
+                 const std::array<std::size_t, N>& to_shape,
+                 const std::array<std::size_t, N>& to_origin, const box<N>& region,
+                 bool streaming) {
+    if (!streaming)
+        return copy_region(from, from_shape, from_origin, to, to_shape, to_origin, region);
+    for_each_run(from, from_shape, from_origin, to, to_shape, to_origin, region,
+                 [](T* d, const T* s, std::size_t n) { stream_copy(d, s, n * sizeof(T)); });
 }
 
 } // namespace xshard::detail

@@ -97,7 +97,8 @@ public:
         std::unique_ptr<node_step> s;
         int ok = 1;
         try {
-            s.reset(new node_step(c, geo, std::move(peer_in), std::move(peer_out)));
+            s.reset(new node_step(c, geo, std::move(peer_in), std::move(peer_out),
+                                  tuning.shared_memory_streaming_bytes));
         } catch (const error&) {
             ok = 0;
         }
@@ -134,7 +135,7 @@ public:
             stage(geo, in);
         if (!predicted_push)
             detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, out,
-                                geo.out_block.extent, geo.out_block.offset, geo.kept);
+                                geo.out_block.extent, geo.out_block.offset, geo.kept, streaming_);
         barrier_.arrive_and_wait();
         agree(had_window, geo, in, true);
         if (push_) {
@@ -142,13 +143,16 @@ public:
         } else {
             if (predicted_push)
                 detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, out,
-                                    geo.out_block.extent, geo.out_block.offset, geo.kept);
+                                    geo.out_block.extent, geo.out_block.offset, geo.kept,
+                                    streaming_);
             for (const auto& [peer, region] : geo.recvs) {
                 const auto& b = peer_in_[std::size_t(peer)];
                 detail::copy_region(source(peer), b.extent, b.offset, out, geo.out_block.extent,
-                                    geo.out_block.offset, region);
+                                    geo.out_block.offset, region, streaming_);
             }
         }
+        if (streaming_)
+            detail::stream_fence(); // the destinations complete before the barrier
         barrier_.arrive_and_wait();
         return sent_bytes(geo);
     }
@@ -251,11 +255,11 @@ private:
         auto write = [&](const box<N>& band) {
             if (with_kept)
                 detail::copy_region(in, b.extent, b.offset, out, geo.out_block.extent,
-                                    geo.out_block.offset, geo.kept.intersect(band));
+                                    geo.out_block.offset, geo.kept.intersect(band), streaming_);
             for (const auto& [peer, region] : geo.sends) {
                 const auto& o = peer_out_[std::size_t(peer)];
                 detail::copy_region(in, b.extent, b.offset, slots_.out<T>(peer), o.extent, o.offset,
-                                    region.intersect(band));
+                                    region.intersect(band), streaming_);
             }
         };
         if constexpr (N == 0) {
@@ -315,7 +319,7 @@ private:
     static constexpr std::size_t band_bytes = std::size_t(64) << 10;
 
     node_step(const communicator& c, const step_geometry<N>& geo, std::vector<box<N>> peer_in,
-              std::vector<box<N>> peer_out)
+              std::vector<box<N>> peer_out, std::size_t streaming_bytes)
         : comm_(c)
         , slots_(c)
         , barrier_(c)
@@ -324,6 +328,7 @@ private:
         , peer_in_(std::move(peer_in))
         , peer_out_(std::move(peer_out))
         , staging_bytes_(geo.in_block.size() * sizeof(T))
+        , streaming_(geo.out_block.size() * sizeof(T) >= streaming_bytes)
         , me_(c.rank()) {}
 
     T* staging(int q) const noexcept { return reinterpret_cast<T*>(window_.segment(q)); }
@@ -335,6 +340,13 @@ private:
     std::unique_ptr<node_all_reducer> reducer_; ///< an all-reduce step's
     std::vector<box<N>> peer_in_, peer_out_;    ///< members' input and output blocks
     std::size_t staging_bytes_ = 0;
+    /// Output blocks written with non-temporal stores (reduce_tuning's
+    /// shared_memory_streaming_bytes, 64 MiB by default): far larger than the cache, they
+    /// would only evict it, and a cached store first reads every line it writes. 32 KiB runs
+    /// into a 256 MiB block measured 1.15-1.25x a whole-block memcpy with cached stores and
+    /// 0.7-0.85x with non-temporal ones; 32 MiB blocks of 8 KiB runs gained nothing
+    /// (benchmarks/README.md).
+    bool streaming_ = false;
     int me_ = 0;
     bool published_in_ = false;
     bool push_ = false; ///< whether the last exchange wrote into every member's output
