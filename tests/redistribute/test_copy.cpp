@@ -92,6 +92,34 @@ TEST(copy, contiguity_means_consecutive_offsets) {
     }
 }
 
+TEST(copy, streaming_copies_every_byte_at_every_alignment_and_nothing_else) {
+    // Destinations and sources at every offset within a cache line (the head up to the
+    // line boundary is copied apart), lengths around the line and a long run; the bytes on
+    // both sides of the destination stay untouched.
+    constexpr std::size_t guard = 128;
+    std::vector<unsigned char> from(4096 + 2 * guard);
+    for (std::size_t i = 0; i < from.size(); ++i)
+        from[i] = static_cast<unsigned char>(i * 7 + 3);
+    for (const std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(63),
+                                std::size_t(64), std::size_t(65), std::size_t(127),
+                                std::size_t(200), std::size_t(4000)})
+        for (std::size_t to_shift = 0; to_shift < 64; ++to_shift)
+            for (const std::size_t from_shift : {std::size_t(0), std::size_t(8), to_shift}) {
+                alignas(64) std::array<unsigned char, 4096 + 2 * guard> to;
+                to.fill(0xA5);
+                xshard::detail::stream_copy(to.data() + guard + to_shift,
+                                            from.data() + from_shift, n);
+                xshard::detail::stream_fence();
+                for (std::size_t i = 0; i < to.size(); ++i) {
+                    const bool inside = i >= guard + to_shift && i < guard + to_shift + n;
+                    const unsigned char want =
+                        inside ? from[from_shift + (i - guard - to_shift)] : 0xA5;
+                    ASSERT_EQ(to[i], want) << "n " << n << " destination offset " << to_shift
+                                           << " source offset " << from_shift << " byte " << i;
+                }
+            }
+}
+
 TEST(cost_model, a_step_costs_alpha_per_message_beta_per_byte_and_copy_per_copied_byte) {
     xshard::cost_model m;
     m.all_gather = {1.0, 0.5};

@@ -63,9 +63,11 @@ struct reduce_tuning {
     /// the path on when a node storage is open (train/gradients.hpp).
     bool shared_memory_all_reduce = false;
     /// Shared-memory exchange steps write output blocks of at least this many bytes with
-    /// non-temporal stores (redistribute/node_step.hpp: blocks far larger than the cache;
-    /// on the development machine they paid for 256 MiB blocks, not for 32 MiB ones).
-    std::size_t shared_memory_streaming_bytes = std::size_t(64) << 20;
+    /// non-temporal stores (redistribute/node_step.hpp: blocks that, summed over a node's
+    /// ranks, outgrow the cache; on the development machine, 32 MiB of L3, they paid from
+    /// 8 MiB blocks on, were a toss-up at 4 MiB and cost 1.3-2.5x at 1 MiB, which a cached
+    /// copy keeps in L3).
+    std::size_t shared_memory_streaming_bytes = std::size_t(8) << 20;
 
     /// Elements of `element` bytes in a chunk.
     std::size_t chunk_elements(std::size_t element) const {

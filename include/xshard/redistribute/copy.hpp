@@ -11,7 +11,9 @@
 #include <cstring>
 #include <optional>
 
-#if defined(__SSE2__)
+#if defined(__AVX__)
+#include <immintrin.h>
+#elif defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
@@ -109,20 +111,33 @@ void copy_region(const T* from, const std::array<std::size_t, N>& from_shape,
                  [](T* d, const T* s, std::size_t n) { std::memcpy(d, s, n * sizeof(T)); });
 }
 
-/// Copies `n` bytes with non-temporal stores where the CPU has them (SSE2): the destination
-/// is written without first being read into the cache (a cached store reads every line it
-/// writes), which pays for destinations far larger than the cache, that nobody reads soon.
-/// The stores are weakly ordered: `stream_fence()` before another thread may read them.
+/// Copies `n` bytes with non-temporal stores where the CPU has them (AVX, else SSE2): the
+/// destination is written without first being read into the cache (a cached store reads
+/// every line it writes), which pays for destinations far larger than the cache, that
+/// nobody reads soon. The stores fill whole cache lines: the head up to the destination's
+/// next 64-byte boundary is an ordinary copy, so that a run whose destination is not
+/// line-aligned (rows of an odd width) never leaves a write-combining buffer half full (a
+/// half-written line is flushed as partial writes, which measured slower than cached
+/// stores). The stores are weakly ordered: `stream_fence()` before another thread may read
+/// them.
 inline void stream_copy(void* to, const void* from, std::size_t n) noexcept {
 #if defined(__SSE2__)
+    constexpr std::size_t line = 64;
     auto* d = static_cast<std::byte*>(to);
     const auto* s = static_cast<const std::byte*>(from);
     const std::size_t head =
-        std::min(n, (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16); // to 16-byte alignment
+        std::min(n, (line - reinterpret_cast<std::uintptr_t>(d) % line) % line);
     std::memcpy(d, s, head);
     d += head, s += head, n -= head;
     std::size_t i = 0;
-    for (; i + 64 <= n; i += 64) {
+    for (; i + line <= n; i += line) {
+#if defined(__AVX__)
+        const auto* p = reinterpret_cast<const __m256i*>(s + i);
+        auto* q = reinterpret_cast<__m256i*>(d + i);
+        const __m256i a = _mm256_loadu_si256(p), b = _mm256_loadu_si256(p + 1);
+        _mm256_stream_si256(q, a);
+        _mm256_stream_si256(q + 1, b);
+#else
         const auto* p = reinterpret_cast<const __m128i*>(s + i);
         auto* q = reinterpret_cast<__m128i*>(d + i);
         const __m128i a = _mm_loadu_si128(p), b = _mm_loadu_si128(p + 1),
@@ -131,6 +146,7 @@ inline void stream_copy(void* to, const void* from, std::size_t n) noexcept {
         _mm_stream_si128(q + 1, b);
         _mm_stream_si128(q + 2, c);
         _mm_stream_si128(q + 3, e);
+#endif
     }
     std::memcpy(d + i, s + i, n - i);
 #else

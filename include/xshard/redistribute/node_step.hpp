@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -116,7 +117,7 @@ public:
 
     /// How many members' input blocks the last run read in place (from node storage).
     std::size_t read_in_place() const noexcept {
-        return reducer_ ? reducer_->read_in_place() : slots_.inputs_in_place();
+        return reducer_ ? reducer_->read_in_place() : slots_->inputs_in_place();
     }
 
     /// An exchange-like step: this rank's input block at `in`, output block at `out`.
@@ -130,13 +131,11 @@ public:
     /// Returns the bytes peers read from (or this rank wrote to) other members.
     std::size_t exchange(const step_geometry<N>& geo, const T* in, T* out) {
         const bool predicted_push = push_;
-        const bool had_window = publish(in, out);
-        if (had_window && !published_in_)
-            stage(geo, in);
+        const bool had_window = publish(geo, in, out);
         if (!predicted_push)
             detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, out,
                                 geo.out_block.extent, geo.out_block.offset, geo.kept, streaming_);
-        barrier_.arrive_and_wait();
+        barrier_->arrive_and_wait();
         agree(had_window, geo, in, true);
         if (push_) {
             push(geo, in, out, predicted_push);
@@ -153,7 +152,7 @@ public:
         }
         if (streaming_)
             detail::stream_fence(); // the destinations complete before the barrier
-        barrier_.arrive_and_wait();
+        barrier_->arrive_and_wait();
         return sent_bytes(geo);
     }
 
@@ -165,10 +164,8 @@ public:
     /// its own term read from `in` and every peer's from the peer's block or window, in one
     /// pass over `out` (cache-sized chunks). Returns the bytes peers read from this rank.
     std::size_t reduce_scatter(const step_geometry<N>& geo, const T* in, T* out, reduction op) {
-        const bool had_window = publish(in, nullptr);
-        if (had_window && !published_in_)
-            stage(geo, in);
-        barrier_.arrive_and_wait();
+        const bool had_window = publish(geo, in, nullptr);
+        barrier_->arrive_and_wait();
         agree(had_window, geo, in);
         // Every member's input block is the same block (of a pending sum), so a run sits at
         // the same offset in `in`, in every peer's block and in every window.
@@ -190,7 +187,7 @@ public:
                                      }
                                  }
                              });
-        barrier_.arrive_and_wait();
+        barrier_->arrive_and_wait();
         return sent_bytes(geo);
     }
 
@@ -202,10 +199,13 @@ public:
     }
 
 private:
-    /// Writes this member's slot (read by peers after the next barrier). Returns whether
-    /// the staging window existed (the same on every member).
-    bool publish(const T* in, const T* out) {
-        published_in_ = slots_.publish(in, out) & detail::node_slots::in_arena;
+    /// Writes this member's slot (read by peers after the next barrier) and, when the
+    /// staging window exists and the input block lies outside node storage, stages the
+    /// block. Returns whether the window existed (the same on every member).
+    bool publish(const step_geometry<N>& geo, const T* in, const T* out) {
+        const bool in_arena = slots_->publish(in, out) & detail::node_slots::in_arena;
+        if (window_ && !in_arena)
+            stage(geo, in);
         return bool(window_);
     }
 
@@ -216,30 +216,30 @@ private:
     /// now, into a window allocated now if there was none, and a barrier follows.
     void agree(bool had_window, const step_geometry<N>& geo, const T* in, bool may_push = false) {
         const int p = comm_.size();
-        slots_.read();
+        slots_->read();
         // Writing into every member's output in node storage: nobody reads an input.
-        push_ = may_push && slots_.outputs_in_place() == std::size_t(p);
+        push_ = may_push && slots_->outputs_in_place() == std::size_t(p);
         if (push_)
             return;
         bool need_window = false, late = false;
         for (int q = 0; q < p; ++q)
-            if (!slots_.in<T>(q)) {
+            if (!slots_->in<T>(q)) {
                 need_window = true;
-                late = late || !had_window || (slots_.flags(q) & detail::node_slots::in_arena);
+                late = late || !had_window || (slots_->flags(q) & detail::node_slots::in_arena);
             }
         if (need_window && !window_)
             window_ = shared_window(comm_, staging_bytes_);
         if (!late)
             return;
-        if (!slots_.in<T>(me_) &&
-            (!had_window || (slots_.flags(me_) & detail::node_slots::in_arena)))
+        if (!slots_->in<T>(me_) &&
+            (!had_window || (slots_->flags(me_) & detail::node_slots::in_arena)))
             stage(geo, in);
-        barrier_.arrive_and_wait();
+        barrier_->arrive_and_wait();
     }
 
     /// Member q's input block: in place, or its staged copy.
     const T* source(int q) const noexcept {
-        const T* p = slots_.in<T>(q);
+        const T* p = slots_->in<T>(q);
         return p ? p : staging(q);
     }
 
@@ -258,7 +258,7 @@ private:
                                     geo.out_block.offset, geo.kept.intersect(band), streaming_);
             for (const auto& [peer, region] : geo.sends) {
                 const auto& o = peer_out_[std::size_t(peer)];
-                detail::copy_region(in, b.extent, b.offset, slots_.out<T>(peer), o.extent, o.offset,
+                detail::copy_region(in, b.extent, b.offset, slots_->out<T>(peer), o.extent, o.offset,
                                     region.intersect(band), streaming_);
             }
         };
@@ -321,34 +321,36 @@ private:
     node_step(const communicator& c, const step_geometry<N>& geo, std::vector<box<N>> peer_in,
               std::vector<box<N>> peer_out, std::size_t streaming_bytes)
         : comm_(c)
-        , slots_(c)
-        , barrier_(c)
         , reducer_(geo.planned.kind == step_kind::all_reduce ? std::make_unique<node_all_reducer>(c)
                                                              : nullptr)
         , peer_in_(std::move(peer_in))
         , peer_out_(std::move(peer_out))
         , staging_bytes_(geo.in_block.size() * sizeof(T))
         , streaming_(geo.out_block.size() * sizeof(T) >= streaming_bytes)
-        , me_(c.rank()) {}
+        , me_(c.rank()) {
+        if (!reducer_) { // an all-reduce step runs on the reducer's slots and barrier
+            slots_.emplace(c);
+            barrier_.emplace(c);
+        }
+    }
 
     T* staging(int q) const noexcept { return reinterpret_cast<T*>(window_.segment(q)); }
 
     communicator comm_;
-    detail::node_slots slots_;
+    std::optional<detail::node_slots> slots_; ///< an exchange's or reduce-scatter's
     shared_window window_; ///< staging, allocated by the first run that needs it
-    node_barrier barrier_;
+    std::optional<node_barrier> barrier_;
     std::unique_ptr<node_all_reducer> reducer_; ///< an all-reduce step's
     std::vector<box<N>> peer_in_, peer_out_;    ///< members' input and output blocks
     std::size_t staging_bytes_ = 0;
     /// Output blocks written with non-temporal stores (reduce_tuning's
-    /// shared_memory_streaming_bytes, 64 MiB by default): far larger than the cache, they
-    /// would only evict it, and a cached store first reads every line it writes. 32 KiB runs
-    /// into a 256 MiB block measured 1.15-1.25x a whole-block memcpy with cached stores and
-    /// 0.7-0.85x with non-temporal ones; 32 MiB blocks of 8 KiB runs gained nothing
-    /// (benchmarks/README.md).
+    /// shared_memory_streaming_bytes, 8 MiB by default): larger than the cache can hold for
+    /// every member, they would only evict it, and a cached store first reads every line it
+    /// writes. 32 KiB runs into a 256 MiB block measured 1.15-1.25x a whole-block memcpy with
+    /// cached stores and 0.7-0.85x with non-temporal ones; 8 KiB runs into 32 MiB blocks
+    /// 1.0-1.3x and 0.85-1.0x (benchmarks/README.md).
     bool streaming_ = false;
     int me_ = 0;
-    bool published_in_ = false;
     bool push_ = false; ///< whether the last exchange wrote into every member's output
 };
 
