@@ -100,15 +100,15 @@ TEST(copy, streaming_copies_every_byte_at_every_alignment_and_nothing_else) {
     std::vector<unsigned char> from(4096 + 2 * guard);
     for (std::size_t i = 0; i < from.size(); ++i)
         from[i] = static_cast<unsigned char>(i * 7 + 3);
-    for (const std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(63),
-                                std::size_t(64), std::size_t(65), std::size_t(127),
-                                std::size_t(200), std::size_t(4000)})
+    for (const std::size_t n :
+         {std::size_t(0), std::size_t(1), std::size_t(63), std::size_t(64), std::size_t(65),
+          std::size_t(127), std::size_t(200), std::size_t(4000)})
         for (std::size_t to_shift = 0; to_shift < 64; ++to_shift)
             for (const std::size_t from_shift : {std::size_t(0), std::size_t(8), to_shift}) {
                 alignas(64) std::array<unsigned char, 4096 + 2 * guard> to;
                 to.fill(0xA5);
-                xshard::detail::stream_copy(to.data() + guard + to_shift,
-                                            from.data() + from_shift, n);
+                xshard::detail::stream_copy(to.data() + guard + to_shift, from.data() + from_shift,
+                                            n);
                 xshard::detail::stream_fence();
                 for (std::size_t i = 0; i < to.size(); ++i) {
                     const bool inside = i >= guard + to_shift && i < guard + to_shift + n;

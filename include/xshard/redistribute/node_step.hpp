@@ -258,8 +258,8 @@ private:
                                     geo.out_block.offset, geo.kept.intersect(band), streaming_);
             for (const auto& [peer, region] : geo.sends) {
                 const auto& o = peer_out_[std::size_t(peer)];
-                detail::copy_region(in, b.extent, b.offset, slots_->out<T>(peer), o.extent, o.offset,
-                                    region.intersect(band), streaming_);
+                detail::copy_region(in, b.extent, b.offset, slots_->out<T>(peer), o.extent,
+                                    o.offset, region.intersect(band), streaming_);
             }
         };
         if constexpr (N == 0) {
@@ -338,7 +338,7 @@ private:
 
     communicator comm_;
     std::optional<detail::node_slots> slots_; ///< an exchange's or reduce-scatter's
-    shared_window window_; ///< staging, allocated by the first run that needs it
+    shared_window window_;                    ///< staging, allocated by the first run that needs it
     std::optional<node_barrier> barrier_;
     std::unique_ptr<node_all_reducer> reducer_; ///< an all-reduce step's
     std::vector<box<N>> peer_in_, peer_out_;    ///< members' input and output blocks
