@@ -19,6 +19,7 @@
 #include <xtensor/xrandom.hpp>
 #include <xtensor/xtensor.hpp>
 
+#include <cmath>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -338,6 +339,49 @@ TEST(reduce, every_dimension_of_every_layout) {
                 EXPECT_TRUE(p.layout().partial.contains(a)) << what;
         }
     });
+}
+
+TEST(normalize, pooled_moments_equal_two_pass_statistics_of_every_ranks_data) {
+    // Rank r holds (5r + 2) mod 7 values per channel (none on rank 1), around a mean far
+    // larger than the spread (a one-pass sum of squares would lose the variance); the pooled
+    // means and variances equal a serial two-pass computation over all ranks' values.
+    const auto world = xshard::communicator::world();
+    const std::size_t p = std::size_t(world.size()), c = 3;
+    auto count_of = [](std::size_t r) {
+        return (5 * r + 2) % 7;
+    };
+    auto value = [](std::size_t r, std::size_t k, std::size_t i) {
+        return 1e4 * double(k + 1) + 10 * std::sin(double(7 * r + 3 * i + k));
+    };
+    std::vector<double> sums(c, 0.0), m2(c, 0.0);
+    const std::size_t me = std::size_t(world.rank()), n = count_of(me);
+    for (std::size_t k = 0; k < c; ++k) {
+        for (std::size_t i = 0; i < n; ++i)
+            sums[k] += value(me, k, i);
+        const double local_mean = n ? sums[k] / double(n) : 0.0;
+        for (std::size_t i = 0; i < n; ++i)
+            m2[k] += (value(me, k, i) - local_mean) * (value(me, k, i) - local_mean);
+    }
+    const double total =
+        xshard::detail::pooled_moments(world, double(n), std::span(sums), std::span(m2));
+    std::size_t all = 0;
+    for (std::size_t r = 0; r < p; ++r)
+        all += count_of(r);
+    EXPECT_EQ(total, double(all));
+    for (std::size_t k = 0; k < c; ++k) {
+        double mean = 0, var = 0;
+        for (std::size_t r = 0; r < p; ++r)
+            for (std::size_t i = 0; i < count_of(r); ++i)
+                mean += value(r, k, i);
+        mean /= double(all);
+        for (std::size_t r = 0; r < p; ++r)
+            for (std::size_t i = 0; i < count_of(r); ++i)
+                var += (value(r, k, i) - mean) * (value(r, k, i) - mean);
+        var /= double(all);
+        EXPECT_NEAR(sums[k], mean, 1e-12 * mean) << "channel " << k;
+        EXPECT_NEAR(m2[k], var, 1e-10 * var) << "channel " << k;
+        EXPECT_GT(var, 0.01) << "channel " << k; // the spread is not lost
+    }
 }
 
 TEST(normalize, softmax_layer_norm_batch_norm_along_split_dimensions) {

@@ -27,9 +27,10 @@
 /// synchronisation, which walk weights, skip them.
 
 #include <xshard/comm/collectives.hpp>
-#include <xshard/nn/step_profile.hpp>
 #include <xshard/nn/module.hpp>
+#include <xshard/nn/step_profile.hpp>
 #include <xshard/ops/conv_rule.hpp>
+#include <xshard/ops/normalize.hpp>
 
 #include <cmath>
 #include <span>
@@ -86,34 +87,34 @@ public:
         std::vector<T> mean(c, T(0)), var(c, T(0));
         double count = double(n * hw);
         if (training_) {
-            // Sums then centred sums: two passes, as ops::batch_norm (the variance stays exact
-            // to rounding, which the one-rank comparison at 1e-9 needs).
+            // This rank's sums, then its sums of squares about its own means: two passes (the
+            // variance stays exact to rounding, which the one-rank comparison at 1e-9 needs).
             for (std::size_t i = 0; i < n; ++i)
                 for (std::size_t k = 0; k < c; ++k)
                     for (std::size_t j = 0; j < hw; ++j)
                         mean[k] += a.data()[(i * c + k) * hw + j];
-            if (reduce) {
-                const auto& g = x.shape();
-                count = double((o_.sync ? g[0] : n) * g[2] * g[3]);
-                const profile_scope reducing(step_part::collectives);
-                allreduce(x.mesh().sub(reduce_axes), std::span(mean), reduction::sum);
-            }
-            for (auto& m : mean)
-                m /= T(count);
+            std::vector<T> local_mean(c, T(0));
+            if (n * hw > 0)
+                for (std::size_t k = 0; k < c; ++k)
+                    local_mean[k] = mean[k] / T(n * hw);
             for (std::size_t i = 0; i < n; ++i)
                 for (std::size_t k = 0; k < c; ++k)
                     for (std::size_t j = 0; j < hw; ++j) {
-                        const T d = a.data()[(i * c + k) * hw + j] - mean[k];
+                        const T d = a.data()[(i * c + k) * hw + j] - local_mean[k];
                         var[k] += d * d;
                     }
             if (reduce) {
                 const profile_scope reducing(step_part::collectives);
-                allreduce(x.mesh().sub(reduce_axes), std::span(var), reduction::sum);
+                count = xshard::detail::pooled_moments(x.mesh().sub(reduce_axes), double(n * hw),
+                                                       std::span(mean), std::span(var));
+            } else {
+                mean = local_mean;
+                for (auto& v : var)
+                    v /= T(count);
             }
             auto& rm = moving_mean_.value.local();
             auto& rv = moving_var_.value.local();
             for (std::size_t k = 0; k < c; ++k) {
-                var[k] /= T(count);
                 const T unbiased = count > 1 ? var[k] * T(count / (count - 1)) : var[k];
                 rm(k) = (T(1) - o_.momentum) * rm(k) + o_.momentum * mean[k];
                 rv(k) = (T(1) - o_.momentum) * rv(k) + o_.momentum * unbiased;

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <limits>
 #include <span>
+#include <vector>
 
 namespace xshard {
 
@@ -36,6 +37,49 @@ void all_reduce_over(const D& t, const layout& l, std::size_t dim, S& stat, redu
     const auto axes = l.split_axes(dim, t.mesh().shape());
     if (!axes.empty() && stat.size() > 0)
         allreduce(t.mesh().sub(axes), std::span(stat.data(), stat.size()), op);
+}
+
+/// Means and biased variances, per channel, of data split over the ranks of `group`, from
+/// each rank's element count (per channel), sums and sums of squares about its own means:
+/// one all-gather, combined in rank order, so that every rank gets the same values (Chan,
+/// Golub and LeVeque: M2 = sum_r M2_r + n_r (mean_r - mean)^2). Reducing the sums and then
+/// the sums about the global means takes two collectives; a one-pass sum of squares loses
+/// the variance to cancellation. `sums` becomes the means and `m2` the variances. Returns
+/// the total count.
+template <class T>
+double pooled_moments(const communicator& group, double count, std::span<T> sums, std::span<T> m2) {
+    const std::size_t c = sums.size(), stride = 2 * c + 1, p = std::size_t(group.size());
+    std::vector<double> mine(stride), all(stride * p);
+    mine[0] = count;
+    for (std::size_t k = 0; k < c; ++k) {
+        mine[1 + k] = double(sums[k]);
+        mine[1 + c + k] = double(m2[k]);
+    }
+    allgather(group, mine, all);
+    double total = 0;
+    std::vector<double> mean(c, 0.0), var(c, 0.0);
+    for (std::size_t r = 0; r < p; ++r) {
+        total += all[r * stride];
+        for (std::size_t k = 0; k < c; ++k)
+            mean[k] += all[r * stride + 1 + k];
+    }
+    if (total > 0)
+        for (auto& m : mean)
+            m /= total;
+    for (std::size_t r = 0; r < p; ++r) {
+        const double n = all[r * stride];
+        if (n == 0)
+            continue;
+        for (std::size_t k = 0; k < c; ++k) {
+            const double d = all[r * stride + 1 + k] / n - mean[k];
+            var[k] += all[r * stride + 1 + c + k] + n * d * d;
+        }
+    }
+    for (std::size_t k = 0; k < c; ++k) {
+        sums[k] = T(mean[k]);
+        m2[k] = T(total > 0 ? var[k] / total : 0.0);
+    }
+    return total;
 }
 
 /// xt::sum(e, axes, xt::keep_dims), also for an empty block: zeros then (xtensor's reducer
