@@ -353,17 +353,17 @@ TEST(normalize, pooled_moments_equal_two_pass_statistics_of_every_ranks_data) {
     auto value = [](std::size_t r, std::size_t k, std::size_t i) {
         return 1e4 * double(k + 1) + 10 * std::sin(double(7 * r + 3 * i + k));
     };
-    std::vector<double> sums(c, 0.0), m2(c, 0.0);
+    std::vector<double> means(c, 0.0), m2(c, 0.0);
     const std::size_t me = std::size_t(world.rank()), n = count_of(me);
     for (std::size_t k = 0; k < c; ++k) {
         for (std::size_t i = 0; i < n; ++i)
-            sums[k] += value(me, k, i);
-        const double local_mean = n ? sums[k] / double(n) : 0.0;
+            means[k] += value(me, k, i);
+        means[k] = n ? means[k] / double(n) : 0.0;
         for (std::size_t i = 0; i < n; ++i)
-            m2[k] += (value(me, k, i) - local_mean) * (value(me, k, i) - local_mean);
+            m2[k] += (value(me, k, i) - means[k]) * (value(me, k, i) - means[k]);
     }
     const double total =
-        xshard::detail::pooled_moments(world, double(n), std::span(sums), std::span(m2));
+        xshard::detail::pooled_moments(world, double(n), std::span(means), std::span(m2));
     std::size_t all = 0;
     for (std::size_t r = 0; r < p; ++r)
         all += count_of(r);
@@ -378,7 +378,7 @@ TEST(normalize, pooled_moments_equal_two_pass_statistics_of_every_ranks_data) {
             for (std::size_t i = 0; i < count_of(r); ++i)
                 var += (value(r, k, i) - mean) * (value(r, k, i) - mean);
         var /= double(all);
-        EXPECT_NEAR(sums[k], mean, 1e-12 * mean) << "channel " << k;
+        EXPECT_NEAR(means[k], mean, 1e-12 * mean) << "channel " << k;
         EXPECT_NEAR(m2[k], var, 1e-10 * var) << "channel " << k;
         EXPECT_GT(var, 0.01) << "channel " << k; // the spread is not lost
     }

@@ -87,20 +87,20 @@ public:
         std::vector<T> mean(c, T(0)), var(c, T(0));
         double count = double(n * hw);
         if (training_) {
-            // This rank's sums, then its sums of squares about its own means: two passes (the
-            // variance stays exact to rounding, which the one-rank comparison at 1e-9 needs).
+            // This rank's means, then its sums of squares about them: two passes (the
+            // variance stays exact to rounding, which the one-rank comparison at 1e-9 needs),
+            // pooled over the ranks in one all-gather (detail::pooled_moments).
             for (std::size_t i = 0; i < n; ++i)
                 for (std::size_t k = 0; k < c; ++k)
                     for (std::size_t j = 0; j < hw; ++j)
                         mean[k] += a.data()[(i * c + k) * hw + j];
-            std::vector<T> local_mean(c, T(0));
             if (n * hw > 0)
-                for (std::size_t k = 0; k < c; ++k)
-                    local_mean[k] = mean[k] / T(n * hw);
+                for (auto& m : mean)
+                    m /= T(n * hw);
             for (std::size_t i = 0; i < n; ++i)
                 for (std::size_t k = 0; k < c; ++k)
                     for (std::size_t j = 0; j < hw; ++j) {
-                        const T d = a.data()[(i * c + k) * hw + j] - local_mean[k];
+                        const T d = a.data()[(i * c + k) * hw + j] - mean[k];
                         var[k] += d * d;
                     }
             if (reduce) {
@@ -108,7 +108,6 @@ public:
                 count = xshard::detail::pooled_moments(x.mesh().sub(reduce_axes), double(n * hw),
                                                        std::span(mean), std::span(var));
             } else {
-                mean = local_mean;
                 for (auto& v : var)
                     v /= T(count);
             }

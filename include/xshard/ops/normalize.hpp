@@ -40,19 +40,21 @@ void all_reduce_over(const D& t, const layout& l, std::size_t dim, S& stat, redu
 }
 
 /// Means and biased variances, per channel, of data split over the ranks of `group`, from
-/// each rank's element count (per channel), sums and sums of squares about its own means:
+/// each rank's element count (per channel), means and sums of squares about those means:
 /// one all-gather, combined in rank order, so that every rank gets the same values (Chan,
-/// Golub and LeVeque: M2 = sum_r M2_r + n_r (mean_r - mean)^2). Reducing the sums and then
-/// the sums about the global means takes two collectives; a one-pass sum of squares loses
-/// the variance to cancellation. `sums` becomes the means and `m2` the variances. Returns
-/// the total count.
+/// Golub and LeVeque: M2 = sum_r M2_r + n_r (mean_r - mean)^2; PyTorch's SyncBatchNorm
+/// gathers per-rank statistics alike). Reducing the sums and then the sums about the global
+/// means takes two collectives; a one-pass sum of squares loses the variance to
+/// cancellation. `means` becomes the pooled means and `m2` the variances. Returns the total
+/// count.
 template <class T>
-double pooled_moments(const communicator& group, double count, std::span<T> sums, std::span<T> m2) {
-    const std::size_t c = sums.size(), stride = 2 * c + 1, p = std::size_t(group.size());
+double pooled_moments(const communicator& group, double count, std::span<T> means,
+                      std::span<T> m2) {
+    const std::size_t c = means.size(), stride = 2 * c + 1, p = std::size_t(group.size());
     std::vector<double> mine(stride), all(stride * p);
     mine[0] = count;
     for (std::size_t k = 0; k < c; ++k) {
-        mine[1 + k] = double(sums[k]);
+        mine[1 + k] = double(means[k]);
         mine[1 + c + k] = double(m2[k]);
     }
     allgather(group, mine, all);
@@ -61,7 +63,7 @@ double pooled_moments(const communicator& group, double count, std::span<T> sums
     for (std::size_t r = 0; r < p; ++r) {
         total += all[r * stride];
         for (std::size_t k = 0; k < c; ++k)
-            mean[k] += all[r * stride + 1 + k];
+            mean[k] += all[r * stride] * all[r * stride + 1 + k];
     }
     if (total > 0)
         for (auto& m : mean)
@@ -71,12 +73,12 @@ double pooled_moments(const communicator& group, double count, std::span<T> sums
         if (n == 0)
             continue;
         for (std::size_t k = 0; k < c; ++k) {
-            const double d = all[r * stride + 1 + k] / n - mean[k];
+            const double d = all[r * stride + 1 + k] - mean[k];
             var[k] += all[r * stride + 1 + c + k] + n * d * d;
         }
     }
     for (std::size_t k = 0; k < c; ++k) {
-        sums[k] = T(mean[k]);
+        means[k] = T(mean[k]);
         m2[k] = T(total > 0 ? var[k] / total : 0.0);
     }
     return total;
@@ -194,17 +196,22 @@ auto batch_norm(const A& a, typename A::value_type eps = typename A::value_type(
         axis_set axes;
         for (auto d : over)
             axes = axes | l.split_axes(d, a.mesh().shape());
-        auto reduce = [&](auto& stat) {
-            if (!axes.empty())
-                allreduce(a.mesh().sub(axes), std::span(stat.data(), stat.size()), reduction::sum);
-        };
+        // This rank's means and sums of squares about them, pooled over the axes
+        // splitting the statistics' dimensions in one all-gather (detail::pooled_moments).
+        std::size_t local = 1;
+        for (auto d : over)
+            local *= x.shape()[d];
         xt::xtensor<T, N> mu = detail::sum_kept<T, N>(x, over);
-        reduce(mu);
-        mu /= T(count);
+        if (local > 0)
+            mu /= T(local);
+        xt::xtensor<T, N> var = detail::sum_kept<T, N>(xt::square(x - mu), over);
+        if (axes.empty())
+            var /= T(count);
+        else
+            detail::pooled_moments(a.mesh().sub(axes), double(local),
+                                   std::span(mu.data(), mu.size()),
+                                   std::span(var.data(), var.size()));
         xt::xtensor<T, N> centred = x - mu;
-        xt::xtensor<T, N> var = detail::sum_kept<T, N>(centred * centred, over);
-        reduce(var);
-        var /= T(count);
         return xt::xtensor<T, N>(centred / xt::sqrt(var + eps));
     });
 }
