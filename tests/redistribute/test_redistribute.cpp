@@ -491,6 +491,85 @@ TEST(redistribute, shards_in_different_arenas_are_staged) {
     });
 }
 
+TEST(redistribute, plans_whose_blocks_move_in_and_out_of_node_storage_are_exact) {
+    // One plan run on blocks on the heap and in node storage by turns: reading (staged),
+    // writing in place, and reading again after a run that wrote in place (which skips the
+    // early staging its prediction makes useless, so the members stage late), with new
+    // values every run. Exact, and the runs into node storage are written in place.
+    const auto w = world();
+    for_each_mesh([&](const auto& m) {
+        const xshard::node_shared<std::remove_cvref_t<decltype(m)>> nm(m);
+        const auto layouts = all_layouts(nm.shape(), 2, false);
+        std::mt19937 rng(61);
+        std::uniform_int_distribution<std::size_t> pick(0, layouts.size() - 1);
+        int tested = 0; // pairs whose plan has a shared-memory step
+        for (int k = 0; k < 60 && tested < 6; ++k) {
+            const auto shape = random_shape<2>(rng);
+            const auto& from = layouts[pick(rng)];
+            const auto& to = layouts[pick(rng)];
+            const std::string what = from.to_string() + " -> " + to.to_string() + " shape " +
+                                     xshard::detail::shape_string(shape) + " " + where(nm);
+            xt::xtensor<long long, 2> expected;
+            auto src_heap = make_source(nm, shape, from, expected); // no storage open: heap
+            auto plan = xshard::make_redistribution<dynamic_layout(2)>(src_heap, to, {},
+                                                                       through_shared_memory);
+            auto out_heap = plan(src_heap);
+            if (plan.plan().shared_memory_steps() == 0)
+                continue; // (the same on every rank)
+            ++tested;
+            const std::size_t bytes =
+                (src_heap.local().size() + out_heap.local().size()) * sizeof(long long);
+            xshard::node_storage storage(w, bytes + 4096);
+            {
+                auto src_node = src_heap; // copies into node storage
+                auto out_node = plan(src_node);
+                if (src_node.local().size() > 0) {
+                    EXPECT_TRUE(xshard::node_arena::locate(src_node.local().data())) << what;
+                }
+                long long factor = 1;
+                const std::array<std::pair<bool, bool>, 6> runs{
+                    {{false, false},
+                     {false, true},
+                     {false, false},
+                     {true, true},
+                     {true, false},
+                     {false, true}}}; // (source, destination) in node storage
+                for (const auto& [in_node, into_node] : runs) {
+                    factor += 2;
+                    auto& src = in_node ? src_node : src_heap;
+                    auto& out = into_node ? out_node : out_heap;
+                    const auto before = src.local();
+                    src.local() *= factor;
+                    plan.execute(src, out);
+                    const xt::xtensor<long long, 2> want = factor * expected;
+                    ASSERT_EQ(xshard::gather_all(out), want)
+                        << what << " source in node storage " << in_node << ", destination "
+                        << into_node << "\n"
+                        << plan.describe();
+                    src.local() = before;
+                    const auto& steps = plan.plan().summary().steps;
+                    // (One step, whose kind says it all, and no empty destination block: an
+                    // empty block is not in node storage, and then every member reads.)
+                    int filled = out_node.local().size() > 0;
+                    xshard::mpi::allreduce(w, std::span(&filled, 1), xshard::reduction::min);
+                    if (steps.size() == 1 && filled) {
+                        const bool exchange =
+                            plan.plan().shared_memory_steps() == 1 &&
+                            steps[0].planned.kind != xshard::step_kind::all_reduce &&
+                            steps[0].planned.kind != xshard::step_kind::reduce_scatter;
+                        EXPECT_EQ(plan.plan().steps_written_in_place(),
+                                  exchange && into_node ? 1u : 0u)
+                            << what << " destination in node storage " << into_node;
+                    }
+                }
+            }
+        }
+        if (xshard::shared_memory_allowed() && nm.size() > 1) {
+            EXPECT_EQ(tested, 6) << where(nm);
+        }
+    });
+}
+
 TEST(redistribute, tensors_in_node_storage_take_the_node_path_by_default) {
     // From 1 MiB on, without any tuning, all-reduce included; smaller ones and ordinary
     // meshes keep MPI messages.

@@ -131,12 +131,14 @@ public:
     /// Returns the bytes peers read from (or this rank wrote to) other members.
     std::size_t exchange(const step_geometry<N>& geo, const T* in, T* out) {
         const bool predicted_push = push_;
-        const bool had_window = publish(geo, in, out);
+        // A member that predicts writing in place does not stage (nobody would read it); if
+        // the slots then decide on reading, `agree` stages late, on every member alike.
+        const bool staged = publish(geo, in, out, !predicted_push);
         if (!predicted_push)
             detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, out,
                                 geo.out_block.extent, geo.out_block.offset, geo.kept, streaming_);
         barrier_->arrive_and_wait();
-        agree(had_window, geo, in, true);
+        agree(staged, geo, in, true);
         if (push_) {
             push(geo, in, out, predicted_push);
         } else {
@@ -164,9 +166,9 @@ public:
     /// its own term read from `in` and every peer's from the peer's block or window, in one
     /// pass over `out` (cache-sized chunks). Returns the bytes peers read from this rank.
     std::size_t reduce_scatter(const step_geometry<N>& geo, const T* in, T* out, reduction op) {
-        const bool had_window = publish(geo, in, nullptr);
+        const bool staged = publish(geo, in, nullptr, true);
         barrier_->arrive_and_wait();
-        agree(had_window, geo, in);
+        agree(staged, geo, in);
         // Every member's input block is the same block (of a pending sum), so a run sits at
         // the same offset in `in`, in every peer's block and in every window.
         detail::for_each_run(in, geo.in_block.extent, geo.in_block.offset, out,
@@ -199,22 +201,25 @@ public:
     }
 
 private:
-    /// Writes this member's slot (read by peers after the next barrier) and, when the
-    /// staging window exists and the input block lies outside node storage, stages the
-    /// block. Returns whether the window existed (the same on every member).
-    bool publish(const step_geometry<N>& geo, const T* in, const T* out) {
+    /// Writes this member's slot (read by peers after the next barrier) and, when `early`
+    /// and the staging window exists, stages the input block if it lies outside node
+    /// storage. Returns whether it staged early where needed: `early` and the window
+    /// existed, the same on every member.
+    bool publish(const step_geometry<N>& geo, const T* in, const T* out, bool early) {
         const bool in_arena = slots_->publish(in, out) & detail::node_slots::in_arena;
-        if (window_ && !in_arena)
+        const bool staged = early && window_;
+        if (staged && !in_arena)
             stage(geo, in);
-        return bool(window_);
+        return staged;
     }
 
     /// After the first barrier: reads every member's slot and decides, the same on every
     /// member, whose blocks are read in place (or, `may_push` and every output in node
     /// storage, written in place). Members whose blocks are not read in place, and that have
-    /// not staged yet (no window existed, or their arena differs from the others'), stage
-    /// now, into a window allocated now if there was none, and a barrier follows.
-    void agree(bool had_window, const step_geometry<N>& geo, const T* in, bool may_push = false) {
+    /// not staged yet (not `staged`: no window existed, or the run predicted writing in
+    /// place; or their arena differs from the others'), stage now, into a window allocated
+    /// now if there was none, and a barrier follows.
+    void agree(bool staged, const step_geometry<N>& geo, const T* in, bool may_push = false) {
         const int p = comm_.size();
         slots_->read();
         // Writing into every member's output in node storage: nobody reads an input.
@@ -225,14 +230,13 @@ private:
         for (int q = 0; q < p; ++q)
             if (!slots_->in<T>(q)) {
                 need_window = true;
-                late = late || !had_window || (slots_->flags(q) & detail::node_slots::in_arena);
+                late = late || !staged || (slots_->flags(q) & detail::node_slots::in_arena);
             }
         if (need_window && !window_)
             window_ = shared_window(comm_, staging_bytes_);
         if (!late)
             return;
-        if (!slots_->in<T>(me_) &&
-            (!had_window || (slots_->flags(me_) & detail::node_slots::in_arena)))
+        if (!slots_->in<T>(me_) && (!staged || (slots_->flags(me_) & detail::node_slots::in_arena)))
             stage(geo, in);
         barrier_->arrive_and_wait();
     }
