@@ -4,8 +4,8 @@
 
 #include <xshard/comm/node.hpp>
 #include <xshard/comm/node_arena.hpp>
-#include <xshard/comm/pairwise_reduce.hpp>
 #include <xshard/comm/node_barrier.hpp>
+#include <xshard/comm/pairwise_reduce.hpp>
 #include <xshard/comm/shared_window.hpp>
 
 #include "mpi_test.hpp"
@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <random>
 #include <span>
 #include <thread>
 #include <vector>
@@ -42,7 +43,9 @@ TEST(shared_memory, every_member_reads_every_segment) {
     if (!xshard::node_group(w).whole_communicator_shares_memory())
         GTEST_SKIP() << "shared memory turned off";
     // Segments of different sizes (rank 0's empty when there are several ranks).
-    auto bytes = [&](int q) { return std::size_t(w.size() > 1 ? q : 1) * 1000 * sizeof(long); };
+    auto bytes = [&](int q) {
+        return std::size_t(w.size() > 1 ? q : 1) * 1000 * sizeof(long);
+    };
     xshard::shared_window window(w, bytes(w.rank()));
     xshard::node_barrier barrier(w);
     ASSERT_EQ(window.size(), w.size());
@@ -136,7 +139,8 @@ TEST(shared_memory, all_reduce_reads_summands_in_place) {
         xshard::reduce_tuning{.shared_memory_min_bytes = 0, .shared_memory_all_reduce = true});
     for (const auto* c : {&w, &half}) {
         for (std::size_t n : {1, 3, 7, 4096, 4097, 20011}) {
-            for (auto op : {xshard::reduction::sum, xshard::reduction::max, xshard::reduction::min}) {
+            for (auto op :
+                 {xshard::reduction::sum, xshard::reduction::max, xshard::reduction::min}) {
                 auto term = [](int q, std::size_t i) {
                     return double(int((i * 13 + std::size_t(q) * 7) % 29) - 14 + 100 * q);
                 };
@@ -160,6 +164,74 @@ TEST(shared_memory, all_reduce_reads_summands_in_place) {
                 r.all_reduce(*c, in.data(), in.data(), n, op);
                 EXPECT_EQ(in, expected) << "in place, rank " << w.rank() << " n " << n;
             }
+        }
+    }
+}
+
+TEST(shared_memory, all_reduce_of_pieces_equals_the_packed_all_reduce) {
+    // The concatenation of pieces (empty ones, ones across chunk and segment boundaries, in
+    // all fewer elements than members too) all-reduced in place without packing, the result
+    // finished (halved): exact against a serial sum of integer terms, and bit for bit the
+    // packed all-reduce of random terms; sizes shrinking and growing (the window made anew);
+    // not a byte through MPI. Over the world and over halves of it.
+    const auto w = world();
+    const auto half = w.split(w.rank() % 2, w.rank());
+    const bool one_node = xshard::node_group(w).whole_communicator_shares_memory();
+    xshard::reducer<double> pieces_r,
+        packed_r(
+            xshard::reduce_tuning{.shared_memory_min_bytes = 0, .shared_memory_all_reduce = true});
+    auto halve = [](double* p, std::size_t m) {
+        for (std::size_t j = 0; j < m; ++j)
+            p[j] *= 0.5;
+    };
+    using sizes = std::vector<std::size_t>;
+    for (const auto* c : {&w, &half}) {
+        const bool shares = pieces_r.shares_node(*c);
+        EXPECT_EQ(shares, one_node && c->size() > 1) << "rank " << w.rank();
+        if (!shares)
+            continue;
+        for (const auto& lengths : {sizes{5000, 0, 3, 9000, 1}, sizes{1}, sizes{0, 2, 0},
+                                    sizes{20011}, sizes{4095, 4097, 0, 12000, 7}}) {
+            std::vector<std::vector<double>> exact, random;
+            std::vector<double> packed, expected;
+            std::mt19937 e(unsigned(c->rank() * 31 + int(lengths.size())));
+            std::uniform_real_distribution<double> u(-1, 1);
+            for (std::size_t len : lengths) {
+                auto& x = exact.emplace_back(len);
+                auto& y = random.emplace_back(len);
+                for (std::size_t i = 0; i < len; ++i) {
+                    const std::size_t at = expected.size();
+                    x[i] = double(int((at * 13 + std::size_t(c->rank()) * 7) % 29) - 14);
+                    double s = 0;
+                    for (int q = 0; q < c->size(); ++q)
+                        s += double(int((at * 13 + std::size_t(q) * 7) % 29) - 14);
+                    expected.push_back(0.5 * s);
+                    y[i] = u(e);
+                    packed.push_back(y[i]);
+                }
+            }
+            auto spans = [](std::vector<std::vector<double>>& v) {
+                std::vector<std::span<double>> out;
+                for (auto& x : v)
+                    out.emplace_back(x);
+                return out;
+            };
+            const auto exact_pieces = spans(exact), random_pieces = spans(random);
+            xshard::testing::traffic::reset();
+            pieces_r.all_reduce_pieces(*c, std::span<const std::span<double>>(exact_pieces),
+                                       xshard::reduction::sum, halve);
+            pieces_r.all_reduce_pieces(*c, std::span<const std::span<double>>(random_pieces),
+                                       xshard::reduction::sum, halve);
+            EXPECT_EQ(xshard::testing::traffic::sent(), 0u) << "rank " << w.rank();
+            packed_r.all_reduce(*c, packed.data(), packed.data(), packed.size(),
+                                xshard::reduction::sum, halve);
+            std::vector<double> got, got_random;
+            for (std::size_t k = 0; k < lengths.size(); ++k) {
+                got.insert(got.end(), exact[k].begin(), exact[k].end());
+                got_random.insert(got_random.end(), random[k].begin(), random[k].end());
+            }
+            EXPECT_EQ(got, expected) << "rank " << w.rank() << " n " << expected.size();
+            EXPECT_EQ(got_random, packed) << "rank " << w.rank() << " n " << expected.size();
         }
     }
 }

@@ -335,7 +335,11 @@ std::vector<typename Opt::options_type> configurations() {
     if constexpr (std::is_same_v<Opt, optim::sgd>)
         return {{.lr = 0.1}, {.lr = 0.1, .weight_decay = 0.01}};
     else if constexpr (std::is_same_v<Opt, optim::momentum>)
-        return {{.lr = 0.1}, {.lr = 0.05, .momentum = 0.8, .nesterov = true, .weight_decay = 0.01}};
+        // Without a penalty the update is one fused pass (detail::momentum_pass), with one
+        // the expressions.
+        return {{.lr = 0.1},
+                {.lr = 0.05, .momentum = 0.8, .nesterov = true},
+                {.lr = 0.05, .momentum = 0.8, .nesterov = true, .weight_decay = 0.01}};
     else if constexpr (std::is_same_v<Opt, optim::adam>)
         return {{.lr = 0.01},
                 {.lr = 0.01, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.1}};

@@ -1,6 +1,7 @@
 // Gradient synchronisation (train/gradients.hpp): sums and means over the redundant copies
 // of every layout, bucketed, per tensor and overlapped; 16-bit gradients communicated in
-// float32; buckets in node storage all-reduced through shared memory, read in place.
+// float32; buckets all-reduced through shared memory (fused ones on the gradients, unpacked),
+// gradients in node storage read in place.
 
 #include <xshard/core/node_shared.hpp>
 #include <xshard/tensor/distribute.hpp>
@@ -72,6 +73,7 @@ TEST(gradients, sum_and_mean_over_the_redundant_copies) {
         xshard::synchronize_gradients(params, sums);
         auto means = grads;
         xshard::synchronize_gradients(params, means, {.mean = true});
+        const auto int_terms = ints;
         xshard::synchronize_gradients(
             params, ints, {.fusion = {.allreduce = {xshard::fusion_threshold::mode::size, 0}}});
         // Overlapped: gradients marked ready in backward order.
@@ -80,6 +82,24 @@ TEST(gradients, sum_and_mean_over_the_redundant_copies) {
         for (auto it = params.rbegin(); it != params.rend(); ++it)
             sync.ready(it->first);
         sync.wait();
+        // Kept synchronizers averaging fused buckets, through shared memory (reduced on the
+        // gradients, divided on the way) and through messages, twice each (the second run
+        // reuses the windows and buffers); integers too.
+        auto kept_shared = grads, kept_messages = grads;
+        auto int_means = int_terms;
+        xshard::gradient_synchronizer shared_mean(params, kept_shared, {.mean = true});
+        xshard::gradient_synchronizer message_mean(params, kept_messages,
+                                                   {.mean = true, .shared_memory = false});
+        xshard::gradient_synchronizer int_mean(params, int_means, {.mean = true});
+        for (int run = 0; run < 2; ++run) {
+            if (run == 1) {
+                kept_shared = grads, kept_messages = grads;
+                int_means = int_terms;
+            }
+            shared_mean.synchronize();
+            message_mean.synchronize();
+            int_mean.synchronize();
+        }
         for (auto& [name, p] : params) {
             const auto repl = p.layout().replicated_axes(m.shape());
             const auto members = m.group_ranks(repl);
@@ -97,6 +117,14 @@ TEST(gradients, sum_and_mean_over_the_redundant_copies) {
                     << name;
                 EXPECT_EQ(ints.at(name).local().data()[i], si) << name << " " << where(m);
                 EXPECT_NEAR(overlapped.at(name).local().data()[i], s, 1e-12 * std::abs(s)) << name;
+                const double mean = s / double(members.size());
+                EXPECT_NEAR(kept_shared.at(name).local().data()[i], mean, 1e-12 * std::abs(s))
+                    << name << " " << where(m);
+                EXPECT_NEAR(kept_messages.at(name).local().data()[i], mean, 1e-12 * std::abs(s))
+                    << name << " " << where(m);
+                EXPECT_EQ(int_means.at(name).local().data()[i],
+                          std::int64_t(double(si) / double(members.size())))
+                    << name << " " << where(m);
             }
         }
     });
@@ -222,14 +250,20 @@ namespace {
 /// the bytes sent through MPI point to point by the synchronisations and the synchronizers'
 /// staging bytes.
 template <class M>
-std::pair<unsigned long long, std::size_t> sync_exact(const M& m, double fusion_bytes) {
+std::pair<unsigned long long, std::size_t> sync_exact(const M& m, double fusion_bytes,
+                                                      bool shared_memory = true) {
     std::map<std::string, dyn<M>> params, grads;
     every_layout(m, {6, 5}, params, grads);
     xshard::gradient_options options;
+    options.shared_memory = shared_memory;
     if (fusion_bytes >= 0)
         options.fusion.allreduce = {xshard::fusion_threshold::mode::size, fusion_bytes};
     xshard::gradient_synchronizer sync(params, grads, options);
-    EXPECT_EQ(sync.uses_node_storage(), xshard::node_arena::current() != nullptr);
+    // The test world is one node: every bucket's group shares it, unless the transport is
+    // off (XSHARD_SHARED_MEMORY=0) or not asked for.
+    const bool one_node = xshard::node_group(world()).whole_communicator_shares_memory();
+    EXPECT_EQ(sync.uses_shared_memory(), shared_memory && one_node && sync.buckets() > 0)
+        << where(m);
     unsigned long long sent = 0;
     for (int step = 0; step < 2; ++step) {
         for (auto& [name, g] : grads)
@@ -276,10 +310,10 @@ bool open_everywhere(const xshard::node_storage& storage) {
     return ok == 1;
 }
 
-TEST(gradients, buckets_in_node_storage_are_read_in_place) {
-    // Node storage open: bucket buffers and (on node_shared meshes) the gradients themselves
-    // lie in the arena, so every bucket is summed through shared memory in place: exact, not
-    // a byte through MPI, no staging window.
+TEST(gradients, gradients_in_node_storage_are_read_in_place) {
+    // Node storage open and the gradients in it (node_shared meshes): every bucket is summed
+    // through shared memory, exact, not a byte through MPI; a bucket of one parameter is
+    // read in place (no staging window), fused buckets stage the others' parts.
     xshard::node_storage storage(world(), 8 << 20);
     const bool everywhere = open_everywhere(storage);
     for_each_mesh([&](const auto& plain) {
@@ -288,7 +322,9 @@ TEST(gradients, buckets_in_node_storage_are_read_in_place) {
             const auto [sent, staging] = sync_exact(m, fusion);
             if (everywhere) {
                 EXPECT_EQ(sent, 0u) << where(m) << " fusion " << fusion;
-                EXPECT_EQ(staging, 0u) << where(m) << " fusion " << fusion;
+                if (fusion == 0.0) {
+                    EXPECT_EQ(staging, 0u) << where(m);
+                }
             }
         }
     });
@@ -317,12 +353,30 @@ TEST(gradients, buckets_partly_in_node_storage_are_staged_and_exact) {
     }
 }
 
-TEST(gradients, without_node_storage_buckets_take_messages) {
-    // No arena open: the synchronizer keeps MPI (and its buffers the heap); exact.
+TEST(gradients, fused_buckets_are_reduced_on_the_gradients_through_shared_memory) {
+    // No arena open: the groups on one node reduce their buckets through shared memory all
+    // the same, fused buckets unpacked, on the gradients; exact, no MPI byte, staging the
+    // others' parts. Without shared memory asked for: no window (messages); exact.
+    const auto w = world();
+    int one_node = xshard::node_group(w).whole_communicator_shares_memory() ? 1 : 0;
+    xshard::mpi::allreduce(w, std::span(&one_node, 1), xshard::reduction::min);
+    std::size_t staged = 0;
     for_each_mesh([&](const auto& m) {
-        const auto [sent, staging] = sync_exact(m, -1.0);
-        EXPECT_EQ(staging, 0u);
+        for (double fusion : {-1.0, 0.0}) {
+            const auto [sent, staging] = sync_exact(m, fusion);
+            if (one_node) {
+                EXPECT_EQ(sent, 0u) << where(m) << " fusion " << fusion;
+            }
+            staged += staging;
+        }
+        // (Buckets this small take MPI_Allreduce, which the traffic counter does not see.)
+        const auto [sent, staging] = sync_exact(m, -1.0, false);
+        EXPECT_EQ(staging, 0u) << where(m);
     });
+    xshard::mpi::allreduce(w, std::span(&staged, 1), xshard::reduction::max);
+    if (w.size() > 1) {
+        EXPECT_EQ(staged > 0, one_node == 1);
+    }
 }
 
 } // namespace

@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// The local step of every reduction xshard runs itself: `combine(out, a, b, n, op)`, one
-/// element-wise reduction of two buffers, vectorised by xsimd for the types it can load.
+/// element-wise reduction of two buffers, and `scale`, a mean's division, both vectorised by
+/// xsimd for the types it can load.
 
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/reduction.hpp>
@@ -74,6 +75,20 @@ void combine(T* out, const T* a, const T* b, std::size_t n, reduction op) {
     }
     for (; i < n; ++i)
         out[i] = detail::combine_one(a[i], b[i], op);
+}
+
+/// p[i] *= factor for i < n. No communication.
+template <class T>
+void scale(T* p, std::size_t n, T factor) {
+    std::size_t i = 0;
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+        using batch = xsimd::batch<T>;
+        const batch f(factor);
+        for (const std::size_t vec_end = n - n % batch::size; i < vec_end; i += batch::size)
+            (batch::load_unaligned(p + i) * f).store_unaligned(p + i);
+    }
+    for (; i < n; ++i)
+        p[i] *= factor;
 }
 
 } // namespace xshard

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -42,17 +43,47 @@ void stage_segments(const T* in, T* window, std::size_t n, std::size_t p, int me
         }
 }
 
+/// What an all-reduce does to its result by default: nothing. (A `finish(T* p, m)` passed
+/// instead is applied once to every element of the result, chunk by chunk while the chunk is
+/// in cache, by the member that reduced it, before the others copy it: a mean's division
+/// costs no pass of its own.)
+struct keep_result {
+    template <class T>
+    void operator()(T*, std::size_t) const noexcept {}
+};
+
+/// The elements [lo, lo + len) of the concatenation of `pieces`, run by run: `f(at, p, m)`
+/// for the m elements at p, whose offset in the concatenation is `at`.
+template <class T, class F>
+void for_each_piece_run(std::span<const std::span<T>> pieces, std::size_t lo, std::size_t len,
+                        F&& f) {
+    std::size_t start = 0;
+    for (const auto& piece : pieces) {
+        const std::size_t end = start + piece.size();
+        if (start >= lo + len)
+            return;
+        if (end > lo) {
+            const std::size_t a = std::max(lo, start), b = std::min(lo + len, end);
+            f(a, piece.data() + (a - start), b - a);
+        }
+        start = end;
+    }
+}
+
+/// The elements an all-reduce adds in one go: a partial result that stays in cache while
+/// every term is added.
+inline constexpr std::size_t reduce_chunk = 4096;
+
 /// Member `me`'s share of an all-reduce: its segment of `out` = its own term (from `in`)
 /// combined with every other member q's term, read from `source(q)` (a pointer to q's n
-/// elements: its summand in place or its staged copy), in cache-sized chunks (the partial
-/// result stays in cache while each term is added). `in` and `out` may be the same buffer.
-template <class T, class Source>
+/// elements: its summand in place or its staged copy), in cache-sized chunks, each
+/// finished by `finish`. `in` and `out` may be the same buffer.
+template <class T, class Source, class Finish>
 void reduce_share(const T* in, T* out, std::size_t n, std::size_t p, int me, Source&& source,
-                  reduction op) {
+                  reduction op, Finish&& finish) {
     const auto [lo, len] = reduce_segment(std::size_t(me), n, p);
-    constexpr std::size_t chunk = 4096;
-    for (std::size_t c = lo; c < lo + len; c += chunk) {
-        const std::size_t m = std::min(chunk, lo + len - c);
+    for (std::size_t c = lo; c < lo + len; c += reduce_chunk) {
+        const std::size_t m = std::min(reduce_chunk, lo + len - c);
         bool first = true;
         for (int q = 0; q < int(p); ++q)
             if (q != me) {
@@ -62,6 +93,7 @@ void reduce_share(const T* in, T* out, std::size_t n, std::size_t p, int me, Sou
             }
         if (first) // one member: nothing to add
             std::memmove(out + c, in + c, m * sizeof(T));
+        finish(out + c, m);
     }
 }
 
@@ -107,11 +139,12 @@ public:
     node_all_reducer(const node_all_reducer&) = delete;
     node_all_reducer& operator=(const node_all_reducer&) = delete;
 
-    /// All-reduce of `n` elements from `in` into `out` (they may be the same buffer);
-    /// collective over the communicator, every member with the same n. Returns the bytes
-    /// peers read from this rank, counted as the pairwise algorithm counts its sends.
-    template <class T>
-    std::size_t all_reduce(const T* in, T* out, std::size_t n, reduction op) {
+    /// All-reduce of `n` elements from `in` into `out` (they may be the same buffer), the
+    /// result finished by `finish` (detail::keep_result); collective over the communicator,
+    /// every member with the same n. Returns the bytes peers read from this rank, counted as
+    /// the pairwise algorithm counts its sends.
+    template <class T, class Finish = detail::keep_result>
+    std::size_t all_reduce(const T* in, T* out, std::size_t n, reduction op, Finish finish = {}) {
         if (n == 0) // on every member alike (the same n everywhere): nothing to reduce
             return 0;
         const auto p = std::size_t(comm_.size());
@@ -143,7 +176,7 @@ public:
         }
         in_place_ = slots_.inputs_in_place();
         detail::reduce_share(
-            in, out, n, p, me_, [&](int q) { return source<T>(q); }, op);
+            in, out, n, p, me_, [&](int q) { return source<T>(q); }, op, finish);
         const auto [lo, len] = detail::reduce_segment(std::size_t(me_), n, p);
         if (!slots_.out<T>(me_) && len > 0)
             std::memcpy(staging<T>(me_) + lo, out + lo, len * sizeof(T));
@@ -153,6 +186,72 @@ public:
             return r ? r : staging<T>(g);
         });
         barrier_.arrive_and_wait();
+        return (n - len) * sizeof(T) + (p - 1) * len * sizeof(T);
+    }
+
+    /// All-reduce in place of the concatenation of `pieces` (n elements in all, the same n
+    /// on every member), the result finished by `finish`: what a fused gradient bucket is,
+    /// reduced without packing it. Each member copies the parts of its pieces that the others
+    /// own into its staging window ((p - 1) / p of n); after a barrier it adds every member's
+    /// term of its own segment into its pieces, finishes each chunk and copies it into its
+    /// window; after a second barrier it copies the others' results from their windows into
+    /// its pieces; a third keeps the next run from overwriting a window a peer still reads.
+    /// Pieces are read and written where they are, in node storage or not (the window makes
+    /// every member's terms readable). The sums are those of `all_reduce` (each element is
+    /// added by its segment's owner, its own term first, then the others' in rank order).
+    /// Returns the bytes peers read from this rank.
+    template <class T, class Finish = detail::keep_result>
+    std::size_t all_reduce_pieces(std::span<const std::span<T>> pieces, reduction op,
+                                  Finish finish = {}) {
+        std::size_t n = 0;
+        for (const auto& s : pieces)
+            n += s.size();
+        if (n == 0) // on every member alike: nothing to reduce
+            return 0;
+        const auto p = std::size_t(comm_.size());
+        if (p == 1) {
+            detail::for_each_piece_run(pieces, 0, n,
+                                       [&](std::size_t, T* d, std::size_t m) { finish(d, m); });
+            return 0;
+        }
+        const std::size_t bytes = n * sizeof(T);
+        if (!staging_ || staging_bytes_ < bytes) { // the same on every member (same history)
+            staging_ = shared_window(comm_, bytes);
+            staging_bytes_ = bytes;
+        }
+        T* window = staging<T>(me_);
+        for (std::size_t g = 0; g < p; ++g)
+            if (int(g) != me_) {
+                const auto [lo, len] = detail::reduce_segment(g, n, p);
+                detail::for_each_piece_run(pieces, lo, len,
+                                           [&](std::size_t at, T* d, std::size_t m) {
+                                               std::memcpy(window + at, d, m * sizeof(T));
+                                           });
+            }
+        barrier_.arrive_and_wait();
+        const auto [lo, len] = detail::reduce_segment(std::size_t(me_), n, p);
+        detail::for_each_piece_run(pieces, lo, len, [&](std::size_t at, T* d, std::size_t m) {
+            for (std::size_t c = 0; c < m; c += detail::reduce_chunk) {
+                const std::size_t k = std::min(detail::reduce_chunk, m - c);
+                for (int q = 0; q < int(p); ++q)
+                    if (q != me_)
+                        combine(d + c, d + c, staging<T>(q) + at + c, k, op);
+                finish(d + c, k);
+                std::memcpy(window + at + c, d + c, k * sizeof(T));
+            }
+        });
+        barrier_.arrive_and_wait();
+        for (std::size_t g = 0; g < p; ++g)
+            if (int(g) != me_) {
+                const auto [glo, glen] = detail::reduce_segment(g, n, p);
+                const T* result = staging<T>(int(g));
+                detail::for_each_piece_run(pieces, glo, glen,
+                                           [&](std::size_t at, T* d, std::size_t m) {
+                                               std::memcpy(d, result + at, m * sizeof(T));
+                                           });
+            }
+        barrier_.arrive_and_wait();
+        in_place_ = 0;
         return (n - len) * sizeof(T) + (p - 1) * len * sizeof(T);
     }
 

@@ -214,28 +214,33 @@ public:
     }
 
     /// All-reduce of `in` into `out` (n elements each; they may be the same buffer) over
-    /// `c`: for `tuning().min_bytes` and more, the pairwise reduce-scatter, each chunk of
-    /// this rank's segment sent to every other member as soon as it is reduced (the
-    /// all-gather overlaps the reduce-scatter); MPI_Allreduce below. Returns the bytes this
-    /// rank sent (for MPI_Allreduce, the bandwidth-optimal figure 2 (p-1)/p n).
-    std::size_t all_reduce(const communicator& c, const T* in, T* out, std::size_t n,
-                           reduction op) {
+    /// `c`, the result finished by `finish` (`finish(T* p, m)` applied once to every element,
+    /// before it is shared where it can be: see detail::keep_result): for
+    /// `tuning().min_bytes` and more, the pairwise reduce-scatter, each chunk of this rank's
+    /// segment sent to every other member as soon as it is reduced (the all-gather overlaps
+    /// the reduce-scatter); MPI_Allreduce below. Returns the bytes this rank sent (for
+    /// MPI_Allreduce, the bandwidth-optimal figure 2 (p-1)/p n).
+    template <class Finish = detail::keep_result>
+    std::size_t all_reduce(const communicator& c, const T* in, T* out, std::size_t n, reduction op,
+                           Finish finish = {}) {
         const auto p = std::size_t(c.size());
         const std::size_t bytes = n * sizeof(T);
         if (tuning_.shared_memory_all_reduce && p > 1 && n > 0 &&
             bytes >= tuning_.shared_memory_min_bytes)
             if (auto* node = node_path(c))
-                return node->all_reduce(in, out, n, op);
+                return node->all_reduce(in, out, n, op, finish);
         if constexpr (summable<T>) {
             if (!tuning_.pairwise_all_reduce(n, p, sizeof(T))) {
                 if (in == out)
                     allreduce(c, std::span(out, n), op);
                 else
                     allreduce(c, std::span(in, n), std::span(out, n), op);
+                finish(out, n);
                 return p == 1 ? 0 : 2 * (p - 1) * bytes / p;
             }
         } else if (p == 1) { // types MPI cannot add (16-bit floats) always take the pairwise path
             std::copy_n(in, n, out);
+            finish(out, n);
             return 0;
         }
         reserve_all_reduce(n, p);
@@ -268,6 +273,7 @@ public:
         const std::size_t scattered = reduce_scatter(
             c, in, pieces_, out + mine.offset, op, true, in + mine.offset,
             [&](std::size_t lo, std::size_t len) {
+                finish(out + mine.offset + lo, len);
                 for (std::size_t k = 1; k < p; ++k)
                     post_send(gather_requests_, out + mine.offset + lo, int(len), datatype_of<T>(),
                               int((std::size_t(me) + k) % p), gather_tag(lo / chunk), comm);
@@ -277,6 +283,22 @@ public:
             MPI_Waitall(int(gather_requests_.size()), gather_requests_.data(), MPI_STATUSES_IGNORE),
             "MPI_Waitall");
         return scattered + gathered;
+    }
+
+    /// Whether all-reduces over `c` can take the shared-memory path (its members share a
+    /// node and the control window was made). The first call for `c` is collective over `c`.
+    bool shares_node(const communicator& c) { return c.size() > 1 && node_path(c) != nullptr; }
+
+    /// All-reduce in place over `c` of the concatenation of `pieces`, through shared memory
+    /// (node_all_reducer::all_reduce_pieces: nothing packed); requires `shares_node(c)`.
+    /// Returns the bytes peers read from this rank.
+    template <class Finish = detail::keep_result>
+    std::size_t all_reduce_pieces(const communicator& c, std::span<const std::span<T>> pieces,
+                                  reduction op, Finish finish = {}) {
+        auto* node = node_path(c);
+        if (!node)
+            throw error("xshard: all_reduce_pieces: the members do not share a node");
+        return node->all_reduce_pieces(pieces, op, finish);
     }
 
 private:

@@ -21,27 +21,31 @@
 /// addition, unless `fp32_communication` (MindSpore's enable_fp32_communication / gradient
 /// fp32 sync) converts each bucket to float32 for the all-reduce and back afterwards.
 ///
-/// Node storage: when a `node_storage` (comm/node_arena.hpp) is open on every rank of the
-/// mesh when the synchronizer is built, the bucket buffers are allocated from it and every
-/// bucket is all-reduced through shared memory (comm/node_reduce.hpp) by the groups whose
-/// members share one node: each member reads the others' buckets in place and copies the
-/// results from their buckets, no message and no staging copy. A bucket of one parameter is
-/// reduced on the gradient itself, in place too when the gradient lies in node storage (a
-/// parameter on a `node_shared` mesh, core/node_shared.hpp), staged otherwise. These
-/// all-reduces are blocking: `ready` then only counts, and `wait` runs the buckets in order.
-/// Only a kept synchronizer does this (`gradient_options::shared_memory`): the one-off
-/// `synchronize_gradients` would make its windows every call (README, "Performance on one
-/// node": 0.26-0.29 s per MLP step against 0.05-0.1 s through messages).
+/// Shared memory: a kept synchronizer all-reduces the buckets of every group whose members
+/// share one node through shared memory (comm/node_reduce.hpp), not by messages. A fused
+/// bucket is never packed: each member copies the parts of its gradients that the others
+/// reduce into its staging window ((p - 1) / p of the bucket), adds the others' terms of its
+/// own part into its gradients, and copies the others' results from their windows, the mean's
+/// division done on the way (one pass over each byte fewer than packing, all-reducing and
+/// unpacking a buffer: on the development machine ResNet-18's 44.7 MB of gradients took
+/// 11-14 ms against 24-30 ms; README, "Performance on one node"). A bucket of one parameter
+/// is reduced on the gradient itself, read in place when the gradient lies in node storage (a
+/// parameter on a `node_shared` mesh, core/node_shared.hpp: node_arena.hpp), staged
+/// otherwise. These all-reduces are blocking: `ready` then only counts, and `wait` runs the
+/// buckets in order. Only a kept synchronizer does this (`gradient_options::shared_memory`):
+/// the one-off `synchronize_gradients` would make its windows every call (README,
+/// "Performance on one node": 0.26-0.29 s per MLP step against 0.05-0.1 s through messages).
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
+#include <xshard/comm/combine.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/float16.hpp>
 #include <xshard/comm/node_arena.hpp>
 #include <xshard/comm/pairwise_reduce.hpp>
 #include <xshard/comm/request.hpp>
-#include <xshard/train/fusion.hpp>
 #include <xshard/param/traversal.hpp>
+#include <xshard/train/fusion.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -77,8 +81,8 @@ struct gradient_options {
     comm_fusion fusion{};
     /// Layouts of the parameters, when they are not the parameters' own.
     std::optional<layout_dict> layouts = std::nullopt;
-    /// Whether a kept synchronizer all-reduces its buckets through shared memory when a
-    /// `node_storage` is open (see the file comment). `synchronize_gradients` turns it off:
+    /// Whether a kept synchronizer all-reduces the buckets of groups that share a node
+    /// through shared memory (see the file comment). `synchronize_gradients` turns it off:
     /// the windows a synchronizer makes for it once (collective allocations, page faults)
     /// cost more than one step's saving.
     bool shared_memory = true;
@@ -105,6 +109,23 @@ void with_element_type(std::type_index t, F&& f) {
         throw error("xshard: gradients must be float, double, float16, bfloat16, int32 or int64");
 }
 
+/// What a bucket's all-reduce does to its sums (the `finish` of comm/node_reduce.hpp): divide
+/// them by the number of copies for a mean, nothing when `copies` is 1.
+struct divide_by {
+    double copies = 1;
+    template <class W>
+    void operator()(W* p, std::size_t m) const noexcept {
+        if (copies == 1)
+            return;
+        if constexpr (std::is_floating_point_v<W>) {
+            scale(p, m, W(1.0 / copies));
+        } else {
+            for (std::size_t j = 0; j < m; ++j)
+                p[j] = W(double(p[j]) / copies);
+        }
+    }
+};
+
 } // namespace detail
 
 /// Plans the synchronisation of a container of gradients once and runs it every step (see
@@ -130,11 +151,6 @@ public:
             problem =
                 "xshard: synchronize_gradients: the gradients do not have the parameters' names";
         agree_on_error(*refs_.front().mesh_comm, problem);
-        // The shared-memory path when every rank has node storage open (the same answer on
-        // every rank, so every group's members agree).
-        int shared = options.shared_memory && node_arena::current() ? 1 : 0;
-        allreduce(*refs_.front().mesh_comm, std::span(&shared, 1), reduction::min);
-        node_path_ = shared == 1;
         // Summed, the gradients hold what their parameters' layouts say (before, a weight's
         // gradient held this rank's term, laid out as the dual: see param/weight.hpp).
         relabel_ = [&grads, layouts] {
@@ -170,22 +186,30 @@ public:
         // index mode: the segment of the parameter's index is part of the key (buckets never
         // cross a boundary); it is 0 in the other modes.
         const auto& fusion = options.fusion.allreduce;
-        buckets_ =
-            detail::make_buckets<std::tuple<std::size_t, std::uint32_t, std::type_index>>(
-                refs_, chosen, fusion.bytes(), [&](std::size_t i) {
-                    return std::tuple(fusion.segment(i), refs_[i].replicated.bits, refs_[i].type);
-                });
+        buckets_ = detail::make_buckets<std::tuple<std::size_t, std::uint32_t, std::type_index>>(
+            refs_, chosen, fusion.bytes(), [&](std::size_t i) {
+                return std::tuple(fusion.segment(i), refs_[i].replicated.bits, refs_[i].type);
+            });
         bucket_of_.assign(refs_.size(), -1);
+        shared_.assign(buckets_.size(), 0);
+        finished_.assign(buckets_.size(), 0);
         for (std::size_t k = 0; k < buckets_.size(); ++k) {
             for (std::size_t i : buckets_[k].members)
                 bucket_of_[i] = int(k);
             const auto& first = refs_[buckets_[k].members.front()];
             const bool widen = options.fp32_communication && first.element == 2;
-            // No buffer for a bucket reduced in place (one parameter in its own type).
-            const std::size_t size =
-                buckets_[k].members.size() == 1 && !widen
-                    ? 0
-                    : buckets_[k].bytes / first.element * (widen ? sizeof(float) : first.element);
+            // Whether the bucket's group shares a node (collective over the group, the
+            // buckets in the same order on every member).
+            if (options.shared_memory)
+                with_wire(k, [&]<class Wire, class T>() {
+                    shared_[k] = reducer_for<Wire>().shares_node(*first.group);
+                });
+            // No buffer for a bucket reduced on its gradients: one parameter, or several
+            // through shared memory, in their own type.
+            const bool unpacked = !widen && (buckets_[k].members.size() == 1 || shared_[k]);
+            const std::size_t size = unpacked ? 0
+                                              : buckets_[k].bytes / first.element *
+                                                    (widen ? sizeof(float) : first.element);
             buffers_.emplace_back(size);
         }
         waiting_.assign(buckets_.size(), 0);
@@ -211,7 +235,7 @@ public:
         const auto i = std::size_t(it - refs_.begin());
         if (bucket_of_[i] >= 0) {
             const auto k = std::size_t(bucket_of_[i]);
-            if (++waiting_[k] == buckets_[k].members.size() && !node_path_)
+            if (++waiting_[k] == buckets_[k].members.size() && !shared_[k])
                 run(k, true);
         }
         for (auto& r : requests_) // let MPI progress what is in flight
@@ -230,9 +254,10 @@ public:
     /// The number of buckets (one all-reduce each).
     std::size_t buckets() const noexcept { return buckets_.size(); }
 
-    /// Whether the buckets are all-reduced through shared memory (node storage was open on
-    /// every rank at construction).
-    bool uses_node_storage() const noexcept { return node_path_; }
+    /// Whether some bucket is all-reduced through shared memory (its group shares a node).
+    bool uses_shared_memory() const noexcept {
+        return std::any_of(shared_.begin(), shared_.end(), [](char c) { return c != 0; });
+    }
 
     /// The bytes of this rank's staging windows of the shared-memory all-reduces: 0 while
     /// every bucket of every member was read in place from node storage.
@@ -244,30 +269,53 @@ public:
     }
 
 private:
-    /// Packs bucket k and all-reduces it: blocking (pairwise for large buckets) or started
-    /// nonblocking.
+    /// Calls `f.template operator()<Wire, T>()` for bucket k's gradient type T and the type
+    /// Wire it is all-reduced in (T, or float for T 16-bit with fp32_communication).
+    template <class F>
+    void with_wire(std::size_t k, F&& f) {
+        detail::with_element_type(refs_[buckets_[k].members.front()].type, [&](auto zero) {
+            using T = decltype(zero);
+            if constexpr (sixteen_bit_float<T>) {
+                if (options_.fp32_communication)
+                    return f.template operator()<float, T>();
+            }
+            f.template operator()<T, T>();
+        });
+    }
+
+    /// The finish of bucket k's all-reduce (the mean's division).
+    detail::divide_by finish_of(std::size_t k) const {
+        return {options_.mean ? double(refs_[buckets_[k].members.front()].group->size()) : 1.0};
+    }
+
+    /// Packs bucket k and all-reduces it: blocking (pairwise for large buckets, through
+    /// shared memory when its group shares a node) or started nonblocking.
     void run(std::size_t k, bool nonblocking) {
         refresh_();
         waiting_[k] = buckets_[k].members.size();
         started_[k] = 1;
-        const auto& b = buckets_[k];
-        const auto& first = refs_[b.members.front()];
-        detail::with_element_type(first.type, [&](auto zero) {
-            using T = decltype(zero);
-            if constexpr (sixteen_bit_float<T>) {
-                if (options_.fp32_communication)
-                    return reduce<float, T>(k, nonblocking);
-            }
-            reduce<T, T>(k, nonblocking);
-        });
+        with_wire(k, [&]<class Wire, class T>() { reduce<Wire, T>(k, nonblocking); });
     }
 
-    /// All-reduces bucket k in type Wire (the gradients' type T, or float for T 16-bit): in
-    /// place for a bucket of one parameter, through the bucket's buffer otherwise.
+    /// All-reduces bucket k in type Wire: on the gradients themselves for a bucket of one
+    /// parameter in its own type or through shared memory, through the bucket's buffer
+    /// otherwise; the mean's division on the way unless started nonblocking.
     template <class Wire, class T>
     void reduce(std::size_t k, bool nonblocking) {
         const auto& b = buckets_[k];
         const auto& group = *refs_[b.members.front()].group;
+        if constexpr (std::is_same_v<Wire, T>) {
+            if (shared_[k] && b.members.size() > 1) {
+                std::vector<std::span<T>> pieces;
+                pieces.reserve(b.members.size());
+                for (std::size_t i : b.members)
+                    pieces.emplace_back(reinterpret_cast<T*>(refs_[i].data), refs_[i].count);
+                reducer_for<Wire>().all_reduce_pieces(group, std::span<const std::span<T>>(pieces),
+                                                      reduction::sum, finish_of(k));
+                finished_[k] = 1;
+                return;
+            }
+        }
         Wire* wire = wire_of<Wire, T>(k);
         if (static_cast<void*>(wire) != static_cast<void*>(refs_[b.members.front()].data)) {
             std::size_t n = 0;
@@ -281,10 +329,12 @@ private:
             }
         }
         const std::size_t n = b.bytes / sizeof(T);
-        if (nonblocking && !node_path_) {
+        if (nonblocking && !shared_[k]) {
             requests_[k] = iallreduce(group, std::span(wire, n), reduction::sum);
+            finished_[k] = 0;
         } else {
-            reducer_for<Wire>().all_reduce(group, wire, wire, n, reduction::sum);
+            reducer_for<Wire>().all_reduce(group, wire, wire, n, reduction::sum, finish_of(k));
+            finished_[k] = 1;
         }
     }
 
@@ -304,7 +354,7 @@ private:
         reduce_tuning tuning;
         if constexpr (sixteen_bit_float<Wire>)
             tuning.min_bytes = 0;
-        if (node_path_) {
+        if (options_.shared_memory) {
             tuning.shared_memory_all_reduce = true;
             tuning.shared_memory_min_bytes = 0;
         }
@@ -319,23 +369,14 @@ private:
         return *static_cast<reducer<Wire>*>(slot.reducer.get());
     }
 
-    /// Waits for the started all-reduces and unpacks every bucket (dividing for the mean).
+    /// Waits for the started all-reduces and unpacks every bucket (dividing for the mean
+    /// what was all-reduced nonblocking).
     void finish() {
         wait_all(requests_);
         if (refresh_)
             refresh_();
         for (std::size_t k = 0; k < buckets_.size(); ++k) {
-            const auto& b = buckets_[k];
-            const auto& first = refs_[b.members.front()];
-            const double copies = double(first.group->size());
-            detail::with_element_type(first.type, [&](auto zero) {
-                using T = decltype(zero);
-                if constexpr (sixteen_bit_float<T>) {
-                    if (options_.fp32_communication)
-                        return unpack<float, T>(k, copies);
-                }
-                unpack<T, T>(k, copies);
-            });
+            with_wire(k, [&]<class Wire, class T>() { unpack<Wire, T>(k); });
             waiting_[k] = 0;
             started_[k] = 0;
         }
@@ -344,20 +385,13 @@ private:
     }
 
     template <class Wire, class T>
-    void unpack(std::size_t k, double copies) {
+    void unpack(std::size_t k) {
         const auto& b = buckets_[k];
+        if (std::is_same_v<Wire, T> && shared_[k] && b.members.size() > 1)
+            return; // reduced on the gradients through shared memory, finished
         Wire* wire = wire_of<Wire, T>(k);
-        const std::size_t n = b.bytes / sizeof(T);
-        if (options_.mean) {
-            if constexpr (std::is_floating_point_v<Wire>) {
-                const Wire scale = Wire(1.0 / copies);
-                for (std::size_t j = 0; j < n; ++j)
-                    wire[j] *= scale;
-            } else {
-                for (std::size_t j = 0; j < n; ++j)
-                    wire[j] = Wire(double(wire[j]) / copies);
-            }
-        }
+        if (!finished_[k])
+            finish_of(k)(wire, b.bytes / sizeof(T));
         if (static_cast<void*>(wire) == static_cast<void*>(refs_[b.members.front()].data))
             return; // reduced in place
         for (std::size_t i : b.members) {
@@ -379,14 +413,15 @@ private:
     // From node storage when it is open (else the heap): filled by packing.
     std::vector<std::vector<std::byte, node_allocator<std::byte>>> buffers_;
     std::vector<std::size_t> waiting_;
-    std::vector<char> started_; // bucket k's all-reduce has run or started since the last wait
+    std::vector<char> started_;  // bucket k's all-reduce has run or started since the last wait
+    std::vector<char> shared_;   // bucket k's group shares a node: all-reduced through it
+    std::vector<char> finished_; // bucket k's sums are divided for the mean (or need not be)
     std::vector<request> requests_;
     struct typed_reducer {
         std::shared_ptr<void> reducer; // a reducer<Wire>
         std::size_t (*staging)(const void*) = nullptr;
     };
     std::map<std::type_index, typed_reducer> reducers_;
-    bool node_path_ = false;
 };
 
 /// Sums (or averages) every gradient of `grads` over its parameter's redundant copies (see
