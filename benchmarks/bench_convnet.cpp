@@ -3,8 +3,6 @@
 //                           Momentum) on a global batch of 64 32 x 32 images split over the
 //                           ranks (local batch norm), vs `one_rank`: the same step on the whole
 //                           batch on one rank.
-//   resnet18_step_dp2_f32_node_storage  the same with a node storage open: the gradient
-//                           bucket lives in node-shared memory and is all-reduced in place.
 //   resnet18_step_spatial2_f32  the same step on a batch of 8 256 x 256 images whose height
 //                           is split over the ranks (spatial parallelism: halo exchange before
 //                           every convolution and pooling, batch norm statistics all-reduced
@@ -19,7 +17,6 @@
 //                           directly on the same NCHW shapes, built once. On planes under 8 x 8
 //                           xshard takes its batched im2col + GEMM instead (conv_kernels.hpp).
 #include <xshard/comm/environment.hpp>
-#include <xshard/comm/node_arena.hpp>
 #include <xshard/nn/resnet.hpp>
 #include <xshard/nn/step_profile.hpp>
 #include <xshard/optim/optimizers.hpp>
@@ -187,13 +184,12 @@ struct resnet_case {
     }
 };
 
-/// `in_node_storage`: with a node storage open (comm/node_arena.hpp), so that the gradient
-/// bucket lives in it and is all-reduced through shared memory, read in place.
+/// The gradients' one fused bucket is reduced on the gradients through shared memory (the
+/// ranks share the node; train/gradients.hpp). A case with a node storage open, which made
+/// the bucket's buffer node-shared, was dropped: nothing is packed any more, so it ran the
+/// same path (benchmarks/README.md).
 void resnet_step(const xshard::communicator& world, const bench::options& o,
-                 const std::string& threads, bool in_node_storage) {
-    std::optional<xshard::node_storage> storage;
-    if (in_node_storage)
-        storage.emplace(world, std::size_t(96) << 20); // the 44.7 MB bucket and slack
+                 const std::string& threads) {
     // Batch norm with each rank's statistics (MindSpore's data-parallel default): no
     // collective in the forward and backward passes, only the gradient all-reduce.
     resnet_case r(world, {world.size(), 1}, o.quick ? 8 : 64, o.quick ? 16 : 32,
@@ -202,9 +198,7 @@ void resnet_step(const xshard::communicator& world, const bench::options& o,
     trainer<decltype(r.serial)> serial{r.serial, r.sx, r.b};
     const auto t = bench::compare(
         world, o, [&] { step(); }, [&] { serial(); });
-    bench::report(world,
-                  "resnet18_step_dp" + std::to_string(world.size()) + "_f32" +
-                      (in_node_storage ? "_node_storage" : ""),
+    bench::report(world, "resnet18_step_dp" + std::to_string(world.size()) + "_f32",
                   r.gx.size() * sizeof(T), "one_rank", t,
                   threads + ", " + phase_fields(world, o, step, serial));
 }
@@ -317,10 +311,8 @@ int main(int argc, char** argv) {
         conv_local(world, o, "conv2d_local_f32", 32, 64, 16, 64, 1); // oneDNN's regime
     if (o.wants("conv2d_local_f32_4x4"))
         conv_local(world, o, "conv2d_local_f32_4x4", 32, 256, 4, 256, 1); // the GEMM's
-    for (const bool in_node_storage : {false, true})
-        if (o.wants("resnet18_step_dp" + std::to_string(world.size()) + "_f32" +
-                    (in_node_storage ? "_node_storage" : "")))
-            resnet_step(world, o, threads, in_node_storage);
+    if (o.wants("resnet18_step_dp" + std::to_string(world.size()) + "_f32"))
+        resnet_step(world, o, threads);
     if (o.wants("resnet18_step_spatial"))
         resnet_step_spatial(world, o, threads);
     return 0;

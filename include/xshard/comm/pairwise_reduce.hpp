@@ -58,9 +58,10 @@ struct reduce_tuning {
     /// default: while buffers live in private memory the path stages each summand once, and
     /// on the development machine it measured no faster than the pairwise messages for one
     /// 64 MiB all-reduce (Open MPI's CMA is a single copy for contiguous messages) and
-    /// slower for 4 MiB gradient buckets (three node barriers each). Buffers in node storage
-    /// (node_arena.hpp) are read in place, without staging: the gradient synchronizer turns
-    /// the path on when a node storage is open (train/gradients.hpp).
+    /// slower for 4 MiB gradient buckets, packed and staged (three node barriers each). Buffers in
+    /// node storage (node_arena.hpp) are read in place, without staging. A kept gradient
+    /// synchronizer turns the path on for its groups on one node (train/gradients.hpp): it reduces
+    /// fused buckets on the gradients (`all_reduce_pieces`), which saves packing and unpacking.
     bool shared_memory_all_reduce = false;
     /// Shared-memory exchange steps write output blocks of at least this many bytes with
     /// non-temporal stores (redistribute/node_step.hpp: blocks that, summed over a node's

@@ -117,7 +117,7 @@ public:
 
     /// How many members' input blocks the last run read in place (from node storage).
     std::size_t read_in_place() const noexcept {
-        return reducer_ ? reducer_->read_in_place() : slots_->inputs_in_place();
+        return reducer_ ? reducer_->read_in_place() : control_->slots.inputs_in_place();
     }
 
     /// An exchange-like step: this rank's input block at `in`, output block at `out`.
@@ -137,7 +137,7 @@ public:
         if (!predicted_push)
             detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, out,
                                 geo.out_block.extent, geo.out_block.offset, geo.kept, streaming_);
-        barrier_->arrive_and_wait();
+        control_->barrier.arrive_and_wait();
         agree(staged, geo, in, true);
         if (push_) {
             push(geo, in, out, predicted_push);
@@ -154,7 +154,7 @@ public:
         }
         if (streaming_)
             detail::stream_fence(); // the destinations complete before the barrier
-        barrier_->arrive_and_wait();
+        control_->barrier.arrive_and_wait();
         return sent_bytes(geo);
     }
 
@@ -167,7 +167,7 @@ public:
     /// pass over `out` (cache-sized chunks). Returns the bytes peers read from this rank.
     std::size_t reduce_scatter(const step_geometry<N>& geo, const T* in, T* out, reduction op) {
         const bool staged = publish(geo, in, nullptr, true);
-        barrier_->arrive_and_wait();
+        control_->barrier.arrive_and_wait();
         agree(staged, geo, in);
         // Every member's input block is the same block (of a pending sum), so a run sits at
         // the same offset in `in`, in every peer's block and in every window.
@@ -189,7 +189,7 @@ public:
                                      }
                                  }
                              });
-        barrier_->arrive_and_wait();
+        control_->barrier.arrive_and_wait();
         return sent_bytes(geo);
     }
 
@@ -206,7 +206,7 @@ private:
     /// storage. Returns whether it staged early where needed: `early` and the window
     /// existed, the same on every member.
     bool publish(const step_geometry<N>& geo, const T* in, const T* out, bool early) {
-        const bool in_arena = slots_->publish(in, out) & detail::node_slots::in_arena;
+        const bool in_arena = control_->slots.publish(in, out) & detail::node_slots::in_arena;
         const bool staged = early && window_;
         if (staged && !in_arena)
             stage(geo, in);
@@ -221,29 +221,30 @@ private:
     /// now if there was none, and a barrier follows.
     void agree(bool staged, const step_geometry<N>& geo, const T* in, bool may_push = false) {
         const int p = comm_.size();
-        slots_->read();
+        control_->slots.read();
         // Writing into every member's output in node storage: nobody reads an input.
-        push_ = may_push && slots_->outputs_in_place() == std::size_t(p);
+        push_ = may_push && control_->slots.outputs_in_place() == std::size_t(p);
         if (push_)
             return;
         bool need_window = false, late = false;
         for (int q = 0; q < p; ++q)
-            if (!slots_->in<T>(q)) {
+            if (!control_->slots.in<T>(q)) {
                 need_window = true;
-                late = late || !staged || (slots_->flags(q) & detail::node_slots::in_arena);
+                late = late || !staged || (control_->slots.flags(q) & detail::node_slots::in_arena);
             }
         if (need_window && !window_)
             window_ = shared_window(comm_, staging_bytes_);
         if (!late)
             return;
-        if (!slots_->in<T>(me_) && (!staged || (slots_->flags(me_) & detail::node_slots::in_arena)))
+        if (!control_->slots.in<T>(me_) &&
+            (!staged || (control_->slots.flags(me_) & detail::node_slots::in_arena)))
             stage(geo, in);
-        barrier_->arrive_and_wait();
+        control_->barrier.arrive_and_wait();
     }
 
     /// Member q's input block: in place, or its staged copy.
     const T* source(int q) const noexcept {
-        const T* p = slots_->in<T>(q);
+        const T* p = control_->slots.in<T>(q);
         return p ? p : staging(q);
     }
 
@@ -262,7 +263,7 @@ private:
                                     geo.out_block.offset, geo.kept.intersect(band), streaming_);
             for (const auto& [peer, region] : geo.sends) {
                 const auto& o = peer_out_[std::size_t(peer)];
-                detail::copy_region(in, b.extent, b.offset, slots_->out<T>(peer), o.extent,
+                detail::copy_region(in, b.extent, b.offset, control_->slots.out<T>(peer), o.extent,
                                     o.offset, region.intersect(band), streaming_);
             }
         };
@@ -332,18 +333,24 @@ private:
         , staging_bytes_(geo.in_block.size() * sizeof(T))
         , streaming_(geo.out_block.size() * sizeof(T) >= streaming_bytes)
         , me_(c.rank()) {
-        if (!reducer_) { // an all-reduce step runs on the reducer's slots and barrier
-            slots_.emplace(c);
-            barrier_.emplace(c);
-        }
+        if (!reducer_) // an all-reduce step runs on the reducer's slots and barrier
+            control_.emplace(c);
     }
 
     T* staging(int q) const noexcept { return reinterpret_cast<T*>(window_.segment(q)); }
 
+    /// An exchange's or reduce-scatter's control slots and barrier (collective to make).
+    struct control {
+        detail::node_slots slots;
+        node_barrier barrier;
+        explicit control(const communicator& c)
+            : slots(c)
+            , barrier(c) {}
+    };
+
     communicator comm_;
-    std::optional<detail::node_slots> slots_; ///< an exchange's or reduce-scatter's
-    shared_window window_;                    ///< staging, allocated by the first run that needs it
-    std::optional<node_barrier> barrier_;
+    std::optional<control> control_; ///< not an all-reduce step's (its reducer has its own)
+    shared_window window_;           ///< staging, allocated by the first run that needs it
     std::unique_ptr<node_all_reducer> reducer_; ///< an all-reduce step's
     std::vector<box<N>> peer_in_, peer_out_;    ///< members' input and output blocks
     std::size_t staging_bytes_ = 0;

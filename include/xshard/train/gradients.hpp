@@ -28,7 +28,7 @@
 /// own part into its gradients, and copies the others' results from their windows, the mean's
 /// division done on the way (one pass over each byte fewer than packing, all-reducing and
 /// unpacking a buffer: on the development machine ResNet-18's 44.7 MB of gradients took
-/// 11-14 ms against 24-30 ms; README, "Performance on one node"). A bucket of one parameter
+/// 9-13 ms against 24-30 ms; README, "Performance on one node"). A bucket of one parameter
 /// is reduced on the gradient itself, read in place when the gradient lies in node storage (a
 /// parameter on a `node_shared` mesh, core/node_shared.hpp: node_arena.hpp), staged
 /// otherwise. These all-reduces are blocking: `ready` then only counts, and `wait` runs the
