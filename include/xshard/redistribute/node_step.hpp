@@ -62,6 +62,15 @@ void combine_region(const T* from, const std::array<std::size_t, N>& from_shape,
                  [op](T* d, const T* s, std::size_t n) { combine(d, d, s, n, op); });
 }
 
+/// An exchange's or reduce-scatter's control slots and barrier, made together (collective).
+struct node_control {
+    node_slots slots;
+    node_barrier barrier;
+    explicit node_control(const communicator& c)
+        : slots(c)
+        , barrier(c) {}
+};
+
 } // namespace detail
 
 /// The node-local executor of one step of a plan (see the file comment). Built once with
@@ -339,18 +348,9 @@ private:
 
     T* staging(int q) const noexcept { return reinterpret_cast<T*>(window_.segment(q)); }
 
-    /// An exchange's or reduce-scatter's control slots and barrier (collective to make).
-    struct control {
-        detail::node_slots slots;
-        node_barrier barrier;
-        explicit control(const communicator& c)
-            : slots(c)
-            , barrier(c) {}
-    };
-
     communicator comm_;
-    std::optional<control> control_; ///< not an all-reduce step's (its reducer has its own)
-    shared_window window_;           ///< staging, allocated by the first run that needs it
+    std::optional<detail::node_control> control_; ///< not an all-reduce step's (its reducer's)
+    shared_window window_; ///< staging, allocated by the first run that needs it
     std::unique_ptr<node_all_reducer> reducer_; ///< an all-reduce step's
     std::vector<box<N>> peer_in_, peer_out_;    ///< members' input and output blocks
     std::size_t staging_bytes_ = 0;
