@@ -11,10 +11,12 @@
 //                       1024), batch 64, parallel_cross_entropy over the 1024 outputs as classes.
 //   mlp_step_dp*_f64_batch512: the MLP in double with batch 512, data-parallel: where the
 //                       products outweigh the weight-sized work (update, gradient all-reduce).
-//   mlp_step_dp*_f64_node_storage: mlp_step_dp*_f64 with a node storage open, so that the
-//                       gradient buckets are all-reduced through shared memory.
+//   mlp_step_dp*_f64_node_storage: mlp_step_dp*_f64 with a node storage open (the one-off
+//                       synchronize_gradients keeps messages; the weights stay on the heap).
 //   mlp_step_dp*_f64_kept_sync, _kept_sync_node_storage: the same with one kept
-//                       gradient_synchronizer instead of synchronize_gradients every step.
+//                       gradient_synchronizer instead of synchronize_gradients every step:
+//                       its buckets go through shared memory on one node, node storage open
+//                       or not (train/gradients.hpp).
 //   mlp_step_dp*_f64_hsdp1, _hsdp2: the data-parallel MLP in double under optimizer sharding
 //                       (xshard::hsdp, MindSpore's optimizer_level level1 / level2): the
 //                       Momentum state and master weights split over dp, the updated blocks
@@ -601,9 +603,9 @@ int main(int argc, char** argv) {
     }
     mlp_cases(double{}, "f64");
     // The same data-parallel step with a kept gradient_synchronizer, and with a node storage
-    // open too: the gradient buckets' buffers in the arena, all-reduced through shared memory
-    // (train/gradients.hpp; the weights stay on the heap, so a bucket of one gradient is
-    // staged).
+    // open too: either way its buckets are all-reduced through shared memory on one node, the
+    // fused ones on the gradients (train/gradients.hpp; the weights stay on the heap, so every
+    // bucket stages the parts the other ranks reduce).
     auto kept = [&](const mesh_t& m) {
         auto t = make_mlp<double>(m, mlp);
         t.keep_synchronizer();
