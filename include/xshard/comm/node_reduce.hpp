@@ -53,16 +53,19 @@ struct keep_result {
 };
 
 /// The elements [lo, lo + len) of the concatenation of `pieces`, run by run: `f(at, p, m)`
-/// for the m elements at p, whose offset in the concatenation is `at`.
+/// for the m > 0 elements at p, whose offset in the concatenation is `at` (empty pieces are
+/// skipped).
 template <class T, class F>
 void for_each_piece_run(std::span<const std::span<T>> pieces, std::size_t lo, std::size_t len,
                         F&& f) {
+    if (len == 0)
+        return;
     std::size_t start = 0;
     for (const auto& piece : pieces) {
         const std::size_t end = start + piece.size();
         if (start >= lo + len)
             return;
-        if (end > lo) {
+        if (end > lo && end > start) {
             const std::size_t a = std::max(lo, start), b = std::min(lo + len, end);
             f(a, piece.data() + (a - start), b - a);
         }
