@@ -8,6 +8,7 @@
 #include <xshard/io/files.hpp>
 #include <xshard/io/format.hpp>
 #include <xshard/io/mapped_writer.hpp>
+#include <xshard/io/node_read.hpp>
 #include <xshard/io/offline.hpp>
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/tensor/gather.hpp>
@@ -35,6 +36,9 @@
 #include <iterator>
 #include <optional>
 #include <set>
+#include <span>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace {
@@ -755,23 +759,55 @@ TEST(checkpoint, block_checksums_catch_damage_in_one_pass_and_in_two) {
     }
 }
 
-/// Column splits of wide rows load through a mapping of the file (format.hpp read_block):
-/// rows of 3072 doubles (24 KiB) split over W ranks give each rank runs of 24/W KiB (W >= 2:
-/// short; 1: one long run, read); a [2000, 16] tensor gives runs of 128/W bytes. Loaded into
-/// the saved layout the values are exact, a flipped byte in a run still raises a checksum
-/// mismatch, and a file truncated while it is read raises io_error on the ranks reading it.
-TEST(checkpoint, short_runs_load_through_a_mapping_exactly_and_checked) {
+/// The bytes the ranks of `m` have read together for their node (node_read.hpp), summed.
+std::size_t node_bytes(const ckpt_mesh& m) {
+    auto n = xshard::detail::node_file_reader::of(m.comm()).bytes_read();
+    xshard::mpi::allreduce(m.comm(), std::span(&n, 1), xshard::reduction::sum);
+    return n;
+}
+
+/// Column splits of wide rows are stored in short runs: rows of 3072 doubles (24 KiB) split
+/// over W ranks give each rank runs of 24/W KiB (W >= 2: short; 1: one long run, read); a
+/// [2000, 16] tensor gives runs of 128/W bytes. The ranks of a node read such tensors together
+/// (each a slice, node_read.hpp); without the shared-memory transport each copies its runs
+/// out of a mapping of the file (format.hpp read_block). Either way, loaded into the saved
+/// layout or a coarser one the values are exact, and a flipped byte in a run raises a
+/// checksum mismatch on every rank; a file truncated while it is read raises io_error on the
+/// ranks reading it.
+TEST(checkpoint, short_runs_load_together_or_through_a_mapping_exactly_and_checked) {
     const auto w = world();
     const ckpt_mesh m(w, {1, w.size()});
     const auto path = scratch() + "/wide.safetensors";
     xshard::save_checkpoint(
         path, std::tuple(xshard::parameter{"wide", indexed(m, 700, 3072, "[-, mp]", true)},
                          xshard::parameter{"tall", indexed(m, 2000, 16, "[-, mp]", true)}));
+    const std::size_t stored = (700 * 3072 + 2000 * 16) * sizeof(double);
     auto loaded = std::tuple(xshard::parameter{"wide", indexed(m, 700, 3072, "[-, mp]", false)},
                              xshard::parameter{"tall", indexed(m, 2000, 16, "[-, mp]", false)});
+    const auto before = node_bytes(m);
     xshard::load_checkpoint(path, loaded);
     EXPECT_EQ(index_mismatches(std::get<0>(loaded).value), 0u) << where(m);
     EXPECT_EQ(index_mismatches(std::get<1>(loaded).value), 0u) << where(m);
+    // Each stored byte read once by the node (one rank: by the rank alone).
+    EXPECT_EQ(node_bytes(m) - before, w.size() > 1 ? stored : 0) << where(m);
+    // Into a replicated layout: every rank takes every stored block from the node's windows.
+    auto whole = std::tuple(xshard::parameter{"wide", indexed(m, 700, 3072, "[-, -]", false)},
+                            xshard::parameter{"tall", indexed(m, 2000, 16, "[-, -]", false)});
+    xshard::load_checkpoint(path, whole);
+    EXPECT_EQ(index_mismatches(std::get<0>(whole).value), 0u) << where(m);
+    EXPECT_EQ(index_mismatches(std::get<1>(whole).value), 0u) << where(m);
+    EXPECT_EQ(node_bytes(m) - before, w.size() > 1 ? 2 * stored : 0) << where(m);
+    // The same mesh without the shared-memory transport: each rank reads its runs alone.
+    ::setenv("XSHARD_SHARED_MEMORY", "0", 1);
+    const ckpt_mesh alone(w, {1, w.size()});
+    EXPECT_FALSE(xshard::detail::node_file_reader::of(alone.comm())) << where(m);
+    ::unsetenv("XSHARD_SHARED_MEMORY");
+    auto apart = std::tuple(xshard::parameter{"wide", indexed(alone, 700, 3072, "[-, mp]", false)},
+                            xshard::parameter{"tall", indexed(alone, 2000, 16, "[-, mp]", false)});
+    xshard::load_checkpoint(path, apart);
+    EXPECT_EQ(index_mismatches(std::get<0>(apart).value), 0u) << where(m);
+    EXPECT_EQ(index_mismatches(std::get<1>(apart).value), 0u) << where(m);
+    EXPECT_EQ(node_bytes(alone), 0u) << where(m);
     // A byte of the last rank's run in the middle row of 'wide' flipped (W = 1: of the
     // tensor's one run).
     const xshard::checkpoint_reader r(path);
@@ -784,7 +820,9 @@ TEST(checkpoint, short_runs_load_through_a_mapping_exactly_and_checked) {
         spit(path + ".damaged", b);
     });
     expect_io_error([&] { xshard::load_checkpoint(path + ".damaged", loaded); },
-                    "checksum mismatch in wide", "a short run");
+                    "checksum mismatch in wide", "a short run, read together");
+    expect_io_error([&] { xshard::load_checkpoint(path + ".damaged", apart); },
+                    "checksum mismatch in wide", "a short run, read alone");
     // Truncated (by "another process") after a first read of this rank's block of 'wide'.
     on_rank0([&] { spit(path + ".shrinking", slurp(path)); });
     const xshard::checkpoint_reader shrinking(path + ".shrinking");
@@ -806,6 +844,84 @@ TEST(checkpoint, short_runs_load_through_a_mapping_exactly_and_checked) {
                   std::string::npos)
             << what << where(m);
     }
+}
+
+/// The node reader hands every rank each window of a range, in order, with the file's bytes
+/// (ranges empty, of one byte, just under and over a window, over several windows, at any
+/// offset); a read failing on one rank (past the end of the file) or a `take` throwing on one
+/// rank raises on every rank, and the next read works.
+TEST(node_file_reader, ranks_read_ranges_together_and_fail_together) {
+    using xshard::detail::node_file_reader;
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    auto& node = node_file_reader::of(m.comm());
+    if (w.size() == 1) {
+        EXPECT_FALSE(node);
+        return;
+    }
+    ASSERT_TRUE(node);
+    constexpr std::size_t window = node_file_reader::window_bytes;
+    const std::size_t size = 3 * window + 12345;
+    std::string bytes(size, '\0');
+    for (std::size_t i = 0; i < size; ++i)
+        bytes[i] = char((i * 131 + i / 4093) & 0xff);
+    const auto path = scratch() + "/bytes";
+    on_rank0([&] { spit(path, bytes); });
+    const xshard::detail::file f(path, O_RDONLY);
+    for (const auto& [begin, length] :
+         std::vector<std::pair<std::size_t, std::size_t>>{{0, 0},
+                                                          {5, 1},
+                                                          {7, window - 1},
+                                                          {4096, window + 1},
+                                                          {1, size - 1},
+                                                          {0, size}}) {
+        std::string got(length, '\0');
+        std::size_t next = begin, windows = 0;
+        node.read(f, begin, length, [&](std::size_t lo, std::size_t hi, const std::byte* b) {
+            EXPECT_EQ(lo, next);
+            EXPECT_TRUE(hi > lo && hi - lo <= window);
+            std::memcpy(got.data() + (lo - begin), b, hi - lo);
+            next = hi;
+            ++windows;
+        });
+        const auto context = "range at " + std::to_string(begin) + " of " +
+                             std::to_string(length) + where(m);
+        EXPECT_EQ(next, begin + length) << context;
+        EXPECT_EQ(windows, (length + window - 1) / window) << context;
+        EXPECT_TRUE(got == bytes.substr(begin, length)) << context;
+    }
+    const auto take_nothing = [](std::size_t, std::size_t, const std::byte*) {};
+    // A window reaching 1000 bytes past the end: only the last rank's slice is short.
+    const int last = w.size() - 1;
+    try {
+        node.read(f, size + 1000 - window, window, take_nothing);
+        ADD_FAILURE() << "a read past the end did not raise" << where(m);
+    } catch (const io_error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(w.rank() == last ? "is truncated" : "together with rank " +
+                                                                    std::to_string(last)),
+                  std::string::npos)
+            << what << where(m);
+    }
+    // A take throwing on rank 0 only: rank 0 has its own exception, the others name it.
+    try {
+        node.read(f, 0, 2 * window + 1, [&](std::size_t lo, std::size_t, const std::byte*) {
+            if (w.rank() == 0 && lo > 0)
+                throw std::runtime_error("take failed");
+        });
+        ADD_FAILURE() << "a failing take did not raise" << where(m);
+    } catch (const io_error& e) {
+        EXPECT_NE(w.rank(), 0) << e.what();
+        EXPECT_NE(std::string(e.what()).find("together with rank 0"), std::string::npos)
+            << e.what() << where(m);
+    } catch (const std::runtime_error& e) {
+        EXPECT_EQ(w.rank(), 0) << e.what();
+    }
+    std::string again(window, '\0');
+    node.read(f, 3, window, [&](std::size_t lo, std::size_t hi, const std::byte* b) {
+        std::memcpy(again.data() + (lo - 3), b, hi - lo);
+    });
+    EXPECT_TRUE(again == bytes.substr(3, window)) << "a read after the failures" << where(m);
 }
 
 TEST(checkpoint, version_1_files_load_and_malformed_block_checksums_are_refused) {

@@ -20,12 +20,14 @@
 /// `load_checkpoint` reads either form into any strategy, on any mesh and world size, and
 /// checks every stored byte it loads against its CRC-32 (see load): a stored block that lies
 /// inside one block of the load's layout (the same layout, or a coarser one) is read once,
-/// straight into the model, and checksummed as it is read; a stored block that straddles the
+/// straight into the model, and checksummed as it is read (stored in short runs, a column
+/// split's, it is read once per node, node_read.hpp); a stored block that straddles the
 /// load's blocks is first checked by one rank (the ranks share them), then read by those that
 /// need a part of it. A truncated file, a wrong dtype or shape, a missing tensor raise the
 /// same `io_error` on every rank before anything is read; a checksum mismatch raises it on
 /// every rank after the read (the model's values are then unspecified). No memory beyond the
-/// model's and one buffer.
+/// model's, one buffer, and the node reads' two shared windows of 4 MiB (kept per
+/// communicator).
 ///
 /// Saving never loses the previous checkpoint: the new one is written under a temporary
 /// name, read back and checked against the checksums computed from memory while the device
@@ -44,6 +46,7 @@
 #include <xshard/io/files.hpp>
 #include <xshard/io/format.hpp>
 #include <xshard/io/mapped_writer.hpp>
+#include <xshard/io/node_read.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>
 #include <xshard/param/tensor_record.hpp>
@@ -57,6 +60,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -205,8 +209,8 @@ void on_rank0(const communicator& c, F&& f) {
 /// Writes the block of `t` into the file of `w` (which stores the tensor whole, row-major,
 /// from byte `at`): each contiguous run in the file (runs_of) is checksummed as it is stored
 /// and recorded in `out` as a piece of tensor `key`; short runs go through the mapping, after
-/// the bytes from the first run to the last are reserved (mapped_writer.hpp). Returns the CRC-32 of the block (its bytes in its own
-/// row-major order: the runs in turn).
+/// the bytes from the first run to the last are reserved (mapped_writer.hpp). Returns the CRC-32 of
+/// the block (its bytes in its own row-major order: the runs in turn).
 inline std::uint32_t write_block(mapped_writer& w, std::size_t at, const tensor_record& t,
                                  std::uint64_t key, std::vector<crc_run>& out) {
     const auto runs = runs_of(t.shape, t.offset, t.extent, t.element);
@@ -494,10 +498,61 @@ inline bool meets(const tensor_record& t, const stored_block& b) {
     return true;
 }
 
+/// Whether the ranks read stored blocks `bs` of tensor `t` together (node_read.hpp): in the
+/// integrated form, when each lies inside one block of the load's layout and is stored in
+/// short runs (a column split), which a rank alone copies out of a mapping of the file. The
+/// same answer on every rank (it depends on the strategy and the model's layout only).
+inline bool read_on_node(const checkpoint_reader& r, const strategy_entry& e,
+                         const tensor_record& t, const std::vector<stored_block>& bs) {
+    if (r.format() != checkpoint_format::integrated)
+        return false;
+    const stored_block* first = nullptr;
+    for (const auto& b : bs) {
+        if (!inside_one_block(t, b) || !r.checksum(e, b))
+            return false;
+        if (!first && b.size() > 0)
+            first = &b;
+    }
+    return first && r.segments(e, *first).front().second < short_run;
+}
+
+/// Reads the blocks `plan` lists into `out` with the other ranks of the node (node_read.hpp),
+/// each piece of a run checksummed right after it is copied, while in the cache. Returns the
+/// CRC-32 of each block (its bytes in its own order, which its stored checksum is).
+/// Collective over the node reader's ranks, each with its own plan of the same tensor.
+inline std::vector<std::uint32_t>
+read_together(node_file_reader& node, const checkpoint_reader::node_read& plan, std::byte* out) {
+    const auto blocks = plan.runs.size();
+    std::vector<std::uint32_t> crc(blocks, 0);
+    std::vector<std::size_t> next(blocks, 0), done(blocks, 0); // the run, and bytes of it copied
+    node.read(*plan.file, plan.begin, plan.length,
+              [&](std::size_t lo, std::size_t hi, const std::byte* bytes) {
+                  for (std::size_t b = 0; b < blocks; ++b) {
+                      const auto& runs = plan.runs[b];
+                      auto& i = next[b];
+                      auto& d = done[b];
+                      while (i < runs.size() && runs[i][0] + d < hi) {
+                          const auto& [at, to, n] = runs[i];
+                          const auto k = std::min(n - d, hi - (at + d));
+                          std::memcpy(out + to + d, bytes + (at + d - lo), k);
+                          crc[b] = crc32_of(out + to + d, k, crc[b]);
+                          if ((d += k) == n) {
+                              ++i;
+                              d = 0;
+                          }
+                      }
+                  }
+              });
+    return crc;
+}
+
 /// Loads the blocks of `m` from `r`, verifying every stored byte it loads against its CRC-32:
 ///  * a stored block inside one block of the load's layout (a load into the layout it was
 ///    saved in, or into a coarser one) is read whole, straight into the model, by each rank
 ///    that needs it, and checksummed as it is read (one pass: the bytes are read once);
+///    When it is stored in short runs (a column split) and the ranks share a node, the node
+///    reads the tensor's bytes once, each rank a slice, and each rank copies its runs from
+///    shared memory (read_together);
 ///  * a stored block that straddles blocks of the load's layout (a load into another layout)
 ///    is first verified by one rank (the ranks share them, verify_shared), then each rank
 ///    reads its part of it (two passes, so that no rank reads more than its part twice).
@@ -514,6 +569,8 @@ inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
     std::vector<const strategy_entry*> stored(nt);
     std::vector<std::vector<stored_block>> blocks(nt);
     bool shared = false; // some stored block straddles blocks of the load's layout
+    // The tensors the node's ranks read together, and this rank's part of each read.
+    std::vector<std::optional<checkpoint_reader::node_read>> together(nt);
     everywhere(c, [&] {
         for (std::size_t i = 0; i < nt; ++i) {
             const auto& t = m.tensors[i];
@@ -525,9 +582,8 @@ inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
                 throw error("xshard: " + where + ": '" + printable(t.name) +
                             "' is const; a load needs tensors it can write");
             if (stored[i]->dtype != m.dtypes[i])
-                throw io_error("xshard: " + where + ": '" + printable(t.name) +
-                               "' is stored as " + stored[i]->dtype + ", the model has " +
-                               m.dtypes[i]);
+                throw io_error("xshard: " + where + ": '" + printable(t.name) + "' is stored as " +
+                               stored[i]->dtype + ", the model has " + m.dtypes[i]);
             if (stored[i]->shape != t.shape)
                 throw io_error("xshard: " + where + ": '" + printable(t.name) +
                                "' is stored with shape " + shape_string(stored[i]->shape) +
@@ -543,9 +599,24 @@ inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
                 if (straddles || meets(m.tensors[i], b))
                     r.segments(*stored[i], b);
             }
+            const auto& t = m.tensors[i];
+            if (c.size() > 1 && read_on_node(r, *stored[i], t, blocks[i])) {
+                std::vector<stored_block> mine;
+                std::copy_if(blocks[i].begin(), blocks[i].end(), std::back_inserter(mine),
+                             [&](const stored_block& b) { return meets(t, b); });
+                together[i] = r.plan_node_read(*stored[i], mine, t.offset, t.extent);
+            }
         }
     });
     check_same_file(c, r.identity(), r.path());
+    node_file_reader* node = nullptr;
+    if (std::any_of(together.begin(), together.end(),
+                    [](const auto& p) { return p.has_value(); })) {
+        node = &node_file_reader::of(c); // empty when the ranks do not share one node
+        if (!*node)
+            for (auto& p : together)
+                p.reset();
+    }
     // Pass 1, for the stored blocks that straddle the load's blocks: verified, shared.
     if (shared)
         verify_shared(c, r, stored, where, [&](std::size_t i, const stored_block& b) {
@@ -555,17 +626,25 @@ inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
     // needs straight into the model, checksumming the blocks it reads whole.
     std::string damage;
     everywhere(c, [&] {
+        // The node's reads first, all of them on every rank: a node read fails on every rank
+        // together, and so before any rank could fail alone in a read of its own.
+        std::vector<std::vector<std::uint32_t>> crcs(nt);
+        for (std::size_t i = 0; i < nt; ++i)
+            if (together[i])
+                crcs[i] = read_together(*node, *together[i], m.tensors[i].data);
         std::set<std::string> seen;
         for (std::size_t i = 0; i < nt; ++i) {
             const auto& t = m.tensors[i];
+            std::size_t read = 0; // blocks of crcs[i] compared
             for (const auto& b : blocks[i]) {
                 if (!meets(t, b))
                     continue;
                 const auto want = inside_one_block(t, b) ? r.checksum(*stored[i], b) : std::nullopt;
                 if (!want) {
                     r.read_part(*stored[i], b, t.offset, t.extent, t.data);
-                } else if (crc_hex(r.read_block(*stored[i], b, t.offset, t.extent, t.data)) !=
-                           *want) {
+                } else if (crc_hex(together[i] ? crcs[i][read++]
+                                               : r.read_block(*stored[i], b, t.offset, t.extent,
+                                                              t.data)) != *want) {
                     const auto name = r.block_name(*stored[i], b);
                     if (seen.insert(name).second)
                         damage += (damage.empty() ? "" : ", ") + name;

@@ -824,6 +824,40 @@ public:
     /// The parsed header of file `file`.
     const safetensors_header& header(int file) const { return open(file).second; }
 
+    /// A read of the stored blocks of tensor `e` that this rank needs, together with the
+    /// other ranks of its node (checkpoint.hpp, node_read.hpp): the file, where the tensor's
+    /// bytes are in it, and for each block the rank reads, its runs as (position in the file,
+    /// offset in the rank's box, bytes), in the block's order.
+    struct node_read {
+        const detail::file* file = nullptr;
+        std::size_t begin = 0, length = 0;
+        std::vector<std::vector<std::array<std::size_t, 3>>> runs;
+    };
+
+    /// Plans the node read of `e`'s stored blocks `mine` into the box (`offset`, `extent`)
+    /// (each inside it): everything that can fail before the read fails here. The integrated
+    /// form only (its file stores the tensor whole).
+    node_read plan_node_read(const strategy_entry& e, const std::vector<stored_block>& mine,
+                             const std::vector<std::size_t>& offset,
+                             const std::vector<std::size_t>& extent) const {
+        if (format_ != checkpoint_format::integrated)
+            throw error("xshard: a node read is for the integrated form");
+        const auto& [f, h] = open(0);
+        const auto whole = blocks(e).front();
+        node_read out{&f, stored_begin(whole, e), 0, {}};
+        const auto* stored = h.find(e.name);
+        out.length = stored->end - stored->begin;
+        const auto [so, se] = container(e, whole);
+        for (const auto& b : mine) {
+            auto runs =
+                detail::copy_runs(b.offset, b.extent, so, se, offset, extent, dtype_size(e.dtype));
+            for (auto& r : runs)
+                r[0] += out.begin;
+            out.runs.push_back(std::move(runs));
+        }
+        return out;
+    }
+
 private:
     /// Where stored block `b` of `e` begins in its file (checking that it is stored there as
     /// the strategy says).
