@@ -18,11 +18,15 @@ namespace xshard {
 
 namespace detail {
 
+/// The floating types the vectorised passes (xsimd) compute in: float and double.
+template <class T>
+constexpr bool simd_floating = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+/// The types the vectorised reductions take: simd_floating ones and 32- and 64-bit integers.
 template <class T>
 constexpr bool simd_reducible =
-    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||
-    std::is_same_v<T, std::int64_t> || std::is_same_v<T, std::uint32_t> ||
-    std::is_same_v<T, std::uint64_t>;
+    simd_floating<T> || std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t> ||
+    std::is_same_v<T, std::uint32_t> || std::is_same_v<T, std::uint64_t>;
 
 template <class T>
 T combine_one(T a, T b, reduction op) {
@@ -81,7 +85,7 @@ void combine(T* out, const T* a, const T* b, std::size_t n, reduction op) {
 template <class T>
 void scale(T* p, std::size_t n, T factor) {
     std::size_t i = 0;
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    if constexpr (detail::simd_floating<T>) {
         using batch = xsimd::batch<T>;
         const batch f(factor);
         for (const std::size_t vec_end = n - n % batch::size; i < vec_end; i += batch::size)

@@ -306,8 +306,9 @@ private:
         const auto& group = *refs_[b.members.front()].group;
         if constexpr (std::is_same_v<Wire, T>) {
             if (shared_[k] && b.members.size() > 1) {
-                std::vector<std::span<T>> pieces;
-                pieces.reserve(b.members.size());
+                // The members' spans, in a list kept from run to run (no allocation per step).
+                thread_local std::vector<std::span<T>> pieces;
+                pieces.clear();
                 for (std::size_t i : b.members)
                     pieces.emplace_back(reinterpret_cast<T*>(refs_[i].data), refs_[i].count);
                 reducer_for<Wire>().all_reduce_pieces(group, std::span<const std::span<T>>(pieces),
