@@ -890,6 +890,44 @@ TEST(node_file_reader, ranks_read_ranges_together_and_fail_together) {
         EXPECT_EQ(windows, (length + window - 1) / window) << context;
         EXPECT_TRUE(got == bytes.substr(begin, length)) << context;
     }
+    // Runs read straight in: rank r owns the runs of 1000 bytes whose number is r modulo the
+    // ranks, over three windows and a bit at an odd offset. The parts of its runs in its own
+    // slice of a window it reads to their place; it copies the rest out of the window.
+    {
+        const std::size_t begin = 777, length = 3 * window + 4321, run = 1000;
+        std::string got(length, '\0');
+        std::vector<node_file_reader::direct_run> direct;
+        for (std::size_t at = 0, j = 0; at < length; at += run, ++j)
+            if (j % std::size_t(w.size()) == std::size_t(w.rank()))
+                direct.push_back({begin + at, reinterpret_cast<std::byte*>(got.data() + at),
+                                  std::min(run, length - at)});
+        std::size_t next = 0, in_place = 0;
+        node.read(f, begin, length, direct, [&](std::size_t lo, std::size_t hi, const std::byte* b) {
+            const auto [from, to] = node.slice(lo, hi);
+            EXPECT_TRUE(lo <= from && from <= to && to <= hi);
+            for (; next < direct.size() && direct[next].at < hi; ++next) {
+                const auto& d = direct[next];
+                for (auto at = std::max(d.at, lo); at < std::min(d.at + d.n, hi); ++at) {
+                    if (at >= from && at < to)
+                        ++in_place;
+                    else
+                        got[at - begin] = char(b[at - lo]);
+                }
+                if (d.at + d.n > hi)
+                    break; // continues in the next window
+            }
+        });
+        std::size_t wrong = 0, owned = 0;
+        for (const auto& d : direct) {
+            owned += d.n;
+            for (std::size_t i = d.at; i < d.at + d.n; ++i)
+                wrong += got[i - begin] != bytes[i];
+        }
+        EXPECT_EQ(wrong, 0u) << "runs read straight in" << where(m);
+        // Each rank reads about 1/W of its runs itself (its slices are 1/W of each window).
+        EXPECT_GT(in_place, 0u) << where(m);
+        EXPECT_LT(in_place, owned) << where(m);
+    }
     const auto take_nothing = [](std::size_t, std::size_t, const std::byte*) {};
     // A window reaching 1000 bytes past the end: only the last rank's slice is short.
     const int last = w.size() - 1;

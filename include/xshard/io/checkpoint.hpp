@@ -519,22 +519,39 @@ inline bool read_on_node(const checkpoint_reader& r, const strategy_entry& e,
 /// Reads the blocks `plan` lists into `out` with the other ranks of the node (node_read.hpp),
 /// each piece of a run checksummed right after it is copied, while in the cache. Returns the
 /// CRC-32 of each block (its bytes in its own order, which its stored checksum is).
-/// Collective over the node reader's ranks, each with its own plan of the same tensor.
+/// When no other rank needs these bytes (`plan.direct`), the parts of the runs in this rank's
+/// slice of a window are read straight into `out`, and only the rest is copied out of the
+/// window. Collective over the node reader's ranks, each with its own plan of the same tensor.
 inline std::vector<std::uint32_t>
 read_together(node_file_reader& node, const checkpoint_reader::node_read& plan, std::byte* out) {
     const auto blocks = plan.runs.size();
     std::vector<std::uint32_t> crc(blocks, 0);
     std::vector<std::size_t> next(blocks, 0), done(blocks, 0); // the run, and bytes of it copied
-    node.read(*plan.file, plan.begin, plan.length,
+    std::vector<node_file_reader::direct_run> direct;
+    if (plan.direct) {
+        for (const auto& runs : plan.runs)
+            for (const auto& [at, to, n] : runs)
+                direct.push_back({at, out + to, n});
+        std::sort(direct.begin(), direct.end(),
+                  [](const auto& a, const auto& b) { return a.at < b.at; });
+    }
+    node.read(*plan.file, plan.begin, plan.length, direct,
               [&](std::size_t lo, std::size_t hi, const std::byte* bytes) {
+                  // What this rank read straight into `out` ([lo, lo): nothing).
+                  const auto [read_lo, read_hi] =
+                      plan.direct ? node.slice(lo, hi) : std::pair(lo, lo);
                   for (std::size_t b = 0; b < blocks; ++b) {
                       const auto& runs = plan.runs[b];
                       auto& i = next[b];
                       auto& d = done[b];
                       while (i < runs.size() && runs[i][0] + d < hi) {
                           const auto& [at, to, n] = runs[i];
-                          const auto k = std::min(n - d, hi - (at + d));
-                          std::memcpy(out + to + d, bytes + (at + d - lo), k);
+                          const auto p = at + d, k = std::min(n - d, hi - p);
+                          // [p, p + k) of the file, but for [s, e), which is in place.
+                          const auto s = std::clamp(read_lo, p, p + k),
+                                     e = std::clamp(read_hi, p, p + k);
+                          std::memcpy(out + to + d, bytes + (p - lo), s - p);
+                          std::memcpy(out + to + d + (e - p), bytes + (e - lo), p + k - e);
                           crc[b] = crc32_of(out + to + d, k, crc[b]);
                           if ((d += k) == n) {
                               ++i;
@@ -552,7 +569,8 @@ read_together(node_file_reader& node, const checkpoint_reader::node_read& plan, 
 ///    that needs it, and checksummed as it is read (one pass: the bytes are read once);
 ///    When it is stored in short runs (a column split) and the ranks share a node, the node
 ///    reads the tensor's bytes once, each rank a slice, and each rank copies its runs from
-///    shared memory (read_together);
+///    shared memory, but for those in its own slice, which it reads straight in when no
+///    other rank needs them (read_together);
 ///  * a stored block that straddles blocks of the load's layout (a load into another layout)
 ///    is first verified by one rank (the ranks share them, verify_shared), then each rank
 ///    reads its part of it (two passes, so that no rank reads more than its part twice).
@@ -616,6 +634,20 @@ inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
         if (!*node)
             for (auto& p : together)
                 p.reset();
+    }
+    if (node && *node) {
+        // A tensor whose blocks in the load's layout partition it (the ranks need its bytes
+        // once in all) is read straight into the ranks' tensors where it can be.
+        std::vector<std::uint64_t> needed(nt, 0);
+        for (std::size_t i = 0; i < nt; ++i)
+            if (together[i])
+                for (const auto& runs : together[i]->runs)
+                    for (const auto& run : runs)
+                        needed[i] += run[2];
+        allreduce(c, std::span(needed), reduction::sum);
+        for (std::size_t i = 0; i < nt; ++i)
+            if (together[i])
+                together[i]->direct = needed[i] == together[i]->length;
     }
     // Pass 1, for the stored blocks that straddle the load's blocks: verified, shared.
     if (shared)

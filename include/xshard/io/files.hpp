@@ -17,11 +17,13 @@
 #include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +32,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <span>
 #include <utility>
 #include <string>
 #include <string_view>
@@ -103,6 +106,35 @@ public:
             p += got;
             n -= std::size_t(got);
             offset += std::size_t(got);
+        }
+    }
+    /// Reads exactly the bytes `parts` describe (each a destination and a length, filled in
+    /// turn) from `offset` on, a preadv of up to IOV_MAX parts at a time (a short file is an
+    /// error). Consumes `parts`: their entries are advanced as the bytes arrive.
+    void read_scattered_at(std::span<::iovec> parts, std::size_t offset) const {
+        while (!parts.empty()) {
+            if (parts.front().iov_len == 0) {
+                parts = parts.subspan(1);
+                continue;
+            }
+            const auto count = int(std::min<std::size_t>(parts.size(), IOV_MAX));
+            const auto got = ::preadv(fd_, parts.data(), count, off_t(offset));
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got < 0)
+                io_fail("cannot read", path_);
+            if (got == 0)
+                throw io_error("xshard: " + path_ + " is truncated");
+            offset += std::size_t(got);
+            for (auto left = std::size_t(got); left > 0;) {
+                auto& p = parts.front();
+                const auto k = std::min(left, p.iov_len);
+                p.iov_base = static_cast<char*>(p.iov_base) + k;
+                p.iov_len -= k;
+                left -= k;
+                if (p.iov_len == 0)
+                    parts = parts.subspan(1);
+            }
         }
     }
     void write_at(const void* data, std::size_t n, std::size_t offset) const {

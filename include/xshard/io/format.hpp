@@ -832,6 +832,9 @@ public:
         const detail::file* file = nullptr;
         std::size_t begin = 0, length = 0;
         std::vector<std::vector<std::array<std::size_t, 3>>> runs;
+        /// No other rank of the node needs these runs (set by the load, from every rank's
+        /// plan): they are read straight in where this rank's slice holds them.
+        bool direct = false;
     };
 
     /// Plans the node read of `e`'s stored blocks `mine` into the box (`offset`, `extent`)

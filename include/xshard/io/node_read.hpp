@@ -7,7 +7,9 @@
 /// bytes. Read alone, each rank maps the file and copies its runs out: the page tables of the
 /// mapping (every page of the tensor is mapped and unmapped on every rank) cost as much as
 /// the copy. Read together, the node reads each byte once, with large preads at the page
-/// cache's speed, and each rank copies its runs from a window that is in the cache.
+/// cache's speed, and each rank copies its runs from a window that is in the cache. Runs that
+/// no other rank needs, a rank reads straight to their place where its own slice holds them
+/// (a scattered read), and copies only what the other ranks read for it.
 
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
@@ -19,6 +21,7 @@
 
 #include <sys/resource.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 #include <atomic>
@@ -97,18 +100,42 @@ public:
     /// The bytes this rank has read for the node so far.
     std::size_t bytes_read() const noexcept { return read_; }
 
+    /// A run of the file that no other rank takes from the windows: the rank whose slice of a
+    /// window holds (part of) it reads that part straight to its destination.
+    struct direct_run {
+        std::size_t at; ///< its position in the file
+        std::byte* to;  ///< where its first byte goes
+        std::size_t n;  ///< its bytes
+    };
+
+    /// This rank's slice of the window [lo, hi) (the bytes it reads for the node): [first,
+    /// second), empty on the ranks past the window's end.
+    std::pair<std::size_t, std::size_t> slice(std::size_t lo, std::size_t hi) const noexcept {
+        const auto each =
+            round_up((window_bytes + std::size_t(members_) - 1) / std::size_t(members_));
+        const auto from = std::min(hi, lo + std::size_t(rank_) * each);
+        return {from, std::min(hi, from + each)};
+    }
+
     /// Reads bytes [begin, begin + length) of `f` a window at a time: each rank preads its
-    /// contiguous slice of the window into shared memory, and after a barrier every rank calls
+    /// slice of the window into shared memory, and after a barrier every rank calls
     /// `take(lo, hi, bytes)` with the window's file range [lo, hi) and its bytes (`bytes[0]`
     /// is the byte at `lo`). Windows come in increasing order. Every rank must call `read`
     /// with the same range, the same number of times.
+    ///
+    /// `direct` (sorted by position, disjoint) are this rank's runs that no other rank takes:
+    /// the parts of them in this rank's slice of a window (`slice`) are read straight to
+    /// their destinations (one preadv), before `take` is called for that window, and the
+    /// window does not hold them. This saves the copy out of shared memory of what a rank
+    /// read for itself.
     ///
     /// No rank is left waiting: a failure on one rank (its read, or its `take` throwing) is
     /// kept until the last window has passed on every rank; then that rank rethrows it and
     /// every other rank throws io_error naming it. After a failure no rank calls `take`
     /// with a window that a failed read left unfilled.
     template <class Take>
-    void read(const file& f, std::size_t begin, std::size_t length, Take&& take) {
+    void read(const file& f, std::size_t begin, std::size_t length,
+              std::span<const direct_run> direct, Take&& take) {
         ++call_;
         std::exception_ptr mine;
         int seen = -1; // a rank whose failure this rank has seen
@@ -122,16 +149,14 @@ public:
                     return q;
             return -1;
         };
-        const auto slice =
-            round_up((window_bytes + std::size_t(members_) - 1) / std::size_t(members_));
+        std::size_t next = 0; // the first run of `direct` not wholly before this rank's slice
         for (std::size_t lo = begin, k = 0; lo < begin + length; lo += window_bytes, ++k) {
             const auto hi = std::min(begin + length, lo + window_bytes);
             std::byte* bytes = window_.segment(0) + (k % 2) * window_bytes;
-            const auto from = std::min(hi, lo + std::size_t(rank_) * slice);
-            const auto to = std::min(hi, from + slice);
+            const auto [from, to] = slice(lo, hi);
             if (!mine && from < to) {
                 try {
-                    f.read_at(bytes + (from - lo), to - from, from);
+                    read_slice(f, from, to, bytes + (from - lo), direct, next);
                     read_ += to - from;
                 } catch (...) {
                     fail();
@@ -161,7 +186,39 @@ public:
                            std::to_string(q) + " of the node failed there");
     }
 
+    /// `read` with every byte taken from the windows.
+    template <class Take>
+    void read(const file& f, std::size_t begin, std::size_t length, Take&& take) {
+        read(f, begin, length, {}, std::forward<Take>(take));
+    }
+
 private:
+    /// Reads bytes [from, to) of `f`: the parts of `direct` runs among them to their
+    /// destinations, the rest to `window` (which stands for `from`). `next` is the first run
+    /// of `direct` not wholly before `from`, and is advanced.
+    void read_slice(const file& f, std::size_t from, std::size_t to, std::byte* window,
+                    std::span<const direct_run> direct, std::size_t& next) {
+        while (next < direct.size() && direct[next].at + direct[next].n <= from)
+            ++next;
+        if (next == direct.size() || direct[next].at >= to) {
+            f.read_at(window, to - from, from);
+            return;
+        }
+        parts_.clear();
+        std::size_t at = from;
+        for (std::size_t i = next; i < direct.size() && direct[i].at < to; ++i) {
+            const auto lo = std::max(direct[i].at, from);
+            const auto hi = std::min(direct[i].at + direct[i].n, to);
+            if (lo > at)
+                parts_.push_back({window + (at - from), lo - at});
+            parts_.push_back({direct[i].to + (lo - direct[i].at), hi - lo});
+            at = hi;
+        }
+        if (at < to)
+            parts_.push_back({window + (at - from), to - at});
+        f.read_scattered_at(parts_, from);
+    }
+
     /// Whether this process may make a shared-memory file of `bytes` (with room to spare):
     /// its file-size limit allows it and /dev/shm, where it would lie, has the space.
     static bool may_allocate(std::size_t bytes) {
@@ -194,6 +251,7 @@ private:
     int rank_ = 0;
     std::uint64_t call_ = 0;
     std::size_t read_ = 0;
+    std::vector<::iovec> parts_; // read_slice's, kept from read to read
 };
 
 } // namespace xshard::detail
