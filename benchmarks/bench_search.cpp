@@ -4,8 +4,9 @@
 //
 // The model is bench_training's MLP as a searched_mlp (1024 -> 4096, relu, 4096 -> 1024; batch
 // 64, double, parallel_cross_entropy, momentum), one training step through the driver
-// (xshard::model::train_step). First the GEMM speed of one rank is measured (the cost model's
-// `gemm_flops`), then every hand strategy of the exhaustive set below is timed, and the
+// (xshard::model::train_step). First the GEMM speed and the memory bandwidth of one rank are
+// measured (the cost model's `gemm_flops` and `memory_bandwidth`: a momentum update on every
+// rank at once), then every hand strategy of the exhaustive set below is timed, and the
 // search's choice (recursive_programming, one pipeline stage: the runtime model runs one) is
 // timed the same way.
 //
@@ -40,6 +41,7 @@
 #include <xtensor-blas/xlinalg.hpp>
 #include <xtensor/xrandom.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <string>
@@ -72,6 +74,28 @@ double gemm_seconds(std::size_t rows, std::size_t in, std::size_t out) {
             std::fputs("", stderr);
     }
     return best;
+}
+
+/// Bytes/s of this rank's elementwise work as the cost model counts it (`memory_bandwidth`):
+/// a momentum update of `n` weights (reads the weight, gradient and velocity, writes the
+/// weight and velocity) and the gradient's zeroing, six weight-sized passes (the best of a
+/// few).
+double update_bandwidth(std::size_t n) {
+    std::vector<double> w(n, 1.0), g(n, 0.5), v(n, 0.25);
+    double best = std::numeric_limits<double>::infinity();
+    for (int r = 0; r < 5; ++r) {
+        const double t0 = MPI_Wtime();
+        for (std::size_t i = 0; i < n; ++i) {
+            v[i] = 0.9 * v[i] + g[i];
+            w[i] -= 1e-3 * v[i];
+        }
+        std::fill(g.begin(), g.end(), 0.0);
+        best = std::min(best, MPI_Wtime() - t0);
+        g.assign(n, 0.5);
+    }
+    if (w[n / 2] == 12345.678) // keep the update
+        std::fputs("", stderr);
+    return 6.0 * double(n * sizeof(double)) / best;
 }
 
 /// The measured seconds of one training step of `widths` with `choices` on mesh dp x tp.
@@ -126,9 +150,14 @@ int main(int argc, char** argv) {
     double flops = 2.0 * double(batch * widths[0] * widths[1]) / g;
     xshard::mpi::allreduce(world, std::span(&flops, 1), xshard::reduction::min);
     so.machine.gemm_flops = flops;
+    // Its memory bandwidth: an update of the first weight's share, on every rank at once.
+    double bandwidth = update_bandwidth(widths[0] * widths[1] / std::size_t(p));
+    xshard::mpi::allreduce(world, std::span(&bandwidth, 1), xshard::reduction::min);
+    so.machine.memory_bandwidth = bandwidth;
     if (world.rank() == 0)
-        std::fprintf(stderr, "bench_search: %d ranks, GEMM %.2f GFLOP/s per rank\n", p,
-                     flops / 1e9);
+        std::fprintf(stderr,
+                     "bench_search: %d ranks, GEMM %.2f GFLOP/s, update %.2f GB/s per rank\n", p,
+                     flops / 1e9, bandwidth / 1e9);
 
     const auto net = xshard::mlp_network(widths, batch);
     using enum activation_split;

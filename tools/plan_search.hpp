@@ -94,7 +94,7 @@ inline int plan_search(int argc, char** argv) {
     long long batch = 0, ranks = 0;
     double memory_gib = 0;
     int level = 2;
-    double gemm = 0;
+    double gemm = 0, bandwidth = 0;
     std::vector<std::string> links;
     app.add_option("--model", model,
                    "mlp:784,512,512,10 or transformer:layers,hidden,heads,seq,vocab")
@@ -105,6 +105,8 @@ inline int plan_search(int argc, char** argv) {
     app.add_option("--level", level, "objective: 0 least communication, 1 least memory, 2 fastest");
     app.add_option("--dtype", dtype, "element type: f16 bf16 f32 f64");
     app.add_option("--gemm-flops", gemm, "GEMM speed per rank, FLOP/s (bench_search measures it)");
+    app.add_option("--memory-bandwidth", bandwidth,
+                   "elementwise work per rank, bytes/s read and written (bench_search measures it)");
     app.add_option("--axis-link", links, "a mesh axis' link: axis=alpha,beta (repeatable)");
     app.add_option("--save", save, "write the chosen strategies as an operator strategy file");
     if (const auto status = parse_arguments(app, argc, argv))
@@ -135,6 +137,11 @@ inline int plan_search(int argc, char** argv) {
             if (!(gemm > 0))
                 throw usage_error("--gemm-flops must be positive");
             o.machine.gemm_flops = gemm;
+        }
+        if (app.count("--memory-bandwidth")) {
+            if (!(bandwidth > 0))
+                throw usage_error("--memory-bandwidth must be positive");
+            o.machine.memory_bandwidth = bandwidth;
         }
         for (const auto& l : links)
             o.machine.links.axis_links.push_back(parse_axis_link(l));
