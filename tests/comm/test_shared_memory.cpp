@@ -13,11 +13,15 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cstdint>
 #include <random>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -126,6 +130,37 @@ TEST(shared_memory, windows_are_moved_and_freed_collectively) {
     EXPECT_TRUE(bool(b));
     a = xshard::shared_window(w, 128);
     EXPECT_GE(a.segment_bytes(w.rank()), 128u);
+}
+
+/// A window whose file one rank could not make (its file-size limit is lower than the window)
+/// raises on every rank, naming that rank, instead of leaving the others waiting in MPI's
+/// allocation; the next window, without the limit, is made.
+TEST(shared_memory, a_window_one_rank_cannot_make_raises_on_every_rank) {
+    const auto w = world();
+    if (!xshard::node_group(w).whole_communicator_shares_memory())
+        GTEST_SKIP() << "shared memory turned off";
+    const int limited = w.size() - 1;
+    rlimit before{};
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
+    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN); // a write past it fails instead
+    if (w.rank() == limited) {
+        rlimit low = before;
+        low.rlim_cur = 1 << 20;
+        ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &low), 0);
+    }
+    try {
+        xshard::shared_window big(w, w.rank() == 0 ? std::size_t(8) << 20 : 0);
+        ADD_FAILURE() << "a window past rank " << limited << "'s file-size limit was made";
+    } catch (const xshard::error& e) {
+        EXPECT_NE(std::string(e.what()).find("file-size limit of rank " + std::to_string(limited)),
+                  std::string::npos)
+            << e.what();
+    }
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &before), 0);
+    std::signal(SIGXFSZ, old_handler);
+    xshard::shared_window next(w, w.rank() == 0 ? std::size_t(8) << 20 : 0);
+    EXPECT_TRUE(bool(next));
+    EXPECT_GE(next.segment_bytes(0), std::size_t(8) << 20);
 }
 
 TEST(shared_memory, all_reduce_reads_summands_in_place) {

@@ -8,12 +8,31 @@
 
 #include <mpi.h>
 
+#include <sys/resource.h>
+#include <sys/statvfs.h>
+
 #include <cstddef>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace xshard {
+
+namespace detail {
+
+/// Whether this process may make a file of `bytes` in shared memory, with a MiB to spare: its
+/// file-size limit allows it and /dev/shm, where MPI makes shared windows, has the room.
+inline bool may_make_shared_file(std::size_t bytes) {
+    const std::size_t need = bytes + (std::size_t(1) << 20);
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+        limit.rlim_cur < need)
+        return false;
+    struct statvfs fs {};
+    return ::statvfs("/dev/shm", &fs) != 0 || std::size_t(fs.f_bavail) * fs.f_frsize >= need;
+}
+
+} // namespace detail
 
 /// `bytes` of memory per member of a communicator whose members share one node
 /// (MPI_Win_allocate_shared), with every member's segment mapped into this process
@@ -26,8 +45,27 @@ public:
     shared_window() = default;
 
     /// Allocates `bytes` (may differ per member, may be 0) on every member of `c`.
-    /// Collective; `c` must lie within one node. Throws mpi_error when MPI refuses.
+    /// Collective; `c` must lie within one node. Throws error on every member when some
+    /// member could not make the window's file (see below), mpi_error when MPI refuses.
+    ///
+    /// MPI makes the window a file in shared memory (Open MPI: one file of every member's
+    /// bytes, made by one member). Where that cannot succeed (a file-size limit, a full
+    /// /dev/shm) it fails on that member and leaves the others waiting in the allocation for
+    /// ever: so first every member checks that it could make the whole file, and all agree
+    /// (two all-reduces).
     shared_window(const communicator& c, std::size_t bytes) {
+        unsigned long long total = bytes;
+        detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM,
+                                        c.native()),
+                          "MPI_Allreduce");
+        int refusing = detail::may_make_shared_file(std::size_t(total)) ? c.size() : c.rank();
+        detail::check_mpi(
+            MPI_Allreduce(MPI_IN_PLACE, &refusing, 1, MPI_INT, MPI_MIN, c.native()),
+            "MPI_Allreduce");
+        if (refusing < c.size())
+            throw error("xshard: a shared-memory window of " + std::to_string(total) +
+                        " bytes cannot be made: the file-size limit of rank " +
+                        std::to_string(refusing) + " or the free space in /dev/shm forbids it");
         MPI_Info info = MPI_INFO_NULL;
         // Segments page-aligned in their own pages: members write their own segment hard,
         // and false sharing across a segment boundary would slow both.

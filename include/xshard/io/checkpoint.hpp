@@ -60,7 +60,6 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -610,20 +609,20 @@ inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
         // Every file read below is opened now (its header parsed, every block checked to be
         // stored as the strategy says), before any data is read.
         for (std::size_t i = 0; i < nt; ++i) {
+            const auto& t = m.tensors[i];
             blocks[i] = r.blocks(*stored[i]);
+            std::vector<stored_block> mine; // the blocks this rank reads from
             for (const auto& b : blocks[i]) {
-                const bool straddles = !inside_one_block(m.tensors[i], b);
+                const bool straddles = !inside_one_block(t, b);
                 shared = shared || straddles;
-                if (straddles || meets(m.tensors[i], b))
+                const bool reads = meets(t, b);
+                if (reads)
+                    mine.push_back(b);
+                if (straddles || reads)
                     r.segments(*stored[i], b);
             }
-            const auto& t = m.tensors[i];
-            if (c.size() > 1 && read_on_node(r, *stored[i], t, blocks[i])) {
-                std::vector<stored_block> mine;
-                std::copy_if(blocks[i].begin(), blocks[i].end(), std::back_inserter(mine),
-                             [&](const stored_block& b) { return meets(t, b); });
+            if (c.size() > 1 && read_on_node(r, *stored[i], t, blocks[i]))
                 together[i] = r.plan_node_read(*stored[i], mine, t.offset, t.extent);
-            }
         }
     });
     check_same_file(c, r.identity(), r.path());

@@ -19,8 +19,6 @@
 #include <xshard/comm/shared_window.hpp>
 #include <xshard/io/files.hpp>
 
-#include <sys/resource.h>
-#include <sys/statvfs.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -50,19 +48,13 @@ public:
     node_file_reader() = default;
 
     /// Collective over `c`: a split by node, an all-reduce, and, when the node is the whole
-    /// communicator, an all-reduce of whether every rank can make its part of the windows,
-    /// their allocation, and another all-reduce (of whether it succeeded everywhere).
+    /// communicator, the windows' allocation (which all ranks agree can be made) and another
+    /// all-reduce (of whether it succeeded everywhere).
     explicit node_file_reader(const communicator& c) {
         if (c.size() < 2 || !node_group(c).whole_communicator_shares_memory())
             return;
         const auto bytes = c.rank() == 0 ? 2 * window_bytes + flag_bytes(c.size()) : 0;
-        // MPI allocates the windows as a file in shared memory; where that cannot succeed
-        // (a file-size limit, a full /dev/shm) it fails on one rank and leaves the others
-        // waiting in the allocation: so every rank checks first, and all agree.
-        int ok = may_allocate(bytes) ? 1 : 0;
-        allreduce(c, std::span(&ok, 1), reduction::min);
-        if (!ok)
-            return;
+        int ok = 1;
         try {
             window_ = shared_window(c, bytes);
             barrier_ = node_barrier(c);
@@ -217,18 +209,6 @@ private:
         if (at < to)
             parts_.push_back({window + (at - from), to - at});
         f.read_scattered_at(parts_, from);
-    }
-
-    /// Whether this process may make a shared-memory file of `bytes` (with room to spare):
-    /// its file-size limit allows it and /dev/shm, where it would lie, has the space.
-    static bool may_allocate(std::size_t bytes) {
-        const std::size_t need = bytes + (std::size_t(1) << 20);
-        rlimit limit{};
-        if (::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
-            limit.rlim_cur < need)
-            return false;
-        struct statvfs fs {};
-        return ::statvfs("/dev/shm", &fs) != 0 || std::size_t(fs.f_bavail) * fs.f_frsize >= need;
     }
 
     /// Two sets of a flag per member, used by turns by successive reads: the number of the
