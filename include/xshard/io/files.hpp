@@ -94,19 +94,8 @@ public:
     }
     /// Reads exactly `n` bytes at `offset` (a short file is an error).
     void read_at(void* out, std::size_t n, std::size_t offset) const {
-        auto* p = static_cast<char*>(out);
-        while (n > 0) {
-            const auto got = ::pread(fd_, p, n, off_t(offset));
-            if (got < 0 && errno == EINTR)
-                continue;
-            if (got < 0)
-                io_fail("cannot read", path_);
-            if (got == 0)
-                throw io_error("xshard: " + path_ + " is truncated");
-            p += got;
-            n -= std::size_t(got);
-            offset += std::size_t(got);
-        }
+        ::iovec one{out, n};
+        read_scattered_at(std::span(&one, 1), offset);
     }
     /// Reads exactly the bytes `parts` describe (each a destination and a length, filled in
     /// turn) from `offset` on, a preadv of up to IOV_MAX parts at a time (a short file is an
