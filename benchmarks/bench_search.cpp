@@ -28,6 +28,7 @@
 //       transformer yet.
 
 #include <xshard/auto/auto_parallel.hpp>
+#include <xshard/auto/calibrate.hpp>
 #include <xshard/auto/model.hpp>
 #include <xshard/auto/search.hpp>
 #include <xshard/auto/searched_mlp.hpp>
@@ -38,7 +39,6 @@
 
 #include "harness.hpp"
 
-#include <xtensor-blas/xlinalg.hpp>
 #include <xtensor/xrandom.hpp>
 
 #include <algorithm>
@@ -59,44 +59,6 @@ struct hand {
     int dp, tp, hsdp;
     std::vector<op_choice> choices;
 };
-
-/// Seconds of one [rows, in] x [in, out] dgemm on this rank (the best of a few).
-double gemm_seconds(std::size_t rows, std::size_t in, std::size_t out) {
-    std::mt19937 e(3);
-    const xt::xtensor<double, 2> a = xt::random::randn<double>({rows, in}, 0.0, 1.0, e);
-    const xt::xtensor<double, 2> b = xt::random::randn<double>({in, out}, 0.0, 1.0, e);
-    double best = std::numeric_limits<double>::infinity();
-    for (int r = 0; r < 5; ++r) {
-        const double t0 = MPI_Wtime();
-        xt::xtensor<double, 2> c = xt::linalg::dot(a, b);
-        best = std::min(best, MPI_Wtime() - t0);
-        if (c(0, 0) == 12345.678) // keep the product
-            std::fputs("", stderr);
-    }
-    return best;
-}
-
-/// Bytes/s of this rank's elementwise work as the cost model counts it (`memory_bandwidth`):
-/// a momentum update of `n` weights (reads the weight, gradient and velocity, writes the
-/// weight and velocity) and the gradient's zeroing, six weight-sized passes (the best of a
-/// few).
-double update_bandwidth(std::size_t n) {
-    std::vector<double> w(n, 1.0), g(n, 0.5), v(n, 0.25);
-    double best = std::numeric_limits<double>::infinity();
-    for (int r = 0; r < 5; ++r) {
-        const double t0 = MPI_Wtime();
-        for (std::size_t i = 0; i < n; ++i) {
-            v[i] = 0.9 * v[i] + g[i];
-            w[i] -= 1e-3 * v[i];
-        }
-        std::fill(g.begin(), g.end(), 0.0);
-        best = std::min(best, MPI_Wtime() - t0);
-        g.assign(n, 0.5);
-    }
-    if (w[n / 2] == 12345.678) // keep the update
-        std::fputs("", stderr);
-    return 6.0 * double(n * sizeof(double)) / best;
-}
 
 /// The measured seconds of one training step of `widths` with `choices` on mesh dp x tp.
 double measure(const xshard::communicator& world, const bench::options& o,
@@ -141,23 +103,19 @@ int main(int argc, char** argv) {
                                                     : std::vector<std::size_t>{1024, 4096, 1024};
     const std::size_t batch = 64;
 
-    // The cost model's GEMM speed: the first layer's product on one rank's share.
+    // The cost model's GEMM speed (the first layer's product) and memory bandwidth (an update
+    // of the first weight's share), measured on every rank at once (auto/calibrate.hpp).
     xshard::search_options so;
     so.ranks = p;
-    so.machine.element = 8;
     so.machine.optimizer_states = 1; // momentum: one slot per weight (the default is Adam's two)
-    const double g = gemm_seconds(batch, widths[0], widths[1]);
-    double flops = 2.0 * double(batch * widths[0] * widths[1]) / g;
-    xshard::mpi::allreduce(world, std::span(&flops, 1), xshard::reduction::min);
-    so.machine.gemm_flops = flops;
-    // Its memory bandwidth: an update of the first weight's share, on every rank at once.
-    double bandwidth = update_bandwidth(widths[0] * widths[1] / std::size_t(p));
-    xshard::mpi::allreduce(world, std::span(&bandwidth, 1), xshard::reduction::min);
-    so.machine.memory_bandwidth = bandwidth;
+    so.machine = xshard::measure_machine<double>(
+        world, so.machine,
+        {.rows = batch, .in = widths[0], .out = widths[1],
+         .elements = widths[0] * widths[1] / std::size_t(p), .repeats = 5});
     if (world.rank() == 0)
         std::fprintf(stderr,
                      "bench_search: %d ranks, GEMM %.2f GFLOP/s, update %.2f GB/s per rank\n", p,
-                     flops / 1e9, bandwidth / 1e9);
+                     so.machine.gemm_flops / 1e9, so.machine.memory_bandwidth / 1e9);
 
     const auto net = xshard::mlp_network(widths, batch);
     using enum activation_split;

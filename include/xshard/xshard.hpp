@@ -3,6 +3,7 @@
 /// Everything xshard offers, in one include.
 
 #include <xshard/auto/auto_parallel.hpp>
+#include <xshard/auto/calibrate.hpp>
 #include <xshard/auto/cost.hpp>
 #include <xshard/auto/group_file.hpp>
 #include <xshard/auto/initializer.hpp>

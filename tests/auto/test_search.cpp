@@ -5,6 +5,7 @@
 // one process: every rank computes the same thing.
 
 #include <xshard/auto/auto_parallel.hpp>
+#include <xshard/auto/calibrate.hpp>
 #include <xshard/auto/cost.hpp>
 #include <xshard/auto/model.hpp>
 #include <xshard/auto/operator_strategy_file.hpp>
@@ -25,8 +26,10 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -527,6 +530,60 @@ TEST(searched_mlp, operator_strategy_files_apply_at_run_time) {
         "missing.json");
     xshard::testing::expect_error([&] { (void)load_operator_strategy(broken); },
                                   "version 7 is not supported");
+}
+
+TEST(searched_mlp, engines_price_with_the_machine_measured_or_set) {
+    // measure_machine: positive, finite figures, the same on every rank (the slowest rank's).
+    const auto m = world_meshes().back();
+    const auto measured = measure_machine<double>(
+        m.comm(), {}, {.rows = 32, .in = 128, .out = 256, .elements = 1 << 16, .repeats = 2});
+    EXPECT_EQ(measured.element, sizeof(double));
+    for (double v : {measured.gemm_flops, measured.memory_bandwidth}) {
+        EXPECT_TRUE(std::isfinite(v) && v > 0) << v;
+        std::array<double, 2> range{v, -v};
+        xshard::mpi::allreduce(m.comm(), std::span(range), reduction::min);
+        EXPECT_EQ(range[0], -range[1]) << "a figure differs between ranks";
+    }
+    // The engines price with the machine they are given: GEMMs 1000x slower make the tiny MLP's
+    // predicted computation (its GEMMs; its relus cost nanoseconds) about 1000x longer.
+    const std::vector<std::size_t> widths{features, 32, 32, classes};
+    auto slow = measured;
+    slow.gemm_flops = measured.gemm_flops / 1000;
+    mlp_t model(m, widths, rows, 5);
+    const auto fast_plan =
+        run_strategy_engine(model, m.shape(), m.comm(), false, {}, {}, measured);
+    const auto slow_plan = run_strategy_engine(model, m.shape(), m.comm(), false, {}, {}, slow);
+    EXPECT_GT(slow_plan.compute_seconds, 500 * fast_plan.compute_seconds) << mesh_text(m);
+    // auto_parallel passes the machine it was set to its engine: the saved file's prediction.
+    const auto path = scratch("priced.json");
+    {
+        mlp_t searched(m, widths, rows, 5);
+        auto_parallel<mlp_t, mesh_t> net(searched, m, "sharding_propagation");
+        net.set_machine_model(slow);
+        EXPECT_EQ(net.machine().gemm_flops, slow.gemm_flops);
+        net.save_operator_strategy_file(path);
+        net.compile();
+    }
+    // What the engine computes (strategy_engine.hpp), priced with the slow machine.
+    const auto net = mlp_network(widths, rows);
+    const parallel_degrees d{m.axis_size<"dp">(), m.axis_size<"tp">(), 1, 1, 0};
+    search_options o;
+    o.machine = slow;
+    o.ranks = m.size();
+    o.degrees = d;
+    o.hsdp_levels = {0};
+    o.output_splits = {activation_split::rows, activation_split::features};
+    const auto expected =
+        propagate_strategies(net, d, std::vector<std::optional<op_choice>>(net.ops.size()), o);
+    EXPECT_NEAR(load_operator_strategy(path).step_seconds, expected.step_seconds,
+                1e-9 * expected.step_seconds);
+    EXPECT_GT(expected.step_seconds, 500 * fast_plan.compute_seconds);
+    // A machine that cannot be priced with raises on every rank.
+    mlp_t other(m, widths, rows, 5);
+    auto_parallel<mlp_t, mesh_t> unpriced(other, m, "recursive_programming");
+    auto bad = measured;
+    bad.memory_bandwidth = 0;
+    xshard::testing::expect_error([&] { unpriced.set_machine_model(bad); }, "must be positive");
 }
 
 } // namespace

@@ -347,6 +347,20 @@ public:
         agree(path_problem("load_operator_strategy_file", path, true));
         load_operator_strategy_ = path;
     }
+    /// The machine the engines (recursive_programming, sharding_propagation) price with:
+    /// auto/cost.hpp's defaults until set; `measure_machine<T>(comm)` (auto/calibrate.hpp)
+    /// measures the ranks'. Positive GEMM speed, memory bandwidth and element size, else
+    /// xshard::error on every rank. Agreed over the mesh.
+    void set_machine_model(const machine_model& m) {
+        agree(m.gemm_flops > 0 && m.memory_bandwidth > 0 && m.element > 0 &&
+                      m.optimizer_states >= 0
+                  ? std::nullopt
+                  : std::optional<std::string>(
+                        "xshard: set_machine_model: the GEMM speed, memory bandwidth and element "
+                        "size must be positive and the optimizer states not negative"));
+        machine_ = m;
+    }
+    const machine_model& machine() const noexcept { return machine_; }
     /// Strategy files hold every parameter, not only the trainable ones.
     void disable_strategy_file_only_for_trainable_params() { only_trainable_ = false; }
     /// Where compile() saves the communication groups (auto/group_file.hpp). Agreed.
@@ -500,7 +514,7 @@ public:
             if (mode_ != parallel_mode::semi_auto)
                 run_strategy_engine(*model_, mesh_.shape(), mesh_.comm(),
                                     mode_ == parallel_mode::sharding_propagation,
-                                    load_operator_strategy_, save_operator_strategy_);
+                                    load_operator_strategy_, save_operator_strategy_, machine_);
         if (no_init_ && !initialized_) {
             // A rule throwing on some ranks only raises on every rank.
             agreed(mesh_.comm(),
@@ -572,6 +586,7 @@ private:
     std::string dump_directory_;
     std::string save_param_strategy_, load_param_strategy_;
     std::string save_operator_strategy_, load_operator_strategy_;
+    machine_model machine_{}; ///< what the engines price with (set_machine_model)
     bool only_trainable_ = true;
     std::string group_file_;
     std::optional<deferred_init_options> no_init_;

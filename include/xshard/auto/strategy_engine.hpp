@@ -37,14 +37,17 @@ concept strategy_searchable = requires(M& m, const std::vector<op_choice>& c) {
 
 /// Runs recursive_programming (`propagate` false) or sharding_propagation (true) for `model`
 /// on `mesh` (axes dp and tp), loading and saving operator strategy files where the paths are
-/// not empty (see the file comment). Returns the plan applied. Collective over `comm`.
+/// not empty (see the file comment), pricing with `machine` (auto/calibrate.hpp measures
+/// one). Returns the plan applied. Collective over `comm`.
 template <strategy_searchable M>
 strategy_plan run_strategy_engine(M& model, const mesh_shape& mesh, const communicator& comm,
                                   bool propagate, const std::string& load_path = {},
-                                  const std::string& save_path = {}) {
+                                  const std::string& save_path = {},
+                                  const machine_model& machine = {}) {
     const auto& net = model.spec();
     const parallel_degrees d{mesh.axis_size("dp"), mesh.axis_size("tp"), 1, 1, 0};
     search_options o;
+    o.machine = machine;
     o.ranks = mesh.size();
     o.degrees = d;
     o.hsdp_levels = {0};
