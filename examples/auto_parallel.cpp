@@ -13,7 +13,7 @@
 //
 //   mpirun -n 4 build/examples/auto_parallel                    # MNIST-format files it writes
 //   mpirun -n 4 build/examples/auto_parallel --mnist DIR        # DIR/train-images-idx3-ubyte ...
-//   mpirun -n 4 build/examples/auto_parallel --mode recursive_programming
+//   mpirun -n 4 build/examples/auto_parallel --mode recursive_programming [--measure-machine]
 //
 // The search modes (recursive_programming, sharding_propagation) need a model whose operator
 // strategies are set at run time: there the network is the same chain as a searched_mlp
@@ -107,7 +107,7 @@ int run(int argc, char** argv) {
                 out = "auto_parallel_out", level = "level1";
     int epochs = 2, tp = 0, stages = 0;
     double lr = 0.01;
-    bool print_norms = false, gradients_mean = false;
+    bool print_norms = false, gradients_mean = false, measure = false;
     app.add_option("--mode", mode, "parallel_mode")
         ->check(CLI::IsMember({"semi_auto", "sharding_propagation", "recursive_programming"}));
     app.add_option("--epochs", epochs, "epochs")->check(CLI::PositiveNumber);
@@ -118,6 +118,9 @@ int run(int argc, char** argv) {
     app.add_option("--stages", stages, "pipeline stages (default: 2 on an even world)");
     app.add_option("--hsdp-level", level, "hsdp optimizer_level");
     app.add_option("--lr", lr, "SGD learning rate (the seed's 1e-2)");
+    app.add_flag("--measure-machine", measure,
+                 "the search modes price with the ranks' measured GEMM speed and memory "
+                 "bandwidth (xshard::measure_machine) instead of the cost model's defaults");
     app.add_flag("--print-norms", print_norms, "enable_device_local_norm (prints every rank's)");
     app.add_flag("--gradients-mean", gradients_mean,
                  "enable_gradients_mean (divides by the data-parallel copies: see below)");
@@ -182,6 +185,13 @@ int run(int argc, char** argv) {
         // gradient tp times one rank's and the losses would depend on the mesh.
         if (parallel_net.loss_repetitions() == 1)
             parallel_net.disable_loss_repeated_mean();
+        if (measure) {
+            parallel_net.set_machine_model(xshard::measure_machine<T>(mesh.comm()));
+            if (mesh.rank() == 0)
+                std::printf("measured machine: GEMM %.2f GFLOP/s, memory %.2f GB/s per rank\n",
+                            parallel_net.machine().gemm_flops / 1e9,
+                            parallel_net.machine().memory_bandwidth / 1e9);
+        }
 
         // Pipeline(WithLossCell(net, loss_fn), 4, stage_config) and Model(parallel_net, ...).
         xshard::optim::sgd optimizer({.lr = lr});
