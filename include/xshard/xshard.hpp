@@ -42,6 +42,7 @@
 #include <xshard/core/node_shared.hpp>
 #include <xshard/core/partition.hpp>
 #include <xshard/core/rule.hpp>
+#include <xshard/core/sharded_layout.hpp>
 #include <xshard/core/static_vector.hpp>
 #include <xshard/core/strategy.hpp>
 #include <xshard/core/volume.hpp>

@@ -142,6 +142,33 @@ TEST(search_cost, per_axis_links_price_steps_over_their_axes) {
                   cost_model{}.all_gather.alpha);
 }
 
+TEST(search_cost, hsdp_is_priced_on_the_layout_it_shards_to) {
+    // The cost model's sharded layout is train/hsdp.hpp's: the dimension whose block comes out
+    // smallest, not the one whose own piece does ([8, 6] split [-, tp] over dp 2, tp 2: the
+    // rows, a block of 4 x 3, not the columns' 8 x 2; it priced the columns before).
+    const auto m = dp_tp(2, 2);
+    const auto dp = axis_set{}.with(0), both = dp.with(1); // the axes a weight is replicated on
+    struct one_case {
+        layout value;
+        std::vector<std::size_t> shape;
+        axis_set replicated;
+    };
+    for (const auto& [value, shape, replicated] :
+         std::vector<one_case>{{layout::parse("[-, tp]"), {8, 6}, dp},
+                               {layout::parse("[tp, -]"), {8, 6}, dp},
+                               {layout::parse("[-, -]"), {3, 10}, both},
+                               {layout::parse("[-, -]"), {4096, 1024}, both},
+                               {layout::parse("[-, tp]"), {1024, 4096}, dp},
+                               {layout::parse("[-]"), {5}, both}}) {
+        const auto priced = detail::sharded_layout(value, m, shape);
+        ASSERT_TRUE(priced.has_value());
+        EXPECT_EQ(*priced, sharded_layout(value, m, shape, replicated)) << value.to_string();
+    }
+    EXPECT_EQ(*detail::sharded_layout(layout::parse("[-, tp]"), m, {8, 6}),
+              layout::parse("[dp, tp]"));
+    EXPECT_FALSE(detail::sharded_layout(layout::parse("[dp, tp]"), m, {8, 6}).has_value());
+}
+
 TEST(search_cost, linear_layer_costs_by_hand) {
     machine_model m;
     m.element = 4;

@@ -36,6 +36,7 @@
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/partition.hpp>
+#include <xshard/core/sharded_layout.hpp>
 #include <xshard/redistribute/cost_model.hpp>
 #include <xshard/redistribute/geometry.hpp>
 #include <xshard/redistribute/planner.hpp>
@@ -426,31 +427,17 @@ constexpr std::size_t largest_block(std::size_t n, std::size_t k) {
 }
 
 /// A weight's layout with its replicated axes of size > 1 (its data-parallel group) added to
-/// one dimension (train/hsdp.hpp's sharded layout); nullopt when it has none.
+/// one dimension, as train/hsdp.hpp shards it (core/sharded_layout.hpp); nullopt when it has
+/// none.
 inline std::optional<layout> sharded_layout(const layout& w, const mesh_shape& mesh,
                                             const std::vector<std::size_t>& shape) {
-    dim_axes extra;
+    axis_set extra;
     for (std::size_t i = 0; i < mesh.names.size(); ++i)
         if (mesh.sizes[i] > 1 && !w.uses(mesh.names[i]))
-            extra.push_back(mesh.names[i]);
+            extra = extra.with(i);
     if (extra.empty())
         return std::nullopt;
-    // The dimension whose largest block comes out smallest.
-    std::size_t best = 0, best_block = std::size_t(-1);
-    for (std::size_t d = 0; d < w.rank(); ++d) {
-        std::size_t ways = std::size_t(w.split_count(d, mesh));
-        for (const auto& a : extra)
-            ways *= std::size_t(mesh.axis_size(a.view()));
-        const auto b = largest_block(shape[d], ways);
-        if (b < best_block) {
-            best_block = b;
-            best = d;
-        }
-    }
-    layout s = w;
-    for (const auto& a : extra)
-        s.dims[best].push_back(a);
-    return s;
+    return xshard::sharded_layout(w, mesh, shape, extra);
 }
 
 } // namespace detail

@@ -73,6 +73,7 @@
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/partition.hpp>
+#include <xshard/core/sharded_layout.hpp>
 #include <xshard/core/volume.hpp>
 #include <xshard/param/traversal.hpp>
 #include <xshard/param/weight.hpp>
@@ -292,35 +293,6 @@ inline hsdp_group hsdp_axes(axis_set replicated, const mesh_shape& mesh, int sha
 }
 
 } // namespace detail
-
-/// The sharded layout of a tensor laid out as `value` with global `shape`: the mesh axes
-/// `axes` (which `value` must not use) appended, in mesh order, to the axes of the dimension
-/// whose largest block then comes out smallest (the lowest such dimension). `value` itself
-/// when `axes` is empty or the tensor has rank 0. No communication.
-template <std::size_t N>
-layout sharded_layout(const layout& value, const mesh_shape& mesh,
-                      const std::array<std::size_t, N>& shape, axis_set axes) {
-    if (axes.empty() || N == 0)
-        return value;
-    const auto g = std::size_t(mesh.group_size(axes));
-    std::size_t best_dim = 0, best = 0;
-    for (std::size_t d = 0; d < N; ++d) {
-        std::size_t v = 1;
-        for (std::size_t e = 0; e < N; ++e) {
-            const auto k = std::size_t(value.split_count(e, mesh)) * (e == d ? g : 1);
-            v *= (shape[e] + k - 1) / k;
-        }
-        if (d == 0 || v < best) {
-            best = v;
-            best_dim = d;
-        }
-    }
-    layout out = value;
-    for (std::size_t i = 0; i < mesh.ndim(); ++i)
-        if (axes.contains(i))
-            out.dims[best_dim].push_back(mesh.names[i]);
-    return out;
-}
 
 /// The per-rank bytes of the optimizer's state of `model`'s weights and of the master copies
 /// it updates: for a sharded weight its shard's master block and slots, for another its value
