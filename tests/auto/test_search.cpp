@@ -593,15 +593,9 @@ TEST(searched_mlp, engines_price_with_the_machine_measured_or_set) {
     }
     // What the engine computes (strategy_engine.hpp), priced with the slow machine.
     const auto net = mlp_network(widths, rows);
-    const parallel_degrees d{m.axis_size<"dp">(), m.axis_size<"tp">(), 1, 1, 0};
-    search_options o;
-    o.machine = slow;
-    o.ranks = m.size();
-    o.degrees = d;
-    o.hsdp_levels = {0};
-    o.output_splits = {activation_split::rows, activation_split::features};
-    const auto expected =
-        propagate_strategies(net, d, std::vector<std::optional<op_choice>>(net.ops.size()), o);
+    const auto o = engine_options(m.shape(), slow);
+    const auto expected = propagate_strategies(
+        net, *o.degrees, std::vector<std::optional<op_choice>>(net.ops.size()), o);
     EXPECT_NEAR(load_operator_strategy(path).step_seconds, expected.step_seconds,
                 1e-9 * expected.step_seconds);
     EXPECT_GT(expected.step_seconds, 500 * fast_plan.compute_seconds);

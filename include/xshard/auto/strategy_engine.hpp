@@ -35,6 +35,19 @@ concept strategy_searchable = requires(M& m, const std::vector<op_choice>& c) {
     m.apply_strategy(c);
 };
 
+/// What the run-time engines search with on `mesh` (axes dp and tp): its degrees, one stage,
+/// no hsdp, outputs split as the loss takes them, priced with `machine`.
+inline search_options engine_options(const mesh_shape& mesh, const machine_model& machine = {}) {
+    search_options o;
+    o.machine = machine;
+    o.ranks = mesh.size();
+    o.degrees = parallel_degrees{mesh.axis_size("dp"), mesh.axis_size("tp"), 1, 1, 0};
+    o.hsdp_levels = {0};
+    // The loss takes rows split like the labels: over dp, the classes whole or over tp.
+    o.output_splits = {activation_split::rows, activation_split::features};
+    return o;
+}
+
 /// Runs recursive_programming (`propagate` false) or sharding_propagation (true) for `model`
 /// on `mesh` (axes dp and tp), loading and saving operator strategy files where the paths are
 /// not empty (see the file comment), pricing with `machine` (auto/calibrate.hpp measures
@@ -45,14 +58,8 @@ strategy_plan run_strategy_engine(M& model, const mesh_shape& mesh, const commun
                                   const std::string& save_path = {},
                                   const machine_model& machine = {}) {
     const auto& net = model.spec();
-    const parallel_degrees d{mesh.axis_size("dp"), mesh.axis_size("tp"), 1, 1, 0};
-    search_options o;
-    o.machine = machine;
-    o.ranks = mesh.size();
-    o.degrees = d;
-    o.hsdp_levels = {0};
-    // The loss takes rows split like the labels: over dp, the classes whole or over tp.
-    o.output_splits = {activation_split::rows, activation_split::features};
+    const auto o = engine_options(mesh, machine);
+    const auto d = *o.degrees;
     std::vector<std::optional<op_choice>> given(net.ops.size());
     if (propagate && !load_path.empty()) {
         const auto file = agreed<io_error>(comm, [&] {
