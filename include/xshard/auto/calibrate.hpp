@@ -18,6 +18,7 @@
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/ops/matmul.hpp>
+#include <xshard/optim/optimizers.hpp>
 
 #include <algorithm>
 #include <array>
@@ -62,18 +63,15 @@ double measure_gemm_flops(std::size_t rows, std::size_t in, std::size_t out, int
     return 2.0 * double(rows) * double(in) * double(out) / std::max(s, 1e-9);
 }
 
-/// Bytes/s of this rank's elementwise work as the cost model counts it: a momentum update of
-/// `n` elements of T (reading the weight, the gradient and the velocity, writing the weight and
-/// the velocity) and the gradient's zeroing, six passes over `n` elements; the fastest of
-/// `repeats`. No communication.
+/// Bytes/s of this rank's elementwise work as the cost model counts it: Momentum's update of
+/// `n` elements of T as the optimizer runs it (optim's `momentum_pass`: reads the weight, the
+/// gradient and the velocity, writes the weight and the velocity) and the gradient's zeroing,
+/// six passes over `n` elements; the fastest of `repeats`. No communication.
 template <class T>
 double measure_update_bandwidth(std::size_t n, int repeats = 3) {
     std::vector<T> w(n, T(1)), g(n, T(0.5)), v(n, T(0.25));
     const double s = detail::fastest_of(repeats, [&] {
-        for (std::size_t i = 0; i < n; ++i) {
-            v[i] = T(0.9) * v[i] + g[i];
-            w[i] -= T(1e-3) * v[i];
-        }
+        detail::momentum_pass(w.data(), v.data(), g.data(), n, T(0.9), T(1e-3), false);
         std::fill(g.begin(), g.end(), T(0));
     });
     // The weights are read below, so that the update is not optimised away.
