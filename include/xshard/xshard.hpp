@@ -111,6 +111,7 @@
 #include <xshard/redistribute/cross_mesh.hpp>
 #include <xshard/redistribute/geometry.hpp>
 #include <xshard/redistribute/halo.hpp>
+#include <xshard/redistribute/meter.hpp>
 #include <xshard/redistribute/node_step.hpp>
 #include <xshard/redistribute/plan.hpp>
 #include <xshard/redistribute/planner.hpp>

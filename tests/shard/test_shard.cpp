@@ -4,6 +4,7 @@
 #include <xshard/ops/elementwise.hpp>
 #include <xshard/ops/matmul.hpp>
 #include <xshard/ops/reduce.hpp>
+#include <xshard/redistribute/meter.hpp>
 #include <xshard/shard/shard.hpp>
 #include <xshard/tensor/gather.hpp>
 
@@ -282,3 +283,151 @@ TEST(shard, one_callable_serves_float_and_double_tensors_of_one_layout) {
 }
 
 } // namespace
+
+namespace {
+
+/// The same text on every rank of `m`.
+bool agreed_text(const M& m, const std::string& s) {
+    const auto h = static_cast<unsigned long long>(std::hash<std::string>{}(s));
+    return xshard::value_ranges<1>(m.comm(), {h})[0].agrees();
+}
+
+/// The communication the planner predicts for one call of `f` (the maximum over the ranks),
+/// or -1 when the call raises.
+template <class F>
+double predicted_communication(const M& m, F&& f) {
+    std::array<double, 2> v{0, 0}; // failed, seconds
+    try {
+        xshard::redistribution_meter meter;
+        f();
+        v[1] = meter.seconds();
+    } catch (const std::exception&) {
+        v[0] = 1;
+    }
+    xshard::mpi::allreduce(m.comm(), v, xshard::reduction::max);
+    return v[0] != 0 ? -1 : v[1];
+}
+
+} // namespace
+
+TEST(shard, sharding_propagation_derives_the_none_inputs_by_level) {
+    const auto m = make_mesh();
+    const bool mp = m.axis_size<"mp">() > 1;
+    const auto gx = random_array<2>({12, 8}, 16), gw = random_array<2>({8, 6}, 17);
+    const xt::xtensor<double, 2> expected = xt::linalg::dot(gx, gw);
+    int calls = 0;
+    auto mm = [&calls](const auto& x, const auto& w) {
+        ++calls;
+        return xshard::ops::matmul(x, w);
+    };
+    const auto x = xshard::distribute<"[-, -]">(m, gx);
+    const auto w = xshard::distribute<"[-, -]">(m, gw);
+    // Level 0: the weight kept whole: no communication at all (splitting its columns would
+    // need the output's columns gathered).
+    auto least_communication =
+        xshard::shard(m, mm, std::tuple(spec<"[dp, -]">, none), spec<"[dp, -]">,
+                      xshard::sharding_propagation{.level = 0});
+    least_communication.traced();
+    const auto y0 = least_communication(x, w);
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(y0), expected));
+    const auto& d0 = least_communication.derived_layouts();
+    ASSERT_EQ(d0.size(), 2u);
+    EXPECT_FALSE(d0[0].has_value()); // a spec was given
+    ASSERT_TRUE(d0[1].has_value());
+    EXPECT_EQ(*d0[1], layout("[-, -]")) << least_communication.describe();
+    EXPECT_NE(least_communication.describe().find("input 1 derived (level 0"), std::string::npos)
+        << least_communication.describe();
+    // Level 1: the weight's columns split over mp (the only split matmul's rule accepts
+    // beside x's rows over dp), from arrays every rank holds whole.
+    auto least_memory = xshard::shard(m, mm, std::tuple(spec<"[dp, -]">, none), spec<"[dp, -]">,
+                                      xshard::sharding_propagation{.level = 1});
+    const auto y1 = least_memory(gx, gw);
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(y1), expected));
+    ASSERT_TRUE(least_memory.derived_layouts()[1].has_value());
+    EXPECT_EQ(*least_memory.derived_layouts()[1], mp ? layout("[-, mp]") : layout("[-, -]"));
+    // Derived once per layouts, shapes and element type: the next call runs fn once.
+    calls = 0;
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(least_memory(gx, gw)), expected));
+    EXPECT_EQ(calls, 1);
+    // Another shape is derived again (the candidates run fn, then the call itself).
+    const auto gw2 = random_array<2>({8, 10}, 18);
+    calls = 0;
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(least_memory(gx, gw2)),
+                             xt::xtensor<double, 2>(xt::linalg::dot(gx, gw2))));
+    EXPECT_GT(calls, 1);
+    // Level 2, measured: whatever it picks, the result is exact and every rank picked it.
+    auto fastest = xshard::shard(m, mm, std::tuple(none, none), spec<"[-, -]">,
+                                 xshard::sharding_propagation{.level = 2});
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(fastest(x, w)), expected));
+    for (const auto& d : fastest.derived_layouts()) {
+        ASSERT_TRUE(d.has_value());
+        EXPECT_TRUE(agreed_text(m, d->to_string())) << d->to_string();
+    }
+}
+
+TEST(shard, sharding_propagation_at_level_0_finds_the_least_communication_of_all_layouts) {
+    // One derived input, every candidate also tried as a given spec: the derived layout's
+    // predicted communication is the least of the layouts the call accepts.
+    const auto m = make_mesh();
+    const auto gx = random_array<2>({16, 12}, 19), gw = random_array<2>({12, 9}, 20);
+    const xt::xtensor<double, 2> expected = xt::maximum(xt::linalg::dot(gx, gw), 0.0);
+    auto dense = [](const auto& x, const auto& w) {
+        return xshard::ops::relu(xshard::ops::matmul(x, w));
+    };
+    const auto x = xshard::distribute<"[(dp, mp), -]">(m, gx);
+    auto derived = xshard::shard(m, dense, std::tuple(none, spec<"[mp, -]">), spec<"[dp, -]">,
+                                 xshard::sharding_propagation{.level = 0},
+                                 xshard::auto_redistribute);
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(derived(x, gw)), expected));
+    const layout chosen = *derived.derived_layouts()[0];
+    auto cost_of = [&](const layout& l) {
+        auto given = xshard::shard(m, dense, std::tuple(l, spec<"[mp, -]">), spec<"[dp, -]">,
+                                   xshard::auto_redistribute);
+        (void)given(x, gw); // plans built
+        return predicted_communication(m, [&] { (void)given(x, gw); });
+    };
+    const double best = cost_of(chosen);
+    ASSERT_GE(best, 0.0) << chosen.to_string();
+    int feasible = 0;
+    for (const char* l : {"[-, -]", "[dp, -]", "[mp, -]", "[-, dp]", "[-, mp]", "[(dp, mp), -]",
+                          "[(mp, dp), -]", "[-, (dp, mp)]", "[-, (mp, dp)]", "[dp, mp]",
+                          "[mp, dp]"}) {
+        const double c = cost_of(layout(l));
+        if (c < 0)
+            continue;
+        ++feasible;
+        EXPECT_LE(best, c * (1 + 1e-9) + 1e-15) << chosen.to_string() << " against " << l;
+    }
+    EXPECT_GE(feasible, 1);
+}
+
+TEST(shard, sharding_propagation_keeps_errors_agreed_and_checks_its_level) {
+    const auto m = make_mesh();
+    const auto gx = random_array<2>({6, 4}, 21);
+    const bool throws_here = m.rank() == m.size() - 1;
+    // Every candidate fails on one rank: the call raises as it would without derivation.
+    auto failing = xshard::shard(
+        m,
+        [&](const auto& t) {
+            if (throws_here)
+                throw user_failure();
+            return xshard::ops::neg(t);
+        },
+        std::tuple(none), spec<"[-, -]">, xshard::sharding_propagation{.level = 2});
+    expect_agreed_failure(m, [&] { (void)failing(gx); });
+    EXPECT_THROW((void)xshard::shard(
+                     m, [](const auto& t) { return t; }, std::tuple(none), none,
+                     xshard::sharding_propagation{.level = 3}),
+                 xshard::error);
+    auto neg = xshard::shard(
+        m, [](const auto& t) { return xshard::ops::neg(t); }, std::tuple(none), spec<"[-, -]">,
+        xshard::sharding_propagation{.level = 1});
+    // Arrays held whole whose shapes differ between ranks: raised on every rank, before any
+    // rank derives.
+    if (m.size() > 1) {
+        const auto mine = random_array<2>({m.rank() == 0 ? 7u : 6u, 4}, 22);
+        EXPECT_THROW((void)neg(mine), xshard::error);
+    }
+    // The ranks are in step afterwards.
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(neg(gx)), -gx));
+}

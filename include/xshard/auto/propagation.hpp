@@ -11,9 +11,9 @@
 ///     given[0] = xshard::op_choice{rows, weight_split::output, features};   // column parallel
 ///     auto plan = xshard::propagate_strategies(net, {.dp = 2, .tp = 2}, given);
 ///
-/// Not covered: the operations inside `shard()`, whose layouts are types fixed when the
-/// template is instantiated (a `none` spec there keeps meaning "laid out by the dataset
-/// strategy"); propagation works on the run-time layouts of sequential networks.
+/// The operations inside `shard()` are any callable's, not a chain of operators this cost
+/// model knows: there `xshard::sharding_propagation{level}` derives the `none` specs by
+/// running the candidates (shard/shard.hpp, "Sharding propagation").
 
 #include <xshard/auto/search.hpp>
 

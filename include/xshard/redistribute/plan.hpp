@@ -13,6 +13,7 @@
 #include <xshard/core/partition.hpp>
 #include <xshard/redistribute/copy.hpp>
 #include <xshard/redistribute/geometry.hpp>
+#include <xshard/redistribute/meter.hpp>
 #include <xshard/redistribute/node_step.hpp>
 #include <xshard/redistribute/planner.hpp>
 #include <xshard/redistribute/region_message.hpp>
@@ -97,6 +98,7 @@ public:
             run(steps_[i], src, dst);
             src = dst;
         }
+        redistribution_meter::record(summary_.seconds, bytes_sent_);
     }
 
     /// The steps, bytes, memory and predicted time of this rank's part.

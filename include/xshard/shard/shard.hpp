@@ -9,7 +9,7 @@
 /// time), a `layout` value, a MindSpore `strategy{4, 2}` (resolved on the mesh, see
 /// core/strategy.hpp), or `xshard::none` (keep the input's layout; an array every rank holds
 /// whole is replicated, or split over the data-parallel axis by the mesh's dataset
-/// strategy). Inputs may be distributed tensors (redistributed to their spec; nothing
+/// strategy; derived under sharding_propagation, below). Inputs may be distributed tensors (redistributed to their spec; nothing
 /// happens when they already have it), `xt::xtensor`s every rank holds whole (distributed:
 /// local slicing), `parameter`s (laid out by the parameter plan, see below) and anything
 /// else, passed through (spec `none`). The output spec (one, or a tuple for a tuple of
@@ -33,6 +33,27 @@
 /// `parameter`s a call receives, in place, once; a parameter planned differently by two
 /// shard() calls is an error naming it and both layouts.
 ///
+/// Sharding propagation (MindSpore's `sharding_propagation` mode; seed 004's "a None in
+/// in_strategy is automatically derived"): with the option `xshard::sharding_propagation{level}`
+/// the `none` spec of a distributed tensor or of an array every rank holds whole is derived
+/// rather than kept. `fn` is any callable, so the graph of its operations is known only by
+/// running it: on the first call with given layouts, shapes and element types, every
+/// candidate layout of the derived inputs (every layout that is not partial over the axes
+/// of more than one rank; all combinations up to 64, else each input in turn) runs the
+/// whole call twice on copies of the arguments, and the cheapest by `level` is kept:
+///  * 0, the least communication: the call's redistributions (the inputs', those the
+///    operations insert under auto_redistribute, the outputs') priced by the planner's
+///    alpha-beta model (redistribute/meter.hpp), then the time;
+///  * 1, the least memory: the bytes of the shards `fn` receives and returns, then the time;
+///  * 2, the fastest: the measured time of the call, then the memory.
+/// The costs are the maxima over the ranks, all-reduced, so every rank derives alike; a
+/// candidate whose call raises (layouts an operation's rule refuses) is not one; when every
+/// candidate raises, the call runs with the kept layouts and raises what it raises. The
+/// choice is cached; the next calls run `fn` once. `fn` must be free of side effects beyond
+/// its result, as for MindSpore, which compiles it. `derived_layouts()` names the choice,
+/// `describe()` prints it. An operation's own reductions of statistics (normalisation,
+/// cross entropy) are not priced at level 0. shard_local keeps its specs.
+///
 /// A callable that throws on some ranks raises on every rank: the outcome of `fn` is agreed
 /// (one all-reduce of one int) before any collective that follows it; the ranks where it
 /// threw rethrow their exception, the others throw xshard::error naming the lowest of them.
@@ -48,6 +69,7 @@
 #include <xshard/comm/error.hpp>
 #include <xshard/core/strategy.hpp>
 #include <xshard/ops/operand.hpp>
+#include <xshard/redistribute/meter.hpp>
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/dtensor.hpp>
@@ -56,8 +78,14 @@
 
 #include <xtensor/xtensor.hpp>
 
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <functional>
+#include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -84,6 +112,13 @@ inline constexpr auto_redistribute_t auto_redistribute{};
 
 /// Parameter name -> layout.
 using parameter_plan = std::map<std::string, layout>;
+
+/// The option of MindSpore's `sharding_propagation` mode: the `none` specs of tensor inputs
+/// are derived, by the objective `level` (seed 004's shard level: 0 the least
+/// communication, 1 the least memory, 2 the fastest). See "Sharding propagation" above.
+struct sharding_propagation {
+    int level = 0;
+};
 
 namespace detail {
 
@@ -418,6 +453,94 @@ auto wrap_local(const Mesh& mesh, Local&& local, const Spec& spec, const call_lo
     }
 }
 
+/// An argument whose `none` spec sharding_propagation derives: a distributed tensor or an
+/// array every rank holds whole (a parameter keeps its plan or its layout).
+template <class A>
+constexpr bool derivable = distributed_tensor<A> || is_xtensor<A>::value;
+
+/// The spec input I gets under sharding_propagation: a run-time layout where `none` meets a
+/// derivable argument, the given spec elsewhere.
+template <class Spec, class Arg>
+using propagated_spec_t = std::conditional_t<
+    std::is_same_v<Spec, none_t> && derivable<std::remove_cvref_t<Arg>>, layout, Spec>;
+
+template <class Spec, class Given>
+Spec propagated_spec(const Given& given, const std::optional<layout>& derived) {
+    if constexpr (std::is_same_v<Spec, Given>)
+        return given;
+    else
+        return *derived;
+}
+
+/// The layout `none` gives an argument without derivation: its own, or the dataset
+/// strategy's for an array held whole.
+template <class Mesh, class A>
+layout kept_layout(const Mesh& mesh, const A& a) {
+    if constexpr (distributed_tensor<A>)
+        return a.layout();
+    else
+        return dataset_layout(mesh, A::rank, layout::replicated(A::rank));
+}
+
+/// The layouts a derived input of rank N may take: first `kept`, then every layout of rank N
+/// that is not partial, over the mesh's axes of more than one rank. Only `kept` past
+/// `max_route_layouts` (the routes' bound).
+template <class Mesh>
+std::vector<layout> derivation_candidates(const Mesh& mesh, std::size_t N, const layout& kept) {
+    std::vector<layout> out{kept};
+    static_vector<axis_name, max_mesh_axes> names;
+    static_vector<int, max_mesh_axes> sizes;
+    const auto& ms = mesh.shape();
+    for (std::size_t i = 0; i < ms.ndim(); ++i)
+        if (ms.sizes[i] > 1) {
+            names.push_back(ms.names[i]);
+            sizes.push_back(ms.sizes[i]);
+        }
+    for (auto& l : all_layouts_on(mesh_shape(names, sizes), N, {}, max_route_layouts))
+        if (l.partial.empty() && !(l == kept))
+            out.push_back(std::move(l));
+    return out;
+}
+
+/// The bytes of the local shards a call's tensor holds on this rank (summed over a tuple).
+template <class X>
+std::size_t local_bytes(const X& x) {
+    using A = std::remove_cvref_t<X>;
+    if constexpr (distributed_tensor<A>)
+        return x.local().size() * sizeof(typename A::value_type);
+    else if constexpr (is_tuple<A>::value)
+        return std::apply([](const auto&... e) { return (std::size_t(0) + ... + local_bytes(e)); },
+                          x);
+    else
+        return 0;
+}
+
+/// What a candidate's call cost, the maximum over the ranks: measured seconds, the
+/// redistributions' predicted seconds, the bytes of the inputs and outputs of `fn`.
+struct trial_cost {
+    double seconds = 0;
+    double communication = 0;
+    double memory = 0;
+};
+
+/// Whether `a` is cheaper than `b` by objective `level` (lexicographic: communication then
+/// time at 0, memory then time at 1, time then memory at 2). Times within 2 % tie: a
+/// redistribution is not worth the noise of one measurement.
+inline bool cheaper(int level, const trial_cost& a, const trial_cost& b) {
+    constexpr double noise = 0.02, exact = 1e-9;
+    auto less = [](double x, double y, double tol) { return x < y - tol * std::max(y, 1e-300); };
+    const double pa = level == 0 ? a.communication : level == 1 ? a.memory : a.seconds;
+    const double pb = level == 0 ? b.communication : level == 1 ? b.memory : b.seconds;
+    const double sa = level == 2 ? a.memory : a.seconds;
+    const double sb = level == 2 ? b.memory : b.seconds;
+    const double tp = level == 2 ? noise : exact, ts = level == 2 ? exact : noise;
+    if (less(pa, pb, tp))
+        return true;
+    if (less(pb, pa, tp))
+        return false;
+    return less(sa, sb, ts);
+}
+
 template <class T>
 decltype(auto) local_of_arg(T&& x) {
     if constexpr (distributed_tensor<std::remove_cvref_t<T>>)
@@ -429,17 +552,24 @@ decltype(auto) local_of_arg(T&& x) {
 } // namespace detail
 
 /// The callable shard() returns (see the file comment).
-template <mesh_type Mesh, class F, class In, class Out, bool Local, bool Auto>
+template <mesh_type Mesh, class F, class In, class Out, bool Local, bool Auto, bool Propagate = false>
 class sharded {
 public:
-    sharded(Mesh mesh, F fn, In in, Out out, std::optional<parameter_plan> plan)
+    sharded(Mesh mesh, F fn, In in, Out out, std::optional<parameter_plan> plan, int level = 0)
         : mesh_(std::move(mesh))
         , fn_(std::move(fn))
         , in_(std::move(in))
         , out_(std::move(out))
         , plan_(std::move(plan))
+        , level_(level)
         , report_(std::make_shared<std::string>())
-        , plans_(std::make_shared<detail::plan_cache>()) {}
+        , plans_(std::make_shared<detail::plan_cache>())
+        , derivations_(std::make_shared<derivation_cache>())
+        , derived_(std::make_shared<std::vector<std::optional<layout>>>()) {
+        if (level < 0 || level > 2)
+            throw error("xshard: shard: sharding_propagation's level is 0 (least communication), "
+                        "1 (least memory) or 2 (fastest), not " + std::to_string(level));
+    }
 
     /// Records, from the next call on, the layouts and redistributions of each call.
     sharded& traced(bool on = true) {
@@ -450,6 +580,10 @@ public:
     /// The layouts of the last traced call's inputs and outputs and its redistribution steps.
     std::string describe() const { return *report_; }
 
+    /// Under sharding_propagation: the layout the last call derived for each input whose spec
+    /// is `none` (nullopt for the others).
+    const std::vector<std::optional<layout>>& derived_layouts() const { return *derived_; }
+
     template <class... Args>
     auto operator()(Args&&... args) const {
         static_assert(std::tuple_size_v<In> == sizeof...(Args),
@@ -457,21 +591,30 @@ public:
         const detail::call_log log{trace_ ? report_.get() : nullptr, plans_.get()};
         if (log.report)
             log.report->clear();
-        return call(log, std::index_sequence_for<Args...>{}, std::forward<Args>(args)...);
+        if constexpr (Propagate)
+            return call_propagated(log, std::index_sequence_for<Args...>{},
+                                   std::forward<Args>(args)...);
+        else
+            return call(in_, log, nullptr, std::index_sequence_for<Args...>{},
+                        std::forward<Args>(args)...);
     }
 
 private:
     using call_mesh = std::conditional_t<Auto, redistributing_mesh<Mesh>, Mesh>;
+    /// The derived layouts by the key of the derived inputs' layouts, shapes and types.
+    using derivation_cache = std::map<std::string, std::vector<std::optional<layout>>>;
 
-    template <std::size_t... I, class... Args>
-    auto call(const detail::call_log& log, std::index_sequence<I...>, Args&&... args) const {
+    /// One call with input specs `in`; adds the bytes of fn's inputs and outputs to `memory`.
+    template <class Specs, std::size_t... I, class... Args>
+    auto call(const Specs& in, const detail::call_log& log, std::size_t* memory,
+              std::index_sequence<I...>, Args&&... args) const {
         const call_mesh cm = make_call_mesh();
         const parameter_plan* plan = plan_ ? &*plan_ : nullptr;
         // The prepared inputs, held by reference where nothing changes, by value otherwise.
         std::tuple<decltype(detail::shard_input(mesh_, cm, std::forward<Args>(args),
-                                                std::get<I>(in_), plan, log,
+                                                std::get<I>(in), plan, log,
                                                 detail::slot{"input", I, I}))...>
-            inputs{detail::shard_input(mesh_, cm, std::forward<Args>(args), std::get<I>(in_), plan,
+            inputs{detail::shard_input(mesh_, cm, std::forward<Args>(args), std::get<I>(in), plan,
                                        log, detail::slot{"input", I, I})...};
         // Agreed before any collective that follows: a callable that throws on some ranks
         // raises on every rank (its own exception where it threw, xshard::error naming the
@@ -479,7 +622,158 @@ private:
         decltype(auto) result = agreed(mesh_.comm(), [&]() -> decltype(auto) {
             return invoke(inputs, std::index_sequence<I...>{});
         });
+        if (memory)
+            *memory += detail::local_bytes(inputs) + detail::local_bytes(result);
         return finish(std::forward<decltype(result)>(result), log, sizeof...(I));
+    }
+
+    /// The input specs with the derived layouts in place of the derived inputs' `none`.
+    template <class... Args, std::size_t... I>
+    auto propagated_specs(const std::vector<std::optional<layout>>& derived,
+                          std::index_sequence<I...>) const {
+        return std::tuple<detail::propagated_spec_t<std::tuple_element_t<I, In>, Args>...>(
+            detail::propagated_spec<
+                detail::propagated_spec_t<std::tuple_element_t<I, In>, Args>>(std::get<I>(in_),
+                                                                              derived[I])...);
+    }
+
+    /// sharding_propagation: derives the `none` inputs' layouts (once per key), then calls.
+    template <std::size_t... I, class... Args>
+    auto call_propagated(const detail::call_log& log, std::index_sequence<I...> seq,
+                         Args&&... args) const {
+        std::vector<std::optional<layout>> kept(sizeof...(I));
+        std::array<std::size_t, sizeof...(I)> ranks{};
+        std::string key;
+        (
+            [&] {
+                using A = std::remove_cvref_t<Args>;
+                if constexpr (std::is_same_v<std::tuple_element_t<I, In>, none_t> &&
+                              detail::derivable<A>) {
+                    kept[I] = detail::kept_layout(mesh_, args);
+                    ranks[I] = A::rank;
+                    key += std::to_string(I) + ':' + kept[I]->to_string() +
+                           detail::shape_string(args.shape()) + '/' +
+                           std::to_string(sizeof(typename A::value_type)) + ';';
+                }
+            }(),
+            ...);
+        // The ranks must look the cache up with one key (an array held whole has each rank's
+        // own shape): one all-reduce of its hash, raised on every rank when they differ.
+        const auto hash = static_cast<unsigned long long>(std::hash<std::string>{}(key));
+        if (!value_ranges<1>(mesh_.comm(), {hash})[0].agrees())
+            throw error("xshard: shard: the ranks call with different layouts or shapes of the "
+                        "inputs to derive: " + key);
+        auto found = derivations_->find(key);
+        if (found == derivations_->end()) {
+            std::vector<std::vector<layout>> options(sizeof...(I));
+            for (std::size_t i = 0; i < kept.size(); ++i)
+                if (kept[i])
+                    options[i] = detail::derivation_candidates(mesh_, ranks[i], *kept[i]);
+            found = derivations_->emplace(key, derive<Args...>(options, seq, args...)).first;
+        }
+        const auto& derived = found->second;
+        *derived_ = derived;
+        if (log.report)
+            for (std::size_t i = 0; i < derived.size(); ++i)
+                if (derived[i])
+                    *log.report += "input " + std::to_string(i) + " derived (level " +
+                                   std::to_string(level_) + "): " + kept[i]->to_string() +
+                                   " -> " + derived[i]->to_string() + "\n";
+        return call(propagated_specs<Args...>(derived, seq), log, nullptr, seq,
+                    std::forward<Args>(args)...);
+    }
+
+    /// The cheapest assignment of candidate layouts to the derived inputs by `level_`: every
+    /// combination when there are at most 64, else each input in turn with the others at
+    /// their best so far. Each candidate runs the call twice (the first builds its plans) on
+    /// copies of the arguments; one that raises (an operation whose rule the layouts break)
+    /// is not a candidate. Every rank decides alike: the costs are all-reduced.
+    template <class... Args, std::size_t... I>
+    std::vector<std::optional<layout>> derive(const std::vector<std::vector<layout>>& options,
+                                              std::index_sequence<I...> seq,
+                                              const std::remove_reference_t<Args>&... args) const {
+        std::vector<std::optional<layout>> best(options.size());
+        std::size_t combinations = 1;
+        for (std::size_t i = 0; i < options.size(); ++i)
+            if (!options[i].empty()) {
+                best[i] = options[i][0];
+                combinations = options[i].size() > 64 / combinations
+                                   ? 65
+                                   : combinations * options[i].size();
+            }
+        std::optional<detail::trial_cost> best_cost = trial<Args...>(best, seq, args...);
+        auto consider = [&](const std::vector<std::optional<layout>>& c) {
+            const auto cost = trial<Args...>(c, seq, args...);
+            if (cost && (!best_cost || detail::cheaper(level_, *cost, *best_cost))) {
+                best_cost = cost;
+                best = c;
+            }
+        };
+        if (combinations <= 64) {
+            std::vector<std::size_t> at(options.size(), 0);
+            while (true) { // mixed-radix count over the inputs' candidates; 0...0 is done
+                std::size_t i = 0;
+                for (; i < options.size(); ++i) {
+                    if (options[i].empty())
+                        continue;
+                    if (++at[i] < options[i].size())
+                        break;
+                    at[i] = 0;
+                }
+                if (i == options.size())
+                    break;
+                std::vector<std::optional<layout>> c(options.size());
+                for (std::size_t j = 0; j < options.size(); ++j)
+                    if (!options[j].empty())
+                        c[j] = options[j][at[j]];
+                consider(c);
+            }
+        } else {
+            for (std::size_t i = 0; i < options.size(); ++i)
+                for (std::size_t k = 1; k < options[i].size(); ++k) {
+                    auto c = best;
+                    c[i] = options[i][k];
+                    consider(c);
+                }
+        }
+        return best;
+    }
+
+    /// The agreed cost of one assignment, or nullopt when the call raised.
+    template <class... Args, std::size_t... I>
+    std::optional<detail::trial_cost> trial(const std::vector<std::optional<layout>>& derived,
+                                            std::index_sequence<I...> seq,
+                                            const std::remove_reference_t<Args>&... args) const {
+        const auto specs = propagated_specs<Args...>(derived, seq);
+        const detail::call_log quiet{nullptr, plans_.get()};
+        // failed, seconds, communication, memory: the maximum over the ranks.
+        std::array<double, 4> cost{0, std::numeric_limits<double>::max(), 0, 0};
+        for (int run = 0; run < 2 && cost[0] == 0; ++run) {
+            std::size_t memory = 0;
+            redistribution_meter meter;
+            const auto start = std::chrono::steady_clock::now();
+            try {
+                (void)call(specs, quiet, &memory, seq, copy_of(args)...);
+                const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+                cost = {0, std::min(cost[1], took.count()), meter.seconds(), double(memory)};
+            } catch (...) {
+                cost[0] = 1;
+            }
+        }
+        allreduce(mesh_.comm(), cost, reduction::max);
+        if (cost[0] != 0)
+            return std::nullopt;
+        return detail::trial_cost{cost[1], cost[2], cost[3]};
+    }
+
+    /// What a trial hands the call: a reference to a parameter (laid out in place by its
+    /// plan, which every trial repeats alike), a copy of anything else.
+    template <class A>
+    static decltype(auto) copy_of(const A& a) {
+        if constexpr (detail::is_parameter<A>::value)
+            return const_cast<A&>(a);
+        else
+            return A(a);
     }
 
     call_mesh make_call_mesh() const {
@@ -527,49 +821,74 @@ private:
     In in_;
     Out out_;
     std::optional<parameter_plan> plan_;
+    int level_ = 0;
     bool trace_ = false;
     std::shared_ptr<std::string> report_;
     std::shared_ptr<detail::plan_cache> plans_; // the plans of each input and output
+    std::shared_ptr<derivation_cache> derivations_;
+    std::shared_ptr<std::vector<std::optional<layout>>> derived_;
 };
 
-/// shard(mesh, fn, in_specs [, out_specs] [, auto_redistribute] [, parameter_plan]): global
-/// semantics (see the file comment).
+namespace detail {
+
+template <class O>
+constexpr bool is_shard_option = std::is_same_v<O, auto_redistribute_t> ||
+                                 std::is_same_v<O, parameter_plan> ||
+                                 std::is_same_v<O, sharding_propagation>;
+
+template <class O, class... Options>
+constexpr int option_count = (0 + ... + int(std::is_same_v<O, Options>));
+
+/// The sharded callable of shard() or shard_local() with options `options`.
+template <bool Local, class Mesh, class F, class In, class Out, class... Options>
+auto make_sharded(const Mesh& mesh, F fn, In in, Out out, Options... options) {
+    static_assert((is_shard_option<Options> && ...),
+                  "xshard: shard's options are xshard::auto_redistribute, a parameter_plan and "
+                  "xshard::sharding_propagation{level}");
+    static_assert(((option_count<Options, Options...> == 1) && ...),
+                  "xshard: shard: give each option once");
+    constexpr bool automatic = option_count<auto_redistribute_t, Options...> == 1;
+    constexpr bool propagate = option_count<sharding_propagation, Options...> == 1;
+    static_assert(!Local || !automatic,
+                  "xshard: shard_local's callable works on local arrays: auto_redistribute is "
+                  "for shard (global semantics)");
+    static_assert(!Local || !propagate,
+                  "xshard: sharding_propagation derives the layouts of shard (global semantics); "
+                  "shard_local needs its specs");
+    std::optional<parameter_plan> plan;
+    int level = 0;
+    (
+        [&](Options& o) {
+            if constexpr (std::is_same_v<Options, parameter_plan>)
+                plan = std::move(o);
+            else if constexpr (std::is_same_v<Options, sharding_propagation>)
+                level = o.level;
+        }(options),
+        ...);
+    return sharded<Mesh, F, In, Out, Local, automatic, propagate>(
+        mesh, std::move(fn), std::move(in), std::move(out), std::move(plan), level);
+}
+
+} // namespace detail
+
+/// shard(mesh, fn, in_specs [, out_specs] [, options...]): global semantics (see the file
+/// comment). Options, in any order: xshard::auto_redistribute, a parameter_plan,
+/// xshard::sharding_propagation{level}.
 struct shard_fn {
-    template <mesh_type Mesh, class F, class In, class Out = none_t>
-    auto operator()(const Mesh& mesh, F fn, In in, Out out = {}) const {
-        return sharded<Mesh, F, In, Out, false, false>(mesh, std::move(fn), std::move(in),
-                                                       std::move(out), std::nullopt);
-    }
-    template <mesh_type Mesh, class F, class In, class Out>
-    auto operator()(const Mesh& mesh, F fn, In in, Out out, auto_redistribute_t) const {
-        return sharded<Mesh, F, In, Out, false, true>(mesh, std::move(fn), std::move(in),
-                                                      std::move(out), std::nullopt);
-    }
-    template <mesh_type Mesh, class F, class In, class Out>
-    auto operator()(const Mesh& mesh, F fn, In in, Out out, parameter_plan plan) const {
-        return sharded<Mesh, F, In, Out, false, false>(mesh, std::move(fn), std::move(in),
-                                                       std::move(out), std::move(plan));
-    }
-    template <mesh_type Mesh, class F, class In, class Out>
-    auto operator()(const Mesh& mesh, F fn, In in, Out out, auto_redistribute_t,
-                    parameter_plan plan) const {
-        return sharded<Mesh, F, In, Out, false, true>(mesh, std::move(fn), std::move(in),
-                                                      std::move(out), std::move(plan));
+    template <mesh_type Mesh, class F, class In, class Out = none_t, class... Options>
+    auto operator()(const Mesh& mesh, F fn, In in, Out out = {}, Options... options) const {
+        return detail::make_sharded<false>(mesh, std::move(fn), std::move(in), std::move(out),
+                                           std::move(options)...);
     }
 };
 
 /// shard_local(mesh, fn, in_specs, out_specs [, parameter_plan]): local semantics (see the
 /// file comment).
 struct shard_local_fn {
-    template <mesh_type Mesh, class F, class In, class Out>
-    auto operator()(const Mesh& mesh, F fn, In in, Out out) const {
-        return sharded<Mesh, F, In, Out, true, false>(mesh, std::move(fn), std::move(in),
-                                                      std::move(out), std::nullopt);
-    }
-    template <mesh_type Mesh, class F, class In, class Out>
-    auto operator()(const Mesh& mesh, F fn, In in, Out out, parameter_plan plan) const {
-        return sharded<Mesh, F, In, Out, true, false>(mesh, std::move(fn), std::move(in),
-                                                      std::move(out), std::move(plan));
+    template <mesh_type Mesh, class F, class In, class Out, class... Options>
+    auto operator()(const Mesh& mesh, F fn, In in, Out out, Options... options) const {
+        return detail::make_sharded<true>(mesh, std::move(fn), std::move(in), std::move(out),
+                                          std::move(options)...);
     }
 };
 
