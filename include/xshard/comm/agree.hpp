@@ -85,6 +85,22 @@ void agree_on_error(const communicator& c, const std::optional<std::string>& min
         throw Error(detail::message_from(c, first, mine));
 }
 
+/// Runs `make()` on every rank of `c` and returns, on every rank alike, whether it returned
+/// everywhere (an xshard::error it throws is caught): how a resource some rank may fail to
+/// make (a shared-memory window MPI refuses) turns a path off on every rank, which then
+/// takes another, instead of raising. Collective: one all-reduce of one int.
+template <class F>
+    requires std::invocable<F&>
+bool made_on_every_rank(const communicator& c, F&& make) {
+    bool failed = false;
+    try {
+        make();
+    } catch (const error&) {
+        failed = true;
+    }
+    return first_reporting_rank(c, failed) < 0;
+}
+
 /// Runs `f()` on every rank of `c` and agrees on the outcome before returning: when `f`
 /// throws on some ranks, each of them rethrows its own exception and every other rank
 /// throws `Error` naming the lowest failing rank and its message; otherwise returns what

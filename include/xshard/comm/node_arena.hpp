@@ -4,6 +4,7 @@
 /// are allocated so that the other ranks of the node can read them in place
 /// (redistribute/node_step.hpp), and the allocator that draws from it.
 
+#include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
@@ -244,13 +245,9 @@ public:
         if (ok == 0)
             return;
         // A window MPI refuses on some member leaves every member without an arena.
-        try {
-            state = std::make_shared<detail::node_arena_state>(node.comm(), bytes_per_rank);
-        } catch (const error&) {
-            ok = 0;
-        }
-        allreduce(c, std::span(&ok, 1), reduction::min);
-        if (!ok)
+        if (!made_on_every_rank(c, [&] {
+                state = std::make_shared<detail::node_arena_state>(node.comm(), bytes_per_rank);
+            }))
             return;
         auto& a = detail::node_arenas::get();
         const std::lock_guard lock(a.mutex);

@@ -17,6 +17,7 @@
 /// instead (node_reduce.hpp): no message at all; buffers in node storage (node_arena.hpp)
 /// are read and written where they are, others are staged once into a window.
 
+#include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/combine.hpp>
 #include <xshard/comm/communicator.hpp>
@@ -321,18 +322,11 @@ private:
             auto s = std::make_unique<node_state>();
             s->comm = c;
             s->usable = node_group(c).whole_communicator_shares_memory();
-            if (s->usable) {
-                int ok = 1;
-                try {
+            if (s->usable && !made_on_every_rank(c, [&] {
                     s->reducer = std::make_unique<node_all_reducer>(c);
-                } catch (const error&) {
-                    ok = 0;
-                }
-                allreduce(c, std::span(&ok, 1), reduction::min);
-                if (!ok) {
-                    s->usable = false;
-                    s->reducer.reset();
-                }
+                })) {
+                s->usable = false;
+                s->reducer.reset();
             }
             nodes_.push_back(std::move(s));
             it = std::prev(nodes_.end());

@@ -11,6 +11,7 @@
 /// no other rank needs, a rank reads straight to their place where its own slice holds them
 /// (a scattered read), and copies only what the other ranks read for it.
 
+#include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
@@ -54,17 +55,12 @@ public:
         if (c.size() < 2 || !node_group(c).whole_communicator_shares_memory())
             return;
         const auto bytes = c.rank() == 0 ? 2 * window_bytes + flag_bytes(c.size()) : 0;
-        int ok = 1;
-        try {
-            window_ = shared_window(c, bytes);
-            barrier_ = node_barrier(c);
-            if (c.rank() == 0)
-                std::fill_n(&flag(0, 0, c.size()), 2 * c.size(), std::uint64_t(0));
-        } catch (const error&) {
-            ok = 0;
-        }
-        allreduce(c, std::span(&ok, 1), reduction::min);
-        if (!ok) {
+        if (!made_on_every_rank(c, [&] {
+                window_ = shared_window(c, bytes);
+                barrier_ = node_barrier(c);
+                if (c.rank() == 0)
+                    std::fill_n(&flag(0, 0, c.size()), 2 * c.size(), std::uint64_t(0));
+            })) {
             barrier_ = node_barrier();
             window_ = shared_window();
             return;

@@ -19,6 +19,7 @@
 /// nobody writes a destination before its owner entered the run) and after copying (nobody
 /// changes a block a peer still reads, nobody returns before its destination is complete).
 
+#include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/combine.hpp>
 #include <xshard/comm/communicator.hpp>
@@ -105,15 +106,10 @@ public:
         // A window MPI refuses on some member (no shared memory segment, too large) makes
         // every member fall back to messages.
         std::unique_ptr<node_step> s;
-        int ok = 1;
-        try {
-            s.reset(new node_step(c, geo, std::move(peer_in), std::move(peer_out),
-                                  tuning.shared_memory_streaming_bytes));
-        } catch (const error&) {
-            ok = 0;
-        }
-        allreduce(c, std::span(&ok, 1), reduction::min);
-        if (!ok)
+        if (!made_on_every_rank(c, [&] {
+                s.reset(new node_step(c, geo, std::move(peer_in), std::move(peer_out),
+                                      tuning.shared_memory_streaming_bytes));
+            }))
             return nullptr;
         return s;
     }
