@@ -746,24 +746,27 @@ private:
                                             const std::remove_reference_t<Args>&... args) const {
         const auto specs = propagated_specs<Args...>(derived, seq);
         const detail::call_log quiet{nullptr, plans_.get()};
-        // failed, seconds, communication, memory: the maximum over the ranks.
-        std::array<double, 4> cost{0, std::numeric_limits<double>::max(), 0, 0};
-        for (int run = 0; run < 2 && cost[0] == 0; ++run) {
+        // seconds, communication, memory: the maximum over the ranks.
+        std::array<double, 3> cost{std::numeric_limits<double>::max(), 0, 0};
+        for (int run = 0; run < 2; ++run) {
             std::size_t memory = 0;
             redistribution_meter meter;
             const auto start = std::chrono::steady_clock::now();
+            bool failed = false;
             try {
                 (void)call(specs, quiet, &memory, seq, copy_of(args)...);
                 const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-                cost = {0, std::min(cost[1], took.count()), meter.seconds(), double(memory)};
+                cost = {std::min(cost[0], took.count()), meter.seconds(), double(memory)};
             } catch (...) {
-                cost[0] = 1;
+                failed = true;
             }
+            // A failure the callable's agreement did not cover (a rank out of memory) still
+            // ends the trial on every rank.
+            if (first_reporting_rank(mesh_.comm(), failed) >= 0)
+                return std::nullopt;
         }
         allreduce(mesh_.comm(), cost, reduction::max);
-        if (cost[0] != 0)
-            return std::nullopt;
-        return detail::trial_cost{cost[1], cost[2], cost[3]};
+        return detail::trial_cost{cost[0], cost[1], cost[2]};
     }
 
     /// What a trial hands the call: a reference to a parameter (laid out in place by its
