@@ -12,6 +12,8 @@
 #include <xshard/auto/propagation.hpp>
 #include <xshard/auto/search.hpp>
 #include <xshard/auto/searched_mlp.hpp>
+#include <xshard/auto/searched_ops.hpp>
+#include <xshard/auto/searched_transformer.hpp>
 #include <xshard/auto/strategy_engine.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>

@@ -12,6 +12,7 @@
 #include <xshard/auto/propagation.hpp>
 #include <xshard/auto/search.hpp>
 #include <xshard/auto/searched_mlp.hpp>
+#include <xshard/auto/searched_transformer.hpp>
 #include <xshard/nn/embedding.hpp>
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/tensor/distribute.hpp>
@@ -605,6 +606,127 @@ TEST(searched_mlp, engines_price_with_the_machine_measured_or_set) {
     auto bad = measured;
     bad.memory_bandwidth = 0;
     xshard::testing::expect_error([&] { unpriced.set_machine_model(bad); }, "must be positive");
+}
+
+// --- the searched transformer: any chain the search can choose trains as one rank ---------------
+
+using transformer_t = searched_transformer<double, mesh_t>;
+constexpr transformer_sizes tiny{.layers = 2, .hidden = 8, .heads = 2, .sequence = 4,
+                                 .vocabulary = 11};
+constexpr std::size_t sequences = 24; // whole sequences over 1, 2, 3, 4, 6 and 8 ranks
+
+record train_transformer(const mesh_t& m, const std::string& mode,
+                         const std::vector<op_choice>* choices = nullptr, int steps = 2) {
+    transformer_t model(m, tiny, sequences, 9);
+    if (choices)
+        model.apply_strategy(*choices);
+    auto_parallel<transformer_t, mesh_t> net(model, m, mode);
+    optim::momentum opt({.lr = 0.1, .momentum = 0.9});
+    nn::parallel_cross_entropy<double, mesh_t> loss;
+    xshard::model trainer(net, loss, opt);
+    using ids = nn::tensor<std::int64_t, mesh_t, 1>;
+    std::vector<std::pair<ids, ids>> data;
+    for (int s = 0; s < steps; ++s) {
+        std::mt19937 e(unsigned(700 + s));
+        const std::size_t tokens = sequences * tiny.sequence;
+        const auto v = std::int64_t(tiny.vocabulary);
+        const xt::xtensor<std::int64_t, 1> x = xt::random::randint<std::int64_t>({tokens}, 0, v, e);
+        const xt::xtensor<std::int64_t, 1> y = xt::random::randint<std::int64_t>({tokens}, 0, v, e);
+        data.emplace_back(distribute<dynamic_layout(1)>(m, x, nn::make_layout({"dp"})),
+                          distribute<dynamic_layout(1)>(m, y, nn::make_layout({"dp"})));
+    }
+    record r;
+    r.losses = trainer.train(1, data);
+    for_each_weight(model,
+                    [&](const std::string&, auto& w) { r.weights.push_back(gather_all(w.value)); });
+    return r;
+}
+
+/// Named chains of the transformer's strategies: data parallel, Megatron, sequence parallel
+/// (the search's choice at scale), and one whose residuals change layout.
+std::vector<std::pair<std::string, std::vector<op_choice>>> transformer_chains() {
+    using enum activation_split;
+    using w = weight_split;
+    const op_choice keep_rows{rows, w::replicated, rows}, keep_all{all_rows, w::replicated, all_rows};
+    std::vector<std::pair<std::string, std::vector<op_choice>>> r;
+    auto chain = [&](std::string name, op_choice embedding, std::array<op_choice, 8> block,
+                     op_choice norm, op_choice head) {
+        std::vector<op_choice> c{embedding};
+        for (std::size_t l = 0; l < tiny.layers; ++l)
+            c.insert(c.end(), block.begin(), block.end());
+        c.push_back(norm);
+        c.push_back(head);
+        r.emplace_back(std::move(name), std::move(c));
+    };
+    chain("dp", keep_rows, {keep_rows, keep_rows, keep_rows, keep_rows, keep_rows, keep_rows,
+                            keep_rows, keep_rows},
+          keep_rows, keep_rows);
+    chain("megatron", keep_rows,
+          {keep_rows, op_choice{rows, w::output, features}, op_choice{features, w::replicated, features},
+           op_choice{features, w::input, rows}, keep_rows, op_choice{rows, w::output, features},
+           op_choice{features, w::replicated, features}, op_choice{features, w::input, rows}},
+          keep_rows, op_choice{rows, w::output, features});
+    chain("sequence_parallel", op_choice{rows, w::input, all_rows},
+          {keep_all, keep_all, keep_all, keep_all, op_choice{all_rows, w::replicated, rows},
+           op_choice{rows, w::output, features}, op_choice{features, w::replicated, features},
+           op_choice{features, w::input, all_rows}},
+          keep_all, op_choice{all_rows, w::replicated, rows});
+    chain("residuals_relaid", op_choice{rows, w::output, all_rows},
+          {op_choice{all_rows, w::replicated, rows}, keep_rows, keep_rows, keep_rows, keep_rows,
+           keep_rows, op_choice{rows, w::replicated, all_rows}, keep_all},
+          op_choice{all_rows, w::replicated, rows}, op_choice{rows, w::output, features});
+    return r;
+}
+
+TEST(searched_transformer, every_kind_of_chain_trains_as_one_rank) {
+    const mesh_t one(communicator::self(), {1, 1});
+    const auto serial = train_transformer(one, "semi_auto");
+    // The table, per block 2 norms x 2 and 4 linears x 2, the last norm, the head.
+    ASSERT_EQ(serial.weights.size(), 1 + 2 * 12 + 2 + 1u);
+    for (double l : serial.losses)
+        EXPECT_TRUE(std::isfinite(l) && l > 0) << l;
+    EXPECT_LT(serial.losses.back(), serial.losses.front() + 1.0);
+    for (const auto& m : world_meshes()) {
+        const auto net = transformer_network(tiny.layers, tiny.hidden, tiny.heads, tiny.sequence,
+                                             tiny.vocabulary, sequences);
+        int ran = 0;
+        for (const auto& [name, c] : transformer_chains()) {
+            bool valid = true;
+            try {
+                detail::check_strategy_chain(net, c, m.shape(), "test");
+            } catch (const error&) {
+                valid = false; // heads over a tp they do not divide
+            }
+            if (!valid)
+                continue;
+            ++ran;
+            expect_same(train_transformer(m, "semi_auto", &c), serial, mesh_text(m) + " " + name);
+        }
+        // dp, sequence parallel and the relaid residuals suit every mesh; Megatron where tp
+        // divides the heads.
+        EXPECT_GE(ran, 3) << mesh_text(m);
+        expect_same(train_transformer(m, "recursive_programming"), serial,
+                    mesh_text(m) + " recursive_programming");
+        expect_same(train_transformer(m, "sharding_propagation"), serial,
+                    mesh_text(m) + " sharding_propagation");
+    }
+    // A strategy that does not suit its operator (a normalisation over split features) raises
+    // on every rank alike, naming it.
+    const auto m = world_meshes().back();
+    transformer_t model(m, tiny, sequences);
+    auto bad = transformer_chains()[0].second;
+    bad[1] = {activation_split::rows, weight_split::replicated, activation_split::features};
+    bad[2] = {activation_split::features, weight_split::replicated, activation_split::rows};
+    xshard::testing::expect_error([&] { model.apply_strategy(bad); },
+                                  "operator block0.qkv cannot run with");
+    // Sequences that do not split whole over the rows' blocks raise on every rank alike.
+    if (m.size() > 1) {
+        transformer_t odd(m, tiny, sequences);
+        const xt::xtensor<std::int64_t, 1> x = xt::zeros<std::int64_t>({tiny.sequence + 1});
+        xshard::testing::expect_error(
+            [&] { (void)odd.forward(distribute<dynamic_layout(1)>(m, x, nn::make_layout({"dp"}))); },
+            "whole sequences");
+    }
 }
 
 } // namespace

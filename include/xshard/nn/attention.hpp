@@ -11,6 +11,7 @@
 /// the data axis' size) and the heads over the tensor axis (`heads` a multiple of its size).
 /// The QKV weight's columns are grouped by head (q, k, v of head 0, then of head 1, ...), so
 /// that a block of columns holds whole heads. A causal mask hides later positions.
+/// `attention_heads` is the local core (also run by auto/searched_transformer.hpp).
 
 #include <xshard/nn/linear.hpp>
 
@@ -19,9 +20,124 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
+#include <string_view>
 #include <vector>
 
 namespace xshard::nn {
+
+/// The local core of multi-head attention, on one rank's block of [tokens, 3 x head x heads]
+/// (the queries, keys and values of a head side by side, the heads in turn) holding whole
+/// sequences of `sequence` tokens: per sequence and head softmax(q k^T / sqrt(head)) v, masked
+/// causally if asked, giving [tokens, head x heads]. The probabilities and the input are kept
+/// for `backward`, which gives the gradient of the input from the output's.
+/// Throws xshard::error, on every rank alike (from the global shape and the layout), unless
+/// every rank's block of the tokens of `x` [tokens, features] holds whole sequences of
+/// `sequence` tokens (core/partition.hpp's blocks: the sequences split evenly over the rows'
+/// axes).
+template <distributed_tensor X>
+void check_whole_sequences(const X& x, std::size_t sequence, std::string_view who) {
+    const std::size_t tokens = x.shape()[0],
+                      k = std::size_t(x.layout().split_count(0, x.mesh().shape()));
+    if (sequence != 1 && tokens % (k * sequence) != 0)
+        throw error("xshard: " + std::string(who) + ": " + std::to_string(tokens) +
+                    " tokens in sequences of " + std::to_string(sequence) +
+                    " do not split into whole sequences over " + std::to_string(k) +
+                    " blocks of rows (" + x.layout().to_string() + ")");
+}
+
+template <class T>
+class attention_heads {
+public:
+    attention_heads(std::size_t head, std::size_t sequence, bool causal)
+        : head_(head)
+        , sequence_(sequence)
+        , causal_(causal) {}
+
+    /// Throws xshard::error if `qkv` holds no whole sequences or no whole heads.
+    xt::xtensor<T, 2> forward(const xt::xtensor<T, 2>& a) {
+        const std::size_t rows = a.shape()[0], heads = a.shape()[1] / (3 * head_);
+        if (rows % sequence_ != 0 || a.shape()[1] % (3 * head_) != 0)
+            throw error("xshard: attention: a block of " + std::to_string(rows) + " x " +
+                        std::to_string(a.shape()[1]) + " is not whole sequences of " +
+                        std::to_string(sequence_) + " tokens and whole heads of 3 x " +
+                        std::to_string(head_) + " columns");
+        qkv_ = a;
+        probabilities_.assign(rows / sequence_ * heads, {});
+        xt::xtensor<T, 2> o = xt::zeros<T>({rows, heads * head_});
+        for_each_head(rows, heads, [&](std::size_t h, auto rs, std::size_t k) {
+            const xt::xtensor<T, 2> q =
+                xt::view(a, rs, xt::range(3 * head_ * h, 3 * head_ * h + head_));
+            const xt::xtensor<T, 2> kk =
+                xt::view(a, rs, xt::range(3 * head_ * h + head_, 3 * head_ * h + 2 * head_));
+            const xt::xtensor<T, 2> v =
+                xt::view(a, rs, xt::range(3 * head_ * h + 2 * head_, 3 * head_ * (h + 1)));
+            xt::xtensor<T, 2> p = xt::linalg::dot(q, xt::transpose(kk)) / std::sqrt(T(head_));
+            softmax_rows(p);
+            xt::view(o, rs, xt::range(head_ * h, head_ * (h + 1))) = xt::linalg::dot(p, v);
+            probabilities_[k] = std::move(p);
+        });
+        return o;
+    }
+
+    /// The gradient of the last forward's input from its output's, `g`.
+    xt::xtensor<T, 2> backward(const xt::xtensor<T, 2>& g) const {
+        const auto& a = qkv_;
+        const std::size_t rows = a.shape()[0], heads = a.shape()[1] / (3 * head_);
+        xt::xtensor<T, 2> dqkv = xt::zeros<T>(a.shape());
+        const T scale = T(1) / std::sqrt(T(head_));
+        for_each_head(rows, heads, [&](std::size_t h, auto rs, std::size_t k) {
+            auto qr = xt::range(3 * head_ * h, 3 * head_ * h + head_);
+            auto kr = xt::range(3 * head_ * h + head_, 3 * head_ * h + 2 * head_);
+            auto vr = xt::range(3 * head_ * h + 2 * head_, 3 * head_ * (h + 1));
+            const xt::xtensor<T, 2> q = xt::view(a, rs, qr), kk = xt::view(a, rs, kr),
+                                    v = xt::view(a, rs, vr);
+            const xt::xtensor<T, 2> go = xt::view(g, rs, xt::range(head_ * h, head_ * (h + 1)));
+            const auto& p = probabilities_[k];
+            const xt::xtensor<T, 2> dp = xt::linalg::dot(go, xt::transpose(v));
+            const xt::xtensor<T, 2> row =
+                xt::sum(dp * p, {1}, xt::keep_dims); // evaluated first (xtensor 0.24)
+            xt::xtensor<T, 2> ds = p * (dp - row);
+            ds *= scale;
+            xt::view(dqkv, rs, qr) = xt::linalg::dot(ds, kk);
+            xt::view(dqkv, rs, kr) = xt::linalg::dot(xt::transpose(ds), q);
+            xt::view(dqkv, rs, vr) = xt::linalg::dot(xt::transpose(p), go);
+        });
+        return dqkv;
+    }
+
+private:
+    /// Calls f(local head, rows of the sequence, cache index) for every sequence and local head.
+    template <class F>
+    void for_each_head(std::size_t rows, std::size_t heads, F f) const {
+        for (std::size_t s = 0; s < rows / sequence_; ++s)
+            for (std::size_t h = 0; h < heads; ++h)
+                f(h, xt::range(s * sequence_, (s + 1) * sequence_), s * heads + h);
+    }
+
+    /// Softmax of each row of scores, masked causally.
+    void softmax_rows(xt::xtensor<T, 2>& p) const {
+        const std::size_t n = p.shape()[0];
+        for (std::size_t i = 0; i < n; ++i) {
+            const std::size_t last = causal_ ? i + 1 : n;
+            T m = std::numeric_limits<T>::lowest();
+            for (std::size_t j = 0; j < last; ++j)
+                m = std::max(m, p(i, j));
+            T sum = 0;
+            for (std::size_t j = 0; j < n; ++j) {
+                p(i, j) = j < last ? std::exp(p(i, j) - m) : T(0);
+                sum += p(i, j);
+            }
+            for (std::size_t j = 0; j < last; ++j)
+                p(i, j) /= sum;
+        }
+    }
+
+    std::size_t head_, sequence_;
+    bool causal_;
+    xt::xtensor<T, 2> qkv_;
+    std::vector<xt::xtensor<T, 2>> probabilities_;
+};
 
 template <class T, mesh_type Mesh>
 class self_attention {
@@ -35,7 +151,7 @@ public:
 
     self_attention(const Mesh& mesh, std::size_t features, unsigned seed, options o)
         : o_(checked(std::move(o), features))
-        , head_(features / o_.heads)
+        , heads_(features / o_.heads, o_.sequence, o_.causal)
         , qkv_(mesh, features, 3 * features, seed, {.axes = o_.axes})
         , out_(mesh, features, features, seed + 1, {.axes = o_.axes}) {
         const int tp = o_.axes.tensor.empty() ? 1 : mesh.shape().axis_size(o_.axes.tensor);
@@ -59,60 +175,18 @@ private:
 
 public:
     tensor<T, Mesh> forward(const tensor<T, Mesh>& x) {
+        check_whole_sequences(x, o_.sequence, "self_attention");
         const auto qkv = qkv_.forward(x);
-        const auto& a = qkv.local();
-        const std::size_t rows = a.shape()[0], heads = a.shape()[1] / (3 * head_);
-        if (rows % o_.sequence != 0)
-            throw error("xshard: self_attention: a rank holds " + std::to_string(rows) +
-                        " tokens, not whole sequences of " + std::to_string(o_.sequence) +
-                        " (the sequences must split evenly over the data axis)");
-        qkv_cache_ = a;
-        probabilities_.assign(rows / o_.sequence * heads, {});
-        xt::xtensor<T, 2> o = xt::zeros<T>({rows, heads * head_});
-        for_each_head(rows, heads, [&](std::size_t h, auto rs, std::size_t k) {
-            const xt::xtensor<T, 2> q =
-                xt::view(a, rs, xt::range(3 * head_ * h, 3 * head_ * h + head_));
-            const xt::xtensor<T, 2> kk =
-                xt::view(a, rs, xt::range(3 * head_ * h + head_, 3 * head_ * h + 2 * head_));
-            const xt::xtensor<T, 2> v =
-                xt::view(a, rs, xt::range(3 * head_ * h + 2 * head_, 3 * head_ * (h + 1)));
-            xt::xtensor<T, 2> p = xt::linalg::dot(q, xt::transpose(kk)) / std::sqrt(T(head_));
-            softmax_rows(p);
-            xt::view(o, rs, xt::range(head_ * h, head_ * (h + 1))) = xt::linalg::dot(p, v);
-            probabilities_[k] = std::move(p);
-        });
         // The heads' outputs, side by side: split like the QKV columns, by heads.
         return out_.forward(tensor<T, Mesh>(xshard::detail::unchecked, x.mesh(), x.shape(),
-                                            std::move(o), qkv.layout()));
+                                            heads_.forward(qkv.local()), qkv.layout()));
     }
 
     tensor<T, Mesh> backward(const tensor<T, Mesh>& dy) {
         const auto d_o = out_.backward(dy);
-        const auto& g = d_o.local();
-        const auto& a = qkv_cache_;
-        const std::size_t rows = a.shape()[0], heads = a.shape()[1] / (3 * head_);
-        xt::xtensor<T, 2> dqkv = xt::zeros<T>(a.shape());
-        const T scale = T(1) / std::sqrt(T(head_));
-        for_each_head(rows, heads, [&](std::size_t h, auto rs, std::size_t k) {
-            auto qr = xt::range(3 * head_ * h, 3 * head_ * h + head_);
-            auto kr = xt::range(3 * head_ * h + head_, 3 * head_ * h + 2 * head_);
-            auto vr = xt::range(3 * head_ * h + 2 * head_, 3 * head_ * (h + 1));
-            const xt::xtensor<T, 2> q = xt::view(a, rs, qr), kk = xt::view(a, rs, kr),
-                                    v = xt::view(a, rs, vr);
-            const xt::xtensor<T, 2> go = xt::view(g, rs, xt::range(head_ * h, head_ * (h + 1)));
-            const auto& p = probabilities_[k];
-            const xt::xtensor<T, 2> dp = xt::linalg::dot(go, xt::transpose(v));
-            const xt::xtensor<T, 2> row =
-                xt::sum(dp * p, {1}, xt::keep_dims); // evaluated first (xtensor 0.24)
-            xt::xtensor<T, 2> ds = p * (dp - row);
-            ds *= scale;
-            xt::view(dqkv, rs, qr) = xt::linalg::dot(ds, kk);
-            xt::view(dqkv, rs, kr) = xt::linalg::dot(xt::transpose(ds), q);
-            xt::view(dqkv, rs, vr) = xt::linalg::dot(xt::transpose(p), go);
-        });
         const std::array<std::size_t, 2> shape{d_o.shape()[0], 3 * d_o.shape()[1]};
         return qkv_.backward(tensor<T, Mesh>(xshard::detail::unchecked, d_o.mesh(), shape,
-                                             std::move(dqkv), d_o.layout()));
+                                             heads_.backward(d_o.local()), d_o.layout()));
     }
 
     friend void visit_parameters(self_attention& a, auto&& visit) {
@@ -121,38 +195,10 @@ public:
     }
 
 private:
-    /// Calls f(local head, rows of the sequence, cache index) for every sequence and local head.
-    template <class F>
-    void for_each_head(std::size_t rows, std::size_t heads, F f) const {
-        for (std::size_t s = 0; s < rows / o_.sequence; ++s)
-            for (std::size_t h = 0; h < heads; ++h)
-                f(h, xt::range(s * o_.sequence, (s + 1) * o_.sequence), s * heads + h);
-    }
-
-    /// Softmax of each row of scores, masked causally.
-    void softmax_rows(xt::xtensor<T, 2>& p) const {
-        const std::size_t n = p.shape()[0];
-        for (std::size_t i = 0; i < n; ++i) {
-            const std::size_t last = o_.causal ? i + 1 : n;
-            T m = std::numeric_limits<T>::lowest();
-            for (std::size_t j = 0; j < last; ++j)
-                m = std::max(m, p(i, j));
-            T sum = 0;
-            for (std::size_t j = 0; j < n; ++j) {
-                p(i, j) = j < last ? std::exp(p(i, j) - m) : T(0);
-                sum += p(i, j);
-            }
-            for (std::size_t j = 0; j < last; ++j)
-                p(i, j) /= sum;
-        }
-    }
-
     options o_;
-    std::size_t head_;
+    attention_heads<T> heads_;
     column_parallel_linear<T, Mesh> qkv_;
     row_parallel_linear<T, Mesh> out_;
-    xt::xtensor<T, 2> qkv_cache_;
-    std::vector<xt::xtensor<T, 2>> probabilities_;
 };
 
 } // namespace xshard::nn

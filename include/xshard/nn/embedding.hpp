@@ -44,16 +44,8 @@ public:
     /// Adds the gradient rows to the table; the ids have no gradient.
     void backward(const tensor<T, Mesh>& dy) {
         const auto dz = reduce_adjoint_.adjoint(dy, z_layout_);
-        const auto rows = table_.value.block();
-        const auto& ids = ids_->local();
-        const std::size_t width = rows.extent[1];
-        auto& grad = table_.terms().local();
-        for (std::size_t i = 0; i < ids.size(); ++i) {
-            const auto v = std::size_t(ids(i));
-            if (v >= rows.offset[0] && v < rows.offset[0] + rows.extent[0])
-                for (std::size_t j = 0; j < width; ++j)
-                    grad(v - rows.offset[0], j) += dz.local()(i, j);
-        }
+        xshard::detail::add_embedding_rows(table_.terms().local(), ids_->local(), dz.local(),
+                                           table_.value.block());
     }
 
     friend void visit_parameters(vocab_parallel_embedding& e, auto&& visit) {

@@ -108,6 +108,39 @@ void check_labels(const communicator& c, const Labels& labels, std::size_t class
     agree_on_error(c, bad);
 }
 
+/// One rank's term of an embedding: for each of its ids (any shape, R - 1 dimensions) the row
+/// of its block `tb` of the table (`lt` local) holding it, zeros for ids outside the block.
+template <std::size_t R, class Ids, class Table, class Box>
+auto embedding_rows(const Ids& li, const Table& lt, const Box& tb) {
+    using T = typename Table::value_type;
+    auto extent = detail::to_array<R>(li.shape());
+    extent[R - 1] = tb.extent[1];
+    auto local = xt::xtensor<T, R>::from_shape(extent);
+    const std::size_t width = tb.extent[1];
+    for (std::size_t i = 0; i < li.size(); ++i) {
+        const auto v = std::size_t(li.data()[i]);
+        T* row = local.data() + i * width;
+        if (v >= tb.offset[0] && v < tb.offset[0] + tb.extent[0])
+            std::copy_n(lt.data() + (v - tb.offset[0]) * width, width, row);
+        else
+            std::fill_n(row, width, T{});
+    }
+    return local;
+}
+
+/// The adjoint of `embedding_rows`: adds row i of `dz` (one per id) to the row of `grad` (the
+/// table's block `tb`, local) holding id i, for the ids inside the block.
+template <class Grad, class Ids, class Dz, class Box>
+void add_embedding_rows(Grad& grad, const Ids& ids, const Dz& dz, const Box& tb) {
+    const std::size_t width = tb.extent[1];
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        const auto v = std::size_t(ids.data()[i]);
+        if (v >= tb.offset[0] && v < tb.offset[0] + tb.extent[0])
+            for (std::size_t j = 0; j < width; ++j)
+                grad(v - tb.offset[0], j) += dz.data()[i * width + j];
+    }
+}
+
 } // namespace detail
 
 namespace ops {
@@ -135,18 +168,7 @@ auto embedding(const I& ids, const W& table) {
     for (std::size_t d = 0; d + 1 < R; ++d)
         shape[d] = ids.shape()[d];
     shape[R - 1] = table.shape()[1];
-    auto extent = detail::to_array<R>(li.shape());
-    extent[R - 1] = tb.extent[1];
-    auto local = xt::xtensor<T, R>::from_shape(extent);
-    const std::size_t width = tb.extent[1];
-    for (std::size_t i = 0; i < li.size(); ++i) {
-        const auto v = std::size_t(li.data()[i]);
-        T* row = local.data() + i * width;
-        if (v >= tb.offset[0] && v < tb.offset[0] + tb.extent[0])
-            std::copy_n(lt.data() + (v - tb.offset[0]) * width, width, row);
-        else
-            std::fill_n(row, width, T{});
-    }
+    auto local = detail::embedding_rows<R>(li, lt, tb);
     const auto vocab = res.b.split_axes(0, mesh.shape());
     if (!vocab.empty() && local.size() > 0)
         allreduce(mesh.sub(vocab), std::span(local.data(), local.size()), reduction::sum);

@@ -528,13 +528,22 @@ public:
                 allocate_grads(u);
             }
             const auto t = clock::now();
-            auto dx = model_->backward(std::move(dy));
-            timings_.compute += seconds_since(t);
-            for (std::size_t u = units_.size(); u-- > 0;) {
-                start_reductions(u);
-                release_values(u);
+            const auto reduce = [&] {
+                timings_.compute += seconds_since(t);
+                for (std::size_t u = units_.size(); u-- > 0;) {
+                    start_reductions(u);
+                    release_values(u);
+                }
+            };
+            // A model whose input has no gradient (token ids) returns none.
+            if constexpr (std::is_void_v<decltype(model_->backward(std::move(dy)))>) {
+                model_->backward(std::move(dy));
+                reduce();
+            } else {
+                auto dx = model_->backward(std::move(dy));
+                reduce();
+                return dx;
             }
-            return dx;
         }
     }
 
