@@ -21,17 +21,21 @@
 //       search's prediction only (the searched model runs one stage).
 //   searched_mlp: the searched strategy's measured step against the fastest hand strategy's
 //       (baseline "best_hand_strategy"), target ratio <= 1.10.
-//   searched_transformer_predicted: the search's predicted step for a transformer (4 blocks,
-//       512 features, 8 heads, 128 tokens, vocabulary 8000, batch 16) against the predicted
-//       step of its best hand strategy among dp and Megatron tp (baseline
-//       "best_hand_strategy_predicted"): prediction only, the runtime has no searched
-//       transformer yet.
+//   hand_transformer_<name>: a transformer's hand strategies (xshard::searched_transformer: 2
+//       blocks, 256 features, 8 heads, 64 tokens per sequence, vocabulary 4000, 16 sequences;
+//       --quick: 64 features, 4 heads, 16 tokens, vocabulary 500), measured against predicted:
+//       dp (mesh p x 1) and megatron (mesh 1 x p: qkv and up split by columns, proj and down
+//       by rows, the head's classes over tp for the vocabulary-parallel loss).
+//   searched_transformer: the searched strategy's measured step against the faster hand
+//       strategy's (baseline "best_hand_strategy"); searched_transformer_predicted: its
+//       prediction against its measurement.
 
 #include <xshard/auto/auto_parallel.hpp>
 #include <xshard/auto/calibrate.hpp>
 #include <xshard/auto/model.hpp>
 #include <xshard/auto/search.hpp>
 #include <xshard/auto/searched_mlp.hpp>
+#include <xshard/auto/searched_transformer.hpp>
 #include <xshard/comm/environment.hpp>
 #include <xshard/nn/embedding.hpp>
 #include <xshard/optim/optimizers.hpp>
@@ -45,6 +49,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -52,6 +57,7 @@ namespace {
 namespace bench = xshard::bench;
 using mesh_t = xshard::mesh<"dp", "tp">;
 using mlp_t = xshard::searched_mlp<double, mesh_t>;
+using transformer_t = xshard::searched_transformer<double, mesh_t>;
 using xshard::activation_split, xshard::weight_split, xshard::op_choice;
 
 struct hand {
@@ -60,6 +66,27 @@ struct hand {
     std::vector<op_choice> choices;
 };
 
+/// The measured seconds of one training step of `model` (its strategy applied) on mesh `m`
+/// under hsdp level `hsdp`, on the batch (xs, ys): the median of `o.reps` timed batches.
+template <class Model, class X, class Y>
+double time_steps(const bench::options& o, const mesh_t& m, Model& model, int hsdp, const X& xs,
+                  const Y& ys) {
+    xshard::auto_parallel<Model, mesh_t> net(model, m);
+    if (hsdp > 0)
+        net.hsdp(-1, 0, hsdp == 1 ? "level1" : "level2");
+    xshard::optim::momentum opt({.lr = 1e-3, .momentum = 0.9});
+    xshard::nn::parallel_cross_entropy<double, mesh_t> loss;
+    xshard::model trainer(net, loss, opt);
+    const auto step = [&] {
+        (void)trainer.train_step(xs, ys);
+    };
+    step(); // warm-up: plans built
+    std::vector<double> t;
+    for (int r = 0; r < o.reps; ++r)
+        t.push_back(bench::time_batch(m.comm(), step, o.quick ? 1 : 3));
+    return bench::median(t);
+}
+
 /// The measured seconds of one training step of `widths` with `choices` on mesh dp x tp.
 double measure(const xshard::communicator& world, const bench::options& o,
                const std::vector<std::size_t>& widths, std::size_t batch, int dp, int tp, int hsdp,
@@ -67,29 +94,34 @@ double measure(const xshard::communicator& world, const bench::options& o,
     const mesh_t m(world, {dp, tp});
     mlp_t model(m, widths, batch, 1);
     model.apply_strategy(choices);
-    xshard::auto_parallel<mlp_t, mesh_t> net(model, m);
-    if (hsdp > 0)
-        net.hsdp(-1, 0, hsdp == 1 ? "level1" : "level2");
-    xshard::optim::momentum opt({.lr = 1e-3, .momentum = 0.9});
-    xshard::nn::parallel_cross_entropy<double, mesh_t> loss;
-    xshard::model trainer(net, loss, opt);
     std::mt19937 e(7);
     const xt::xtensor<double, 2> x =
         xt::random::randn<double>({batch, widths.front()}, 0.0, 1.0, e);
     const xt::xtensor<std::int64_t, 1> y =
         xt::random::randint<std::int64_t>({batch}, 0, std::int64_t(widths.back()), e);
-    const auto xs =
-        xshard::distribute<xshard::dynamic_layout(2)>(m, x, xshard::nn::make_layout({"dp", ""}));
-    const auto ys =
-        xshard::distribute<xshard::dynamic_layout(1)>(m, y, xshard::nn::make_layout({"dp"}));
-    const auto step = [&] {
-        (void)trainer.train_step(xs, ys);
-    };
-    step(); // warm-up: plans built
-    std::vector<double> t;
-    for (int r = 0; r < o.reps; ++r)
-        t.push_back(bench::time_batch(world, step, o.quick ? 1 : 3));
-    return bench::median(t);
+    return time_steps(
+        o, m, model, hsdp,
+        xshard::distribute<xshard::dynamic_layout(2)>(m, x, xshard::nn::make_layout({"dp", ""})),
+        xshard::distribute<xshard::dynamic_layout(1)>(m, y, xshard::nn::make_layout({"dp"})));
+}
+
+/// The measured seconds of one training step of the transformer `sizes` (`batch` sequences)
+/// with `choices` on mesh dp x tp.
+double measure_transformer(const xshard::communicator& world, const bench::options& o,
+                           const xshard::transformer_sizes& sizes, std::size_t batch, int dp,
+                           int tp, int hsdp, const std::vector<op_choice>& choices) {
+    const mesh_t m(world, {dp, tp});
+    transformer_t model(m, sizes, batch, 1);
+    model.apply_strategy(choices);
+    std::mt19937 e(7);
+    const auto v = std::int64_t(sizes.vocabulary);
+    const std::size_t tokens = batch * sizes.sequence;
+    const xt::xtensor<std::int64_t, 1> x = xt::random::randint<std::int64_t>({tokens}, 0, v, e);
+    const xt::xtensor<std::int64_t, 1> y = xt::random::randint<std::int64_t>({tokens}, 0, v, e);
+    const auto over_dp = xshard::nn::make_layout({"dp"});
+    return time_steps(o, m, model, hsdp,
+                      xshard::distribute<xshard::dynamic_layout(1)>(m, x, over_dp),
+                      xshard::distribute<xshard::dynamic_layout(1)>(m, y, over_dp));
 }
 
 } // namespace
@@ -187,19 +219,27 @@ int main(int argc, char** argv) {
     }
 
     if (o.wants("searched_transformer")) {
-        const auto t = xshard::transformer_network(4, 512, 8, 128, 8000, 16);
+        const xshard::transformer_sizes sizes =
+            o.quick ? xshard::transformer_sizes{2, 64, 4, 16, 500}
+                    : xshard::transformer_sizes{2, 256, 8, 64, 4000};
+        const std::size_t sequences = 16;
+        const auto t = xshard::transformer_network(sizes.layers, sizes.hidden, sizes.heads,
+                                                   sizes.sequence, sizes.vocabulary, sequences);
         auto s = so;
-        const auto r = xshard::search_strategy(t, s);
+        s.max_pipeline_stages = 1;
+        s.output_splits = {rows, features};
         // Hand strategies: pure dp, and Megatron tp (qkv, up column-parallel; proj, down
-        // row-parallel; the rest on whole rows).
-        double best = std::numeric_limits<double>::infinity();
-        for (const auto& [dp, tp] : {std::pair{p, 1}, std::pair{1, p}}) {
+        // row-parallel; the rest on whole rows; the head's classes over tp).
+        double best_hand_t = std::numeric_limits<double>::infinity();
+        std::string best_name_t;
+        for (const auto& [name, dp, tp] :
+             {std::tuple{std::string("dp"), p, 1}, std::tuple{std::string("megatron"), 1, p}}) {
             std::vector<op_choice> c;
             for (const auto& op : t.ops) {
                 const bool col = op.name.ends_with("qkv") || op.name.ends_with("up");
                 const bool row = op.name.ends_with("proj") || op.name.ends_with("down");
                 const bool mid = op.name.ends_with("attention") || op.name.ends_with("gelu");
-                if (tp > 1 && col)
+                if (tp > 1 && (col || op.name == "head"))
                     c.push_back({rows, weight_split::output, features});
                 else if (tp > 1 && row)
                     c.push_back({features, weight_split::input, rows});
@@ -208,12 +248,33 @@ int main(int argc, char** argv) {
                 else
                     c.push_back(rep_rows);
             }
+            if (!o.wants("hand_transformer_" + name) && !o.wants("searched_transformer"))
+                continue;
             const auto e = xshard::evaluate_strategy(t, {dp, tp, 1, 1, 0}, c, s);
-            if (e.valid)
-                best = std::min(best, e.step_seconds);
+            if (!e.valid)
+                continue;
+            const double measured =
+                measure_transformer(world, o, sizes, sequences, dp, tp, 0, c);
+            if (measured < best_hand_t) {
+                best_hand_t = measured;
+                best_name_t = name;
+            }
+            bench::report(world, "hand_transformer_" + name, 0, "predicted",
+                          {measured, e.step_seconds});
         }
-        bench::report(world, "searched_transformer_predicted", 0, "best_hand_strategy_predicted",
-                      {r.best->step_seconds, best});
+        const auto r = xshard::search_strategy(t, s);
+        const auto& b = *r.best;
+        if (world.rank() == 0) {
+            std::fputs(xshard::describe(r, t).c_str(), stderr);
+            std::fprintf(stderr, "the fastest hand transformer strategy measured: %s\n",
+                         best_name_t.c_str());
+        }
+        const double measured = measure_transformer(world, o, sizes, sequences, b.degrees.dp,
+                                                    b.degrees.tp, b.degrees.hsdp_level, b.choices);
+        bench::report(world, "searched_transformer", 0, "best_hand_strategy",
+                      {measured, best_hand_t});
+        bench::report(world, "searched_transformer_predicted", 0, "measured",
+                      {b.step_seconds, measured});
     }
     return 0;
 }

@@ -6,6 +6,13 @@
 //
 //   mpirun -n 4 build/examples/train_transformer --text README.md            # dp 2 x tp 2
 //   mpirun -n 2 build/examples/train_transformer --text README.md --tp 2 --steps 300
+//   mpirun -n 4 build/examples/train_transformer --mode recursive_programming
+//
+// --mode recursive_programming or sharding_propagation (MindSpore's parallel modes): the same
+// decoder without learned positions, as an xshard::searched_transformer whose per-operator
+// strategies the engine searches in compile() (xshard::auto_parallel; printed), trained by
+// the driver (xshard::model) with AdamW at a constant rate. Its losses too are the same on
+// every mesh (ctest compares them).
 #include <xshard/xshard.hpp>
 
 #include <algorithm>
@@ -13,6 +20,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 using mesh_2d = xshard::mesh<"dp", "tp">;
@@ -50,6 +58,21 @@ private:
     xshard::weight<nn::tensor<T, mesh_2d>> table_;
 };
 
+using windows_t = xshard::dtensor<std::int64_t, mesh_2d, xshard::dynamic_layout(2)>;
+
+/// The input tokens and the next ones (the targets) of windows [B, sequence + 1]: [B x sequence]
+/// each, rows split as the windows'.
+auto tokens_of(const windows_t& windows) {
+    const auto& w = windows.local();
+    xt::xtensor<std::int64_t, 1> in = xt::flatten(xt::view(w, xt::all(), xt::range(0, sequence)));
+    xt::xtensor<std::int64_t, 1> next =
+        xt::flatten(xt::view(w, xt::all(), xt::range(1, sequence + 1)));
+    const std::array<std::size_t, 1> shape{windows.shape()[0] * sequence};
+    const auto rows_layout = nn::make_layout({windows.layout().axes(0).empty() ? "" : "dp"});
+    return std::pair(xshard::from_local(windows.mesh(), shape, std::move(in), rows_layout),
+                     xshard::from_local(windows.mesh(), shape, std::move(next), rows_layout));
+}
+
 class gpt {
 public:
     explicit gpt(const mesh_2d& mesh)
@@ -64,16 +87,8 @@ public:
     }
 
     /// The mean next-character loss of a batch of windows [B, sequence + 1].
-    T forward(const xshard::dtensor<std::int64_t, mesh_2d, xshard::dynamic_layout(2)>& windows) {
-        const auto& w = windows.local();
-        xt::xtensor<std::int64_t, 1> in =
-            xt::flatten(xt::view(w, xt::all(), xt::range(0, sequence)));
-        xt::xtensor<std::int64_t, 1> next =
-            xt::flatten(xt::view(w, xt::all(), xt::range(1, sequence + 1)));
-        const std::array<std::size_t, 1> shape{windows.shape()[0] * sequence};
-        const auto rows_layout = nn::make_layout({windows.layout().axes(0).empty() ? "" : "dp"});
-        auto ids = xshard::from_local(windows.mesh(), shape, std::move(in), rows_layout);
-        auto targets = xshard::from_local(windows.mesh(), shape, std::move(next), rows_layout);
+    T forward(const windows_t& windows) {
+        const auto [ids, targets] = tokens_of(windows);
         auto h = positions_.forward(tokens_.forward(ids));
         for (auto& b : blocks_)
             h = b.forward(h);
@@ -104,9 +119,64 @@ private:
     nn::parallel_cross_entropy<T, mesh_2d> loss_;
 };
 
+/// The loss of one batch is noisy: prints the means of the first and the last ten steps.
+void print_means(const mesh_2d& mesh, const std::vector<double>& losses) {
+    const std::size_t n = std::min<std::size_t>(10, losses.size());
+    auto mean = [&](auto first) {
+        return std::accumulate(first, first + long(n), 0.0) / double(n);
+    };
+    if (mesh.rank() == 0 && n > 0)
+        std::printf("mean loss of the first %zu steps %.3f, of the last %zu steps %.3f\n", n,
+                    mean(losses.begin()), n, mean(losses.end() - long(n)));
+}
+
+/// --mode recursive_programming or sharding_propagation (see the file comment).
+template <class Loader>
+int run_searched(const mesh_2d& mesh, const Loader& batches, std::int64_t steps,
+                 const std::string& mode) {
+    using searched_t = xshard::searched_transformer<T, mesh_2d>;
+    searched_t net(mesh,
+                   {.layers = layers, .hidden = features, .heads = heads, .sequence = sequence,
+                    .vocabulary = vocabulary},
+                   8, 1);
+    xshard::auto_parallel parallel_net(net, mesh, mode); // raises for an unknown mode
+    nn::parallel_cross_entropy<T, mesh_2d> loss;
+    xshard::optim::adamw optimizer({.lr = 3e-3, .weight_decay = 0.01});
+    xshard::model trainer(parallel_net, loss, optimizer); // compile(): the search
+    if (mesh.rank() == 0) {
+        std::printf("train_transformer %s on mesh(%s), operator strategies (in / weight / out):\n",
+                    mode.c_str(), mesh.shape().to_string().c_str());
+        for (std::size_t i = 0; i < net.choices().size(); ++i) {
+            const auto& c = net.choices()[i];
+            std::printf("  %-18s %-14s %-10s %s\n", net.spec().ops[i].name.c_str(),
+                        std::string(xshard::to_string(c.in)).c_str(),
+                        std::string(xshard::to_string(c.weight)).c_str(),
+                        std::string(xshard::to_string(c.out)).c_str());
+        }
+    }
+    xshard::loss_monitor monitor(
+        mesh,
+        {.steps_per_epoch = std::size_t(steps), .epochs = 1, .print_every = 1, .precision = 15});
+    std::int64_t step = 0;
+    std::vector<double> losses;
+    for (std::uint64_t epoch = 0; step < steps; ++epoch)
+        for (auto&& windows : batches.epoch(epoch)) {
+            if (step == steps)
+                break;
+            ++step;
+            const auto [ids, targets] = tokens_of(windows);
+            const double l = trainer.train_step(ids, targets);
+            monitor.step(l, windows.shape()[0] * sequence);
+            losses.push_back(l);
+        }
+    monitor.end_epoch();
+    print_means(mesh, losses);
+    return 0;
+}
+
 /// The example itself; main reports its errors.
 int run(int argc, char** argv) {
-    std::string text = "README.md";
+    std::string text = "README.md", mode = "semi_auto";
     int tp = 0;
     std::int64_t steps = 200;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -117,12 +187,16 @@ int run(int argc, char** argv) {
             tp = std::atoi(argv[i + 1]);
         else if (a == "--steps")
             steps = std::atoll(argv[i + 1]);
+        else if (a == "--mode")
+            mode = argv[i + 1];
     }
     const int world = xshard::communicator::world().size();
     const mesh_2d mesh({xshard::auto_size, tp > 0 ? tp : world % 2 == 0 ? 2 : 1});
 
     const auto corpus = data::text_corpus::from_file(text, sequence);
     const data::loader batches(mesh, corpus, {.batch_size = 8, .seed = 5});
+    if (mode != "semi_auto")
+        return run_searched(mesh, batches, steps, mode);
     gpt model(mesh);
     xshard::optim::adamw optimizer({.lr = 3e-3, .weight_decay = 0.01});
     const xshard::optim::warmup_cosine schedule{
@@ -154,14 +228,7 @@ int run(int argc, char** argv) {
             losses.push_back(double(loss));
         }
     monitor.end_epoch();
-    // The loss of one batch is noisy: compare the means of the first and the last ten steps.
-    const std::size_t n = std::min<std::size_t>(10, losses.size());
-    auto mean = [&](auto first) {
-        return std::accumulate(first, first + long(n), 0.0) / double(n);
-    };
-    if (mesh.rank() == 0 && n > 0)
-        std::printf("mean loss of the first %zu steps %.3f, of the last %zu steps %.3f\n", n,
-                    mean(losses.begin()), n, mean(losses.end() - long(n)));
+    print_means(mesh, losses);
     return 0;
 }
 

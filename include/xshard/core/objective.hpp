@@ -1,0 +1,57 @@
+#pragma once
+/// \file
+/// The objective of a strategy search by level (seed 004's `shard(..., level)`, MindSpore's
+/// search objective): 0 the least communication, 1 the least memory, 2 the fastest. A level
+/// orders candidates lexicographically by a primary and a secondary figure: communication then
+/// time at 0, memory then time at 1, time then memory at 2. The strategy search
+/// (auto/search.hpp) compares predictions exactly; shard()'s sharding_propagation
+/// (shard/shard.hpp) compares measured times within a tolerance.
+
+#include <string>
+#include <string_view>
+
+namespace xshard {
+
+/// What the levels mean, for messages.
+inline constexpr std::string_view objective_levels =
+    "0 (least communication), 1 (least memory) or 2 (fastest)";
+
+/// Whether `level` is an objective level.
+constexpr bool is_objective_level(int level) {
+    return level >= 0 && level <= 2;
+}
+
+/// "`who`'s level is 0 (...), 1 (...) or 2 (...), not `level`": the message of a bad level.
+inline std::string bad_objective_level(std::string_view who, int level) {
+    return std::string(who) + " is " + std::string(objective_levels) + ", not " +
+           std::to_string(level);
+}
+
+/// A candidate's place in an objective's order: (primary, secondary), compared
+/// lexicographically.
+struct objective_key {
+    double first = 0, second = 0;
+    friend constexpr bool operator<(const objective_key& a, const objective_key& b) {
+        return a.first < b.first || (a.first == b.first && a.second < b.second);
+    }
+    friend constexpr bool operator<=(const objective_key& a, const objective_key& b) {
+        return !(b < a);
+    }
+};
+
+/// The key of a candidate taking `seconds`, communicating `communication` (seconds or bytes)
+/// and holding `memory` bytes, by objective `level`.
+constexpr objective_key objective_of(int level, double seconds, double communication,
+                                     double memory) {
+    if (level == 1)
+        return {memory, seconds};
+    if (level == 0)
+        return {communication, seconds};
+    return {seconds, memory};
+}
+
+static_assert(objective_of(0, 1, 2, 3).first == 2 && objective_of(0, 1, 2, 3).second == 1);
+static_assert(objective_of(1, 1, 2, 3).first == 3 && objective_of(2, 1, 2, 3).second == 3);
+static_assert(objective_key{1, 5} < objective_key{2, 0} && objective_key{1, 0} < objective_key{1, 5});
+
+} // namespace xshard
