@@ -119,8 +119,26 @@ private:
     nn::parallel_cross_entropy<T, mesh_2d> loss_;
 };
 
-/// The loss of one batch is noisy: prints the means of the first and the last ten steps.
-void print_means(const mesh_2d& mesh, const std::vector<double>& losses) {
+/// Runs `steps` steps, `one_step(windows)` giving each one's loss, over the batches' epochs;
+/// prints every loss, then (the loss of one batch is noisy) the means of the first and the last
+/// ten steps.
+template <class Loader, class Step>
+void train_steps(const mesh_2d& mesh, const Loader& batches, std::int64_t steps, Step one_step) {
+    xshard::loss_monitor monitor(
+        mesh,
+        {.steps_per_epoch = std::size_t(steps), .epochs = 1, .print_every = 1, .precision = 15});
+    std::int64_t step = 0;
+    std::vector<double> losses;
+    for (std::uint64_t epoch = 0; step < steps; ++epoch)
+        for (auto&& windows : batches.epoch(epoch)) {
+            if (step == steps)
+                break;
+            ++step;
+            const double loss = one_step(windows);
+            monitor.step(loss, windows.shape()[0] * sequence);
+            losses.push_back(loss);
+        }
+    monitor.end_epoch();
     const std::size_t n = std::min<std::size_t>(10, losses.size());
     auto mean = [&](auto first) {
         return std::accumulate(first, first + long(n), 0.0) / double(n);
@@ -154,23 +172,10 @@ int run_searched(const mesh_2d& mesh, const Loader& batches, std::int64_t steps,
                         std::string(xshard::to_string(c.out)).c_str());
         }
     }
-    xshard::loss_monitor monitor(
-        mesh,
-        {.steps_per_epoch = std::size_t(steps), .epochs = 1, .print_every = 1, .precision = 15});
-    std::int64_t step = 0;
-    std::vector<double> losses;
-    for (std::uint64_t epoch = 0; step < steps; ++epoch)
-        for (auto&& windows : batches.epoch(epoch)) {
-            if (step == steps)
-                break;
-            ++step;
-            const auto [ids, targets] = tokens_of(windows);
-            const double l = trainer.train_step(ids, targets);
-            monitor.step(l, windows.shape()[0] * sequence);
-            losses.push_back(l);
-        }
-    monitor.end_epoch();
-    print_means(mesh, losses);
+    train_steps(mesh, batches, steps, [&](const windows_t& windows) {
+        const auto [ids, targets] = tokens_of(windows);
+        return trainer.train_step(ids, targets);
+    });
     return 0;
 }
 
@@ -207,28 +212,16 @@ int run(int argc, char** argv) {
                     "characters from %s\n",
                     mesh.shape().to_string().c_str(), layers, heads, features, corpus.size(),
                     sequence, text.c_str());
-    xshard::loss_monitor monitor(
-        mesh,
-        {.steps_per_epoch = std::size_t(steps), .epochs = 1, .print_every = 1, .precision = 15});
-    std::int64_t step = 0;
-    std::vector<double> losses;
-    for (std::uint64_t epoch = 0; step < steps; ++epoch)
-        for (auto&& windows : batches.epoch(epoch)) {
-            if (step == steps)
-                break;
-            ++step;
-            const T loss = model.forward(windows);
-            model.backward();
-            auto grads = xshard::gradients_of{model};
-            xshard::synchronize_gradients(model, grads);
-            xshard::clip_by_global_norm(grads, 1.0);
-            optimizer.step(model, schedule(optimizer.steps()));
-            xshard::for_each_weight(model, [](const std::string&, auto& w) { w.zero_grad(); });
-            monitor.step(loss, windows.shape()[0] * sequence);
-            losses.push_back(double(loss));
-        }
-    monitor.end_epoch();
-    print_means(mesh, losses);
+    train_steps(mesh, batches, steps, [&](const windows_t& windows) {
+        const T loss = model.forward(windows);
+        model.backward();
+        auto grads = xshard::gradients_of{model};
+        xshard::synchronize_gradients(model, grads);
+        xshard::clip_by_global_norm(grads, 1.0);
+        optimizer.step(model, schedule(optimizer.steps()));
+        xshard::for_each_weight(model, [](const std::string&, auto& w) { w.zero_grad(); });
+        return double(loss);
+    });
     return 0;
 }
 

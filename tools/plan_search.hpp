@@ -116,8 +116,8 @@ inline int plan_search(int argc, char** argv) {
             throw usage_error("--batch must be at least 1");
         if (ranks < 1 || ranks > (1LL << 30))
             throw usage_error("--ranks must be in [1, 2^30]");
-        if (level < 0 || level > 2)
-            throw usage_error("--level must be 0, 1 or 2, not " + std::to_string(level));
+        if (!xshard::is_objective_level(level))
+            throw usage_error(xshard::bad_objective_level("--level", level));
         if (app.count("--memory-per-rank") && !(memory_gib > 0))
             throw usage_error("--memory-per-rank must be a positive number of GiB");
         xshard::search_options o;

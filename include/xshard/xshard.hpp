@@ -42,6 +42,7 @@
 #include <xshard/core/mesh.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/node_shared.hpp>
+#include <xshard/core/objective.hpp>
 #include <xshard/core/partition.hpp>
 #include <xshard/core/rule.hpp>
 #include <xshard/core/sharded_layout.hpp>

@@ -20,7 +20,7 @@
 /// for them: interleave with another scheduler than 1f1b. Parallel modes
 /// sharding_propagation and recursive_programming run their engines in `compile()`
 /// (auto/strategy_engine.hpp) on a model whose strategies are set at run time
-/// (auto/searched_mlp.hpp); on any other model they raise.
+/// (auto/searched_mlp.hpp, auto/searched_transformer.hpp); on any other model they raise.
 
 #include <xshard/auto/group_file.hpp>
 #include <xshard/auto/initializer.hpp>
@@ -506,7 +506,7 @@ public:
             problem = "xshard: auto_parallel: parallel_mode " + std::string(to_string(mode_)) +
                       " is not available yet (issue 17) for this model: it needs one whose "
                       "operator strategies are set at run time (xshard::searched_mlp, "
-                      "auto/searched_mlp.hpp); use semi_auto";
+                      "xshard::searched_transformer); use semi_auto";
         else
             problem = pipeline_problem();
         agree(problem);

@@ -280,7 +280,7 @@ public:
         if (stages > 1 && strategy_searchable<network_type>)
             problem = "xshard: model: pipeline(" + std::to_string(stages) +
                       ") is not supported yet for a model whose strategies are searched at run "
-                      "time (searched_mlp): use pipeline(1)";
+                      "time (searched_mlp, searched_transformer): use pipeline(1)";
         else if (stages > 1) {
             const auto& ms = net.mesh().shape();
             std::size_t a = ms.ndim();

@@ -29,6 +29,7 @@
 /// micro-batches (pipeline/analysis.hpp's simulation of the schedule).
 
 #include <xshard/auto/cost.hpp>
+#include <xshard/core/objective.hpp>
 #include <xshard/pipeline/analysis.hpp>
 
 #include <algorithm>
@@ -70,15 +71,9 @@ struct search_options {
     }
 };
 
-/// An objective value, compared lexicographically: (time, memory) at level 2, (memory, time)
-/// at level 1, (communication, time) at level 0.
-struct search_key {
-    double first = 0, second = 0;
-    friend constexpr bool operator<(const search_key& a, const search_key& b) {
-        return a.first < b.first || (a.first == b.first && a.second < b.second);
-    }
-    friend constexpr bool operator<=(const search_key& a, const search_key& b) { return !(b < a); }
-};
+/// An objective value (core/objective.hpp): (time, memory) at level 2, (memory, time) at
+/// level 1, (communication, time) at level 0, compared lexicographically.
+using search_key = objective_key;
 
 /// A candidate's full prediction: degrees, per-operator strategies, and what a step costs the
 /// slowest stage's ranks.
@@ -206,14 +201,6 @@ struct stage_totals {
     double comm_bytes = 0;
 };
 
-inline search_key stage_key(int level, double step, double comm, double memory) {
-    if (level == 1)
-        return {memory, step};
-    if (level == 0)
-        return {comm, step};
-    return {step, memory};
-}
-
 } // namespace detail
 
 namespace detail {
@@ -265,7 +252,7 @@ inline strategy_plan evaluate_strategy(const network_spec& net, const parallel_d
         const double boundary = cp.boundary_seconds(first, last);
         const double step = cp.slots() * (t.per_micro_batch + boundary) + t.sync;
         const double comm = cp.slots() * (t.communication + boundary) + t.sync;
-        const auto k = detail::stage_key(o.level, step, comm, t.memory);
+        const auto k = objective_of(o.level, step, comm, t.memory);
         p.memory_bytes = std::max(p.memory_bytes, t.memory);
         if (!worst || *worst < k) {
             worst = k;
@@ -324,12 +311,12 @@ stage_programme(const network_spec& net, candidate_pricer& cp, std::size_t first
     std::vector<std::array<front, 3>> fronts(last - first + 1);
     fronts[0][std::size_t(activation_split::rows)].push_back({boundary, boundary, 0, -1, -1, {}});
     const auto better = [&](const dp_entry& a, const dp_entry& b) {
-        return stage_key(level, a.step, a.comm, a.memory) <
-               stage_key(level, b.step, b.comm, b.memory);
+        return objective_of(level, a.step, a.comm, a.memory) <
+               objective_of(level, b.step, b.comm, b.memory);
     };
     const auto dominates = [&](const dp_entry& a, const dp_entry& b) {
-        return stage_key(level, a.step, a.comm, a.memory) <=
-                   stage_key(level, b.step, b.comm, b.memory) &&
+        return objective_of(level, a.step, a.comm, a.memory) <=
+                   objective_of(level, b.step, b.comm, b.memory) &&
                a.memory <= b.memory;
     };
     for (std::size_t i = first; i < last; ++i) {
@@ -580,9 +567,8 @@ inline search_result search_strategy(const network_spec& net, const search_optio
         throw std::invalid_argument("xshard: search: ranks must be at least 1");
     if (net.ops.empty() || net.batch == 0)
         throw std::invalid_argument("xshard: search: the network has no operators or no batch");
-    if (o.level < 0 || o.level > 2)
-        throw std::invalid_argument("xshard: search: level must be 0, 1 or 2, not " +
-                                    std::to_string(o.level));
+    if (!is_objective_level(o.level))
+        throw std::invalid_argument(bad_objective_level("xshard: search: the level", o.level));
     search_result r;
     r.level = o.level;
     r.memory_cap = o.memory_per_rank;

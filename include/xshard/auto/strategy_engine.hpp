@@ -2,7 +2,8 @@
 /// \file
 /// The parallel modes' engines at run time: what `auto_parallel::compile()` runs for
 /// parallel_mode recursive_programming and sharding_propagation on a model whose operator
-/// strategies are set at run time (`strategy_searchable`, e.g. auto/searched_mlp.hpp).
+/// strategies are set at run time (`strategy_searchable`: auto/searched_mlp.hpp,
+/// auto/searched_transformer.hpp).
 ///
 ///  * recursive_programming: the search (auto/search.hpp) on the run's mesh (dp x tp, one
 ///    stage, the fastest objective), then the strategies applied to the model.

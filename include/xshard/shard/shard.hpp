@@ -67,6 +67,7 @@
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/error.hpp>
+#include <xshard/core/objective.hpp>
 #include <xshard/core/strategy.hpp>
 #include <xshard/ops/operand.hpp>
 #include <xshard/redistribute/meter.hpp>
@@ -277,6 +278,16 @@ auto relayout(D&& t, const layout& to, const call_log& log, const slot& s) {
     return out;
 }
 
+/// The layout `none` gives an argument without derivation: its own, or the dataset
+/// strategy's for an array held whole.
+template <class Mesh, class A>
+layout kept_layout(const Mesh& mesh, const A& a) {
+    if constexpr (distributed_tensor<A>)
+        return a.layout();
+    else
+        return dataset_layout(mesh, A::rank, layout::replicated(A::rank));
+}
+
 /// One input of a call, prepared by its spec: a reference to the argument itself when
 /// nothing changes (and the mesh type stays), a new tensor otherwise.
 template <class Mesh, class CallMesh, class Arg, class Spec>
@@ -314,7 +325,7 @@ decltype(auto) shard_input(const Mesh& mesh, const CallMesh& call_mesh, Arg&& ar
         } else {
             layout l;
             if constexpr (std::is_same_v<Spec, none_t>)
-                l = dataset_layout(mesh, N, layout::replicated(N));
+                l = kept_layout(mesh, arg);
             else
                 l = spec_layout(spec, N, mesh.shape());
             note(log, what, " (array held whole)", layout::replicated(N), l,
@@ -472,16 +483,6 @@ Spec propagated_spec(const Given& given, const std::optional<layout>& derived) {
         return *derived;
 }
 
-/// The layout `none` gives an argument without derivation: its own, or the dataset
-/// strategy's for an array held whole.
-template <class Mesh, class A>
-layout kept_layout(const Mesh& mesh, const A& a) {
-    if constexpr (distributed_tensor<A>)
-        return a.layout();
-    else
-        return dataset_layout(mesh, A::rank, layout::replicated(A::rank));
-}
-
 /// The layouts a derived input of rank N may take: first `kept`, then every layout of rank N
 /// that is not partial, over the mesh's axes of more than one rank. Only `kept` past
 /// `max_route_layouts` (the routes' bound).
@@ -529,16 +530,14 @@ struct trial_cost {
 inline bool cheaper(int level, const trial_cost& a, const trial_cost& b) {
     constexpr double noise = 0.02, exact = 1e-9;
     auto less = [](double x, double y, double tol) { return x < y - tol * std::max(y, 1e-300); };
-    const double pa = level == 0 ? a.communication : level == 1 ? a.memory : a.seconds;
-    const double pb = level == 0 ? b.communication : level == 1 ? b.memory : b.seconds;
-    const double sa = level == 2 ? a.memory : a.seconds;
-    const double sb = level == 2 ? b.memory : b.seconds;
+    const auto ka = objective_of(level, a.seconds, a.communication, a.memory);
+    const auto kb = objective_of(level, b.seconds, b.communication, b.memory);
     const double tp = level == 2 ? noise : exact, ts = level == 2 ? exact : noise;
-    if (less(pa, pb, tp))
+    if (less(ka.first, kb.first, tp))
         return true;
-    if (less(pb, pa, tp))
+    if (less(kb.first, ka.first, tp))
         return false;
-    return less(sa, sb, ts);
+    return less(ka.second, kb.second, ts);
 }
 
 template <class T>
@@ -565,10 +564,9 @@ public:
         , report_(std::make_shared<std::string>())
         , plans_(std::make_shared<detail::plan_cache>())
         , derivations_(std::make_shared<derivation_cache>())
-        , derived_(std::make_shared<std::vector<std::optional<layout>>>()) {
-        if (level < 0 || level > 2)
-            throw error("xshard: shard: sharding_propagation's level is 0 (least communication), "
-                        "1 (least memory) or 2 (fastest), not " + std::to_string(level));
+        , derived_(std::make_shared<const std::vector<std::optional<layout>>*>(nullptr)) {
+        if (!is_objective_level(level))
+            throw error(bad_objective_level("xshard: shard: sharding_propagation's level", level));
     }
 
     /// Records, from the next call on, the layouts and redistributions of each call.
@@ -581,8 +579,11 @@ public:
     std::string describe() const { return *report_; }
 
     /// Under sharding_propagation: the layout the last call derived for each input whose spec
-    /// is `none` (nullopt for the others).
-    const std::vector<std::optional<layout>>& derived_layouts() const { return *derived_; }
+    /// is `none` (nullopt for the others); empty before the first call.
+    const std::vector<std::optional<layout>>& derived_layouts() const {
+        static const std::vector<std::optional<layout>> none_yet;
+        return *derived_ ? **derived_ : none_yet;
+    }
 
     template <class... Args>
     auto operator()(Args&&... args) const {
@@ -644,11 +645,13 @@ private:
         std::vector<std::optional<layout>> kept(sizeof...(I));
         std::array<std::size_t, sizeof...(I)> ranks{};
         std::string key;
+        bool arrays = false; // an array held whole among the derived inputs
         (
             [&] {
                 using A = std::remove_cvref_t<Args>;
                 if constexpr (std::is_same_v<std::tuple_element_t<I, In>, none_t> &&
                               detail::derivable<A>) {
+                    arrays = arrays || !distributed_tensor<A>;
                     kept[I] = detail::kept_layout(mesh_, args);
                     ranks[I] = A::rank;
                     key += std::to_string(I) + ':' + kept[I]->to_string() +
@@ -657,12 +660,15 @@ private:
                 }
             }(),
             ...);
-        // The ranks must look the cache up with one key (an array held whole has each rank's
-        // own shape): one all-reduce of its hash, raised on every rank when they differ.
-        const auto hash = static_cast<unsigned long long>(std::hash<std::string>{}(key));
-        if (!value_ranges<1>(mesh_.comm(), {hash})[0].agrees())
-            throw error("xshard: shard: the ranks call with different layouts or shapes of the "
-                        "inputs to derive: " + key);
+        // The ranks must look the cache up with one key. Tensors' layouts and global shapes are
+        // the same on every rank; an array held whole has each rank's own shape: one all-reduce
+        // of the key's hash then, raised on every rank when they differ.
+        if (arrays) {
+            const auto hash = static_cast<unsigned long long>(std::hash<std::string>{}(key));
+            if (!value_ranges<1>(mesh_.comm(), {hash})[0].agrees())
+                throw error("xshard: shard: the ranks call with different layouts or shapes of "
+                            "the inputs to derive: " + key);
+        }
         auto found = derivations_->find(key);
         if (found == derivations_->end()) {
             std::vector<std::vector<layout>> options(sizeof...(I));
@@ -672,7 +678,7 @@ private:
             found = derivations_->emplace(key, derive<Args...>(options, seq, args...)).first;
         }
         const auto& derived = found->second;
-        *derived_ = derived;
+        *derived_ = &derived; // a node of the map: its address stays
         if (log.report)
             for (std::size_t i = 0; i < derived.size(); ++i)
                 if (derived[i])
@@ -829,7 +835,8 @@ private:
     std::shared_ptr<std::string> report_;
     std::shared_ptr<detail::plan_cache> plans_; // the plans of each input and output
     std::shared_ptr<derivation_cache> derivations_;
-    std::shared_ptr<std::vector<std::optional<layout>>> derived_;
+    /// The last call's entry of `derivations_` (none before the first call).
+    std::shared_ptr<const std::vector<std::optional<layout>>*> derived_;
 };
 
 namespace detail {
