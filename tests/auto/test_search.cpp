@@ -616,11 +616,14 @@ constexpr transformer_sizes tiny{.layers = 2, .hidden = 8, .heads = 2, .sequence
 constexpr std::size_t sequences = 24; // whole sequences over 1, 2, 3, 4, 6 and 8 ranks
 
 record train_transformer(const mesh_t& m, const std::string& mode,
-                         const std::vector<op_choice>* choices = nullptr, int steps = 2) {
+                         const std::vector<op_choice>* choices = nullptr, int steps = 2,
+                         const std::string& hsdp_level = {}) {
     transformer_t model(m, tiny, sequences, 9);
     if (choices)
         model.apply_strategy(*choices);
     auto_parallel<transformer_t, mesh_t> net(model, m, mode);
+    if (!hsdp_level.empty())
+        net.hsdp(-1, 0, hsdp_level); // every weight sharded
     optim::momentum opt({.lr = 0.1, .momentum = 0.9});
     nn::parallel_cross_entropy<double, mesh_t> loss;
     xshard::model trainer(net, loss, opt);
@@ -702,6 +705,11 @@ TEST(searched_transformer, every_kind_of_chain_trains_as_one_rank) {
             ++ran;
             expect_same(train_transformer(m, "semi_auto", &c), serial, mesh_text(m) + " " + name);
         }
+        // Optimizer sharding, level3 included (its backward through a model whose input, the
+        // token ids, has no gradient).
+        for (const std::string level : {"level2", "level3"})
+            expect_same(train_transformer(m, "recursive_programming", nullptr, 2, level), serial,
+                        mesh_text(m) + " recursive_programming under hsdp " + level);
         // dp, sequence parallel and the relaid residuals suit every mesh; Megatron where tp
         // divides the heads.
         EXPECT_GE(ran, 3) << mesh_text(m);

@@ -26,11 +26,6 @@
 
 namespace xshard::nn {
 
-/// The local core of multi-head attention, on one rank's block of [tokens, 3 x head x heads]
-/// (the queries, keys and values of a head side by side, the heads in turn) holding whole
-/// sequences of `sequence` tokens: per sequence and head softmax(q k^T / sqrt(head)) v, masked
-/// causally if asked, giving [tokens, head x heads]. The probabilities and the input are kept
-/// for `backward`, which gives the gradient of the input from the output's.
 /// Throws xshard::error, on every rank alike (from the global shape and the layout), unless
 /// every rank's block of the tokens of `x` [tokens, features] holds whole sequences of
 /// `sequence` tokens (core/partition.hpp's blocks: the sequences split evenly over the rows'
@@ -46,6 +41,11 @@ void check_whole_sequences(const X& x, std::size_t sequence, std::string_view wh
                     " blocks of rows (" + x.layout().to_string() + ")");
 }
 
+/// The local core of multi-head attention, on one rank's block of [tokens, 3 x head x heads]
+/// (the queries, keys and values of a head side by side, the heads in turn) holding whole
+/// sequences of `sequence` tokens: per sequence and head softmax(q k^T / sqrt(head)) v, masked
+/// causally if asked, giving [tokens, head x heads]. The probabilities and the input are kept
+/// for `backward`, which gives the gradient of the input from the output's.
 template <class T>
 class attention_heads {
 public:
