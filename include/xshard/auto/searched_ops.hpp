@@ -67,6 +67,14 @@ inline void check_strategy_chain(const network_spec& net, const std::vector<op_c
                     std::string(to_string(c.back().out)));
 }
 
+/// Moves `w` to layout `l` keeping its values (a new weight: gradient zeroed), unless it is
+/// laid out so already.
+template <class D>
+void move_weight(weight<D>& w, const layout& l) {
+    if (!(w.value.layout() == l))
+        w = weight<D>(xshard::redistribute<dynamic_layout(D::rank)>(w.value, l));
+}
+
 /// A linear operator [in, out] under a run-time strategy (see the file comment).
 template <class T, mesh_type Mesh>
 struct searched_linear {
@@ -92,13 +100,9 @@ struct searched_linear {
     }
 
     void set(const op_choice& c) {
-        const auto wl = weight_layout(c.weight), bl = bias_layout(c.weight);
-        if (!(w.value.layout() == wl))
-            w = weight<nn::tensor<T, Mesh, 2>>(
-                xshard::redistribute<dynamic_layout(2)>(w.value, wl));
-        if (b && !(b->value.layout() == bl))
-            b = weight<nn::tensor<T, Mesh, 1>>(
-                xshard::redistribute<dynamic_layout(1)>(b->value, bl));
+        move_weight(w, weight_layout(c.weight));
+        if (b)
+            move_weight(*b, bias_layout(c.weight));
         out = activation_layout(c.out);
     }
 
@@ -152,10 +156,7 @@ struct searched_embedding {
                                    std::normal_distribution<T>(T(0), T(0.02)))) {}
 
     void set(const op_choice& c) {
-        const auto l = weight_layout(c.weight);
-        if (!(table.value.layout() == l))
-            table = weight<nn::tensor<T, Mesh, 2>>(
-                xshard::redistribute<dynamic_layout(2)>(table.value, l));
+        move_weight(table, weight_layout(c.weight));
         out = activation_layout(c.out);
     }
 
