@@ -19,8 +19,9 @@
 // strategies are set at run time: there the network is the same chain as a searched_mlp
 // (xshard/auto/searched_mlp.hpp: linear1 784x512 without bias as MatMulCell, relu, linear2
 // 512x512, relu, linear3 512x10, drawn from the same seeds, so its losses equal the
-// semi_auto network's), laid out by the engine in compile(), without pipeline stages (the
-// driver refuses a searched model with stages) unless --stages says otherwise.
+// semi_auto network's), laid out by the engine in compile(), which searches with the
+// pipeline's stages and micro-batches: the driver cuts the chain where the search's plan does
+// (printed with the strategies).
 //
 // The MindSpore original, for comparison:
 //   net_with_loss = Pipeline(nn.WithLossCell(net, loss_fn), 4, stage_config={...})
@@ -132,7 +133,7 @@ int run(int argc, char** argv) {
 
     const auto world = xshard::communicator::world();
     const bool searched = mode != "semi_auto";
-    const int pp_size = stages > 0 ? stages : !searched && world.size() % 2 == 0 ? 2 : 1;
+    const int pp_size = stages > 0 ? stages : world.size() % 2 == 0 ? 2 : 1;
     const int tp_size = tp > 0 ? tp : world.size() >= 8 ? 2 : 1;
     const full_mesh_t mesh({pp_size, xshard::auto_size, tp_size});
     const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
@@ -209,6 +210,13 @@ int run(int argc, char** argv) {
                                 std::string(xshard::to_string(c.weight)).c_str(),
                                 std::string(xshard::to_string(c.out)).c_str());
                 std::printf("\n");
+                if (pp_size > 1) { // the stage of each operator, where the pipeline cuts
+                    std::printf("%s stages:", mode.c_str());
+                    const auto& plan = *parallel_net.searched_plan();
+                    for (std::size_t i = 0; i < plan.stage_of.size(); ++i)
+                        std::printf(" %s %d", net.spec().ops[i].name.c_str(), plan.stage_of[i]);
+                    std::printf("\n");
+                }
             }
         const auto data_mesh = stage_mesh.with_dataset_strategy(parallel_net.dataset_mode());
         const data::loader dataset(data_mesh, train,

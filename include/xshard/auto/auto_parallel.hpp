@@ -436,6 +436,8 @@ public:
     }
 
     const pipeline_config& pipeline_settings() const noexcept { return pipeline_; }
+    /// The plan the parallel mode's engine applied at the last compile() (none in semi_auto).
+    const std::optional<strategy_plan>& searched_plan() const noexcept { return plan_; }
     /// The pipeline runtime's options for `micro_batches` micro-batches and the module ->
     /// stage assignment `stage_config` (MindSpore's Pipeline stage_config): the configured
     /// scheduler, output_broadcast, and interleave as the interleaved schedule with two
@@ -497,10 +499,13 @@ public:
     }
 
     /// MindSpore's graph compilation: raises on every rank for a setting whose mechanism
-    /// xshard lacks (see the file comment), initialises the weights the first time when
+    /// xshard lacks (see the file comment), runs the parallel mode's engine (its plan kept:
+    /// searched_plan), initialises the weights the first time when
     /// no_init_parameters_in_compile was called, then saves the parameter strategy file and
-    /// the group file when set. Collective over the mesh.
-    void compile() const {
+    /// the group file when set. `micro_batches`: what a step of a pipeline (pipeline(stages >
+    /// 1)) splits its batch into, which the engines price (the driver passes its own).
+    /// Collective over the mesh.
+    void compile(int micro_batches = 1) const {
         std::optional<std::string> problem;
         if (mode_ != parallel_mode::semi_auto && !strategy_searchable<Model>)
             problem = "xshard: auto_parallel: parallel_mode " + std::string(to_string(mode_)) +
@@ -512,9 +517,11 @@ public:
         agree(problem);
         if constexpr (strategy_searchable<Model>) // the engines (auto/strategy_engine.hpp)
             if (mode_ != parallel_mode::semi_auto)
-                run_strategy_engine(*model_, mesh_.shape(), mesh_.comm(),
-                                    mode_ == parallel_mode::sharding_propagation,
-                                    load_operator_strategy_, save_operator_strategy_, machine_);
+                plan_ = run_strategy_engine(
+                    *model_, mesh_.shape(), mesh_.comm(),
+                    mode_ == parallel_mode::sharding_propagation, load_operator_strategy_,
+                    save_operator_strategy_, machine_,
+                    {pipeline_.stages, pipeline_.stages > 1 ? micro_batches : 1});
         if (no_init_ && !initialized_) {
             // A rule throwing on some ranks only raises on every rank.
             agreed(mesh_.comm(),
@@ -591,6 +598,7 @@ private:
     std::string group_file_;
     std::optional<deferred_init_options> no_init_;
     mutable bool initialized_ = false; // compile() initialises once
+    mutable std::optional<strategy_plan> plan_; // compile()'s engine's
 };
 
 } // namespace xshard

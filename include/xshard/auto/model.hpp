@@ -42,7 +42,9 @@
 /// micro-batches and stage_config of `model_options`), reduces the gradients over each
 /// stage's data-parallel copies (PipelineGradReducer; under hsdp the stage's optimizer
 /// sharding) and updates the stage's own parameters; the loss is broadcast over the
-/// pipeline axis so that every rank's callbacks see it.
+/// pipeline axis so that every rank's callbacks see it. A searched model whose operators are
+/// its modules (searched_mlp) is searched with the pipeline's stages and micro-batches, and
+/// cut where the search's plan cuts it (unless stage_config is given).
 
 #include <xshard/auto/auto_parallel.hpp>
 #include <xshard/comm/agree.hpp>
@@ -267,6 +269,10 @@ template <auto_parallel_configuration Parallel, class Loss, class Optimizer>
 class model {
 public:
     using network_type = std::remove_cvref_t<decltype(std::declval<Parallel&>().model())>;
+    /// Whether pipeline(stages > 1) can run the network: any model of layers, and of the
+    /// searched models those whose operators are its modules (searched_chain).
+    static constexpr bool pipelinable =
+        !strategy_searchable<network_type> || searched_chain<network_type>;
 
     model(Parallel& net, Loss& loss, Optimizer& optimizer, model_options options = {})
         : net_(&net)
@@ -274,13 +280,13 @@ public:
         , optimizer_(&optimizer)
         , options_(std::move(options))
         , grads_{net.model()} {
-        net.compile();
         const int stages = net.pipeline_settings().stages;
         std::optional<std::string> problem;
-        if (stages > 1 && strategy_searchable<network_type>)
+        if (stages > 1 && !pipelinable)
             problem = "xshard: model: pipeline(" + std::to_string(stages) +
-                      ") is not supported yet for a model whose strategies are searched at run "
-                      "time (searched_mlp, searched_transformer): use pipeline(1)";
+                      ") is not supported yet for searched_transformer (its residuals cross "
+                      "its operators, which the search cuts between, and its embedding takes "
+                      "ids): use pipeline(1), or searched_mlp";
         else if (stages > 1) {
             const auto& ms = net.mesh().shape();
             std::size_t a = ms.ndim();
@@ -299,6 +305,7 @@ public:
                 pipeline_axis_ = a;
         }
         agree_on_error(net.mesh().comm(), problem);
+        net.compile(options_.micro_batches);
         if (!net.loss_repeated_mean())
             seed_scale_ = net.loss_repetitions(options_.pipeline_axis);
         if (pipelined())
@@ -314,10 +321,16 @@ public:
     /// Whether steps run through a pipeline (pipeline(stages > 1)).
     bool pipelined() const noexcept { return net_->pipeline_settings().stages > 1; }
 
+    /// Under a pipeline, after the first step (which makes it): the (virtual) stage of each
+    /// module of the chain, in chain order, with its name. Empty otherwise.
+    std::vector<std::pair<std::string, int>> pipeline_stages() const {
+        return stage_ ? stage_->stages() : std::vector<std::pair<std::string, int>>{};
+    }
+
     /// One training step on the batch (x, y); returns its loss. Collective over the mesh.
     template <class X, class Y>
     double train_step(const X& x, const Y& y) {
-        if constexpr (!strategy_searchable<network_type>) // (refused by the constructor)
+        if constexpr (pipelinable) // (else refused by the constructor)
             if (pipelined())
                 return pipeline_step(x, y);
         auto& net = net_->model();
@@ -571,6 +584,7 @@ private:
         virtual void gather_weights() = 0;
         virtual void save(const std::string& path, std::int64_t step, bool all) = 0;
         virtual checkpoint_info load(const std::string& path, bool all) = 0;
+        virtual std::vector<std::pair<std::string, int>> stages() const = 0;
     };
 
     template <class X, class Y>
@@ -593,6 +607,12 @@ private:
         static xshard::pipeline::pipeline_options options_of(const model& m) {
             auto o = m.net_->pipeline_options(m.options_.micro_batches, m.options_.stage_config);
             o.output_broadcast = true; // every rank's callbacks see the loss
+            // A searched model is cut where the search priced the cut (its operators are the
+            // modules), unless the user's stage_config says otherwise or the schedule
+            // interleaves (virtual stages the search does not price).
+            if (const auto& plan = m.net_->searched_plan();
+                plan && o.stage_config.empty() && o.virtual_stages == 1)
+                o.stage_starts = plan->stage_starts();
             return o;
         }
 
@@ -676,6 +696,8 @@ private:
             else
                 return xshard::pipeline::load_pipeline_checkpoint(path, pipe, std::tuple<>{}, all);
         }
+
+        std::vector<std::pair<std::string, int>> stages() const override { return pipe.stages(); }
 
         model* self;
         pipe_type pipe;

@@ -91,6 +91,15 @@ struct strategy_plan {
     bool fits = true;            ///< within the memory cap
     bool valid = true;
     search_key objective{}; ///< the slowest stage's by the objective
+
+    /// The index of the first operator of stages 1, 2, ... (pipeline_options::stage_starts).
+    std::vector<std::size_t> stage_starts() const {
+        std::vector<std::size_t> starts;
+        for (std::size_t i = 1; i < stage_of.size(); ++i)
+            if (stage_of[i] != stage_of[i - 1])
+                starts.push_back(i);
+        return starts;
+    }
 };
 
 /// The search's outcome: the chosen plan, the runner-up and why it lost, the fastest plan

@@ -96,10 +96,20 @@ public:
         return dy;
     }
 
+    /// The operators, in the chain's order, as modules ("linear1", "relu1", "linear2", ...;
+    /// the parameters "linear1.weight", "linear1.bias", ...): a pipeline cuts the chain
+    /// between them (stage_starts from the search's plan).
     friend void visit_parameters(searched_mlp& m, auto&& visit) {
-        for (std::size_t i = 0; i < m.linears_.size(); ++i)
-            m.linears_[i].visit("linear" + std::to_string(i + 1), visit);
+        for (std::size_t i = 0; i < m.linears_.size(); ++i) {
+            visit("linear" + std::to_string(i + 1), m.linears_[i]);
+            if (i < m.relus_.size())
+                visit("relu" + std::to_string(i + 1), m.relus_[i]);
+        }
     }
+
+    /// Its operators are its modules, each a layer on tensor_type (see visit_parameters): a
+    /// pipeline can run it (pipeline/pipeline.hpp).
+    static constexpr bool operators_are_modules = true;
 
 private:
     using linear = detail::searched_linear<T, Mesh>;

@@ -128,10 +128,10 @@ struct searched_linear {
                                  dual(x->layout(), x->mesh().shape()));
     }
 
-    void visit(const std::string& name, auto&& f) {
-        f(name + ".weight", w);
-        if (b)
-            f(name + ".bias", *b);
+    friend void visit_parameters(searched_linear& l, auto&& visit) {
+        visit("weight", l.w);
+        if (l.b)
+            visit("bias", *l.b);
     }
 };
 
@@ -183,7 +183,7 @@ struct searched_embedding {
         add_embedding_rows(table.terms().local(), ids->local(), dz.local(), table.value.block());
     }
 
-    void visit(const std::string& name, auto&& f) { f(name + ".table", table); }
+    friend void visit_parameters(searched_embedding& e, auto&& visit) { visit("table", e.table); }
 };
 
 /// Attention's core on [tokens, 3 x features] (queries, keys, values grouped by head, as
@@ -233,6 +233,12 @@ struct redistributed_op {
         return redistribute(std::move(y), out);
     }
     tensor_type backward(const tensor_type& dy) { return f.backward(adjoint.adjoint(dy, y_layout)); }
+
+    /// The layer's parameters, under the layer's own names (none for an activation).
+    friend void visit_parameters(redistributed_op& op, auto&& visit) {
+        if constexpr (has_visit_parameters<Layer>)
+            visit_parameters(op.f, visit);
+    }
 };
 
 } // namespace xshard::detail

@@ -109,11 +109,11 @@ public:
     }
 
     friend void visit_parameters(searched_transformer& m, auto&& visit) {
-        m.embedding_.visit("embedding", visit);
+        visit("embedding", m.embedding_);
         for (std::size_t l = 0; l < m.blocks_.size(); ++l)
             m.blocks_[l].visit("block" + std::to_string(l), visit);
-        visit("norm", m.norm_.f);
-        m.head_.visit("head", visit);
+        visit("norm", m.norm_);
+        visit("head", m.head_);
     }
 
 private:
@@ -180,12 +180,12 @@ private:
         }
 
         void visit(const std::string& name, auto&& f) {
-            f(name + ".norm1", norm1.f);
-            qkv.visit(name + ".qkv", f);
-            proj.visit(name + ".proj", f);
-            f(name + ".norm2", norm2.f);
-            up.visit(name + ".up", f);
-            down.visit(name + ".down", f);
+            f(name + ".norm1", norm1);
+            f(name + ".qkv", qkv);
+            f(name + ".proj", proj);
+            f(name + ".norm2", norm2);
+            f(name + ".up", up);
+            f(name + ".down", down);
         }
     };
 

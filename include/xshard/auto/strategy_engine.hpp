@@ -5,14 +5,17 @@
 /// strategies are set at run time (`strategy_searchable`: auto/searched_mlp.hpp,
 /// auto/searched_transformer.hpp).
 ///
-///  * recursive_programming: the search (auto/search.hpp) on the run's mesh (dp x tp, one
-///    stage, the fastest objective), then the strategies applied to the model.
+///  * recursive_programming: the search (auto/search.hpp) on the run's degrees (dp x tp of
+///    the mesh, the pipeline's stages and micro-batches, the fastest objective), then the
+///    strategies applied to the model.
 ///  * sharding_propagation: the strategies of the operator strategy file set by
 ///    load_operator_strategy_file (if any) kept, the others propagated (auto/propagation.hpp),
 ///    then applied. With no file every operator is derived.
 /// Either saves the operator strategy file set by save_operator_strategy_file (rank 0). Every
 /// rank computes the same strategies from the same data (no communication); a bad file, or a
-/// file for other degrees, raises on every rank (one agreement).
+/// file for other degrees, raises on every rank (one agreement). Under a pipeline the plan's
+/// stage of each operator is where the driver cuts a model whose operators are its modules
+/// (`searched_chain`: searched_mlp).
 
 #include <xshard/auto/operator_strategy_file.hpp>
 #include <xshard/auto/propagation.hpp>
@@ -36,13 +39,29 @@ concept strategy_searchable = requires(M& m, const std::vector<op_choice>& c) {
     m.apply_strategy(c);
 };
 
-/// What the run-time engines search with on `mesh` (axes dp and tp): its degrees, one stage,
-/// no hsdp, outputs split as the loss takes them, priced with `machine`.
-inline search_options engine_options(const mesh_shape& mesh, const machine_model& machine = {}) {
+/// A strategy_searchable model that lists its operators as its modules, in the chain's order,
+/// each a layer on the activations' type: a pipeline runs it, cut where the search's plan
+/// cuts (searched_mlp; not searched_transformer, whose residuals cross its operators and
+/// whose embedding takes ids).
+template <class M>
+concept searched_chain = strategy_searchable<M> && requires { requires M::operators_are_modules; };
+
+/// The pipeline a run-time search prices: `stages` (the pipeline axis's size) and
+/// `micro_batches` per step.
+struct engine_pipeline {
+    int stages = 1;
+    int micro_batches = 1;
+};
+
+/// What the run-time engines search with on `mesh` (axes dp and tp) under `pipeline`: those
+/// degrees, no hsdp, outputs split as the loss takes them, priced with `machine`.
+inline search_options engine_options(const mesh_shape& mesh, const machine_model& machine = {},
+                                     const engine_pipeline& pipeline = {}) {
     search_options o;
     o.machine = machine;
-    o.ranks = mesh.size();
-    o.degrees = parallel_degrees{mesh.axis_size("dp"), mesh.axis_size("tp"), 1, 1, 0};
+    const int dp = mesh.axis_size("dp"), tp = mesh.axis_size("tp");
+    o.ranks = dp * tp * pipeline.stages;
+    o.degrees = parallel_degrees{dp, tp, pipeline.stages, pipeline.micro_batches, 0};
     o.hsdp_levels = {0};
     // The loss takes rows split like the labels: over dp, the classes whole or over tp.
     o.output_splits = {activation_split::rows, activation_split::features};
@@ -50,26 +69,30 @@ inline search_options engine_options(const mesh_shape& mesh, const machine_model
 }
 
 /// Runs recursive_programming (`propagate` false) or sharding_propagation (true) for `model`
-/// on `mesh` (axes dp and tp), loading and saving operator strategy files where the paths are
-/// not empty (see the file comment), pricing with `machine` (auto/calibrate.hpp measures
-/// one). Returns the plan applied. Collective over `comm`.
+/// on `mesh` (axes dp and tp) under `pipeline`, loading and saving operator strategy files
+/// where the paths are not empty (see the file comment), pricing with `machine`
+/// (auto/calibrate.hpp measures one). Returns the plan applied. Collective over `comm`.
 template <strategy_searchable M>
 strategy_plan run_strategy_engine(M& model, const mesh_shape& mesh, const communicator& comm,
                                   bool propagate, const std::string& load_path = {},
                                   const std::string& save_path = {},
-                                  const machine_model& machine = {}) {
+                                  const machine_model& machine = {},
+                                  const engine_pipeline& pipeline = {}) {
     const auto& net = model.spec();
-    const auto o = engine_options(mesh, machine);
+    const auto o = engine_options(mesh, machine, pipeline);
     const auto d = *o.degrees;
     std::vector<std::optional<op_choice>> given(net.ops.size());
     if (propagate && !load_path.empty()) {
         const auto file = agreed<io_error>(comm, [&] {
             auto f = load_operator_strategy(load_path);
-            if (f.degrees.dp != d.dp || f.degrees.tp != d.tp || f.degrees.pp != 1)
+            if (f.degrees.dp != d.dp || f.degrees.tp != d.tp || f.degrees.pp != d.pp)
                 throw io_error("xshard: operator strategy file " + load_path +
                                " is for dp=" + std::to_string(f.degrees.dp) +
                                " tp=" + std::to_string(f.degrees.tp) + " pp=" +
-                               std::to_string(f.degrees.pp) + ", the mesh is " + mesh.to_string());
+                               std::to_string(f.degrees.pp) + ", the run has dp=" +
+                               std::to_string(d.dp) + " tp=" + std::to_string(d.tp) +
+                               " pp=" + std::to_string(d.pp) + " (mesh " + mesh.to_string() +
+                               ")");
             if (f.operators.size() != net.ops.size())
                 throw io_error("xshard: operator strategy file " + load_path + " has " +
                                std::to_string(f.operators.size()) + " operators, the model " +
