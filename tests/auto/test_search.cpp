@@ -572,11 +572,14 @@ TEST(searched_mlp, engines_price_with_the_machine_measured_or_set) {
         xshard::mpi::allreduce(m.comm(), std::span(range), reduction::min);
         EXPECT_EQ(range[0], -range[1]) << "a figure differs between ranks";
     }
-    // The engines price with the machine they are given: GEMMs 1000x slower make the tiny MLP's
-    // predicted computation (its GEMMs; its relus cost nanoseconds) about 1000x longer.
+    // The engines price with the machine they are given: GEMMs and memory 1000x slower make
+    // the tiny MLP's predicted computation about 1000x longer. (Slowing the GEMMs alone is not
+    // enough on a loaded machine: a low measured memory bandwidth can make the relus' share of
+    // the computation larger than the GEMMs'.)
     const std::vector<std::size_t> widths{features, 32, 32, classes};
     auto slow = measured;
     slow.gemm_flops = measured.gemm_flops / 1000;
+    slow.memory_bandwidth = measured.memory_bandwidth / 1000;
     mlp_t model(m, widths, rows, 5);
     const auto fast_plan =
         run_strategy_engine(model, m.shape(), m.comm(), false, {}, {}, measured);
