@@ -756,13 +756,18 @@ struct piped_record : record {
 /// gives every stage the others' weights) whose loss joins the losses; the weights read after.
 piped_record train_piped(const pp_mesh_t& full, const std::vector<std::size_t>& widths,
                          const std::string& mode, int micro, bool interleave = false,
-                         const std::string& hsdp_level = {}) {
+                         const std::string& hsdp_level = {}, const std::string& load = {},
+                         const std::string& save = {}) {
     const auto stage = xshard::pipeline::stage_mesh_of<mesh_t>(full);
     mlp_t model(stage, widths, rows, 5);
     auto_parallel<mlp_t, pp_mesh_t> net(model, full, mode);
     net.pipeline(full.axis_size<"pp">(), false, interleave);
     if (!hsdp_level.empty())
         net.hsdp(-1, 0, hsdp_level);
+    if (!load.empty())
+        net.load_operator_strategy_file(load);
+    if (!save.empty())
+        net.save_operator_strategy_file(save);
     optim::momentum opt({.lr = 0.1, .momentum = 0.9});
     nn::parallel_cross_entropy<double, mesh_t> loss;
     xshard::model trainer(net, loss, opt, {.micro_batches = micro});
@@ -812,6 +817,19 @@ TEST(searched_mlp, pipeline_stages_cut_where_the_search_cuts) {
             EXPECT_EQ(r.planned.front(), 0) << ctx;
             EXPECT_EQ(r.planned.back(), pp - 1) << ctx;
         }
+        // The operator strategy file of a pipelined search (every operator derived) records its
+        // stages, and loads into the same strategies and cut.
+        const auto file = scratch("piped_operators.json");
+        const auto searched = train_piped(full, widths, "sharding_propagation", 2, false, {}, {},
+                                          file);
+        const auto saved = load_operator_strategy(file);
+        EXPECT_EQ(saved.degrees.pp, pp) << ctx;
+        EXPECT_EQ(saved.degrees.micro_batches, 2) << ctx;
+        for (std::size_t i = 0; i < net.ops.size(); ++i)
+            EXPECT_EQ(saved.operators[i].stage, searched.planned[i]) << ctx;
+        const auto loaded = train_piped(full, widths, "sharding_propagation", 2, false, {}, file);
+        expect_same(loaded, serial, ctx + " loaded");
+        EXPECT_EQ(loaded.planned, searched.planned) << ctx;
         // Optimizer sharding per stage, its weights gathered around the micro-batches.
         expect_same(train_piped(full, widths, "recursive_programming", 4, false, "level3"), serial,
                     ctx + " hsdp level3");
