@@ -7,8 +7,9 @@
 // (xshard::model::train_step). First the GEMM speed and the memory bandwidth of one rank are
 // measured (the cost model's `gemm_flops` and `memory_bandwidth`: a momentum update on every
 // rank at once), then every hand strategy of the exhaustive set below is timed, and the
-// search's choice (recursive_programming, one pipeline stage: the runtime model runs one) is
-// timed the same way.
+// search's choice (recursive_programming over every dp x tp x pp and hsdp level) is timed
+// the same way. Pipelined strategies run through the driver's pipeline (mesh pp x dp x tp),
+// cut where the cost model prices the cut.
 //
 // Cases:
 //   hand_<name>: each hand strategy's measured step time against its predicted one (baseline
@@ -17,8 +18,8 @@
 //       sharding level1 / level2), dp_over_tp (mesh 1 x p, rows over every rank),
 //       tp_megatron (mesh 1 x p: column- then row-parallel), tp_gather (column-parallel, its
 //       output gathered, the second layer replicated), tp_row_first (the first layer's input
-//       split by features: row- then column-parallel). Pipeline stages (pp) are listed by the
-//       search's prediction only (the searched model runs one stage).
+//       split by features: row- then column-parallel), pp (mesh p x 1 x 1: p pipeline stages,
+//       4 micro-batches, 1F1B, weights replicated).
 //   searched_mlp: the searched strategy's measured step against the fastest hand strategy's
 //       (baseline "best_hand_strategy"), target ratio <= 1.10.
 //   hand_transformer_<name>: a transformer's hand strategies (xshard::searched_transformer: 2
@@ -48,6 +49,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -60,49 +62,65 @@ using mlp_t = xshard::searched_mlp<double, mesh_t>;
 using transformer_t = xshard::searched_transformer<double, mesh_t>;
 using xshard::activation_split, xshard::weight_split, xshard::op_choice;
 
+using pp_mesh_t = xshard::mesh<"pp", "dp", "tp">;
+
 struct hand {
     std::string name;
-    int dp, tp, hsdp;
+    xshard::parallel_degrees degrees; ///< dp, tp, pp, micro-batches, hsdp level
     std::vector<op_choice> choices;
 };
 
-/// The measured seconds of one training step of `model` (its strategy applied) on mesh `m`
-/// under hsdp level `hsdp`, on the batch (xs, ys): the median of `o.reps` timed batches.
-template <class Model, class X, class Y>
-double time_steps(const bench::options& o, const mesh_t& m, Model& model, int hsdp, const X& xs,
-                  const Y& ys) {
-    xshard::auto_parallel<Model, mesh_t> net(model, m);
+/// The measured seconds of one training step of `model` (its strategy applied) through the
+/// driver over mesh `full` under hsdp level `hsdp`, on the batch (xs, ys): the median of
+/// `o.reps` timed batches. With `stages` > 1 the steps run through the pipeline over `full`'s
+/// axis pp, `micro` micro-batches, the modules on the stages `stage_config` says.
+template <class Model, xshard::mesh_type Full, class X, class Y>
+double time_steps(const bench::options& o, const Full& full, Model& model, int hsdp, const X& xs,
+                  const Y& ys, int stages = 1, int micro = 1,
+                  std::map<std::string, int> stage_config = {}) {
+    xshard::auto_parallel<Model, Full> net(model, full);
+    if (stages > 1)
+        net.pipeline(stages);
     if (hsdp > 0)
         net.hsdp(-1, 0, hsdp == 1 ? "level1" : "level2");
     xshard::optim::momentum opt({.lr = 1e-3, .momentum = 0.9});
     xshard::nn::parallel_cross_entropy<double, mesh_t> loss;
-    xshard::model trainer(net, loss, opt);
+    xshard::model trainer(net, loss, opt,
+                          {.micro_batches = micro, .stage_config = std::move(stage_config)});
     const auto step = [&] {
         (void)trainer.train_step(xs, ys);
     };
     step(); // warm-up: plans built
     std::vector<double> t;
     for (int r = 0; r < o.reps; ++r)
-        t.push_back(bench::time_batch(m.comm(), step, o.quick ? 1 : 3));
+        t.push_back(bench::time_batch(full.comm(), step, o.quick ? 1 : 3));
     return bench::median(t);
 }
 
-/// The measured seconds of one training step of `widths` with `choices` on mesh dp x tp.
+/// The measured seconds of one training step of `widths` with `choices` on degrees `d` (mesh
+/// pp x dp x tp), the operators on the stages `stage_of` gives (under a pipeline).
 double measure(const xshard::communicator& world, const bench::options& o,
-               const std::vector<std::size_t>& widths, std::size_t batch, int dp, int tp, int hsdp,
-               const std::vector<op_choice>& choices) {
-    const mesh_t m(world, {dp, tp});
+               const std::vector<std::size_t>& widths, std::size_t batch,
+               const xshard::parallel_degrees& d, const std::vector<op_choice>& choices,
+               const std::vector<int>& stage_of) {
+    const pp_mesh_t full(world, {d.pp, d.dp, d.tp});
+    const auto m = xshard::pipeline::stage_mesh_of<mesh_t>(full);
     mlp_t model(m, widths, batch, 1);
     model.apply_strategy(choices);
+    std::map<std::string, int> stage_config;
+    if (d.pp > 1)
+        for (std::size_t i = 0; i < stage_of.size(); ++i)
+            stage_config[model.spec().ops[i].name] = stage_of[i];
     std::mt19937 e(7);
     const xt::xtensor<double, 2> x =
         xt::random::randn<double>({batch, widths.front()}, 0.0, 1.0, e);
     const xt::xtensor<std::int64_t, 1> y =
         xt::random::randint<std::int64_t>({batch}, 0, std::int64_t(widths.back()), e);
     return time_steps(
-        o, m, model, hsdp,
+        o, full, model, d.hsdp_level,
         xshard::distribute<xshard::dynamic_layout(2)>(m, x, xshard::nn::make_layout({"dp", ""})),
-        xshard::distribute<xshard::dynamic_layout(1)>(m, y, xshard::nn::make_layout({"dp"})));
+        xshard::distribute<xshard::dynamic_layout(1)>(m, y, xshard::nn::make_layout({"dp"})),
+        d.pp, d.micro_batches, std::move(stage_config));
 }
 
 /// The measured seconds of one training step of the transformer `sizes` (`batch` sequences)
@@ -153,40 +171,36 @@ int main(int argc, char** argv) {
     using enum activation_split;
     const op_choice rep_rows{rows, weight_split::replicated, rows};
     std::vector<hand> hands{
-        {"dp", p, 1, 0, {rep_rows, {rows, weight_split::replicated, rows}, rep_rows}},
-        {"dp_hsdp1", p, 1, 1, {rep_rows, rep_rows, rep_rows}},
-        {"dp_hsdp2", p, 1, 2, {rep_rows, rep_rows, rep_rows}},
+        {"dp", {p, 1, 1, 1, 0}, {rep_rows, {rows, weight_split::replicated, rows}, rep_rows}},
+        {"dp_hsdp1", {p, 1, 1, 1, 1}, {rep_rows, rep_rows, rep_rows}},
+        {"dp_hsdp2", {p, 1, 1, 1, 2}, {rep_rows, rep_rows, rep_rows}},
         {"dp_over_tp",
-         1,
-         p,
-         0,
+         {1, p, 1, 1, 0},
          {{rows, weight_split::replicated, all_rows},
           {all_rows, weight_split::replicated, all_rows},
           {all_rows, weight_split::replicated, rows}}},
         {"tp_megatron",
-         1,
-         p,
-         0,
+         {1, p, 1, 1, 0},
          {{rows, weight_split::output, features},
           {features, weight_split::replicated, features},
           {features, weight_split::input, rows}}},
-        {"tp_gather", 1, p, 0, {{rows, weight_split::output, rows}, rep_rows, rep_rows}},
+        {"tp_gather", {1, p, 1, 1, 0}, {{rows, weight_split::output, rows}, rep_rows, rep_rows}},
         {"tp_row_first",
-         1,
-         p,
-         0,
+         {1, p, 1, 1, 0},
          {{rows, weight_split::replicated, features},
           {features, weight_split::replicated, features},
           {features, weight_split::input, rows}}},
     };
+    if (p > 1 && p <= int(net.ops.size())) // a stage per rank, at least one operator each
+        hands.push_back({"pp", {1, 1, p, 4, 0}, {rep_rows, rep_rows, rep_rows}});
     double best_hand = std::numeric_limits<double>::infinity();
     std::string best_name;
     for (const auto& h : hands) {
         if (!o.wants("hand_" + h.name) && !o.wants("searched_mlp"))
             continue;
-        const double measured = measure(world, o, widths, batch, h.dp, h.tp, h.hsdp, h.choices);
-        const auto predicted =
-            xshard::evaluate_strategy(net, {h.dp, h.tp, 1, 1, h.hsdp}, h.choices, so);
+        const auto predicted = xshard::evaluate_strategy(net, h.degrees, h.choices, so);
+        const double measured =
+            measure(world, o, widths, batch, h.degrees, h.choices, predicted.stage_of);
         if (measured < best_hand) {
             best_hand = measured;
             best_name = h.name;
@@ -196,24 +210,14 @@ int main(int argc, char** argv) {
 
     if (o.wants("searched_mlp")) {
         auto s = so;
-        s.max_pipeline_stages = 1;
         s.output_splits = {rows, features};
         const auto r = xshard::search_strategy(net, s);
         const auto& b = *r.best;
         if (world.rank() == 0) {
             std::fputs(xshard::describe(r, net).c_str(), stderr);
-            auto pp = so;
-            pp.output_splits = s.output_splits;
-            const auto all = xshard::search_strategy(net, pp);
-            std::fprintf(stderr,
-                         "with pipeline stages allowed the search predicts %.3f ms (%s); "
-                         "the fastest hand strategy measured: %s\n",
-                         all.best->step_seconds * 1e3,
-                         xshard::detail::degrees_text(all.best->degrees).c_str(),
-                         best_name.c_str());
+            std::fprintf(stderr, "the fastest hand strategy measured: %s\n", best_name.c_str());
         }
-        const double measured = measure(world, o, widths, batch, b.degrees.dp, b.degrees.tp,
-                                        b.degrees.hsdp_level, b.choices);
+        const double measured = measure(world, o, widths, batch, b.degrees, b.choices, b.stage_of);
         bench::report(world, "searched_mlp", 0, "best_hand_strategy", {measured, best_hand});
         bench::report(world, "searched_mlp_predicted", 0, "measured", {b.step_seconds, measured});
     }
