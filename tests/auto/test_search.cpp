@@ -374,6 +374,15 @@ auto batch_of(const mesh_t& m, int step) {
                      distribute<dynamic_layout(1)>(m, y, nn::make_layout({"dp"})));
 }
 
+/// Has `net` load and save operator strategy files where the paths are not empty.
+template <class Net>
+void strategy_files(Net& net, const std::string& load, const std::string& save) {
+    if (!load.empty())
+        net.load_operator_strategy_file(load);
+    if (!save.empty())
+        net.save_operator_strategy_file(save);
+}
+
 struct record {
     std::vector<double> losses;
     std::vector<xt::xarray<double>> weights;
@@ -389,10 +398,7 @@ record train(const mesh_t& m, const std::vector<std::size_t>& widths, const std:
     if (choices)
         model.apply_strategy(*choices);
     auto_parallel<mlp_t, mesh_t> net(model, m, mode);
-    if (!load.empty())
-        net.load_operator_strategy_file(load);
-    if (!save.empty())
-        net.save_operator_strategy_file(save);
+    strategy_files(net, load, save);
     optim::momentum opt({.lr = 0.1, .momentum = 0.9});
     nn::parallel_cross_entropy<double, mesh_t> loss;
     xshard::model trainer(net, loss, opt);
@@ -764,10 +770,7 @@ piped_record train_piped(const pp_mesh_t& full, const std::vector<std::size_t>& 
     net.pipeline(full.axis_size<"pp">(), false, interleave);
     if (!hsdp_level.empty())
         net.hsdp(-1, 0, hsdp_level);
-    if (!load.empty())
-        net.load_operator_strategy_file(load);
-    if (!save.empty())
-        net.save_operator_strategy_file(save);
+    strategy_files(net, load, save);
     optim::momentum opt({.lr = 0.1, .momentum = 0.9});
     nn::parallel_cross_entropy<double, mesh_t> loss;
     xshard::model trainer(net, loss, opt, {.micro_batches = micro});
