@@ -16,7 +16,7 @@
 /// net.gradient_options())`. Every setter validates its value against MindSpore's documented
 /// conditions and agrees on the outcome over the mesh (one all-reduce of an int), so an
 /// invalid value raises `xshard::error` on every rank. Settings whose mechanism xshard lacks
-/// are recorded, and `compile()` (the use) raises "not available yet" / "not supported yet"
+/// are recorded, and `compile()` (the use) raises "not supported yet"
 /// for them: interleave with another scheduler than 1f1b. Parallel modes
 /// sharding_propagation and recursive_programming run their engines in `compile()`
 /// (auto/strategy_engine.hpp) on a model whose strategies are set at run time
@@ -56,8 +56,8 @@ namespace xshard {
 /// MindSpore's parallel_mode: the strategy engine.
 enum class parallel_mode {
     semi_auto,             ///< the layers' own strategies (xshard's layouts)
-    sharding_propagation,  ///< strategies propagated from annotated operators (issue 17)
-    recursive_programming, ///< strategies searched for every operator (issue 17)
+    sharding_propagation,  ///< propagated from annotated operators (auto/propagation.hpp)
+    recursive_programming, ///< searched for every operator (auto/search.hpp)
 };
 
 /// "semi_auto", "sharding_propagation", "recursive_programming".
@@ -337,7 +337,7 @@ public:
         load_param_strategy_ = path;
     }
     /// Where to save the operator strategies: an absolute path, and only with parallel_mode
-    /// sharding_propagation (whose engine, issue 17, writes it). Agreed over the mesh.
+    /// sharding_propagation (whose engine writes it). Agreed over the mesh.
     void save_operator_strategy_file(const std::string& path) {
         agree(path_problem("save_operator_strategy_file", path, true));
         save_operator_strategy_ = path;
@@ -509,9 +509,10 @@ public:
         std::optional<std::string> problem;
         if (mode_ != parallel_mode::semi_auto && !strategy_searchable<Model>)
             problem = "xshard: auto_parallel: parallel_mode " + std::string(to_string(mode_)) +
-                      " is not available yet (issue 17) for this model: it needs one whose "
-                      "operator strategies are set at run time (xshard::searched_mlp, "
-                      "xshard::searched_transformer); use semi_auto";
+                      " is not available for this model: the engines set operator strategies "
+                      "at run time, on a model made for it (xshard::searched_mlp, "
+                      "xshard::searched_transformer); a model whose layers carry their layouts "
+                      "in their types runs semi_auto";
         else
             problem = pipeline_problem();
         agree(problem);
