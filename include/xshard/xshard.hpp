@@ -61,7 +61,7 @@
 #include <xshard/io/files.hpp>
 #include <xshard/io/format.hpp>
 #include <xshard/io/mapped_writer.hpp>
-#include <xshard/io/node_read.hpp>
+#include <xshard/io/node_io.hpp>
 #include <xshard/io/offline.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>

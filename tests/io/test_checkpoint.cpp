@@ -8,7 +8,7 @@
 #include <xshard/io/files.hpp>
 #include <xshard/io/format.hpp>
 #include <xshard/io/mapped_writer.hpp>
-#include <xshard/io/node_read.hpp>
+#include <xshard/io/node_io.hpp>
 #include <xshard/io/offline.hpp>
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/tensor/gather.hpp>
@@ -759,17 +759,17 @@ TEST(checkpoint, block_checksums_catch_damage_in_one_pass_and_in_two) {
     }
 }
 
-/// The bytes the ranks of `m` have read together for their node (node_read.hpp), summed.
+/// The bytes the ranks of `m` have read together for their node (node_io.hpp), summed.
 std::size_t node_bytes(const ckpt_mesh& m) {
-    auto n = xshard::detail::node_file_reader::of(m.comm()).bytes_read();
+    auto n = xshard::detail::node_file_io::of(m.comm()).bytes_read();
     xshard::mpi::allreduce(m.comm(), std::span(&n, 1), xshard::reduction::sum);
     return n;
 }
 
 /// Column splits of wide rows are stored in short runs: rows of 3072 doubles (24 KiB) split
 /// over W ranks give each rank runs of 24/W KiB (W >= 2: short; 1: one long run, read); a
-/// [2000, 16] tensor gives runs of 128/W bytes. The ranks of a node read such tensors together
-/// (each a slice, node_read.hpp); without the shared-memory transport each copies its runs
+/// [2000, 16] tensor gives runs of 128/W bytes. The ranks of a node write and read such tensors
+/// together (each a slice, node_io.hpp); without the shared-memory transport each copies its runs
 /// out of a mapping of the file (format.hpp read_block). Either way, loaded into the saved
 /// layout or a coarser one the values are exact, and a flipped byte in a run raises a
 /// checksum mismatch on every rank; a file truncated while it is read raises io_error on the
@@ -778,10 +778,17 @@ TEST(checkpoint, short_runs_load_together_or_through_a_mapping_exactly_and_check
     const auto w = world();
     const ckpt_mesh m(w, {1, w.size()});
     const auto path = scratch() + "/wide.safetensors";
+    const auto written_before = xshard::detail::node_file_io::of(m.comm()).bytes_written();
     xshard::save_checkpoint(
         path, std::tuple(xshard::parameter{"wide", indexed(m, 700, 3072, "[-, mp]", true)},
                          xshard::parameter{"tall", indexed(m, 2000, 16, "[-, mp]", true)}));
     const std::size_t stored = (700 * 3072 + 2000 * 16) * sizeof(double);
+    // Saved by the node together (each byte once), its data page-aligned in the file.
+    std::size_t written =
+        xshard::detail::node_file_io::of(m.comm()).bytes_written() - written_before;
+    xshard::mpi::allreduce(m.comm(), std::span(&written, 1), xshard::reduction::sum);
+    EXPECT_EQ(written, w.size() > 1 ? stored : 0) << where(m);
+    EXPECT_EQ(xshard::checkpoint_reader(path).header(0).data_start % 4096, 0u) << where(m);
     auto loaded = std::tuple(xshard::parameter{"wide", indexed(m, 700, 3072, "[-, mp]", false)},
                              xshard::parameter{"tall", indexed(m, 2000, 16, "[-, mp]", false)});
     const auto before = node_bytes(m);
@@ -800,7 +807,7 @@ TEST(checkpoint, short_runs_load_together_or_through_a_mapping_exactly_and_check
     // The same mesh without the shared-memory transport: each rank reads its runs alone.
     ::setenv("XSHARD_SHARED_MEMORY", "0", 1);
     const ckpt_mesh alone(w, {1, w.size()});
-    EXPECT_FALSE(xshard::detail::node_file_reader::of(alone.comm())) << where(m);
+    EXPECT_FALSE(xshard::detail::node_file_io::of(alone.comm())) << where(m);
     ::unsetenv("XSHARD_SHARED_MEMORY");
     auto apart = std::tuple(xshard::parameter{"wide", indexed(alone, 700, 3072, "[-, mp]", false)},
                             xshard::parameter{"tall", indexed(alone, 2000, 16, "[-, mp]", false)});
@@ -850,17 +857,17 @@ TEST(checkpoint, short_runs_load_together_or_through_a_mapping_exactly_and_check
 /// (ranges empty, of one byte, just under and over a window, over several windows, at any
 /// offset); a read failing on one rank (past the end of the file) or a `take` throwing on one
 /// rank raises on every rank, and the next read works.
-TEST(node_file_reader, ranks_read_ranges_together_and_fail_together) {
-    using xshard::detail::node_file_reader;
+TEST(node_file_io, ranks_read_ranges_together_and_fail_together) {
+    using xshard::detail::node_file_io;
     const auto w = world();
     const ckpt_mesh m(w, {1, w.size()});
-    auto& node = node_file_reader::of(m.comm());
+    auto& node = node_file_io::of(m.comm());
     if (w.size() == 1) {
         EXPECT_FALSE(node);
         return;
     }
     ASSERT_TRUE(node);
-    constexpr std::size_t window = node_file_reader::window_bytes;
+    constexpr std::size_t window = node_file_io::window_bytes;
     const std::size_t size = 3 * window + 12345;
     std::string bytes(size, '\0');
     for (std::size_t i = 0; i < size; ++i)
@@ -896,7 +903,7 @@ TEST(node_file_reader, ranks_read_ranges_together_and_fail_together) {
     {
         const std::size_t begin = 777, length = 3 * window + 4321, run = 1000;
         std::string got(length, '\0');
-        std::vector<node_file_reader::direct_run> direct;
+        std::vector<node_file_io::direct_run> direct;
         for (std::size_t at = 0, j = 0; at < length; at += run, ++j)
             if (j % std::size_t(w.size()) == std::size_t(w.rank()))
                 direct.push_back({begin + at, reinterpret_cast<std::byte*>(got.data() + at),
@@ -960,6 +967,125 @@ TEST(node_file_reader, ranks_read_ranges_together_and_fail_together) {
         std::memcpy(again.data() + (lo - 3), b, hi - lo);
     });
     EXPECT_TRUE(again == bytes.substr(3, window)) << "a read after the failures" << where(m);
+}
+
+/// The node writer puts each byte of a range into the file from the one rank whose runs hold
+/// it: runs of 1000 bytes (and a last short one) dealt to the ranks in turn, over three
+/// windows and a bit at an odd offset; ranges of one byte and of less than a window; every
+/// byte around the range is left as it was. Each rank sees each of its runs' bytes once, in
+/// order. A write failing on one rank (a descriptor it opened read-only) or a `visit`
+/// throwing on one rank raises on every rank, and the next write works.
+TEST(node_file_io, ranks_write_ranges_together_and_fail_together) {
+    using xshard::detail::node_file_io;
+    const auto w = world();
+    const ckpt_mesh m(w, {1, w.size()});
+    auto& node = node_file_io::of(m.comm());
+    if (w.size() == 1) {
+        EXPECT_FALSE(node);
+        return;
+    }
+    ASSERT_TRUE(node);
+    constexpr std::size_t window = node_file_io::window_bytes;
+    const std::size_t size = 3 * window + 12345;
+    const auto byte_at = [](std::size_t i) { return char((i * 151 + i / 4091 + 7) & 0xff); };
+    const auto path = scratch() + "/written";
+    const std::string filler(size + 2000, '\xee');
+    const std::size_t before = node.bytes_written();
+    std::size_t wrote = 0; // in the ranges below, summed over the ranks
+    for (const auto& [begin, length, run] :
+         std::vector<std::array<std::size_t, 3>>{{5, 1, 1000},
+                                                 {7, window - 1, 1000},
+                                                 {777, 3 * window + 4321, 1000},
+                                                 {0, size, 4096}}) {
+        on_rank0([&] { spit(path, filler); });
+        // This rank's runs, their bytes packed one after the other in `mine`.
+        std::vector<node_file_io::source_run> runs;
+        std::string mine;
+        for (std::size_t at = 0, j = 0; at < length; at += run, ++j)
+            if (j % std::size_t(w.size()) == std::size_t(w.rank()))
+                for (std::size_t i = begin + at; i < begin + std::min(length, at + run); ++i)
+                    mine += byte_at(i);
+        for (std::size_t at = 0, j = 0, packed = 0; at < length; at += run, ++j)
+            if (j % std::size_t(w.size()) == std::size_t(w.rank())) {
+                const auto n = std::min(run, length - at);
+                runs.push_back({begin + at, reinterpret_cast<const std::byte*>(mine.data()) + packed, n});
+                packed += n;
+            }
+        std::string seen; // the pieces `visit` was given, in turn
+        std::size_t last_run = 0;
+        bool in_order = true;
+        {
+            const xshard::detail::file f(path, O_WRONLY);
+            node.write(f, begin, length, runs, [&](std::size_t i, const std::byte* b, std::size_t n) {
+                in_order = in_order && i >= last_run && i < runs.size() &&
+                           b >= runs[i].bytes && b + n <= runs[i].bytes + runs[i].n;
+                last_run = i;
+                seen.append(reinterpret_cast<const char*>(b), n);
+            });
+        }
+        const auto context = "range at " + std::to_string(begin) + " of " +
+                             std::to_string(length) + where(m);
+        EXPECT_TRUE(in_order) << context;
+        EXPECT_TRUE(seen == mine) << "the pieces visited are this rank's runs" << context;
+        wrote += length;
+        xshard::mpi::barrier(w);
+        const auto back = slurp(path);
+        ASSERT_EQ(back.size(), filler.size()) << context;
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < back.size(); ++i)
+            wrong += back[i] != (i >= begin && i < begin + length ? byte_at(i) : '\xee');
+        EXPECT_EQ(wrong, 0u) << context;
+        xshard::mpi::barrier(w);
+    }
+    std::size_t written = node.bytes_written() - before;
+    xshard::mpi::allreduce(w, std::span(&written, 1), xshard::reduction::sum);
+    EXPECT_EQ(written, wrote) << "each byte written once by the node" << where(m);
+    const int last = w.size() - 1;
+    std::vector<node_file_io::source_run> none;
+    const auto visit_nothing = [](std::size_t, const std::byte*, std::size_t) {};
+    // The last rank's descriptor is read-only: its pwritev fails.
+    try {
+        const xshard::detail::file f(path, w.rank() == last ? O_RDONLY : O_WRONLY);
+        node.write(f, 0, 2 * window, none, visit_nothing);
+        ADD_FAILURE() << "a failing write did not raise" << where(m);
+    } catch (const io_error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(w.rank() == last ? "cannot write"
+                                             : "together with rank " + std::to_string(last)),
+                  std::string::npos)
+            << what << where(m);
+    }
+    // A visit throwing on rank 0 only (in the second window): rank 0 has its own exception,
+    // the others name it.
+    const std::string ones(2 * window, '\x01');
+    const std::vector<node_file_io::source_run> all_of_it{
+        {0, reinterpret_cast<const std::byte*>(ones.data()), ones.size()}};
+    try {
+        const xshard::detail::file f(path, O_WRONLY);
+        node.write(f, 0, ones.size(), w.rank() == 0 ? std::span(all_of_it) : std::span(none),
+                   [&](std::size_t, const std::byte* b, std::size_t) {
+                       if (b > reinterpret_cast<const std::byte*>(ones.data()))
+                           throw std::runtime_error("visit failed");
+                   });
+        ADD_FAILURE() << "a failing visit did not raise" << where(m);
+    } catch (const io_error& e) {
+        EXPECT_NE(w.rank(), 0) << e.what();
+        EXPECT_NE(std::string(e.what()).find("together with rank 0"), std::string::npos)
+            << e.what() << where(m);
+    } catch (const std::runtime_error& e) {
+        EXPECT_EQ(w.rank(), 0) << e.what();
+    }
+    // Then a write of rank 0's bytes over the first window works.
+    {
+        const xshard::detail::file f(path, O_WRONLY);
+        const std::vector<node_file_io::source_run> first{
+            {0, reinterpret_cast<const std::byte*>(ones.data()), window}};
+        node.write(f, 0, window, w.rank() == 0 ? std::span(first) : std::span(none),
+                   visit_nothing);
+    }
+    xshard::mpi::barrier(w);
+    EXPECT_TRUE(slurp(path).substr(0, window) == ones.substr(0, window))
+        << "a write after the failures" << where(m);
 }
 
 TEST(checkpoint, version_1_files_load_and_malformed_block_checksums_are_refused) {

@@ -5,9 +5,12 @@
 /// Two forms (MindSpore's integrated_save):
 ///  * *integrated* (the default): one safetensors file holding every tensor whole. Each rank
 ///    writes exactly its own block of each tensor at its place in the file (each contiguous
-///    run checksummed as it is stored; short runs through a shared mapping of space
-///    allocated first, see mapped_writer.hpp), only one copy of a replicated block is
-///    written, and no rank ever holds a whole tensor. Python's safetensors or numpy read it.
+///    run checksummed as it is stored), only one copy of a replicated block is written, and
+///    no rank ever holds a whole tensor. A tensor stored in short runs (a column split) the
+///    ranks of a node write together, each a contiguous slice of it (node_io.hpp); ranks on
+///    several nodes store short runs through a shared mapping of space allocated first
+///    (mapped_writer.hpp). The tensors' bytes start on a page (safetensors.hpp,
+///    data_alignment). Python's safetensors or numpy read it.
 ///    The header's `__metadata__` holds the step, the strategy (the strategy file's JSON), a
 ///    CRC-32 per tensor and one per block the saving ranks held (format.hpp).
 ///  * *per-rank*: a directory with each rank's shards in `rank_<r>.safetensors` (with their
@@ -21,13 +24,13 @@
 /// checks every stored byte it loads against its CRC-32 (see load): a stored block that lies
 /// inside one block of the load's layout (the same layout, or a coarser one) is read once,
 /// straight into the model, and checksummed as it is read (stored in short runs, a column
-/// split's, it is read once per node, node_read.hpp); a stored block that straddles the
+/// split's, it is read once per node, node_io.hpp); a stored block that straddles the
 /// load's blocks is first checked by one rank (the ranks share them), then read by those that
 /// need a part of it. A truncated file, a wrong dtype or shape, a missing tensor raise the
 /// same `io_error` on every rank before anything is read; a checksum mismatch raises it on
 /// every rank after the read (the model's values are then unspecified). No memory beyond the
-/// model's, one buffer, and the node reads' two shared windows of 4 MiB (kept per
-/// communicator).
+/// model's, one buffer, and the node's two shared windows of 4 MiB (kept per communicator,
+/// for its reads and writes).
 ///
 /// Saving never loses the previous checkpoint: the new one is written under a temporary
 /// name, read back and checked against the checksums computed from memory while the device
@@ -46,7 +49,7 @@
 #include <xshard/io/files.hpp>
 #include <xshard/io/format.hpp>
 #include <xshard/io/mapped_writer.hpp>
-#include <xshard/io/node_read.hpp>
+#include <xshard/io/node_io.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>
 #include <xshard/param/tensor_record.hpp>
@@ -226,6 +229,35 @@ inline std::uint32_t write_block(mapped_writer& w, std::size_t at, const tensor_
         out.push_back({key, offset, length, crc});
         block = std::uint32_t(::crc32_combine(uLong(block), uLong(crc), z_off_t(length)));
         data += length;
+    }
+    return block;
+}
+
+/// Writes tensor `t` into `f` (which stores it whole, row-major, from byte `at`) with the other
+/// ranks of the node (node_io.hpp), each rank its block if `writes` (its primary blocks
+/// partition the tensor), checksummed as write_block does: its runs recorded in `out` as
+/// pieces of tensor `key`. Returns the block's CRC-32. Collective over the node's ranks.
+inline std::uint32_t write_together(node_file_io& node, const file& f, std::size_t at,
+                                    const tensor_record& t, bool writes, std::uint64_t key,
+                                    std::vector<crc_run>& out) {
+    std::vector<node_file_io::source_run> mine;
+    std::vector<std::pair<std::size_t, std::size_t>> runs;
+    if (writes) {
+        runs = runs_of(t.shape, t.offset, t.extent, t.element);
+        const std::byte* data = t.cdata;
+        for (const auto& [offset, length] : runs) {
+            mine.push_back({checked_add(at, offset), data, length});
+            data += length;
+        }
+    }
+    std::vector<std::uint32_t> crc(runs.size(), 0);
+    node.write(f, at, t.global_bytes(), mine, [&](std::size_t i, const std::byte* p, std::size_t n) {
+        crc[i] = crc32_of(p, n, crc[i]);
+    });
+    std::uint32_t block = 0;
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+        out.push_back({key, runs[i].first, runs[i].second, crc[i]});
+        block = std::uint32_t(::crc32_combine(uLong(block), uLong(crc[i]), z_off_t(runs[i].second)));
     }
     return block;
 }
@@ -434,19 +466,60 @@ inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t
     });
 
     // Every rank writes its own blocks (one copy of a replicated block: its primary holder's)
-    // in place with pwrite, checksumming them as it goes: pieces of each tensor (for its
-    // CRC whole) and each block whole (for loads).
-    std::vector<crc_run> runs, blocks;
-    std::vector<std::uint64_t> sizes;
+    // in place, checksumming them as it goes: pieces of each tensor (for its CRC whole) and
+    // each block whole (for loads). Tensors stored in short runs (column splits) the node's
+    // ranks write together (write_together), when they share a node and their blocks
+    // partition the tensor (the same answer on every rank: one all-reduce of each rank's
+    // view); the rest each rank writes with pwrite, or short runs through a mapping
+    // (write_block).
+    const std::size_t nt = m.tensors.size();
+    std::vector<std::uint64_t> view(2 * nt, 0); // short runs written, bytes written, by tensor
+    std::vector<std::uint64_t> sizes(nt);
     everywhere(c, [&] {
-        // (Read and write: a shared mapping of a file must be readable.)
-        file f(tmp, O_RDWR | O_NOFOLLOW);
+        for (std::size_t i = 0; i < nt; ++i) {
+            const auto& t = m.tensors[i];
+            sizes[i] = t.global_bytes();
+            if (m.holds(i) && t.primary()) {
+                const auto runs = runs_of(t.shape, t.offset, t.extent, t.element);
+                view[i] = !runs.empty() && runs.front().second < short_run;
+                view[nt + i] = t.bytes();
+            }
+        }
+    });
+    std::vector<bool> together(nt, false);
+    node_file_io* node = nullptr;
+    if (c.size() > 1) {
+        allreduce(c, std::span(view), reduction::sum);
+        for (std::size_t i = 0; i < nt; ++i)
+            together[i] = view[i] > 0 && view[nt + i] == sizes[i];
+        if (std::find(together.begin(), together.end(), true) != together.end()) {
+            node = &node_file_io::of(c); // empty when the ranks do not share one node
+            if (!*node)
+                std::fill(together.begin(), together.end(), false);
+        }
+    }
+    std::vector<crc_run> runs, blocks;
+    std::optional<file> f; // (read and write: a shared mapping of a file must be readable)
+    everywhere(c, [&] { f.emplace(tmp, O_RDWR | O_NOFOLLOW); });
+    // The node's writes first, all of them on every rank: a node write fails on every rank
+    // together, and so before any rank could fail alone in a write of its own.
+    for (std::size_t i = 0; i < nt; ++i) {
+        const auto& t = m.tensors[i];
+        if (!together[i])
+            continue;
+        const bool writes = m.holds(i) && t.primary();
+        const auto crc = write_together(*node, *f, checked_add(header.size(), entries[i].begin),
+                                        t, writes, i, runs);
+        if (writes)
+            blocks.push_back(
+                {i, std::uint64_t(t.mesh.group_color(t.mesh_rank, t.replicated)), t.bytes(), crc});
+    }
+    everywhere(c, [&] {
         {
-            mapped_writer w(f);
-            for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+            mapped_writer w(*f);
+            for (std::size_t i = 0; i < nt; ++i) {
                 const auto& t = m.tensors[i];
-                sizes.push_back(t.global_bytes());
-                if (m.holds(i) && t.primary()) {
+                if (!together[i] && m.holds(i) && t.primary()) {
                     const auto crc =
                         write_block(w, checked_add(header.size(), entries[i].begin), t, i, runs);
                     blocks.push_back({i,
@@ -455,7 +528,7 @@ inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t
                 }
             }
         }
-        f.close();
+        f->close();
     });
     // Then rank 0 writes the header with the checksums (its length does not depend on them).
     const auto crcs = combine_runs(gather_runs(c, runs), sizes);
@@ -497,7 +570,7 @@ inline bool meets(const tensor_record& t, const stored_block& b) {
     return true;
 }
 
-/// Whether the ranks read stored blocks `bs` of tensor `t` together (node_read.hpp): in the
+/// Whether the ranks read stored blocks `bs` of tensor `t` together (node_io.hpp): in the
 /// integrated form, when each lies inside one block of the load's layout and is stored in
 /// short runs (a column split), which a rank alone copies out of a mapping of the file. The
 /// same answer on every rank (it depends on the strategy and the model's layout only).
@@ -515,18 +588,18 @@ inline bool read_on_node(const checkpoint_reader& r, const strategy_entry& e,
     return first && r.segments(e, *first).front().second < short_run;
 }
 
-/// Reads the blocks `plan` lists into `out` with the other ranks of the node (node_read.hpp),
+/// Reads the blocks `plan` lists into `out` with the other ranks of the node (node_io.hpp),
 /// each piece of a run checksummed right after it is copied, while in the cache. Returns the
 /// CRC-32 of each block (its bytes in its own order, which its stored checksum is).
 /// When no other rank needs these bytes (`plan.direct`), the parts of the runs in this rank's
 /// slice of a window are read straight into `out`, and only the rest is copied out of the
 /// window. Collective over the node reader's ranks, each with its own plan of the same tensor.
 inline std::vector<std::uint32_t>
-read_together(node_file_reader& node, const checkpoint_reader::node_read& plan, std::byte* out) {
+read_together(node_file_io& node, const checkpoint_reader::node_read& plan, std::byte* out) {
     const auto blocks = plan.runs.size();
     std::vector<std::uint32_t> crc(blocks, 0);
     std::vector<std::size_t> next(blocks, 0), done(blocks, 0); // the run, and bytes of it copied
-    std::vector<node_file_reader::direct_run> direct;
+    std::vector<node_file_io::direct_run> direct;
     if (plan.direct) {
         for (const auto& runs : plan.runs)
             for (const auto& [at, to, n] : runs)
@@ -626,10 +699,10 @@ inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
         }
     });
     check_same_file(c, r.identity(), r.path());
-    node_file_reader* node = nullptr;
+    node_file_io* node = nullptr;
     if (std::any_of(together.begin(), together.end(),
                     [](const auto& p) { return p.has_value(); })) {
-        node = &node_file_reader::of(c); // empty when the ranks do not share one node
+        node = &node_file_io::of(c); // empty when the ranks do not share one node
         if (!*node)
             for (auto& p : together)
                 p.reset();

@@ -115,28 +115,30 @@ public:
             if (got == 0)
                 throw io_error("xshard: " + path_ + " is truncated");
             offset += std::size_t(got);
-            for (auto left = std::size_t(got); left > 0;) {
-                auto& p = parts.front();
-                const auto k = std::min(left, p.iov_len);
-                p.iov_base = static_cast<char*>(p.iov_base) + k;
-                p.iov_len -= k;
-                left -= k;
-                if (p.iov_len == 0)
-                    parts = parts.subspan(1);
-            }
+            advance(parts, std::size_t(got));
         }
     }
     void write_at(const void* data, std::size_t n, std::size_t offset) const {
-        const auto* p = static_cast<const char*>(data);
-        while (n > 0) {
-            const auto put = ::pwrite(fd_, p, n, off_t(offset));
+        ::iovec one{const_cast<void*>(data), n}; // (pwritev only reads it)
+        write_gathered_at(std::span(&one, 1), offset);
+    }
+    /// Writes the bytes `parts` describe (each a source and a length, taken in turn) from
+    /// `offset` on, a pwritev of up to IOV_MAX parts at a time. Consumes `parts`: their entries
+    /// are advanced as the bytes are written.
+    void write_gathered_at(std::span<::iovec> parts, std::size_t offset) const {
+        while (!parts.empty()) {
+            if (parts.front().iov_len == 0) {
+                parts = parts.subspan(1);
+                continue;
+            }
+            const auto count = int(std::min<std::size_t>(parts.size(), IOV_MAX));
+            const auto put = ::pwritev(fd_, parts.data(), count, off_t(offset));
             if (put < 0 && errno == EINTR)
                 continue;
             if (put < 0)
                 io_fail("cannot write", path_);
-            p += put;
-            n -= std::size_t(put);
             offset += std::size_t(put);
+            advance(parts, std::size_t(put));
         }
     }
     /// Allocates the bytes [offset, offset + n) of the file (fallocate), extending it to cover
@@ -192,6 +194,20 @@ public:
     }
 
 private:
+    /// Drops the first `done` bytes of `parts` (the parts they fill wholly, and as much of the
+    /// next one).
+    static void advance(std::span<::iovec>& parts, std::size_t done) noexcept {
+        while (done > 0) {
+            auto& p = parts.front();
+            const auto k = std::min(done, p.iov_len);
+            p.iov_base = static_cast<char*>(p.iov_base) + k;
+            p.iov_len -= k;
+            done -= k;
+            if (p.iov_len == 0)
+                parts = parts.subspan(1);
+        }
+    }
+
     int fd_ = -1;
     std::string path_;
 };

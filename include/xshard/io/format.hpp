@@ -825,7 +825,7 @@ public:
     const safetensors_header& header(int file) const { return open(file).second; }
 
     /// A read of the stored blocks of tensor `e` that this rank needs, together with the
-    /// other ranks of its node (checkpoint.hpp, node_read.hpp): the file, where the tensor's
+    /// other ranks of its node (checkpoint.hpp, node_io.hpp): the file, where the tensor's
     /// bytes are in it, and for each block the rank reads, its runs as (position in the file,
     /// offset in the rank's box, bytes), in the block's order.
     struct node_read {

@@ -12,7 +12,9 @@
 /// 4 KiB runs, pwrite 1.2-1.4 s (loaded 2.8-3.0 s), a shared mapping 0.61-0.65 s (1.5-1.6 s);
 /// 16 KiB runs, about even; 64 KiB and longer, pwrite ahead. A contiguous block per rank
 /// (a per-rank checkpoint) was 3x slower through a mapping. So runs shorter than
-/// `short_run` go through the mapping, longer ones through pwrite.
+/// `short_run` go through the mapping, longer ones through pwrite. (Ranks that share a node
+/// do better still: they write such a tensor together, node_io.hpp. The mapping is for ranks
+/// that do not share a node's memory.)
 ///
 /// A store into a mapping cannot report an error: where the file system has no space for
 /// it, the process gets SIGBUS. So only bytes allocated first are stored so (reserve, which

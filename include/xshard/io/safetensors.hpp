@@ -302,9 +302,16 @@ inline safetensors_header parse_header(std::string_view head, std::size_t file_s
     return h;
 }
 
-/// The header bytes (length + JSON, padded with spaces to a multiple of 8) of tensors laid
-/// out one after the other in the order given, with `metadata`. Returns the header and sets
-/// each entry's offsets.
+/// Where the data of the files xshard writes starts: at a multiple of a page (the header is
+/// padded with spaces to it, as the format allows), so that the tensors' bytes have in the
+/// file the alignment they have in memory. A copy from the page cache to memory aligned
+/// otherwise runs at a fraction of its speed (measured: 12 GB/s aligned, 8.6 at a file
+/// offset of 48 mod 64, 3.3 at 8 mod 64 into memory at 16 mod 64).
+inline constexpr std::size_t data_alignment = 4096;
+
+/// The header bytes (length + JSON, padded with spaces so that the data starts at a multiple
+/// of data_alignment) of tensors laid out one after the other in the order given, with
+/// `metadata`. Returns the header and sets each entry's offsets.
 inline std::string make_header(std::vector<tensor_entry>& tensors,
                                const std::map<std::string, std::string>& metadata) {
     nlohmann::ordered_json json;
@@ -318,7 +325,7 @@ inline std::string make_header(std::vector<tensor_entry>& tensors,
         json[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
     }
     std::string text = json.dump();
-    text.append((8 - (8 + text.size()) % 8) % 8, ' ');
+    text.append((data_alignment - (8 + text.size()) % data_alignment) % data_alignment, ' ');
     std::string out(8, '\0');
     for (int i = 0; i < 8; ++i)
         out[std::size_t(i)] = char((std::uint64_t(text.size()) >> (8 * i)) & 0xff);
