@@ -16,6 +16,7 @@
 #include <xshard/auto/searched_transformer.hpp>
 #include <xshard/auto/strategy_engine.hpp>
 #include <xshard/comm/agree.hpp>
+#include <xshard/comm/before_finalize.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/combine.hpp>
 #include <xshard/comm/communicator.hpp>

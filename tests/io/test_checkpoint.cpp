@@ -853,6 +853,18 @@ TEST(checkpoint, short_runs_load_together_or_through_a_mapping_exactly_and_check
     }
 }
 
+/// The node's reader and writer for the ranks of `m` (node_io.hpp): there when they are
+/// several (on this one machine), not at one rank (null).
+xshard::detail::node_file_io* node_of(const ckpt_mesh& m) {
+    auto& node = xshard::detail::node_file_io::of(m.comm());
+    if (m.comm().size() == 1) {
+        EXPECT_FALSE(node);
+        return nullptr;
+    }
+    EXPECT_TRUE(node) << where(m);
+    return node ? &node : nullptr;
+}
+
 /// The node reader hands every rank each window of a range, in order, with the file's bytes
 /// (ranges empty, of one byte, just under and over a window, over several windows, at any
 /// offset); a read failing on one rank (past the end of the file) or a `take` throwing on one
@@ -861,12 +873,10 @@ TEST(node_file_io, ranks_read_ranges_together_and_fail_together) {
     using xshard::detail::node_file_io;
     const auto w = world();
     const ckpt_mesh m(w, {1, w.size()});
-    auto& node = node_file_io::of(m.comm());
-    if (w.size() == 1) {
-        EXPECT_FALSE(node);
+    auto* shared = node_of(m);
+    if (!shared)
         return;
-    }
-    ASSERT_TRUE(node);
+    auto& node = *shared;
     constexpr std::size_t window = node_file_io::window_bytes;
     const std::size_t size = 3 * window + 12345;
     std::string bytes(size, '\0');
@@ -979,12 +989,10 @@ TEST(node_file_io, ranks_write_ranges_together_and_fail_together) {
     using xshard::detail::node_file_io;
     const auto w = world();
     const ckpt_mesh m(w, {1, w.size()});
-    auto& node = node_file_io::of(m.comm());
-    if (w.size() == 1) {
-        EXPECT_FALSE(node);
+    auto* shared = node_of(m);
+    if (!shared)
         return;
-    }
-    ASSERT_TRUE(node);
+    auto& node = *shared;
     constexpr std::size_t window = node_file_io::window_bytes;
     const std::size_t size = 3 * window + 12345;
     const auto byte_at = [](std::size_t i) { return char((i * 151 + i / 4091 + 7) & 0xff); };

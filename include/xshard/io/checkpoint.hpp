@@ -233,25 +233,24 @@ inline std::uint32_t write_block(mapped_writer& w, std::size_t at, const tensor_
     return block;
 }
 
-/// Writes tensor `t` into `f` (which stores it whole, row-major, from byte `at`) with the other
-/// ranks of the node (node_io.hpp), each rank its block if `writes` (its primary blocks
-/// partition the tensor), checksummed as write_block does: its runs recorded in `out` as
-/// pieces of tensor `key`. Returns the block's CRC-32. Collective over the node's ranks.
+/// Writes a tensor of `length` bytes into `f` (which stores it whole, row-major, from byte
+/// `at`) with the other ranks of the node (node_io.hpp), each rank its block: its `runs`
+/// (runs_of: offsets in the tensor, lengths; none if it writes none), whose bytes are one
+/// after the other at `data`. The blocks the ranks write must partition the tensor. Each run
+/// is checksummed as write_block does and recorded in `out` as a piece of tensor `key`.
+/// Returns the block's CRC-32. Collective over the node's ranks.
 inline std::uint32_t write_together(node_file_io& node, const file& f, std::size_t at,
-                                    const tensor_record& t, bool writes, std::uint64_t key,
+                                    std::size_t length,
+                                    const std::vector<std::pair<std::size_t, std::size_t>>& runs,
+                                    const std::byte* data, std::uint64_t key,
                                     std::vector<crc_run>& out) {
     std::vector<node_file_io::source_run> mine;
-    std::vector<std::pair<std::size_t, std::size_t>> runs;
-    if (writes) {
-        runs = runs_of(t.shape, t.offset, t.extent, t.element);
-        const std::byte* data = t.cdata;
-        for (const auto& [offset, length] : runs) {
-            mine.push_back({checked_add(at, offset), data, length});
-            data += length;
-        }
+    for (const auto& [offset, n] : runs) {
+        mine.push_back({at + offset, data, n});
+        data += n;
     }
     std::vector<std::uint32_t> crc(runs.size(), 0);
-    node.write(f, at, t.global_bytes(), mine, [&](std::size_t i, const std::byte* p, std::size_t n) {
+    node.write(f, at, length, mine, [&](std::size_t i, const std::byte* p, std::size_t n) {
         crc[i] = crc32_of(p, n, crc[i]);
     });
     std::uint32_t block = 0;
@@ -475,13 +474,14 @@ inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t
     const std::size_t nt = m.tensors.size();
     std::vector<std::uint64_t> view(2 * nt, 0); // short runs written, bytes written, by tensor
     std::vector<std::uint64_t> sizes(nt);
+    std::vector<std::vector<std::pair<std::size_t, std::size_t>>> mine(nt); // runs written
     everywhere(c, [&] {
         for (std::size_t i = 0; i < nt; ++i) {
             const auto& t = m.tensors[i];
             sizes[i] = t.global_bytes();
             if (m.holds(i) && t.primary()) {
-                const auto runs = runs_of(t.shape, t.offset, t.extent, t.element);
-                view[i] = !runs.empty() && runs.front().second < short_run;
+                mine[i] = runs_of(t.shape, t.offset, t.extent, t.element);
+                view[i] = !mine[i].empty() && mine[i].front().second < short_run;
                 view[nt + i] = t.bytes();
             }
         }
@@ -507,10 +507,9 @@ inline void save_integrated(ckpt_model& m, const std::string& path, std::int64_t
         const auto& t = m.tensors[i];
         if (!together[i])
             continue;
-        const bool writes = m.holds(i) && t.primary();
-        const auto crc = write_together(*node, *f, checked_add(header.size(), entries[i].begin),
-                                        t, writes, i, runs);
-        if (writes)
+        const auto crc = write_together(*node, *f, header.size() + entries[i].begin, sizes[i],
+                                        mine[i], t.cdata, i, runs);
+        if (m.holds(i) && t.primary())
             blocks.push_back(
                 {i, std::uint64_t(t.mesh.group_color(t.mesh_rank, t.replicated)), t.bytes(), crc});
     }

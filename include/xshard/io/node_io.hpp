@@ -22,6 +22,7 @@
 /// are the page cache's large ones.
 
 #include <xshard/comm/agree.hpp>
+#include <xshard/comm/before_finalize.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
@@ -81,17 +82,27 @@ public:
         rank_ = c.rank();
     }
 
-    /// The reader of `c`, made at the first call for `c` (then collective over `c`) and kept
-    /// for the life of the process, so that later reads find their windows' pages mapped
-    /// (touching new shared memory costs as much as the reads it serves). Not thread-safe.
+    /// The reader and writer of `c`, made at the first call for `c` (then collective over
+    /// `c`) and kept until MPI_Finalize, so that later reads and writes find their windows'
+    /// pages mapped (touching new shared memory costs as much as the reads it serves). At
+    /// the start of MPI_Finalize they are freed in the order they were made, the same on
+    /// every rank (before_finalize.hpp). Not thread-safe.
     static node_file_io& of(const communicator& c) {
-        static std::vector<std::pair<communicator, std::unique_ptr<node_file_io>>> readers;
-        const auto it = std::find_if(readers.begin(), readers.end(),
-                                     [&](const auto& r) { return r.first == c; });
-        if (it != readers.end())
+        auto& all = registry();
+        const auto it =
+            std::find_if(all.begin(), all.end(), [&](const auto& r) { return r.first == c; });
+        if (it != all.end())
             return *it->second;
-        readers.emplace_back(c, std::make_unique<node_file_io>(c));
-        return *readers.back().second;
+        if (all.empty())
+            before_finalize([] {
+                for (auto& [comm, io] : registry()) { // (collective frees, in order)
+                    io.reset();
+                    comm = communicator();
+                }
+                registry().clear();
+            });
+        all.emplace_back(c, std::make_unique<node_file_io>(c));
+        return *all.back().second;
     }
 
     explicit operator bool() const noexcept { return members_ > 1; }
@@ -210,6 +221,11 @@ public:
     }
 
 private:
+    static std::vector<std::pair<communicator, std::unique_ptr<node_file_io>>>& registry() {
+        static std::vector<std::pair<communicator, std::unique_ptr<node_file_io>>> all;
+        return all;
+    }
+
     /// Calls, for each window [lo, hi) of [begin, begin + length) in turn, `fill(lo, hi,
     /// window, from, to)` (this rank's slice [from, to): slice), a barrier, then `use(lo, hi,
     /// window, from, to)`, where `window` holds the window's bytes (`window[0]` is the byte at
