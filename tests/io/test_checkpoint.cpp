@@ -1016,7 +1016,8 @@ TEST(node_file_io, ranks_write_ranges_together_and_fail_together) {
         for (std::size_t at = 0, j = 0, packed = 0; at < length; at += run, ++j)
             if (j % std::size_t(w.size()) == std::size_t(w.rank())) {
                 const auto n = std::min(run, length - at);
-                runs.push_back({begin + at, reinterpret_cast<const std::byte*>(mine.data()) + packed, n});
+                runs.push_back(
+                    {begin + at, reinterpret_cast<const std::byte*>(mine.data()) + packed, n});
                 packed += n;
             }
         std::string seen; // the pieces `visit` was given, in turn
@@ -1024,12 +1025,13 @@ TEST(node_file_io, ranks_write_ranges_together_and_fail_together) {
         bool in_order = true;
         {
             const xshard::detail::file f(path, O_WRONLY);
-            node.write(f, begin, length, runs, [&](std::size_t i, const std::byte* b, std::size_t n) {
-                in_order = in_order && i >= last_run && i < runs.size() &&
-                           b >= runs[i].bytes && b + n <= runs[i].bytes + runs[i].n;
+            const auto visit = [&](std::size_t i, const std::byte* b, std::size_t n) {
+                in_order = in_order && i >= last_run && i < runs.size() && b >= runs[i].bytes &&
+                           b + n <= runs[i].bytes + runs[i].n;
                 last_run = i;
                 seen.append(reinterpret_cast<const char*>(b), n);
-            });
+            };
+            node.write(f, begin, length, runs, visit);
         }
         const auto context = "range at " + std::to_string(begin) + " of " +
                              std::to_string(length) + where(m);

@@ -256,7 +256,8 @@ inline std::uint32_t write_together(node_file_io& node, const file& f, std::size
     std::uint32_t block = 0;
     for (std::size_t i = 0; i < runs.size(); ++i) {
         out.push_back({key, runs[i].first, runs[i].second, crc[i]});
-        block = std::uint32_t(::crc32_combine(uLong(block), uLong(crc[i]), z_off_t(runs[i].second)));
+        block =
+            std::uint32_t(::crc32_combine(uLong(block), uLong(crc[i]), z_off_t(runs[i].second)));
     }
     return block;
 }

@@ -49,13 +49,13 @@ namespace xshard::detail {
 
 /// Reads and writes file ranges together with the other ranks of a communicator that lies on
 /// one node, through two windows of `window_bytes` in shared memory (one filled while the
-/// other is taken from). Made collectively over the communicator; empty (false) when it has one rank,
-/// spans several nodes, or the shared-memory transport is off or refused on some rank (the
-/// same answer on every rank).
+/// other is used). Made collectively over the communicator; empty (false) when it has one
+/// rank, spans several nodes, or the shared-memory transport is off or refused on some rank
+/// (the same answer on every rank).
 class node_file_io {
 public:
-    /// Bytes read per window by the node together: two windows stay in the last-level cache
-    /// while the ranks copy from them.
+    /// Bytes read or written per window by the node together: two windows stay in the
+    /// last-level cache while the ranks copy from or into them.
     static constexpr std::size_t window_bytes = std::size_t(4) << 20;
 
     node_file_io() = default;
@@ -126,8 +126,8 @@ public:
     /// A run of the file this rank writes.
     using source_run = file_run<const std::byte>;
 
-    /// This rank's slice of the window [lo, hi) (the bytes it reads for the node): [first,
-    /// second), empty on the ranks past the window's end.
+    /// This rank's slice of the window [lo, hi) (the bytes it reads or writes for the node):
+    /// [first, second), empty on the ranks past the window's end.
     std::pair<std::size_t, std::size_t> slice(std::size_t lo, std::size_t hi) const noexcept {
         const auto each =
             round_up((window_bytes + std::size_t(members_) - 1) / std::size_t(members_));
@@ -157,8 +157,7 @@ public:
         std::size_t next = 0; // the first run of `direct` not wholly before this rank's slice
         by_windows(
             f, begin, length, "reading",
-            [&](std::size_t lo, std::size_t, std::byte* window, std::size_t from,
-                std::size_t to) {
+            [&](std::size_t lo, std::size_t, std::byte* window, std::size_t from, std::size_t to) {
                 if (from < to) {
                     slice_parts(from, to, window + (from - lo), direct, next);
                     f.read_scattered_at(parts_, from);
@@ -204,8 +203,7 @@ public:
                     }
                 }
             },
-            [&](std::size_t lo, std::size_t, std::byte* window, std::size_t from,
-                std::size_t to) {
+            [&](std::size_t lo, std::size_t, std::byte* window, std::size_t from, std::size_t to) {
                 if (from < to) {
                     slice_parts(from, to, window + (from - lo), runs, next);
                     f.write_gathered_at(parts_, from);
