@@ -1,6 +1,7 @@
-// Checkpoint save and load, integrated (one safetensors file, collective MPI-IO) and per-rank
-// (a file per rank), of a model of 64 float weights of 8 MiB (half split by columns over mp,
-// half by rows) and 8 small replicated biases: 512 MiB in all. The baseline is each rank
+// Checkpoint save and load, integrated (one safetensors file, written and read with POSIX I/O,
+// by the node's ranks together for column-split tensors) and per-rank (a file per rank), of
+// a model of 64 float weights of 8 MiB (half split by columns over mp, half by rows) and 8
+// small replicated biases: 512 MiB in all. The baseline is each rank
 // writing its shard with plain POSIX I/O to a file of its own (open, pwrite per parameter,
 // fsync, close: the saves fsync too, and check what they wrote), or, for loads, reading it
 // back (pread) and computing its CRC-32 (posix_io_crc: loads verify every byte they read), in

@@ -21,15 +21,19 @@ set(XSHARD_TEST_TIMEOUT_SCALE 1 CACHE STRING "Factor applied to every test timeo
 
 set(XSHARD_CHECK_OUTPUT ${CMAKE_CURRENT_LIST_DIR}/xshard_check_output.cmake)
 
-# xshard_checked_command(out [EXPECT re] [EXPECT_FILE file] COMMAND command args...)
-# Sets `out` to a command line that runs `command` and passes when it exits 0 and its output
-# matches `re` (and contains the text of `file`): both the status and the output count.
+# xshard_checked_command(out [EXPECT re] [EXPECT_FILE file] [EXPECT_ONCE re] [EXIT status]
+#                       COMMAND command args...)
+# Sets `out` to a command line that runs `command` and passes when it exits with `status` (0
+# by default) and its output matches `re` (contains the text of `file`, matches the
+# EXPECT_ONCE pattern exactly once): both the status and the output count.
 function(xshard_checked_command out)
-  cmake_parse_arguments(C "" "EXPECT;EXPECT_FILE" "COMMAND" ${ARGN})
+  cmake_parse_arguments(C "" "EXPECT;EXPECT_FILE;EXPECT_ONCE;EXIT" "COMMAND" ${ARGN})
   set(defines)
-  if(DEFINED C_EXPECT)
-    list(APPEND defines "-DEXPECT=${C_EXPECT}")
-  endif()
+  foreach(option EXPECT EXPECT_ONCE EXIT)
+    if(DEFINED C_${option})
+      list(APPEND defines "-D${option}=${C_${option}}")
+    endif()
+  endforeach()
   if(C_EXPECT_FILE)
     list(APPEND defines "-DEXPECT_FILE=${C_EXPECT_FILE}")
   endif()
@@ -37,13 +41,15 @@ function(xshard_checked_command out)
 endfunction()
 
 # xshard_add_mpi_test(NAME name COMMAND target [ARGS ...] [RANKS n...] [TIMEOUT s]
-#                     [LABELS l...] [PASS_REGULAR_EXPRESSION re] [EXPECT_FILE file])
+#                     [LABELS l...] [PASS_REGULAR_EXPRESSION re] [EXPECT_FILE file]
+#                     [EXPECT_ONCE re] [EXIT status])
 # Registers `name.npN` for each N (XSHARD_TEST_RANKS by default): the target run under mpirun
 # with N ranks, with a timeout so that a deadlock fails instead of hanging. TIMEOUT is for up
 # to 4 ranks; runs on 6 and 8 ranks (oversubscribed here) get twice as long. With
-# PASS_REGULAR_EXPRESSION or EXPECT_FILE the test checks the exit status and the output.
+# PASS_REGULAR_EXPRESSION, EXPECT_FILE or EXPECT_ONCE the test checks the exit status (EXIT,
+# 0 by default) and the output (xshard_checked_command).
 function(xshard_add_mpi_test)
-  cmake_parse_arguments(T "" "NAME;COMMAND;TIMEOUT;PASS_REGULAR_EXPRESSION;EXPECT_FILE"
+  cmake_parse_arguments(T "" "NAME;COMMAND;TIMEOUT;PASS_REGULAR_EXPRESSION;EXPECT_FILE;EXPECT_ONCE;EXIT"
     "ARGS;RANKS;LABELS" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 120)
@@ -55,11 +61,16 @@ function(xshard_add_mpi_test)
     set(test ${T_NAME}.np${n})
     set(command ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} --oversubscribe
                 ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${T_COMMAND}> ${T_ARGS})
-    if(DEFINED T_PASS_REGULAR_EXPRESSION OR T_EXPECT_FILE)
+    if(DEFINED T_PASS_REGULAR_EXPRESSION OR T_EXPECT_FILE OR DEFINED T_EXPECT_ONCE)
       set(expect)
       if(DEFINED T_PASS_REGULAR_EXPRESSION)
-        set(expect EXPECT "${T_PASS_REGULAR_EXPRESSION}")
+        list(APPEND expect EXPECT "${T_PASS_REGULAR_EXPRESSION}")
       endif()
+      foreach(option EXPECT_ONCE EXIT)
+        if(DEFINED T_${option})
+          list(APPEND expect ${option} "${T_${option}}")
+        endif()
+      endforeach()
       xshard_checked_command(command ${expect} EXPECT_FILE "${T_EXPECT_FILE}" COMMAND ${command})
     endif()
     math(EXPR timeout "${T_TIMEOUT} * ${XSHARD_TEST_TIMEOUT_SCALE}")

@@ -24,7 +24,6 @@
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/environment.hpp>
 #include <xshard/comm/error.hpp>
-#include <xshard/comm/file.hpp>
 #include <xshard/comm/float16.hpp>
 #include <xshard/comm/node.hpp>
 #include <xshard/comm/node_arena.hpp>

@@ -1,10 +1,11 @@
-// libFuzzer target for everything xshard reads from a checkpoint: the safetensors header
-// parser, strategy files, the per-rank checkpoint.json, the CRC map, the checkpoint reader
-// of both forms (with `verify_checkpoint` and reads of every stored tensor), and the block
-// arithmetic of a mesh that a strategy file describes. Any bytes must give a consistent
-// result or an io_error, never a crash, a hang or a huge allocation. Built with clang's
-// -fsanitize=fuzzer,address,undefined when clang is available (tests/CMakeLists.txt), and run
-// for a bounded time by ctest.
+// Fuzz target for everything xshard reads from a checkpoint: the safetensors header parser,
+// strategy files, the per-rank checkpoint.json, the CRC map, the checkpoint reader of both
+// forms (with `verify_checkpoint` and reads of every stored tensor), the offline merge and
+// reshard, and the block arithmetic of a mesh that a strategy file describes. Any bytes must
+// give a consistent result or an io_error, never a crash, a hang or a huge allocation. Run
+// for a bounded time by ctest (tests/io/CMakeLists.txt): always through fuzz_driver.cpp
+// (io.fuzz; under the sanitizers in their run), and through clang's libFuzzer with
+// -fsanitize=fuzzer,address,undefined where clang is installed (io.libfuzzer).
 //
 // The first byte picks what the rest is: 0 a safetensors file (parsed, then read through
 // checkpoint_reader, its stored blocks read whole and checksummed as a one-pass load does,
@@ -31,15 +32,22 @@
 
 namespace {
 
-/// A directory of this process's own, for the files the reader opens.
+/// A directory of this process's own, for the files the reader opens and the tools write;
+/// removed at exit.
 const std::string& scratch() {
-    static const std::string dir = [] {
-        std::string d = "/tmp/xshard_fuzz.XXXXXX";
-        if (!::mkdtemp(d.data()))
-            std::abort();
-        return d;
-    }();
-    return dir;
+    static const struct directory {
+        std::string path = [] {
+            std::string d = "/tmp/xshard_fuzz.XXXXXX";
+            if (!::mkdtemp(d.data()))
+                std::abort();
+            return d;
+        }();
+        ~directory() {
+            std::error_code ec;
+            std::filesystem::remove_all(path, ec);
+        }
+    } dir;
+    return dir.path;
 }
 
 void write(const std::string& path, std::string_view bytes) {
@@ -79,6 +87,21 @@ void read_all(const std::string& path) {
             if (whole != out)
                 __builtin_trap(); // the blocks do not tile the tensor as read_box reads it
         }
+    } catch (const xshard::error&) {
+    }
+    // The offline tools on it: a merge into one file, a reshard into its own strategy (on
+    // meshes of up to 8 ranks: a file per rank).
+    const auto out = scratch() + "/out";
+    try {
+        std::filesystem::remove_all(out);
+        xshard::merge_checkpoint(path, out);
+    } catch (const xshard::error&) {
+    }
+    try {
+        std::filesystem::remove_all(out);
+        const xshard::checkpoint_reader r(path);
+        if (r.strategy().mesh.size() <= 8)
+            xshard::reshard_checkpoint(path, r.strategy(), out);
     } catch (const xshard::error&) {
     }
 }

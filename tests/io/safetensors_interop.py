@@ -110,6 +110,20 @@ def main():
     with open(path, "w") as f:
         json.dump(strategy, f)
 
+    # Per-rank copies whose strategy.json lists a tensor that no rank file stores: one of
+    # 2^17 x 2^17 float64 (merge must not allocate its 128 GiB), one of 2^62 x 0 (nor loop
+    # over its rows). `merge` and `reshard` must refuse them at once, naming the tensor.
+    for name, shape in (("unstored", [2**17, 2**17]), ("unstored_empty", [2**62, 0])):
+        shutil.rmtree(f"{data_dir}/{name}", ignore_errors=True)
+        shutil.copytree(data_dir + "/saved_2x2/model", f"{data_dir}/{name}")
+        path = f"{data_dir}/{name}/strategy.json"
+        with open(path) as f:
+            strategy = json.load(f)
+        strategy["parameters"].append({"name": "ghost", "shape": shape, "dtype": "F64",
+                                       "layout": "[-, -]", "trainable": True})
+        with open(path, "w") as f:
+            json.dump(strategy, f)
+
     # Foreign files `xshard-ckpt info` must print safely or refuse clearly: a tensor name with
     # control characters (an escape sequence), a tensor of 9 dimensions.
     write_safetensors(data_dir + "/control_name.safetensors",

@@ -1218,16 +1218,28 @@ TEST(checkpoint, saves_create_missing_directories) {
         EXPECT_EQ(xshard::load_checkpoint(path, loaded).step, 4);
         EXPECT_EQ(loaded.mismatches_all(4, false), 0u);
     }
+    // A strategy file too.
+    const auto path = scratch() + "/not/there/strategy.json";
+    net n(m, saved_layouts);
+    xshard::save_strategy_file(path, n);
+    EXPECT_EQ(xshard::load_strategy_file(path).parameters.size(),
+              xshard::strategy_of(n).parameters.size());
 }
 
 TEST(checkpoint, never_replaces_or_removes_what_is_not_a_checkpoint) {
+    // A valid safetensors file without xshard's metadata: one float64 tensor of 1.0.
+    const std::string json = R"({"w":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})";
+    std::string foreign_safetensors(8, '\0');
+    foreign_safetensors[0] = char(json.size());
+    foreign_safetensors += json + std::string("\0\0\0\0\0\0\xf0\x3f", 8);
     const auto w = world();
     const ckpt_mesh m(w, {1, w.size()});
     net n(m, saved_layouts);
     for (const auto format : {checkpoint_format::integrated, checkpoint_format::per_rank}) {
         const auto dir = scratch();
         const auto path = dir + "/ckpt", victim = dir + "/victim.txt";
-        // A directory of the user's files, a user's file, a link to the user's file.
+        // A directory of the user's files, a user's file, a link to the user's file, an
+        // empty file, another program's safetensors file.
         const std::vector<std::pair<std::string, std::function<void()>>> cases{
             {"a directory of the user's files",
              [&] {
@@ -1247,6 +1259,14 @@ TEST(checkpoint, never_replaces_or_removes_what_is_not_a_checkpoint) {
              [&] {
                  fs::create_symlink(victim, path);
              }},
+            {"an empty file",
+             [&] {
+                 spit(path, "");
+             }},
+            {"another program's safetensors file",
+             [&] {
+                 spit(path, foreign_safetensors);
+             }},
         };
         for (const auto& [name, make] : cases) {
             on_rank0([&] {
@@ -1254,15 +1274,21 @@ TEST(checkpoint, never_replaces_or_removes_what_is_not_a_checkpoint) {
                 spit(victim, "mine");
                 make();
             });
+            const bool file = fs::is_regular_file(fs::symlink_status(path));
+            const auto kept = file ? slurp(path) : std::string();
+            xshard::mpi::barrier(w);
             expect_io_error([&] { xshard::save_checkpoint(path, n, {.format = format}); },
-                            "replaces only its own checkpoints", name);
+                            name == "another program's safetensors file"
+                                ? "is a safetensors file that xshard did not write"
+                                : "replaces only its own checkpoints",
+                            name);
             xshard::mpi::barrier(w);
             EXPECT_EQ(slurp(victim), "mine") << name;
             EXPECT_TRUE(fs::exists(fs::symlink_status(path))) << name << " was removed";
             if (fs::is_directory(fs::symlink_status(path))) {
                 EXPECT_EQ(std::distance(fs::directory_iterator(path), {}), 1) << name;
-            } else if (!fs::is_symlink(path)) {
-                EXPECT_EQ(slurp(path), "mine") << name;
+            } else if (file) {
+                EXPECT_EQ(slurp(path), kept) << name << " was overwritten";
             }
             std::vector<std::string> left;
             for (const auto& e : fs::directory_iterator(dir))
@@ -1447,6 +1473,56 @@ TEST(checkpoint, a_load_reads_the_bytes_it_verified_even_if_the_file_is_replaced
                 << name << (same_layouts ? ", one pass" : ", two passes")
                 << ": the load read bytes it did not open first";
         }
+        xshard::mpi::barrier(w);
+    }
+}
+
+TEST(checkpoint, a_per_rank_load_reads_the_directory_it_opened_even_if_another_replaces_it) {
+    // The reader opens the directory (load_checkpoint's first step: strategy.json and
+    // checkpoint.json); then another checkpoint's directory takes the path, as a save's renames
+    // do (the first is moved aside); then the load runs. It must read the rank files of the
+    // directory it opened: step 1's values, whole. (A load that opened the rank files by path
+    // would pair step 1's strategy with step 2's values.) And if the directory it opened is
+    // removed meanwhile, the load raises on every rank.
+    const auto w = world();
+    const auto per_rank = checkpoint_format::per_rank;
+    for (const auto& [dp, mp] : {std::pair(1, w.size()), std::pair(w.size(), 1)}) {
+        const ckpt_mesh m(w, {dp, mp});
+        const auto name = where(m);
+        const auto dir = scratch();
+        const auto path = dir + "/ckpt";
+        net n(m, saved_layouts);
+        n.fill_all(1);
+        xshard::save_checkpoint(path, n, {.format = per_rank, .step = 1});
+        n.fill_all(2);
+        xshard::save_checkpoint(dir + "/other", n, {.format = per_rank, .step = 2});
+
+        std::optional<xshard::checkpoint_reader> r;
+        r.emplace(path);
+        xshard::mpi::barrier(w);
+        on_rank0([&] {
+            fs::rename(path, dir + "/aside");
+            fs::rename(dir + "/other", path);
+        });
+        for (const bool same_layouts : {true, false}) { // one pass, and two
+            net loaded(m, same_layouts ? saved_layouts : other_layouts);
+            loaded.fill_all(9);
+            std::tuple<> no_state;
+            auto model = xshard::detail::collect_model(loaded, no_state, false);
+            EXPECT_NO_THROW({ EXPECT_EQ(xshard::detail::load(model, *r).step, 1); })
+                << name << (same_layouts ? ", one pass" : ", two passes");
+            EXPECT_EQ(loaded.mismatches_all(1, false), 0u)
+                << name << (same_layouts ? ", one pass" : ", two passes")
+                << ": the load read rank files of another directory than it opened";
+        }
+
+        r.emplace(path); // step 2's directory, removed before its rank files are read
+        xshard::mpi::barrier(w);
+        on_rank0([&] { fs::remove_all(path); });
+        net loaded(m, saved_layouts);
+        std::tuple<> no_state;
+        auto model = xshard::detail::collect_model(loaded, no_state, false);
+        expect_io_error([&] { xshard::detail::load(model, *r); }, "rank_", name + ", removed");
         xshard::mpi::barrier(w);
     }
 }

@@ -284,9 +284,11 @@ public:
         std::optional<std::string> problem;
         if (stages > 1 && !pipelinable)
             problem = "xshard: model: pipeline(" + std::to_string(stages) +
-                      ") is not supported yet for searched_transformer (its residuals cross "
-                      "its operators, which the search cuts between, and its embedding takes "
-                      "ids): use pipeline(1), or searched_mlp";
+                      ") is not supported for this searched model: the search cuts a "
+                      "pipeline between operators, which must then be the model's modules "
+                      "(a searched_chain, such as searched_mlp; searched_transformer is not "
+                      "one: its residuals cross its operators and its embedding takes ids); "
+                      "use pipeline(1)";
         else if (stages > 1) {
             const auto& ms = net.mesh().shape();
             std::size_t a = ms.ndim();

@@ -167,7 +167,6 @@ inline operator_strategy make_operator_strategy(const network_spec& net,
 /// call it on one rank, or on every rank with distinct paths.
 inline void save_operator_strategy(const std::string& path, const operator_strategy& s) {
     try {
-        detail::create_parent_directories(path);
         detail::write_file_atomically(path, s.to_json());
     } catch (const io_error&) {
         throw;

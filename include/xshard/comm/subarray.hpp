@@ -2,7 +2,7 @@
 /// \file
 /// Derived datatypes for boxes of row-major arrays and for long runs of bytes, safe for
 /// counts beyond `INT_MAX` (MPI's count arguments are `int`): the one place xshard builds
-/// the datatype of a block, for redistribution, gathers and checkpoint file views alike.
+/// the datatype of a block, for redistribution and gathers alike.
 
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/error.hpp>
@@ -136,51 +136,6 @@ inline derived_datatype byte_subarray_datatype(std::span<const std::size_t> shap
                                                std::size_t element_bytes) {
     const auto element = byte_run_datatype(element_bytes);
     return subarray_datatype(shape, offset, extent, element.native());
-}
-
-/// The buffers `where[i]` of `bytes[i]` bytes each, as one datatype of absolute addresses
-/// (a struct of byte runs), for a transfer of many separate buffers in one call (the
-/// `absolute` transfers of mpi_file). Any run length, any number of runs.
-inline derived_datatype buffers_datatype(std::span<const std::byte* const> where,
-                                         std::span<const std::size_t> bytes) {
-    if (where.size() > detail::max_type_count || where.size() != bytes.size())
-        throw error("xshard: buffers_datatype: bad buffer lists");
-    std::vector<derived_datatype> parts;
-    std::vector<MPI_Datatype> types;
-    std::vector<MPI_Aint> at;
-    std::vector<int> ones(where.size(), 1);
-    for (std::size_t i = 0; i < where.size(); ++i) {
-        parts.push_back(byte_run_datatype(bytes[i]));
-        types.push_back(parts.back().native());
-        MPI_Aint a = 0;
-        detail::check_mpi(MPI_Get_address(where[i], &a), "MPI_Get_address");
-        at.push_back(a);
-    }
-    MPI_Datatype type = MPI_DATATYPE_NULL;
-    detail::check_mpi(MPI_Type_create_struct(int(at.size()), ones.data(), at.data(), types.data(),
-                                             &type),
-                      "MPI_Type_create_struct");
-    return derived_datatype(type);
-}
-
-/// One of each of `types` at byte offsets `at[i]` (non-decreasing for a file view), as one
-/// struct datatype.
-inline derived_datatype placed_datatype(std::span<const std::size_t> at,
-                                        std::span<const derived_datatype> types) {
-    if (at.size() > detail::max_type_count || at.size() != types.size())
-        throw error("xshard: placed_datatype: bad part lists");
-    std::vector<int> ones(at.size(), 1);
-    std::vector<MPI_Aint> where;
-    std::vector<MPI_Datatype> natives;
-    for (std::size_t i = 0; i < at.size(); ++i) {
-        where.push_back(detail::to_aint(at[i]));
-        natives.push_back(types[i].native());
-    }
-    MPI_Datatype type = MPI_DATATYPE_NULL;
-    detail::check_mpi(MPI_Type_create_struct(int(at.size()), ones.data(), where.data(),
-                                             natives.data(), &type),
-                      "MPI_Type_create_struct");
-    return derived_datatype(type);
 }
 
 } // namespace xshard

@@ -820,8 +820,9 @@ void save_checkpoint(const std::string& path, const P& params,
 
 /// Loads a checkpoint of either form (a file: integrated; a directory: per-rank) into
 /// `params` (trainable ones unless `all_parameters`) and `optimizer_state`, whatever their
-/// layouts now. Collective; throws io_error on every rank, and changes nothing, if the file is
-/// damaged or does not match the model.
+/// layouts now. Collective; throws io_error on every rank if the checkpoint does not match the
+/// model (then nothing is changed) or is damaged (a checksum mismatch, found as the bytes are
+/// read: the tensors loaded are then in an unspecified state; reload a good checkpoint).
 template <parameter_container P, parameter_container S = std::tuple<>>
 checkpoint_info load_checkpoint(const std::string& path, P& params, S&& optimizer_state = {},
                                 bool all_parameters = false) {

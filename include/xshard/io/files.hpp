@@ -13,6 +13,7 @@
 #include <libdeflate.h>
 #include <zlib.h>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/resource.h>
@@ -57,6 +58,14 @@ public:
         fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
         if (fd_ < 0)
             io_fail("cannot open", path);
+    }
+    /// Opens `name` in the open directory `dir` (openat): the file of that directory, even if
+    /// another directory has been renamed to its path since it was opened; never a link.
+    file(const file& dir, const std::string& name, int flags)
+        : path_(dir.path() + "/" + name) {
+        fd_ = ::openat(dir.fd(), name.c_str(), flags | O_CLOEXEC | O_NOFOLLOW);
+        if (fd_ < 0)
+            io_fail("cannot open", path_);
     }
     file(file&& o) noexcept
         : fd_(std::exchange(o.fd_, -1))
@@ -260,7 +269,7 @@ inline void close_in_background(std::vector<file> files) noexcept {
     }
 }
 
-/// Eight random hexadecimal digits, for names nobody can predict.
+/// Sixteen random hexadecimal digits, for names nobody can predict.
 inline std::string random_suffix() {
     static thread_local std::mt19937_64 engine{std::random_device{}() ^
                                                (std::uint64_t(::getpid()) << 32)};
@@ -317,8 +326,10 @@ inline file create_temporary_directory(const std::string& path) {
     return dir;
 }
 
-/// Writes `bytes` to `path` durably and atomically (exclusive temporary, fsync, rename).
+/// Writes `bytes` to `path` durably and atomically (exclusive temporary, fsync, rename),
+/// creating the directories above it that do not exist yet.
 inline void write_file_atomically(const std::string& path, std::string_view bytes) {
+    create_parent_directories(path);
     auto f = create_temporary_file(path);
     try {
         f.write_at(bytes.data(), bytes.size(), 0);
@@ -331,18 +342,43 @@ inline void write_file_atomically(const std::string& path, std::string_view byte
     }
 }
 
+/// How many entries of the open directory `dir` have names that begin with `prefix`.
+inline std::size_t count_entries(const file& dir, std::string_view prefix) {
+    const int fd = ::openat(dir.fd(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR* d = fd < 0 ? nullptr : ::fdopendir(fd);
+    if (!d) {
+        if (fd >= 0)
+            ::close(fd);
+        io_fail("cannot list", dir.path());
+    }
+    std::size_t n = 0;
+    errno = 0;
+    while (const ::dirent* e = ::readdir(d))
+        n += std::string_view(e->d_name).starts_with(prefix);
+    const int error = errno; // (readdir's end and its failure are both null)
+    ::closedir(d);
+    if (error != 0) {
+        errno = error;
+        io_fail("cannot list", dir.path());
+    }
+    return n;
+}
+
 /// The largest JSON file xshard reads whole (strategy files, checkpoint.json).
 inline constexpr std::size_t max_json_file_bytes = std::size_t(100) << 20;
 
-/// The whole of a small file (at most `limit` bytes, else io_error).
-inline std::string read_file(const std::string& path, std::size_t limit = max_json_file_bytes) {
-    file f(path, O_RDONLY);
+/// The whole of the small file `f` (at most `limit` bytes, else io_error).
+inline std::string read_file(const file& f, std::size_t limit = max_json_file_bytes) {
     if (f.size() > limit)
-        throw io_error("xshard: " + path + " is larger than " + std::to_string(limit) +
+        throw io_error("xshard: " + f.path() + " is larger than " + std::to_string(limit) +
                        " bytes; not reading it");
     std::string s(f.size(), '\0');
     f.read_at(s.data(), s.size(), 0);
     return s;
+}
+/// The whole of the small file at `path` (read_file of it).
+inline std::string read_file(const std::string& path, std::size_t limit = max_json_file_bytes) {
+    return read_file(file(path, O_RDONLY), limit);
 }
 
 /// The header of the safetensors file `f`.

@@ -60,9 +60,13 @@ enum class checkpoint_format { integrated, per_rank };
 
 namespace detail {
 
+/// The name of rank `rank`'s file in a per-rank checkpoint directory.
+inline std::string rank_file_name(int rank) {
+    return "rank_" + std::to_string(rank) + ".safetensors";
+}
 /// Rank `rank`'s file in per-rank checkpoint directory `dir`.
 inline std::string rank_file(const std::string& dir, int rank) {
-    return dir + "/rank_" + std::to_string(rank) + ".safetensors";
+    return dir + "/" + rank_file_name(rank);
 }
 
 /// The stored blocks of a tensor of `shape` with layout `lay` saved on `mesh`: the block of
@@ -148,8 +152,8 @@ inline std::map<std::string, std::string> parse_block_checksums(const std::strin
 /// Writes rank `rank`'s file of a per-rank checkpoint in directory `dir`: each tensor's block
 /// (entries with the block's extent as shape, and its bytes), checksummed as it is written
 /// (the header, whose length does not depend on the checksums, is written last), fsynced,
-/// closed, its size checked. The file is created exclusively (never through a link, never an
-/// existing file).
+/// its size checked, read back and checksummed again, closed. The file is created exclusively
+/// (never through a link, never an existing file).
 inline void write_rank_file(const std::string& dir, int rank, std::vector<tensor_entry> entries,
                             const std::vector<const std::byte*>& data) {
     const auto header_of = [&](const std::vector<std::uint32_t>& crc) {
@@ -162,7 +166,7 @@ inline void write_rank_file(const std::string& dir, int rank, std::vector<tensor
     };
     const std::size_t start = header_of({}).size();
     const auto path = rank_file(dir, rank);
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0)
         io_fail("cannot create", path);
     auto f = file::adopt(fd, path);
@@ -183,6 +187,18 @@ inline void write_rank_file(const std::string& dir, int rank, std::vector<tensor
     if (f.size() != end)
         throw io_error("xshard: " + path + " has " + std::to_string(f.size()) +
                        " bytes after writing " + std::to_string(end));
+    // What the file holds, read back: a write the file system reported done and lost shows
+    // here, before the save commits (issue 12).
+    std::string back(header.size(), '\0');
+    f.read_at(back.data(), back.size(), 0);
+    if (back != header)
+        throw io_error("xshard: writing " + path + " failed: the header read back differs");
+    std::vector<std::byte> buffer;
+    for (std::size_t i = 0; i < entries.size(); ++i)
+        if (crc_of_range(f, start + entries[i].begin, entries[i].end - entries[i].begin, buffer) !=
+            crc[i])
+            throw io_error("xshard: writing " + path + " failed: read back, " +
+                           printable(entries[i].name) + " differs from what was written");
     f.close();
 }
 
@@ -205,10 +221,12 @@ inline bool checkpoint_file_name(const std::string& name) {
     return digits.find_first_not_of("0123456789") == std::string::npos;
 }
 
-/// What `path` holds, when a save may replace it: nothing, a safetensors file, or a per-rank
+/// What `path` holds, when a save may replace it: nothing, an integrated checkpoint of
+/// xshard's (a safetensors file whose metadata says "format": "xshard"), or a per-rank
 /// checkpoint directory of xshard's (only files of its names, and a checkpoint.json that says
-/// so; or empty). Throws io_error for anything else (a link, a user's directory or file):
-/// xshard never removes what is not a checkpoint.
+/// so; or empty). Throws io_error for anything else (a link, a user's directory or file, an
+/// empty file, another program's safetensors file): xshard never removes what is not a
+/// checkpoint of its own.
 inline existing replaceable(const std::string& path) {
     namespace fs = std::filesystem;
     std::error_code ec;
@@ -223,13 +241,18 @@ inline existing replaceable(const std::string& path) {
     case fs::file_type::not_found:
         return existing::nothing;
     case fs::file_type::regular: {
+        std::string format;
         try {
             const file f(path, O_RDONLY | O_NOFOLLOW);
-            if (f.size() > 0)
-                read_header(f);
+            const auto h = read_header(f);
+            if (const auto it = h.metadata.find("format"); it != h.metadata.end())
+                format = it->second;
         } catch (const io_error&) {
             throw refuse("is not a safetensors file");
         }
+        // (Another program's safetensors file is the user's data, not a checkpoint of ours.)
+        if (format != "xshard")
+            throw refuse("is a safetensors file that xshard did not write");
         return existing::file;
     }
     case fs::file_type::directory: {
@@ -428,6 +451,9 @@ public:
     /// Opens the checkpoint at `path`: a safetensors file (integrated form; any safetensors
     /// file will do) or a per-rank directory. A per-rank save interrupted between its two
     /// renames leaves the previous checkpoint at `<path>.old`, which is then read instead.
+    /// The path is opened once: everything is read through that descriptor (a directory's
+    /// files are opened in it), so a checkpoint that a save renames over the path meanwhile
+    /// is never mixed with this one.
     explicit checkpoint_reader(const std::string& path)
         : path_(path) {
         namespace fs = std::filesystem;
@@ -436,9 +462,15 @@ public:
         if (fs::symlink_status(path_, ec).type() == fs::file_type::not_found &&
             fs::exists(detail::previous_name(path_), ec))
             path_ = detail::previous_name(path_);
-        if (fs::is_directory(path_)) {
+        detail::file opened(path_, O_RDONLY);
+        struct stat st {};
+        if (::fstat(opened.fd(), &st) != 0)
+            detail::io_fail("cannot stat", path_);
+        if (S_ISDIR(st.st_mode)) {
             format_ = checkpoint_format::per_rank;
-            strategy_ = strategy_file::from_json(detail::read_file(path_ + "/strategy.json"));
+            dir_ = std::move(opened);
+            strategy_ = strategy_file::from_json(
+                detail::read_file(detail::file(dir_, "strategy.json", O_RDONLY)));
             for (const auto& p : strategy_.parameters)
                 if (p.mesh && p.ranks.empty())
                     throw io_error("xshard: " + path_ + "/strategy.json: '" +
@@ -454,7 +486,9 @@ public:
                                        std::to_string(k) + " of a mesh of " +
                                        std::to_string(strategy_.mesh.size()) + " ranks");
             try {
-                const auto j = detail::parse_json(detail::read_file(path_ + "/checkpoint.json"));
+                const detail::file json(dir_, "checkpoint.json", O_RDONLY);
+                identity_ = identity_of(json);
+                const auto j = detail::parse_json(detail::read_file(json));
                 if (!j.is_object() || j.value("format", "") != "xshard-checkpoint" ||
                     detail::json_integer(j, "version", 0, 1) != 1)
                     throw io_error("not an xshard checkpoint of version 1");
@@ -469,9 +503,7 @@ public:
             }
             // As many rank files as the mesh has ranks, before any work per rank: the work a
             // load does is bounded by what is on disk, whatever the files say.
-            std::size_t files = 0;
-            for (const auto& e : fs::directory_iterator(path_, ec))
-                files += e.path().filename().string().rfind("rank_", 0) == 0;
+            const auto files = detail::count_entries(dir_, "rank_");
             if (files < std::size_t(strategy_.mesh.size()))
                 throw io_error("xshard: " + path_ + " holds " + std::to_string(files) +
                                " rank file(s) for a mesh of " +
@@ -479,6 +511,9 @@ public:
             return;
         }
         format_ = checkpoint_format::integrated;
+        auto h0 = detail::read_header(opened);
+        identity_ = identity_of(opened);
+        files_.emplace(0, std::pair(std::move(opened), std::move(h0)));
         const auto& h = header(0);
         const auto& meta = h.metadata;
         try {
@@ -530,19 +565,10 @@ public:
         }
     }
 
-    /// What identifies the file read (integrated form; for the per-rank form, checkpoint.json):
-    /// inode, size and modification time. Ranks compare it to know they read one checkpoint.
-    std::array<std::uint64_t, 4> identity() const {
-        struct stat st {};
-        if (format_ == checkpoint_format::integrated) {
-            if (::fstat(open(0).first.fd(), &st) != 0)
-                detail::io_fail("cannot stat", path_);
-        } else if (::stat((path_ + "/checkpoint.json").c_str(), &st) != 0) {
-            detail::io_fail("cannot stat", path_ + "/checkpoint.json");
-        }
-        return {std::uint64_t(st.st_ino), std::uint64_t(st.st_size),
-                std::uint64_t(st.st_mtim.tv_sec), std::uint64_t(st.st_mtim.tv_nsec)};
-    }
+    /// What identifies the file read (integrated form; for the per-rank form, checkpoint.json)
+    /// as it was opened: inode, size and modification time. Ranks compare it to know they
+    /// read one checkpoint.
+    const std::array<std::uint64_t, 4>& identity() const noexcept { return identity_; }
 
     /// Checks that every stored block of every tensor is in its file with the shape and
     /// dtype the strategy gives (headers only, no data read): what a load of every tensor
@@ -890,10 +916,20 @@ private:
         return out;
     }
 
+    static std::array<std::uint64_t, 4> identity_of(const detail::file& f) {
+        struct stat st {};
+        if (::fstat(f.fd(), &st) != 0)
+            detail::io_fail("cannot stat", f.path());
+        return {std::uint64_t(st.st_ino), std::uint64_t(st.st_size),
+                std::uint64_t(st.st_mtim.tv_sec), std::uint64_t(st.st_mtim.tv_nsec)};
+    }
+
+    /// File `file` of the checkpoint, opened (a rank file in the directory opened first) and
+    /// its header read at the first call.
     const std::pair<detail::file, safetensors_header>& open(int file) const {
         auto it = files_.find(file);
         if (it == files_.end()) {
-            detail::file f(file_path(file), O_RDONLY);
+            detail::file f(dir_, detail::rank_file_name(file), O_RDONLY);
             auto h = detail::read_header(f);
             it = files_.emplace(file, std::pair(std::move(f), std::move(h))).first;
         }
@@ -902,6 +938,8 @@ private:
 
     std::string path_;
     checkpoint_format format_ = checkpoint_format::integrated;
+    detail::file dir_; ///< the per-rank form's directory, as opened
+    std::array<std::uint64_t, 4> identity_{};
     std::int64_t step_ = 0;
     strategy_file strategy_;
     mutable std::map<int, std::pair<detail::file, safetensors_header>> files_;
