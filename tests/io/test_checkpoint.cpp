@@ -1432,6 +1432,21 @@ TEST(checkpoint, a_save_removes_what_killed_saves_left_and_nothing_else) {
     }
 }
 
+/// Loads with `r` in the saved layouts (one pass) and in others (two passes), expecting step
+/// 1's values whole; `failure` says what a mismatch would mean.
+void expect_loads_step_1(const ckpt_mesh& m, const xshard::checkpoint_reader& r,
+                         const std::string& failure) {
+    for (const bool same_layouts : {true, false}) {
+        net loaded(m, same_layouts ? saved_layouts : other_layouts);
+        loaded.fill_all(9);
+        std::tuple<> no_state;
+        auto model = xshard::detail::collect_model(loaded, no_state, false);
+        const std::string passes = same_layouts ? " (one pass)" : " (two passes)";
+        EXPECT_NO_THROW({ EXPECT_EQ(xshard::detail::load(model, r).step, 1); }) << failure << passes;
+        EXPECT_EQ(loaded.mismatches_all(1, false), 0u) << failure << passes;
+    }
+}
+
 TEST(checkpoint, a_load_reads_the_bytes_it_verified_even_if_the_file_is_replaced) {
     // The reader opens the file (load_checkpoint's first step); then another file replaces
     // it by rename, as a save does, whose values are another step's and one of whose bytes
@@ -1462,17 +1477,7 @@ TEST(checkpoint, a_load_reads_the_bytes_it_verified_even_if_the_file_is_replaced
             spit(dir + "/replacement", bytes);
             fs::rename(dir + "/replacement", path);
         });
-        for (const bool same_layouts : {true, false}) { // one pass, and two
-            net loaded(m, same_layouts ? saved_layouts : other_layouts);
-            loaded.fill_all(9);
-            std::tuple<> no_state;
-            auto model = xshard::detail::collect_model(loaded, no_state, false);
-            EXPECT_NO_THROW({ EXPECT_EQ(xshard::detail::load(model, *r).step, 1); })
-                << name << (same_layouts ? ", one pass" : ", two passes");
-            EXPECT_EQ(loaded.mismatches_all(1, false), 0u)
-                << name << (same_layouts ? ", one pass" : ", two passes")
-                << ": the load read bytes it did not open first";
-        }
+        expect_loads_step_1(m, *r, name + ": the load read bytes it did not open first");
         xshard::mpi::barrier(w);
     }
 }
@@ -1504,17 +1509,8 @@ TEST(checkpoint, a_per_rank_load_reads_the_directory_it_opened_even_if_another_r
             fs::rename(path, dir + "/aside");
             fs::rename(dir + "/other", path);
         });
-        for (const bool same_layouts : {true, false}) { // one pass, and two
-            net loaded(m, same_layouts ? saved_layouts : other_layouts);
-            loaded.fill_all(9);
-            std::tuple<> no_state;
-            auto model = xshard::detail::collect_model(loaded, no_state, false);
-            EXPECT_NO_THROW({ EXPECT_EQ(xshard::detail::load(model, *r).step, 1); })
-                << name << (same_layouts ? ", one pass" : ", two passes");
-            EXPECT_EQ(loaded.mismatches_all(1, false), 0u)
-                << name << (same_layouts ? ", one pass" : ", two passes")
-                << ": the load read rank files of another directory than it opened";
-        }
+        expect_loads_step_1(m, *r,
+                            name + ": the load read rank files of another directory than it opened");
 
         r.emplace(path); // step 2's directory, removed before its rank files are read
         xshard::mpi::barrier(w);
