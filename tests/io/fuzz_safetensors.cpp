@@ -32,12 +32,13 @@
 
 namespace {
 
-/// A directory of this process's own, for the files the reader opens and the tools write;
-/// removed at exit.
+/// A directory of this process's own in the working directory, for the files the reader opens
+/// and the tools write; removed at exit (the tests also remove what a fuzzer that ends
+/// without running destructors leaves).
 const std::string& scratch() {
     static const struct directory {
         std::string path = [] {
-            std::string d = "/tmp/xshard_fuzz.XXXXXX";
+            std::string d = "xshard_fuzz.XXXXXX";
             if (!::mkdtemp(d.data()))
                 std::abort();
             return d;
