@@ -2,10 +2,10 @@
 // BLAS, and against ScaLAPACK's pdgemm on a 1 x p grid; and the cost of a shard() call on
 // tiny tensors against the same collectives called by hand. Double precision, 2 ranks:
 //
-//   OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS=1 mpirun -n 2 build/benchmarks/bench_matmul
+//   source scripts/env.sh; mpirun -n 2 build/benchmarks/bench_matmul
 //
-// (Debian's OpenBLAS misdetects recent CPUs and runs generic kernels without
-// OPENBLAS_CORETYPE; the program prints what it ran with.)
+// (scripts/env.sh sets one BLAS thread per rank and chooses OpenBLAS's kernels for this CPU;
+// the program prints what it ran with.)
 
 #include "harness.hpp"
 

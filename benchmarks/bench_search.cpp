@@ -1,6 +1,6 @@
-// The strategy search (issue 17) against hand-written strategies, measured:
+// The strategy search against hand-written strategies, measured:
 //
-//   OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS=1 mpirun -n 2 build/benchmarks/bench_search
+//   source scripts/env.sh; mpirun -n 2 build/benchmarks/bench_search
 //
 // The model is bench_training's MLP as a searched_mlp (1024 -> 4096, relu, 4096 -> 1024; batch
 // 64, double, parallel_cross_entropy, momentum), one training step through the driver

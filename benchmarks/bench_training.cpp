@@ -3,7 +3,7 @@
 // the same global batch on a mesh of one rank (rank 0 alone, over MPI_COMM_SELF, while the
 // other ranks wait in the harness's closing all-reduce: the baseline's time is rank 0's).
 //
-//   OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS=1 mpirun -n 2 build/benchmarks/bench_training
+//   source scripts/env.sh; mpirun -n 2 build/benchmarks/bench_training
 //
 // Cases (f64 and f32 each; "tp<p>": mesh dp 1 x tp p, "dp<p>": mesh dp p x tp 1, the batch
 // split over dp), all against baseline "one_rank":

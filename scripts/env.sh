@@ -1,11 +1,29 @@
 # Sourced by the scripts: the build settings and the environment Open MPI and OpenBLAS
-# need on these machines (root, 2 cores, a CPU Debian's OpenBLAS misdetects).
+# need on these machines (root, few cores, any x86-64 CPU).
 # The parallel jobs: the cores, counted before OMP_NUM_THREADS=1 below (nproc obeys
 # OMP_NUM_THREADS and OMP_THREAD_LIMIT, and would build and test one job at a time).
 jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=1 OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-SkylakeX}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=1
+# OpenBLAS detects the CPU and picks its kernels. Debian's OpenBLAS (0.3.21) does not know
+# some recent AVX-512 models and falls back to older kernels (Prescott, SSE3, on some Xeon
+# guests; Haswell, AVX2, on Zen 5). Where /proc/cpuinfo shows every AVX-512 extension the
+# SkylakeX kernels use, those are chosen; any other CPU keeps OpenBLAS's own choice, and a
+# value set by the caller always wins. Forcing kernels a CPU cannot run kills every BLAS
+# call with SIGILL.
+# XSHARD_CPUINFO names another cpuinfo file (the scripts' tests use it).
+cpuinfo=${XSHARD_CPUINFO:-/proc/cpuinfo}
+if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -r "$cpuinfo" ]; then
+  cpu_flags=" $(grep -m 1 '^flags' "$cpuinfo" | cut -d: -f2 || true) "
+  avx512=yes
+  for f in avx512f avx512cd avx512bw avx512dq avx512vl; do
+    case "$cpu_flags" in *" $f "*) ;; *) avx512=no ;; esac
+  done
+  if [ "$avx512" = yes ]; then export OPENBLAS_CORETYPE=SkylakeX; fi
+  unset cpu_flags avx512 f
+fi
+unset cpuinfo
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 launcher=()
 # ccache is optional (install_deps.sh installs it, but env.sh is sourced before that runs):

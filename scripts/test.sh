@@ -17,6 +17,12 @@
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 jobs=${XSHARD_JOBS:-$jobs}
+# The host, for whoever reads a failure: the CPU, its vector extensions, the kernels chosen.
+cpu_model=$(grep -m 1 '^model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//' || true)
+cpu_vector=$(grep -m 1 '^flags' /proc/cpuinfo 2>/dev/null | tr ' ' '\n' |
+  grep -E '^(sse4_2|avx|avx2|fma|avx512[a-z]*)$' | paste -sd ' ' || true)
+echo "test.sh: ${cpu_model:-unknown CPU}, $jobs jobs; vector extensions: ${cpu_vector:-none listed};" \
+  "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(OpenBLAS detects)}"
 sanitize=false
 targets=()
 if [ "${1:-}" = --sanitize ]; then
