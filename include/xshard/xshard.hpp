@@ -6,7 +6,6 @@
 #include <xshard/auto/calibrate.hpp>
 #include <xshard/auto/cost.hpp>
 #include <xshard/auto/group_file.hpp>
-#include <xshard/auto/initializer.hpp>
 #include <xshard/auto/model.hpp>
 #include <xshard/auto/operator_strategy_file.hpp>
 #include <xshard/auto/propagation.hpp>
@@ -36,6 +35,7 @@
 #include <xshard/comm/request.hpp>
 #include <xshard/comm/shared_window.hpp>
 #include <xshard/comm/subarray.hpp>
+#include <xshard/core/annotation.hpp>
 #include <xshard/core/axis.hpp>
 #include <xshard/core/elementwise_rule.hpp>
 #include <xshard/core/layout.hpp>
@@ -56,6 +56,14 @@
 #include <xshard/data/synthetic.hpp>
 #include <xshard/data/text.hpp>
 #include <xshard/data/views.hpp>
+#include <xshard/graph/custom.hpp>
+#include <xshard/graph/executable.hpp>
+#include <xshard/graph/layouts.hpp>
+#include <xshard/graph/primitive.hpp>
+#include <xshard/graph/program.hpp>
+#include <xshard/graph/registry.hpp>
+#include <xshard/graph/schedule.hpp>
+#include <xshard/graph/trace.hpp>
 #include <xshard/io/checkpoint.hpp>
 #include <xshard/io/file_mapping.hpp>
 #include <xshard/io/files.hpp>
@@ -81,6 +89,7 @@
 #include <xshard/nn/resnet.hpp>
 #include <xshard/nn/resnet_blocks.hpp>
 #include <xshard/nn/step_profile.hpp>
+#include <xshard/ops/annotated.hpp>
 #include <xshard/ops/conv_kernels.hpp>
 #include <xshard/ops/conv_rule.hpp>
 #include <xshard/ops/elementwise.hpp>
@@ -94,6 +103,7 @@
 #include <xshard/ops/spatial.hpp>
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/optim/schedules.hpp>
+#include <xshard/param/initializer.hpp>
 #include <xshard/param/parameter.hpp>
 #include <xshard/param/tensor_record.hpp>
 #include <xshard/param/traversal.hpp>
