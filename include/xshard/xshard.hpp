@@ -60,6 +60,11 @@
 #include <xshard/graph/executable.hpp>
 #include <xshard/graph/layouts.hpp>
 #include <xshard/graph/primitive.hpp>
+#include <xshard/graph/primitives/elementwise.hpp>
+#include <xshard/graph/primitives/matmul.hpp>
+#include <xshard/graph/primitives/normalize.hpp>
+#include <xshard/graph/primitives/reduce.hpp>
+#include <xshard/graph/primitives/shape.hpp>
 #include <xshard/graph/program.hpp>
 #include <xshard/graph/registry.hpp>
 #include <xshard/graph/schedule.hpp>
