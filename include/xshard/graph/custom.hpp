@@ -30,6 +30,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -107,8 +108,8 @@ public:
         , out_(std::move(out)) {}
 
     std::vector<result_spec> infer(std::span<const operand_type> ops) const override {
-        if (ops.size() != 1 || ops[0].shape.size() != N || ops[0].type != dtype_of<T>())
-            throw std::invalid_argument("the layer takes one " + std::string(to_string(dtype_of<T>())) +
+        if (ops.size() != 1 || ops[0].shape.size() != N || ops[0].type != dtype_for<T>())
+            throw std::invalid_argument("the layer takes one " + std::string(to_string(dtype_for<T>())) +
                                         " operand of " + std::to_string(N) + " dimensions");
         value_shape s = ops[0].shape;
         s.back() = out_features_;
@@ -186,6 +187,48 @@ traced_tensor apply_layer(Layer<T, Mesh>& layer, const Mesh& mesh, std::string_v
                           custom_layout out = features_whole()) {
     auto node = std::make_shared<detail::layer_node<Layer<T, Mesh>, T, Mesh, N>>(
         layer, mesh, out_features, std::move(out));
+    return traced_tensor::record(name, {}, {}, {x}, std::move(node)).front();
+}
+
+namespace detail {
+
+/// A user's forward and backward on rank-N distributed tensors, as a layer without weights.
+template <class T, mesh_type Mesh, std::size_t N, class Forward, class Backward>
+struct function_layer {
+    using tensor_type = dtensor<T, Mesh, dynamic_layout(N)>;
+    Forward f;
+    Backward b;
+    std::optional<tensor_type> x;
+    tensor_type forward(const tensor_type& in) {
+        x = in;
+        return f(in);
+    }
+    tensor_type backward(const tensor_type& dy) { return b(*x, dy); }
+    friend void visit_parameters(function_layer&, auto&&) {}
+};
+
+} // namespace detail
+
+/// Records a custom-VJP operation named `name` on `x` (JAX's custom_vjp): `forward(x)` gives
+/// the result and `backward(x, dy)` the cotangent of x from the result's, both on rank-N
+/// distributed tensors of element type T on `mesh` (x laid out with its rows as the program
+/// splits them and its last dimension whole; dy laid out as the dual of the result's layout,
+/// and the returned cotangent as the dual of x's: core/layout.hpp). The result has x's shape
+/// with `out_features` last features, laid out as `out` says.
+template <class T, std::size_t N = 2, mesh_type Mesh, class Forward, class Backward>
+traced_tensor custom_vjp(const Mesh& mesh, std::string_view name, const traced_tensor& x,
+                         Forward forward, Backward backward, std::size_t out_features = 0,
+                         custom_layout out = features_whole()) {
+    using L = detail::function_layer<T, Mesh, N, Forward, Backward>;
+    struct owned final : detail::layer_node<L, T, Mesh, N> {
+        L layer;
+        owned(L l, const Mesh& m, std::size_t features, custom_layout o)
+            : detail::layer_node<L, T, Mesh, N>(layer, m, features, std::move(o))
+            , layer(std::move(l)) {}
+    };
+    const std::size_t features = out_features ? out_features : x.shape().back();
+    auto node = std::make_shared<owned>(L{std::move(forward), std::move(backward), std::nullopt},
+                                        mesh, features, std::move(out));
     return traced_tensor::record(name, {}, {}, {x}, std::move(node)).front();
 }
 

@@ -357,7 +357,7 @@ private:
             base += (64 - reinterpret_cast<std::uintptr_t>(base) % 64) % 64;
             ptr.assign(sched.slots.size(), nullptr);
             for (std::size_t i = 0; i < sched.slots.size(); ++i)
-                if (sched.slots[i].home == detail::slot_home::arena)
+                if (sched.slots[i].home == detail::buffer_home::arena)
                     ptr[i] = base + sched.slots[i].offset;
             fwd_ptrs = pointers_for(sched.forward);
             bwd_ptrs = pointers_for(sched.backward);
@@ -366,14 +366,14 @@ private:
 
         void check_types() const {
             for (const auto& v : prog.values())
-                if (v.type != dtype::i64 && v.type != dtype_of<T>())
+                if (v.type != dtype::i64 && v.type != dtype_for<T>())
                     throw error("xshard: compile: the program holds " +
                                 std::string(to_string(v.type)) + " values (" +
                                 (v.name.empty() ? std::string("a result") : v.name) +
-                                ") but is compiled for " + std::string(to_string(dtype_of<T>())));
+                                ") but is compiled for " + std::string(to_string(dtype_for<T>())));
         }
 
-        std::vector<detail::step_pointers> pointers_for(const std::vector<detail::step>& steps) {
+        std::vector<detail::step_pointers> pointers_for(const std::vector<detail::program_step>& steps) {
             std::vector<detail::step_pointers> out(steps.size());
             for (std::size_t i = 0; i < steps.size(); ++i) {
                 const auto& st = steps[i];
@@ -432,7 +432,7 @@ private:
             return prog.value(prog.weights()[i]).name;
         }
 
-        const detail::slot& output_slot(std::size_t i) const {
+        const detail::buffer_slot& output_slot(std::size_t i) const {
             if (i >= sched.output_slot.size())
                 throw error("xshard: compiled_program: the program has " +
                             std::to_string(sched.output_slot.size()) + " outputs, not " +
@@ -456,7 +456,7 @@ private:
             if (!fits || shape != v.shape)
                 throw error("xshard: compiled_program: input " + v.name + " takes " +
                             std::string(to_string(v.type)) + shape_text(v.shape) + ", not " +
-                            std::string(to_string(dtype_of<E>())) + shape_text(shape));
+                            std::string(to_string(dtype_for<E>())) + shape_text(shape));
             if (!(x.mesh() == mesh))
                 throw error("xshard: compiled_program: input " + v.name +
                             " lives on another mesh than the program");
@@ -553,10 +553,10 @@ private:
                 run_step(sched.backward[i], bwd_ptrs[i]);
         }
 
-        void run_step(const detail::step& st, detail::step_pointers& p) {
-            using detail::step_kind_t;
+        void run_step(const detail::program_step& st, detail::step_pointers& p) {
+            using detail::program_step_kind;
             switch (st.kind) {
-            case step_kind_t::kernel: {
+            case program_step_kind::kernel: {
                 for (std::size_t k = 0; k < st.operands.size(); ++k)
                     p.operands[k] = ptr[st.operands[k]];
                 for (std::size_t k = 0; k < st.results.size(); ++k)
@@ -568,10 +568,10 @@ private:
                     prims[st.node]->forward(args);
                 return;
             }
-            case step_kind_t::move:
+            case program_step_kind::move:
                 moves[st.move].run(ptr[st.operands[0]], ptr[st.results[0]]);
                 return;
-            case step_kind_t::add: {
+            case program_step_kind::add: {
                 const T* a = static_cast<const T*>(ptr[st.operands[0]]);
                 T* b = static_cast<T*>(ptr[st.results[0]]);
                 const std::size_t n = sched.slots[st.results[0]].shard.count();
@@ -579,16 +579,16 @@ private:
                     b[k] += a[k];
                 return;
             }
-            case step_kind_t::seed:
+            case program_step_kind::seed:
                 run_seed(st);
                 return;
-            case step_kind_t::vjp:
+            case program_step_kind::vjp:
                 run_vjp(st, p);
                 return;
             }
         }
 
-        void run_seed(const detail::step& st) {
+        void run_seed(const detail::program_step& st) {
             const auto c = st.results[0];
             const auto& sl = sched.slots[c];
             T* out = static_cast<T*>(ptr[c]);
@@ -605,7 +605,7 @@ private:
             }
         }
 
-        void run_vjp(const detail::step& st, detail::step_pointers& p) {
+        void run_vjp(const detail::program_step& st, detail::step_pointers& p) {
             for (std::size_t k = 0; k < st.operands.size(); ++k)
                 p.operands[k] = st.saved_operands[k] ? ptr[st.operands[k]] : nullptr;
             for (std::size_t k = 0; k < st.results.size(); ++k) {

@@ -34,7 +34,7 @@ enum class dtype : std::uint8_t { f32, f64, i64 };
 
 /// The dtype of C++ type T (float, double, or an integer type for labels and ids).
 template <class T>
-constexpr dtype dtype_of() {
+constexpr dtype dtype_for() {
     if constexpr (std::is_same_v<T, float>)
         return dtype::f32;
     else if constexpr (std::is_same_v<T, double>)

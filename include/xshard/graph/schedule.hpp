@@ -39,13 +39,13 @@ inline constexpr std::size_t no_slot = std::numeric_limits<std::size_t>::max();
 inline std::size_t element_bytes(dtype t) { return t == dtype::f32 ? 4 : 8; }
 
 /// Where a slot's bytes are.
-enum class slot_home : std::uint8_t { arena, input, weight, weight_gradient };
+enum class buffer_home : std::uint8_t { arena, input, weight, weight_gradient };
 
-struct slot {
+struct buffer_slot {
     std::size_t value = 0; ///< the program value it holds (or whose cotangent it holds)
     bool cotangent = false;
     shard_type shard;      ///< global shape, layout, local shape, dtype
-    slot_home home = slot_home::arena;
+    buffer_home home = buffer_home::arena;
     std::size_t index = 0; ///< input or weight index (inputs, weights, their gradients)
     std::size_t bytes = 0;
     std::size_t offset = 0; ///< in the arena
@@ -57,7 +57,7 @@ struct slot {
     }
 };
 
-enum class step_kind_t : std::uint8_t {
+enum class program_step_kind : std::uint8_t {
     kernel,  ///< a node's forward kernel
     move,    ///< a redistribution (forward edge, or a backward adjoint)
     vjp,     ///< a node's VJP
@@ -65,8 +65,8 @@ enum class step_kind_t : std::uint8_t {
     seed,    ///< an output's cotangent from the caller
 };
 
-struct step {
-    step_kind_t kind = step_kind_t::kernel;
+struct program_step {
+    program_step_kind kind = program_step_kind::kernel;
     std::size_t node = 0;                         ///< kernel, vjp
     std::vector<std::size_t> operands, results;   ///< slots (kernel, vjp; move/add: {from}, {to})
     std::vector<std::size_t> result_cotangents;   ///< vjp (no_slot: zero)
@@ -85,8 +85,8 @@ struct move_request {
 
 /// The slots and steps of a program on a mesh (see the file comment).
 struct schedule {
-    std::vector<slot> slots;
-    std::vector<step> forward, backward;
+    std::vector<buffer_slot> slots;
+    std::vector<program_step> forward, backward;
     std::vector<move_request> moves;
     /// Per value: the slot that holds it as kept (program_layouts::values).
     std::vector<std::size_t> value_slot;
@@ -136,9 +136,9 @@ public:
 
 private:
     std::size_t new_slot(std::size_t value, const layout& l, bool cotangent,
-                         slot_home home = slot_home::arena, std::size_t index = 0) {
+                         buffer_home home = buffer_home::arena, std::size_t index = 0) {
         const auto& v = p_.value(value);
-        slot s;
+        buffer_slot s;
         s.value = value;
         s.cotangent = cotangent;
         s.shard = local_shard_of(v.shape, l, v.type, mesh_);
@@ -153,12 +153,12 @@ private:
         s_.value_slot.assign(p_.values().size(), no_slot);
         for (std::size_t i = 0; i < p_.inputs().size(); ++i) {
             const auto id = p_.inputs()[i];
-            s_.value_slot[id] = new_slot(id, lay_.values[id], false, slot_home::input, i);
+            s_.value_slot[id] = new_slot(id, lay_.values[id], false, buffer_home::input, i);
             s_.input_slot.push_back(s_.value_slot[id]);
         }
         for (std::size_t i = 0; i < p_.weights().size(); ++i) {
             const auto id = p_.weights()[i];
-            s_.value_slot[id] = new_slot(id, lay_.values[id], false, slot_home::weight, i);
+            s_.value_slot[id] = new_slot(id, lay_.values[id], false, buffer_home::weight, i);
             s_.weight_slot.push_back(s_.value_slot[id]);
         }
     }
@@ -180,8 +180,8 @@ private:
 
     void add_move(std::size_t from, std::size_t to, bool adjoint) {
         s_.moves.push_back({from, to, adjoint});
-        step st;
-        st.kind = step_kind_t::move;
+        program_step st;
+        st.kind = program_step_kind::move;
         st.operands = {from};
         st.results = {to};
         st.move = s_.moves.size() - 1;
@@ -194,8 +194,8 @@ private:
         node_shards shards;
         shards.node = &n;
         shards.mesh = &mesh_;
-        step st;
-        st.kind = step_kind_t::kernel;
+        program_step st;
+        st.kind = program_step_kind::kernel;
         st.node = i;
         for (std::size_t k = 0; k < n.operands.size(); ++k) {
             const auto sl = slot_in(n.operands[k], c.operands[k]);
@@ -250,8 +250,8 @@ private:
             return cot_[s];
         const auto& fs = s_.slots[s];
         const auto l = cotangent_layout(fs.shard.l, mesh_.shape);
-        if (fs.home == slot_home::weight) {
-            cot_[s] = new_slot(fs.value, l, true, slot_home::weight_gradient, fs.index);
+        if (fs.home == buffer_home::weight) {
+            cot_[s] = new_slot(fs.value, l, true, buffer_home::weight_gradient, fs.index);
             written_.push_back(true); // a backward pass adds to the weights' gradients
         } else {
             cot_[s] = new_slot(fs.value, l, true);
@@ -280,16 +280,16 @@ private:
             }
             const auto c = cotangent_of(sl);
             s_.output_cotangent.push_back(c);
-            step st;
-            st.kind = step_kind_t::seed;
+            program_step st;
+            st.kind = program_step_kind::seed;
             st.output = o;
             st.results = {c};
             st.accumulate = {write(c)};
             s_.backward.push_back(std::move(st));
         }
         for (std::size_t f = s_.forward.size(); f-- > 0;) {
-            const step fs = s_.forward[f];
-            if (fs.kind == step_kind_t::move)
+            const program_step fs = s_.forward[f];
+            if (fs.kind == program_step_kind::move)
                 add_adjoint(fs, wants);
             else
                 add_vjp(fs, wants);
@@ -301,7 +301,7 @@ private:
     }
 
     template <class Wants>
-    void add_adjoint(const step& fs, Wants& wants) {
+    void add_adjoint(const program_step& fs, Wants& wants) {
         const auto from = fs.operands[0], to = fs.results[0];
         if (cot_[to] == no_slot || !wants(from))
             return;
@@ -314,15 +314,15 @@ private:
         const auto temp = new_slot(s_.slots[target].value, s_.slots[target].shard.l, true);
         written_.push_back(true);
         add_move(cot_[to], temp, true);
-        step st;
-        st.kind = step_kind_t::add;
+        program_step st;
+        st.kind = program_step_kind::add;
         st.operands = {temp};
         st.results = {target};
         s_.backward.push_back(std::move(st));
     }
 
     template <class Wants>
-    void add_vjp(const step& fs, Wants& wants) {
+    void add_vjp(const program_step& fs, Wants& wants) {
         const auto& n = p_.nodes()[fs.node];
         bool any = false;
         for (auto r : fs.results)
@@ -330,8 +330,8 @@ private:
         if (!any)
             return;
         const std::uint32_t saves = n.custom ? ~std::uint32_t(0) : rules_named(n.op).saves;
-        step st;
-        st.kind = step_kind_t::vjp;
+        program_step st;
+        st.kind = program_step_kind::vjp;
         st.node = fs.node;
         st.operands = fs.operands;
         st.results = fs.results;
@@ -377,7 +377,7 @@ private:
         for (std::size_t b = 0; b < s_.backward.size(); ++b) {
             const auto& st = s_.backward[b];
             const std::size_t t = nf + 1 + b;
-            if (st.kind == step_kind_t::vjp) {
+            if (st.kind == program_step_kind::vjp) {
                 for (std::size_t k = 0; k < st.operands.size(); ++k)
                     if (st.saved_operands[k])
                         use(st.operands[k], t);
@@ -398,7 +398,7 @@ private:
         // First fit by interval, largest first; 64-byte aligned.
         std::vector<std::size_t> order;
         for (std::size_t i = 0; i < s_.slots.size(); ++i)
-            if (s_.slots[i].home == slot_home::arena && s_.slots[i].first != no_slot)
+            if (s_.slots[i].home == buffer_home::arena && s_.slots[i].first != no_slot)
                 order.push_back(i);
         std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
             return s_.slots[a].bytes > s_.slots[b].bytes;

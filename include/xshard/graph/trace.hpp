@@ -216,7 +216,7 @@ struct input_spec {
 /// type for labels and ids).
 template <class T>
 input_spec input(std::string name, value_shape shape) {
-    return {std::move(name), std::move(shape), dtype_of<T>()};
+    return {std::move(name), std::move(shape), dtype_for<T>()};
 }
 
 /// Declares the weight `name` (prefixed by the open scopes) of shape `shape`, drawn by
