@@ -137,7 +137,15 @@
 #include <xshard/redistribute/region_message.hpp>
 #include <xshard/redistribute/route.hpp>
 #include <xshard/redistribute/traffic.hpp>
+#include <xshard/shard/derivation.hpp>
+#include <xshard/shard/inputs.hpp>
+#include <xshard/shard/options.hpp>
+#include <xshard/shard/outputs.hpp>
+#include <xshard/shard/plan_cache.hpp>
+#include <xshard/shard/relayout.hpp>
 #include <xshard/shard/shard.hpp>
+#include <xshard/shard/sharded.hpp>
+#include <xshard/shard/spec.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/dtensor.hpp>
 #include <xshard/tensor/expression.hpp>
