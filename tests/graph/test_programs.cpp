@@ -4,6 +4,8 @@
 // every dp x mp mesh of the world against the same program on one rank.
 
 #include <xshard/graph.hpp>
+#include <xshard/models/transformer.hpp>
+#include <xshard/nn/blocks.hpp>
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/gather.hpp>
@@ -152,6 +154,78 @@ TEST(programs, residual_mlp_trains_on_every_mesh_like_one_rank) {
         const auto losses = train(mesh_t(world(), {dp, p / dp}));
         for (std::size_t s = 0; s < losses.size(); ++s)
             EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s << " on dp " << dp;
+    }
+}
+
+// --- the transformer block, traced against nn::transformer_block --------------------------------
+
+using tp_mesh = xshard::mesh<"dp", "tp">;
+
+/// The weights of `c` by name, gathered.
+template <class C>
+std::map<std::string, array> gathered(C& c, bool gradients) {
+    std::map<std::string, array> out;
+    xshard::for_each_weight(c, [&](const std::string& n, auto& w) {
+        out[n] = gradients ? array(xshard::gather_all(w.grad)) : array(xshard::gather_all(w.value));
+    });
+    return out;
+}
+
+TEST(programs, traced_transformer_block_equals_the_hand_written_layers_on_every_mesh) {
+    constexpr std::size_t f = 8, heads = 2, sequence = 4, sequences = 4, hidden = 16;
+    constexpr std::size_t tokens = sequence * sequences;
+    std::mt19937 engine(12);
+    const xt::xtensor<double, 2> x = xt::random::randn<double>({tokens, f}, 0.0, 1.0, engine);
+    const xt::xtensor<double, 2> r = xt::random::randn<double>({tokens, f}, 0.0, 1.0, engine);
+    const int p = world().size();
+    int meshes = 0;
+    for (int dp = 1; dp <= p; ++dp) {
+        const int tp = p / dp;
+        if (p % dp != 0 || sequences % std::size_t(dp) != 0 || heads % std::size_t(tp) != 0)
+            continue;
+        ++meshes;
+        const tp_mesh mesh(world(), {dp, tp});
+        const auto layout_x = xshard::layout("[dp, -]");
+        // The hand-written block.
+        xshard::nn::transformer_block<double, tp_mesh> block(
+            mesh, f, 21, {.axes = {.tensor = "tp"}, .heads = heads, .sequence = sequence, .hidden = hidden});
+        const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, layout_x);
+        const auto y = block.forward(dx);
+        const double expected_loss = double(xt::sum(xshard::gather_all(y) * r)());
+        block.backward(xshard::nn::as_gradient(
+            xshard::distribute<xshard::dynamic_layout(2)>(mesh, r, y.layout())));
+        const auto expected_grads = gathered(block, true);
+
+        // The traced block, Megatron's strategies, the weights copied by name.
+        auto prog = xshard::trace(
+            [&](traced_tensor in, traced_tensor rr) {
+                auto out = xshard::models::transformer_block(
+                    in, {.features = f, .heads = heads, .sequence = sequence, .hidden = hidden,
+                         .tensor_axis = "tp", .data_axis = "dp"});
+                return ops::sum_all(ops::mul(out, rr));
+            },
+            xshard::input<double>("x", {tokens, f}), xshard::input<double>("r", {tokens, f}));
+        auto net = xshard::compile<double>(prog, mesh, {.layouts = {.dataset_axes = {"dp"}}});
+        const auto values = gathered(block, false);
+        ASSERT_EQ(values.size(), gathered(net, false).size());
+        xshard::for_each_weight(net, [&](const std::string& n, auto& w) {
+            using D = std::remove_cvref_t<decltype(w.value)>;
+            xt::xtensor<double, D::rank> g = values.at(n);
+            w.value.local() = xshard::distribute<xshard::dynamic_layout(D::rank)>(mesh, g, w.value.layout()).local();
+        });
+        const double loss = net.train_step(dx, xshard::distribute<xshard::dynamic_layout(2)>(mesh, r, layout_x));
+        EXPECT_NEAR(loss, expected_loss, 1e-10) << "mesh dp " << dp << " tp " << tp << "\n"
+                                                 << net.describe();
+        const auto grads = gathered(net, true);
+        for (const auto& [name, g] : expected_grads) {
+            EXPECT_LT(double(xt::amax(xt::abs(grads.at(name) - g))()), 1e-10)
+                << name << " on dp " << dp << " tp " << tp;
+        }
+        if (dp == 1 && tp == 2 && world().rank() == 0)
+            std::printf("%s", net.report().c_str());
+    }
+    if (p <= 4) {
+        EXPECT_GT(meshes, 0);
     }
 }
 

@@ -99,7 +99,7 @@ void store_shard(const D& t, void* out, std::size_t count, bool add) {
 /// A layer of xshard/nn/ (forward(x), backward(dy), visit_parameters) as a custom node of
 /// rank-N operand and result.
 template <class Layer, class T, mesh_type Mesh, std::size_t N>
-class layer_node final : public custom_kernels<T, Mesh> {
+class layer_node : public custom_kernels<T, Mesh> {
 public:
     layer_node(Layer& layer, const Mesh& mesh, std::size_t out_features, custom_layout out)
         : layer_(&layer)

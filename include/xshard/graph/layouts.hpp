@@ -2,8 +2,9 @@
 /// \file
 /// The layouts of a program on a mesh, MindSpore's semi-auto pass: every node runs with the
 /// layouts its strategy gives (annotated nodes keep theirs) or, without one, data parallel
-/// (the batch dimension split over the dataset's axes, weights replicated); its primitive's
-/// sharding rule turns those into the operands' and results' layouts. Inputs come in the
+/// (the batch dimension split over the dataset's axes, weights replicated; the shape
+/// operations keep their operand's layout instead, as MindSpore's Reshape does); its
+/// primitive's sharding rule turns those into the operands' and results' layouts. Inputs come in the
 /// dataset's layout (data parallel by default); a weight takes the layout of its first use.
 ///
 /// Every mismatch between where a value is and where a node reads it becomes a
@@ -72,10 +73,12 @@ inline dim_axes dataset_axes_of(const layout_options& o, const mesh_shape& mesh)
     return axes;
 }
 
-/// The layouts a node asks of its operands: its annotation's, or data parallel.
+/// The layouts a node asks of its operands: its annotation's, the operands' own (shape
+/// operations), or data parallel.
 inline std::vector<layout> asked_layouts(const program_node& n, const op_rules* rules,
                                          std::span<const operand_type> types,
-                                         const dim_axes& dataset, const mesh_shape& mesh) {
+                                         const dim_axes& dataset, const mesh_shape& mesh,
+                                         const std::vector<layout>& kept) {
     const auto& a = n.annotation;
     if (!a.in_layouts.empty())
         return a.in_layouts;
@@ -83,6 +86,11 @@ inline std::vector<layout> asked_layouts(const program_node& n, const op_rules* 
         return rules ? rules->resolve(a.in_strategies, mesh)
                      : resolve_each(a.in_strategies, mesh);
     std::vector<layout> asked;
+    if (rules && rules->follows) {
+        for (auto id : n.operands)
+            asked.push_back(whole_terms(kept[id]));
+        return asked;
+    }
     for (std::size_t i = 0; i < types.size(); ++i) {
         const bool batched = rules ? rules->batched(n.attributes, types, i)
                                    : n.custom->batched(types, i);
@@ -143,7 +151,7 @@ inline program_layouts assign_layouts(const program& p, const mesh_shape& mesh,
                              values[id].kind == value_kind::weight});
         layout_choice c;
         try {
-            auto asked = detail::asked_layouts(n, rules, types, dataset, mesh);
+            auto asked = detail::asked_layouts(n, rules, types, dataset, mesh, out.values);
             for (std::size_t i = 0; i < asked.size(); ++i)
                 detail::check_fits(asked[i], types[i].shape.size(), mesh,
                                    "operand " + std::to_string(i) + "'s layout");

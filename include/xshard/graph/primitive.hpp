@@ -104,6 +104,9 @@ struct op_rules {
     /// Whether the operation has a VJP (integer-valued operations and losses' labels have
     /// none for their integer operands).
     bool differentiable = true;
+    /// Whether, without a strategy, the operation keeps its operands' layouts instead of the
+    /// data-parallel default: the shape operations (MindSpore's Reshape follows its input).
+    bool follows = false;
 };
 
 /// The user's own operation behind a custom-VJP node: its element-type-free half, the shape

@@ -228,6 +228,12 @@ template <std::size_t Dim, traced_operand A>
 auto log_softmax(const A& a) {
     return trace_call("log_softmax", op_attributes{{std::int64_t(Dim)}, {}}, op_annotation{}, a);
 }
+/// softmax along the last dimension of a traced tensor whose last two dimensions are square
+/// score matrices, position j of row i masked for j > i (attention's causal mask).
+template <traced_operand A>
+auto causal_softmax(const A& a) {
+    return trace_call("softmax", op_attributes{{-1, 1}, {}}, op_annotation{}, a);
+}
 template <traced_operand A>
 auto layer_norm(const A& a, double eps = 1e-5) {
     return trace_call("layer_norm", op_attributes{{}, {eps}}, op_annotation{}, a);

@@ -141,6 +141,15 @@ auto reshape(const A& a, const std::array<std::size_t, M>& shape) {
     return trace_call("reshape", std::move(at), op_annotation{}, a);
 }
 
+/// Elements [begin, end) of dimension `dim` of a traced tensor (MindSpore's StridedSlice
+/// with stride 1 along one dimension).
+template <traced_operand A>
+auto slice(const A& a, std::int64_t dim, std::size_t begin, std::size_t end) {
+    return trace_call("slice",
+                      op_attributes{{dim, std::int64_t(begin), std::int64_t(end)}, {}},
+                      op_annotation{}, a);
+}
+
 /// A traced tensor [d0, d1, ...] as [d0, d1 * ...] (MindSpore's Flatten).
 template <traced_operand A>
 auto flatten(const A& a) {

@@ -1,7 +1,9 @@
 #pragma once
 /// \file
 /// Normalisations and the cross-entropy:
-///  - softmax, log_softmax along a dimension (attributes ints = {dim});
+///  - softmax, log_softmax along a dimension (attributes ints = {dim}); softmax with ints =
+///    {dim, 1} along the last dimension is causal: position j of row i of the last two
+///    dimensions is masked (zero) for j > i, as attention's scores;
 ///  - layer_norm(x, [gamma, beta]) along the last dimension (reals = {eps});
 ///  - batch_norm(x, [gamma, beta]) over every dimension but 1 (the channels) with the
 ///    batch's statistics (reals = {eps}): [N, C] or [N, C, H, W];
@@ -52,10 +54,20 @@ inline std::vector<result_spec> infer_softmax(const op_attributes& at,
     return {{ops[0].shape, ops[0].type}};
 }
 
+/// Whether a softmax node masks causally.
+inline bool causal(const op_attributes& at) { return at.ints.size() > 1 && at.ints[1] != 0; }
+
 inline layout_choice softmax_layouts(const op_attributes& at, std::span<const operand_type> ops,
                                      std::vector<layout> asked, const mesh_shape&) {
     layout l = whole_terms(asked[0]);
-    l.dims[norm_dim(at, ops[0].shape.size())] = {};
+    const std::size_t r = ops[0].shape.size(), d = norm_dim(at, r);
+    l.dims[d] = {};
+    if (causal(at)) {
+        if (d + 1 != r || r < 2)
+            throw std::invalid_argument("a causal softmax runs along the last of at least two "
+                                        "dimensions");
+        l.dims[r - 2] = {};
+    }
     return {{l}, {l}};
 }
 
@@ -74,19 +86,23 @@ void softmax_forward(const forward_args& x) {
     const rows_around g(s.operands[0].local, norm_dim(s.node->attributes, s.operands[0].rank()));
     const T* a = static_cast<const T*>(x.operands[0]);
     T* y = static_cast<T*>(x.results[0]);
+    // Causal: row o is position o % rows of its matrix, and sees positions up to it.
+    const std::size_t rows = s.operands[0].rank() >= 2 ? s.operands[0].local[s.operands[0].rank() - 2] : 1;
+    const bool mask = causal(s.node->attributes) && !Log;
     for (std::size_t o = 0; o < g.outer; ++o)
         for (std::size_t i = 0; i < g.inner; ++i) {
             const std::size_t base = o * g.n * g.inner + i;
+            const std::size_t seen = mask ? std::min(g.n, o % rows + 1) : g.n;
             T m = -std::numeric_limits<T>::infinity();
-            for (std::size_t j = 0; j < g.n; ++j)
+            for (std::size_t j = 0; j < seen; ++j)
                 m = std::max(m, a[base + j * g.inner]);
             T sum = 0;
-            for (std::size_t j = 0; j < g.n; ++j)
+            for (std::size_t j = 0; j < seen; ++j)
                 sum += std::exp(a[base + j * g.inner] - m);
             const T log_sum = std::log(sum);
             for (std::size_t j = 0; j < g.n; ++j) {
                 const T z = a[base + j * g.inner] - m;
-                y[base + j * g.inner] = Log ? z - log_sum : std::exp(z) / sum;
+                y[base + j * g.inner] = j >= seen ? T(0) : Log ? z - log_sum : std::exp(z) / sum;
             }
         }
 }

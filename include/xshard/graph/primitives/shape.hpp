@@ -1,15 +1,19 @@
 #pragma once
 /// \file
 /// Shape primitives: transpose (attributes ints = the permutation: result dimension d is
-/// operand dimension perm[d]) and reshape (ints = the new shape; flatten is a reshape).
+/// operand dimension perm[d]), reshape (ints = the new shape; flatten is a reshape) and slice
+/// (ints = {dim, begin, end}).
 ///
 /// Sharding: transpose permutes the layout with the dimensions (a local permutation of the
-/// block). reshape keeps a split first dimension when the first extent does not change (the
-/// rows stay on their ranks: [N, C, H, W] -> [N, C H W]); every other dimension is whole. VJPs
-/// are the inverse permutation and the reshape back.
+/// block). reshape keeps the split of an operand dimension where a result dimension starts at
+/// the same element stride and both extents divide by the split count (then every rank's block
+/// is the same elements in the same order: [T, 3F] [dp, tp] -> [B, S, H, 3d] [dp, -, tp, -]);
+/// other splits are gathered first. slice takes its dimension whole. VJPs are the inverse
+/// permutation, the reshape back, and the cotangent placed in the slice (zeros elsewhere).
 
 #include <xshard/graph/primitive.hpp>
 #include <xshard/graph/primitives/elementwise.hpp>
+#include <xshard/graph/primitives/normalize.hpp>
 
 #include <algorithm>
 #include <array>
@@ -141,13 +145,33 @@ inline std::vector<result_spec> infer_reshape(const op_attributes& at,
 }
 
 inline layout_choice reshape_layouts(const op_attributes& at, std::span<const operand_type> ops,
-                                     std::vector<layout> asked, const mesh_shape&) {
+                                     std::vector<layout> asked, const mesh_shape& mesh) {
     const auto out_shape = infer_reshape(at, ops)[0].first;
     const auto& in_shape = ops[0].shape;
-    layout in = layout::replicated(in_shape.size());
+    layout in = whole_terms(asked[0]);
     layout out = layout::replicated(out_shape.size());
-    if (!in_shape.empty() && !out_shape.empty() && in_shape[0] == out_shape[0])
-        in.dims[0] = out.dims[0] = asked[0].dims[0];
+    // The element stride at which each result dimension starts.
+    std::vector<std::size_t> starts(out_shape.size());
+    std::size_t prefix = 1;
+    for (std::size_t j = 0; j < out_shape.size(); ++j) {
+        starts[j] = prefix;
+        prefix *= out_shape[j];
+    }
+    prefix = 1;
+    for (std::size_t i = 0; i < in_shape.size(); ++i) {
+        const auto k = std::size_t(in.split_count(i, mesh));
+        bool follows = false;
+        for (std::size_t j = 0; j < out_shape.size() && k > 1; ++j)
+            if (starts[j] == prefix && out_shape[j] % k == 0 && in_shape[i] % k == 0 &&
+                out.dims[j].empty()) {
+                out.dims[j] = in.dims[i];
+                follows = true;
+                break;
+            }
+        if (!follows)
+            in.dims[i] = {};
+        prefix *= in_shape[i];
+    }
     return {{in}, {out}};
 }
 
@@ -179,6 +203,76 @@ void copy_vjp(const vjp_args& v) {
     }
 }
 
+// Slice.
+
+struct slice_range {
+    std::size_t dim = 0, begin = 0, end = 0;
+};
+
+inline slice_range slice_of(const op_attributes& at, const value_shape& s) {
+    if (at.ints.size() != 3)
+        throw std::invalid_argument("slice takes {dim, begin, end}");
+    std::int64_t d = at.ints[0];
+    if (d < 0)
+        d += std::int64_t(s.size());
+    if (d < 0 || std::size_t(d) >= s.size() || at.ints[1] < 0 || at.ints[2] < at.ints[1] ||
+        std::size_t(at.ints[2]) > s[std::size_t(d)])
+        throw std::invalid_argument("the slice [" + std::to_string(at.ints[1]) + ", " +
+                                    std::to_string(at.ints[2]) + ") of dimension " +
+                                    std::to_string(at.ints[0]) + " does not fit " + shape_text(s));
+    return {std::size_t(d), std::size_t(at.ints[1]), std::size_t(at.ints[2])};
+}
+
+inline std::vector<result_spec> infer_slice(const op_attributes& at,
+                                            std::span<const operand_type> ops) {
+    expect_operands(ops, 1, "slice");
+    const auto r = slice_of(at, ops[0].shape);
+    value_shape out = ops[0].shape;
+    out[r.dim] = r.end - r.begin;
+    return {{out, ops[0].type}};
+}
+
+inline layout_choice slice_layouts(const op_attributes& at, std::span<const operand_type> ops,
+                                   std::vector<layout> asked, const mesh_shape&) {
+    layout l = whole_terms(asked[0]);
+    l.dims[slice_of(at, ops[0].shape).dim] = {};
+    return {{l}, {l}};
+}
+
+/// Calls f(operand offset, result offset, n) for each contiguous run of the slice.
+template <class F>
+void slice_runs(const node_shards& s, F f) {
+    const auto r = slice_of(s.node->attributes, s.operands[0].global);
+    const rows_around in(s.operands[0].local, r.dim), out(s.results[0].local, r.dim);
+    for (std::size_t o = 0; o < in.outer; ++o)
+        f((o * in.n + r.begin) * in.inner, o * out.n * out.inner, out.n * out.inner);
+}
+
+template <class T>
+void slice_forward(const forward_args& x) {
+    const T* a = static_cast<const T*>(x.operands[0]);
+    T* y = static_cast<T*>(x.results[0]);
+    slice_runs(x.shards, [&](std::size_t from, std::size_t to, std::size_t n) {
+        std::copy_n(a + from, n, y + to);
+    });
+}
+
+template <class T>
+void slice_vjp(const vjp_args& v) {
+    T* dx = static_cast<T*>(v.operand_cotangents[0]);
+    if (!dx)
+        return;
+    if (!v.accumulate[0])
+        std::fill_n(dx, v.shards.operands[0].count(), T(0));
+    const T* dy = static_cast<const T*>(v.result_cotangents[0]);
+    if (!dy)
+        return;
+    slice_runs(v.shards, [&](std::size_t from, std::size_t to, std::size_t n) {
+        for (std::size_t i = 0; i < n; ++i)
+            dx[from + i] += dy[to + i];
+    });
+}
+
 inline double no_flops(const op_attributes&, std::span<const shard_type>,
                        std::span<const shard_type>) {
     return 0;
@@ -190,17 +284,29 @@ inline constexpr op_rules transpose_rules{.name = "transpose",
                                           .batched = transpose_batched,
                                           .resolve = resolve_each,
                                           .flops = no_flops,
-                                          .saves = 0};
+                                          .saves = 0,
+                                          .follows = true};
 inline constexpr op_rules reshape_rules{.name = "reshape",
                                         .infer = infer_reshape,
                                         .rule = reshape_layouts,
                                         .batched = reshape_batched,
                                         .resolve = resolve_each,
                                         .flops = no_flops,
-                                        .saves = 0};
+                                        .saves = 0,
+                                        .follows = true};
+
+inline constexpr op_rules slice_rules{.name = "slice",
+                                      .infer = infer_slice,
+                                      .rule = slice_layouts,
+                                      .batched = first_batched,
+                                      .resolve = resolve_each,
+                                      .flops = no_flops,
+                                      .saves = 0,
+                                      .follows = true};
 
 template <class T>
 void register_shape(auto&& add) {
+    add(primitive<T>{&slice_rules, slice_forward<T>, slice_vjp<T>});
     add(primitive<T>{&transpose_rules, transpose_forward<T>, transpose_vjp<T>});
     add(primitive<T>{&reshape_rules, copy_forward<T>, copy_vjp<T>});
 }
