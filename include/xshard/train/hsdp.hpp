@@ -67,6 +67,13 @@
 /// Checkpoints: the optimizer's `state_of(model)` visits the sharded slots (laid out sharded),
 /// so an integrated checkpoint saves them whole and loads them into any level, mesh or world
 /// size (io/checkpoint.hpp redistributes on load).
+///
+/// This header is the one to include; it includes the parts, one concept each:
+/// hsdp_options.hpp (the options), hsdp_group.hpp (the ranks a weight's update is split
+/// over), hsdp_spaces.hpp (the copy meshes the state lives on), hsdp_entry.hpp (one sharded
+/// weight: its shard and its collectives), hsdp_exchange.hpp (the fused exchanges),
+/// hsdp_units.hpp (the layers, and the gathers and reductions in flight for each),
+/// hsdp_timings.hpp (the phases) and hsdp_views.hpp (what the optimizer reads).
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/error.hpp>
