@@ -152,8 +152,17 @@
 #include <xshard/tensor/gather.hpp>
 #include <xshard/tensor/visualize.hpp>
 #include <xshard/train/broadcast.hpp>
+#include <xshard/train/buckets.hpp>
 #include <xshard/train/fusion.hpp>
 #include <xshard/train/gradients.hpp>
 #include <xshard/train/hsdp.hpp>
+#include <xshard/train/hsdp_entry.hpp>
+#include <xshard/train/hsdp_exchange.hpp>
+#include <xshard/train/hsdp_group.hpp>
+#include <xshard/train/hsdp_options.hpp>
+#include <xshard/train/hsdp_spaces.hpp>
+#include <xshard/train/hsdp_timings.hpp>
+#include <xshard/train/hsdp_units.hpp>
+#include <xshard/train/hsdp_views.hpp>
 #include <xshard/train/monitor.hpp>
 #include <xshard/train/norms.hpp>
