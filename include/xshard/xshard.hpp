@@ -78,6 +78,7 @@
 #include <xshard/io/offline.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/io/strategy_file.hpp>
+#include <xshard/models/transformer.hpp>
 #include <xshard/nn/activation.hpp>
 #include <xshard/nn/attention.hpp>
 #include <xshard/nn/batch_norm2d.hpp>
