@@ -320,6 +320,49 @@ TEST(graph, embedding_against_central_differences_on_every_mesh) {
     }
 }
 
+TEST(graph, the_rules_give_the_layouts_each_primitive_runs_with) {
+    // On a 2 x 4 mesh (no ranks needed: rules are functions of layouts).
+    const xshard::mesh_shape m({"dp", "mp"}, {2, 4});
+    auto run = [&](const char* op, const xshard::op_attributes& at,
+                   std::vector<xshard::operand_type> types, std::vector<layout> asked) {
+        return xshard::detail::rules_named(op).rule(at, types, std::move(asked), m);
+    };
+    const xshard::operand_type x{{8, 4, 6, 6}}, w{{6, 4, 3, 3}, xshard::dtype::f64, true};
+    const auto conv = ops::conv2d_options{.padding = 1}.attributes();
+    // The input's channels take the weight's split; height and width are gathered; the result
+    // is a pending sum over the input channels' axis.
+    auto c = run("conv2d", conv, {x, w}, {lay("[dp, -, mp, -]"), lay("[-, mp, -, -]")});
+    EXPECT_EQ(c.operands[0], lay("[dp, mp, -, -]"));
+    EXPECT_EQ(c.operands[1], lay("[-, mp, -, -]"));
+    EXPECT_EQ(c.results[0], lay("[dp, -, -, -] partial(sum: mp)"));
+    c = run("conv2d", conv, {x, w}, {lay("[dp, -, -, -]"), lay("[mp, -, -, -]")});
+    EXPECT_EQ(c.results[0], lay("[dp, mp, -, -]"));
+    // A grouped convolution takes its channels whole.
+    c = run("conv2d", ops::conv2d_options{.groups = 2}.attributes(),
+            {x, {{6, 2, 3, 3}, xshard::dtype::f64, true}},
+            {lay("[dp, mp, -, -]"), lay("[mp, -, -, -]")});
+    EXPECT_EQ(c.operands[0], lay("[dp, -, -, -]"));
+    EXPECT_EQ(c.operands[1], lay("[-, -, -, -]"));
+    // MindSpore's Conv2D strategy ((2, 4, 1, 1), (1, 4, 1, 1)) on the device matrix.
+    const std::vector<xshard::strategy> s{{2, 4, 1, 1}, {1, 4, 1, 1}};
+    const auto resolved = xshard::detail::rules_named("conv2d").resolve(s, m);
+    EXPECT_EQ(resolved[0], lay("[dp, mp, -, -]"));
+    EXPECT_EQ(resolved[1], lay("[-, mp, -, -]"));
+    // Poolings keep the batch's and the channels' splits and gather height and width.
+    c = run("max_pool2d", ops::pool2d_options{}.attributes(), {x}, {lay("[dp, mp, -, -]")});
+    EXPECT_EQ(c.results[0], lay("[dp, mp, -, -]"));
+    c = run("avg_pool2d", ops::pool2d_options{}.attributes(), {x}, {lay("[-, dp, mp, -]")});
+    EXPECT_EQ(c.operands[0], lay("[-, dp, -, -]"));
+    // embedding: the table split by rows gives a pending sum; it gives up the ids' axes.
+    const xshard::operand_type ids{{8, 5}, xshard::dtype::i64},
+        table{{10, 6}, xshard::dtype::f64, true};
+    c = run("embedding", {}, {ids, table}, {lay("[dp, -]"), lay("[mp, -]")});
+    EXPECT_EQ(c.results[0], lay("[dp, -, -] partial(sum: mp)"));
+    c = run("embedding", {}, {ids, table}, {lay("[dp, -]"), lay("[dp, mp]")});
+    EXPECT_EQ(c.operands[1], lay("[-, mp]"));
+    EXPECT_EQ(c.results[0], lay("[dp, -, mp]"));
+}
+
 TEST(graph, integer_inputs_never_get_a_cotangent) {
     // An embedding whose ids are an input of a program compiled with input gradients: the
     // floating input gets one, the ids none (the schedule asks cotangents of floating values
