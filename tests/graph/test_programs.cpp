@@ -4,7 +4,9 @@
 // every dp x mp mesh of the world against the same program on one rank.
 
 #include <xshard/graph.hpp>
+#include <xshard/models/resnet.hpp>
 #include <xshard/models/transformer.hpp>
+#include <xshard/nn/resnet.hpp>
 #include <xshard/nn/blocks.hpp>
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/tensor/distribute.hpp>
@@ -226,6 +228,50 @@ TEST(programs, traced_transformer_block_equals_the_hand_written_layers_on_every_
     }
     if (p <= 4) {
         EXPECT_GT(meshes, 0);
+    }
+}
+
+// --- ResNet-18, traced against nn::resnet18 -------------------------------------------------------
+
+TEST(programs, traced_resnet18_equals_the_hand_written_layers_data_parallel) {
+    constexpr std::size_t images = 4, side = 16, classes = 5;
+    const int p = world().size();
+    if (p > 4 || images % std::size_t(p) != 0)
+        GTEST_SKIP() << "4 images split over " << p << " ranks";
+    using dp_mesh = xshard::mesh<"dp", "mp">;
+    const dp_mesh mesh(world(), {p, 1});
+    std::mt19937 engine(4);
+    const xt::xtensor<double, 4> x = xt::random::randn<double>({images, std::size_t(3), side, side}, 0.0, 1.0, engine);
+    const xt::xtensor<double, 2> r = xt::random::randn<double>({images, classes}, 0.0, 1.0, engine);
+    auto hand = xshard::nn::resnet18<double>(mesh, classes, {.blocks = {.sync_bn = true}});
+    const auto dx = xshard::distribute<xshard::dynamic_layout(4)>(mesh, x, "[dp, -, -, -]");
+    const auto logits = hand.forward(dx);
+    const double expected_loss = double(xt::sum(xshard::gather_all(logits) * r)());
+    hand.backward(xshard::nn::as_gradient(
+        xshard::distribute<xshard::dynamic_layout(2)>(mesh, r, logits.layout())));
+    const auto expected = gathered(hand, true);
+    const auto values = gathered(hand, false);
+
+    auto prog = xshard::trace(
+        [&](traced_tensor in, traced_tensor rr) {
+            return ops::sum_all(ops::mul(xshard::models::resnet(in, xshard::models::resnet18_depths, classes), rr));
+        },
+        xshard::input<double>("x", {images, 3, side, side}), xshard::input<double>("r", {images, classes}));
+    auto net = xshard::compile<double>(prog, mesh);
+    std::size_t copied = 0;
+    xshard::for_each_weight(net, [&](const std::string& n, auto& w) {
+        using D = std::remove_cvref_t<decltype(w.value)>;
+        xt::xtensor<double, D::rank> g = values.at(n);
+        w.value.local() = xshard::distribute<xshard::dynamic_layout(D::rank)>(mesh, g, w.value.layout()).local();
+        ++copied;
+    });
+    EXPECT_EQ(copied, 62u); // 20 convolutions and their batch norms' gamma and beta, fc
+    const double loss = net.train_step(dx, xshard::distribute<xshard::dynamic_layout(2)>(mesh, r, "[dp, -]"));
+    EXPECT_NEAR(loss, expected_loss, 1e-9 * std::abs(expected_loss));
+    const auto grads = gathered(net, true);
+    for (const auto& [name, g] : grads) {
+        const double scale = std::max(1.0, double(xt::amax(xt::abs(expected.at(name)))()));
+        EXPECT_LT(double(xt::amax(xt::abs(g - expected.at(name)))()), 1e-9 * scale) << name;
     }
 }
 
