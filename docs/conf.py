@@ -51,17 +51,17 @@ nitpick_ignore_regex = [(r"cpp:.*", r"^(?!xshard::).*")]
 floors = {
     "comm": "MPI: environment, communicators, collectives, node shared memory, errors",
     "core": "meshes, layouts, strategies, the block partition",
-    "param": "parameters, weights and their traversal",
     "tensor": "distributed tensors: making, gathering, drawing",
+    "param": "parameters, weights and their traversal",
     "redistribute": "redistribution: planner, plans, cost model, batched, cross-mesh and halo steps",
     "ops": "operations with sharding rules (namespace xshard::ops)",
     "data": "datasets, views, readers and the loader (namespace xshard::data)",
     "train": "broadcast, gradient synchronisation, optimizer sharding, norms, monitor",
     "nn": "parallel layers (namespace xshard::nn)",
     "optim": "optimizers and learning-rate schedules (namespace xshard::optim)",
+    "io": "checkpoints and strategy files",
     "pipeline": "pipeline parallelism (namespace xshard::pipeline)",
     "shard": "shard() and shard_local()",
-    "io": "checkpoints and strategy files",
     "auto": "AutoParallel, the training driver, strategy search",
 }
 
@@ -199,6 +199,43 @@ def visit_namespace(self, node):
 
 
 _renderer.SphinxRenderer.visit_namespace = visit_namespace
+
+#    The functions, variables, types and enums of a namespace come from the file's own
+#    sections, outside any namespace: their namespace is read from their Doxygen id
+#    (`namespacexshard_1_1ops_1a...` is a member of xshard::ops).
+def namespace_of(refid):
+    m = re.match(r"namespace(.+?)_1[a-z0-9]+$", refid or "")
+    if not m:
+        return []
+    return [part.replace("__", "_") for part in m.group(1).split("_1_1")]
+
+
+_dispatch_memberdef = _renderer.SphinxRenderer.methods["memberdef"]
+
+
+def dispatch_memberdef(self, node):
+    previous = getattr(self, "xshard_member", None)
+    self.xshard_member = node
+    try:
+        return _dispatch_memberdef(self, node)
+    finally:
+        self.xshard_member = previous
+
+
+_get_qualification = _renderer.SphinxRenderer.get_qualification
+
+
+def get_qualification(self):
+    names = _get_qualification(self)
+    member = getattr(self, "xshard_member", None)
+    if (not names and member is not None and self.nesting_level == 0
+            and self.context.directive_args[0] == "doxygenfile"):
+        return namespace_of(getattr(member, "id", None))
+    return names
+
+
+_renderer.SphinxRenderer.methods["memberdef"] = dispatch_memberdef
+_renderer.SphinxRenderer.get_qualification = get_qualification
 
 # 3. Doxygen gives partial specialisations that differ only in their constraints
 #    (`reduction_traits<T>` for `summable T` and for `sixteen_bit_float T`) one id; the

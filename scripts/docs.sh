@@ -2,7 +2,8 @@
 # Builds the documentation site into build/docs/html (open build/docs/html/index.html):
 # Doxygen reads the headers' /// comments into XML, Sphinx renders the pages of docs/ and,
 # through Breathe, the API reference. A warning of either fails the build (a broken
-# reference, an unknown name, a malformed comment).
+# reference, an unknown name, a malformed comment); every page is read again each time (-E),
+# so that a reference broken by a change elsewhere fails too.
 #
 #   scripts/docs.sh                      # installs what is missing, then builds
 #   scripts/docs.sh --no-install [DIR]   # builds into DIR (ctest's docs.build does this)
@@ -28,6 +29,6 @@ start=$(date +%s)
 rm -rf "$out/xml"
 XSHARD_SOURCE_DIR=$root XSHARD_DOXYGEN_OUTPUT=$out doxygen "$root/docs/Doxyfile"
 echo "doxygen: $(( $(date +%s) - start )) s"
-XSHARD_DOXYGEN_XML=$out/xml "$python" -m sphinx -W --keep-going -q -b html \
+XSHARD_DOXYGEN_XML=$out/xml "$python" -m sphinx -E -W --keep-going -q -b html \
   -d "$out/doctrees" "$root/docs" "$out/html"
 echo "documentation: $out/html/index.html ($(( $(date +%s) - start )) s)"
