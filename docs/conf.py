@@ -73,21 +73,20 @@ def write_if_changed(path, text):
 
 
 def brief_of(header):
-    """The first sentence of a header's \\file comment."""
+    """The first sentence of a header's comment (its \\file comment, else its first ///
+    block)."""
+    text = header.read_text().splitlines()
+    start = next((i + 1 for i, line in enumerate(text) if line.strip() == "/// \\file"), None)
+    if start is None:
+        start = next((i for i, line in enumerate(text) if line.strip().startswith("///")), 0)
     lines = []
-    seen_file = False
-    for line in header.read_text().splitlines():
+    for line in text[start:]:
         s = line.strip()
-        if s == "/// \\file":
-            seen_file = True
-            continue
-        if seen_file:
-            if not s.startswith("///") or s == "///":
-                break
-            lines.append(s[3:].strip())
-    text = " ".join(lines)
-    m = re.match(r"(.+?[.:])(\s|$)", text)
-    return (m.group(1) if m else text).rstrip(":.")
+        if not s.startswith("///") or s == "///":
+            break
+        lines.append(s[3:].strip())
+    m = re.match(r"(.+?[.:])(\s|$)", " ".join(lines))
+    return (m.group(1) if m else " ".join(lines)).rstrip(":.")
 
 
 namespaces = {
@@ -135,8 +134,9 @@ def write_api_pages():
     toc = ["| folder | what it holds |", "| --- | --- |"]
     for name, prefix, headers in pages:
         title = floors.get(name, "the umbrella headers" if name == "headers" else name)
-        text = [f"# `{prefix}`: {title}", "",
-                "<!-- Written by docs/conf.py from the headers; edits here are overwritten. -->", ""]
+        text = [f"# `{prefix}`", "",
+                "<!-- Written by docs/conf.py from the headers; edits here are overwritten. -->", "",
+                title[0].upper() + title[1:] + ".", ""]
         text += [f"- [`{prefix}{h.name}`](#{anchor(prefix + h.name)}): {brief_of(h)}"
                  for h in headers]
         text.append("")
