@@ -62,6 +62,7 @@ floors = {
     "io": "checkpoints and strategy files",
     "pipeline": "pipeline parallelism (namespace xshard::pipeline)",
     "shard": "shard() and shard_local()",
+    "graph": "programs: tracing, one description per primitive, compiling onto a mesh",
     "auto": "AutoParallel, the training driver, strategy search",
 }
 
@@ -124,7 +125,7 @@ def write_api_pages():
                      key=lambda f: (list(floors).index(f) if f in floors else len(floors), f))
     pages = []
     for folder in folders:
-        headers = sorted((include / folder).glob("*.hpp"))
+        headers = sorted((include / folder).rglob("*.hpp"))
         if headers:
             pages.append((folder, f"xshard/{folder}/", headers))
     top = sorted(include.glob("*.hpp"))
@@ -137,13 +138,13 @@ def write_api_pages():
         text = [f"# `{prefix}`", "",
                 "<!-- Written by docs/conf.py from the headers; edits here are overwritten. -->", "",
                 title[0].upper() + title[1:] + ".", ""]
-        text += [f"- [`{prefix}{h.name}`](#{anchor(prefix + h.name)}): {brief_of(h)}"
-                 for h in headers]
+        paths = [h.relative_to(include.parent).as_posix() for h in headers]
+        text += [f"- [`{path}`](#{anchor(path)}): {brief_of(h)}" for path, h in zip(paths, headers)]
         text.append("")
-        for h in headers:
-            if prefix + h.name in file_ids:  # the target of links to the header
-                text += [f"({file_ids[prefix + h.name]})=", ""]
-            text += [f"## `{prefix}{h.name}`", "", f"```{{doxygenfile}} {prefix}{h.name}", "```", ""]
+        for path in paths:
+            if path in file_ids:  # the target of links to the header
+                text += [f"({file_ids[path]})=", ""]
+            text += [f"## `{path}`", "", f"```{{doxygenfile}} {path}", "```", ""]
         write_if_changed(out / f"{name}.md", "\n".join(text))
         written.add(f"{name}.md")
         toc.append(f"| [`{prefix}`](generated/{name}.md) | {title} |")

@@ -4,7 +4,7 @@
 // written by compile() and read back.
 
 #include <xshard/auto/auto_parallel.hpp>
-#include <xshard/auto/initializer.hpp>
+#include <xshard/param/initializer.hpp>
 #include <xshard/auto/model.hpp>
 #include <xshard/nn/activation.hpp>
 #include <xshard/nn/blocks.hpp>

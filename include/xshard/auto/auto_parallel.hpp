@@ -23,7 +23,7 @@
 /// (auto/searched_mlp.hpp, auto/searched_transformer.hpp); on any other model they raise.
 
 #include <xshard/auto/group_file.hpp>
-#include <xshard/auto/initializer.hpp>
+#include <xshard/param/initializer.hpp>
 #include <xshard/auto/strategy_engine.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/error.hpp>
@@ -94,7 +94,7 @@ struct comm_fusion_options {
 };
 
 /// What no_init_parameters_in_compile initialises with: MindSpore's global seed
-/// (ms.set_seed) and the initializer of each parameter (auto/initializer.hpp).
+/// (ms.set_seed) and the initializer of each parameter (param/initializer.hpp).
 struct deferred_init_options {
     std::uint64_t seed = 1;
     initializer_rule rule = default_initializer;
@@ -368,7 +368,7 @@ public:
         agree(path_problem("set_group_ckpt_save_file", path, false));
         group_file_ = path;
     }
-    /// Deferred initialisation (auto/initializer.hpp): compile() initialises every weight in
+    /// Deferred initialisation (param/initializer.hpp): compile() initialises every weight in
     /// place, each rank computing only its own blocks (O(block) time, no whole weight), with
     /// the values of a whole initialisation under `options.seed` (MindSpore's set_seed) by
     /// `options.rule` (default: HeUniform(sqrt 5) for matrices, zeros for biases). The first

@@ -51,6 +51,7 @@
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
+#include <xshard/graph/executable.hpp>
 #include <xshard/io/checkpoint.hpp>
 #include <xshard/param/traversal.hpp>
 #include <xshard/pipeline/checkpoint.hpp>
@@ -234,6 +235,12 @@ concept auto_parallel_configuration = requires(P& p) {
 
 namespace detail {
 
+/// Whether M is a compiled program (graph/executable.hpp).
+template <class M>
+constexpr bool is_compiled_program = false;
+template <class T, class Mesh>
+constexpr bool is_compiled_program<compiled_program<T, Mesh>> = true;
+
 /// The samples among `logits` (rows x classes) whose largest logit is at their label, over
 /// the mesh: the classes are all-gathered over the axes that split them (a redistribution;
 /// nothing when they are whole), each row is counted by one rank of the ranks that hold it,
@@ -270,9 +277,11 @@ class model {
 public:
     using network_type = std::remove_cvref_t<decltype(std::declval<Parallel&>().model())>;
     /// Whether pipeline(stages > 1) can run the network: any model of layers, and of the
-    /// searched models those whose operators are its modules (searched_chain).
+    /// searched models those whose operators are its modules (searched_chain); not a
+    /// compiled program, whose nodes are not layers.
     static constexpr bool pipelinable =
-        !strategy_searchable<network_type> || searched_chain<network_type>;
+        (!strategy_searchable<network_type> || searched_chain<network_type>) &&
+        !detail::is_compiled_program<network_type>;
 
     model(Parallel& net, Loss& loss, Optimizer& optimizer, model_options options = {})
         : net_(&net)
@@ -282,7 +291,11 @@ public:
         , grads_{net.model()} {
         const int stages = net.pipeline_settings().stages;
         std::optional<std::string> problem;
-        if (stages > 1 && !pipelinable)
+        if (stages > 1 && detail::is_compiled_program<network_type>)
+            problem = "xshard: model: pipeline(" + std::to_string(stages) +
+                      ") is not supported for a compiled program: the pipeline cuts a chain of "
+                      "layers; use pipeline(1)";
+        else if (stages > 1 && !pipelinable)
             problem = "xshard: model: pipeline(" + std::to_string(stages) +
                       ") is not supported for this searched model: the search cuts a "
                       "pipeline between operators, which must then be the model's modules "

@@ -2,8 +2,8 @@
 /// \file
 /// MindSpore's `sharding_propagation` parallel mode: operators given a strategy keep it, the
 /// others get theirs from their neighbours, by minimising the strategy search's cost model
-/// (auto/cost.hpp) along the chain of a sequential network for the objective `level` (seed
-/// 004's shard level: 0 least communication, 1 least memory, 2 fastest). It is the search's
+/// (auto/cost.hpp) along the chain of a sequential network for the objective `level` (0
+/// least communication, 1 least memory, 2 fastest; core/objective.hpp). It is the search's
 /// dynamic programme (auto/search.hpp) with the given operators pinned, on the degrees the run
 /// has, so a completed chain is the cheapest one through the given strategies:
 ///
@@ -12,8 +12,8 @@
 ///     auto plan = xshard::propagate_strategies(net, {.dp = 2, .tp = 2}, given);
 ///
 /// The operations inside `shard()` are any callable's, not a chain of operators this cost
-/// model knows: there `xshard::sharding_propagation{level}` derives the `none` specs by
-/// running the candidates (shard/shard.hpp, "Sharding propagation").
+/// model knows: there the option `xshard::sharding_propagation{level}` derives the `none`
+/// specs by running the candidates (shard/derivation.hpp).
 
 #include <xshard/auto/search.hpp>
 

@@ -1,24 +1,29 @@
 #pragma once
 /// \file
-/// The vocabulary of sharding rules: what a rule returns (`rule_result`: the layouts the
-/// operands must take and the output's) and why an operation cannot run on the layouts it
-/// was given (`rule_problem`), with one sentence per problem.
+/// The vocabulary of sharding rules: what a rule returns (its outcome: the layouts the
+/// operands must take and the output's, and a problem) and why an operation cannot run on
+/// the layouts it is given (a problem, with one sentence per problem). `rule_result` and
+/// `rule_problem` are the operations'; ops/conv_rule.hpp adds the convolutional layers'
+/// (`conv_rule_result`, `conv_problem`) on the same vocabulary: the concepts
+/// `rule_problem_type` and `rule_outcome`, `rule_holds_v` and `detail::fail` serve both.
 ///
 /// Rules are constexpr functions of layout values, so one rule serves two uses: evaluated at
 /// compile time for layout types (a problem is a compile error) and at run time for
 /// run-time layouts (a problem is an `xshard::error`, the same on every rank, since every
-/// rank holds the layouts). `raise_rule_problem` is the only place the sentences are
-/// written: the compile error is its `throw` evaluated in a constant expression, which the
-/// compiler quotes. The elementwise rule (core/elementwise_rule.hpp) is the one shared by
-/// the lazy operators of tensor/expression.hpp and the operations of ops/; ops/rules.hpp
-/// adds the rules of the other operations.
+/// rank holds the layouts). The overloads of `raise_rule_problem` are the only places the
+/// sentences are written: the compile error is their `throw` evaluated in a constant
+/// expression, which the compiler quotes. The elementwise rule (core/elementwise_rule.hpp) is
+/// the one shared by the lazy operators of tensor/expression.hpp and the operations of ops/;
+/// ops/rules.hpp adds the rules of the other operations.
 
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
 
+#include <concepts>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace xshard {
 
@@ -43,11 +48,20 @@ struct rule_result {
     rule_problem problem = rule_problem::none;
 };
 
+namespace detail {
+
+/// "xshard: <operation>: ", the start of every rule problem's message.
+constexpr std::string rule_where(std::string_view operation) {
+    return "xshard: " + std::string(operation) + ": ";
+}
+
+} // namespace detail
+
 /// Throws `xshard::error` "xshard: <operation>: <sentence>" for problem `p` (nothing for
 /// `rule_problem::none`). In a constant expression (see `rule_holds_v`) the throw is a
 /// compile error that quotes the sentence.
 constexpr void raise_rule_problem(rule_problem p, std::string_view operation) {
-    const std::string where = "xshard: " + std::string(operation) + ": ";
+    const std::string where = detail::rule_where(operation);
     // Each sentence starts on a line of its own: a compile error quotes these lines.
     switch (p) {
     case rule_problem::none:
@@ -88,9 +102,26 @@ constexpr void raise_rule_problem(rule_problem p, std::string_view operation) {
     }
 }
 
-/// Whether problem P is none, as a constant: naming `rule_holds_v<P>` with another problem
-/// is a compile error quoting the problem's sentence.
-template <rule_problem P>
+/// A rule's problem type: an enumeration whose `none` means the rule holds, with an overload
+/// of `raise_rule_problem(p, operation)` (found by argument-dependent lookup) that throws
+/// each problem's sentence.
+template <class P>
+concept rule_problem_type = std::is_enum_v<P> && requires(P p, std::string_view operation) {
+    P::none;
+    raise_rule_problem(p, operation);
+};
+
+/// A rule's outcome: the layouts its operands take, the output's (`out`), and its `problem`
+/// (`rule_problem::none` and its kin when the rule holds).
+template <class R>
+concept rule_outcome = requires(const R& r) {
+    { r.out } -> std::convertible_to<const layout&>;
+    requires rule_problem_type<std::remove_cvref_t<decltype(r.problem)>>;
+};
+
+/// Whether problem P (of any rule problem type) is none, as a constant: naming
+/// `rule_holds_v<P>` with another problem is a compile error quoting the problem's sentence.
+template <rule_problem_type auto P>
 inline constexpr bool rule_holds_v = (raise_rule_problem(P, "sharding rule"), true);
 
 namespace detail {
@@ -151,8 +182,9 @@ constexpr layout with_partial(layout l, const dim_axes& partial, reduction op) {
 }
 
 /// `r` with problem `p`, unless it already has one (the first problem found is reported).
-constexpr rule_result fail(rule_result r, rule_problem p) {
-    if (r.problem == rule_problem::none)
+template <rule_outcome R>
+constexpr R fail(R r, decltype(R::problem) p) {
+    if (r.problem == decltype(R::problem)::none)
         r.problem = p;
     return r;
 }

@@ -72,7 +72,7 @@ public:
     tensor<T, Mesh, 4> forward(const tensor<T, Mesh, 4>& x_in) {
         const profile_scope timed(step_part::batch_norm);
         const auto r = pool2d_rule(x_in.layout());
-        raise_conv_problem(r.problem, "batch_norm2d");
+        raise_rule_problem(r.problem, "batch_norm2d");
         x_layout_ = x_in.layout();
         auto to = x_in.layout();
         to.dims[1] = gamma_.value.layout().dims[0];

@@ -92,12 +92,12 @@ public:
                 mesh, std::array{out_channels},
                 make_layout({o_.split == channel_split::output ? o_.axis : ""}), T(0)));
         const auto r = conv2d_rule(make_layout({"", "", "", ""}), w_.value.layout(), o_.groups);
-        raise_conv_problem(r.problem, "conv2d");
+        raise_rule_problem(r.problem, "conv2d");
     }
 
     tensor<T, Mesh, 4> forward(const tensor<T, Mesh, 4>& x_in) {
         const auto r = conv2d_rule(x_in.layout(), w_.value.layout(), o_.groups);
-        raise_conv_problem(r.problem, "conv2d");
+        raise_rule_problem(r.problem, "conv2d");
         x_layout_ = x_in.layout();
         x_ = to_input_(x_in, r.x);
         spatial_ = splits_image(r.x);

@@ -19,7 +19,7 @@ public:
 
     tensor<T, Mesh> forward(const tensor<T, Mesh, 4>& x_in) {
         const auto r = pool2d_rule(x_in.layout());
-        raise_conv_problem(r.problem, "flatten");
+        raise_rule_problem(r.problem, "flatten");
         in_layout_ = x_in.layout();
         auto whole = x_in.layout();
         whole.dims[2].clear();

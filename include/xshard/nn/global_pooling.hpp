@@ -25,7 +25,7 @@ public:
 
     tensor<T, Mesh> forward(const tensor<T, Mesh, 4>& x) {
         const auto r = pool2d_rule(x.layout());
-        raise_conv_problem(r.problem, "global_avg_pool2d");
+        raise_rule_problem(r.problem, "global_avg_pool2d");
         const auto& a = x.local();
         const std::size_t n = a.shape()[0], c = a.shape()[1], hw = a.shape()[2] * a.shape()[3];
         x_shape_ = x.shape();

@@ -51,7 +51,7 @@ public:
 
     tensor<T, Mesh, 4> forward(const tensor<T, Mesh, 4>& x) {
         const auto r = pool2d_rule(x.layout());
-        raise_conv_problem(r.problem, Max ? "max_pool2d" : "avg_pool2d");
+        raise_rule_problem(r.problem, Max ? "max_pool2d" : "avg_pool2d");
         const auto& xs = x.shape();
         auto global = pool_geometry(ops::nchw_shape(xs), o_);
         global.check(Max ? "max_pool2d" : "avg_pool2d");

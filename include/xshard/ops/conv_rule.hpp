@@ -18,9 +18,10 @@
 ///   weight's channel axes (`conv_problem::axis_conflict`); bands thinner than the halo are
 ///   an `xshard::error` of the halo plan, on every rank alike.
 ///
-/// Like the rules of ops/rules.hpp they are constexpr functions of layout values: a problem
-/// is a compile error quoting its sentence for layout types (`conv_rule_holds_v`) and an
-/// `xshard::error`, the same on every rank, for run-time layouts (`raise_conv_problem`).
+/// They speak core/rule.hpp's vocabulary, like the rules of ops/rules.hpp: constexpr
+/// functions of layout values whose problem (`conv_problem`) is a compile error quoting its
+/// sentence for layout types (`rule_holds_v`) and an `xshard::error`, the same on every rank,
+/// for run-time layouts (`raise_rule_problem`).
 
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
@@ -43,7 +44,8 @@ enum class conv_problem : std::uint8_t {
     grouped_split,    ///< channels split in a grouped convolution
 };
 
-/// The outcome of a convolutional rule: the layouts the operands take and the output's.
+/// The outcome of a convolutional rule (a `rule_outcome`): the layouts the operands take and
+/// the output's.
 struct conv_rule_result {
     layout x;
     layout w;
@@ -51,10 +53,11 @@ struct conv_rule_result {
     conv_problem problem = conv_problem::none;
 };
 
-/// Throws `xshard::error` "xshard: <operation>: <sentence>" for problem `p`; in a constant
-/// expression the throw is a compile error quoting the sentence.
-constexpr void raise_conv_problem(conv_problem p, std::string_view operation) {
-    const std::string where = "xshard: " + std::string(operation) + ": ";
+/// Throws `xshard::error` "xshard: <operation>: <sentence>" for problem `p` (nothing for
+/// `conv_problem::none`); in a constant expression the throw is a compile error quoting the
+/// sentence.
+constexpr void raise_rule_problem(conv_problem p, std::string_view operation) {
+    const std::string where = detail::rule_where(operation);
     switch (p) {
     case conv_problem::none:
         return;
@@ -79,18 +82,16 @@ constexpr void raise_conv_problem(conv_problem p, std::string_view operation) {
     }
 }
 
-/// Whether problem P is none, as a constant: naming it with another problem is a compile
-/// error quoting the problem's sentence.
+/// The same as `raise_rule_problem(p, operation)`, by the name it also has.
+constexpr void raise_conv_problem(conv_problem p, std::string_view operation) {
+    raise_rule_problem(p, operation);
+}
+
+/// The same as `rule_holds_v<P>`, by the name it also has.
 template <conv_problem P>
-inline constexpr bool conv_rule_holds_v = (raise_conv_problem(P, "convolution rule"), true);
+inline constexpr bool conv_rule_holds_v = rule_holds_v<P>;
 
 namespace detail {
-
-constexpr conv_rule_result fail(conv_rule_result r, conv_problem p) {
-    if (r.problem == conv_problem::none)
-        r.problem = p;
-    return r;
-}
 
 /// The checks every NCHW activation passes: rank 4, no pending sum.
 constexpr conv_rule_result check_nchw(conv_rule_result r, const layout& x) {

@@ -91,32 +91,48 @@ auto unary(const A& a, const char* name, F f) {
 }
 
 template <elementwise_kind Kind, class F>
-struct binary_fn {
+struct binary_fn : ops::shardable<binary_fn<Kind, F>> {
     const char* name;
     F f;
+    constexpr binary_fn(const char* n, F fn)
+        : name(n)
+        , f(fn) {}
     template <distributed_tensor A, distributed_tensor B>
     auto operator()(const A& a, const B& b) const {
         return binary<Kind>(a, b, name, f);
     }
+    /// On traced tensors: records the operation in the program being traced.
+    template <ops::traced_operand A, ops::traced_operand B>
+    auto operator()(const A& a, const B& b) const {
+        return trace_call(std::string_view(name), op_attributes{}, op_annotation{}, a, b);
+    }
 };
 
 template <bool Linear, class F>
-struct unary_fn {
+struct unary_fn : ops::shardable<unary_fn<Linear, F>> {
     const char* name;
     F f;
+    constexpr unary_fn(const char* n, F fn)
+        : name(n)
+        , f(fn) {}
     template <distributed_tensor A>
     auto operator()(const A& a) const {
         return unary<Linear>(a, name, f);
+    }
+    /// On traced tensors: records the operation in the program being traced.
+    template <ops::traced_operand A>
+    auto operator()(const A& a) const {
+        return trace_call(std::string_view(name), op_attributes{}, op_annotation{}, a);
     }
 };
 
 template <elementwise_kind Kind, class F>
 constexpr binary_fn<Kind, F> make_binary(const char* name, F f) {
-    return {name, f};
+    return binary_fn<Kind, F>(name, f);
 }
 template <bool Linear, class F>
 constexpr unary_fn<Linear, F> make_unary(const char* name, F f) {
-    return {name, f};
+    return unary_fn<Linear, F>(name, f);
 }
 
 } // namespace detail

@@ -251,6 +251,12 @@ auto cross_entropy(const X& logits, const Y& labels) {
                   std::move(loss), res.out);
 }
 
+/// On traced tensors (ops/annotated.hpp): the cross-entropy recorded in the program.
+template <traced_operand X, traced_operand Y>
+auto cross_entropy(const X& logits, const Y& labels) {
+    return trace_call("cross_entropy", op_attributes{}, op_annotation{}, logits, labels);
+}
+
 } // namespace ops
 
 } // namespace xshard

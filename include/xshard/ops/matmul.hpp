@@ -135,7 +135,15 @@ struct matmul_options {
 /// are BLAS gemm calls (one per batch element); no messages unless the mesh type inserts
 /// redistributions and the operands need one. `matmul(a, b, out)` writes into an existing
 /// result (of the type and shape `matmul(a, b)` returns) without allocating.
-struct matmul_fn {
+struct matmul_fn : shardable<matmul_fn> {
+    static constexpr std::string_view name = "matmul";
+
+    /// On traced tensors: records the product in the program being traced.
+    template <traced_operand A, traced_operand B>
+    auto operator()(const A& a, const B& b) const {
+        return trace_call(name, op_attributes{}, op_annotation{}, a, b);
+    }
+
     template <matmul_operand A, matmul_operand B>
     auto operator()(const A& a, const B& b) const {
         using rule = detail::rule_for<detail::matmul_rule_fn, A, B>;

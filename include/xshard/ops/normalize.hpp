@@ -216,6 +216,41 @@ auto batch_norm(const A& a, typename A::value_type eps = typename A::value_type(
     });
 }
 
+// On traced tensors (ops/annotated.hpp): the same operations recorded in the program being
+// traced. layer_norm normalises the last dimension; layer_norm and batch_norm take optional
+// affine weights gamma and beta (one per feature, resp. channel).
+
+template <std::size_t Dim, traced_operand A>
+auto softmax(const A& a) {
+    return trace_call("softmax", op_attributes{{std::int64_t(Dim)}, {}}, op_annotation{}, a);
+}
+template <std::size_t Dim, traced_operand A>
+auto log_softmax(const A& a) {
+    return trace_call("log_softmax", op_attributes{{std::int64_t(Dim)}, {}}, op_annotation{}, a);
+}
+/// softmax along the last dimension of a traced tensor whose last two dimensions are square
+/// score matrices, position j of row i masked for j > i (attention's causal mask).
+template <traced_operand A>
+auto causal_softmax(const A& a) {
+    return trace_call("softmax", op_attributes{{-1, 1}, {}}, op_annotation{}, a);
+}
+template <traced_operand A>
+auto layer_norm(const A& a, double eps = 1e-5) {
+    return trace_call("layer_norm", op_attributes{{}, {eps}}, op_annotation{}, a);
+}
+template <traced_operand A>
+auto layer_norm(const A& a, const A& gamma, const A& beta, double eps = 1e-5) {
+    return trace_call("layer_norm", op_attributes{{}, {eps}}, op_annotation{}, a, gamma, beta);
+}
+template <traced_operand A>
+auto batch_norm(const A& a, double eps = 1e-5) {
+    return trace_call("batch_norm", op_attributes{{}, {eps}}, op_annotation{}, a);
+}
+template <traced_operand A>
+auto batch_norm(const A& a, const A& gamma, const A& beta, double eps = 1e-5) {
+    return trace_call("batch_norm", op_attributes{{}, {eps}}, op_annotation{}, a, gamma, beta);
+}
+
 } // namespace ops
 
 } // namespace xshard

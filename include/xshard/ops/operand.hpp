@@ -7,6 +7,7 @@
 #include <xshard/comm/error.hpp>
 #include <xshard/core/mesh.hpp>
 #include <xshard/core/rule.hpp>
+#include <xshard/ops/annotated.hpp>
 #include <xshard/ops/rules.hpp>
 #include <xshard/redistribute/copy.hpp>
 #include <xshard/redistribute/redistribute.hpp>

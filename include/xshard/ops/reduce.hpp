@@ -111,6 +111,36 @@ auto min(const A& a) {
     return detail::reduce_along<reduction::min, false, Dim, KeepDims>(a, "min");
 }
 
+/// On traced tensors (ops/annotated.hpp), sum, mean, max and min record the reduction along
+/// Dim in the program being traced.
+template <std::size_t Dim, bool KeepDims = false, traced_operand A>
+auto sum(const A& a) {
+    return trace_call("sum", op_attributes{{KeepDims, std::int64_t(Dim)}, {}}, op_annotation{}, a);
+}
+template <std::size_t Dim, bool KeepDims = false, traced_operand A>
+auto mean(const A& a) {
+    return trace_call("mean", op_attributes{{KeepDims, std::int64_t(Dim)}, {}}, op_annotation{}, a);
+}
+template <std::size_t Dim, bool KeepDims = false, traced_operand A>
+auto max(const A& a) {
+    return trace_call("max", op_attributes{{KeepDims, std::int64_t(Dim)}, {}}, op_annotation{}, a);
+}
+template <std::size_t Dim, bool KeepDims = false, traced_operand A>
+auto min(const A& a) {
+    return trace_call("min", op_attributes{{KeepDims, std::int64_t(Dim)}, {}}, op_annotation{}, a);
+}
+
+/// The sum over every dimension of a traced tensor: a scalar.
+template <traced_operand A>
+auto sum_all(const A& a) {
+    return trace_call("sum", op_attributes{{0}, {}}, op_annotation{}, a);
+}
+/// The mean over every dimension of a traced tensor: a scalar.
+template <traced_operand A>
+auto mean_all(const A& a) {
+    return trace_call("mean", op_attributes{{0}, {}}, op_annotation{}, a);
+}
+
 /// The layout `l` without its pending reduction.
 constexpr layout resolved(layout l) {
     l.partial.clear();

@@ -125,6 +125,41 @@ auto reshape(const A& a, const std::array<std::size_t, M>& shape, const layout& 
                                                                       shape, std::move(local), lay);
 }
 
+/// On traced tensors (ops/annotated.hpp): the permutation recorded in the program.
+template <std::size_t... P, traced_operand A>
+auto transpose(const A& a) {
+    return trace_call("transpose", op_attributes{{std::int64_t(P)...}, {}}, op_annotation{}, a);
+}
+
+/// On traced tensors: the reshape recorded in the program (the layout follows where it can:
+/// a split first dimension of unchanged extent; graph/primitives/shape.hpp).
+template <traced_operand A, std::size_t M>
+auto reshape(const A& a, const std::array<std::size_t, M>& shape) {
+    op_attributes at;
+    for (auto e : shape)
+        at.ints.push_back(std::int64_t(e));
+    return trace_call("reshape", std::move(at), op_annotation{}, a);
+}
+
+/// Elements [begin, end) of dimension `dim` of a traced tensor (MindSpore's StridedSlice
+/// with stride 1 along one dimension).
+template <traced_operand A>
+auto slice(const A& a, std::int64_t dim, std::size_t begin, std::size_t end) {
+    return trace_call("slice",
+                      op_attributes{{dim, std::int64_t(begin), std::int64_t(end)}, {}},
+                      op_annotation{}, a);
+}
+
+/// A traced tensor [d0, d1, ...] as [d0, d1 * ...] (MindSpore's Flatten).
+template <traced_operand A>
+auto flatten(const A& a) {
+    const auto& s = a.shape();
+    std::size_t rest = 1;
+    for (std::size_t d = 1; d < s.size(); ++d)
+        rest *= s[d];
+    return reshape(a, std::array<std::size_t, 2>{s.empty() ? 1 : s[0], rest});
+}
+
 } // namespace ops
 
 } // namespace xshard

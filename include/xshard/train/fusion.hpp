@@ -15,6 +15,7 @@
 #include <xshard/core/volume.hpp>
 #include <xshard/param/tensor_record.hpp>
 #include <xshard/param/traversal.hpp>
+#include <xshard/train/buckets.hpp>
 
 #include <algorithm>
 #include <complex>
@@ -142,35 +143,16 @@ inline std::optional<std::string> first_problem(const std::vector<param_ref>& re
     return std::nullopt;
 }
 
-/// A bucket: parameters (indices into the records) that travel in one collective, in order.
-struct bucket {
-    std::vector<std::size_t> members;
-    std::size_t bytes = 0;
-    int root = 0; ///< broadcast: the owner's rank in the group
-};
-
-/// Groups the records `chosen` into buckets: one per key (parameters of different keys
-/// never share a bucket), each closed when adding a parameter would pass `limit` bytes (0:
-/// one parameter per bucket). The order of buckets and of their members follows `chosen`
-/// within a key, and keys in order: the same on every rank that computes it from the same
-/// records.
+/// Groups the records `chosen` into buckets by their bytes (train/buckets.hpp): one list per
+/// key (parameters of different keys never share a bucket), each bucket closed when adding a
+/// parameter would pass `limit` bytes (0: one parameter per bucket), in the order of `chosen`
+/// within a key and keys in order.
 template <class Key, class KeyOf>
 std::vector<bucket> make_buckets(const std::vector<param_ref>& refs,
                                  const std::vector<std::size_t>& chosen, std::size_t limit,
                                  KeyOf key_of) {
-    std::map<Key, std::vector<bucket>> by_key;
-    for (std::size_t i : chosen) {
-        auto& list = by_key[key_of(i)];
-        if (list.empty() || limit == 0 || list.back().bytes + refs[i].bytes() > limit)
-            list.emplace_back();
-        list.back().members.push_back(i);
-        list.back().bytes += refs[i].bytes();
-    }
-    std::vector<bucket> out;
-    for (auto& [key, list] : by_key)
-        for (auto& b : list)
-            out.push_back(std::move(b));
-    return out;
+    return fill_buckets<Key>(
+        chosen, limit, [&](std::size_t i) { return refs[i].bytes(); }, key_of);
 }
 
 /// One MPI datatype covering the members of `b` where they lie in memory (an hindexed type

@@ -27,14 +27,13 @@
 /// reduce into its staging window ((p - 1) / p of the bucket), adds the others' terms of its
 /// own part into its gradients, and copies the others' results from their windows, the mean's
 /// division done on the way (one pass over each byte fewer than packing, all-reducing and
-/// unpacking a buffer: on the development machine ResNet-18's 44.7 MB of gradients took
-/// 9-13 ms against 24-30 ms; README, "Performance on one node"). A bucket of one parameter
-/// is reduced on the gradient itself, read in place when the gradient lies in node storage (a
-/// parameter on a `node_shared` mesh, core/node_shared.hpp: node_arena.hpp), staged
-/// otherwise. These all-reduces are blocking: `ready` then only counts, and `wait` runs the
-/// buckets in order. Only a kept synchronizer does this (`gradient_options::shared_memory`):
-/// the one-off `synchronize_gradients` would make its windows every call (README,
-/// "Performance on one node": 0.26-0.29 s per MLP step against 0.05-0.1 s through messages).
+/// unpacking a buffer; benchmarks/README.md, "Shared-memory gradient all-reduce"). A bucket
+/// of one parameter is reduced on the gradient itself, read in place when the gradient lies
+/// in node storage (a parameter on a `node_shared` mesh, core/node_shared.hpp:
+/// node_arena.hpp), staged otherwise. These all-reduces are blocking: `ready` then only
+/// counts, and `wait` runs the buckets in order. Only a kept synchronizer does this
+/// (`gradient_options::shared_memory`): the one-off `synchronize_gradients` would make its
+/// windows every call, which costs more than messages do (benchmarks/README.md).
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
@@ -151,8 +150,8 @@ public:
             problem =
                 "xshard: synchronize_gradients: the gradients do not have the parameters' names";
         agree_on_error(*refs_.front().mesh_comm, problem);
-        // Summed, the gradients hold what their parameters' layouts say (before, a weight's
-        // gradient held this rank's term, laid out as the dual: see param/weight.hpp).
+        // Summed, the gradients hold what their parameters' layouts say (unsummed, a weight's
+        // gradient holds this rank's term, laid out as the dual: see param/weight.hpp).
         relabel_ = [&grads, layouts] {
             for_each_parameter(grads, [&](const std::string& name, auto& t) {
                 using D = std::remove_cvref_t<decltype(t)>;

@@ -1,0 +1,18 @@
+#pragma once
+/// \file
+/// Programs: a user's network traced into an operator graph, differentiated, compiled onto a
+/// mesh and run (graph/trace.hpp, graph/executable.hpp).
+
+#include <xshard/graph/executable.hpp>
+#include <xshard/graph/layouts.hpp>
+#include <xshard/graph/primitive.hpp>
+#include <xshard/graph/program.hpp>
+#include <xshard/graph/registry.hpp>
+#include <xshard/graph/schedule.hpp>
+#include <xshard/graph/trace.hpp>
+#include <xshard/ops/elementwise.hpp>
+#include <xshard/ops/embedding.hpp>
+#include <xshard/ops/matmul.hpp>
+#include <xshard/ops/normalize.hpp>
+#include <xshard/ops/reduce.hpp>
+#include <xshard/ops/shape.hpp>

@@ -1,0 +1,712 @@
+#pragma once
+/// \file
+/// A program compiled onto a mesh: its weights, its planned redistributions and its arena,
+/// ready to run forward and backward passes on this rank's shards.
+///
+///     auto net = xshard::compile<double>(program, mesh);     // collective, plans everything
+///     std::cout << net.report();                             // layouts, moves, bytes per rank
+///     auto logits = net.forward(x);                          // x: the input's dtensor
+///     net.backward(dlogits);                                 // adds to the weights' grad
+///     double loss = net.train_step(x, labels);               // a program that returns a loss
+///
+/// A compiled program is a parameter container (its weights, `xshard::weight`s named by the
+/// program's dotted names), so parameter_broadcast, synchronize_gradients, norms, optimizers,
+/// hsdp and checkpoints work on it unchanged, and it is a model for the training driver
+/// (`forward(x)` and `backward(dy)`).
+///
+/// Every plan is built when the program is compiled. A step runs the schedule's flat list of
+/// kernels and redistributions (graph/schedule.hpp) over one arena, allocating nothing but the
+/// outputs it returns. Gradients follow the weights' convention (param/weight.hpp): a backward
+/// pass adds each rank's terms to `grad`, which `synchronize_gradients` completes.
+
+#include <xshard/comm/agree.hpp>
+#include <xshard/comm/collectives.hpp>
+#include <xshard/comm/error.hpp>
+#include <xshard/core/mesh.hpp>
+#include <xshard/graph/custom.hpp>
+#include <xshard/graph/layouts.hpp>
+#include <xshard/graph/primitive.hpp>
+#include <xshard/graph/program.hpp>
+#include <xshard/graph/registry.hpp>
+#include <xshard/graph/schedule.hpp>
+#include <xshard/param/initializer.hpp>
+#include <xshard/param/weight.hpp>
+#include <xshard/redistribute/plan.hpp>
+#include <xshard/tensor/dtensor.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace xshard {
+
+/// How a program is compiled onto a mesh.
+struct compile_options {
+    /// The seed the weights are drawn with (param/initializer.hpp: the same values on any
+    /// mesh or world size).
+    std::uint64_t seed = 0;
+    /// Whether backward passes also give the inputs' cotangents (`input_gradient`).
+    bool input_gradients = false;
+    /// The dataset's axes and the inputs' layouts (graph/layouts.hpp).
+    layout_options layouts = {};
+};
+
+/// A redistribution of one buffer into another, planned once.
+struct planned_move {
+    std::function<void(const void*, void*)> run;
+    plan_summary summary;
+    layout from, to;
+    value_shape shape;
+};
+
+namespace detail {
+
+/// A scalar's (rank 0) redistribution: pending sums it drops are all-reduced, pending sums
+/// it gains keep the value on one rank of their axes (zeros elsewhere).
+template <class E>
+planned_move scalar_move(const mesh_view& mesh, const layout& from, const layout& to) {
+    planned_move m{{}, {}, from, to, {}};
+    const axis_set had = from.partial_axes(mesh.shape), has = to.partial_axes(mesh.shape);
+    const axis_set reduce = had - has, gain = has - had;
+    bool keeps = true;
+    for (std::size_t a = 0; a < mesh.shape.ndim(); ++a)
+        if (gain.contains(a) && mesh.coords[a] != 0)
+            keeps = false;
+    const mesh_view* mv = &mesh;
+    m.run = [mv, reduce, keeps](const void* in, void* out) {
+        E v = *static_cast<const E*>(in);
+        if (!reduce.empty())
+            allreduce(mv->group(reduce), std::span(&v, 1), reduction::sum);
+        *static_cast<E*>(out) = keeps ? v : E(0);
+    };
+    return m;
+}
+
+template <class E, std::size_t N, class Mesh>
+planned_move typed_move(const Mesh& mesh, const value_shape& shape, const layout& from,
+                        const layout& to) {
+    std::array<std::size_t, N> s{};
+    for (std::size_t d = 0; d < N; ++d)
+        s[d] = shape[d];
+    auto plan = std::make_shared<redistribution_plan<E, N>>(mesh, s, from, to);
+    planned_move m{{}, plan->summary(), from, to, shape};
+    m.run = [plan](const void* in, void* out) {
+        plan->execute(static_cast<const E*>(in), static_cast<E*>(out));
+    };
+    return m;
+}
+
+/// A planned redistribution of elements E of global `shape` from `from` to `to`.
+template <class E, class Mesh>
+planned_move make_move(const Mesh& mesh, const mesh_view& view, const value_shape& shape,
+                       const layout& from, const layout& to) {
+    switch (shape.size()) {
+    case 0:
+        return scalar_move<E>(view, from, to);
+    case 1:
+        return typed_move<E, 1>(mesh, shape, from, to);
+    case 2:
+        return typed_move<E, 2>(mesh, shape, from, to);
+    case 3:
+        return typed_move<E, 3>(mesh, shape, from, to);
+    case 4:
+        return typed_move<E, 4>(mesh, shape, from, to);
+    default:
+        throw error("xshard: a program value has " + std::to_string(shape.size()) +
+                    " dimensions; programs hold values of at most 4");
+    }
+}
+
+/// `l` without pending sums over axes of one rank.
+inline layout without_unit_axes(const layout& l, const mesh_shape& mesh) {
+    return without_unit_sums(l, mesh);
+}
+
+/// What a step's kernel call reads and writes, filled from the pointer table at each run.
+struct step_pointers {
+    std::vector<const void*> operands, results, result_cotangents;
+    std::vector<void*> outputs, operand_cotangents;
+    std::unique_ptr<bool[]> accumulate; // (std::vector<bool> gives no span)
+    std::size_t accumulate_count = 0;
+};
+
+} // namespace detail
+
+/// A program compiled onto a mesh of type Mesh with floating element type T (see the file
+/// comment). Movable, not copyable.
+template <class T, mesh_type Mesh>
+class compiled_program {
+public:
+    /// A weight of rank N.
+    template <std::size_t N>
+    using weight_type = weight<dtensor<T, Mesh, dynamic_layout(N)>>;
+    using any_weight = std::variant<weight_type<1>, weight_type<2>, weight_type<3>, weight_type<4>>;
+
+    /// Compiles `p` onto `mesh`: lays it out (graph/layouts.hpp), schedules it
+    /// (graph/schedule.hpp), plans every redistribution, makes and initialises the weights and
+    /// sizes the arena. Collective over the mesh (every rank makes the same plans; no
+    /// message unless a plan's setup needs one). Raises xshard::error on every rank alike for
+    /// what does not fit.
+    compiled_program(program p, const Mesh& mesh, compile_options options = {})
+        : s_(std::make_unique<state>(std::move(p), mesh, std::move(options))) {
+        s_->build();
+    }
+
+    /// The program as traced.
+    const program& source() const noexcept { return s_->prog; }
+    /// The layouts of every value and node.
+    const program_layouts& layouts() const noexcept { return s_->lay; }
+    /// The mesh.
+    const Mesh& mesh() const noexcept { return s_->mesh; }
+
+    /// Runs the forward pass on `inputs` (one distributed tensor per program input, in order,
+    /// of the input's global shape; in any layout: an input laid out otherwise than the
+    /// program's input layout is redistributed first, with a plan kept for the next call).
+    /// Collective. Read the outputs with `output` / `scalar_output`.
+    template <distributed_tensor... D>
+    void run(const D&... inputs) {
+        s_->bind_inputs(inputs...);
+        s_->run_forward();
+    }
+
+    /// The forward pass on `inputs`, returning the first output (of rank N): what the
+    /// training driver calls.
+    template <distributed_tensor... D>
+    dtensor<T, Mesh, dynamic_layout(2)> forward(const D&... inputs) {
+        run(inputs...);
+        return output<2>(0);
+    }
+
+    /// The forward pass of a program whose first output is a scalar (a loss): its value,
+    /// the same on every rank.
+    template <distributed_tensor... D>
+    double forward_scalar(const D&... inputs) {
+        run(inputs...);
+        return scalar_output(0);
+    }
+
+    /// Output `i` of the last forward pass, a copy laid out as the program keeps it. Throws
+    /// xshard::error when it does not have N dimensions.
+    template <std::size_t N>
+    dtensor<T, Mesh, dynamic_layout(N)> output(std::size_t i = 0) const {
+        const auto& sl = s_->output_slot(i);
+        if (sl.shard.rank() != N)
+            throw error("xshard: compiled_program: output " + std::to_string(i) + " has " +
+                        std::to_string(sl.shard.rank()) + " dimensions, not " + std::to_string(N));
+        using D = dtensor<T, Mesh, dynamic_layout(N)>;
+        std::array<std::size_t, N> g{}, l{};
+        for (std::size_t d = 0; d < N; ++d) {
+            g[d] = sl.shard.global[d];
+            l[d] = sl.shard.local[d];
+        }
+        auto local = D::local_type::from_shape(l);
+        std::memcpy(local.data(), s_->pointer(s_->sched.output_slot[i]), sl.bytes);
+        return D(detail::unchecked, s_->mesh, g, std::move(local), sl.shard.l);
+    }
+
+    /// Output `i` (a scalar) of the last forward pass, its pending sums resolved: the same on
+    /// every rank. Collective when it is a pending sum (one all-reduce of one value).
+    double scalar_output(std::size_t i = 0) const {
+        const auto& sl = s_->output_slot(i);
+        if (sl.shard.rank() != 0)
+            throw error("xshard: compiled_program: output " + std::to_string(i) + " " +
+                        shape_text(sl.shard.global) + " is not a scalar");
+        T v = *static_cast<const T*>(s_->pointer(s_->sched.output_slot[i]));
+        const auto axes = sl.shard.l.partial_axes(s_->view.shape);
+        if (!axes.empty())
+            allreduce(s_->view.group(axes), std::span(&v, 1), reduction::sum);
+        return double(v);
+    }
+
+    /// The backward pass of the last forward pass, seeded with `dy`, the cotangent of the
+    /// first output (in any layout of its shape; redistributed to the output's cotangent
+    /// layout when needed): adds every weight's gradient terms. Collective.
+    template <distributed_tensor G>
+    void backward(const G& dy) {
+        s_->seed_output(0, dy);
+        s_->run_backward();
+    }
+
+    /// The backward pass of a program whose outputs are scalars (losses): each seeded with 1.
+    void backward() {
+        s_->seeds.assign(s_->sched.output_slot.size(), nullptr);
+        s_->run_backward();
+    }
+
+    /// One forward and backward pass of a loss program: returns the loss (output 0).
+    template <distributed_tensor... D>
+    double train_step(const D&... inputs) {
+        const double loss = forward_scalar(inputs...);
+        backward();
+        return loss;
+    }
+
+    /// The cotangent of input `i` after a backward pass (compile_options::input_gradients).
+    template <std::size_t N>
+    dtensor<T, Mesh, dynamic_layout(N)> input_gradient(std::size_t i) const {
+        const auto c = s_->sched.input_cotangent.at(i);
+        if (c == detail::no_slot)
+            throw error("xshard: compiled_program: no gradient of input " + std::to_string(i) +
+                        " (compile with input_gradients = true; integer inputs have none)");
+        const auto& sl = s_->sched.slots[c];
+        using D = dtensor<T, Mesh, dynamic_layout(N)>;
+        std::array<std::size_t, N> g{}, l{};
+        for (std::size_t d = 0; d < N; ++d) {
+            g[d] = sl.shard.global[d];
+            l[d] = sl.shard.local[d];
+        }
+        auto local = D::local_type::from_shape(l);
+        std::memcpy(local.data(), s_->pointer(c), sl.bytes);
+        return D(detail::unchecked, s_->mesh, g, std::move(local), sl.shard.l);
+    }
+
+    /// The listing: every node with its operands' and results' layouts, then every
+    /// redistribution with its steps and bytes per rank.
+    std::string describe() const { return s_->describe(); }
+
+    /// What this rank holds: parameter, gradient and optimizer-state bytes (per state slot),
+    /// the arena (peak activations and cotangents), and the bytes each redistribution sends.
+    std::string report() const { return s_->report(); }
+
+    /// Bytes of this rank's arena: every activation, cotangent and redistributed copy at
+    /// their peak.
+    std::size_t arena_bytes() const noexcept { return s_->sched.arena_bytes; }
+
+    /// The weights, by the program's names (parameter traversal, param/traversal.hpp), then
+    /// those of its custom nodes ("<node>.<weight>").
+    friend void visit_parameters(compiled_program& c, auto&& visit) {
+        for (std::size_t i = 0; i < c.s_->weights.size(); ++i)
+            std::visit([&](auto& w) { visit(c.s_->weight_name(i), w); }, c.s_->weights[i]);
+        for (std::size_t n = 0; n < c.s_->customs.size(); ++n)
+            if (c.s_->customs[n])
+                c.s_->customs[n]->visit_weights(
+                    [&](const std::string& name, weight_ref<T, Mesh> w) {
+                        std::visit([&](auto* p) { visit(c.s_->prog.nodes()[n].name + "." + name, *p); },
+                                   w);
+                    });
+    }
+
+private:
+    struct state {
+        program prog;
+        Mesh mesh;
+        compile_options options;
+        mesh_view view;
+        program_layouts lay;
+        detail::schedule sched;
+        std::deque<any_weight> weights;
+        std::vector<planned_move> moves;
+        std::vector<detail::step_pointers> fwd_ptrs, bwd_ptrs;
+        std::vector<const primitive<T>*> prims;
+        std::vector<const custom_kernels<T, Mesh>*> customs;
+        std::unique_ptr<std::byte[]> arena;
+        std::vector<void*> ptr;
+        // Inputs laid out otherwise than the program's: the plan and the staging buffer.
+        struct staging {
+            std::optional<planned_move> move;
+            std::vector<std::byte> buffer;
+        };
+        std::vector<staging> input_staging;
+        std::vector<const void*> seeds;
+        staging seed_staging;
+
+        state(program p, const Mesh& m, compile_options o)
+            : prog(std::move(p))
+            , mesh(m)
+            , options(std::move(o)) {
+            view.shape = mesh.shape();
+            view.rank = mesh.rank();
+            view.coords = mesh.coords();
+            const Mesh* mp = &mesh;
+            view.group = [mp](axis_set axes) -> const communicator& { return mp->sub(axes); };
+        }
+
+        void build() {
+            check_types();
+            lay = assign_layouts(prog, view.shape, options.layouts);
+            sched = detail::schedule_builder(prog, lay, view, options.input_gradients).build();
+            for (const auto& n : prog.nodes()) {
+                prims.push_back(n.custom ? nullptr : &detail::primitive_named<T>(n.op));
+                customs.push_back(dynamic_cast<const custom_kernels<T, Mesh>*>(n.custom.get()));
+                if (n.custom && !customs.back())
+                    throw error("xshard: compile: the custom node " + n.name +
+                                " was made for another element type or mesh type");
+            }
+            for (const auto& m : sched.moves) {
+                const auto& from = sched.slots[m.from].shard;
+                const auto& to = sched.slots[m.to].shard;
+                moves.push_back(from.type == dtype::i64
+                                    ? detail::make_move<std::int64_t>(mesh, view, from.global,
+                                                                      from.l, to.l)
+                                    : detail::make_move<T>(mesh, view, from.global, from.l, to.l));
+            }
+            make_weights();
+            arena = std::make_unique<std::byte[]>(sched.arena_bytes + 64);
+            std::byte* base = arena.get();
+            base += (64 - reinterpret_cast<std::uintptr_t>(base) % 64) % 64;
+            ptr.assign(sched.slots.size(), nullptr);
+            for (std::size_t i = 0; i < sched.slots.size(); ++i)
+                if (sched.slots[i].home == detail::buffer_home::arena)
+                    ptr[i] = base + sched.slots[i].offset;
+            fwd_ptrs = pointers_for(sched.forward);
+            bwd_ptrs = pointers_for(sched.backward);
+            input_staging.resize(prog.inputs().size());
+        }
+
+        void check_types() const {
+            for (const auto& v : prog.values())
+                if (v.type != dtype::i64 && v.type != dtype_for<T>())
+                    throw error("xshard: compile: the program holds " +
+                                std::string(to_string(v.type)) + " values (" +
+                                (v.name.empty() ? std::string("a result") : v.name) +
+                                ") but is compiled for " + std::string(to_string(dtype_for<T>())));
+        }
+
+        std::vector<detail::step_pointers> pointers_for(const std::vector<detail::program_step>& steps) {
+            std::vector<detail::step_pointers> out(steps.size());
+            for (std::size_t i = 0; i < steps.size(); ++i) {
+                const auto& st = steps[i];
+                auto& p = out[i];
+                p.operands.resize(st.operands.size());
+                p.results.resize(st.results.size());
+                p.outputs.resize(st.results.size());
+                p.result_cotangents.resize(st.result_cotangents.size());
+                p.operand_cotangents.resize(st.operand_cotangents.size());
+                p.accumulate_count = st.accumulate.size();
+                p.accumulate = std::make_unique<bool[]>(st.accumulate.size() + 1);
+                for (std::size_t k = 0; k < st.accumulate.size(); ++k)
+                    p.accumulate[k] = st.accumulate[k];
+            }
+            return out;
+        }
+
+        template <std::size_t N>
+        any_weight make_weight(const program_value& v, const layout& l) {
+            using D = dtensor<T, Mesh, dynamic_layout(N)>;
+            std::array<std::size_t, N> g{};
+            for (std::size_t d = 0; d < N; ++d)
+                g[d] = v.shape[d];
+            const auto b = block_of(l, view.shape, g, view.coords);
+            D t(detail::unchecked, mesh, g, D::local_type::from_shape(b.extent), l);
+            initialize(t, v.init, options.seed, parameter_stream(v.name));
+            return any_weight(std::in_place_type<weight_type<N>>, std::move(t));
+        }
+
+        void make_weights() {
+            for (auto id : prog.weights()) {
+                const auto& v = prog.value(id);
+                const auto& l = lay.values[id];
+                switch (v.shape.size()) {
+                case 1:
+                    weights.push_back(make_weight<1>(v, l));
+                    break;
+                case 2:
+                    weights.push_back(make_weight<2>(v, l));
+                    break;
+                case 3:
+                    weights.push_back(make_weight<3>(v, l));
+                    break;
+                case 4:
+                    weights.push_back(make_weight<4>(v, l));
+                    break;
+                default:
+                    throw error("xshard: compile: the weight " + v.name + " has " +
+                                std::to_string(v.shape.size()) +
+                                " dimensions; programs hold weights of 1 to 4");
+                }
+            }
+        }
+
+        const std::string& weight_name(std::size_t i) const {
+            return prog.value(prog.weights()[i]).name;
+        }
+
+        const detail::buffer_slot& output_slot(std::size_t i) const {
+            if (i >= sched.output_slot.size())
+                throw error("xshard: compiled_program: the program has " +
+                            std::to_string(sched.output_slot.size()) + " outputs, not " +
+                            std::to_string(i + 1));
+            return sched.slots[sched.output_slot[i]];
+        }
+
+        const void* pointer(std::size_t slot) const { return ptr[slot]; }
+
+        /// Binds input `i` to `x`'s shard, through a redistribution into the input's
+        /// layout when `x` is laid out otherwise.
+        template <class D>
+        void bind_input(std::size_t i, const D& x) {
+            using E = typename D::value_type;
+            const auto& sl = sched.slots[sched.input_slot[i]];
+            const auto& v = prog.value(prog.inputs()[i]);
+            const bool integer = v.type == dtype::i64;
+            const bool fits = integer ? std::is_integral_v<E> && sizeof(E) == 8
+                                      : std::is_same_v<E, T>;
+            value_shape shape(x.shape().begin(), x.shape().end());
+            if (!fits || shape != v.shape)
+                throw error("xshard: compiled_program: input " + v.name + " takes " +
+                            std::string(to_string(v.type)) + shape_text(v.shape) + ", not " +
+                            std::string(to_string(dtype_for<E>())) + shape_text(shape));
+            if (!(x.mesh() == mesh))
+                throw error("xshard: compiled_program: input " + v.name +
+                            " lives on another mesh than the program");
+            if (detail::without_unit_axes(x.layout(), view.shape) ==
+                detail::without_unit_axes(sl.shard.l, view.shape)) {
+                ptr[sched.input_slot[i]] = const_cast<E*>(x.local().data());
+                return;
+            }
+            auto& st = input_staging[i];
+            if (!st.move || !(st.move->from == x.layout()))
+                st.move = detail::make_move<E>(mesh, view, v.shape, x.layout(), sl.shard.l);
+            st.buffer.resize(sl.bytes);
+            st.move->run(x.local().data(), st.buffer.data());
+            ptr[sched.input_slot[i]] = st.buffer.data();
+        }
+
+        template <class... D>
+        void bind_inputs(const D&... xs) {
+            if (sizeof...(D) != prog.inputs().size())
+                throw error("xshard: compiled_program: the program takes " +
+                            std::to_string(prog.inputs().size()) + " inputs, not " +
+                            std::to_string(sizeof...(D)));
+            std::size_t i = 0;
+            (bind_input(i++, xs), ...);
+        }
+
+        /// The weights' shards (their storage may move between steps: optimizers and loads
+        /// replace it).
+        void bind_weights() {
+            for (std::size_t i = 0; i < weights.size(); ++i) {
+                const auto sl = sched.weight_slot[i];
+                std::visit(
+                    [&](auto& w) {
+                        check_weight(i, w.value.layout(), sl);
+                        ptr[sl] = w.value.local().data();
+                    },
+                    weights[i]);
+            }
+        }
+
+        void check_weight(std::size_t i, const layout& l, std::size_t sl) const {
+            if (!(l == sched.slots[sl].shard.l))
+                throw error("xshard: compiled_program: the weight " + weight_name(i) +
+                            " is laid out " + l.to_string() + " but the program was compiled with " +
+                            sched.slots[sl].shard.l.to_string());
+        }
+
+        void bind_gradients() {
+            for (std::size_t i = 0; i < weights.size(); ++i) {
+                const auto c = sched.weight_gradient[i];
+                if (c == detail::no_slot)
+                    continue;
+                std::visit([&](auto& w) { ptr[c] = w.terms().local().data(); }, weights[i]);
+            }
+        }
+
+        template <class G>
+        void seed_output(std::size_t i, const G& dy) {
+            static_assert(std::is_same_v<typename G::value_type, T>,
+                          "xshard: compiled_program::backward: the cotangent's element type is "
+                          "not the program's");
+            seeds.assign(sched.output_slot.size(), nullptr);
+            const auto c = sched.output_cotangent.at(i);
+            if (c == detail::no_slot)
+                return;
+            const auto& sl = sched.slots[c];
+            value_shape shape(dy.shape().begin(), dy.shape().end());
+            if (shape != sl.shard.global || !(dy.mesh() == mesh))
+                throw error("xshard: compiled_program::backward: the cotangent " +
+                            shape_text(shape) + " does not match output " + std::to_string(i) +
+                            " " + shape_text(sl.shard.global));
+            if (detail::without_unit_axes(dy.layout(), view.shape) == sl.shard.l) {
+                seeds[i] = dy.local().data();
+                return;
+            }
+            auto& st = seed_staging;
+            if (!st.move || !(st.move->from == dy.layout()))
+                st.move = detail::make_move<T>(mesh, view, shape, dy.layout(), sl.shard.l);
+            st.buffer.resize(sl.bytes);
+            st.move->run(dy.local().data(), st.buffer.data());
+            seeds[i] = st.buffer.data();
+        }
+
+        void run_forward() {
+            bind_weights();
+            for (std::size_t i = 0; i < sched.forward.size(); ++i)
+                run_step(sched.forward[i], fwd_ptrs[i]);
+        }
+
+        void run_backward() {
+            bind_weights();
+            bind_gradients();
+            for (std::size_t i = 0; i < sched.backward.size(); ++i)
+                run_step(sched.backward[i], bwd_ptrs[i]);
+        }
+
+        void run_step(const detail::program_step& st, detail::step_pointers& p) {
+            using detail::program_step_kind;
+            switch (st.kind) {
+            case program_step_kind::kernel: {
+                for (std::size_t k = 0; k < st.operands.size(); ++k)
+                    p.operands[k] = ptr[st.operands[k]];
+                for (std::size_t k = 0; k < st.results.size(); ++k)
+                    p.outputs[k] = ptr[st.results[k]];
+                const forward_args args{sched.nodes[st.node], p.operands, p.outputs};
+                if (customs[st.node])
+                    customs[st.node]->forward(args);
+                else
+                    prims[st.node]->forward(args);
+                return;
+            }
+            case program_step_kind::move:
+                moves[st.move].run(ptr[st.operands[0]], ptr[st.results[0]]);
+                return;
+            case program_step_kind::add: {
+                const T* a = static_cast<const T*>(ptr[st.operands[0]]);
+                T* b = static_cast<T*>(ptr[st.results[0]]);
+                const std::size_t n = sched.slots[st.results[0]].shard.count();
+                for (std::size_t k = 0; k < n; ++k)
+                    b[k] += a[k];
+                return;
+            }
+            case program_step_kind::seed:
+                run_seed(st);
+                return;
+            case program_step_kind::vjp:
+                run_vjp(st, p);
+                return;
+            }
+        }
+
+        void run_seed(const detail::program_step& st) {
+            const auto c = st.results[0];
+            const auto& sl = sched.slots[c];
+            T* out = static_cast<T*>(ptr[c]);
+            const std::size_t n = sl.shard.count();
+            const T* given = st.output < seeds.size() ? static_cast<const T*>(seeds[st.output])
+                                                      : nullptr;
+            if (!given && sl.shard.rank() != 0)
+                throw error("xshard: compiled_program::backward: output " +
+                            std::to_string(st.output) + " " + shape_text(sl.shard.global) +
+                            " is not a scalar: pass its cotangent to backward(dy)");
+            for (std::size_t k = 0; k < n; ++k) {
+                T v = given ? given[k] : (holds_term(sl.shard.l, view.shape, view.coords) ? T(1) : T(0));
+                out[k] = st.accumulate[0] ? out[k] + v : v;
+            }
+        }
+
+        void run_vjp(const detail::program_step& st, detail::step_pointers& p) {
+            for (std::size_t k = 0; k < st.operands.size(); ++k)
+                p.operands[k] = st.saved_operands[k] ? ptr[st.operands[k]] : nullptr;
+            for (std::size_t k = 0; k < st.results.size(); ++k) {
+                p.results[k] = st.saved_results[k] ? ptr[st.results[k]] : nullptr;
+                p.result_cotangents[k] = st.result_cotangents[k] == detail::no_slot
+                                             ? nullptr
+                                             : ptr[st.result_cotangents[k]];
+            }
+            for (std::size_t k = 0; k < st.operand_cotangents.size(); ++k)
+                p.operand_cotangents[k] = st.operand_cotangents[k] == detail::no_slot
+                                              ? nullptr
+                                              : ptr[st.operand_cotangents[k]];
+            const std::span<const bool> acc(p.accumulate.get(), p.accumulate_count);
+            const vjp_args args{sched.nodes[st.node], p.operands,          p.results,
+                                p.result_cotangents,     p.operand_cotangents, acc};
+            if (customs[st.node])
+                customs[st.node]->vjp(args);
+            else
+                prims[st.node]->vjp(args);
+        }
+
+        static bool holds_term(const layout& l, const mesh_shape& ms, const mesh_coords& c) {
+            for (const auto& a : l.partial)
+                if (c[ms.index(a.view())] != 0)
+                    return false;
+            return true;
+        }
+
+        std::string slot_text(std::size_t s) const {
+            const auto& sl = sched.slots[s];
+            return std::string(to_string(sl.shard.type)) + shape_text(sl.shard.global) + " " +
+                   sl.shard.l.to_string();
+        }
+
+        std::string describe() const {
+            std::string out;
+            for (std::size_t i = 0; i < prog.nodes().size(); ++i) {
+                const auto& n = prog.nodes()[i];
+                const auto& c = lay.nodes[i];
+                out += n.name + " = " + n.op + "(";
+                for (std::size_t k = 0; k < n.operands.size(); ++k)
+                    out += (k ? ", " : "") + prog.value_name(n.operands[k]) + " " +
+                           c.operands[k].to_string();
+                out += ") -> ";
+                for (std::size_t k = 0; k < n.results.size(); ++k)
+                    out += (k ? ", " : "") + c.results[k].to_string();
+                if (!n.annotation.empty())
+                    out += "   shard " + n.annotation.to_string();
+                out += "\n";
+            }
+            for (std::size_t m = 0; m < moves.size(); ++m) {
+                const auto& req = sched.moves[m];
+                out += std::string(req.adjoint ? "backward " : "forward ") + "redistribution of " +
+                       prog.value_name(sched.slots[req.from].value) +
+                       (req.adjoint ? " (cotangent)" : "") + ": " +
+                       moves[m].from.to_string() + " -> " + moves[m].to.to_string() + ", sends " +
+                       std::to_string(moves[m].summary.bytes_sent()) + " bytes per rank\n";
+            }
+            return out;
+        }
+
+        std::string report() const {
+            std::size_t params = 0;
+            for (const auto& w : weights)
+                std::visit([&](const auto& x) { params += x.value.local().size() * sizeof(T); },
+                           w);
+            std::size_t sent_fwd = 0, sent_bwd = 0;
+            for (std::size_t m = 0; m < moves.size(); ++m)
+                (sched.moves[m].adjoint ? sent_bwd : sent_fwd) += moves[m].summary.bytes_sent();
+            char line[256];
+            std::snprintf(line, sizeof line,
+                          "program on mesh(%s), rank %d: %zu nodes, %zu weights, %zu "
+                          "redistributions (%zu forward, %zu backward)\n",
+                          view.shape.to_string().c_str(), view.rank, prog.nodes().size(),
+                          weights.size(), moves.size(), sched.moves.size() - count_adjoint(),
+                          count_adjoint());
+            std::string out = line;
+            std::snprintf(line, sizeof line,
+                          "  parameters %zu bytes, gradients %zu bytes, optimizer state %zu "
+                          "bytes per state slot\n  arena (peak activations, cotangents, "
+                          "redistributed copies) %zu bytes\n  redistributions send %zu bytes "
+                          "forward, %zu backward per step\n",
+                          params, params, params, sched.arena_bytes, sent_fwd, sent_bwd);
+            return out + line + describe();
+        }
+
+        std::size_t count_adjoint() const {
+            std::size_t n = 0;
+            for (const auto& m : sched.moves)
+                n += m.adjoint ? 1 : 0;
+            return n;
+        }
+    };
+
+    std::unique_ptr<state> s_;
+};
+
+/// Compiles `p` onto `mesh` for element type T (see compiled_program).
+template <class T, mesh_type Mesh>
+compiled_program<T, Mesh> compile(program p, const Mesh& mesh, compile_options options = {}) {
+    return compiled_program<T, Mesh>(std::move(p), mesh, std::move(options));
+}
+
+} // namespace xshard

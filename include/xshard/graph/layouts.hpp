@@ -1,0 +1,193 @@
+#pragma once
+/// \file
+/// The layouts of a program on a mesh, MindSpore's semi-auto pass: every node runs with the
+/// layouts its strategy gives (annotated nodes keep theirs) or, without one, data parallel
+/// (the batch dimension split over the dataset's axes, weights replicated; the shape
+/// operations keep their operand's layout instead, as MindSpore's Reshape does); its
+/// primitive's sharding rule turns those into the operands' and results' layouts. Inputs come in the
+/// dataset's layout (data parallel by default); a weight takes the layout of its first use.
+///
+/// Every mismatch between where a value is and where a node reads it becomes a
+/// redistribution on that edge (graph/schedule.hpp plans them). Misuse raises
+/// xshard::error with one sentence naming the node: a strategy that does not fit the mesh,
+/// a layout naming an unknown axis.
+
+#include <xshard/comm/error.hpp>
+#include <xshard/core/layout.hpp>
+#include <xshard/core/mesh_shape.hpp>
+#include <xshard/graph/primitive.hpp>
+#include <xshard/graph/program.hpp>
+#include <xshard/graph/registry.hpp>
+
+#include <cstddef>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace xshard {
+
+/// How a program is laid out on a mesh beyond its own annotations.
+struct layout_options {
+    /// The mesh axes the batch is split over by default (MindSpore's dataset_strategy:
+    /// data parallel over every axis); empty: every axis of the mesh.
+    std::vector<std::string> dataset_axes = {};
+    /// Input name -> its layout, overriding the dataset's split (MindSpore's dataset_strategy
+    /// as layouts; "full batch" is the replicated layout).
+    std::map<std::string, layout> input_layouts = {};
+};
+
+/// Where every value of a program lives on a mesh and how every node runs.
+struct program_layouts {
+    /// Per node: the operands' layouts as it reads them and the results' as it writes them.
+    std::vector<layout_choice> nodes;
+    /// Per value: the layout it is kept in (inputs and weights as bound, results after any
+    /// out-layout annotation).
+    std::vector<layout> values;
+};
+
+namespace detail {
+
+/// The data-parallel layout of a rank-r operand: dimension 0 over `axes`.
+inline layout batch_layout(std::size_t r, const dim_axes& axes) {
+    layout l = layout::replicated(r);
+    if (r > 0)
+        l.dims[0] = axes;
+    return l;
+}
+
+inline dim_axes dataset_axes_of(const layout_options& o, const mesh_shape& mesh) {
+    dim_axes axes;
+    if (o.dataset_axes.empty()) {
+        for (std::size_t i = 0; i < mesh.ndim(); ++i)
+            axes.push_back(mesh.names[i]);
+        return axes;
+    }
+    for (const auto& a : o.dataset_axes) {
+        if (!mesh.find(a))
+            throw error("xshard: compile: the dataset axis '" + a + "' is not an axis of mesh(" +
+                        mesh.to_string() + ")");
+        axes.push_back(axis_name(a));
+    }
+    return axes;
+}
+
+/// The layouts a node asks of its operands: its annotation's, the operands' own (shape
+/// operations), or data parallel.
+inline std::vector<layout> asked_layouts(const program_node& n, const op_rules* rules,
+                                         std::span<const operand_type> types,
+                                         const dim_axes& dataset, const mesh_shape& mesh,
+                                         const std::vector<layout>& kept) {
+    const auto& a = n.annotation;
+    if (!a.in_layouts.empty())
+        return a.in_layouts;
+    if (!a.in_strategies.empty())
+        return rules ? rules->resolve(a.in_strategies, mesh)
+                     : resolve_each(a.in_strategies, mesh);
+    std::vector<layout> asked;
+    if (rules && rules->follows) {
+        for (auto id : n.operands)
+            asked.push_back(whole_terms(kept[id]));
+        return asked;
+    }
+    for (std::size_t i = 0; i < types.size(); ++i) {
+        const bool batched = rules ? rules->batched(n.attributes, types, i)
+                                   : n.custom->batched(types, i);
+        asked.push_back(batched ? batch_layout(types[i].shape.size(), dataset)
+                                : layout::replicated(types[i].shape.size()));
+    }
+    return asked;
+}
+
+inline void check_fits(const layout& l, std::size_t rank, const mesh_shape& mesh,
+                       const std::string& what) {
+    if (l.rank() != rank)
+        throw std::invalid_argument(what + " " + l.to_string() + " has " +
+                                    std::to_string(l.rank()) + " dimensions, not " +
+                                    std::to_string(rank));
+    l.validate(mesh);
+}
+
+} // namespace detail
+
+/// Lays `p` out on `mesh` (see the file comment). Every rank computes the same layouts from
+/// the same program, so misuse raises on every rank alike.
+inline program_layouts assign_layouts(const program& p, const mesh_shape& mesh,
+                                      const layout_options& options = {}) {
+    program_layouts out;
+    const auto& values = p.values();
+    out.values.resize(values.size());
+    std::vector<bool> placed(values.size(), false);
+    const auto dataset = detail::dataset_axes_of(options, mesh);
+    for (auto id : p.inputs()) {
+        const auto& v = values[id];
+        auto it = options.input_layouts.find(v.name);
+        layout l = it != options.input_layouts.end()
+                       ? it->second
+                       : detail::batch_layout(v.shape.size(), dataset);
+        try {
+            detail::check_fits(l, v.shape.size(), mesh, "the layout");
+        } catch (const std::invalid_argument& e) {
+            throw error("xshard: compile: input " + v.name + " " + shape_text(v.shape) + ": " +
+                        e.what());
+        }
+        out.values[id] = l;
+        placed[id] = true;
+    }
+    for (const auto& name_layout : options.input_layouts) {
+        bool known = false;
+        for (auto id : p.inputs())
+            known = known || values[id].name == name_layout.first;
+        if (!known)
+            throw error("xshard: compile: input_layouts names '" + name_layout.first +
+                        "', which is not an input of the program");
+    }
+    for (const auto& n : p.nodes()) {
+        const op_rules* rules = n.custom ? nullptr : &detail::rules_named(n.op);
+        std::vector<operand_type> types;
+        for (auto id : n.operands)
+            types.push_back({values[id].shape, values[id].type,
+                             values[id].kind == value_kind::weight});
+        layout_choice c;
+        try {
+            auto asked = detail::asked_layouts(n, rules, types, dataset, mesh, out.values);
+            for (std::size_t i = 0; i < asked.size(); ++i)
+                detail::check_fits(asked[i], types[i].shape.size(), mesh,
+                                   "operand " + std::to_string(i) + "'s layout");
+            c = rules ? rules->rule(n.attributes, types, std::move(asked), mesh)
+                      : n.custom->rule(types, std::move(asked), mesh);
+            for (std::size_t i = 0; i < n.annotation.out_layouts.size(); ++i)
+                detail::check_fits(n.annotation.out_layouts[i],
+                                   values[n.results[i]].shape.size(), mesh,
+                                   "result " + std::to_string(i) + "'s layout");
+        } catch (const std::invalid_argument& e) {
+            std::string what = e.what();
+            if (what.rfind("xshard: ", 0) == 0)
+                what = what.substr(8);
+            throw error("xshard: compile: node " + n.name + " (" + n.op + ")" +
+                        (n.annotation.empty() ? "" : " shard " + n.annotation.to_string()) +
+                        " on mesh(" + mesh.to_string() + "): " + what);
+        }
+        for (std::size_t i = 0; i < n.operands.size(); ++i) {
+            const auto id = n.operands[i];
+            if (!placed[id] && values[id].kind == value_kind::weight) {
+                out.values[id] = detail::whole_terms(c.operands[i]);
+                placed[id] = true;
+            }
+        }
+        for (std::size_t i = 0; i < n.results.size(); ++i) {
+            const auto id = n.results[i];
+            out.values[id] = i < n.annotation.out_layouts.size() ? n.annotation.out_layouts[i]
+                                                                  : c.results[i];
+            placed[id] = true;
+        }
+        out.nodes.push_back(std::move(c));
+    }
+    for (auto id : p.weights())
+        if (!placed[id])
+            out.values[id] = layout::replicated(values[id].shape.size());
+    return out;
+}
+
+} // namespace xshard

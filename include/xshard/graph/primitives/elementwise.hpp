@@ -1,0 +1,409 @@
+#pragma once
+/// \file
+/// Elementwise primitives: the binary add, sub, mul, div, maximum and minimum with numpy
+/// broadcasting, and the unary neg, relu, gelu, exp, log, tanh, sigmoid, abs, sqrt, square,
+/// scale (c x, attribute reals[0] = c) and add_scalar (x + c).
+///
+/// Sharding: each result dimension is split like the first operand that has it at full
+/// extent and asks for a split (an axis already taken by an earlier dimension is not used
+/// twice); every operand takes that split, and a dimension it broadcasts from extent 1 stays
+/// whole. No communication. VJPs: the local derivative times the cotangent, summed over the
+/// dimensions an operand broadcasts (each rank's sum is its term of the operand's cotangent,
+/// which is laid out as the dual of the operand's layout).
+
+#include <xshard/graph/primitive.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <numbers>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace xshard::detail {
+
+/// The numpy broadcast of the operands' shapes; throws std::invalid_argument when they do not
+/// broadcast.
+inline value_shape broadcast_shape(std::span<const operand_type> ops) {
+    std::size_t r = 0;
+    for (const auto& o : ops)
+        r = std::max(r, o.shape.size());
+    value_shape out(r, 1);
+    for (const auto& o : ops) {
+        for (std::size_t i = 0; i < o.shape.size(); ++i) {
+            auto& e = out[r - 1 - i];
+            const auto x = o.shape[o.shape.size() - 1 - i];
+            if (e != x && e != 1 && x != 1) {
+                std::string shapes;
+                for (const auto& p : ops)
+                    shapes += (shapes.empty() ? "" : " and ") + shape_text(p.shape);
+                throw std::invalid_argument("shapes " + shapes + " do not broadcast");
+            }
+            e = std::max(e, x);
+        }
+    }
+    return out;
+}
+
+inline std::vector<result_spec> infer_elementwise(const op_attributes&,
+                                                  std::span<const operand_type> ops) {
+    for (std::size_t i = 0; i < ops.size(); ++i)
+        expect_floating(ops, i, "an elementwise operation");
+    return {{broadcast_shape(ops), ops[0].type}};
+}
+
+/// The broadcast sharding rule (see the file comment).
+inline layout_choice broadcast_rule(const op_attributes&, std::span<const operand_type> ops,
+                                    std::vector<layout> asked, const mesh_shape&) {
+    const auto shape = broadcast_shape(ops);
+    const std::size_t r = shape.size();
+    layout out = layout::replicated(r);
+    dim_axes used;
+    for (std::size_t d = 0; d < r; ++d) {
+        for (std::size_t i = 0; i < ops.size() && out.dims[d].empty(); ++i) {
+            const std::size_t ri = ops[i].shape.size();
+            if (d + ri < r || ops[i].shape[d + ri - r] != shape[d])
+                continue;
+            for (const auto& a : asked[i].dims[d + ri - r])
+                if (!used.contains(a))
+                    out.dims[d].push_back(a);
+            for (const auto& a : out.dims[d])
+                used.push_back(a);
+        }
+    }
+    layout_choice c;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+        const std::size_t ri = ops[i].shape.size();
+        layout l = layout::replicated(ri);
+        for (std::size_t k = 0; k < ri; ++k)
+            if (ops[i].shape[k] == shape[k + r - ri])
+                l.dims[k] = out.dims[k + r - ri];
+        c.operands.push_back(l);
+    }
+    c.results.push_back(out);
+    return c;
+}
+
+/// Operand i's first dimension is a batch dimension when it is the result's (not broadcast).
+inline bool broadcast_batched(const op_attributes&, std::span<const operand_type> ops,
+                              std::size_t i) {
+    const auto shape = broadcast_shape(ops);
+    return !ops[i].is_weight && !ops[i].shape.empty() && ops[i].shape.size() == shape.size() &&
+           ops[i].shape[0] == shape[0];
+}
+
+inline double elementwise_flops(const op_attributes&, std::span<const shard_type>,
+                                std::span<const shard_type> results) {
+    return double(results[0].count());
+}
+
+/// Walks the result's local index space in row-major order with the offsets of K operands
+/// broadcast against it (stride 0 along the dimensions an operand broadcasts), calling
+/// `f(out_offset, offsets, n)` for each run of `n` elements of the last dimension (within a
+/// run operand k steps by `step(k)`: 0 or 1). Allocates nothing.
+template <std::size_t K>
+struct broadcast_walk {
+    std::size_t rank = 0;
+    std::array<std::size_t, max_tensor_rank> extent{};
+    std::array<std::array<std::size_t, max_tensor_rank>, K> stride{};
+
+    broadcast_walk(const value_shape& out, const std::array<const value_shape*, K>& operands)
+        : rank(out.size()) {
+        for (std::size_t d = 0; d < rank; ++d)
+            extent[d] = out[d];
+        for (std::size_t k = 0; k < K; ++k) {
+            const auto& x = *operands[k];
+            std::size_t step = 1;
+            for (std::size_t i = 0; i < x.size(); ++i) {
+                const std::size_t d = rank - 1 - i, e = x[x.size() - 1 - i];
+                stride[k][d] = (e == 1 && out[d] != 1) ? 0 : step;
+                step *= e;
+            }
+        }
+    }
+
+    std::size_t step(std::size_t k) const { return rank == 0 ? 0 : stride[k][rank - 1]; }
+
+    template <class F>
+    void run(F&& f) const {
+        std::array<std::size_t, K> at{};
+        if (rank == 0) {
+            f(std::size_t(0), at, std::size_t(1));
+            return;
+        }
+        std::size_t total = 1;
+        for (std::size_t d = 0; d < rank; ++d)
+            total *= extent[d];
+        if (total == 0)
+            return;
+        const std::size_t n = extent[rank - 1];
+        std::array<std::size_t, max_tensor_rank> idx{};
+        for (std::size_t o = 0; o < total; o += n) {
+            f(o, at, n);
+            for (std::size_t d = rank - 1; d-- > 0;) {
+                ++idx[d];
+                for (std::size_t k = 0; k < K; ++k)
+                    at[k] += stride[k][d];
+                if (idx[d] < extent[d])
+                    break;
+                for (std::size_t k = 0; k < K; ++k)
+                    at[k] -= stride[k][d] * extent[d];
+                idx[d] = 0;
+            }
+        }
+    }
+};
+
+/// out = f(a, b) elementwise with broadcasting.
+template <class T, class F>
+void binary_forward(const forward_args& x, F f) {
+    const auto& s = x.shards;
+    const T* a = static_cast<const T*>(x.operands[0]);
+    const T* b = static_cast<const T*>(x.operands[1]);
+    T* y = static_cast<T*>(x.results[0]);
+    const broadcast_walk<2> w(s.results[0].local, {&s.operands[0].local, &s.operands[1].local});
+    const std::size_t sa = w.step(0), sb = w.step(1);
+    w.run([&](std::size_t o, const auto& at, std::size_t n) {
+        for (std::size_t j = 0; j < n; ++j)
+            y[o + j] = f(a[at[0] + j * sa], b[at[1] + j * sb]);
+    });
+}
+
+/// Operand `i`'s cotangent: g(dy, a, b) summed over the dimensions operand i broadcasts,
+/// written or added (`accumulate`). Operands the VJP did not save read as zero.
+template <class T, class G>
+void binary_vjp_operand(const vjp_args& x, std::size_t i, G g) {
+    T* d = static_cast<T*>(x.operand_cotangents[i]);
+    if (!d)
+        return;
+    const auto& s = x.shards;
+    const T* dy = static_cast<const T*>(x.result_cotangents[0]);
+    const T* a = static_cast<const T*>(x.operands[0]);
+    const T* b = static_cast<const T*>(x.operands[1]);
+    if (!x.accumulate[i])
+        std::fill_n(d, s.operands[i].count(), T(0));
+    if (!dy)
+        return;
+    const broadcast_walk<2> w(s.results[0].local, {&s.operands[0].local, &s.operands[1].local});
+    const std::size_t sa = w.step(0), sb = w.step(1), sd = w.step(i);
+    w.run([&](std::size_t o, const auto& at, std::size_t n) {
+        T* out = d + at[i];
+        for (std::size_t j = 0; j < n; ++j)
+            out[j * sd] += g(dy[o + j], a ? a[at[0] + j * sa] : T(0), b ? b[at[1] + j * sb] : T(0));
+    });
+}
+
+template <class T, class GA, class GB>
+void binary_vjp(const vjp_args& x, GA ga, GB gb) {
+    binary_vjp_operand<T>(x, 0, ga);
+    binary_vjp_operand<T>(x, 1, gb);
+}
+
+/// y = f(x) elementwise.
+template <class T, class F>
+void unary_forward(const forward_args& x, F f) {
+    const T* a = static_cast<const T*>(x.operands[0]);
+    T* y = static_cast<T*>(x.results[0]);
+    const std::size_t n = x.shards.results[0].count();
+    for (std::size_t i = 0; i < n; ++i)
+        y[i] = f(a[i]);
+}
+
+/// dx = g(dy, x, y) elementwise, written or added.
+template <class T, class G>
+void unary_vjp(const vjp_args& v, G g) {
+    T* dx = static_cast<T*>(v.operand_cotangents[0]);
+    if (!dx)
+        return;
+    const std::size_t n = v.shards.operands[0].count();
+    const T* dy = static_cast<const T*>(v.result_cotangents[0]);
+    const T* x = static_cast<const T*>(v.operands[0]);
+    const T* y = static_cast<const T*>(v.results[0]);
+    if (!dy) {
+        if (!v.accumulate[0])
+            std::fill_n(dx, n, T(0));
+        return;
+    }
+    if (v.accumulate[0])
+        for (std::size_t i = 0; i < n; ++i)
+            dx[i] += g(dy[i], x ? x[i] : T(0), y ? y[i] : T(0));
+    else
+        for (std::size_t i = 0; i < n; ++i)
+            dx[i] = g(dy[i], x ? x[i] : T(0), y ? y[i] : T(0));
+}
+
+/// The rules of a binary elementwise primitive.
+constexpr op_rules binary_rules(std::string_view name, std::uint32_t saves) {
+    return {.name = name,
+            .infer = infer_elementwise,
+            .rule = broadcast_rule,
+            .batched = broadcast_batched,
+            .resolve = resolve_each,
+            .flops = elementwise_flops,
+            .saves = saves};
+}
+
+inline std::vector<result_spec> infer_unary(const op_attributes&,
+                                            std::span<const operand_type> ops) {
+    expect_operands(ops, 1, "a unary operation");
+    expect_floating(ops, 0, "a unary operation");
+    return {{ops[0].shape, ops[0].type}};
+}
+
+inline layout_choice same_layout_rule(const op_attributes&, std::span<const operand_type>,
+                                      std::vector<layout> asked, const mesh_shape&) {
+    const layout l = whole_terms(asked[0]);
+    return {{l}, {l}};
+}
+
+inline bool first_batched(const op_attributes&, std::span<const operand_type> ops,
+                          std::size_t i) {
+    return i == 0 && !ops[0].is_weight && !ops[0].shape.empty();
+}
+
+/// The rules of a unary elementwise primitive.
+constexpr op_rules unary_rules(std::string_view name, std::uint32_t saves) {
+    return {.name = name,
+            .infer = infer_unary,
+            .rule = same_layout_rule,
+            .batched = first_batched,
+            .resolve = resolve_each,
+            .flops = elementwise_flops,
+            .saves = saves};
+}
+
+inline constexpr op_rules add_rules = binary_rules("add", 0);
+inline constexpr op_rules sub_rules = binary_rules("sub", 0);
+inline constexpr op_rules mul_rules = binary_rules("mul", saves_operand(0) | saves_operand(1));
+inline constexpr op_rules div_rules = binary_rules("div", saves_operand(0) | saves_operand(1));
+inline constexpr op_rules maximum_rules =
+    binary_rules("maximum", saves_operand(0) | saves_operand(1));
+inline constexpr op_rules minimum_rules =
+    binary_rules("minimum", saves_operand(0) | saves_operand(1));
+
+inline constexpr op_rules neg_rules = unary_rules("neg", 0);
+inline constexpr op_rules relu_rules = unary_rules("relu", saves_result(0));
+inline constexpr op_rules gelu_rules = unary_rules("gelu", saves_operand(0));
+inline constexpr op_rules exp_rules = unary_rules("exp", saves_result(0));
+inline constexpr op_rules log_rules = unary_rules("log", saves_operand(0));
+inline constexpr op_rules tanh_rules = unary_rules("tanh", saves_result(0));
+inline constexpr op_rules sigmoid_rules = unary_rules("sigmoid", saves_result(0));
+inline constexpr op_rules abs_rules = unary_rules("abs", saves_operand(0));
+inline constexpr op_rules sqrt_rules = unary_rules("sqrt", saves_result(0));
+inline constexpr op_rules square_rules = unary_rules("square", saves_operand(0));
+inline constexpr op_rules scale_rules = unary_rules("scale", 0);
+inline constexpr op_rules add_scalar_rules = unary_rules("add_scalar", 0);
+
+template <class T>
+T scalar_attribute(const node_shards& s) {
+    return T(s.node->attributes.reals.at(0));
+}
+
+template <class T>
+void register_elementwise(auto&& add) {
+    using A = const forward_args&;
+    using V = const vjp_args&;
+    // Binary.
+    add(primitive<T>{&add_rules,
+                     [](A x) { binary_forward<T>(x, [](T a, T b) { return a + b; }); },
+                     [](V v) {
+                         binary_vjp<T>(
+                             v, [](T g, T, T) { return g; }, [](T g, T, T) { return g; });
+                     }});
+    add(primitive<T>{&sub_rules,
+                     [](A x) { binary_forward<T>(x, [](T a, T b) { return a - b; }); },
+                     [](V v) {
+                         binary_vjp<T>(
+                             v, [](T g, T, T) { return g; }, [](T g, T, T) { return -g; });
+                     }});
+    add(primitive<T>{&mul_rules,
+                     [](A x) { binary_forward<T>(x, [](T a, T b) { return a * b; }); },
+                     [](V v) {
+                         binary_vjp<T>(
+                             v, [](T g, T, T b) { return g * b; },
+                             [](T g, T a, T) { return g * a; });
+                     }});
+    add(primitive<T>{&div_rules,
+                     [](A x) { binary_forward<T>(x, [](T a, T b) { return a / b; }); },
+                     [](V v) {
+                         binary_vjp<T>(
+                             v, [](T g, T, T b) { return g / b; },
+                             [](T g, T a, T b) { return -g * a / (b * b); });
+                     }});
+    add(primitive<T>{&maximum_rules,
+                     [](A x) { binary_forward<T>(x, [](T a, T b) { return a >= b ? a : b; }); },
+                     [](V v) {
+                         binary_vjp<T>(
+                             v, [](T g, T a, T b) { return a >= b ? g : T(0); },
+                             [](T g, T a, T b) { return a >= b ? T(0) : g; });
+                     }});
+    add(primitive<T>{&minimum_rules,
+                     [](A x) { binary_forward<T>(x, [](T a, T b) { return a <= b ? a : b; }); },
+                     [](V v) {
+                         binary_vjp<T>(
+                             v, [](T g, T a, T b) { return a <= b ? g : T(0); },
+                             [](T g, T a, T b) { return a <= b ? T(0) : g; });
+                     }});
+    // Unary.
+    add(primitive<T>{&neg_rules, [](A x) { unary_forward<T>(x, [](T a) { return -a; }); },
+                     [](V v) { unary_vjp<T>(v, [](T g, T, T) { return -g; }); }});
+    add(primitive<T>{&relu_rules,
+                     [](A x) { unary_forward<T>(x, [](T a) { return a > T(0) ? a : T(0); }); },
+                     [](V v) { unary_vjp<T>(v, [](T g, T, T y) { return y > T(0) ? g : T(0); }); }});
+    add(primitive<T>{
+        &gelu_rules,
+        [](A x) {
+            unary_forward<T>(x, [](T a) {
+                return T(0.5) * a * (T(1) + std::erf(a / std::sqrt(T(2))));
+            });
+        },
+        [](V v) {
+            unary_vjp<T>(v, [](T g, T a, T) {
+                const T cdf = T(0.5) * (T(1) + std::erf(a / std::sqrt(T(2))));
+                const T pdf = std::exp(T(-0.5) * a * a) / std::sqrt(T(2) * std::numbers::pi_v<T>);
+                return g * (cdf + a * pdf);
+            });
+        }});
+    add(primitive<T>{&exp_rules, [](A x) { unary_forward<T>(x, [](T a) { return std::exp(a); }); },
+                     [](V v) { unary_vjp<T>(v, [](T g, T, T y) { return g * y; }); }});
+    add(primitive<T>{&log_rules, [](A x) { unary_forward<T>(x, [](T a) { return std::log(a); }); },
+                     [](V v) { unary_vjp<T>(v, [](T g, T a, T) { return g / a; }); }});
+    add(primitive<T>{&tanh_rules,
+                     [](A x) { unary_forward<T>(x, [](T a) { return std::tanh(a); }); },
+                     [](V v) { unary_vjp<T>(v, [](T g, T, T y) { return g * (T(1) - y * y); }); }});
+    add(primitive<T>{
+        &sigmoid_rules,
+        [](A x) { unary_forward<T>(x, [](T a) { return T(1) / (T(1) + std::exp(-a)); }); },
+        [](V v) { unary_vjp<T>(v, [](T g, T, T y) { return g * y * (T(1) - y); }); }});
+    add(primitive<T>{&abs_rules, [](A x) { unary_forward<T>(x, [](T a) { return std::abs(a); }); },
+                     [](V v) {
+                         unary_vjp<T>(v, [](T g, T a, T) {
+                             return a > T(0) ? g : a < T(0) ? -g : T(0);
+                         });
+                     }});
+    add(primitive<T>{&sqrt_rules,
+                     [](A x) { unary_forward<T>(x, [](T a) { return std::sqrt(a); }); },
+                     [](V v) { unary_vjp<T>(v, [](T g, T, T y) { return g / (T(2) * y); }); }});
+    add(primitive<T>{&square_rules, [](A x) { unary_forward<T>(x, [](T a) { return a * a; }); },
+                     [](V v) { unary_vjp<T>(v, [](T g, T a, T) { return T(2) * a * g; }); }});
+    add(primitive<T>{&scale_rules,
+                     [](A x) {
+                         const T c = scalar_attribute<T>(x.shards);
+                         unary_forward<T>(x, [c](T a) { return c * a; });
+                     },
+                     [](V v) {
+                         const T c = scalar_attribute<T>(v.shards);
+                         unary_vjp<T>(v, [c](T g, T, T) { return c * g; });
+                     }});
+    add(primitive<T>{&add_scalar_rules,
+                     [](A x) {
+                         const T c = scalar_attribute<T>(x.shards);
+                         unary_forward<T>(x, [c](T a) { return a + c; });
+                     },
+                     [](V v) { unary_vjp<T>(v, [](T g, T, T) { return g; }); }});
+}
+
+} // namespace xshard::detail

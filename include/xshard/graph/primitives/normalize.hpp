@@ -1,0 +1,521 @@
+#pragma once
+/// \file
+/// Normalisations and the cross-entropy:
+///  - softmax, log_softmax along a dimension (attributes ints = {dim}); softmax with ints =
+///    {dim, 1} along the last dimension is causal: position j of row i of the last two
+///    dimensions is masked (zero) for j > i, as attention's scores;
+///  - layer_norm(x, [gamma, beta]) along the last dimension (reals = {eps});
+///  - batch_norm(x, [gamma, beta]) over every dimension but 1 (the channels) with the
+///    batch's statistics (reals = {eps}): [N, C] or [N, C, H, W];
+///  - cross_entropy(logits [B, C], labels [B] integers): each row's -log softmax at its
+///    label, [B].
+///
+/// Sharding: the normalised dimension is whole (softmax, layer norm, the cross-entropy's
+/// classes); other dimensions keep their splits. batch_norm keeps a split batch (its
+/// statistics are all-reduced over the batch's axes: the whole batch's, as on one rank) and a
+/// split channel dimension (gamma and beta split alike); its spatial dimensions are whole.
+/// VJPs are local, but batch_norm's, which all-reduces two sums per channel.
+
+#include <xshard/comm/agree.hpp>
+#include <xshard/comm/collectives.hpp>
+#include <xshard/graph/primitive.hpp>
+#include <xshard/graph/primitives/elementwise.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace xshard::detail {
+
+/// The normalised dimension of a softmax node on rank `r` (negative counts from the end).
+inline std::size_t norm_dim(const op_attributes& at, std::size_t r) {
+    std::int64_t d = at.ints.empty() ? -1 : at.ints[0];
+    if (d < 0)
+        d += std::int64_t(r);
+    if (d < 0 || std::size_t(d) >= r)
+        throw std::invalid_argument("the dimension " +
+                                    std::to_string(at.ints.empty() ? -1 : at.ints[0]) +
+                                    " is not one of the operand's " + std::to_string(r));
+    return std::size_t(d);
+}
+
+inline std::vector<result_spec> infer_softmax(const op_attributes& at,
+                                              std::span<const operand_type> ops) {
+    expect_operands(ops, 1, "softmax");
+    expect_floating(ops, 0, "softmax");
+    norm_dim(at, ops[0].shape.size());
+    return {{ops[0].shape, ops[0].type}};
+}
+
+/// Whether a softmax node masks causally.
+inline bool causal(const op_attributes& at) { return at.ints.size() > 1 && at.ints[1] != 0; }
+
+inline layout_choice softmax_layouts(const op_attributes& at, std::span<const operand_type> ops,
+                                     std::vector<layout> asked, const mesh_shape&) {
+    layout l = whole_terms(asked[0]);
+    const std::size_t r = ops[0].shape.size(), d = norm_dim(at, r);
+    l.dims[d] = {};
+    if (causal(at)) {
+        if (d + 1 != r || r < 2)
+            throw std::invalid_argument("a causal softmax runs along the last of at least two "
+                                        "dimensions");
+        l.dims[r - 2] = {};
+    }
+    return {{l}, {l}};
+}
+
+/// outer x n x inner around dimension `d` of a local shape.
+struct rows_around {
+    std::size_t outer = 1, n = 1, inner = 1;
+    rows_around(const value_shape& s, std::size_t d) {
+        for (std::size_t i = 0; i < s.size(); ++i)
+            (i < d ? outer : i == d ? n : inner) *= s[i];
+    }
+};
+
+template <class T, bool Log>
+void softmax_forward(const forward_args& x) {
+    const auto& s = x.shards;
+    const rows_around g(s.operands[0].local, norm_dim(s.node->attributes, s.operands[0].rank()));
+    const T* a = static_cast<const T*>(x.operands[0]);
+    T* y = static_cast<T*>(x.results[0]);
+    // Causal: row o is position o % rows of its matrix, and sees positions up to it.
+    const std::size_t rows = s.operands[0].rank() >= 2 ? s.operands[0].local[s.operands[0].rank() - 2] : 1;
+    const bool mask = causal(s.node->attributes) && !Log;
+    for (std::size_t o = 0; o < g.outer; ++o)
+        for (std::size_t i = 0; i < g.inner; ++i) {
+            const std::size_t base = o * g.n * g.inner + i;
+            const std::size_t seen = mask ? std::min(g.n, o % rows + 1) : g.n;
+            T m = -std::numeric_limits<T>::infinity();
+            for (std::size_t j = 0; j < seen; ++j)
+                m = std::max(m, a[base + j * g.inner]);
+            T sum = 0;
+            for (std::size_t j = 0; j < seen; ++j)
+                sum += std::exp(a[base + j * g.inner] - m);
+            const T log_sum = std::log(sum);
+            for (std::size_t j = 0; j < g.n; ++j) {
+                const T z = a[base + j * g.inner] - m;
+                y[base + j * g.inner] = j >= seen ? T(0) : Log ? z - log_sum : std::exp(z) / sum;
+            }
+        }
+}
+
+/// softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy).
+template <class T, bool Log>
+void softmax_vjp(const vjp_args& v) {
+    T* dx = static_cast<T*>(v.operand_cotangents[0]);
+    if (!dx)
+        return;
+    const auto& s = v.shards;
+    const rows_around g(s.operands[0].local, norm_dim(s.node->attributes, s.operands[0].rank()));
+    const T* y = static_cast<const T*>(v.results[0]);
+    const T* dy = static_cast<const T*>(v.result_cotangents[0]);
+    const bool add = v.accumulate[0];
+    for (std::size_t o = 0; o < g.outer; ++o)
+        for (std::size_t i = 0; i < g.inner; ++i) {
+            const std::size_t base = o * g.n * g.inner + i;
+            T dot = 0;
+            for (std::size_t j = 0; j < g.n && dy; ++j)
+                dot += dy[base + j * g.inner] * (Log ? T(1) : y[base + j * g.inner]);
+            for (std::size_t j = 0; j < g.n; ++j) {
+                const std::size_t k = base + j * g.inner;
+                const T d = !dy ? T(0) : Log ? dy[k] - std::exp(y[k]) * dot : y[k] * (dy[k] - dot);
+                dx[k] = add ? dx[k] + d : d;
+            }
+        }
+}
+
+inline double per_element_flops(const op_attributes&, std::span<const shard_type> ops,
+                                std::span<const shard_type>) {
+    return 5.0 * double(ops[0].count());
+}
+
+inline constexpr op_rules softmax_rules{.name = "softmax",
+                                        .infer = infer_softmax,
+                                        .rule = softmax_layouts,
+                                        .batched = first_batched,
+                                        .resolve = resolve_each,
+                                        .flops = per_element_flops,
+                                        .saves = saves_result(0)};
+inline constexpr op_rules log_softmax_rules{.name = "log_softmax",
+                                            .infer = infer_softmax,
+                                            .rule = softmax_layouts,
+                                            .batched = first_batched,
+                                            .resolve = resolve_each,
+                                            .flops = per_element_flops,
+                                            .saves = saves_result(0)};
+
+// Layer norm.
+
+inline std::vector<result_spec> infer_norm(const op_attributes&, std::span<const operand_type> ops,
+                                           std::size_t channel_dim, std::string_view what) {
+    if (ops.size() != 1 && ops.size() != 3)
+        throw std::invalid_argument(std::string(what) +
+                                    " takes x, or x, gamma and beta, not " +
+                                    std::to_string(ops.size()) + " operands");
+    for (std::size_t i = 0; i < ops.size(); ++i)
+        expect_floating(ops, i, what);
+    if (ops[0].shape.size() <= channel_dim)
+        throw std::invalid_argument(std::string(what) + " needs an operand of at least " +
+                                    std::to_string(channel_dim + 1) + " dimensions, not " +
+                                    shape_text(ops[0].shape));
+    const std::size_t c = ops[0].shape[channel_dim];
+    for (std::size_t i = 1; i < ops.size(); ++i)
+        if (ops[i].shape != value_shape{c})
+            throw std::invalid_argument(std::string(what) + ": gamma and beta must be (" +
+                                        std::to_string(c) + ",), not " +
+                                        shape_text(ops[i].shape));
+    return {{ops[0].shape, ops[0].type}};
+}
+
+inline std::vector<result_spec> infer_layer_norm(const op_attributes& at,
+                                                 std::span<const operand_type> ops) {
+    return infer_norm(at, ops, ops.empty() ? 0 : ops[0].shape.size() - 1, "layer_norm");
+}
+
+inline layout_choice layer_norm_layouts(const op_attributes&, std::span<const operand_type> ops,
+                                        std::vector<layout> asked, const mesh_shape&) {
+    layout l = whole_terms(asked[0]);
+    l.dims[l.rank() - 1] = {};
+    layout_choice c{{l}, {l}};
+    for (std::size_t i = 1; i < ops.size(); ++i)
+        c.operands.push_back(layout::replicated(1));
+    return c;
+}
+
+template <class T>
+T norm_eps(const node_shards& s) {
+    return T(s.node->attributes.reals.empty() ? 1e-5 : s.node->attributes.reals[0]);
+}
+
+template <class T>
+void layer_norm_forward(const forward_args& x) {
+    const auto& s = x.shards;
+    const std::size_t n = s.operands[0].local.back(), rows = n ? s.operands[0].count() / n : 0;
+    const T* a = static_cast<const T*>(x.operands[0]);
+    const T* gamma = x.operands.size() > 1 ? static_cast<const T*>(x.operands[1]) : nullptr;
+    const T* beta = x.operands.size() > 2 ? static_cast<const T*>(x.operands[2]) : nullptr;
+    T* y = static_cast<T*>(x.results[0]);
+    const T eps = norm_eps<T>(s);
+    for (std::size_t r = 0; r < rows; ++r) {
+        const T* row = a + r * n;
+        T mean = 0, var = 0;
+        for (std::size_t j = 0; j < n; ++j)
+            mean += row[j];
+        mean /= T(n);
+        for (std::size_t j = 0; j < n; ++j)
+            var += (row[j] - mean) * (row[j] - mean);
+        const T inv = T(1) / std::sqrt(var / T(n) + eps);
+        for (std::size_t j = 0; j < n; ++j) {
+            const T h = (row[j] - mean) * inv;
+            y[r * n + j] = gamma ? h * gamma[j] + beta[j] : h;
+        }
+    }
+}
+
+/// dx = inv (g - mean(g) - h mean(g h)) with g = dy gamma; dgamma = sum dy h, dbeta = sum dy.
+template <class T>
+void layer_norm_vjp(const vjp_args& v) {
+    const auto& s = v.shards;
+    const std::size_t n = s.operands[0].local.back(), rows = n ? s.operands[0].count() / n : 0;
+    const T* a = static_cast<const T*>(v.operands[0]);
+    const bool affine = v.operands.size() > 1;
+    const T* gamma = affine ? static_cast<const T*>(v.operands[1]) : nullptr;
+    const T* dy = static_cast<const T*>(v.result_cotangents[0]);
+    T* dx = static_cast<T*>(v.operand_cotangents[0]);
+    T* dgamma = affine ? static_cast<T*>(v.operand_cotangents[1]) : nullptr;
+    T* dbeta = affine ? static_cast<T*>(v.operand_cotangents[2]) : nullptr;
+    if (dgamma && !v.accumulate[1])
+        std::fill_n(dgamma, n, T(0));
+    if (dbeta && !v.accumulate[2])
+        std::fill_n(dbeta, n, T(0));
+    if (!dy) {
+        if (dx && !v.accumulate[0])
+            std::fill_n(dx, s.operands[0].count(), T(0));
+        return;
+    }
+    const T eps = norm_eps<T>(s);
+    std::vector<T> h(n);
+    for (std::size_t r = 0; r < rows; ++r) {
+        const T* row = a + r * n;
+        const T* g = dy + r * n;
+        T mean = 0, var = 0;
+        for (std::size_t j = 0; j < n; ++j)
+            mean += row[j];
+        mean /= T(n);
+        for (std::size_t j = 0; j < n; ++j)
+            var += (row[j] - mean) * (row[j] - mean);
+        const T inv = T(1) / std::sqrt(var / T(n) + eps);
+        T mg = 0, mgh = 0;
+        for (std::size_t j = 0; j < n; ++j) {
+            h[j] = (row[j] - mean) * inv;
+            const T gj = gamma ? g[j] * gamma[j] : g[j];
+            mg += gj;
+            mgh += gj * h[j];
+            if (dgamma)
+                dgamma[j] += g[j] * h[j];
+            if (dbeta)
+                dbeta[j] += g[j];
+        }
+        mg /= T(n);
+        mgh /= T(n);
+        if (dx)
+            for (std::size_t j = 0; j < n; ++j) {
+                const T gj = gamma ? g[j] * gamma[j] : g[j];
+                const T d = inv * (gj - mg - h[j] * mgh);
+                dx[r * n + j] = v.accumulate[0] ? dx[r * n + j] + d : d;
+            }
+    }
+}
+
+inline constexpr op_rules layer_norm_rules{.name = "layer_norm",
+                                           .infer = infer_layer_norm,
+                                           .rule = layer_norm_layouts,
+                                           .batched = first_batched,
+                                           .resolve = resolve_each,
+                                           .flops = per_element_flops,
+                                           .saves = saves_operand(0) | saves_operand(1)};
+
+// Batch norm.
+
+inline std::vector<result_spec> infer_batch_norm(const op_attributes& at,
+                                                 std::span<const operand_type> ops) {
+    return infer_norm(at, ops, 1, "batch_norm");
+}
+
+inline layout_choice batch_norm_layouts(const op_attributes&, std::span<const operand_type> ops,
+                                        std::vector<layout> asked, const mesh_shape&) {
+    layout l = whole_terms(asked[0]);
+    for (std::size_t d = 2; d < l.rank(); ++d)
+        l.dims[d] = {};
+    layout_choice c{{l}, {l}};
+    for (std::size_t i = 1; i < ops.size(); ++i) {
+        layout p = layout::replicated(1);
+        p.dims[0] = l.dims[1];
+        c.operands.push_back(p);
+    }
+    return c;
+}
+
+/// Per channel of this rank's block: the count of values, then the batch's sums of `f` over
+/// the ranks splitting the batch (one all-reduce of C values each).
+struct channel_geometry {
+    std::size_t n = 0, c = 0, hw = 1;
+    explicit channel_geometry(const value_shape& s)
+        : n(s[0])
+        , c(s[1]) {
+        for (std::size_t d = 2; d < s.size(); ++d)
+            hw *= s[d];
+    }
+};
+
+template <class T, class F>
+std::vector<T> channel_sums(const node_shards& s, const channel_geometry& g, F f) {
+    std::vector<T> sums(g.c, T(0));
+    for (std::size_t i = 0; i < g.n; ++i)
+        for (std::size_t ch = 0; ch < g.c; ++ch)
+            for (std::size_t k = 0; k < g.hw; ++k)
+                sums[ch] += f((i * g.c + ch) * g.hw + k, ch);
+    const auto axes = s.operands[0].l.split_axes(0, s.mesh->shape);
+    if (!axes.empty() && g.c > 0)
+        allreduce(s.mesh->group(axes), std::span(sums), reduction::sum);
+    return sums;
+}
+
+/// The mean and 1 / sqrt(var + eps) per channel of the whole batch.
+template <class T>
+std::pair<std::vector<T>, std::vector<T>> batch_moments(const node_shards& s, const T* a) {
+    const channel_geometry g(s.operands[0].local);
+    const double count = double(s.operands[0].global[0]) * double(g.hw);
+    auto mean = channel_sums<T>(s, g, [&](std::size_t k, std::size_t) { return a[k]; });
+    for (auto& m : mean)
+        m = T(double(m) / count);
+    auto var = channel_sums<T>(s, g, [&](std::size_t k, std::size_t ch) {
+        return (a[k] - mean[ch]) * (a[k] - mean[ch]);
+    });
+    const T eps = norm_eps<T>(s);
+    for (auto& v : var)
+        v = T(1) / std::sqrt(T(double(v) / count) + eps);
+    return {std::move(mean), std::move(var)};
+}
+
+template <class T>
+void batch_norm_forward(const forward_args& x) {
+    const auto& s = x.shards;
+    const channel_geometry g(s.operands[0].local);
+    const T* a = static_cast<const T*>(x.operands[0]);
+    const T* gamma = x.operands.size() > 1 ? static_cast<const T*>(x.operands[1]) : nullptr;
+    const T* beta = x.operands.size() > 2 ? static_cast<const T*>(x.operands[2]) : nullptr;
+    T* y = static_cast<T*>(x.results[0]);
+    const auto [mean, inv] = batch_moments<T>(s, a);
+    for (std::size_t i = 0; i < g.n; ++i)
+        for (std::size_t ch = 0; ch < g.c; ++ch)
+            for (std::size_t k = 0; k < g.hw; ++k) {
+                const std::size_t e = (i * g.c + ch) * g.hw + k;
+                const T h = (a[e] - mean[ch]) * inv[ch];
+                y[e] = gamma ? h * gamma[ch] + beta[ch] : h;
+            }
+}
+
+/// dx = inv (g - mean(g) - h mean(g h)) per channel over the whole batch (g = dy gamma);
+/// dgamma = sum dy h and dbeta = sum dy over this rank's block (its terms).
+template <class T>
+void batch_norm_vjp(const vjp_args& v) {
+    const auto& s = v.shards;
+    const channel_geometry g(s.operands[0].local);
+    const T* a = static_cast<const T*>(v.operands[0]);
+    const bool affine = v.operands.size() > 1;
+    const T* gamma = affine ? static_cast<const T*>(v.operands[1]) : nullptr;
+    const T* dy = static_cast<const T*>(v.result_cotangents[0]);
+    T* dx = static_cast<T*>(v.operand_cotangents[0]);
+    T* dgamma = affine ? static_cast<T*>(v.operand_cotangents[1]) : nullptr;
+    T* dbeta = affine ? static_cast<T*>(v.operand_cotangents[2]) : nullptr;
+    const auto [mean, inv] = batch_moments<T>(s, a);
+    auto h = [&](std::size_t e, std::size_t ch) { return (a[e] - mean[ch]) * inv[ch]; };
+    auto gy = [&](std::size_t e, std::size_t ch) {
+        return dy ? (gamma ? dy[e] * gamma[ch] : dy[e]) : T(0);
+    };
+    if (dgamma && !v.accumulate[1])
+        std::fill_n(dgamma, g.c, T(0));
+    if (dbeta && !v.accumulate[2])
+        std::fill_n(dbeta, g.c, T(0));
+    for (std::size_t i = 0; i < g.n && dy; ++i)
+        for (std::size_t ch = 0; ch < g.c; ++ch)
+            for (std::size_t k = 0; k < g.hw; ++k) {
+                const std::size_t e = (i * g.c + ch) * g.hw + k;
+                if (dgamma)
+                    dgamma[ch] += dy[e] * h(e, ch);
+                if (dbeta)
+                    dbeta[ch] += dy[e];
+            }
+    if (!dx)
+        return;
+    const double count = double(s.operands[0].global[0]) * double(g.hw);
+    auto mg = channel_sums<T>(s, g, gy);
+    auto mgh = channel_sums<T>(s, g, [&](std::size_t e, std::size_t ch) { return gy(e, ch) * h(e, ch); });
+    for (std::size_t i = 0; i < g.n; ++i)
+        for (std::size_t ch = 0; ch < g.c; ++ch)
+            for (std::size_t k = 0; k < g.hw; ++k) {
+                const std::size_t e = (i * g.c + ch) * g.hw + k;
+                const T d = inv[ch] * (gy(e, ch) - T(double(mg[ch]) / count) -
+                                       h(e, ch) * T(double(mgh[ch]) / count));
+                dx[e] = v.accumulate[0] ? dx[e] + d : d;
+            }
+}
+
+inline constexpr op_rules batch_norm_rules{.name = "batch_norm",
+                                           .infer = infer_batch_norm,
+                                           .rule = batch_norm_layouts,
+                                           .batched = first_batched,
+                                           .resolve = resolve_each,
+                                           .flops = per_element_flops,
+                                           .saves = saves_operand(0) | saves_operand(1)};
+
+// Cross-entropy.
+
+inline std::vector<result_spec> infer_cross_entropy(const op_attributes&,
+                                                    std::span<const operand_type> ops) {
+    expect_operands(ops, 2, "cross_entropy");
+    expect_floating(ops, 0, "cross_entropy");
+    if (ops[1].type != dtype::i64)
+        throw std::invalid_argument("the labels must be integers (i64), not " +
+                                    std::string(to_string(ops[1].type)));
+    if (ops[0].shape.size() != 2 || ops[1].shape.size() != 1 ||
+        ops[0].shape[0] != ops[1].shape[0])
+        throw std::invalid_argument("logits [B, C] and labels [B] are expected, not " +
+                                    shape_text(ops[0].shape) + " and " + shape_text(ops[1].shape));
+    return {{{ops[0].shape[0]}, ops[0].type}};
+}
+
+inline layout_choice cross_entropy_layouts(const op_attributes&, std::span<const operand_type>,
+                                           std::vector<layout> asked, const mesh_shape&) {
+    layout logits = whole_terms(asked[0]);
+    logits.dims[1] = {};
+    layout rows = layout::replicated(1);
+    rows.dims[0] = logits.dims[0];
+    return {{logits, rows}, {rows}};
+}
+
+inline bool both_batched(const op_attributes&, std::span<const operand_type> ops, std::size_t i) {
+    return !ops[i].is_weight;
+}
+
+template <class T>
+void cross_entropy_forward(const forward_args& x) {
+    const auto& s = x.shards;
+    const std::size_t rows = s.operands[0].local[0], c = s.operands[0].local[1];
+    const T* a = static_cast<const T*>(x.operands[0]);
+    const auto* labels = static_cast<const std::int64_t*>(x.operands[1]);
+    T* y = static_cast<T*>(x.results[0]);
+    std::optional<std::string> bad;
+    for (std::size_t r = 0; r < rows; ++r)
+        if (labels[r] < 0 || std::size_t(labels[r]) >= c)
+            bad = "xshard: " + s.node->name + " (cross_entropy): label " +
+                  std::to_string(labels[r]) + " is not one of the " + std::to_string(c) +
+                  " classes";
+    agree_on_error(s.mesh->group(s.mesh->shape.all_axes()), bad);
+    for (std::size_t r = 0; r < rows; ++r) {
+        const T* row = a + r * c;
+        T m = -std::numeric_limits<T>::infinity();
+        for (std::size_t j = 0; j < c; ++j)
+            m = std::max(m, row[j]);
+        T sum = 0;
+        for (std::size_t j = 0; j < c; ++j)
+            sum += std::exp(row[j] - m);
+        y[r] = std::log(sum) + m - row[labels[r]];
+    }
+}
+
+/// dlogits = dy (softmax - onehot(label)).
+template <class T>
+void cross_entropy_vjp(const vjp_args& v) {
+    T* dx = static_cast<T*>(v.operand_cotangents[0]);
+    if (!dx)
+        return;
+    const auto& s = v.shards;
+    const std::size_t rows = s.operands[0].local[0], c = s.operands[0].local[1];
+    const T* a = static_cast<const T*>(v.operands[0]);
+    const auto* labels = static_cast<const std::int64_t*>(v.operands[1]);
+    const T* dy = static_cast<const T*>(v.result_cotangents[0]);
+    const bool add = v.accumulate[0];
+    for (std::size_t r = 0; r < rows; ++r) {
+        const T* row = a + r * c;
+        T m = -std::numeric_limits<T>::infinity();
+        for (std::size_t j = 0; j < c; ++j)
+            m = std::max(m, row[j]);
+        T sum = 0;
+        for (std::size_t j = 0; j < c; ++j)
+            sum += std::exp(row[j] - m);
+        for (std::size_t j = 0; j < c; ++j) {
+            const T p = std::exp(row[j] - m) / sum - (std::int64_t(j) == labels[r] ? T(1) : T(0));
+            const T d = dy ? dy[r] * p : T(0);
+            dx[r * c + j] = add ? dx[r * c + j] + d : d;
+        }
+    }
+}
+
+inline constexpr op_rules cross_entropy_rules{.name = "cross_entropy",
+                                              .infer = infer_cross_entropy,
+                                              .rule = cross_entropy_layouts,
+                                              .batched = both_batched,
+                                              .resolve = resolve_each,
+                                              .flops = per_element_flops,
+                                              .saves = saves_operand(0) | saves_operand(1)};
+
+template <class T>
+void register_normalize(auto&& add) {
+    add(primitive<T>{&softmax_rules, softmax_forward<T, false>, softmax_vjp<T, false>});
+    add(primitive<T>{&log_softmax_rules, softmax_forward<T, true>, softmax_vjp<T, true>});
+    add(primitive<T>{&layer_norm_rules, layer_norm_forward<T>, layer_norm_vjp<T>});
+    add(primitive<T>{&batch_norm_rules, batch_norm_forward<T>, batch_norm_vjp<T>});
+    add(primitive<T>{&cross_entropy_rules, cross_entropy_forward<T>, cross_entropy_vjp<T>});
+}
+
+} // namespace xshard::detail

@@ -1,0 +1,314 @@
+#pragma once
+/// \file
+/// Shape primitives: transpose (attributes ints = the permutation: result dimension d is
+/// operand dimension perm[d]), reshape (ints = the new shape; flatten is a reshape) and slice
+/// (ints = {dim, begin, end}).
+///
+/// Sharding: transpose permutes the layout with the dimensions (a local permutation of the
+/// block). reshape keeps the split of an operand dimension where a result dimension starts at
+/// the same element stride and both extents divide by the split count (then every rank's block
+/// is the same elements in the same order: [T, 3F] [dp, tp] -> [B, S, H, 3d] [dp, -, tp, -]);
+/// other splits are gathered first. slice takes its dimension whole. VJPs are the inverse
+/// permutation, the reshape back, and the cotangent placed in the slice (zeros elsewhere).
+
+#include <xshard/graph/primitive.hpp>
+#include <xshard/graph/primitives/elementwise.hpp>
+#include <xshard/graph/primitives/normalize.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace xshard::detail {
+
+inline std::vector<std::size_t> permutation_of(const op_attributes& at, std::size_t r) {
+    std::vector<std::size_t> p;
+    std::vector<bool> seen(r, false);
+    for (auto d : at.ints) {
+        if (d < 0 || std::size_t(d) >= r || seen[std::size_t(d)])
+            throw std::invalid_argument("the permutation is not one of the operand's " +
+                                        std::to_string(r) + " dimensions");
+        seen[std::size_t(d)] = true;
+        p.push_back(std::size_t(d));
+    }
+    if (p.size() != r)
+        throw std::invalid_argument("the permutation has " + std::to_string(p.size()) +
+                                    " dimensions, the operand " + std::to_string(r));
+    return p;
+}
+
+inline std::vector<result_spec> infer_transpose(const op_attributes& at,
+                                                std::span<const operand_type> ops) {
+    expect_operands(ops, 1, "transpose");
+    const auto p = permutation_of(at, ops[0].shape.size());
+    value_shape out;
+    for (auto d : p)
+        out.push_back(ops[0].shape[d]);
+    return {{out, ops[0].type}};
+}
+
+inline layout_choice transpose_layouts(const op_attributes& at, std::span<const operand_type> ops,
+                                       std::vector<layout> asked, const mesh_shape&) {
+    const layout in = whole_terms(asked[0]);
+    const auto p = permutation_of(at, ops[0].shape.size());
+    layout out = in;
+    for (std::size_t d = 0; d < p.size(); ++d)
+        out.dims[d] = in.dims[p[d]];
+    return {{in}, {out}};
+}
+
+inline bool transpose_batched(const op_attributes& at, std::span<const operand_type> ops,
+                              std::size_t) {
+    return !ops[0].is_weight && !at.ints.empty() && at.ints[0] == 0;
+}
+
+/// y[i_0, ..] = x[i_p^-1...]: result dimension d walks operand dimension perm[d]. With
+/// `add`, adds instead of writing.
+template <class T>
+void permute(const T* x, const value_shape& xs, const std::vector<std::size_t>& perm, T* y,
+             bool add) {
+    const std::size_t r = xs.size();
+    std::array<std::size_t, max_tensor_rank> xstride{}, ystride{}, extent{}, idx{};
+    std::size_t s = 1;
+    for (std::size_t d = r; d-- > 0;) {
+        xstride[d] = s;
+        s *= xs[d];
+    }
+    const std::size_t total = s;
+    for (std::size_t d = 0; d < r; ++d) {
+        extent[d] = xs[perm[d]];
+        ystride[d] = xstride[perm[d]]; // result dim d steps the operand by this
+    }
+    std::size_t at = 0;
+    for (std::size_t o = 0; o < total; ++o) {
+        y[o] = add ? y[o] + x[at] : x[at];
+        for (std::size_t d = r; d-- > 0;) {
+            ++idx[d];
+            at += ystride[d];
+            if (idx[d] < extent[d])
+                break;
+            at -= ystride[d] * extent[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+template <class T>
+void transpose_forward(const forward_args& x) {
+    const auto& s = x.shards;
+    permute(static_cast<const T*>(x.operands[0]), s.operands[0].local,
+            permutation_of(s.node->attributes, s.operands[0].rank()), static_cast<T*>(x.results[0]),
+            false);
+}
+
+template <class T>
+void transpose_vjp(const vjp_args& v) {
+    T* dx = static_cast<T*>(v.operand_cotangents[0]);
+    if (!dx)
+        return;
+    const auto& s = v.shards;
+    const T* dy = static_cast<const T*>(v.result_cotangents[0]);
+    if (!dy) {
+        if (!v.accumulate[0])
+            std::fill_n(dx, s.operands[0].count(), T(0));
+        return;
+    }
+    const auto p = permutation_of(s.node->attributes, s.operands[0].rank());
+    std::vector<std::size_t> inverse(p.size());
+    for (std::size_t d = 0; d < p.size(); ++d)
+        inverse[p[d]] = d;
+    permute(dy, s.results[0].local, inverse, dx, v.accumulate[0]);
+}
+
+inline std::vector<result_spec> infer_reshape(const op_attributes& at,
+                                              std::span<const operand_type> ops) {
+    expect_operands(ops, 1, "reshape");
+    value_shape out;
+    std::size_t n = 1, m = 1;
+    for (auto e : ops[0].shape)
+        n *= e;
+    for (auto e : at.ints) {
+        if (e < 0)
+            throw std::invalid_argument("the new shape has a negative extent");
+        out.push_back(std::size_t(e));
+        m *= std::size_t(e);
+    }
+    if (n != m)
+        throw std::invalid_argument("cannot reshape " + shape_text(ops[0].shape) + " (" +
+                                    std::to_string(n) + " elements) to " + shape_text(out));
+    return {{out, ops[0].type}};
+}
+
+inline layout_choice reshape_layouts(const op_attributes& at, std::span<const operand_type> ops,
+                                     std::vector<layout> asked, const mesh_shape& mesh) {
+    const auto out_shape = infer_reshape(at, ops)[0].first;
+    const auto& in_shape = ops[0].shape;
+    layout in = whole_terms(asked[0]);
+    layout out = layout::replicated(out_shape.size());
+    // The element stride at which each result dimension starts.
+    std::vector<std::size_t> starts(out_shape.size());
+    std::size_t prefix = 1;
+    for (std::size_t j = 0; j < out_shape.size(); ++j) {
+        starts[j] = prefix;
+        prefix *= out_shape[j];
+    }
+    prefix = 1;
+    for (std::size_t i = 0; i < in_shape.size(); ++i) {
+        const auto k = std::size_t(in.split_count(i, mesh));
+        bool follows = false;
+        for (std::size_t j = 0; j < out_shape.size() && k > 1; ++j)
+            if (starts[j] == prefix && out_shape[j] % k == 0 && in_shape[i] % k == 0 &&
+                out.dims[j].empty()) {
+                out.dims[j] = in.dims[i];
+                follows = true;
+                break;
+            }
+        if (!follows)
+            in.dims[i] = {};
+        prefix *= in_shape[i];
+    }
+    return {{in}, {out}};
+}
+
+inline bool reshape_batched(const op_attributes& at, std::span<const operand_type> ops,
+                            std::size_t) {
+    return !ops[0].is_weight && !ops[0].shape.empty() && !at.ints.empty() &&
+           std::size_t(at.ints[0]) == ops[0].shape[0];
+}
+
+template <class T>
+void copy_forward(const forward_args& x) {
+    std::memcpy(x.results[0], x.operands[0], x.shards.results[0].count() * sizeof(T));
+}
+
+template <class T>
+void copy_vjp(const vjp_args& v) {
+    T* dx = static_cast<T*>(v.operand_cotangents[0]);
+    if (!dx)
+        return;
+    const std::size_t n = v.shards.operands[0].count();
+    const T* dy = static_cast<const T*>(v.result_cotangents[0]);
+    if (v.accumulate[0]) {
+        for (std::size_t i = 0; dy && i < n; ++i)
+            dx[i] += dy[i];
+    } else if (dy) {
+        std::memcpy(dx, dy, n * sizeof(T));
+    } else {
+        std::fill_n(dx, n, T(0));
+    }
+}
+
+// Slice.
+
+struct slice_range {
+    std::size_t dim = 0, begin = 0, end = 0;
+};
+
+inline slice_range slice_of(const op_attributes& at, const value_shape& s) {
+    if (at.ints.size() != 3)
+        throw std::invalid_argument("slice takes {dim, begin, end}");
+    std::int64_t d = at.ints[0];
+    if (d < 0)
+        d += std::int64_t(s.size());
+    if (d < 0 || std::size_t(d) >= s.size() || at.ints[1] < 0 || at.ints[2] < at.ints[1] ||
+        std::size_t(at.ints[2]) > s[std::size_t(d)])
+        throw std::invalid_argument("the slice [" + std::to_string(at.ints[1]) + ", " +
+                                    std::to_string(at.ints[2]) + ") of dimension " +
+                                    std::to_string(at.ints[0]) + " does not fit " + shape_text(s));
+    return {std::size_t(d), std::size_t(at.ints[1]), std::size_t(at.ints[2])};
+}
+
+inline std::vector<result_spec> infer_slice(const op_attributes& at,
+                                            std::span<const operand_type> ops) {
+    expect_operands(ops, 1, "slice");
+    const auto r = slice_of(at, ops[0].shape);
+    value_shape out = ops[0].shape;
+    out[r.dim] = r.end - r.begin;
+    return {{out, ops[0].type}};
+}
+
+inline layout_choice slice_layouts(const op_attributes& at, std::span<const operand_type> ops,
+                                   std::vector<layout> asked, const mesh_shape&) {
+    layout l = whole_terms(asked[0]);
+    l.dims[slice_of(at, ops[0].shape).dim] = {};
+    return {{l}, {l}};
+}
+
+/// Calls f(operand offset, result offset, n) for each contiguous run of the slice.
+template <class F>
+void slice_runs(const node_shards& s, F f) {
+    const auto r = slice_of(s.node->attributes, s.operands[0].global);
+    const rows_around in(s.operands[0].local, r.dim), out(s.results[0].local, r.dim);
+    for (std::size_t o = 0; o < in.outer; ++o)
+        f((o * in.n + r.begin) * in.inner, o * out.n * out.inner, out.n * out.inner);
+}
+
+template <class T>
+void slice_forward(const forward_args& x) {
+    const T* a = static_cast<const T*>(x.operands[0]);
+    T* y = static_cast<T*>(x.results[0]);
+    slice_runs(x.shards, [&](std::size_t from, std::size_t to, std::size_t n) {
+        std::copy_n(a + from, n, y + to);
+    });
+}
+
+template <class T>
+void slice_vjp(const vjp_args& v) {
+    T* dx = static_cast<T*>(v.operand_cotangents[0]);
+    if (!dx)
+        return;
+    if (!v.accumulate[0])
+        std::fill_n(dx, v.shards.operands[0].count(), T(0));
+    const T* dy = static_cast<const T*>(v.result_cotangents[0]);
+    if (!dy)
+        return;
+    slice_runs(v.shards, [&](std::size_t from, std::size_t to, std::size_t n) {
+        for (std::size_t i = 0; i < n; ++i)
+            dx[from + i] += dy[to + i];
+    });
+}
+
+inline double no_flops(const op_attributes&, std::span<const shard_type>,
+                       std::span<const shard_type>) {
+    return 0;
+}
+
+inline constexpr op_rules transpose_rules{.name = "transpose",
+                                          .infer = infer_transpose,
+                                          .rule = transpose_layouts,
+                                          .batched = transpose_batched,
+                                          .resolve = resolve_each,
+                                          .flops = no_flops,
+                                          .saves = 0,
+                                          .follows = true};
+inline constexpr op_rules reshape_rules{.name = "reshape",
+                                        .infer = infer_reshape,
+                                        .rule = reshape_layouts,
+                                        .batched = reshape_batched,
+                                        .resolve = resolve_each,
+                                        .flops = no_flops,
+                                        .saves = 0,
+                                        .follows = true};
+
+inline constexpr op_rules slice_rules{.name = "slice",
+                                      .infer = infer_slice,
+                                      .rule = slice_layouts,
+                                      .batched = first_batched,
+                                      .resolve = resolve_each,
+                                      .flops = no_flops,
+                                      .saves = 0,
+                                      .follows = true};
+
+template <class T>
+void register_shape(auto&& add) {
+    add(primitive<T>{&slice_rules, slice_forward<T>, slice_vjp<T>});
+    add(primitive<T>{&transpose_rules, transpose_forward<T>, transpose_vjp<T>});
+    add(primitive<T>{&reshape_rules, copy_forward<T>, copy_vjp<T>});
+}
+
+} // namespace xshard::detail

@@ -1,0 +1,50 @@
+#pragma once
+/// \file
+/// The table of primitives, by name: every operation a program can hold (tracing reads its
+/// rules, execution its kernels).
+
+#include <xshard/comm/error.hpp>
+#include <xshard/graph/primitive.hpp>
+#include <xshard/graph/primitives/elementwise.hpp>
+#include <xshard/graph/primitives/matmul.hpp>
+#include <xshard/graph/primitives/normalize.hpp>
+#include <xshard/graph/primitives/reduce.hpp>
+#include <xshard/graph/primitives/shape.hpp>
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace xshard::detail {
+
+/// Every primitive with its kernels for element type T.
+template <class T>
+const std::vector<primitive<T>>& primitive_table() {
+    static const std::vector<primitive<T>> table = [] {
+        std::vector<primitive<T>> t;
+        auto add = [&](primitive<T> p) { t.push_back(p); };
+        register_elementwise<T>(add);
+        register_matmul<T>(add);
+        register_reduce<T>(add);
+        register_normalize<T>(add);
+        register_shape<T>(add);
+        return t;
+    }();
+    return table;
+}
+
+/// The primitive named `name` for element type T; throws xshard::error for an unknown name.
+template <class T>
+const primitive<T>& primitive_named(std::string_view name) {
+    for (const auto& p : primitive_table<T>())
+        if (p.rules->name == name)
+            return p;
+    throw error("xshard: no primitive is named '" + std::string(name) + "'");
+}
+
+/// The rules of the primitive named `name` (element-type free).
+inline const op_rules& rules_named(std::string_view name) {
+    return *primitive_named<double>(name).rules;
+}
+
+} // namespace xshard::detail

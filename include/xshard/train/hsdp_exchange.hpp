@@ -1,0 +1,130 @@
+#pragma once
+/// \file
+/// The fused exchanges of optimizer sharding (train/hsdp.hpp): the all-gathers (or the
+/// reduce-scatters) of several sharded weights of one element type, travelling as one
+/// batched exchange (redistribute/batch.hpp), planned once. Two groupings use them: the
+/// fusion buckets of a blocking step (MindSpore's comm_fusion `allgather` and
+/// `reducescatter`) and the per-layer exchanges that hsdp::forward and hsdp::backward start
+/// and finish around each layer (train/hsdp_units.hpp).
+
+#include <xshard/redistribute/batch.hpp>
+#include <xshard/train/buckets.hpp>
+#include <xshard/train/gradients.hpp>
+#include <xshard/train/hsdp_entry.hpp>
+#include <xshard/train/hsdp_spaces.hpp>
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <typeindex>
+#include <utility>
+#include <vector>
+
+namespace xshard::detail {
+
+/// An exchange of sharded weights (indices into the entries) of one element type and one
+/// space: `start` and `finish` its two halves, `run` both, `test` lets MPI move it. A bucket
+/// of one weight has none (`run` empty): that weight's own planned collective runs.
+struct hsdp_exchange {
+    std::vector<std::size_t> members;
+    std::function<void()> run, start, finish;
+    std::function<bool()> test;
+};
+
+/// The message tag of the fusion buckets (the batch plan's default): they run one at a
+/// time, blocking, so one tag serves them all.
+inline constexpr int hsdp_bucket_tag = 7;
+
+/// One exchange of the weights `members` of `entries` (of one element type and one space of
+/// `spaces`) on message tag `tag` (exchanges in flight at once use distinct tags): their
+/// all-gather (`gather`) or the reduce-scatter of their terms, which on a copy mesh ends
+/// with the sum over the copies. With `release_buffers` (level3, which holds memory only
+/// while in use) the staging buffers are freed after each exchange. `entries` must outlive
+/// the exchange, its elements kept in place.
+inline hsdp_exchange plan_hsdp_exchange(std::vector<hsdp_entry>& entries, const hsdp_spaces& spaces,
+                                        std::vector<std::size_t> members, bool gather, int tag,
+                                        bool release_buffers) {
+    hsdp_exchange f;
+    f.members = std::move(members);
+    const int space = entries[f.members.front()].space;
+    std::vector<hsdp_entry>* list = &entries;
+    with_element_type(entries[f.members.front()].type, [&](auto zero) {
+        using T = decltype(zero);
+        auto plan =
+            std::make_shared<batch_redistribution_plan<T>>(spaces.comm(space), spaces.shape(space));
+        for (std::size_t i : f.members)
+            entries[i].add_to(plan.get(), gather);
+        f.start = [list, plan, members = f.members, gather, tag] {
+            std::vector<const T*> in;
+            std::vector<T*> dst;
+            for (std::size_t i : members) {
+                in.push_back(static_cast<const T*>((*list)[i].source(gather)));
+                dst.push_back(static_cast<T*>((*list)[i].destination(gather)));
+            }
+            plan->start(in, dst, tag);
+        };
+        f.finish = [list, plan, members = f.members, gather, release_buffers] {
+            plan->finish();
+            if (release_buffers)
+                plan->release_buffers();
+            if (!gather)
+                for (std::size_t i : members)
+                    if ((*list)[i].across_reduce)
+                        (*list)[i].across_reduce();
+        };
+        f.test = [plan] {
+            return plan->test();
+        };
+        f.run = [start = f.start, finish = f.finish] {
+            start();
+            finish();
+        };
+    });
+    return f;
+}
+
+/// Per element type and space, one exchange of `members` (see plan_hsdp_exchange), on tags
+/// `next_tag`, `next_tag + 1`, ... (`next_tag` left past the last one taken).
+inline std::vector<hsdp_exchange>
+plan_hsdp_exchanges_by_type(std::vector<hsdp_entry>& entries, const hsdp_spaces& spaces,
+                            const std::vector<std::size_t>& members, bool gather, int& next_tag,
+                            bool release_buffers) {
+    std::map<std::pair<std::type_index, int>, std::vector<std::size_t>> by_type;
+    for (std::size_t i : members)
+        by_type[{entries[i].type, entries[i].space}].push_back(i);
+    std::vector<hsdp_exchange> out;
+    for (auto& [type, list] : by_type)
+        out.push_back(plan_hsdp_exchange(entries, spaces, std::move(list), gather, next_tag++,
+                                         release_buffers));
+    return out;
+}
+
+/// The entries in fusion buckets of at most `limit` bytes per element type and space
+/// (train/buckets.hpp; 0: one weight per bucket), in order; a bucket of more than one weight
+/// gets its exchange (see plan_hsdp_exchange), a bucket of one none.
+inline std::vector<hsdp_exchange> plan_hsdp_buckets(std::vector<hsdp_entry>& entries,
+                                                    const hsdp_spaces& spaces, std::size_t limit,
+                                                    bool gather, bool release_buffers) {
+    std::vector<std::size_t> all(entries.size());
+    std::iota(all.begin(), all.end(), std::size_t(0));
+    auto buckets = fill_buckets<std::pair<std::type_index, int>>(
+        all, limit, [&](std::size_t i) { return entries[i].bytes; },
+        [&](std::size_t i) {
+            return std::pair{entries[i].type, entries[i].space};
+        });
+    std::vector<hsdp_exchange> out;
+    for (auto& b : buckets) {
+        hsdp_exchange f;
+        if (b.members.size() > 1)
+            f = plan_hsdp_exchange(entries, spaces, std::move(b.members), gather, hsdp_bucket_tag,
+                                   release_buffers);
+        else
+            f.members = std::move(b.members);
+        out.push_back(std::move(f));
+    }
+    return out;
+}
+
+} // namespace xshard::detail

@@ -1,0 +1,485 @@
+// Programs: tracing, the VJP of every primitive, compiling onto meshes, training.
+//
+// Every expected value comes from serial xtensor code: each primitive's forward pass is
+// compared with an xtensor expression of the same thing, its gradients with central
+// differences of that expression; programs on every dp x mp mesh of the world (and with
+// strategies) are compared with the same xtensor reference.
+
+#include <xshard/graph.hpp>
+#include <xshard/optim/optimizers.hpp>
+#include <xshard/tensor/distribute.hpp>
+#include <xshard/tensor/gather.hpp>
+#include <xshard/train/gradients.hpp>
+
+#include "expect_error.hpp"
+#include "mpi_test.hpp"
+
+#include <gtest/gtest.h>
+#include <xtensor-blas/xlinalg.hpp>
+#include <xtensor/xarray.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xrandom.hpp>
+#include <xtensor/xview.hpp>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using xshard::layout;
+using xshard::traced_tensor;
+using xshard::testing::world;
+namespace ops = xshard::ops;
+using mesh_t = xshard::mesh<"dp", "mp">;
+using array = xt::xarray<double>;
+
+/// Every dp x mp factorisation of the world size.
+template <class F>
+void for_each_2d_mesh(F&& f) {
+    const int p = world().size();
+    for (int dp = 1; dp <= p; ++dp)
+        if (p % dp == 0)
+            f(mesh_t(world(), {dp, p / dp}));
+}
+
+/// A distributed tensor of `global` (every rank holds it) laid out as `l`.
+template <std::size_t N, class T = double>
+auto dist(const mesh_t& mesh, const xt::xarray<T>& global, const layout& l) {
+    xt::xtensor<T, N> g = global;
+    return xshard::distribute<xshard::dynamic_layout(N)>(mesh, g, l);
+}
+
+/// The gathered gradient of the weight named `name`.
+array gradient_of(xshard::compiled_program<double, mesh_t>& net, const std::string& name) {
+    array out;
+    bool found = false;
+    xshard::for_each_weight(net, [&](const std::string& n, auto& w) {
+        if (n == name) {
+            out = xshard::gather_all(w.grad);
+            found = true;
+        }
+    });
+    EXPECT_TRUE(found) << name;
+    return out;
+}
+
+array value_of(xshard::compiled_program<double, mesh_t>& net, const std::string& name) {
+    array out;
+    xshard::for_each_weight(net, [&](const std::string& n, auto& w) {
+        if (n == name)
+            out = xshard::gather_all(w.value);
+    });
+    return out;
+}
+
+double max_error(const array& a, const array& b) {
+    if (a.shape() != b.shape())
+        return 1e300;
+    return a.size() == 0 ? 0.0 : double(xt::amax(xt::abs(a - b))());
+}
+
+// --- one primitive at a time -----------------------------------------------------------------
+
+/// A primitive under test: the program's operands are weights `w0, w1, ...` of the given
+/// shapes; `traced` applies the operation (possibly annotated for the mesh), `reference` the
+/// same in xtensor on the whole arrays. The loss is sum(op(w) * r) for a fixed random r.
+struct op_case {
+    std::string name;
+    std::vector<xshard::value_shape> shapes;
+    std::function<traced_tensor(const std::vector<traced_tensor>&, const xshard::mesh_shape&)>
+        traced;
+    std::function<array(const std::vector<array>&)> reference;
+    /// Inputs that must stay positive (log, sqrt, division).
+    bool positive = false;
+};
+
+/// The initializer the program draws weight i with.
+xshard::initializer init_for(const op_case& c) {
+    return c.positive ? xshard::initializer::uniform(0.5, 1.5)
+                      : xshard::initializer::uniform(-1.0, 1.0);
+}
+
+/// The weights' values as the program draws them (the counter-based initializer, serially).
+std::vector<array> drawn_weights(const op_case& c, std::uint64_t seed) {
+    std::vector<array> out;
+    for (std::size_t i = 0; i < c.shapes.size(); ++i) {
+        std::vector<std::size_t> shape(c.shapes[i].begin(), c.shapes[i].end());
+        array w(shape);
+        const std::string name = "w" + std::to_string(i);
+        for (std::size_t k = 0; k < w.size(); ++k)
+            w.flat(k) = init_for(c).value(seed, xshard::parameter_stream(name), k, c.shapes[i]);
+        out.push_back(w);
+    }
+    return out;
+}
+
+void check_op(const op_case& c) {
+    constexpr std::uint64_t seed = 7;
+    const auto w = drawn_weights(c, seed);
+    const array y0 = c.reference(w);
+    std::mt19937 engine(11);
+    const array r = xt::random::rand<double>(y0.shape(), -1.0, 1.0, engine);
+    auto loss_of = [&](const std::vector<array>& ws) {
+        return double(xt::sum(c.reference(ws) * r)());
+    };
+    // Central differences of the xtensor reference.
+    std::vector<array> expected;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+        array g = xt::zeros<double>(w[i].shape());
+        for (std::size_t k = 0; k < w[i].size(); ++k) {
+            auto up = w, down = w;
+            const double h = 1e-6;
+            up[i].flat(k) += h;
+            down[i].flat(k) -= h;
+            g.flat(k) = (loss_of(up) - loss_of(down)) / (2 * h);
+        }
+        expected.push_back(g);
+    }
+    const xshard::value_shape rshape(y0.shape().begin(), y0.shape().end());
+    for_each_2d_mesh([&](const mesh_t& mesh) {
+        auto p = xshard::trace(
+            [&](traced_tensor rr) {
+                std::vector<traced_tensor> ws;
+                for (std::size_t i = 0; i < c.shapes.size(); ++i)
+                    ws.push_back(xshard::param("w" + std::to_string(i), c.shapes[i], init_for(c)));
+                return ops::sum_all(ops::mul(c.traced(ws, mesh.shape()), rr));
+            },
+            xshard::input<double>("r", rshape));
+        auto net = xshard::compile<double>(p, mesh, {.seed = seed});
+        const auto rl = layout::replicated(rshape.size());
+        double loss = 0;
+        switch (rshape.size()) {
+        case 1:
+            loss = net.train_step(dist<1>(mesh, r, rl));
+            break;
+        case 2:
+            loss = net.train_step(dist<2>(mesh, r, rl));
+            break;
+        case 3:
+            loss = net.train_step(dist<3>(mesh, r, rl));
+            break;
+        default:
+            loss = net.train_step(dist<4>(mesh, r, rl));
+            break;
+        }
+        EXPECT_NEAR(loss, loss_of(w), 1e-9) << c.name << " on mesh(" << mesh.shape().to_string()
+                                            << ")\n"
+                                            << net.describe();
+        for (std::size_t i = 0; i < w.size(); ++i) {
+            const array g = gradient_of(net, "w" + std::to_string(i));
+            EXPECT_LT(max_error(g, expected[i]), 1e-6)
+                << c.name << " gradient of operand " << i << " on mesh("
+                << mesh.shape().to_string() << ")\n"
+                << net.describe();
+        }
+    });
+}
+
+/// Layouts for the meshes: "dp" / "mp" split a dimension when the mesh axis divides it
+/// (otherwise the split is uneven, which every layout allows).
+layout lay(const char* text) { return layout(text); }
+
+array relu(const array& x) { return xt::maximum(x, 0.0); }
+
+array matmul(const array& a, const array& b) {
+    if (a.dimension() == 2)
+        return xt::linalg::dot(a, b);
+    array out = xt::zeros<double>({a.shape()[0], a.shape()[1], b.shape()[b.dimension() - 1]});
+    for (std::size_t i = 0; i < a.shape()[0]; ++i) {
+        array ai = xt::view(a, i);
+        array bi = b.dimension() == 3 ? array(xt::view(b, i)) : b;
+        xt::view(out, i) = xt::linalg::dot(ai, bi);
+    }
+    return out;
+}
+
+array softmax_rows(const array& x, bool log) {
+    array out = x;
+    const std::size_t n = x.shape().back(), rows = x.size() / n;
+    for (std::size_t r = 0; r < rows; ++r) {
+        double m = -1e300, s = 0;
+        for (std::size_t j = 0; j < n; ++j)
+            m = std::max(m, x.flat(r * n + j));
+        for (std::size_t j = 0; j < n; ++j)
+            s += std::exp(x.flat(r * n + j) - m);
+        for (std::size_t j = 0; j < n; ++j)
+            out.flat(r * n + j) = log ? x.flat(r * n + j) - m - std::log(s)
+                                      : std::exp(x.flat(r * n + j) - m) / s;
+    }
+    return out;
+}
+
+TEST(graph, every_primitive_against_central_differences_on_every_mesh) {
+    using V = std::vector<traced_tensor>;
+    using A = std::vector<array>;
+    using M = xshard::mesh_shape;
+    std::vector<op_case> cases;
+    auto binary = [&](std::string name, auto op, auto ref, bool positive = false) {
+        cases.push_back({name + " [dp, mp] with a bias broadcast",
+                         {{6, 4}, {4}},
+                         [op](const V& w, const M&) {
+                             return op.shard({lay("[dp, mp]"), lay("[mp]")})(w[0], w[1]);
+                         },
+                         [ref](const A& w) { return array(ref(w[0], w[1])); }, positive});
+        cases.push_back({name + " data parallel",
+                         {{6, 4}, {6, 4}},
+                         [op](const V& w, const M&) { return op(w[0], w[1]); },
+                         [ref](const A& w) { return array(ref(w[0], w[1])); }, positive});
+    };
+    binary("add", ops::add, [](const array& a, const array& b) { return a + b; });
+    binary("sub", ops::sub, [](const array& a, const array& b) { return a - b; });
+    binary("mul", ops::mul, [](const array& a, const array& b) { return a * b; });
+    binary("div", ops::div, [](const array& a, const array& b) { return a / b; }, true);
+    binary("maximum", ops::maximum, [](const array& a, const array& b) { return xt::maximum(a, b); });
+    binary("minimum", ops::minimum, [](const array& a, const array& b) { return xt::minimum(a, b); });
+    auto unary = [&](std::string name, auto op, auto ref, bool positive = false) {
+        cases.push_back({name,
+                         {{5, 6}},
+                         [op](const V& w, const M&) { return op.shard({lay("[mp, dp]")})(w[0]); },
+                         [ref](const A& w) { return array(ref(w[0])); }, positive});
+    };
+    unary("neg", ops::neg, [](const array& x) { return -x; });
+    unary("relu", ops::relu, [](const array& x) { return relu(x); });
+    unary("gelu", ops::gelu, [](const array& x) {
+        return 0.5 * x * (1.0 + xt::erf(x / std::sqrt(2.0)));
+    });
+    unary("exp", ops::exp, [](const array& x) { return xt::exp(x); });
+    unary("log", ops::log, [](const array& x) { return xt::log(x); }, true);
+    unary("tanh", ops::tanh, [](const array& x) { return xt::tanh(x); });
+    unary("sigmoid", ops::sigmoid, [](const array& x) { return 1.0 / (1.0 + xt::exp(-x)); });
+    unary("abs", ops::abs, [](const array& x) { return xt::abs(x); });
+    unary("sqrt", ops::sqrt, [](const array& x) { return xt::sqrt(x); }, true);
+    unary("square", ops::square, [](const array& x) { return x * x; });
+    cases.push_back({"scale and add_scalar",
+                     {{4, 3}},
+                     [](const V& w, const M&) { return 3.0 * w[0] + 2.0 - w[0] / 4.0; },
+                     [](const A& w) { return array(3.0 * w[0] + 2.0 - w[0] / 4.0); }});
+    // Matrix products, with each strategy that fits: split rows, contraction, columns.
+    for (const char* s : {"", "rows", "contraction", "columns", "all"}) {
+        const std::string which = s;
+        cases.push_back({"matmul " + which,
+                         {{6, 5}, {5, 4}},
+                         [which](const V& w, const M& m) {
+                             const int dp = m.sizes[0], mp = m.sizes[1];
+                             if (which == "rows")
+                                 return ops::matmul.shard({{dp * mp, 1}, {1, 1}})(w[0], w[1]);
+                             if (which == "contraction")
+                                 return ops::matmul.shard({{1, dp * mp}, {dp * mp, 1}})(w[0], w[1]);
+                             if (which == "columns")
+                                 return ops::matmul.shard({{1, 1}, {1, dp * mp}})(w[0], w[1]);
+                             if (which == "all")
+                                 return ops::matmul.shard({{dp, mp}, {mp, 1}})(w[0], w[1]);
+                             return ops::matmul(w[0], w[1]);
+                         },
+                         [](const A& w) { return matmul(w[0], w[1]); }});
+    }
+    cases.push_back({"batched matmul", {{4, 3, 5}, {4, 5, 2}},
+                     [](const V& w, const M&) {
+                         return ops::matmul.shard({lay("[dp, -, mp]"), lay("[dp, mp, -]")})(w[0], w[1]);
+                     },
+                     [](const A& w) { return matmul(w[0], w[1]); }});
+    cases.push_back({"batched matmul with a shared [k, n]", {{4, 3, 5}, {5, 2}},
+                     [](const V& w, const M&) { return ops::matmul(w[0], w[1]); },
+                     [](const A& w) { return matmul(w[0], w[1]); }});
+    cases.push_back({"matmul with transposed operands", {{5, 6}, {4, 5}},
+                     [](const V& w, const M&) {
+                         return trace_call("matmul", xshard::op_attributes{{1, 1}, {}},
+                                           xshard::op_annotation{}, w[0], w[1]);
+                     },
+                     [](const A& w) {
+                         return array(xt::linalg::dot(xt::transpose(w[0]), xt::transpose(w[1])));
+                     }});
+    // Reductions: along a split dimension (a pending sum resolved on the edge), keepdims.
+    cases.push_back({"sum along a split dimension", {{6, 4}},
+                     [](const V& w, const M&) {
+                         return ops::sum<0>(ops::relu.shard({lay("[(dp,mp), -]")})(w[0]));
+                     },
+                     [](const A& w) { return array(xt::sum(relu(w[0]), {0})); }});
+    cases.push_back({"mean keepdims", {{6, 4}},
+                     [](const V& w, const M&) { return ops::mean<1, true>(w[0]); },
+                     [](const A& w) { return array(xt::mean(w[0], {1}, xt::keep_dims)); }});
+    cases.push_back({"max", {{6, 4}},
+                     [](const V& w, const M&) { return ops::max<1>(w[0]); },
+                     [](const A& w) { return array(xt::amax(w[0], {1})); }});
+    cases.push_back({"min", {{6, 4}},
+                     [](const V& w, const M&) { return ops::min<0>(w[0]); },
+                     [](const A& w) { return array(xt::amin(w[0], {0})); }});
+    cases.push_back({"mean of everything", {{6, 4}},
+                     [](const V& w, const M&) {
+                         return ops::reshape(ops::mean_all(ops::relu.shard({lay("[dp, mp]")})(w[0])),
+                                             std::array<std::size_t, 1>{1});
+                     },
+                     [](const A& w) { return array(xt::reshape_view(array(xt::mean(relu(w[0]))), {1})); }});
+    // Normalisations.
+    cases.push_back({"softmax", {{6, 5}},
+                     [](const V& w, const M&) {
+                         return ops::softmax<1>(ops::relu.shard({lay("[dp, mp]")})(w[0]));
+                     },
+                     [](const A& w) { return softmax_rows(relu(w[0]), false); }});
+    cases.push_back({"log_softmax", {{6, 5}},
+                     [](const V& w, const M&) { return ops::log_softmax<1>(w[0]); },
+                     [](const A& w) { return softmax_rows(w[0], true); }});
+    cases.push_back({"layer_norm with gamma and beta", {{6, 5}, {5}, {5}},
+                     [](const V& w, const M&) { return ops::layer_norm(w[0], w[1], w[2]); },
+                     [](const A& w) {
+                         const array mu = xt::mean(w[0], {1}, xt::keep_dims);
+                         const array var = xt::mean(xt::square(w[0] - mu), {1}, xt::keep_dims);
+                         return array((w[0] - mu) / xt::sqrt(var + 1e-5) * w[1] + w[2]);
+                     }});
+    auto batch_norm_ref = [](const A& w) {
+        const array mu = xt::mean(w[0], {0}, xt::keep_dims);
+        const array var = xt::mean(xt::square(w[0] - mu), {0}, xt::keep_dims);
+        return array((w[0] - mu) / xt::sqrt(var + 1e-5) * w[1] + w[2]);
+    };
+    cases.push_back({"batch_norm split over the batch", {{8, 3}, {3}, {3}},
+                     [](const V& w, const M&) {
+                         return ops::batch_norm(ops::relu.shard({lay("[(dp,mp), -]")})(w[0]) + w[0],
+                                                w[1], w[2]);
+                     },
+                     [batch_norm_ref](const A& w) {
+                         return batch_norm_ref({relu(w[0]) + w[0], w[1], w[2]});
+                     }});
+    cases.push_back({"batch_norm split over the channels", {{8, 4}, {4}, {4}},
+                     [](const V& w, const M&) {
+                         return trace_call("batch_norm", xshard::op_attributes{{}, {1e-5}},
+                                           xshard::op_annotation{{}, {lay("[dp, mp]"), lay("[mp]"),
+                                                                      lay("[mp]")}, {}},
+                                           w[0], w[1], w[2]);
+                     },
+                     batch_norm_ref});
+    // Shapes.
+    cases.push_back({"transpose", {{3, 4, 5}},
+                     [](const V& w, const M&) {
+                         return ops::transpose<2, 0, 1>(ops::relu.shard({lay("[dp, mp, -]")})(w[0]));
+                     },
+                     [](const A& w) { return array(xt::transpose(relu(w[0]), {2, 0, 1})); }});
+    cases.push_back({"flatten and reshape", {{6, 2, 3}},
+                     [](const V& w, const M&) {
+                         return ops::reshape(ops::flatten(w[0]), std::array<std::size_t, 2>{3, 12});
+                     },
+                     [](const A& w) { return array(xt::reshape_view(w[0], {3, 12})); }});
+    for (const auto& c : cases) {
+        SCOPED_TRACE(c.name);
+        check_op(c);
+    }
+}
+
+// --- the parameter-broadcast document's MLP --------------------------------------------------
+
+/// The serial reference of the MLP step: the loss and every weight's gradient.
+struct mlp_reference {
+    double loss = 0;
+    std::map<std::string, array> grads;
+};
+
+mlp_reference mlp_serial(const std::map<std::string, array>& w, const array& x,
+                         const xt::xarray<std::int64_t>& y) {
+    const array z1 = xt::linalg::dot(x, w.at("w1"));
+    const array h1 = relu(z1);
+    const array z2 = xt::linalg::dot(h1, w.at("w2"));
+    const array h2 = relu(z2);
+    const array logits = xt::linalg::dot(h2, w.at("w3"));
+    const array p = softmax_rows(logits, false);
+    const std::size_t b = x.shape()[0];
+    mlp_reference r;
+    array dlogits = p;
+    for (std::size_t i = 0; i < b; ++i) {
+        r.loss -= std::log(p(i, std::size_t(y(i)))) / double(b);
+        dlogits(i, std::size_t(y(i))) -= 1.0;
+    }
+    dlogits /= double(b);
+    r.grads["w3"] = xt::linalg::dot(xt::transpose(h2), dlogits);
+    const array dz2 = xt::where(z2 > 0.0, xt::linalg::dot(dlogits, xt::transpose(w.at("w3"))), 0.0);
+    r.grads["w2"] = xt::linalg::dot(xt::transpose(h1), dz2);
+    const array dz1 = xt::where(z1 > 0.0, xt::linalg::dot(dz2, xt::transpose(w.at("w2"))), 0.0);
+    r.grads["w1"] = xt::linalg::dot(xt::transpose(x), dz1);
+    return r;
+}
+
+/// The document's network (784-512-512-10, here 24-16-16-5 to stay quick) with its
+/// strategies scaled to the mesh: matmul1 ((dp, mp), (mp, 1)), relu1 (mp, 1), matmul2
+/// ((1, p), (p, 1)), relu2 (p, 1), matmul3 data parallel; the mean cross-entropy.
+xshard::program mlp_program(std::size_t batch, int dp, int mp) {
+    const int p = dp * mp;
+    return xshard::trace(
+        [&](traced_tensor x, traced_tensor y) {
+            auto n = xshard::initializer::normal(0, 0.3);
+            auto w1 = xshard::param("w1", {24, 16}, n);
+            auto w2 = xshard::param("w2", {16, 16}, n);
+            auto w3 = xshard::param("w3", {16, 5}, n);
+            auto h = ops::matmul.shard({{dp, mp}, {mp, 1}})(x, w1);
+            h = ops::relu.shard({{mp, 1}})(h);
+            h = ops::matmul.shard({{1, p}, {p, 1}})(h, w2);
+            h = ops::relu.shard({{p, 1}})(h);
+            auto logits = ops::matmul(h, w3);
+            return ops::mean<0>(ops::cross_entropy(logits, y));
+        },
+        xshard::input<double>("x", {batch, 24}), xshard::input<std::int64_t>("y", {batch}));
+}
+
+TEST(graph, document_mlp_trains_with_its_strategies_like_serial_xtensor) {
+    const std::size_t batch = 16;
+    std::mt19937 engine(5);
+    for_each_2d_mesh([&](const mesh_t& mesh) {
+        const int dp = mesh.shape().sizes[0], mp = mesh.shape().sizes[1];
+        auto net = xshard::compile<double>(mlp_program(batch, dp, mp), mesh, {.seed = 3});
+        std::map<std::string, array> w;
+        for (const char* name : {"w1", "w2", "w3"})
+            w[name] = value_of(net, name);
+        xshard::optim::sgd opt({.lr = 0.5});
+        for (int step = 0; step < 3; ++step) {
+            const array x = xt::random::rand<double>({batch, std::size_t(24)}, -1.0, 1.0, engine);
+            xt::xarray<std::int64_t> y = xt::random::randint<std::int64_t>({batch}, 0, 5, engine);
+            const auto ref = mlp_serial(w, x, y);
+            const double loss = net.train_step(dist<2>(mesh, x, "[(dp,mp), -]"),
+                                               dist<1, std::int64_t>(mesh, y, "[(dp,mp)]"));
+            EXPECT_NEAR(loss, ref.loss, 1e-10) << "step " << step << "\n" << net.describe();
+            for (const auto& [name, g] : ref.grads)
+                EXPECT_LT(max_error(gradient_of(net, name), g), 1e-10) << name << " step " << step;
+            auto grads = xshard::gradients_of(net);
+            xshard::synchronize_gradients(net, grads);
+            opt.step(net);
+            xshard::for_each_weight(net, [](const std::string&, auto& wt) { wt.zero_grad(); });
+            for (auto& [name, v] : w)
+                v -= 0.5 * ref.grads.at(name);
+            for (const auto& [name, v] : w)
+                EXPECT_LT(max_error(value_of(net, name), v), 1e-10) << name << " after step " << step;
+        }
+    });
+}
+
+// --- misuse ----------------------------------------------------------------------------------
+
+TEST(graph, misuse_raises_one_sentence_naming_the_node_on_every_rank) {
+    auto p = mlp_program(8, 1, 1);
+    xshard::testing::expect_error([&] { p.node("matmul_9"); },
+                                                 "no node is named 'matmul_9'");
+    xshard::testing::expect_error([&] { p.shard("relu", {{2, 1, 1}}); },
+                                                 "node relu (relu): the strategy (2, 1, 1)");
+    xshard::testing::expect_error(
+        [&] {
+            xshard::trace([](traced_tensor x) { return ops::matmul(x, x); },
+                          xshard::input<double>("x", {3, 4}));
+        },
+        "node matmul (matmul): shapes (3, 4) and (3, 4) do not multiply");
+    const mesh_t mesh(world(), {1, world().size()});
+    if (world().size() > 1) {
+        // A strategy needing more blocks than the mesh has ranks.
+        auto q = mlp_program(8, 1, 1);
+        q.shard("relu", {{3 * world().size(), 1}});
+        xshard::testing::expect_error(
+            [&] { xshard::compile<double>(q, mesh); }, "compile: node relu (relu)");
+    }
+    auto net = xshard::compile<double>(mlp_program(8, 1, 1), mesh);
+    const array x = xt::zeros<double>({std::size_t(4), std::size_t(24)});
+    const xt::xarray<std::int64_t> y = xt::zeros<std::int64_t>({std::size_t(4)});
+    xshard::testing::expect_error(
+        [&] { net.train_step(dist<2>(mesh, x, "[-, -]"), dist<1, std::int64_t>(mesh, y, "[-]")); },
+        "input x takes f64(8, 24), not f64(4, 24)");
+}
+
+} // namespace

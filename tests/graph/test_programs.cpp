@@ -1,0 +1,232 @@
+// Programs no xshard class describes: a residual MLP with a skip connection, a shared weight
+// used twice and a user's custom-VJP operation, written only as a traced function. Its
+// gradients against central differences of the same network in xtensor, and its training on
+// every dp x mp mesh of the world against the same program on one rank.
+
+#include <xshard/graph.hpp>
+#include <xshard/models/transformer.hpp>
+#include <xshard/nn/blocks.hpp>
+#include <xshard/optim/optimizers.hpp>
+#include <xshard/tensor/distribute.hpp>
+#include <xshard/tensor/gather.hpp>
+#include <xshard/train/gradients.hpp>
+
+#include "mpi_test.hpp"
+
+#include <gtest/gtest.h>
+#include <xtensor-blas/xlinalg.hpp>
+#include <xtensor/xarray.hpp>
+#include <xtensor/xmath.hpp>
+#include <xtensor/xrandom.hpp>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using xshard::traced_tensor;
+using xshard::testing::world;
+namespace ops = xshard::ops;
+using mesh_t = xshard::mesh<"dp", "mp">;
+using array = xt::xarray<double>;
+using tensor = xshard::dtensor<double, mesh_t, xshard::dynamic_layout(2)>;
+
+constexpr std::size_t batch = 12, features = 6, classes = 3;
+
+/// swish(x) = x sigmoid(x), with its hand-written derivative: the user's custom-VJP op.
+tensor swish(const tensor& x) {
+    tensor y = x;
+    y.local() = x.local() / (1.0 + xt::exp(-x.local()));
+    return y;
+}
+tensor swish_backward(const tensor& x, const tensor& dy) {
+    tensor dx = dy;
+    const auto s = 1.0 / (1.0 + xt::exp(-x.local()));
+    dx.local() = dy.local() * (s + x.local() * s * (1.0 - s));
+    return dx;
+}
+
+/// The network: h = relu(x W1) + x; h = swish(h); z = h W1 (W1 again); logits = z W2 + b;
+/// the mean cross-entropy. On `mesh` for the custom op's kernels.
+xshard::program residual_mlp(const mesh_t& mesh) {
+    return xshard::trace(
+        [&](traced_tensor x, traced_tensor y) {
+            auto w1 = xshard::param("w1", {features, features}, xshard::initializer::normal(0, 0.4));
+            auto h = ops::relu(ops::matmul(x, w1)) + x; // the skip connection
+            h = xshard::custom_vjp<double>(mesh, "swish", h, swish, swish_backward);
+            {
+                xshard::name_scope s("again");
+                h = ops::matmul(h, xshard::param("w1", {features, features})); // a new name
+            }
+            auto z = ops::matmul(h, w1); // the shared weight, used twice
+            auto w2 = xshard::param("head.w2", {features, classes}, xshard::initializer::normal(0, 0.4));
+            auto b = xshard::param("head.b", {classes}, xshard::initializer::uniform(-0.1, 0.1));
+            return ops::mean<0>(ops::cross_entropy(ops::matmul(z, w2) + b, y));
+        },
+        xshard::input<double>("x", {batch, features}),
+        xshard::input<std::int64_t>("y", {batch}));
+}
+
+/// The same network in xtensor.
+double residual_mlp_loss(const std::map<std::string, array>& w, const array& x,
+                         const xt::xarray<std::int64_t>& y) {
+    array h = xt::maximum(xt::linalg::dot(x, w.at("w1")), 0.0) + x;
+    h = h / (1.0 + xt::exp(-h));
+    h = xt::linalg::dot(h, w.at("again.w1"));
+    const array z = xt::linalg::dot(h, w.at("w1"));
+    const array logits = xt::linalg::dot(z, w.at("head.w2")) + w.at("head.b");
+    double loss = 0;
+    for (std::size_t i = 0; i < batch; ++i) {
+        double m = -1e300, s = 0;
+        for (std::size_t j = 0; j < classes; ++j)
+            m = std::max(m, logits(i, j));
+        for (std::size_t j = 0; j < classes; ++j)
+            s += std::exp(logits(i, j) - m);
+        loss += std::log(s) + m - logits(i, std::size_t(y(i)));
+    }
+    return loss / double(batch);
+}
+
+std::map<std::string, array> weights_of(xshard::compiled_program<double, mesh_t>& net,
+                                        bool gradients) {
+    std::map<std::string, array> out;
+    xshard::for_each_weight(net, [&](const std::string& n, auto& w) {
+        out[n] = gradients ? array(xshard::gather_all(w.grad)) : array(xshard::gather_all(w.value));
+    });
+    return out;
+}
+
+TEST(programs, residual_mlp_with_a_shared_weight_and_a_custom_vjp_against_central_differences) {
+    std::mt19937 engine(3);
+    const array x = xt::random::rand<double>({batch, features}, -1.0, 1.0, engine);
+    const xt::xarray<std::int64_t> y = xt::random::randint<std::int64_t>({batch}, 0, classes, engine);
+    const mesh_t mesh(world(), {1, world().size()});
+    auto net = xshard::compile<double>(residual_mlp(mesh), mesh, {.seed = 4});
+    const auto w = weights_of(net, false);
+    ASSERT_EQ(w.size(), 4u);
+    const double loss = net.train_step(xshard::distribute<xshard::dynamic_layout(2)>(mesh, xt::xtensor<double, 2>(x), "[-, -]"),
+                                       xshard::distribute<xshard::dynamic_layout(1)>(mesh, xt::xtensor<std::int64_t, 1>(y), "[-]"));
+    EXPECT_NEAR(loss, residual_mlp_loss(w, x, y), 1e-12);
+    const auto g = weights_of(net, true);
+    for (const auto& [name, value] : w) {
+        for (std::size_t k = 0; k < value.size(); ++k) {
+            auto up = w, down = w;
+            up[name].flat(k) += 1e-6;
+            down[name].flat(k) -= 1e-6;
+            const double expected =
+                (residual_mlp_loss(up, x, y) - residual_mlp_loss(down, x, y)) / 2e-6;
+            EXPECT_NEAR(g.at(name).flat(k), expected, 1e-7) << name << "[" << k << "]";
+        }
+    }
+}
+
+/// Trains the residual MLP on `mesh` for a few steps; returns the losses.
+std::vector<double> train(const mesh_t& mesh) {
+    auto net = xshard::compile<double>(residual_mlp(mesh), mesh, {.seed = 4});
+    xshard::optim::adam optimizer({.lr = 0.05});
+    std::mt19937 engine(8);
+    std::vector<double> losses;
+    for (int step = 0; step < 4; ++step) {
+        const xt::xtensor<double, 2> x = xt::random::rand<double>({batch, features}, -1.0, 1.0, engine);
+        const xt::xtensor<std::int64_t, 1> y =
+            xt::random::randint<std::int64_t>({batch}, 0, classes, engine);
+        // Inputs arrive split by rows over dp only: the program redistributes them.
+        losses.push_back(net.train_step(xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[dp, -]"),
+                                        xshard::distribute<xshard::dynamic_layout(1)>(mesh, y, "[dp]")));
+        auto grads = xshard::gradients_of(net);
+        xshard::synchronize_gradients(net, grads);
+        optimizer.step(net);
+        xshard::for_each_weight(net, [](const std::string&, auto& w) { w.zero_grad(); });
+    }
+    return losses;
+}
+
+TEST(programs, residual_mlp_trains_on_every_mesh_like_one_rank) {
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    const auto reference = train(one);
+    const int p = world().size();
+    for (int dp = 1; dp <= p; ++dp) {
+        if (p % dp != 0)
+            continue;
+        const auto losses = train(mesh_t(world(), {dp, p / dp}));
+        for (std::size_t s = 0; s < losses.size(); ++s)
+            EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s << " on dp " << dp;
+    }
+}
+
+// --- the transformer block, traced against nn::transformer_block --------------------------------
+
+using tp_mesh = xshard::mesh<"dp", "tp">;
+
+/// The weights of `c` by name, gathered.
+template <class C>
+std::map<std::string, array> gathered(C& c, bool gradients) {
+    std::map<std::string, array> out;
+    xshard::for_each_weight(c, [&](const std::string& n, auto& w) {
+        out[n] = gradients ? array(xshard::gather_all(w.grad)) : array(xshard::gather_all(w.value));
+    });
+    return out;
+}
+
+TEST(programs, traced_transformer_block_equals_the_hand_written_layers_on_every_mesh) {
+    constexpr std::size_t f = 8, heads = 2, sequence = 4, sequences = 4, hidden = 16;
+    constexpr std::size_t tokens = sequence * sequences;
+    std::mt19937 engine(12);
+    const xt::xtensor<double, 2> x = xt::random::randn<double>({tokens, f}, 0.0, 1.0, engine);
+    const xt::xtensor<double, 2> r = xt::random::randn<double>({tokens, f}, 0.0, 1.0, engine);
+    const int p = world().size();
+    int meshes = 0;
+    for (int dp = 1; dp <= p; ++dp) {
+        const int tp = p / dp;
+        if (p % dp != 0 || sequences % std::size_t(dp) != 0 || heads % std::size_t(tp) != 0)
+            continue;
+        ++meshes;
+        const tp_mesh mesh(world(), {dp, tp});
+        const auto layout_x = xshard::layout("[dp, -]");
+        // The hand-written block.
+        xshard::nn::transformer_block<double, tp_mesh> block(
+            mesh, f, 21, {.axes = {.tensor = "tp"}, .heads = heads, .sequence = sequence, .hidden = hidden});
+        const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, layout_x);
+        const auto y = block.forward(dx);
+        const double expected_loss = double(xt::sum(xshard::gather_all(y) * r)());
+        block.backward(xshard::nn::as_gradient(
+            xshard::distribute<xshard::dynamic_layout(2)>(mesh, r, y.layout())));
+        const auto expected_grads = gathered(block, true);
+
+        // The traced block, Megatron's strategies, the weights copied by name.
+        auto prog = xshard::trace(
+            [&](traced_tensor in, traced_tensor rr) {
+                auto out = xshard::models::transformer_block(
+                    in, {.features = f, .heads = heads, .sequence = sequence, .hidden = hidden,
+                         .tensor_axis = "tp", .data_axis = "dp"});
+                return ops::sum_all(ops::mul(out, rr));
+            },
+            xshard::input<double>("x", {tokens, f}), xshard::input<double>("r", {tokens, f}));
+        auto net = xshard::compile<double>(prog, mesh, {.layouts = {.dataset_axes = {"dp"}}});
+        const auto values = gathered(block, false);
+        ASSERT_EQ(values.size(), gathered(net, false).size());
+        xshard::for_each_weight(net, [&](const std::string& n, auto& w) {
+            using D = std::remove_cvref_t<decltype(w.value)>;
+            xt::xtensor<double, D::rank> g = values.at(n);
+            w.value.local() = xshard::distribute<xshard::dynamic_layout(D::rank)>(mesh, g, w.value.layout()).local();
+        });
+        const double loss = net.train_step(dx, xshard::distribute<xshard::dynamic_layout(2)>(mesh, r, layout_x));
+        EXPECT_NEAR(loss, expected_loss, 1e-10) << "mesh dp " << dp << " tp " << tp << "\n"
+                                                 << net.describe();
+        const auto grads = gathered(net, true);
+        for (const auto& [name, g] : expected_grads) {
+            EXPECT_LT(double(xt::amax(xt::abs(grads.at(name) - g))()), 1e-10)
+                << name << " on dp " << dp << " tp " << tp;
+        }
+        if (dp == 1 && tp == 2 && world().rank() == 0)
+            std::printf("%s", net.report().c_str());
+    }
+    if (p <= 4) {
+        EXPECT_GT(meshes, 0);
+    }
+}
+
+} // namespace
