@@ -63,6 +63,7 @@ floors = {
     "pipeline": "pipeline parallelism (namespace xshard::pipeline)",
     "shard": "shard() and shard_local()",
     "graph": "programs: tracing, one description per primitive, compiling onto a mesh",
+    "models": "ready networks written as programs",
     "auto": "AutoParallel, the training driver, strategy search",
 }
 
