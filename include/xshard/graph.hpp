@@ -10,6 +10,7 @@
 #include <xshard/graph/registry.hpp>
 #include <xshard/graph/schedule.hpp>
 #include <xshard/graph/trace.hpp>
+#include <xshard/ops/conv.hpp>
 #include <xshard/ops/elementwise.hpp>
 #include <xshard/ops/embedding.hpp>
 #include <xshard/ops/matmul.hpp>

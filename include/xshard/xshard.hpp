@@ -60,7 +60,9 @@
 #include <xshard/graph/executable.hpp>
 #include <xshard/graph/layouts.hpp>
 #include <xshard/graph/primitive.hpp>
+#include <xshard/graph/primitives/conv.hpp>
 #include <xshard/graph/primitives/elementwise.hpp>
+#include <xshard/graph/primitives/embedding.hpp>
 #include <xshard/graph/primitives/matmul.hpp>
 #include <xshard/graph/primitives/normalize.hpp>
 #include <xshard/graph/primitives/reduce.hpp>
@@ -96,6 +98,7 @@
 #include <xshard/nn/resnet_blocks.hpp>
 #include <xshard/nn/step_profile.hpp>
 #include <xshard/ops/annotated.hpp>
+#include <xshard/ops/conv.hpp>
 #include <xshard/ops/conv_kernels.hpp>
 #include <xshard/ops/conv_rule.hpp>
 #include <xshard/ops/elementwise.hpp>

@@ -133,6 +133,15 @@ inline layout without_unit_axes(const layout& l, const mesh_shape& mesh) {
     return without_unit_sums(l, mesh);
 }
 
+/// The pointer bound for a shard's storage: `p`, or for an empty shard (xtensor gives an
+/// empty container a null data pointer) a valid pointer no kernel dereferences, since a null
+/// cotangent means "not wanted" to a VJP (graph/primitive.hpp) and a VJP that skips its
+/// collectives on one rank would leave the others waiting.
+inline void* bound_pointer(const void* p) {
+    alignas(64) static std::byte empty[64];
+    return p ? const_cast<void*>(p) : static_cast<void*>(empty);
+}
+
 /// What a step's kernel call reads and writes, filled from the pointer table at each run.
 struct step_pointers {
     std::vector<const void*> operands, results, result_cotangents;
@@ -342,6 +351,11 @@ private:
                 if (n.custom && !customs.back())
                     throw error("xshard: compile: the custom node " + n.name +
                                 " was made for another element type or mesh type");
+                // Scratch that lives with the program (a max-pool's argmax indices).
+                const auto* k = prims.back();
+                if (k && k->scratch_bytes)
+                    sched.nodes[prims.size() - 1].scratch.resize(
+                        k->scratch_bytes(sched.nodes[prims.size() - 1]));
             }
             for (const auto& m : sched.moves) {
                 const auto& from = sched.slots[m.from].shard;
@@ -462,7 +476,7 @@ private:
                             " lives on another mesh than the program");
             if (detail::without_unit_axes(x.layout(), view.shape) ==
                 detail::without_unit_axes(sl.shard.l, view.shape)) {
-                ptr[sched.input_slot[i]] = const_cast<E*>(x.local().data());
+                ptr[sched.input_slot[i]] = detail::bound_pointer(x.local().data());
                 return;
             }
             auto& st = input_staging[i];
@@ -470,7 +484,7 @@ private:
                 st.move = detail::make_move<E>(mesh, view, v.shape, x.layout(), sl.shard.l);
             st.buffer.resize(sl.bytes);
             st.move->run(x.local().data(), st.buffer.data());
-            ptr[sched.input_slot[i]] = st.buffer.data();
+            ptr[sched.input_slot[i]] = detail::bound_pointer(st.buffer.data());
         }
 
         template <class... D>
@@ -491,7 +505,7 @@ private:
                 std::visit(
                     [&](auto& w) {
                         check_weight(i, w.value.layout(), sl);
-                        ptr[sl] = w.value.local().data();
+                        ptr[sl] = detail::bound_pointer(w.value.local().data());
                     },
                     weights[i]);
             }
@@ -509,7 +523,9 @@ private:
                 const auto c = sched.weight_gradient[i];
                 if (c == detail::no_slot)
                     continue;
-                std::visit([&](auto& w) { ptr[c] = w.terms().local().data(); }, weights[i]);
+                std::visit(
+                    [&](auto& w) { ptr[c] = detail::bound_pointer(w.terms().local().data()); },
+                    weights[i]);
             }
         }
 
@@ -529,7 +545,7 @@ private:
                             shape_text(shape) + " does not match output " + std::to_string(i) +
                             " " + shape_text(sl.shard.global));
             if (detail::without_unit_axes(dy.layout(), view.shape) == sl.shard.l) {
-                seeds[i] = dy.local().data();
+                seeds[i] = detail::bound_pointer(dy.local().data());
                 return;
             }
             auto& st = seed_staging;
@@ -537,7 +553,7 @@ private:
                 st.move = detail::make_move<T>(mesh, view, shape, dy.layout(), sl.shard.l);
             st.buffer.resize(sl.bytes);
             st.move->run(dy.local().data(), st.buffer.data());
-            seeds[i] = st.buffer.data();
+            seeds[i] = detail::bound_pointer(st.buffer.data());
         }
 
         void run_forward() {

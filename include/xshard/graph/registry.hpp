@@ -5,7 +5,9 @@
 
 #include <xshard/comm/error.hpp>
 #include <xshard/graph/primitive.hpp>
+#include <xshard/graph/primitives/conv.hpp>
 #include <xshard/graph/primitives/elementwise.hpp>
+#include <xshard/graph/primitives/embedding.hpp>
 #include <xshard/graph/primitives/matmul.hpp>
 #include <xshard/graph/primitives/normalize.hpp>
 #include <xshard/graph/primitives/reduce.hpp>
@@ -28,6 +30,8 @@ const std::vector<primitive<T>>& primitive_table() {
         register_reduce<T>(add);
         register_normalize<T>(add);
         register_shape<T>(add);
+        register_conv<T>(add);
+        register_embedding<T>(add);
         return t;
     }();
     return table;

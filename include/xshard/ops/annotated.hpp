@@ -38,14 +38,17 @@ concept traced_operand = requires { requires std::remove_cvref_t<A>::is_traced; 
 /// An operation with a `.shard(...)` annotation, for one use in a traced program.
 class annotated {
 public:
-    annotated(std::string_view op, op_annotation a)
+    /// Operation `op` annotated with `a`, recorded with attributes `at` (a window's size,
+    /// a convolution's stride: ops/conv.hpp).
+    annotated(std::string_view op, op_annotation a, op_attributes at = {})
         : op_(op)
-        , annotation_(std::move(a)) {}
+        , annotation_(std::move(a))
+        , attributes_(std::move(at)) {}
 
     /// Records the operation on traced operands with the annotation.
     template <traced_operand... A>
     auto operator()(const A&... operands) const {
-        return trace_call(op_, op_attributes{}, annotation_, operands...);
+        return trace_call(op_, attributes_, annotation_, operands...);
     }
 
     /// The annotation.
@@ -54,6 +57,7 @@ public:
 private:
     std::string_view op_;
     op_annotation annotation_;
+    op_attributes attributes_;
 };
 
 /// Gives an operation function object `.shard(...)` (Derived has a `name`).

@@ -12,6 +12,8 @@
 /// log sum_c exp(x_c) - x_label from three all-reduces over A of one value per row (the max,
 /// the sum of exponentials, the target logit); the logits are never gathered. The output [B]
 /// is laid out like the batch.
+///
+/// Both also take traced tensors (ops/annotated.hpp), recorded in the program being traced.
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
@@ -249,6 +251,13 @@ auto cross_entropy(const X& logits, const Y& labels) {
     using result = detail::result_t<T, typename X::mesh_type, rule::is_static, rule::value.out, 1>;
     return result(detail::unchecked, mesh, std::array<std::size_t, 1>{logits.shape()[0]},
                   std::move(loss), res.out);
+}
+
+/// On traced tensors (ops/annotated.hpp): the lookup recorded in the program (ids of i64,
+/// graph/primitives/embedding.hpp).
+template <traced_operand I, traced_operand W>
+auto embedding(const I& ids, const W& table) {
+    return trace_call("embedding", op_attributes{}, op_annotation{}, ids, table);
 }
 
 /// On traced tensors (ops/annotated.hpp): the cross-entropy recorded in the program.
