@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages xshard needs that are missing (as root, via apt-get).
-# Idempotent and quiet when everything is already there.
+# Idempotent and quiet when everything is already there. With --docs, only those the
+# documentation needs (scripts/docs.sh).
 set -euo pipefail
 
 packages=(
@@ -10,7 +11,13 @@ packages=(
   nlohmann-json3-dev libcli11-dev libgtest-dev
   libscalapack-openmpi-dev
   zlib1g-dev libdeflate-dev python3-numpy libdnnl-dev
+  doxygen python3-sphinx python3-breathe python3-myst-parser furo
 )
+# The documentation's packages: the last line of the list above.
+docs_packages=(doxygen python3-sphinx python3-breathe python3-myst-parser furo)
+if [ "${1:-}" = --docs ]; then
+  packages=("${docs_packages[@]}")
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Checks that README.md's dependency list and scripts/install_deps.sh name the same Debian
 packages: the apt-get line a user copies (what find_package(xshard) needs) plus the packages
-the README lists for xshard's own tests, tools and benchmarks, against what the test script
-installs (ccache aside: optional, used when present).
+the README lists for xshard's own tests, tools, benchmarks and documentation, against what
+the test script installs (ccache aside: optional, used when present).
 
     readme_dependencies.py README.md scripts/install_deps.sh
 """
@@ -18,7 +18,8 @@ def main():
         sys.exit("README.md: no apt-get install command under 'Dependencies (Debian packages)'")
     for_users = set(command.group(1).replace("\\", " ").split())
     also = re.search(r"also ((?:.|\n)*?);", section)
-    for_xshard = set(re.findall(r"[a-z0-9][a-z0-9.+-]*-dev|ninja-build|python3-[a-z]+", also.group(1)))
+    for_xshard = set(re.findall(r"[a-z0-9][a-z0-9.+-]*-dev|ninja-build|python3-[a-z]+(?:-[a-z]+)*|doxygen|furo",
+                                also.group(1)))
     listed = re.search(r"packages=\(((?:.|\n)*?)\)", script)
     installed = set(listed.group(1).split()) - {"ccache"}
     documented = for_users | for_xshard
