@@ -87,8 +87,13 @@ inline std::vector<layout> asked_layouts(const program_node& n, const op_rules* 
                      : resolve_each(a.in_strategies, mesh);
     std::vector<layout> asked;
     if (rules && rules->follows) {
-        for (auto id : n.operands)
-            asked.push_back(whole_terms(kept[id]));
+        // (A weight not used before has no layout yet: replicated.)
+        for (std::size_t i = 0; i < types.size(); ++i) {
+            const auto& l = kept[n.operands[i]];
+            asked.push_back(l.rank() == types[i].shape.size()
+                                ? whole_terms(l)
+                                : layout::replicated(types[i].shape.size()));
+        }
         return asked;
     }
     for (std::size_t i = 0; i < types.size(); ++i) {

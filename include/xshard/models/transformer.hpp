@@ -49,6 +49,7 @@ inline layout dims_layout(std::initializer_list<std::string> dims) {
     std::string text = "[";
     for (const auto& d : dims)
         text += (text.size() > 1 ? ", " : "") + (d.empty() ? std::string("-") : d);
+    text += "]";
     return layout(text.c_str());
 }
 
