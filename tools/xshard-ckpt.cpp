@@ -7,10 +7,10 @@
 //                                               for any world size (the strategy file's mesh)
 //
 // PATH is either form: an integrated safetensors file or a per-rank directory. The work is
-// xshard's public API (io/format.hpp's checkpoint_reader, io/offline.hpp). Exit status: 0 done,
+// xshard's public API (io/checkpoint_reader.hpp, io/offline.hpp). Exit status: 0 done,
 // 1 verify found damage, 2 bad input (one line on stderr).
 
-#include <xshard/io/format.hpp>
+#include <xshard/io/checkpoint_reader.hpp>
 #include <xshard/io/offline.hpp>
 #include <xshard/io/strategy_file.hpp>
 

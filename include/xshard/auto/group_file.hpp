@@ -7,16 +7,17 @@
 ///      "mesh": {"axes": ["dp", "tp"], "sizes": [2, 2]},
 ///      "groups": [{"axes": ["dp"], "ranks": [[0, 2], [1, 3]]}, ...]}
 ///
-/// Ranks are the mesh's (its communicator's) ranks, row-major as in core/mesh.hpp.
+/// Ranks are the mesh's (its communicator's) ranks, row-major as in core/mesh.hpp. The
+/// envelope (format, version, mesh) is io/json_envelope.hpp's.
 
-#include <xshard/comm/agree.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/mesh.hpp>
+#include <xshard/io/everywhere.hpp>
 #include <xshard/io/files.hpp>
+#include <xshard/io/json_envelope.hpp>
 
 #include <nlohmann/json.hpp>
 
-#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -32,6 +33,9 @@ struct comm_group_entry {
 
 /// The contents of a group file.
 struct comm_group_file {
+    static constexpr int current_version = 1;
+    /// The envelope of group files (io/json_envelope.hpp).
+    static constexpr json_file_kind kind{"xshard-groups", current_version, "group file"};
     std::vector<std::string> axes;
     std::vector<int> sizes;
     std::vector<comm_group_entry> groups;
@@ -63,49 +67,39 @@ struct comm_group_file {
 
     std::string to_json() const {
         nlohmann::ordered_json j;
-        j["format"] = "xshard-groups";
-        j["version"] = 1;
-        j["mesh"] = {{"axes", axes}, {"sizes", sizes}};
+        detail::write_envelope(j, kind, detail::mesh_json(axes, sizes));
         j["groups"] = nlohmann::ordered_json::array();
         for (const auto& g : groups)
             j["groups"].push_back({{"axes", g.axes}, {"ranks", g.ranks}});
         return j.dump(1) + "\n";
     }
 
-    /// Parses a group file's text; throws io_error naming what is wrong.
+    /// Parses a group file's text (read from `path`); throws io_error naming the file and
+    /// what is wrong.
     static comm_group_file from_json(const std::string& text, const std::string& path) {
-        try {
-            const auto j = nlohmann::json::parse(text);
-            if (j.at("format").get<std::string>() != "xshard-groups" ||
-                j.at("version").get<int>() != 1)
-                throw io_error("xshard: " + path + " is not an xshard-groups file of version 1");
+        return detail::read_json_file(kind, path, [&] {
+            const auto doc = detail::read_envelope(text, kind);
             comm_group_file f;
-            f.axes = j.at("mesh").at("axes").get<std::vector<std::string>>();
-            f.sizes = j.at("mesh").at("sizes").get<std::vector<int>>();
-            for (const auto& g : j.at("groups"))
+            for (std::size_t i = 0; i < doc.mesh.ndim(); ++i) {
+                f.axes.emplace_back(doc.mesh.names[i].view());
+                f.sizes.push_back(doc.mesh.sizes[i]);
+            }
+            for (const auto& g : doc.json.at("groups"))
                 f.groups.push_back({g.at("axes").get<std::vector<std::string>>(),
                                     g.at("ranks").get<std::vector<std::vector<int>>>()});
             return f;
-        } catch (const nlohmann::json::exception& e) {
-            throw io_error("xshard: the group file " + path + " is malformed: " + e.what());
-        }
+        });
     }
 };
 
 /// Writes the groups of `mesh` to `path` (durably, atomically): rank 0 of the mesh writes,
 /// the others wait. Collective over the mesh (one agreement); an I/O error raises io_error on
-/// every rank.
+/// every rank (detail::on_rank0).
 template <mesh_type Mesh>
 void save_group_file(const std::string& path, const Mesh& mesh) {
-    std::optional<std::string> problem;
-    if (mesh.rank() == 0) {
-        try {
-            detail::write_file_atomically(path, comm_group_file::of(mesh.shape()).to_json());
-        } catch (const std::exception& e) {
-            problem = e.what();
-        }
-    }
-    agree_on_error<io_error>(mesh.comm(), problem);
+    detail::on_rank0(mesh.comm(), [&] {
+        detail::write_file_atomically(path, comm_group_file::of(mesh.shape()).to_json());
+    });
 }
 
 /// Reads a group file (no communication).

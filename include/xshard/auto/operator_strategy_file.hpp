@@ -17,12 +17,14 @@
 ///     }
 ///
 /// `weight` is how the weight is split (replicated, output, input); layouts are in xshard's
-/// notation over the stage mesh (dp, tp). Loading checks everything and raises io_error with
-/// the path and what is wrong.
+/// notation over the stage mesh (dp, tp). The envelope (format, version, mesh) is
+/// io/json_envelope.hpp's. Loading checks everything and raises io_error with the path and
+/// what is wrong.
 
 #include <xshard/auto/search.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/io/files.hpp>
+#include <xshard/io/json_envelope.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -42,6 +44,9 @@ struct operator_strategy_entry {
 /// The contents of an operator strategy file.
 struct operator_strategy {
     static constexpr int current_version = 1;
+    /// The envelope of operator strategy files (io/json_envelope.hpp).
+    static constexpr json_file_kind kind{"xshard-operator-strategy", current_version,
+                                         "operator strategy file"};
     std::string network;
     std::size_t batch = 0;
     int ranks = 1;
@@ -59,8 +64,10 @@ struct operator_strategy {
 
     std::string to_json() const {
         nlohmann::json j;
-        j["format"] = "xshard-operator-strategy";
-        j["version"] = current_version;
+        detail::write_envelope(
+            j, kind,
+            detail::mesh_json<nlohmann::json>(std::vector<std::string>{"dp", "tp"},
+                                              std::vector<int>{degrees.dp, degrees.tp}));
         j["network"] = network;
         j["batch"] = batch;
         j["ranks"] = ranks;
@@ -69,7 +76,6 @@ struct operator_strategy {
                         {"pp", degrees.pp},
                         {"micro_batches", degrees.micro_batches},
                         {"hsdp_level", degrees.hsdp_level}};
-        j["mesh"] = {{"axes", {"dp", "tp"}}, {"sizes", {degrees.dp, degrees.tp}}};
         j["predicted"] = {{"step_seconds", step_seconds},
                           {"memory_bytes", memory_bytes},
                           {"comm_bytes", comm_bytes}};
@@ -88,21 +94,8 @@ struct operator_strategy {
 
     /// Parses `text` (read from `path`, for the messages); io_error on anything malformed.
     static operator_strategy from_json(const std::string& text, const std::string& path) {
-        const auto fail = [&](const std::string& what) -> operator_strategy {
-            throw io_error("xshard: operator strategy file " + path + ": " + what);
-        };
-        nlohmann::json j;
-        try {
-            j = nlohmann::json::parse(text);
-        } catch (const std::exception& e) {
-            return fail(std::string("not JSON: ") + e.what());
-        }
-        try {
-            if (j.value("format", "") != "xshard-operator-strategy")
-                return fail("not an xshard operator strategy file (format)");
-            if (j.at("version").get<int>() != current_version)
-                return fail("version " + std::to_string(j.at("version").get<int>()) +
-                            " is not supported (1 is)");
+        return detail::read_json_file(kind, path, [&] {
+            const auto j = detail::read_envelope(text, kind).json;
             operator_strategy s;
             s.network = j.at("network").get<std::string>();
             s.batch = j.at("batch").get<std::size_t>();
@@ -112,37 +105,39 @@ struct operator_strategy {
                          d.at("micro_batches").get<int>(), d.at("hsdp_level").get<int>()};
             if (s.degrees.dp < 1 || s.degrees.tp < 1 || s.degrees.pp < 1 ||
                 s.degrees.micro_batches < 1 || s.degrees.hsdp_level < 0 || s.degrees.hsdp_level > 2)
-                return fail("degrees out of range");
+                throw io_error("xshard: degrees out of range");
             if (std::int64_t(s.degrees.dp) * s.degrees.tp * s.degrees.pp != s.ranks)
-                return fail("dp x tp x pp is not the " + std::to_string(s.ranks) + " ranks");
+                throw io_error("xshard: dp x tp x pp is not the " + std::to_string(s.ranks) +
+                               " ranks");
             const auto& p = j.at("predicted");
             s.step_seconds = p.at("step_seconds").get<double>();
             s.memory_bytes = p.at("memory_bytes").get<double>();
             s.comm_bytes = p.at("comm_bytes").get<double>();
-            for (const auto& o : j.at("operators")) {
-                operator_strategy_entry e;
-                e.name = o.at("name").get<std::string>();
-                e.kind = o.at("kind").get<std::string>();
-                e.stage = o.at("stage").get<int>();
-                const auto in = parse_activation_split(o.at("in").get<std::string>());
-                const auto out = parse_activation_split(o.at("out").get<std::string>());
-                const auto w = parse_weight_split(o.at("weight").get<std::string>());
-                if (!in || !out || !w)
-                    return fail("operator " + e.name + ": unknown split '" +
-                                o.at(!in    ? "in"
-                                     : !out ? "out"
-                                            : "weight")
-                                    .get<std::string>() +
-                                "'");
-                e.choice = {*in, *w, *out};
-                s.operators.push_back(std::move(e));
-            }
+            for (const auto& o : j.at("operators"))
+                s.operators.push_back(parse_operator(o));
             return s;
-        } catch (const io_error&) {
-            throw;
-        } catch (const std::exception& e) {
-            return fail(std::string("malformed: ") + e.what());
-        }
+        });
+    }
+
+private:
+    /// One entry of "operators"; io_error naming an unknown split.
+    static operator_strategy_entry parse_operator(const nlohmann::json& o) {
+        operator_strategy_entry e;
+        e.name = o.at("name").get<std::string>();
+        e.kind = o.at("kind").get<std::string>();
+        e.stage = o.at("stage").get<int>();
+        const auto in = parse_activation_split(o.at("in").get<std::string>());
+        const auto out = parse_activation_split(o.at("out").get<std::string>());
+        const auto w = parse_weight_split(o.at("weight").get<std::string>());
+        if (!in || !out || !w)
+            throw io_error("xshard: operator " + e.name + ": unknown split '" +
+                           o.at(!in    ? "in"
+                                : !out ? "out"
+                                       : "weight")
+                               .get<std::string>() +
+                           "'");
+        e.choice = {*in, *w, *out};
+        return e;
     }
 };
 

@@ -28,7 +28,7 @@
 namespace xshard::detail {
 
 /// Runs shorter than this are stored and loaded through a mapping of the file (a column
-/// split's rows): a system call per run costs more (mapped_writer.hpp, format.hpp
+/// split's rows): a system call per run costs more (mapped_writer.hpp, checkpoint_reader.hpp
 /// read_block). Longer runs go through pwrite and pread.
 inline constexpr std::size_t short_run = std::size_t(16) << 10;
 

@@ -239,7 +239,7 @@ inline void commit_rename(const std::string& from, const std::string& to) {
 }
 
 /// Unlinking or renaming over the last name of a file frees its blocks then, in time
-/// proportional to its size (about 0.12 s for 512 MiB on ext4 here), unless the file is still
+/// proportional to its size (benchmarks/README.md, Checkpoints), unless the file is still
 /// open: then its last close frees them. A save that replaces or removes a previous checkpoint
 /// first opens its files (hold_open), and after the renames and unlinks closes them on a
 /// thread of its own (close_in_background), so the save does not wait for the freeing.

@@ -7,11 +7,9 @@
 /// per run. An integrated checkpoint of a column-split weight is nothing but short runs
 /// interleaved between ranks (4 KiB each in bench_checkpoint): 49,000 pwrites per rank, taking
 /// turns. Stores into a shared mapping of the file take no such lock and no system call per
-/// run, but cost a page fault per page. Measured here (2 processes writing 512 MiB of
-/// alternating runs into one file, fsync included; the machine idle, then loaded by builds):
-/// 4 KiB runs, pwrite 1.2-1.4 s (loaded 2.8-3.0 s), a shared mapping 0.61-0.65 s (1.5-1.6 s);
-/// 16 KiB runs, about even; 64 KiB and longer, pwrite ahead. A contiguous block per rank
-/// (a per-rank checkpoint) was 3x slower through a mapping. So runs shorter than
+/// run, but cost a page fault per page: they win for short runs and lose for long ones and
+/// for a contiguous block per rank (a per-rank checkpoint), with the two about even at 16 KiB
+/// (benchmarks/README.md, Short runs through a shared mapping). So runs shorter than
 /// `short_run` go through the mapping, longer ones through pwrite. (Ranks that share a node
 /// do better still: they write such a tensor together, node_io.hpp. The mapping is for ranks
 /// that do not share a node's memory.)

@@ -9,8 +9,12 @@
 /// link). Errors are io_error naming the path.
 
 #include <xshard/core/volume.hpp>
+#include <xshard/io/atomic_replace.hpp>
+#include <xshard/io/checkpoint_forms.hpp>
+#include <xshard/io/checkpoint_reader.hpp>
 #include <xshard/io/files.hpp>
-#include <xshard/io/format.hpp>
+#include <xshard/io/staged_save.hpp>
+#include <xshard/io/stored_blocks.hpp>
 #include <xshard/io/strategy_file.hpp>
 
 #include <cstdint>
@@ -145,11 +149,7 @@ inline std::size_t merge_checkpoint(const std::string& path, const std::string& 
         zeros.emplace_back(detail::primary_block_count(r.strategy().mesh_of(e), e.lay), 0);
     std::string header = detail::integrated_header(entries, r.strategy(), r.step(), {}, zeros);
     detail::verify_stored(r, tensors);
-    detail::replaceable(out);
-    detail::create_parent_directories(out);
-    detail::remove_stale_temporaries(out);
-    auto f = detail::create_temporary_file(out);
-    try {
+    detail::write_staged(out, detail::temporary_kind::file, [&](detail::file& f) {
         std::vector<std::optional<std::uint32_t>> crcs;
         std::vector<std::byte> slab;
         for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -199,10 +199,7 @@ inline std::size_t merge_checkpoint(const std::string& path, const std::string& 
         f.sync();
         f.close();
         detail::replace_checkpoint(f.path(), out);
-    } catch (...) {
-        ::unlink(f.path().c_str());
-        throw;
-    }
+    });
     return tensors.size();
 }
 
@@ -236,12 +233,8 @@ inline std::size_t reshard_checkpoint(const std::string& path, const strategy_fi
         written.parameters.push_back(*target.find(e.name));
     const auto& mesh = target.mesh;
     detail::verify_stored(r, tensors);
-    detail::replaceable(out);
-    detail::create_parent_directories(out);
-    detail::remove_stale_temporaries(out);
-    const auto held = detail::create_temporary_directory(out);
-    const std::string tmp = held.path();
-    try {
+    detail::write_staged(out, detail::temporary_kind::directory, [&](const detail::file& held) {
+        const std::string tmp = held.path();
         for (int rank = 0; rank < mesh.size(); ++rank) {
             std::vector<tensor_entry> entries;
             std::vector<std::vector<std::byte>> blocks;
@@ -265,10 +258,7 @@ inline std::size_t reshard_checkpoint(const std::string& path, const strategy_fi
             detail::write_rank_file(tmp, rank, std::move(entries), data);
         }
         detail::finish_per_rank(tmp, out, written, r.step());
-    } catch (...) {
-        detail::remove_temporary_directory(tmp);
-        throw;
-    }
+    });
     return tensors.size();
 }
 

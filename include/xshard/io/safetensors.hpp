@@ -305,8 +305,7 @@ inline safetensors_header parse_header(std::string_view head, std::size_t file_s
 /// Where the data of the files xshard writes starts: at a multiple of a page (the header is
 /// padded with spaces to it, as the format allows), so that the tensors' bytes have in the
 /// file the alignment they have in memory. A copy from the page cache to memory aligned
-/// otherwise runs at a fraction of its speed (measured: 12 GB/s aligned, 8.6 at a file
-/// offset of 48 mod 64, 3.3 at 8 mod 64 into memory at 16 mod 64).
+/// otherwise runs at a fraction of its speed (benchmarks/README.md, Aligned data).
 inline constexpr std::size_t data_alignment = 4096;
 
 /// The header bytes (length + JSON, padded with spaces so that the data starts at a multiple

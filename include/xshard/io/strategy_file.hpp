@@ -25,11 +25,14 @@
 /// Only trainable parameters are written unless `all_parameters` is set.
 /// Loading gives run-time layouts that redistribution and checkpoint loading use directly.
 
-#include <xshard/comm/agree.hpp>
+#include <xshard/comm/communicator.hpp>
+#include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/volume.hpp>
+#include <xshard/io/everywhere.hpp>
 #include <xshard/io/files.hpp>
+#include <xshard/io/json_envelope.hpp>
 #include <xshard/io/safetensors.hpp>
 #include <xshard/param/traversal.hpp>
 
@@ -87,18 +90,12 @@ struct strategy_file {
         return d;
     }
 
+    /// The envelope of strategy files (io/json_envelope.hpp).
+    static constexpr json_file_kind kind{"xshard-strategy", current_version, "strategy file"};
+
     std::string to_json() const {
         nlohmann::ordered_json j;
-        j["format"] = "xshard-strategy";
-        j["version"] = current_version;
-        const auto mesh_json = [](const mesh_shape& m) {
-            std::vector<std::string> axes;
-            for (const auto& a : m.names)
-                axes.emplace_back(a.view());
-            return nlohmann::ordered_json{
-                {"axes", axes}, {"sizes", std::vector<int>(m.sizes.begin(), m.sizes.end())}};
-        };
-        j["mesh"] = mesh_json(mesh);
+        detail::write_envelope(j, kind, mesh);
         j["pipeline_stages"] = pipeline_stages;
         j["parameters"] = nlohmann::ordered_json::array();
         for (const auto& p : parameters) {
@@ -110,7 +107,7 @@ struct strategy_file {
             if (p.stage >= 0)
                 e["stage"] = p.stage;
             if (p.mesh)
-                e["mesh"] = mesh_json(*p.mesh);
+                e["mesh"] = detail::mesh_json(*p.mesh);
             if (!p.ranks.empty())
                 e["ranks"] = p.ranks;
             j["parameters"].push_back(std::move(e));
@@ -118,125 +115,26 @@ struct strategy_file {
         return j.dump(2) + "\n";
     }
 
-    /// Parses a strategy file's text strictly (integers are integers in range, names are
-    /// strings, lists are lists, no name twice, the mesh's size fits an int); throws io_error
-    /// naming what is wrong.
-    static strategy_file from_json(std::string_view text) {
-        strategy_file f;
-        try {
-            nlohmann::json j;
-            try {
-                j = detail::parse_json(text);
-            } catch (const io_error& e) {
-                throw io_error(std::string("xshard: malformed strategy file: ") + (e.what() + 8));
-            }
-            if (!j.is_object() || j.value("format", "") != "xshard-strategy")
-                throw io_error(
-                    "xshard: not an xshard strategy file (no \"format\": \"xshard-strategy\")");
-            if (!j.contains("version") || !j["version"].is_number_integer() ||
-                j["version"] != current_version)
-                throw io_error("xshard: strategy file version " +
-                               (j.contains("version") ? j["version"].dump() : "(none)") +
-                               " (this xshard reads version " + std::to_string(current_version) +
-                               ")");
-            const auto parse_mesh = [](const nlohmann::json& mesh) {
-                if (!mesh.is_object())
-                    throw io_error("xshard: a mesh is not an object");
-                const auto& axes = mesh.at("axes");
-                const auto& sizes = mesh.at("sizes");
-                if (!axes.is_array() || !sizes.is_array() || axes.size() != sizes.size() ||
-                    axes.size() > max_mesh_axes)
-                    throw io_error("xshard: the mesh needs lists of at most " +
-                                   std::to_string(max_mesh_axes) + " axes and as many sizes");
-                static_vector<axis_name, max_mesh_axes> names;
-                static_vector<int, max_mesh_axes> counts;
-                std::size_t ranks = 1;
-                for (std::size_t i = 0; i < axes.size(); ++i) {
-                    if (!axes[i].is_string() || !is_valid_axis_name(axes[i].get<std::string>()))
-                        throw io_error("xshard: mesh axis " + axes[i].dump() +
-                                       " is not an axis name");
-                    names.push_back(axis_name(axes[i].get<std::string>()));
-                    counts.push_back(int(detail::json_count(sizes[i], "a mesh size", 1, INT_MAX)));
-                    ranks = checked_mul(ranks, std::size_t(counts.back()), "the mesh's size");
-                }
-                if (ranks > std::size_t(INT_MAX))
-                    throw io_error("xshard: a mesh of " + std::to_string(ranks) + " ranks");
-                return mesh_shape(names, counts);
-            };
-            f.mesh = parse_mesh(j.at("mesh"));
+    /// Parses a strategy file's text strictly (its envelope as read_envelope checks it;
+    /// integers are integers in range, names are strings, lists are lists, no name twice);
+    /// throws io_error naming what is wrong, and the file when `path` (where the text was
+    /// read) is given.
+    static strategy_file from_json(std::string_view text, const std::string& path = {}) {
+        return detail::read_json_file(kind, path, [&] {
+            auto doc = detail::read_envelope(text, kind);
+            const auto& j = doc.json;
+            strategy_file f;
+            f.mesh = doc.mesh;
             if (j.contains("pipeline_stages"))
                 f.pipeline_stages =
                     int(detail::json_count(j["pipeline_stages"], "pipeline_stages", 1, INT_MAX));
-            const auto& params = j.at("parameters");
-            if (!params.is_array())
+            if (!j.contains("parameters") || !j["parameters"].is_array())
                 throw io_error("xshard: 'parameters' is not a list");
             std::set<std::string> seen;
-            for (const auto& p : params) {
-                if (!p.is_object() || !p.contains("name") || !p["name"].is_string() ||
-                    !p.contains("dtype") || !p["dtype"].is_string() || !p.contains("layout") ||
-                    !p["layout"].is_string() || !p.contains("shape") || !p["shape"].is_array())
-                    throw io_error("xshard: a parameter needs a string name, dtype and layout "
-                                   "and a list shape: " +
-                                   p.dump().substr(0, 200));
-                strategy_entry e;
-                e.name = p["name"].get<std::string>();
-                const auto name = "parameter '" + detail::printable(e.name) + "'";
-                if (!seen.insert(e.name).second)
-                    throw io_error("xshard: " + name + " appears twice");
-                if (e.name == "__metadata__")
-                    throw io_error("xshard: " + name + " is reserved by safetensors");
-                if (p["shape"].size() > max_tensor_rank)
-                    throw io_error("xshard: " + name + " has more than " +
-                                   std::to_string(max_tensor_rank) + " dimensions");
-                for (const auto& d : p["shape"])
-                    e.shape.push_back(std::size_t(detail::json_count(d, "a dimension of " + name)));
-                e.dtype = p["dtype"].get<std::string>();
-                if (dtype_size(e.dtype) == 0)
-                    throw io_error("xshard: " + name + " has unknown dtype '" +
-                                   detail::printable(e.dtype) + "'");
-                // Its size in bytes must be representable.
-                checked_mul(volume(e.shape), dtype_size(e.dtype), "a parameter's size");
-                e.lay = layout::parse(p["layout"].get<std::string>());
-                if (p.contains("trainable")) {
-                    if (!p["trainable"].is_boolean())
-                        throw io_error("xshard: " + name + "'s 'trainable' is not true or false");
-                    e.trainable = p["trainable"].get<bool>();
-                }
-                if (p.contains("stage"))
-                    e.stage = int(detail::json_count(p["stage"], "the stage of " + name, 0,
-                                                     INT_MAX));
-                if (p.contains("mesh"))
-                    e.mesh = parse_mesh(p["mesh"]);
-                if (p.contains("ranks")) {
-                    const auto& r = p["ranks"];
-                    if (!e.mesh || !r.is_array() || r.size() != std::size_t(e.mesh->size()))
-                        throw io_error("xshard: " + name +
-                                       "'s 'ranks' is not a list of one rank per rank of its "
-                                       "own mesh");
-                    // The file's ranks: a pipeline's stages each have the file's mesh's size.
-                    const std::size_t file_ranks =
-                        std::size_t(f.mesh.size()) * std::size_t(f.pipeline_stages);
-                    std::set<int> distinct;
-                    for (const auto& k : r) {
-                        e.ranks.push_back(
-                            int(detail::json_count(k, "a rank of " + name, 0, file_ranks - 1)));
-                        if (!distinct.insert(e.ranks.back()).second)
-                            throw io_error("xshard: " + name + "'s 'ranks' names rank " +
-                                           std::to_string(e.ranks.back()) + " twice");
-                    }
-                }
-                if (e.lay.rank() != e.shape.size())
-                    throw io_error("xshard: " + name +
-                                   " has a layout of another rank than its shape");
-                e.lay.validate(f.mesh_of(e));
-                f.parameters.push_back(std::move(e));
-            }
-        } catch (const io_error&) {
-            throw;
-        } catch (const std::exception& e) {
-            throw io_error(std::string("xshard: malformed strategy file: ") + e.what());
-        }
-        return f;
+            for (const auto& p : j["parameters"])
+                f.parameters.push_back(parse_parameter(p, f, seen));
+            return f;
+        });
     }
 
     /// Throws io_error, naming both meshes, unless the file's mesh has `current`'s axes and
@@ -245,6 +143,74 @@ struct strategy_file {
         if (!(mesh == current))
             throw io_error("xshard: the strategy file's mesh(" + mesh.to_string() +
                            ") does not fit this mesh(" + current.to_string() + ")");
+    }
+
+private:
+    /// One entry of a strategy file's "parameters" (of file `f`, whose mesh and stage count
+    /// are read; `seen`: the names before it), checked strictly; io_error naming what is
+    /// wrong.
+    static strategy_entry parse_parameter(const nlohmann::json& p, const strategy_file& f,
+                                          std::set<std::string>& seen) {
+        if (!p.is_object() || !p.contains("name") || !p["name"].is_string() ||
+            !p.contains("dtype") || !p["dtype"].is_string() || !p.contains("layout") ||
+            !p["layout"].is_string() || !p.contains("shape") || !p["shape"].is_array())
+            throw io_error("xshard: a parameter needs a string name, dtype and layout and a "
+                           "list shape: " +
+                           p.dump().substr(0, 200));
+        strategy_entry e;
+        e.name = p["name"].get<std::string>();
+        const auto name = "parameter '" + detail::printable(e.name) + "'";
+        if (!seen.insert(e.name).second)
+            throw io_error("xshard: " + name + " appears twice");
+        if (e.name == "__metadata__")
+            throw io_error("xshard: " + name + " is reserved by safetensors");
+        if (p["shape"].size() > max_tensor_rank)
+            throw io_error("xshard: " + name + " has more than " + std::to_string(max_tensor_rank) +
+                           " dimensions");
+        for (const auto& d : p["shape"])
+            e.shape.push_back(std::size_t(detail::json_count(d, "a dimension of " + name)));
+        e.dtype = p["dtype"].get<std::string>();
+        if (dtype_size(e.dtype) == 0)
+            throw io_error("xshard: " + name + " has unknown dtype '" + detail::printable(e.dtype) +
+                           "'");
+        // Its size in bytes must be representable.
+        checked_mul(volume(e.shape), dtype_size(e.dtype), "a parameter's size");
+        e.lay = layout::parse(p["layout"].get<std::string>());
+        if (p.contains("trainable")) {
+            if (!p["trainable"].is_boolean())
+                throw io_error("xshard: " + name + "'s 'trainable' is not true or false");
+            e.trainable = p["trainable"].get<bool>();
+        }
+        if (p.contains("stage"))
+            e.stage = int(detail::json_count(p["stage"], "the stage of " + name, 0, INT_MAX));
+        if (p.contains("mesh"))
+            e.mesh = detail::parse_mesh(p["mesh"]);
+        if (p.contains("ranks"))
+            e.ranks = parse_ranks(p["ranks"], e, f, name);
+        if (e.lay.rank() != e.shape.size())
+            throw io_error("xshard: " + name + " has a layout of another rank than its shape");
+        e.lay.validate(f.mesh_of(e));
+        return e;
+    }
+
+    /// The "ranks" of parameter `e` (named `name`) of file `f`: one distinct rank of the
+    /// file's ranks per rank of the parameter's own mesh.
+    static std::vector<int> parse_ranks(const nlohmann::json& r, const strategy_entry& e,
+                                        const strategy_file& f, const std::string& name) {
+        if (!e.mesh || !r.is_array() || r.size() != std::size_t(e.mesh->size()))
+            throw io_error("xshard: " + name +
+                           "'s 'ranks' is not a list of one rank per rank of its own mesh");
+        // The file's ranks: a pipeline's stages each have the file's mesh's size.
+        const std::size_t file_ranks = std::size_t(f.mesh.size()) * std::size_t(f.pipeline_stages);
+        std::vector<int> ranks;
+        std::set<int> distinct;
+        for (const auto& k : r) {
+            ranks.push_back(int(detail::json_count(k, "a rank of " + name, 0, file_ranks - 1)));
+            if (!distinct.insert(ranks.back()).second)
+                throw io_error("xshard: " + name + "'s 'ranks' names rank " +
+                               std::to_string(ranks.back()) + " twice");
+        }
+        return ranks;
     }
 };
 
@@ -265,30 +231,26 @@ strategy_file strategy_of(const C& params, bool all = false, int pipeline_stages
 }
 
 /// Writes the strategy of `params` to `path` (durably, replacing it atomically). Every rank
-/// may call it; rank 0 of the parameters' mesh writes, and the others wait for it.
+/// may call it; rank 0 of the parameters' mesh writes, and a failure there raises io_error on
+/// every rank (detail::on_rank0). Collective over the mesh (one all-reduce of an int).
 template <parameter_container C>
 void save_strategy_file(const std::string& path, const C& params, bool all = false,
                         int pipeline_stages = 1) {
     const auto f = strategy_of(params, all, pipeline_stages);
     const communicator* comm = nullptr;
     for_each_parameter(params, [&](const std::string&, const auto& t) { comm = &t.mesh().comm(); });
-    std::optional<std::string> problem;
-    if (!comm || comm->rank() == 0) {
-        try {
-            detail::write_file_atomically(path, f.to_json());
-        } catch (const std::exception& e) {
-            problem = e.what();
-        }
-    }
+    const auto write = [&] {
+        detail::write_file_atomically(path, f.to_json());
+    };
     if (comm)
-        agree_on_error<io_error>(*comm, problem);
-    else if (problem)
-        throw io_error(*problem);
+        detail::on_rank0(*comm, write);
+    else
+        write(); // (no parameters, no mesh: nobody else to tell)
 }
 
-/// Reads a strategy file; with `mesh`, also checks that the file was written for it.
+/// Reads the strategy file at `path` (strategy_file::from_json; its errors name the file).
 inline strategy_file load_strategy_file(const std::string& path) {
-    return strategy_file::from_json(detail::read_file(path));
+    return strategy_file::from_json(detail::read_file(path), path);
 }
 
 } // namespace xshard

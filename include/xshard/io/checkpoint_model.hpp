@@ -1,0 +1,120 @@
+#pragma once
+/// \file
+/// What a checkpoint save or load works on: the tensors of a parameter container and of an
+/// optimizer's state (under the prefix "optimizer."), each as a tensor_record with its
+/// safetensors dtype, the mesh they live on, and the strategy they are saved with.
+
+#include <xshard/comm/collectives.hpp>
+#include <xshard/comm/communicator.hpp>
+#include <xshard/comm/error.hpp>
+#include <xshard/core/mesh_shape.hpp>
+#include <xshard/core/volume.hpp>
+#include <xshard/io/safetensors.hpp>
+#include <xshard/io/strategy_file.hpp>
+#include <xshard/param/tensor_record.hpp>
+#include <xshard/param/traversal.hpp>
+
+#include <algorithm>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace xshard::detail {
+
+/// The tensors a checkpoint save or load works on (collect_model).
+struct ckpt_model {
+    std::vector<tensor_record> tensors; ///< param/tensor_record.hpp
+    std::vector<std::string> dtypes;    ///< their safetensors dtypes
+    const communicator* comm = nullptr;
+    mesh_shape mesh;
+    int rank = 0;
+    strategy_file strategy; ///< of everything saved (parameters, then optimizer state)
+    /// Which tensors this rank holds a block of, to write (empty: all). A pipeline's checkpoint
+    /// (pipeline/checkpoint.hpp) lists every stage's tensors on every rank, each held by its
+    /// stage's ranks only (its record then gives its stage's mesh, layout and shape).
+    std::vector<bool> held;
+
+    bool holds(std::size_t i) const { return held.empty() || held[i]; }
+};
+
+/// The bytes of this rank's block of `t`.
+inline std::size_t local_bytes(const tensor_record& t) {
+    return checked_mul(volume(t.extent), t.element);
+}
+
+template <class C>
+void collect(ckpt_model& m, C& container, const std::string& prefix, bool all) {
+    for_each_parameter(container, [&](const std::string& name, auto& t, bool trainable) {
+        using D = std::remove_cvref_t<decltype(t)>;
+        using T = typename D::value_type;
+        if (!trainable && !all)
+            return;
+        if (t.layout().is_partial())
+            throw error("xshard: checkpoint: '" + name + "' is partial " + t.layout().to_string() +
+                        "; resolve it before saving");
+        auto c = record_of(prefix + name, t, trainable);
+        // A tensor on a mesh of part of the ranks, one of copies of it that tile the mesh
+        // (hsdp's state sharded over part of a mesh axis, train/hsdp.hpp), is saved with its
+        // own mesh, by the copy holding the mesh's rank 0, and loaded by every copy.
+        std::optional<mesh_shape> own;
+        std::vector<int> ranks;
+        bool writes = true;
+        if (m.comm && c.mesh_comm->size() != m.comm->size()) {
+            if (c.mesh_comm->size() > m.comm->size() || m.comm->size() % c.mesh_comm->size() != 0)
+                throw error("xshard: checkpoint: '" + name + "' lives on a mesh of " +
+                            std::to_string(c.mesh_comm->size()) +
+                            " ranks, the tensors before it on " + std::to_string(m.comm->size()) +
+                            "; a checkpoint saves the tensors of one mesh, or of copies of "
+                            "a part of it");
+            own = c.mesh;
+            // The ranks of the copy holding rank 0, in its mesh's order, known everywhere.
+            const int me = m.comm->rank();
+            ranks.resize(std::size_t(c.mesh_comm->size()));
+            mpi::allgather(*c.mesh_comm, std::span(&me, 1), ranks);
+            writes = std::ranges::min(ranks) == 0;
+            mpi::bcast(*m.comm, ranks, 0);
+        } else {
+            m.comm = c.mesh_comm;
+            m.mesh = c.mesh;
+            m.rank = c.mesh_rank;
+            m.strategy.mesh = c.mesh;
+        }
+        m.dtypes.emplace_back(dtype_of<T>().name);
+        m.strategy.parameters.push_back(
+            {c.name, c.shape, m.dtypes.back(), c.lay, trainable, -1, own, std::move(ranks)});
+        m.held.push_back(writes);
+        m.tensors.push_back(std::move(c));
+    });
+}
+
+/// Throws xshard::error (the same on every rank: every rank holds the same names) when two
+/// tensors of `m` have one name, or one is named like safetensors' metadata entry.
+inline void check_names(const ckpt_model& m) {
+    std::set<std::string_view> seen;
+    for (const auto& t : m.tensors) {
+        if (t.name == "__metadata__")
+            throw error("xshard: checkpoint: a parameter is named '__metadata__', which "
+                        "safetensors reserves");
+        if (!seen.insert(t.name).second)
+            throw error("xshard: checkpoint: two parameters are named '" + printable(t.name) +
+                        "'; checkpoint names must be unique");
+    }
+}
+
+template <class P, class S>
+ckpt_model collect_model(P& params, S& state, bool all) {
+    ckpt_model m;
+    collect(m, params, "", all);
+    collect(m, state, "optimizer.", true);
+    if (!m.comm)
+        throw error("xshard: checkpoint: nothing to save or load");
+    check_names(m);
+    return m;
+}
+
+} // namespace xshard::detail
