@@ -162,6 +162,7 @@
 #include <xshard/shard/shard.hpp>
 #include <xshard/shard/sharded.hpp>
 #include <xshard/shard/spec.hpp>
+#include <xshard/shard/vjp.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/dtensor.hpp>
 #include <xshard/tensor/expression.hpp>

@@ -7,6 +7,8 @@
 #include <xshard/models/resnet.hpp>
 #include <xshard/models/transformer.hpp>
 #include <xshard/nn/resnet.hpp>
+#include <xshard/shard/shard.hpp>
+#include <xshard/shard/vjp.hpp>
 #include <xshard/nn/blocks.hpp>
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/tensor/distribute.hpp>
@@ -228,6 +230,39 @@ TEST(programs, traced_transformer_block_equals_the_hand_written_layers_on_every_
     }
     if (p <= 4) {
         EXPECT_GT(meshes, 0);
+    }
+}
+
+// --- shard() with a backward pass -------------------------------------------------------------
+
+TEST(programs, shard_vjp_gives_the_cotangents_of_the_inputs_on_every_mesh) {
+    std::mt19937 engine(6);
+    const xt::xtensor<double, 2> x = xt::random::randn<double>({8, 6}, 0.0, 1.0, engine);
+    const xt::xtensor<double, 2> w = xt::random::randn<double>({6, 4}, 0.0, 1.0, engine);
+    const xt::xtensor<double, 2> r = xt::random::randn<double>({8, 4}, 0.0, 1.0, engine);
+    const xt::xtensor<double, 2> z = xt::linalg::dot(x, w);
+    const xt::xtensor<double, 2> g = xt::where(z > 0.0, r, 0.0);
+    const xt::xtensor<double, 2> y_expected = xt::maximum(z, 0.0);
+    const xt::xtensor<double, 2> dx_expected = xt::linalg::dot(g, xt::transpose(w));
+    const xt::xtensor<double, 2> dw_expected = xt::linalg::dot(xt::transpose(x), g);
+    const int p = world().size();
+    for (int dp = 1; dp <= p; ++dp) {
+        if (p % dp != 0)
+            continue;
+        const mesh_t mesh(world(), {dp, p / dp});
+        auto f = xshard::shard(
+            mesh, [](const auto& a, const auto& b) { return ops::relu(ops::matmul(a, b)); },
+            std::tuple(xshard::layout("[dp, mp]"), xshard::layout("[mp, -]")), xshard::layout("[dp, -]"));
+        const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[-, -]");
+        const auto dw = xshard::distribute<xshard::dynamic_layout(2)>(mesh, w, "[-, -]");
+        auto [y, pullback] = xshard::vjp(f, dx, dw);
+        EXPECT_EQ(y.layout(), xshard::layout("[dp, -]"));
+        EXPECT_LT(double(xt::amax(xt::abs(xshard::gather_all(y) - y_expected))()), 1e-12);
+        const auto [gx, gw] = pullback(xshard::distribute<xshard::dynamic_layout(2)>(mesh, r, "[-, -]"));
+        EXPECT_LT(double(xt::amax(xt::abs(xshard::gather_all(gx) - dx_expected))()), 1e-12)
+            << "dp " << dp;
+        EXPECT_LT(double(xt::amax(xt::abs(xshard::gather_all(gw) - dw_expected))()), 1e-12)
+            << "dp " << dp;
     }
 }
 

@@ -69,6 +69,14 @@ public:
     /// The layouts of the last traced call's inputs and outputs and its redistribution steps.
     std::string describe() const { return *report_; }
 
+    /// The mesh, the callable and its input and output specs (shard/vjp.hpp traces them).
+    const Mesh& mesh() const noexcept { return mesh_; }
+    const F& function() const noexcept { return fn_; }
+    const In& in_specs() const noexcept { return in_; }
+    const Out& out_specs() const noexcept { return out_; }
+    /// Whether the callable works on local shards (shard_local).
+    static constexpr bool local_semantics = detail::local_semantics(Mode);
+
     /// Under sharding_propagation: the layout the last call derived for each input whose spec
     /// is `none` (nullopt for the others); empty before the first call.
     const std::vector<std::optional<layout>>& derived_layouts() const {
