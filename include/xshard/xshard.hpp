@@ -119,6 +119,7 @@
 #include <xshard/redistribute/plan.hpp>
 #include <xshard/redistribute/planner.hpp>
 #include <xshard/redistribute/redistribute.hpp>
+#include <xshard/redistribute/region_exchange.hpp>
 #include <xshard/redistribute/region_message.hpp>
 #include <xshard/redistribute/route.hpp>
 #include <xshard/redistribute/traffic.hpp>
