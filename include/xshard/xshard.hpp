@@ -106,7 +106,13 @@
 #include <xshard/pipeline/micro_batch.hpp>
 #include <xshard/pipeline/pipeline.hpp>
 #include <xshard/pipeline/schedule.hpp>
+#include <xshard/pipeline/slots.hpp>
+#include <xshard/pipeline/stage_view.hpp>
 #include <xshard/pipeline/stages.hpp>
+#include <xshard/pipeline/step.hpp>
+#include <xshard/pipeline/step_batch.hpp>
+#include <xshard/pipeline/step_transfers.hpp>
+#include <xshard/pipeline/topology.hpp>
 #include <xshard/pipeline/transfer.hpp>
 #include <xshard/redistribute/batch.hpp>
 #include <xshard/redistribute/copy.hpp>
