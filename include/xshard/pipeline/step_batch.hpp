@@ -62,23 +62,21 @@ template <distributed_tensor X, distributed_tensor Labels, mesh_type StageMesh>
 batch_cut agree_batch_cut(const communicator& world, const StageMesh& stage_mesh, bool first,
                           bool last, const X* x, const Labels* labels,
                           std::optional<std::string> problem) {
-    const auto where = "mesh (" + stage_mesh.shape().to_string() + ")";
     batch_cut mine; // zeros but at the ends: the all-reduce takes the ends' numbers
+    // The rows and row blocks of the tensor `t` that stage `end` needs as `what`.
+    const auto report = [&](const auto* t, const char* end, const char* what, long long& rows,
+                            long long& blocks) {
+        if (!t || !(t->mesh() == stage_mesh))
+            throw error(std::string("xshard: pipeline: the ") + end + " stage needs the " + what +
+                        ", on its stage mesh (" + stage_mesh.shape().to_string() + ")");
+        rows = (long long)t->shape()[0];
+        blocks = t->layout().split_count(0, stage_mesh.shape());
+    };
     try {
-        if (!problem && first) {
-            if (!x || !(x->mesh() == stage_mesh))
-                throw error("xshard: pipeline: the first stage needs the batch, on its stage " +
-                            where);
-            mine.rows = (long long)x->shape()[0];
-            mine.row_blocks = x->layout().split_count(0, stage_mesh.shape());
-        }
-        if (!problem && last) {
-            if (!labels || !(labels->mesh() == stage_mesh))
-                throw error("xshard: pipeline: the last stage needs the labels, on its stage " +
-                            where);
-            mine.label_rows = (long long)labels->shape()[0];
-            mine.label_blocks = labels->layout().split_count(0, stage_mesh.shape());
-        }
+        if (!problem && first)
+            report(x, "first", "batch", mine.rows, mine.row_blocks);
+        if (!problem && last)
+            report(labels, "last", "labels", mine.label_rows, mine.label_blocks);
     } catch (const std::exception& e) {
         problem = e.what();
     }
