@@ -137,7 +137,13 @@
 #include <xshard/pipeline/micro_batch.hpp>
 #include <xshard/pipeline/pipeline.hpp>
 #include <xshard/pipeline/schedule.hpp>
+#include <xshard/pipeline/slots.hpp>
+#include <xshard/pipeline/stage_view.hpp>
 #include <xshard/pipeline/stages.hpp>
+#include <xshard/pipeline/step.hpp>
+#include <xshard/pipeline/step_batch.hpp>
+#include <xshard/pipeline/step_transfers.hpp>
+#include <xshard/pipeline/topology.hpp>
 #include <xshard/pipeline/transfer.hpp>
 #include <xshard/redistribute/batch.hpp>
 #include <xshard/redistribute/copy.hpp>
@@ -150,6 +156,7 @@
 #include <xshard/redistribute/plan.hpp>
 #include <xshard/redistribute/planner.hpp>
 #include <xshard/redistribute/redistribute.hpp>
+#include <xshard/redistribute/region_exchange.hpp>
 #include <xshard/redistribute/region_message.hpp>
 #include <xshard/redistribute/route.hpp>
 #include <xshard/redistribute/traffic.hpp>

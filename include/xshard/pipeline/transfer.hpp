@@ -11,11 +11,12 @@
 /// A rank whose step fails (a layer or the loss throws) sends, for every transfer it still
 /// owes, an *abort* header carrying its error instead; a receiver that gets one stops, sends
 /// its own owed transfers as aborts and drains what it still expects, so that every posted
-/// message is matched and no rank waits forever (pipeline.hpp then agrees on the error).
+/// message is matched and no rank waits forever (step_transfers.hpp; the pipeline then
+/// agrees on the error).
 ///
 /// Both sides lay the boundary tensor out alike (the receiver takes the sender's layout);
-/// boundaries between stages laid out differently (a planned cross-mesh redistribution) are
-/// not supported yet.
+/// a boundary between stages laid out differently is a planned cross-mesh redistribution
+/// instead (boundary.hpp).
 
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/request.hpp>

@@ -37,6 +37,7 @@
 #include <xshard/redistribute/cost_model.hpp>
 #include <xshard/redistribute/geometry.hpp>
 #include <xshard/redistribute/planner.hpp>
+#include <xshard/redistribute/region_exchange.hpp>
 #include <xshard/redistribute/region_message.hpp>
 
 #include <algorithm>
@@ -430,31 +431,20 @@ private:
     }
 
     void run_forward(compiled_step& s, const T* in, T* out) {
-        const auto& geo = s.geo;
-        for (const auto& m : s.recvs)
-            s.messages.irecv(s.comm, out + m.offset, m.count, m.type, m.peer, 0);
-        for (const auto& m : s.sends) {
-            s.messages.isend(s.comm, in + m.offset, m.count, m.type, m.peer, 0);
-            bytes_sent_ += m.elements * sizeof(T);
-        }
-        detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, out, geo.out_block.extent,
-                            geo.out_block.offset, geo.kept);
-        s.messages.wait_all();
+        bytes_sent_ += detail::exchange_step(s.comm, s.messages, s.recvs, s.sends, s.geo, in, out);
     }
 
+    /// The forward's messages the other way round (tag 1): the halo gradients go back from
+    /// the band's regions and arrive packed in scratch.
     void run_adjoint(compiled_step& s, const T* grad_out, T* grad_in) {
         const auto& geo = s.geo;
-        for (const auto& m : s.packed)
-            s.messages.irecv(s.comm, scratch_.data() + m.offset, m.count, m.type, m.peer, 1);
-        for (const auto& m : s.recvs) {
-            s.messages.isend(s.comm, grad_out + m.offset, m.count, m.type, m.peer, 1);
-            bytes_sent_ += m.elements * sizeof(T);
-        }
-        if (!(geo.kept == geo.in_block))
-            std::fill_n(grad_in, geo.in_block.size(), T{});
-        detail::copy_region(grad_out, geo.out_block.extent, geo.out_block.offset, grad_in,
-                            geo.in_block.extent, geo.in_block.offset, geo.kept);
-        s.messages.wait_all();
+        bytes_sent_ += detail::exchange_regions(
+            s.comm, s.messages, s.packed, scratch_.data(), s.recvs, grad_out, 1, [&] {
+                if (!(geo.kept == geo.in_block))
+                    std::fill_n(grad_in, geo.in_block.size(), T{});
+                detail::copy_region(grad_out, geo.out_block.extent, geo.out_block.offset, grad_in,
+                                    geo.in_block.extent, geo.in_block.offset, geo.kept);
+            });
         // The neighbours' entries for this rank's rows, added in (two neighbours' regions
         // may overlap on a thin band).
         for (std::size_t j = 0; j < geo.sends.size(); ++j) {

@@ -51,18 +51,6 @@ namespace xshard {
 
 namespace detail {
 
-/// `region` of an array of shape `from_shape` at `from_origin`, combined (op) into the same
-/// region of one of shape `to_shape` at `to_origin`: to = to (op) from, run by run.
-template <class T, std::size_t N>
-void combine_region(const T* from, const std::array<std::size_t, N>& from_shape,
-                    const std::array<std::size_t, N>& from_origin, T* to,
-                    const std::array<std::size_t, N>& to_shape,
-                    const std::array<std::size_t, N>& to_origin, const box<N>& region,
-                    reduction op) {
-    for_each_run(from, from_shape, from_origin, to, to_shape, to_origin, region,
-                 [op](T* d, const T* s, std::size_t n) { combine(d, d, s, n, op); });
-}
-
 /// An exchange's or reduce-scatter's control slots and barrier, made together (collective).
 struct node_control {
     node_slots slots;
@@ -258,8 +246,8 @@ private:
     /// storage, band by band (about `band_bytes` of consecutive input each: a band of the
     /// outermost dimension whose trailing slices fit, at every index of the dimensions
     /// before it). So the input is read in address order, nearly as one stream, where
-    /// copying destination by destination would read it in strided runs (which measured
-    /// 1.2-1.3x slower than a contiguous copy here, benchmarks/README.md).
+    /// copying destination by destination would read it in strided runs, which copy more
+    /// slowly than a contiguous stream (figures in benchmarks/README.md).
     void push(const step_geometry<N>& geo, const T* in, T* out, bool with_kept) {
         const auto& b = geo.in_block;
         auto write = [&](const box<N>& band) {

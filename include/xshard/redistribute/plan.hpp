@@ -16,6 +16,7 @@
 #include <xshard/redistribute/meter.hpp>
 #include <xshard/redistribute/node_step.hpp>
 #include <xshard/redistribute/planner.hpp>
+#include <xshard/redistribute/region_exchange.hpp>
 #include <xshard/redistribute/region_message.hpp>
 #include <xshard/redistribute/route.hpp>
 
@@ -286,16 +287,7 @@ private:
     }
 
     void run_exchange(compiled_step& s, const T* in, T* out) {
-        const auto& geo = s.geo;
-        for (const auto& m : s.recvs)
-            s.messages.irecv(s.comm, out + m.offset, m.count, m.type, m.peer, 0);
-        for (const auto& m : s.sends) {
-            s.messages.isend(s.comm, in + m.offset, m.count, m.type, m.peer, 0);
-            bytes_sent_ += m.elements * sizeof(T);
-        }
-        detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, out, geo.out_block.extent,
-                            geo.out_block.offset, geo.kept);
-        s.messages.wait_all();
+        bytes_sent_ += detail::exchange_step(s.comm, s.messages, s.recvs, s.sends, s.geo, in, out);
     }
 
     mesh_shape mesh_;
