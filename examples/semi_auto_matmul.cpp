@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 /// `steps` steps of gradient descent on mean((sum_j (x w)_ij - t_i)^2), serially: the losses.
@@ -56,7 +57,8 @@ std::vector<float> train(xshard::program p, const Mesh& mesh, const xt::xtensor<
     const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[-, -]");
     const auto dt = xshard::distribute<xshard::dynamic_layout(1)>(mesh, t, "[-]");
     xshard::for_each_weight(net, [&](const std::string&, auto& w) {
-        w0 = xshard::gather_all(w.value);
+        if constexpr (std::remove_cvref_t<decltype(w.value)>::rank == 2)
+            w0 = xshard::gather_all(w.value);
     });
     std::vector<float> losses;
     for (int s = 0; s < steps; ++s) {
