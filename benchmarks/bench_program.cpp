@@ -16,6 +16,8 @@
 
 #include "harness.hpp"
 
+#include <xshard/comm/environment.hpp>
+#include <xshard/comm/report_errors.hpp>
 #include <xshard/graph.hpp>
 #include <xshard/models/transformer.hpp>
 #include <xshard/nn/blocks.hpp>

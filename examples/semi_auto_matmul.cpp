@@ -112,7 +112,7 @@ int run() {
     // AllReduce, here the redistribution xshard inserts before the loss).
     const xt::xtensor<float, 1> target = xt::random::rand<float>({32}, 0.0f, 1.0f, engine);
     constexpr int steps = 5;
-    constexpr float lr = 1e-4f;
+    constexpr float lr = 5e-6f;
     xt::xtensor<float, 2> w_semi, w_hybrid;
     const auto semi_losses = train(tutorial_net(xshard::ops::matmul.shard({{1, 1}, {1, p}})), mesh,
                                    x, target, steps, lr, w_semi);

@@ -228,7 +228,7 @@ TEST(programs, traced_transformer_block_equals_the_hand_written_layers_on_every_
         if (dp == 1 && tp == 2 && world().rank() == 0)
             std::printf("%s", net.report().c_str());
     }
-    if (p <= 4) {
+    if (p == 1 || p == 2 || p == 4) {
         EXPECT_GT(meshes, 0);
     }
 }

@@ -395,6 +395,9 @@ private:
                     use(sl, t);
             }
         }
+        // The inputs' cotangents are read after the backward pass.
+        for (auto c : s_.input_cotangent)
+            use(c, nf + 1 + s_.backward.size());
         // First fit by interval, largest first; 64-byte aligned.
         std::vector<std::size_t> order;
         for (std::size_t i = 0; i < s_.slots.size(); ++i)

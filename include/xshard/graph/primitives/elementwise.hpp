@@ -303,10 +303,9 @@ T scalar_attribute(const node_shards& s) {
 }
 
 template <class T>
-void register_elementwise(auto&& add) {
+void register_binary(auto&& add) {
     using A = const forward_args&;
     using V = const vjp_args&;
-    // Binary.
     add(primitive<T>{&add_rules,
                      [](A x) { binary_forward<T>(x, [](T a, T b) { return a + b; }); },
                      [](V v) {
@@ -347,7 +346,12 @@ void register_elementwise(auto&& add) {
                              v, [](T g, T a, T b) { return a <= b ? g : T(0); },
                              [](T g, T a, T b) { return a <= b ? T(0) : g; });
                      }});
-    // Unary.
+}
+
+template <class T>
+void register_unary(auto&& add) {
+    using A = const forward_args&;
+    using V = const vjp_args&;
     add(primitive<T>{&neg_rules, [](A x) { unary_forward<T>(x, [](T a) { return -a; }); },
                      [](V v) { unary_vjp<T>(v, [](T g, T, T) { return -g; }); }});
     add(primitive<T>{&relu_rules,
@@ -404,6 +408,12 @@ void register_elementwise(auto&& add) {
                          unary_forward<T>(x, [c](T a) { return a + c; });
                      },
                      [](V v) { unary_vjp<T>(v, [](T g, T, T) { return g; }); }});
+}
+
+template <class T>
+void register_elementwise(auto&& add) {
+    register_binary<T>(add);
+    register_unary<T>(add);
 }
 
 } // namespace xshard::detail
