@@ -101,21 +101,22 @@ bool made_on_every_rank(const communicator& c, F&& make) {
     return first_reporting_rank(c, failed) < 0;
 }
 
-/// Runs `f()` on every rank of `c` and agrees on the outcome before returning: when `f`
-/// throws on some ranks, each of them rethrows its own exception and every other rank
-/// throws `Error` naming the lowest failing rank and its message; otherwise returns what
-/// `f` returned. Collective: one all-reduce of one int (plus two broadcasts on failure).
-template <class Error = error, class F>
-    requires std::invocable<F&>
-decltype(auto) agreed(const communicator& c, F&& f) {
+namespace detail {
+
+/// Runs `f()` and agrees over `c` on whether it threw; on failure every rank calls
+/// `fail(first, text, failure)` (the lowest failing rank, its message, this rank's own
+/// exception or null), which throws. Failing ranks take part in sending the message too, so
+/// none is left in a collective. Collective: one all-reduce of one int (plus two broadcasts
+/// on failure).
+template <class F, class Fail>
+decltype(auto) run_agreed(const communicator& c, F& f, Fail fail) {
     using result_t = std::invoke_result_t<F&>;
     using stored_t =
         std::conditional_t<std::is_reference_v<result_t>,
                            std::reference_wrapper<std::remove_reference_t<result_t>>, result_t>;
     std::exception_ptr failure;
     std::optional<std::string> message;
-    [[maybe_unused]] std::optional<
-        std::conditional_t<std::is_void_v<result_t>, detail::nothing, stored_t>>
+    [[maybe_unused]] std::optional<std::conditional_t<std::is_void_v<result_t>, nothing, stored_t>>
         result;
     try {
         if constexpr (std::is_void_v<result_t>)
@@ -130,19 +131,40 @@ decltype(auto) agreed(const communicator& c, F&& f) {
         message = "an exception not derived from std::exception";
     }
     const int first = first_reporting_rank(c, failure != nullptr);
-    if (first >= 0) {
-        // Failing ranks take part in sending the message too, so none is left in a
-        // collective; then each rethrows its own exception.
-        auto text = detail::message_from(c, first, message);
-        if (failure)
-            std::rethrow_exception(failure);
-        throw Error("xshard: rank " + std::to_string(first) + " failed: " + text);
-    }
+    if (first >= 0)
+        fail(first, message_from(c, first, message), failure);
     if constexpr (std::is_reference_v<result_t>)
         return static_cast<result_t>(result->get());
     else if constexpr (!std::is_void_v<result_t>)
         return result_t(std::move(*result)); // a prvalue: `return std::move(...)` would
                                              // deduce a reference to the local
+}
+
+} // namespace detail
+
+/// Runs `f()` on every rank of `c` and agrees on the outcome before returning: when `f`
+/// throws on some ranks, each of them rethrows its own exception and every other rank
+/// throws `Error` naming the lowest failing rank and its message; otherwise returns what
+/// `f` returned. Collective: one all-reduce of one int (plus two broadcasts on failure).
+template <class Error = error, class F>
+    requires std::invocable<F&>
+decltype(auto) agreed(const communicator& c, F&& f) {
+    return detail::run_agreed(c, f, [](int first, const std::string& text, std::exception_ptr failure) {
+        if (failure)
+            std::rethrow_exception(failure);
+        throw Error("xshard: rank " + std::to_string(first) + " failed: " + text);
+    });
+}
+
+/// `agreed`, but when `f` throws on some ranks every rank throws the same `Error` with the
+/// lowest failing rank's message (for checks whose message already says what failed, and
+/// callers that catch one error type). Collective as `agreed`.
+template <class Error = error, class F>
+    requires std::invocable<F&>
+decltype(auto) agreed_alike(const communicator& c, F&& f) {
+    return detail::run_agreed(c, f, [](int, const std::string& text, std::exception_ptr) {
+        throw Error(text);
+    });
 }
 
 } // namespace xshard

@@ -50,14 +50,10 @@ xshard::detail::ckpt_model every_stage(pipeline<Model, X>& pipe, const S& optimi
                                        bool all) {
     const auto& world = pipe.comm();
     xshard::detail::ckpt_model local;
-    std::optional<std::string> problem;
-    try {
+    agreed_alike(world, [&] {
         xshard::detail::collect(local, pipe.local_parameters(), "", all);
         xshard::detail::collect(local, optimizer_state, "optimizer.", true);
-    } catch (const std::exception& e) {
-        problem = e.what();
-    }
-    agree_on_error(world, problem);
+    });
     // The lowest rank of each stage tells the others its stage's strategy. Each rank's stage
     // and rank on its stage's mesh (whose ranks a copy's "ranks" name), known everywhere.
     const int me = pipe.stage(), p = pipe.config().stages;
@@ -176,22 +172,14 @@ checkpoint_info load_pipeline_checkpoint(const std::string& path, pipeline<Model
     const auto count = [&](const std::string&, const auto&) { any = true; };
     for_each_parameter(pipe.local_parameters(), count);
     for_each_parameter(optimizer_state, count);
-    checkpoint_info info;
-    std::optional<std::string> problem;
-    try {
+    return agreed_alike<io_error>(pipe.comm(), [&] {
         if (any)
-            info = load_checkpoint(path, pipe.local_parameters(),
-                                   std::forward<S>(optimizer_state), all_parameters);
-        else {
-            // A stage without parameters (activations only) loads nothing; it learns the step.
-            const checkpoint_reader r(path);
-            info = {r.step(), r.format(), r.strategy()};
-        }
-    } catch (const std::exception& e) {
-        problem = e.what();
-    }
-    agree_on_error<io_error>(pipe.comm(), problem);
-    return info;
+            return load_checkpoint(path, pipe.local_parameters(), std::forward<S>(optimizer_state),
+                                   all_parameters);
+        // A stage without parameters (activations only) loads nothing; it learns the step.
+        const checkpoint_reader r(path);
+        return checkpoint_info{r.step(), r.format(), r.strategy()};
+    });
 }
 
 } // namespace xshard::pipeline

@@ -104,9 +104,8 @@ public:
         , world_(mesh.comm())
         , topo_(stage_mesh, options_.stage_input_layouts)
         , model_(&model) {
-        std::optional<std::string> problem;
         std::size_t a = 0;
-        try {
+        agreed_alike(world_, [&] {
             a = mesh.shape().index(axis);
             topo_.pp = mesh.sub(axis_set::of(a)).dup();
             topo_.config = {options_.scheduler, mesh.axis_size(a), options_.micro_batches,
@@ -121,10 +120,7 @@ public:
             make_table();
             collect();
             assign();
-        } catch (const std::exception& e) {
-            problem = e.what();
-        }
-        agree_on_error(world_, problem);
+        });
         topo_.learn(mesh, a, X::rank);
         const int me = topo_.pp.rank();
         for (std::size_t i = 0; i < modules_.size(); ++i)

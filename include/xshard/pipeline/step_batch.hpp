@@ -72,15 +72,14 @@ batch_cut agree_batch_cut(const communicator& world, const StageMesh& stage_mesh
         rows = (long long)t->shape()[0];
         blocks = t->layout().split_count(0, stage_mesh.shape());
     };
-    try {
-        if (!problem && first)
+    agreed_alike(world, [&] {
+        if (problem)
+            throw error(*problem);
+        if (first)
             report(x, "first", "batch", mine.rows, mine.row_blocks);
-        if (!problem && last)
+        if (last)
             report(labels, "last", "labels", mine.label_rows, mine.label_blocks);
-    } catch (const std::exception& e) {
-        problem = e.what();
-    }
-    agree_on_error(world, problem);
+    });
     std::array<long long, 4> all{mine.rows, mine.row_blocks, mine.label_rows, mine.label_blocks};
     mpi::allreduce(world, std::span(all), reduction::max);
     const batch_cut cut{all[0], all[1], all[2], all[3]};
@@ -115,18 +114,14 @@ step_batch<X, Labels> make_step_batch(const communicator& world, const StageMesh
     step_batch<X, Labels> b;
     b.cut = agree_batch_cut(world, stage_mesh, first, last, x, labels, std::move(problem));
     const auto blocks = std::size_t(b.cut.blocks());
-    std::optional<std::string> failed;
-    try {
+    agreed_alike(world, [&] {
         if (first)
             b.inputs = split_micro_batches(*x, micro_batches, blocks);
         if (last) {
             b.rows = micro_batch_rows(std::size_t(b.cut.label_rows), blocks, micro_batches);
             b.labels = split_micro_batches(*labels, micro_batches, blocks);
         }
-    } catch (const std::exception& e) {
-        failed = e.what();
-    }
-    agree_on_error(world, failed);
+    });
     return b;
 }
 

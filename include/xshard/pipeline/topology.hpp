@@ -90,14 +90,10 @@ struct stage_topology {
         for (std::size_t i = 0; i < nd; ++i)
             mine[i] = mesh.shape().sizes[i];
         mpi::allgather(world, mine, all);
-        std::optional<std::string> problem;
-        try {
+        agreed_alike(world, [&] {
             place_stages(full, axis, all);
             check_input_layouts(tensor_rank);
-        } catch (const std::exception& e) {
-            problem = e.what();
-        }
-        agree_on_error(world, problem);
+        });
         cross = world.dup();
     }
 
