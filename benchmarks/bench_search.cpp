@@ -4,7 +4,7 @@
 //
 // The model is bench_training's MLP as a searched_mlp (1024 -> 4096, relu, 4096 -> 1024; batch
 // 64, double, parallel_cross_entropy, momentum), one training step through the driver
-// (xshard::model::train_step). First the GEMM speed and the memory bandwidth of one rank are
+// (xshard::trainer::train_step). First the GEMM speed and the memory bandwidth of one rank are
 // measured (the cost model's `gemm_flops` and `memory_bandwidth`: a momentum update on every
 // rank at once), then every hand strategy of the exhaustive set below is timed, and the
 // search's choice (recursive_programming over every dp x tp x pp and hsdp level) is timed
@@ -31,15 +31,16 @@
 //       strategy's (baseline "best_hand_strategy"); searched_transformer_predicted: its
 //       prediction against its measurement.
 
-#include <xshard/auto/auto_parallel.hpp>
-#include <xshard/auto/calibrate.hpp>
-#include <xshard/auto/model.hpp>
-#include <xshard/auto/search.hpp>
-#include <xshard/auto/searched_mlp.hpp>
-#include <xshard/auto/searched_transformer.hpp>
 #include <xshard/comm/environment.hpp>
+#include <xshard/driver/auto_parallel.hpp>
+#include <xshard/driver/trainer.hpp>
+#include <xshard/models/searched_mlp.hpp>
+#include <xshard/models/searched_transformer.hpp>
 #include <xshard/nn/embedding.hpp>
 #include <xshard/optim/optimizers.hpp>
+#include <xshard/search/calibrate.hpp>
+#include <xshard/search/networks.hpp>
+#include <xshard/search/recursive_programming.hpp>
 #include <xshard/tensor/distribute.hpp>
 
 #include "harness.hpp"
@@ -85,8 +86,8 @@ double time_steps(const bench::options& o, const Full& full, Model& model, int h
         net.hsdp(-1, 0, hsdp == 1 ? "level1" : "level2");
     xshard::optim::momentum opt({.lr = 1e-3, .momentum = 0.9});
     xshard::nn::parallel_cross_entropy<double, mesh_t> loss;
-    xshard::model trainer(net, loss, opt,
-                          {.micro_batches = micro, .stage_config = std::move(stage_config)});
+    xshard::trainer trainer(net, loss, opt,
+                            {.micro_batches = micro, .stage_config = std::move(stage_config)});
     const auto step = [&] {
         (void)trainer.train_step(xs, ys);
     };
@@ -154,7 +155,7 @@ int main(int argc, char** argv) {
     const std::size_t batch = 64;
 
     // The cost model's GEMM speed (the first layer's product) and memory bandwidth (an update
-    // of the first weight's share), measured on every rank at once (auto/calibrate.hpp).
+    // of the first weight's share), measured on every rank at once (search/calibrate.hpp).
     xshard::search_options so;
     so.ranks = p;
     so.machine.optimizer_states = 1; // momentum: one slot per weight (the default is Adam's two)

@@ -59,12 +59,13 @@ floors = {
     "train": "broadcast, gradient synchronisation, optimizer sharding, norms, monitor",
     "nn": "parallel layers (namespace xshard::nn)",
     "optim": "optimizers and learning-rate schedules (namespace xshard::optim)",
-    "io": "checkpoints and strategy files",
+    "io": "checkpoints, strategy files, operator strategy and group files",
     "pipeline": "pipeline parallelism (namespace xshard::pipeline)",
     "shard": "shard() and shard_local()",
     "graph": "programs: tracing, one description per primitive, compiling onto a mesh",
-    "models": "ready networks written as programs",
-    "auto": "AutoParallel, the training driver, strategy search",
+    "search": "strategy search: cost model, calibration, sharding propagation, recursive programming",
+    "models": "ready networks: programs, and the searched models",
+    "driver": "AutoParallel's configuration, the training driver and its callbacks",
 }
 
 

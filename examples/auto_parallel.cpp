@@ -1,9 +1,9 @@
-// MindSpore's AutoParallel example (seed 001) in C++: the network flatten -> MatMulCell
+// MindSpore's AutoParallel example in C++: the network flatten -> MatMulCell
 // 784x512 -> relu -> dense 512 -> relu -> dense 10, configured by `xshard::auto_parallel` in
-// semi_auto mode with optimizer sharding (hsdp), two pipeline stages cut by the seed's
+// semi_auto mode with optimizer sharding (hsdp), two pipeline stages cut by the original's
 // stage_config (4 micro-batches), a data-parallel dataset, the parameter strategy and
 // communication group files saved, local norms dumped, fp32 communication, and trained by
-// the driver (`xshard::model`, MindSpore's Model) for 2 epochs with loss_monitor(1); then
+// the driver (`xshard::trainer`, MindSpore's Model) for 2 epochs with loss_monitor(1); then
 // evaluated on the held-out samples (Model.eval, accuracy).
 //
 // The mesh is pp x dp x tp: pipeline(stages=2) on an even number of ranks (1 stage on one
@@ -17,7 +17,7 @@
 //
 // The search modes (recursive_programming, sharding_propagation) need a model whose operator
 // strategies are set at run time: there the network is the same chain as a searched_mlp
-// (xshard/auto/searched_mlp.hpp: linear1 784x512 without bias as MatMulCell, relu, linear2
+// (xshard/models/searched_mlp.hpp: linear1 784x512 without bias as MatMulCell, relu, linear2
 // 512x512, relu, linear3 512x10, drawn from the same seeds, so its losses equal the
 // semi_auto network's), laid out by the engine in compile(), which searches with the
 // pipeline's stages and micro-batches: the driver cuts the chain where the search's plan does
@@ -31,7 +31,7 @@
 //   parallel_net.save_param_strategy_file(f"/tmp/param_{get_rank()}.ckpt") ...
 //   model = Model(network=parallel_net, optimizer=optimizer)
 //   model.train(epoch=2, train_dataset=dataset, callbacks=[LossMonitor(per_print_times=1)])
-#include <xshard/auto/searched_mlp.hpp>
+#include <xshard/models/searched_mlp.hpp>
 #include <xshard/xshard.hpp>
 
 #include "mnist_like.hpp"
@@ -197,11 +197,11 @@ int run(int argc, char** argv) {
         // Pipeline(WithLossCell(net, loss_fn), 4, stage_config) and Model(parallel_net, ...).
         xshard::optim::sgd optimizer({.lr = lr});
         nn::parallel_cross_entropy<T, stage_mesh_t> loss_fn;
-        xshard::model_options cell{.micro_batches = 4};
+        xshard::trainer_options cell{.micro_batches = 4};
         if (pp_size == 2 && !searched)
             cell.stage_config = {{"flatten", 0}, {"layer1", 0}, {"relu1", 0},
                                  {"layer2", 1},  {"relu2", 1},  {"layer3", 1}};
-        xshard::model model(parallel_net, loss_fn, optimizer, cell); // compile(): the files
+        xshard::trainer model(parallel_net, loss_fn, optimizer, cell); // compile(): the files
         if constexpr (xshard::strategy_searchable<std::remove_cvref_t<decltype(net)>>)
             if (mesh.rank() == 0) {
                 std::printf("%s strategy (in/weight/out):", mode.c_str());

@@ -70,7 +70,7 @@ std::vector<double> train(Net& net, const mesh_2d& mesh, std::size_t first, std:
     xshard::auto_parallel parallel(net, mesh);
     xshard::nn::parallel_cross_entropy<double, mesh_2d> loss;
     xshard::optim::momentum optimizer({.lr = 0.1, .momentum = 0.9});
-    xshard::model trainer(parallel, loss, optimizer);
+    xshard::trainer trainer(parallel, loss, optimizer);
     if (!load_from.empty()) {
         trainer.load_checkpoint(load_from);
         // MindSpore's parameter_broadcast after loading: every redundant copy takes its

@@ -11,7 +11,7 @@
 // --mode recursive_programming or sharding_propagation (MindSpore's parallel modes): the same
 // decoder without learned positions, as an xshard::searched_transformer whose per-operator
 // strategies the engine searches in compile() (xshard::auto_parallel; printed), trained by
-// the driver (xshard::model) with AdamW at a constant rate. Its losses too are the same on
+// the driver (xshard::trainer) with AdamW at a constant rate. Its losses too are the same on
 // every mesh (ctest compares them).
 #include <xshard/xshard.hpp>
 
@@ -160,7 +160,7 @@ int run_searched(const mesh_2d& mesh, const Loader& batches, std::int64_t steps,
     xshard::auto_parallel parallel_net(net, mesh, mode); // raises for an unknown mode
     nn::parallel_cross_entropy<T, mesh_2d> loss;
     xshard::optim::adamw optimizer({.lr = 3e-3, .weight_decay = 0.01});
-    xshard::model trainer(parallel_net, loss, optimizer); // compile(): the search
+    xshard::trainer trainer(parallel_net, loss, optimizer); // compile(): the search
     if (mesh.rank() == 0) {
         std::printf("train_transformer %s on mesh(%s), operator strategies (in / weight / out):\n",
                     mode.c_str(), mesh.shape().to_string().c_str());

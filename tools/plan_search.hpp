@@ -10,8 +10,10 @@
 // Bad input gives one line on stderr and exit status 2.
 #pragma once
 
-#include <xshard/auto/operator_strategy_file.hpp>
-#include <xshard/auto/search.hpp>
+#include <xshard/io/operator_strategy_file.hpp>
+#include <xshard/search/networks.hpp>
+#include <xshard/search/operator_strategy.hpp>
+#include <xshard/search/recursive_programming.hpp>
 
 #include "plan_cli.hpp"
 

@@ -3,7 +3,7 @@
 /// The objective of a strategy search by level (MindSpore's search objective): 0 the least
 /// communication, 1 the least memory, 2 the fastest. A level orders candidates
 /// lexicographically by a primary and a secondary figure: communication then time at 0,
-/// memory then time at 1, time then memory at 2. The strategy search (auto/search.hpp)
+/// memory then time at 1, time then memory at 2. The strategy search (search/)
 /// compares predictions exactly; shard()'s derived layouts (the option sharding_propagation,
 /// shard/derivation.hpp) compare measured times within a tolerance.
 

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// Where optimizer sharding (hsdp) puts a weight's data-parallel axes: the layout that
-/// train/hsdp.hpp shards a weight's state to, and that auto/cost.hpp prices. One rule, so that
+/// train/hsdp.hpp shards a weight's state to, and that search/cost.hpp prices. One rule, so that
 /// the search prices the layout that runs.
 
 #include <xshard/core/axis.hpp>

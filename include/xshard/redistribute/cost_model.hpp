@@ -21,7 +21,7 @@
 /// Mesh axes can have links of their own (`axis_links`: e.g. an axis inside a node and one
 /// across nodes): a step whose group spans configured axes is priced by the slowest of their
 /// links (the largest alpha and the largest beta) instead of its kind's. The strategy search
-/// (auto/cost.hpp) prices every candidate layout through this one model.
+/// (search/cost.hpp) prices every candidate layout through this one model.
 ///
 /// The defaults are one fit by `bench_calibrate` (benchmarks/README.md says on what), which
 /// prints a cost_model for the machine it runs on; only their ratios matter for choosing a

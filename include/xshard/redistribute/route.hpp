@@ -5,7 +5,7 @@
 /// layout (on random layout triples about one in twenty: an all-reduce priced above its
 /// reduce-scatter plus all-gather, an exchange whose bytes an all-gather moves cheaper, an
 /// exchange that feeds ranks a later zero step clears). A price with that flaw is not a
-/// distance, and a search minimising it (auto/cost.hpp) is misled, as PyTorch's planner was.
+/// distance, and a search minimising it (search/cost.hpp) is misled, as PyTorch's planner was.
 ///
 /// So a plan also searches the graph whose nodes are every layout of the tensor on the mesh
 /// and whose edges are single steps (an exchange-like step between any two layouts with the

@@ -18,8 +18,8 @@
 /// candidate raises, the call runs with the kept layouts and raises what it raises. The
 /// choice is cached by the derived inputs' layouts, shapes and element sizes; the next calls
 /// run `fn` once. The strategy search's propagation of operator strategies along a network
-/// (auto/propagation.hpp) is another thing: it prices a chain of operators its cost model
-/// knows, without running them.
+/// (search/sharding_propagation.hpp) is another thing: it prices a chain of operators its cost
+/// model knows, without running them.
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/communicator.hpp>

@@ -2,17 +2,17 @@
 /// \file
 /// A GPT-style decoder whose per-operator strategies are set at run time, by the search engines
 /// (recursive_programming, sharding_propagation) through `auto_parallel::compile()` or from an
-/// operator strategy file: the transformer the engines plug into, as auto/searched_mlp.hpp is
-/// the MLP.
+/// operator strategy file: the transformer the engines plug into, as models/searched_mlp.hpp
+/// is the MLP.
 ///
 ///     xshard::searched_transformer<double, mesh_t> model(mesh, {.layers = 2, .hidden = 64,
 ///         .heads = 4, .sequence = 16, .vocabulary = 1000}, 8, seed);
 ///     xshard::auto_parallel net(model, mesh, "recursive_programming");
-///     xshard::model trainer(net, loss, optimizer);   // compile(): search, then apply
+///     xshard::trainer driver(net, loss, optimizer);  // compile(): search, then apply
 ///
-/// Operators as auto/cost.hpp's `transformer_network`: embedding, then per block norm1, qkv,
-/// attention, proj, norm2, up, gelu, down, then norm and head (no bias), each run by
-/// auto/searched_ops.hpp under its strategy, so that any chain the search can choose runs,
+/// Operators as search/networks.hpp's `transformer_network`: embedding, then per block norm1,
+/// qkv, attention, proj, norm2, up, gelu, down, then norm and head (no bias), each run by
+/// models/searched_ops.hpp under its strategy, so that any chain the search can choose runs,
 /// Megatron's (qkv and up split by columns, proj and down by rows) and sequence parallelism
 /// ([(dp, tp), -] between operators) included. Each block is pre-norm with two residual
 /// additions: h = x + proj(...), y = h + down(...); the residual is brought to the branch's
@@ -25,14 +25,20 @@
 /// weights are drawn replicated from `seed` (the same on any mesh) and `apply_strategy` moves
 /// them keeping their values, so every strategy computes what one rank computes.
 
-#include <xshard/auto/cost.hpp>
-#include <xshard/auto/searched_ops.hpp>
+#include <xshard/comm/error.hpp>
+#include <xshard/core/layout.hpp>
+#include <xshard/core/op_choice.hpp>
+#include <xshard/models/searched_model.hpp>
+#include <xshard/models/searched_ops.hpp>
 #include <xshard/nn/activation.hpp>
 #include <xshard/nn/layer_normalization.hpp>
 #include <xshard/nn/module.hpp>
+#include <xshard/search/network_spec.hpp>
+#include <xshard/search/networks.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -47,8 +53,11 @@ struct transformer_sizes {
     std::size_t vocabulary = 1000;
 };
 
+/// A GPT-style decoder whose operators' strategies are set at run time (see the file
+/// comment); `spec()`, `choices()` and `apply_strategy` as every searched model's
+/// (models/searched_model.hpp).
 template <class T, mesh_type Mesh>
-class searched_transformer {
+class searched_transformer : public detail::searched_model<searched_transformer<T, Mesh>> {
 public:
     using tensor_type = nn::tensor<T, Mesh>;
     using ids_type = nn::tensor<std::int64_t, Mesh, 1>;
@@ -58,38 +67,15 @@ public:
     /// transformer_network refuses or a mesh without axes dp and tp.
     searched_transformer(const Mesh& mesh, const transformer_sizes& sizes, std::size_t batch,
                          unsigned seed = 1)
-        : mesh_(mesh)
-        , spec_(network(sizes, batch))
+        : detail::searched_model<searched_transformer>(mesh, network(sizes, batch),
+                                                       "searched_transformer")
         , embedding_(mesh, sizes.vocabulary, sizes.hidden, seed)
         , norm_(mesh, sizes.hidden)
         , head_(mesh, sizes.hidden, sizes.vocabulary, seed + 1 + 4 * unsigned(sizes.layers),
                 false) {
-        if (!mesh.has_axis("dp") || !mesh.has_axis("tp"))
-            throw error("xshard: searched_transformer: the mesh " + mesh.shape().to_string() +
-                        " needs axes dp and tp");
         blocks_.reserve(sizes.layers);
         for (std::size_t l = 0; l < sizes.layers; ++l)
             blocks_.emplace_back(mesh, sizes, seed + 1 + 4 * unsigned(l));
-        choices_.assign(spec_.ops.size(), {});
-    }
-
-    /// The network the search prices.
-    const network_spec& spec() const noexcept { return spec_; }
-    /// The strategies in use, one per operator.
-    const std::vector<op_choice>& choices() const noexcept { return choices_; }
-
-    /// Sets every operator's strategy (one per operator of `spec()`), moving the weights to
-    /// their new layouts (their values kept; gradients zeroed, optimizer state dropped).
-    /// Throws xshard::error, on every rank alike, for a strategy that does not suit its
-    /// operator or a chain whose neighbours do not meet. Collective over the mesh.
-    void apply_strategy(const std::vector<op_choice>& c) {
-        detail::check_strategy_chain(spec_, c, mesh_.shape(), "searched_transformer");
-        choices_ = c;
-        embedding_.set(c[0]);
-        for (std::size_t l = 0; l < blocks_.size(); ++l)
-            blocks_[l].set(&c[1 + 8 * l]);
-        norm_.set(c[c.size() - 2]);
-        head_.set(c.back());
     }
 
     /// The logits of token ids [batch x sequence]. Collective over the mesh.
@@ -117,8 +103,18 @@ public:
     }
 
 private:
+    friend class detail::searched_model<searched_transformer>;
     using linear = detail::searched_linear<T, Mesh>;
     using norm = detail::redistributed_op<T, Mesh, nn::layer_normalization<T, Mesh>>;
+
+    /// Lays the operators out under the checked strategies `c` (apply_strategy).
+    void lay_out(const std::vector<op_choice>& c) {
+        embedding_.set(c[0]);
+        for (std::size_t l = 0; l < blocks_.size(); ++l)
+            blocks_[l].set(&c[1 + 8 * l]);
+        norm_.set(c[c.size() - 2]);
+        head_.set(c.back());
+    }
 
     static network_spec network(const transformer_sizes& s, std::size_t batch) {
         try {
@@ -189,13 +185,10 @@ private:
         }
     };
 
-    Mesh mesh_;
-    network_spec spec_;
     detail::searched_embedding<T, Mesh> embedding_;
     std::vector<block> blocks_;
     norm norm_;
     linear head_;
-    std::vector<op_choice> choices_;
 };
 
 } // namespace xshard

@@ -3,15 +3,16 @@
 // value); training configured through it against a one-rank run; strategy and group files
 // written by compile() and read back.
 
-#include <xshard/auto/auto_parallel.hpp>
-#include <xshard/param/initializer.hpp>
-#include <xshard/auto/model.hpp>
+#include <xshard/driver/auto_parallel.hpp>
+#include <xshard/driver/callbacks.hpp>
+#include <xshard/driver/trainer.hpp>
 #include <xshard/nn/activation.hpp>
 #include <xshard/nn/blocks.hpp>
 #include <xshard/nn/embedding.hpp>
 #include <xshard/nn/linear.hpp>
 #include <xshard/nn/module.hpp>
 #include <xshard/optim/optimizers.hpp>
+#include <xshard/param/initializer.hpp>
 #include <xshard/pipeline/pipeline.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/gather.hpp>
@@ -35,6 +36,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -65,7 +67,7 @@ mesh_t world_mesh() {
 /// A scratch path of this world size (ctest may run the rank counts at once).
 std::string scratch(const std::string& name) {
     const std::string dir =
-        std::string(XSHARD_AUTO_SCRATCH) + "/np" + std::to_string(world().size());
+        std::string(XSHARD_DRIVER_SCRATCH) + "/np" + std::to_string(world().size());
     std::filesystem::create_directories(dir);
     return dir + "/" + name;
 }
@@ -399,7 +401,7 @@ TEST(auto_parallel, configured_training_equals_one_rank) {
     }
 }
 
-// --- the driver: xshard::model(net, loss, optimizer).train(...) -------------------------------
+// --- the driver: xshard::trainer(net, loss, optimizer).train(...) -----------------------------
 
 /// Epoch e's batches are the manual loop's steps e*steps .. e*steps + steps - 1.
 struct epochs_of_batches {
@@ -431,6 +433,25 @@ record drive(const mesh_t& m, Configure&& configure, std::ostream* monitor = nul
         r.weights.push_back(xshard::gather_all(w.value));
     });
     return r;
+}
+
+// Both names of the driver, xshard::trainer and MindSpore's xshard::model, deduce the same type
+// from (net, loss, optimizer), with options or without, and train alike.
+TEST(model_driver, trainer_and_model_deduce_one_driver) {
+    const auto m = world_mesh();
+    auto model_a = make_model(m), model_b = make_model(m);
+    config_t a(model_a, m), b(model_b, m);
+    optim::momentum opt_a({.lr = 0.1, .momentum = 0.9}), opt_b({.lr = 0.1, .momentum = 0.9});
+    nn::parallel_cross_entropy<double, mesh_t> loss_a, loss_b;
+    xshard::trainer by_trainer(a, loss_a, opt_a, {.micro_batches = 1});
+    xshard::model by_model(b, loss_b, opt_b);
+    static_assert(std::is_same_v<decltype(by_trainer), decltype(by_model)>);
+    static_assert(std::is_same_v<decltype(by_trainer),
+                                 xshard::model<config_t, decltype(loss_a), decltype(opt_a)>>);
+    static_assert(std::is_same_v<xshard::model_options, xshard::trainer_options>);
+    EXPECT_EQ(by_trainer.train(1, epochs_of_batches{&m, 2}),
+              by_model.train(1, epochs_of_batches{&m, 2}))
+        << where(m);
 }
 
 TEST(model_driver, losses_equal_the_manual_loop) {

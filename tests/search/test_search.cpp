@@ -1,20 +1,23 @@
-// The strategy search (auto/cost.hpp, auto/search.hpp, auto/propagation.hpp): the cost model's
-// prices against hand-computed ones, the consistency of redistribution prices on random layout
-// triples, the dynamic programme against an exhaustive enumeration of every strategy, and
-// propagation against the enumeration's optimum with some strategies given. The search runs in
-// one process: every rank computes the same thing.
+// The strategy search (search/cost.hpp, search/recursive_programming.hpp,
+// search/sharding_propagation.hpp): the cost model's prices against hand-computed ones, the
+// consistency of redistribution prices on random layout triples, the dynamic programme against
+// an exhaustive enumeration of every strategy, and propagation against the enumeration's
+// optimum with some strategies given. The search runs in one process: every rank computes the
+// same thing.
 
-#include <xshard/auto/auto_parallel.hpp>
-#include <xshard/auto/calibrate.hpp>
-#include <xshard/auto/cost.hpp>
-#include <xshard/auto/model.hpp>
-#include <xshard/auto/operator_strategy_file.hpp>
-#include <xshard/auto/propagation.hpp>
-#include <xshard/auto/search.hpp>
-#include <xshard/auto/searched_mlp.hpp>
-#include <xshard/auto/searched_transformer.hpp>
+#include <xshard/driver/auto_parallel.hpp>
+#include <xshard/driver/trainer.hpp>
+#include <xshard/io/operator_strategy_file.hpp>
+#include <xshard/models/searched_mlp.hpp>
+#include <xshard/models/searched_transformer.hpp>
 #include <xshard/nn/embedding.hpp>
 #include <xshard/optim/optimizers.hpp>
+#include <xshard/search/calibrate.hpp>
+#include <xshard/search/cost.hpp>
+#include <xshard/search/networks.hpp>
+#include <xshard/search/operator_strategy.hpp>
+#include <xshard/search/recursive_programming.hpp>
+#include <xshard/search/sharding_propagation.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/gather.hpp>
 

@@ -1,8 +1,9 @@
 #pragma once
 /// \file
-/// The operators of the searched models (auto/searched_mlp.hpp, auto/searched_transformer.hpp):
-/// each runs one operator of auto/cost.hpp's chain under its run-time strategy (`op_choice`),
-/// as the cost model prices it, on a mesh with axes dp and tp.
+/// The operators of the searched models (models/searched_mlp.hpp,
+/// models/searched_transformer.hpp): each runs one operator of the search's chain
+/// (search/network_spec.hpp) under its run-time strategy (`op_choice`), as the cost model
+/// (search/cost.hpp) prices it, on a mesh with axes dp and tp.
 ///
 ///  * `searched_linear`: the product with the weight laid out by the strategy ([-, -], [-, tp]
 ///    or [tp, -]), the bias added where the product has no pending sum (after the reduction
@@ -15,11 +16,9 @@
 /// Backward passes are the adjoints (as nn's layers): an operator's input gradient is laid out
 /// as the dual of its input's layout. Weights are drawn replicated (the same values on any
 /// mesh) and `set` moves them to a strategy's layouts keeping their values.
-///
-/// `check_strategy_chain` checks a chain of strategies against a network on a mesh: what the
-/// models' `apply_strategy` raise.
 
-#include <xshard/auto/cost.hpp>
+#include <xshard/core/layout.hpp>
+#include <xshard/core/op_choice.hpp>
 #include <xshard/nn/attention.hpp>
 #include <xshard/nn/linear.hpp>
 #include <xshard/nn/module.hpp>
@@ -31,41 +30,10 @@
 #include <optional>
 #include <random>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
 namespace xshard::detail {
-
-/// Throws xshard::error (alike on every rank: shared data) unless `c` holds one strategy per
-/// operator of `net`, each suits its operator on `mesh`'s dp x tp, the first takes rows
-/// ([dp, -]), each takes what the previous one gives, and the last gives rows split over dp
-/// only (the labels' split). `who` names the model in the message.
-inline void check_strategy_chain(const network_spec& net, const std::vector<op_choice>& c,
-                                 const mesh_shape& mesh, std::string_view who) {
-    const std::string name(who);
-    if (c.size() != net.ops.size())
-        throw error("xshard: " + name + ": " + std::to_string(c.size()) + " strategies for " +
-                    std::to_string(net.ops.size()) + " operators");
-    const int dp = mesh.axis_size("dp"), tp = mesh.axis_size("tp");
-    for (std::size_t i = 0; i < c.size(); ++i) {
-        const auto& op = net.ops[i];
-        const auto options = op_options(op, c[i].in, dp, tp, net.batch);
-        bool ok = false;
-        for (const auto& o : options)
-            ok = ok || o.first == c[i].weight;
-        const auto expected = i == 0 ? activation_split::rows : c[i - 1].out;
-        if (!ok || c[i].in != expected)
-            throw error("xshard: " + name + ": operator " + op.name + " cannot run with in " +
-                        std::string(to_string(c[i].in)) + ", weight " +
-                        std::string(to_string(c[i].weight)) + " after " +
-                        std::string(to_string(expected)));
-    }
-    if (c.back().out == activation_split::all_rows)
-        throw error("xshard: " + name + ": the output must keep its rows over dp (the labels' "
-                    "split), not " +
-                    std::string(to_string(c.back().out)));
-}
 
 /// Moves `w` to layout `l` keeping its values (a new weight: gradient zeroed), unless it is
 /// laid out so already.

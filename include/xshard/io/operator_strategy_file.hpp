@@ -2,7 +2,8 @@
 /// \file
 /// Operator strategy files (MindSpore's save/load_operator_strategy_file): the strategies the
 /// search (recursive_programming) or propagation (sharding_propagation) chose, per operator,
-/// with the degrees they were chosen for. JSON, version 1:
+/// with the degrees they were chosen for (search/operator_strategy.hpp makes the contents from
+/// a searched strategy). JSON, version 1:
 ///
 ///     {
 ///       "format": "xshard-operator-strategy", "version": 1,
@@ -21,13 +22,17 @@
 /// io/json_envelope.hpp's. Loading checks everything and raises io_error with the path and
 /// what is wrong.
 
-#include <xshard/auto/search.hpp>
 #include <xshard/comm/error.hpp>
+#include <xshard/core/op_choice.hpp>
+#include <xshard/core/parallel_degrees.hpp>
 #include <xshard/io/files.hpp>
 #include <xshard/io/json_envelope.hpp>
 
 #include <nlohmann/json.hpp>
 
+#include <cstddef>
+#include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -140,23 +145,6 @@ private:
         return e;
     }
 };
-
-/// The file contents for `plan`, chosen for `net` on `ranks` ranks.
-inline operator_strategy make_operator_strategy(const network_spec& net,
-                                                const strategy_plan& plan) {
-    operator_strategy s;
-    s.network = net.description;
-    s.batch = net.batch;
-    s.degrees = plan.degrees;
-    s.ranks = plan.degrees.dp * plan.degrees.tp * plan.degrees.pp;
-    s.step_seconds = plan.step_seconds;
-    s.memory_bytes = plan.memory_bytes;
-    s.comm_bytes = plan.comm_bytes;
-    for (std::size_t i = 0; i < net.ops.size(); ++i)
-        s.operators.push_back({net.ops[i].name, std::string(to_string(net.ops[i].kind)),
-                               plan.stage_of[i], plan.choices[i]});
-    return s;
-}
 
 /// Writes `s` to `path` atomically (io_error naming the path on failure). No communication:
 /// call it on one rank, or on every rank with distinct paths.

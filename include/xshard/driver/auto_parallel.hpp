@@ -19,21 +19,24 @@
 /// are recorded, and `compile()` (the use) raises "not supported yet"
 /// for them: interleave with another scheduler than 1f1b. Parallel modes
 /// sharding_propagation and recursive_programming run their engines in `compile()`
-/// (auto/strategy_engine.hpp) on a model whose strategies are set at run time
-/// (auto/searched_mlp.hpp, auto/searched_transformer.hpp); on any other model they raise.
+/// (search/strategy_engine.hpp) on a model whose strategies are set at run time
+/// (models/searched_mlp.hpp, models/searched_transformer.hpp); on any other model they raise.
+/// The training driver (driver/trainer.hpp) runs the configured steps.
 
-#include <xshard/auto/group_file.hpp>
-#include <xshard/param/initializer.hpp>
-#include <xshard/auto/strategy_engine.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh.hpp>
 #include <xshard/core/strategy.hpp>
+#include <xshard/io/group_file.hpp>
 #include <xshard/io/strategy_file.hpp>
+#include <xshard/param/initializer.hpp>
 #include <xshard/param/traversal.hpp>
 #include <xshard/pipeline/action.hpp>
 #include <xshard/pipeline/pipeline.hpp>
+#include <xshard/search/machine_model.hpp>
+#include <xshard/search/searched_strategy.hpp>
+#include <xshard/search/strategy_engine.hpp>
 #include <xshard/train/gradients.hpp>
 #include <xshard/train/hsdp.hpp>
 #include <xshard/train/norms.hpp>
@@ -56,8 +59,8 @@ namespace xshard {
 /// MindSpore's parallel_mode: the strategy engine.
 enum class parallel_mode {
     semi_auto,             ///< the layers' own strategies (xshard's layouts)
-    sharding_propagation,  ///< propagated from annotated operators (auto/propagation.hpp)
-    recursive_programming, ///< searched for every operator (auto/search.hpp)
+    sharding_propagation,  ///< propagated from annotated operators (propagate_strategies)
+    recursive_programming, ///< searched for every operator (search_strategy)
 };
 
 /// "semi_auto", "sharding_propagation", "recursive_programming".
@@ -229,7 +232,7 @@ public:
     /// Optimizer sharding (MindSpore's hsdp). shard_size -1 or in (0, ranks]; threshold >= 0
     /// KB; level1, level2 or level3 (level3: the driver runs its steps through hsdp::forward /
     /// backward; under pipeline stages > 1 each stage's weights are gathered once per step
-    /// around its micro-batches, xshard::model).
+    /// around its micro-batches, xshard::trainer).
     /// Agreed over the mesh.
     void hsdp(const hsdp_options& o) {
         std::optional<std::string> problem;
@@ -300,7 +303,7 @@ public:
     /// repeated". The loss is computed repeatedly on the `loss_repetitions()` ranks r that
     /// hold the same rows of the batch; by default (as MindSpore's loss repeated mean) the
     /// loss gradient's terms over those r ranks sum to the gradient of the loss, and after
-    /// this call the driver (xshard::model) scales the backward seed (the loss gradient) by r,
+    /// this call the driver (xshard::trainer) scales the backward seed (the loss gradient) by r,
     /// so every gradient comes out r times the default's, as MindSpore's do without the
     /// division by r. Pure data parallelism (r = 1) is unchanged. A hand-written loop applies
     /// it as `model.backward(loss.backward(net.loss_repetitions()))`.
@@ -348,9 +351,9 @@ public:
         load_operator_strategy_ = path;
     }
     /// The machine the engines (recursive_programming, sharding_propagation) price with:
-    /// auto/cost.hpp's defaults until set; `measure_machine<T>(comm)` (auto/calibrate.hpp)
-    /// measures the ranks'. Positive GEMM speed, memory bandwidth and element size, else
-    /// xshard::error on every rank. Agreed over the mesh.
+    /// search/machine_model.hpp's defaults until set; `measure_machine<T>(comm)`
+    /// (search/calibrate.hpp) measures the ranks'. Positive GEMM speed, memory bandwidth and
+    /// element size, else xshard::error on every rank. Agreed over the mesh.
     void set_machine_model(const machine_model& m) {
         agree(m.gemm_flops > 0 && m.memory_bandwidth > 0 && m.element > 0 &&
                       m.optimizer_states >= 0
@@ -363,7 +366,7 @@ public:
     const machine_model& machine() const noexcept { return machine_; }
     /// Strategy files hold every parameter, not only the trainable ones.
     void disable_strategy_file_only_for_trainable_params() { only_trainable_ = false; }
-    /// Where compile() saves the communication groups (auto/group_file.hpp). Agreed.
+    /// Where compile() saves the communication groups (io/group_file.hpp). Agreed.
     void set_group_ckpt_save_file(const std::string& path) {
         agree(path_problem("set_group_ckpt_save_file", path, false));
         group_file_ = path;
@@ -436,8 +439,9 @@ public:
     }
 
     const pipeline_config& pipeline_settings() const noexcept { return pipeline_; }
-    /// The plan the parallel mode's engine applied at the last compile() (none in semi_auto).
-    const std::optional<strategy_plan>& searched_plan() const noexcept { return plan_; }
+    /// The searched strategy the parallel mode's engine applied at the last compile() (none in
+    /// semi_auto).
+    const std::optional<searched_strategy>& searched_plan() const noexcept { return plan_; }
     /// The pipeline runtime's options for `micro_batches` micro-batches and the module ->
     /// stage assignment `stage_config` (MindSpore's Pipeline stage_config): the configured
     /// scheduler, output_broadcast, and interleave as the interleaved schedule with two
@@ -516,7 +520,7 @@ public:
         else
             problem = pipeline_problem();
         agree(problem);
-        if constexpr (strategy_searchable<Model>) // the engines (auto/strategy_engine.hpp)
+        if constexpr (strategy_searchable<Model>) // the engines (search/strategy_engine.hpp)
             if (mode_ != parallel_mode::semi_auto)
                 plan_ = run_strategy_engine(
                     *model_, mesh_.shape(), mesh_.comm(),
@@ -599,7 +603,7 @@ private:
     std::string group_file_;
     std::optional<deferred_init_options> no_init_;
     mutable bool initialized_ = false; // compile() initialises once
-    mutable std::optional<strategy_plan> plan_; // compile()'s engine's
+    mutable std::optional<searched_strategy> plan_; // compile()'s engine's
 };
 
 } // namespace xshard

@@ -1,16 +1,17 @@
 #pragma once
 /// \file
-/// The training driver, MindSpore's `Model(network, loss_fn, optimizer).train(epoch,
-/// train_dataset, callbacks)` and `Model.eval(valid_dataset)`, over an `auto_parallel`
-/// configuration:
+/// The training driver `xshard::trainer`, MindSpore's `Model(network, loss_fn,
+/// optimizer).train(epoch, train_dataset, callbacks)` and `Model.eval(valid_dataset)`, over an
+/// `auto_parallel` configuration (driver/auto_parallel.hpp), with the callbacks of
+/// driver/callbacks.hpp. `xshard::model` is another name for it, after MindSpore's `Model`:
 ///
 ///     xshard::auto_parallel net(model, mesh);
 ///     net.hsdp();
-///     xshard::model trainer(net, loss, optimizer);
-///     trainer.train(2, loader, {xshard::callbacks::loss_monitor(1),
-///                               xshard::callbacks::model_checkpoint({.save_checkpoint_steps = 4,
-///                                                                    .directory = "ckpt"})});
-///     const auto metrics = trainer.eval(held_out);       // loss and accuracy
+///     xshard::trainer driver(net, loss, optimizer);
+///     driver.train(2, loader, {xshard::callbacks::loss_monitor(1),
+///                              xshard::callbacks::model_checkpoint({.save_checkpoint_steps = 4,
+///                                                                   .directory = "ckpt"})});
+///     const auto metrics = driver.eval(held_out);        // loss and accuracy
 ///
 /// Each step is the manual loop's: forward, loss, backward, gradient synchronisation as
 /// configured (xshard::hsdp when hsdp() was called, else a kept gradient_synchronizer with
@@ -36,30 +37,31 @@
 /// gradient is r times the default's, as MindSpore's without the loss repeated mean.
 ///
 /// With `pipeline(stages > 1)` the configuration's mesh holds the stages on an axis
-/// (`model_options::pipeline_axis`, "pp", of size `stages`) and the model lives on the stage
+/// (`trainer_options::pipeline_axis`, "pp", of size `stages`) and the model lives on the stage
 /// mesh (the other axes, pipeline::stage_mesh_of). The driver then runs each step through
 /// `xshard::pipeline::pipeline` (MindSpore's `Pipeline(net, micro_size, stage_config)`: the
-/// micro-batches and stage_config of `model_options`), reduces the gradients over each
+/// micro-batches and stage_config of `trainer_options`), reduces the gradients over each
 /// stage's data-parallel copies (PipelineGradReducer; under hsdp the stage's optimizer
 /// sharding) and updates the stage's own parameters; the loss is broadcast over the
 /// pipeline axis so that every rank's callbacks see it. A searched model whose operators are
 /// its modules (searched_mlp) is searched with the pipeline's stages and micro-batches, and
 /// cut where the search's plan cuts it (unless stage_config is given).
 
-#include <xshard/auto/auto_parallel.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
+#include <xshard/driver/auto_parallel.hpp>
+#include <xshard/driver/callbacks.hpp>
 #include <xshard/graph/executable.hpp>
 #include <xshard/io/checkpoint.hpp>
 #include <xshard/param/traversal.hpp>
 #include <xshard/pipeline/checkpoint.hpp>
 #include <xshard/pipeline/pipeline.hpp>
 #include <xshard/redistribute/redistribute.hpp>
+#include <xshard/search/strategy_engine.hpp>
 #include <xshard/train/gradients.hpp>
 #include <xshard/train/hsdp.hpp>
-#include <xshard/train/monitor.hpp>
 
 #include <xtensor/xsort.hpp>
 #include <xtensor/xview.hpp>
@@ -68,9 +70,6 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
-#include <filesystem>
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -84,127 +83,7 @@
 
 namespace xshard {
 
-/// What the driver tells its callbacks at the start of training.
-struct train_begin_info {
-    const communicator* comm;    ///< the mesh's communicator
-    std::size_t epochs;          ///< epochs of the run
-    std::size_t steps_per_epoch; ///< 0 when the dataset's epochs are not sized
-    /// Saves the parameters and the optimizer's state as an integrated checkpoint at `path`
-    /// (io/checkpoint.hpp) with step `step`. Collective over the mesh.
-    std::function<void(const std::string& path, std::int64_t step)> save_checkpoint = {};
-};
-
-/// What the driver tells its callbacks after each step.
-struct step_info {
-    std::size_t epoch;            ///< from 0
-    std::size_t step;             ///< in the epoch, from 0
-    double loss;                  ///< the step's loss (the same on every rank)
-    std::size_t samples;          ///< the global batch's samples (0 when unknown)
-    std::int64_t global_step = 0; ///< steps trained so far, this one included
-};
-
-/// A training callback (MindSpore's Callback): any of the three may be empty.
-struct callback {
-    std::function<void(const train_begin_info&)> on_train_begin = {};
-    std::function<void(const step_info&)> on_step = {};
-    std::function<void(std::size_t epoch)> on_epoch_end = {};
-};
-
-/// MindSpore's CheckpointConfig with ModelCheckpoint's prefix and directory.
-struct checkpoint_config {
-    /// Save after every this many steps (counted over the whole training, resumed included).
-    std::size_t save_checkpoint_steps = 1;
-    /// Keep the newest this many checkpoints of this run, removing older ones; 0 keeps all.
-    std::size_t keep_checkpoint_max = 5;
-    /// Files are `<directory>/<prefix>-<epoch>_<step>.safetensors` (epoch from 1, step the
-    /// global step), as MindSpore's `<prefix>-<epoch>_<step>.ckpt`.
-    std::string prefix = "checkpoint";
-    std::string directory = ".";
-};
-
-namespace callbacks {
-
-/// MindSpore's LossMonitor(per_print_times): a `loss_monitor` (train/monitor.hpp) reporting
-/// every `per_print_times` steps on rank 0 to `out` with `precision` significant digits (0
-/// raises, on every rank alike). No communication.
-inline callback loss_monitor(std::size_t per_print_times = 1, monitor_output out = stdout,
-                             int precision = 6) {
-    if (per_print_times == 0)
-        throw error("xshard: loss_monitor: per_print_times must be a positive integer, not 0");
-    auto monitor = std::make_shared<std::optional<xshard::loss_monitor>>();
-    return {.on_train_begin =
-                [=](const train_begin_info& t) {
-                    monitor->emplace(*t.comm,
-                                     loss_monitor_options{.steps_per_epoch = t.steps_per_epoch,
-                                                          .epochs = t.epochs,
-                                                          .print_every = per_print_times,
-                                                          .out = out,
-                                                          .precision = precision});
-                },
-            .on_step = [=](const step_info& s) { (*monitor)->step(s.loss, s.samples); },
-            .on_epoch_end =
-                [=](std::size_t) {
-                    (*monitor)->end_epoch();
-                }};
-}
-
-/// MindSpore's ModelCheckpoint(prefix, directory, config): saves the parameters and the
-/// optimizer's state (an integrated checkpoint, loadable into any strategy, mesh or world
-/// size with `model::load_checkpoint`) after every `save_checkpoint_steps` steps and keeps the
-/// newest `keep_checkpoint_max`. A step of 0 or an empty prefix or directory raises (on every
-/// rank alike). Each save is collective over the mesh (io/checkpoint.hpp's costs); creating
-/// the directory and removing an old checkpoint are agreed (a failure raises everywhere).
-inline callback model_checkpoint(checkpoint_config config = {}) {
-    if (config.save_checkpoint_steps == 0)
-        throw error("xshard: model_checkpoint: save_checkpoint_steps must be a positive "
-                    "integer, not 0");
-    if (config.prefix.empty() || config.directory.empty())
-        throw error("xshard: model_checkpoint: the prefix and the directory must not be empty");
-    struct state {
-        checkpoint_config config;
-        train_begin_info begin{};
-        std::deque<std::string> saved{};
-    };
-    auto s = std::make_shared<state>(state{std::move(config), {}, {}});
-    return {.on_train_begin =
-                [s](const train_begin_info& t) {
-                    s->begin = t;
-                    agreed<io_error>(*t.comm, [&] {
-                        std::error_code ec;
-                        std::filesystem::create_directories(s->config.directory, ec);
-                        if (ec)
-                            throw io_error("xshard: model_checkpoint: cannot create " +
-                                           s->config.directory + " on rank " +
-                                           std::to_string(t.comm->rank()) + ": " + ec.message());
-                    });
-                },
-            .on_step =
-                [s](const step_info& i) {
-                    if (i.global_step % std::int64_t(s->config.save_checkpoint_steps) != 0)
-                        return;
-                    const std::string path = s->config.directory + "/" + s->config.prefix + "-" +
-                                             std::to_string(i.epoch + 1) + "_" +
-                                             std::to_string(i.global_step) + ".safetensors";
-                    s->begin.save_checkpoint(path, i.global_step);
-                    s->saved.push_back(path);
-                    if (s->config.keep_checkpoint_max == 0 ||
-                        s->saved.size() <= s->config.keep_checkpoint_max)
-                        return;
-                    const std::string old = s->saved.front();
-                    s->saved.pop_front();
-                    const auto& comm = *s->begin.comm;
-                    agreed<io_error>(comm, [&] {
-                        std::error_code ec;
-                        if (comm.rank() == 0 && !std::filesystem::remove(old, ec) && ec)
-                            throw io_error("xshard: model_checkpoint: cannot remove " + old + ": " +
-                                           ec.message());
-                    });
-                }};
-}
-
-} // namespace callbacks
-
-/// What `model::eval` measured: MindSpore's metrics {"loss", "accuracy"}.
+/// What `trainer::eval` measured: MindSpore's metrics {"loss", "accuracy"}.
 struct eval_result {
     double loss = 0;         ///< mean loss over the samples
     double accuracy = 0;     ///< share of samples whose largest logit is their label's
@@ -213,7 +92,7 @@ struct eval_result {
 
 /// The options of the driver that belong to MindSpore's `Pipeline(net, micro_size,
 /// stage_config)` cell: used only with `pipeline(stages > 1)`.
-struct model_options {
+struct trainer_options {
     /// Micro-batches per step (MindSpore's micro_size).
     int micro_batches = 1;
     /// Module name -> stage (MindSpore's stage_config, without the "_backbone." prefix);
@@ -223,7 +102,7 @@ struct model_options {
     std::string pipeline_axis = "pp";
 };
 
-/// An auto_parallel configuration (auto/auto_parallel.hpp).
+/// An auto_parallel configuration (driver/auto_parallel.hpp).
 template <class P>
 concept auto_parallel_configuration = requires(P& p) {
     p.compile();
@@ -267,13 +146,14 @@ std::int64_t correct_predictions(const L& logits, const Y& labels) {
 
 } // namespace detail
 
-/// The training driver (see the file comment). `net`, `loss` and `optimizer` must outlive it;
+/// The training driver (see the file comment), MindSpore's `Model`. `net`, `loss` and
+/// `optimizer` must outlive it;
 /// `loss` has `forward(prediction, labels) -> double` (the global loss) and `backward()`
 /// (`backward(scale)` under a pipeline), the model `forward(x)` and `backward(dy)`.
 /// Construction calls `net.compile()` (collective: raises on every rank for what is not
 /// supported) and plans the gradient synchronisation.
 template <auto_parallel_configuration Parallel, class Loss, class Optimizer>
-class model {
+class trainer {
 public:
     using network_type = std::remove_cvref_t<decltype(std::declval<Parallel&>().model())>;
     /// Whether pipeline(stages > 1) can run the network: any model of layers, and of the
@@ -283,7 +163,7 @@ public:
         (!strategy_searchable<network_type> || searched_chain<network_type>) &&
         !detail::is_compiled_program<network_type>;
 
-    model(Parallel& net, Loss& loss, Optimizer& optimizer, model_options options = {})
+    trainer(Parallel& net, Loss& loss, Optimizer& optimizer, trainer_options options = {})
         : net_(&net)
         , loss_(&loss)
         , optimizer_(&optimizer)
@@ -330,8 +210,8 @@ public:
         else
             sync_.emplace(net.model(), grads_, net.gradient_options());
     }
-    model(const model&) = delete;
-    model& operator=(const model&) = delete;
+    trainer(const trainer&) = delete;
+    trainer& operator=(const trainer&) = delete;
 
     /// Whether steps run through a pipeline (pipeline(stages > 1)).
     bool pipelined() const noexcept { return net_->pipeline_settings().stages > 1; }
@@ -608,7 +488,7 @@ private:
         using local_type =
             std::remove_reference_t<decltype(std::declval<pipe_type&>().local_parameters())>;
 
-        stage_runner_of(model& m, const X& x)
+        stage_runner_of(trainer& m, const X& x)
             : self(&m)
             , pipe(m.net_->mesh(), m.options_.pipeline_axis, x.mesh(), m.net_->model(),
                    options_of(m)) {
@@ -619,7 +499,7 @@ private:
                     pipe.local_parameters(), *m.net_->hsdp_config(), m.net_->gradient_options());
         }
 
-        static xshard::pipeline::pipeline_options options_of(const model& m) {
+        static xshard::pipeline::pipeline_options options_of(const trainer& m) {
             auto o = m.net_->pipeline_options(m.options_.micro_batches, m.options_.stage_config);
             o.output_broadcast = true; // every rank's callbacks see the loss
             // A searched model is cut where the search priced the cut (its operators are the
@@ -714,7 +594,7 @@ private:
 
         std::vector<std::pair<std::string, int>> stages() const override { return pipe.stages(); }
 
-        model* self;
+        trainer* self;
         pipe_type pipe;
         std::unique_ptr<xshard::hsdp<local_type>> sharding;
     };
@@ -735,7 +615,7 @@ private:
     Parallel* net_;
     Loss* loss_;
     Optimizer* optimizer_;
-    model_options options_;
+    trainer_options options_;
     gradients_of<network_type> grads_;
     std::unique_ptr<xshard::hsdp<network_type>> sharding_;
     std::optional<gradient_synchronizer> sync_;
@@ -744,5 +624,13 @@ private:
     std::size_t steps_ = 0;
     int seed_scale_ = 1;
 };
+
+/// The training driver under MindSpore's name (`Model`): `xshard::model driver(net, loss,
+/// optimizer)` deduces the same `trainer`.
+template <auto_parallel_configuration Parallel, class Loss, class Optimizer>
+using model = trainer<Parallel, Loss, Optimizer>;
+
+/// trainer_options under the name that goes with `xshard::model`.
+using model_options = trainer_options;
 
 } // namespace xshard

@@ -2,27 +2,35 @@
 /// \file
 /// The parallel modes' engines at run time: what `auto_parallel::compile()` runs for
 /// parallel_mode recursive_programming and sharding_propagation on a model whose operator
-/// strategies are set at run time (`strategy_searchable`: auto/searched_mlp.hpp,
-/// auto/searched_transformer.hpp).
+/// strategies are set at run time (`strategy_searchable`: models/searched_mlp.hpp,
+/// models/searched_transformer.hpp).
 ///
-///  * recursive_programming: the search (auto/search.hpp) on the run's degrees (dp x tp of
-///    the mesh, the pipeline's stages and micro-batches, the fastest objective), then the
-///    strategies applied to the model.
+///  * recursive_programming: the search (search/recursive_programming.hpp) on the run's
+///    degrees (dp x tp of the mesh, the pipeline's stages and micro-batches, the fastest
+///    objective), then the strategies applied to the model.
 ///  * sharding_propagation: the strategies of the operator strategy file set by
-///    load_operator_strategy_file (if any) kept, the others propagated (auto/propagation.hpp),
-///    then applied. With no file every operator is derived.
+///    load_operator_strategy_file (if any) kept, the others propagated
+///    (search/sharding_propagation.hpp), then applied. With no file every operator is derived.
 /// Either saves the operator strategy file set by save_operator_strategy_file (rank 0). Every
 /// rank computes the same strategies from the same data (no communication); a bad file, or a
 /// file for other degrees, raises on every rank (one agreement). Under a pipeline the plan's
 /// stage of each operator is where the driver cuts a model whose operators are its modules
 /// (`searched_chain`: searched_mlp).
 
-#include <xshard/auto/operator_strategy_file.hpp>
-#include <xshard/auto/propagation.hpp>
-#include <xshard/auto/search.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/communicator.hpp>
+#include <xshard/comm/error.hpp>
 #include <xshard/core/mesh_shape.hpp>
+#include <xshard/core/op_choice.hpp>
+#include <xshard/core/parallel_degrees.hpp>
+#include <xshard/io/operator_strategy_file.hpp>
+#include <xshard/search/machine_model.hpp>
+#include <xshard/search/network_spec.hpp>
+#include <xshard/search/operator_strategy.hpp>
+#include <xshard/search/recursive_programming.hpp>
+#include <xshard/search/search_options.hpp>
+#include <xshard/search/searched_strategy.hpp>
+#include <xshard/search/sharding_propagation.hpp>
 
 #include <concepts>
 #include <optional>
@@ -71,13 +79,12 @@ inline search_options engine_options(const mesh_shape& mesh, const machine_model
 /// Runs recursive_programming (`propagate` false) or sharding_propagation (true) for `model`
 /// on `mesh` (axes dp and tp) under `pipeline`, loading and saving operator strategy files
 /// where the paths are not empty (see the file comment), pricing with `machine`
-/// (auto/calibrate.hpp measures one). Returns the plan applied. Collective over `comm`.
+/// (search/calibrate.hpp measures one). Returns the plan applied. Collective over `comm`.
 template <strategy_searchable M>
-strategy_plan run_strategy_engine(M& model, const mesh_shape& mesh, const communicator& comm,
-                                  bool propagate, const std::string& load_path = {},
-                                  const std::string& save_path = {},
-                                  const machine_model& machine = {},
-                                  const engine_pipeline& pipeline = {}) {
+searched_strategy
+run_strategy_engine(M& model, const mesh_shape& mesh, const communicator& comm, bool propagate,
+                    const std::string& load_path = {}, const std::string& save_path = {},
+                    const machine_model& machine = {}, const engine_pipeline& pipeline = {}) {
     const auto& net = model.spec();
     const auto o = engine_options(mesh, machine, pipeline);
     const auto d = *o.degrees;

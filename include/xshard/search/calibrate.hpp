@@ -10,15 +10,15 @@
 ///     auto machine = xshard::measure_machine<double>(mesh.comm());
 ///     net.set_machine_model(machine); // auto_parallel: what its engines price with
 ///
-/// The defaults of machine_model are guesses: on the development machine the bandwidth
-/// measured 26-40 GB/s per rank against the default's 5.4, and every predicted step time was
-/// 1.7-1.9x the measured one until bench_search measured it.
+/// The defaults of machine_model are guesses; a machine's measured figures can differ from
+/// them several times over, and so would every predicted step time (benchmarks/README.md,
+/// "Strategy search", gives figures).
 
-#include <xshard/auto/cost.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/ops/matmul.hpp>
 #include <xshard/optim/optimizers.hpp>
+#include <xshard/search/machine_model.hpp>
 
 #include <algorithm>
 #include <array>
@@ -91,7 +91,7 @@ struct machine_sample {
 
 /// `base` with the GEMM speed and the memory bandwidth of the ranks of `c` measured on T, each
 /// the slowest rank's (the same on every rank), and its element size set to T's. Collective
-/// over `c`: every rank measures at once, then one all-reduce. About 0.1-0.3 s.
+/// over `c`: every rank measures at once, then one all-reduce of two doubles.
 template <class T>
 machine_model measure_machine(const communicator& c, machine_model base = {},
                               const machine_sample& sample = {}) {

@@ -6,9 +6,9 @@
 ///
 ///     xshard::searched_mlp<double, mesh_t> model(mesh, {784, 512, 512, 10}, 64, seed);
 ///     xshard::auto_parallel net(model, mesh, "recursive_programming");
-///     xshard::model trainer(net, loss, optimizer);   // compile(): search, then apply
+///     xshard::trainer driver(net, loss, optimizer);  // compile(): search, then apply
 ///
-/// Operators as auto/cost.hpp's `mlp_network`: linear1, relu1, linear2, ..., on a mesh with
+/// Operators as search/networks.hpp's `mlp_network`: linear1, relu1, linear2, ..., on a mesh with
 /// axes dp and tp. Each linear runs with its strategy's weight layout ([-, -], [-, tp] or
 /// [tp, -]) on its input's split, adds its bias where the product has no pending sum (after
 /// the reduction otherwise, as a row-parallel layer does), and redistributes its output to the
@@ -19,10 +19,13 @@
 /// `searched_mlp_options::without_bias` has none (MindSpore's MatMulCell; the search prices
 /// every linear with its bias, a difference of one row of the weight).
 
-#include <xshard/auto/cost.hpp>
-#include <xshard/auto/searched_ops.hpp>
+#include <xshard/core/op_choice.hpp>
+#include <xshard/models/searched_model.hpp>
+#include <xshard/models/searched_ops.hpp>
 #include <xshard/nn/activation.hpp>
 #include <xshard/nn/module.hpp>
+#include <xshard/search/network_spec.hpp>
+#include <xshard/search/networks.hpp>
 
 #include <cstddef>
 #include <optional>
@@ -39,8 +42,11 @@ struct searched_mlp_options {
     std::set<std::size_t> without_bias = {};
 };
 
+/// A multi-layer perceptron whose operators' strategies are set at run time (see the file
+/// comment); `spec()`, `choices()` and `apply_strategy` as every searched model's
+/// (models/searched_model.hpp).
 template <class T, mesh_type Mesh>
-class searched_mlp {
+class searched_mlp : public detail::searched_model<searched_mlp<T, Mesh>> {
 public:
     using tensor_type = nn::tensor<T, Mesh>;
 
@@ -48,51 +54,27 @@ public:
     /// from `seed`; every operator starts data parallel ([dp, -] rows, weights replicated).
     searched_mlp(const Mesh& mesh, std::vector<std::size_t> widths, std::size_t batch,
                  unsigned seed = 1, const searched_mlp_options& options = {})
-        : mesh_(mesh)
-        , spec_(mlp_network(widths, batch)) {
-        if (!mesh.has_axis("dp") || !mesh.has_axis("tp"))
-            throw error("xshard: searched_mlp: the mesh " + mesh.shape().to_string() +
-                        " needs axes dp and tp");
+        : detail::searched_model<searched_mlp>(mesh, mlp_network(widths, batch), "searched_mlp") {
         for (std::size_t i = 0; i + 1 < widths.size(); ++i)
             linears_.emplace_back(mesh, widths[i], widths[i + 1], seed + unsigned(i),
                                   !options.without_bias.contains(i + 1));
         for (std::size_t i = 0; i + 2 < widths.size(); ++i)
             relus_.emplace_back(mesh);
-        choices_.assign(spec_.ops.size(), {});
-    }
-
-    /// The network the search prices.
-    const network_spec& spec() const noexcept { return spec_; }
-    /// The strategies in use, one per operator.
-    const std::vector<op_choice>& choices() const noexcept { return choices_; }
-
-    /// Sets every operator's strategy (one per operator of `spec()`), moving the weights to
-    /// their new layouts (their values kept; gradients zeroed, optimizer state dropped).
-    /// Throws xshard::error, on every rank alike, for a strategy that does not suit its
-    /// operator or a chain whose neighbours do not meet. Collective over the mesh.
-    void apply_strategy(const std::vector<op_choice>& c) {
-        detail::check_strategy_chain(spec_, c, mesh_.shape(), "searched_mlp");
-        choices_ = c;
-        for (std::size_t i = 0, l = 0, r = 0; i < c.size(); ++i) {
-            if (spec_.ops[i].kind == op_kind::linear)
-                linears_[l++].set(c[i]);
-            else
-                relus_[r++].set(c[i]);
-        }
     }
 
     tensor_type forward(tensor_type x) {
-        for (std::size_t i = 0, l = 0, r = 0; i < spec_.ops.size(); ++i)
-            x = spec_.ops[i].kind == op_kind::linear ? linears_[l++].forward(x)
-                                                     : relus_[r++].forward(x);
+        const auto& ops = this->spec().ops;
+        for (std::size_t i = 0, l = 0, r = 0; i < ops.size(); ++i)
+            x = ops[i].kind == op_kind::linear ? linears_[l++].forward(x) : relus_[r++].forward(x);
         return x;
     }
 
     tensor_type backward(tensor_type dy) {
+        const auto& ops = this->spec().ops;
         std::size_t l = linears_.size(), r = relus_.size();
-        for (std::size_t i = spec_.ops.size(); i-- > 0;)
-            dy = spec_.ops[i].kind == op_kind::linear ? linears_[--l].backward(dy)
-                                                      : relus_[--r].backward(dy);
+        for (std::size_t i = ops.size(); i-- > 0;)
+            dy = ops[i].kind == op_kind::linear ? linears_[--l].backward(dy)
+                                                : relus_[--r].backward(dy);
         return dy;
     }
 
@@ -112,14 +94,23 @@ public:
     static constexpr bool operators_are_modules = true;
 
 private:
+    friend class detail::searched_model<searched_mlp>;
     using linear = detail::searched_linear<T, Mesh>;
     using relu = detail::redistributed_op<T, Mesh, nn::relu_activation<T, Mesh>>;
 
-    Mesh mesh_;
-    network_spec spec_;
+    /// Lays the operators out under the checked strategies `c` (apply_strategy).
+    void lay_out(const std::vector<op_choice>& c) {
+        const auto& ops = this->spec().ops;
+        for (std::size_t i = 0, l = 0, r = 0; i < c.size(); ++i) {
+            if (ops[i].kind == op_kind::linear)
+                linears_[l++].set(c[i]);
+            else
+                relus_[r++].set(c[i]);
+        }
+    }
+
     std::vector<linear> linears_;
     std::vector<relu> relus_;
-    std::vector<op_choice> choices_;
 };
 
 } // namespace xshard

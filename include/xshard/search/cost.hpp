@@ -1,0 +1,240 @@
+#pragma once
+/// \file
+/// The cost model of the strategy search (MindSpore's auto-parallel cost model): what one
+/// operator of a sequential network (search/network_spec.hpp) costs one rank under a
+/// candidate strategy (core/op_choice.hpp), on a mesh of any size, computed in one process
+/// without MPI. A stage of the pipeline runs its operators on a mesh (dp, tp). An operator's
+/// costs per micro-batch and rank (`op_cost`):
+///  * compute: forward and backward FLOPs (3x the forward GEMMs) at `machine_model::
+///    gemm_flops`, elementwise work at `memory_bandwidth`;
+///  * communication: the output's redistribution and its adjoint (the dual layouts, as
+///    nn::kept_redistribution runs them), each priced by the redistribution planner's
+///    candidates under the alpha-beta `cost_model` (search/redistribution_pricer.hpp); per
+///    step the weight's gradient synchronisation at the hsdp level (train/hsdp.hpp: level 0 an
+///    all-reduce, level 1 all-reduce then all-gather, level 2 reduce-scatter then all-gather)
+///    and its optimizer update and zero_grad (memory-bound, on the shard under hsdp);
+///  * memory: weights, gradients (sharded at level 2), optimizer state (sharded at levels 1
+///    and 2), and the activations kept for the backward pass per micro-batch in flight.
+
+#include <xshard/core/layout.hpp>
+#include <xshard/core/mesh_shape.hpp>
+#include <xshard/core/op_choice.hpp>
+#include <xshard/core/sharded_layout.hpp>
+#include <xshard/search/machine_model.hpp>
+#include <xshard/search/network_spec.hpp>
+#include <xshard/search/op_options.hpp>
+#include <xshard/search/redistribution_pricer.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace xshard {
+
+/// What one operator costs one rank of its stage (see the file comment). Times are seconds,
+/// memory bytes.
+struct op_cost {
+    double compute = 0;            ///< per micro-batch, forward and backward
+    double communication = 0;      ///< per micro-batch, the output's redistribution and its adjoint
+    double synchronization = 0;    ///< per step, the weight's gradient synchronisation and update
+    std::size_t comm_bytes = 0;    ///< per micro-batch, bytes sent (the redistributions)
+    std::size_t sync_bytes = 0;    ///< per step, bytes sent (the gradient synchronisation)
+    std::size_t weight_memory = 0; ///< weights, gradients, optimizer state
+    std::size_t activation_memory = 0; ///< kept for the backward pass, per micro-batch
+    bool valid = false;
+};
+
+namespace detail {
+
+/// The largest block of `n` split `k` ways.
+constexpr std::size_t largest_block(std::size_t n, std::size_t k) {
+    return (n + k - 1) / k;
+}
+
+/// A weight's layout with its replicated axes of size > 1 (its data-parallel group) added to
+/// one dimension, as train/hsdp.hpp shards it (core/sharded_layout.hpp); nullopt when it has
+/// none.
+inline std::optional<layout> sharded_layout(const layout& w, const mesh_shape& mesh,
+                                            const std::vector<std::size_t>& shape) {
+    axis_set extra;
+    for (std::size_t i = 0; i < mesh.names.size(); ++i)
+        if (mesh.sizes[i] > 1 && !w.uses(mesh.names[i]))
+            extra = extra.with(i);
+    if (extra.empty())
+        return std::nullopt;
+    return xshard::sharded_layout(w, mesh, shape, extra);
+}
+
+/// The largest block a rank holds of a [tokens, features] activation laid out `l` on `mesh`
+/// (the blocks on a dimension differ by one at most).
+inline std::array<std::size_t, 2> largest_activation_block(const layout& l, const mesh_shape& mesh,
+                                                           std::size_t tokens,
+                                                           std::size_t features) {
+    return {largest_block(tokens, std::size_t(l.split_count(0, mesh))),
+            largest_block(features, std::size_t(l.split_count(1, mesh)))};
+}
+
+/// The compute time of `op` with weight split `w` (forward and backward) and the activations
+/// it keeps for the backward pass, on input block `x` and output block `y` (the largest a rank
+/// holds), `seq` tokens per sample and `tp` tensor-parallel ranks.
+inline void price_compute(op_cost& r, const op_spec& op, weight_split w,
+                          const std::array<std::size_t, 2>& x, const std::array<std::size_t, 2>& y,
+                          std::size_t seq, int tp, const machine_model& m) {
+    const double e = double(m.element);
+    // Compute: a GEMM's forward 2 r k n, its backward twice that.
+    switch (op.kind) {
+    case op_kind::linear: {
+        const double k = w == weight_split::input ? double(largest_block(op.in, std::size_t(tp)))
+                                                  : double(op.in);
+        r.compute = 3 * 2 * double(y[0]) * k * double(y[1]) / m.gemm_flops;
+        r.activation_memory = std::size_t(x[0] * x[1] * m.element);
+        break;
+    }
+    case op_kind::attention: {
+        // Scores q k^T and their use on v: 4 s^2 d per sample and head group, kept: q, k, v
+        // and the scores.
+        const double rows = double(y[0]), width = double(y[1]);
+        r.compute = 3 * 4 * rows * double(seq) * width / m.gemm_flops;
+        const double heads = double(op.heads) * width / double(op.out);
+        r.activation_memory = std::size_t(double(x[0] * x[1]) * e + rows * double(seq) * heads * e);
+        break;
+    }
+    default: {
+        // Elementwise work: read and write the block, forward and backward.
+        const double bytes = double(y[0] * y[1]) * e;
+        r.compute = 3 * 2 * bytes / m.memory_bandwidth;
+        r.activation_memory =
+            op.kind == op_kind::embedding ? 0 : std::size_t(x[0] * x[1]) * m.element;
+        break;
+    }
+    }
+}
+
+/// The output's redistribution `from` -> `to` of a [tokens, features] activation and its
+/// adjoint (the dual layouts, as kept_redistribution runs them).
+inline void price_output_redistribution(op_cost& r, const layout& from, const layout& to,
+                                        std::size_t tokens, std::size_t features,
+                                        redistribution_pricer& pricer) {
+    const auto& mesh = pricer.mesh();
+    const auto fwd = pricer(from, to, tokens, features);
+    const auto bwd = pricer(dual(to, mesh), dual(from, mesh), tokens, features);
+    r.communication = fwd.seconds + bwd.seconds;
+    r.comm_bytes = fwd.bytes + bwd.bytes;
+}
+
+/// The parameters of `op` under weight split `w`, each its layout and global shape: a linear's
+/// or an embedding's weight and bias, a normalisation's scale and shift (replicated); none
+/// for the other operators.
+inline std::vector<std::pair<layout, std::vector<std::size_t>>> op_parameters(const op_spec& op,
+                                                                              weight_split w) {
+    std::vector<std::pair<layout, std::vector<std::size_t>>> params;
+    if (op.kind == op_kind::normalization) {
+        params.push_back({layout::parse("[-]"), {op.out}});
+        params.push_back({layout::parse("[-]"), {op.out}});
+    } else if (op.kind == op_kind::linear || op.kind == op_kind::embedding) {
+        params.push_back({weight_layout(w), {op.in, op.out}});
+        if (op.bias)
+            params.push_back({bias_layout(w), {op.out}});
+    }
+    return params;
+}
+
+/// The elements of the largest block a rank holds of a tensor of `shape` laid out `l`.
+inline std::size_t largest_block_elements(const layout& l, const std::vector<std::size_t>& shape,
+                                          const mesh_shape& mesh) {
+    std::size_t n = 1;
+    for (std::size_t d = 0; d < shape.size(); ++d)
+        n *= largest_block(shape[d], std::size_t(l.split_count(d, mesh)));
+    return n;
+}
+
+/// The gradient synchronisation of a weight of `shape` laid out `wl`, priced by the planner:
+/// unsharded its terms' all-reduce; sharded to `sharded` by hsdp, at level 1 the all-reduce
+/// then the all-gather of the updated shards, at level 2 a reduce-scatter into the shards
+/// then the all-gather.
+inline redistribution_price gradient_sync_price(const layout& wl,
+                                                const std::optional<layout>& sharded,
+                                                const std::vector<std::size_t>& shape,
+                                                int hsdp_level, redistribution_pricer& pricer) {
+    const auto price = [&](const layout& a, const layout& b) {
+        if (a == b)
+            return redistribution_price{};
+        if (shape.size() == 1)
+            return pricer.direct_memo(a, b, std::array<std::size_t, 1>{shape[0]});
+        return pricer.direct_memo(a, b, std::array<std::size_t, 2>{shape[0], shape[1]});
+    };
+    const auto terms = dual(wl, pricer.mesh());
+    if (!sharded)
+        return price(terms, wl);
+    if (hsdp_level == 1) {
+        const auto a = price(terms, wl), b = price(*sharded, wl);
+        return {a.seconds + b.seconds, a.bytes + b.bytes};
+    }
+    const auto a = price(terms, *sharded), b = price(*sharded, wl);
+    return {a.seconds + b.seconds, a.bytes + b.bytes};
+}
+
+/// Adds one parameter's memory (weight, gradient, optimizer state), gradient synchronisation
+/// and update to `r`: the parameter has global `shape`, is laid out `wl`, and is sharded by
+/// hsdp at `hsdp_level` when it reaches the machine's threshold.
+inline void price_parameter(op_cost& r, const layout& wl, const std::vector<std::size_t>& shape,
+                            int hsdp_level, const machine_model& m, redistribution_pricer& pricer) {
+    const auto& mesh = pricer.mesh();
+    const double e = double(m.element);
+    const double states = m.optimizer_states;
+    std::size_t global = m.element;
+    for (std::size_t d = 0; d < shape.size(); ++d)
+        global *= shape[d];
+    const double bytes = double(largest_block_elements(wl, shape, mesh)) * e;
+    std::optional<layout> sharded;
+    if (hsdp_level > 0 && global >= m.hsdp_threshold_bytes)
+        sharded = detail::sharded_layout(wl, mesh, shape);
+    const double shard_bytes =
+        sharded ? double(largest_block_elements(*sharded, shape, mesh)) * e : bytes;
+    // weight + gradient + optimizer state (+ the sharded master copy's update)
+    const double grad = (sharded && hsdp_level >= 2) ? shard_bytes : bytes;
+    const double state = states * (sharded ? shard_bytes : bytes);
+    r.weight_memory += std::size_t(bytes + grad + state);
+    const auto sync = gradient_sync_price(wl, sharded, shape, hsdp_level, pricer);
+    // The update reads and writes the (sharded) weight and each state slot and reads the
+    // gradient; zero_grad writes the gradient: memory-bound work per step.
+    r.synchronization +=
+        sync.seconds +
+        ((2 + 2 * states) * (sharded ? shard_bytes : bytes) + 2 * grad) / m.memory_bandwidth;
+    r.sync_bytes += sync.bytes;
+}
+
+} // namespace detail
+
+/// The cost of operator `op` with strategy `c` on a stage's (dp, tp) mesh (`pricer`'s), with
+/// `samples` samples of `seq` tokens per micro-batch and the hsdp level `hsdp_level`: invalid
+/// when the operator cannot run with `c` (op_options), else its compute, its output's
+/// redistribution and its parameters' memory and synchronisation (see the file comment).
+inline op_cost cost_of(const op_spec& op, const op_choice& c, std::size_t samples, std::size_t seq,
+                       int hsdp_level, const machine_model& m, redistribution_pricer& pricer) {
+    op_cost r;
+    const auto& mesh = pricer.mesh();
+    const int dp = mesh.sizes[0], tp = mesh.sizes[1];
+    const auto options = op_options(op, c.in, dp, tp, samples);
+    const auto chosen = std::find_if(options.begin(), options.end(),
+                                     [&](const auto& o) { return o.first == c.weight; });
+    if (chosen == options.end())
+        return r;
+    r.valid = true;
+    const std::size_t tokens = samples * seq;
+    const auto& out_layout = chosen->second;
+    const auto x = detail::largest_activation_block(activation_layout(c.in), mesh, tokens,
+                                                    op.kind == op_kind::embedding ? 1 : op.in);
+    const auto y = detail::largest_activation_block(out_layout, mesh, tokens, op.out);
+    detail::price_compute(r, op, c.weight, x, y, seq, tp, m);
+    detail::price_output_redistribution(r, out_layout, activation_layout(c.out), tokens, op.out,
+                                        pricer);
+    for (const auto& [wl, shape] : detail::op_parameters(op, c.weight))
+        detail::price_parameter(r, wl, shape, hsdp_level, m, pricer);
+    return r;
+}
+
+} // namespace xshard

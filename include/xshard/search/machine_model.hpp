@@ -1,0 +1,32 @@
+#pragma once
+/// \file
+/// The machine the strategy search prices with (MindSpore's auto-parallel cost model's
+/// figures): the alpha-beta links of the redistribution planner, one rank's GEMM speed and
+/// memory bandwidth, the element size, the optimizer's state and hsdp's threshold. The
+/// defaults are guesses; search/calibrate.hpp measures the ranks that will run
+/// (benchmarks/README.md gives the figures measured against these defaults).
+
+#include <xshard/redistribute/cost_model.hpp>
+
+#include <cstddef>
+
+namespace xshard {
+
+/// What the search prices with: the alpha-beta links of the redistribution planner
+/// (`cost_model`, per kind or per mesh axis), the GEMM speed and memory bandwidth of one rank,
+/// the element size, the optimizer's state per weight element and the hsdp threshold.
+struct machine_model {
+    cost_model links{};
+    /// FLOP/s of one rank's GEMM (measure_machine measures it: OpenBLAS, one core).
+    double gemm_flops = 3.0e10;
+    /// Bytes/s of one rank's elementwise work (read and write).
+    double memory_bandwidth = 5.4e9;
+    /// Bytes per element of weights and activations.
+    std::size_t element = 4;
+    /// Optimizer state, in weight-sized tensors (Adam: 2).
+    double optimizer_states = 2;
+    /// hsdp's threshold: weights below it (global bytes) stay unsharded (64 KB).
+    std::size_t hsdp_threshold_bytes = 64 * 1024;
+};
+
+} // namespace xshard
