@@ -1,136 +1,34 @@
 #pragma once
 /// \file
-/// Everything xshard offers, in one include.
+/// Everything xshard offers, in one include: every capability header below, and through them
+/// every public header. A program that includes only the capabilities it uses compiles
+/// faster:
+///
+/// | header                      | provides                                                    |
+/// | --------------------------- | ----------------------------------------------------------- |
+/// | `xshard/core.hpp`           | MPI environment, collectives, errors; mesh, layouts         |
+/// | `xshard/tensor.hpp`         | distributed tensors, distribute / gather, redistribution    |
+/// | `xshard/ops.hpp`            | operators with sharding rules, `shard()`                    |
+/// | `xshard/nn.hpp`             | tensor-parallel layers                                      |
+/// | `xshard/conv.hpp`           | convolutional layers, spatial parallelism (oneDNN)          |
+/// | `xshard/train.hpp`          | parameters, gradient sync, `hsdp`, optimizers, schedules    |
+/// | `xshard/data.hpp`           | datasets, views, the mesh loader, readers                   |
+/// | `xshard/pipeline.hpp`       | pipeline parallelism                                        |
+/// | `xshard/io.hpp`             | checkpoints, safetensors, strategy files                    |
+/// | `xshard/search.hpp`         | cost model, calibration, strategy search and propagation    |
+/// | `xshard/auto_parallel.hpp`  | MindSpore's `AutoParallel` and the training driver          |
+/// | `xshard/models.hpp`         | ResNet, the searched MLP and transformer                    |
 
-#include <xshard/auto/auto_parallel.hpp>
-#include <xshard/auto/calibrate.hpp>
-#include <xshard/auto/cost.hpp>
-#include <xshard/auto/group_file.hpp>
-#include <xshard/auto/initializer.hpp>
-#include <xshard/auto/model.hpp>
-#include <xshard/auto/operator_strategy_file.hpp>
-#include <xshard/auto/propagation.hpp>
-#include <xshard/auto/search.hpp>
-#include <xshard/auto/searched_mlp.hpp>
-#include <xshard/auto/searched_ops.hpp>
-#include <xshard/auto/searched_transformer.hpp>
-#include <xshard/auto/strategy_engine.hpp>
-#include <xshard/comm/agree.hpp>
-#include <xshard/comm/before_finalize.hpp>
-#include <xshard/comm/collectives.hpp>
-#include <xshard/comm/combine.hpp>
-#include <xshard/comm/communicator.hpp>
-#include <xshard/comm/counting_allocator.hpp>
-#include <xshard/comm/datatype.hpp>
-#include <xshard/comm/environment.hpp>
-#include <xshard/comm/error.hpp>
-#include <xshard/comm/float16.hpp>
-#include <xshard/comm/node.hpp>
-#include <xshard/comm/node_arena.hpp>
-#include <xshard/comm/node_barrier.hpp>
-#include <xshard/comm/node_reduce.hpp>
-#include <xshard/comm/node_slots.hpp>
-#include <xshard/comm/pairwise_reduce.hpp>
-#include <xshard/comm/reduction.hpp>
-#include <xshard/comm/report_errors.hpp>
-#include <xshard/comm/request.hpp>
-#include <xshard/comm/shared_window.hpp>
-#include <xshard/comm/subarray.hpp>
-#include <xshard/core/axis.hpp>
-#include <xshard/core/elementwise_rule.hpp>
-#include <xshard/core/layout.hpp>
-#include <xshard/core/mesh.hpp>
-#include <xshard/core/mesh_shape.hpp>
-#include <xshard/core/node_shared.hpp>
-#include <xshard/core/objective.hpp>
-#include <xshard/core/partition.hpp>
-#include <xshard/core/rule.hpp>
-#include <xshard/core/sharded_layout.hpp>
-#include <xshard/core/static_vector.hpp>
-#include <xshard/core/strategy.hpp>
-#include <xshard/core/volume.hpp>
-#include <xshard/data/dataset.hpp>
-#include <xshard/data/loader.hpp>
-#include <xshard/data/random.hpp>
-#include <xshard/data/readers.hpp>
-#include <xshard/data/synthetic.hpp>
-#include <xshard/data/text.hpp>
-#include <xshard/data/views.hpp>
-#include <xshard/io/checkpoint.hpp>
-#include <xshard/io/file_mapping.hpp>
-#include <xshard/io/files.hpp>
-#include <xshard/io/format.hpp>
-#include <xshard/io/mapped_writer.hpp>
-#include <xshard/io/node_io.hpp>
-#include <xshard/io/offline.hpp>
-#include <xshard/io/safetensors.hpp>
-#include <xshard/io/strategy_file.hpp>
-#include <xshard/nn/activation.hpp>
-#include <xshard/nn/attention.hpp>
-#include <xshard/nn/batch_norm2d.hpp>
-#include <xshard/nn/blocks.hpp>
-#include <xshard/nn/conv2d.hpp>
-#include <xshard/nn/embedding.hpp>
-#include <xshard/nn/flatten.hpp>
-#include <xshard/nn/global_pooling.hpp>
-#include <xshard/nn/kept_halo.hpp>
-#include <xshard/nn/layer_normalization.hpp>
-#include <xshard/nn/linear.hpp>
-#include <xshard/nn/module.hpp>
-#include <xshard/nn/pooling.hpp>
-#include <xshard/nn/resnet.hpp>
-#include <xshard/nn/resnet_blocks.hpp>
-#include <xshard/nn/step_profile.hpp>
-#include <xshard/ops/conv_kernels.hpp>
-#include <xshard/ops/conv_rule.hpp>
-#include <xshard/ops/elementwise.hpp>
-#include <xshard/ops/embedding.hpp>
-#include <xshard/ops/matmul.hpp>
-#include <xshard/ops/normalize.hpp>
-#include <xshard/ops/operand.hpp>
-#include <xshard/ops/reduce.hpp>
-#include <xshard/ops/rules.hpp>
-#include <xshard/ops/shape.hpp>
-#include <xshard/ops/spatial.hpp>
-#include <xshard/optim/optimizers.hpp>
-#include <xshard/optim/schedules.hpp>
-#include <xshard/param/parameter.hpp>
-#include <xshard/param/tensor_record.hpp>
-#include <xshard/param/traversal.hpp>
-#include <xshard/param/weight.hpp>
-#include <xshard/pipeline/action.hpp>
-#include <xshard/pipeline/analysis.hpp>
-#include <xshard/pipeline/boundary.hpp>
-#include <xshard/pipeline/chain.hpp>
-#include <xshard/pipeline/checkpoint.hpp>
-#include <xshard/pipeline/micro_batch.hpp>
-#include <xshard/pipeline/pipeline.hpp>
-#include <xshard/pipeline/schedule.hpp>
-#include <xshard/pipeline/stages.hpp>
-#include <xshard/pipeline/transfer.hpp>
-#include <xshard/redistribute/batch.hpp>
-#include <xshard/redistribute/copy.hpp>
-#include <xshard/redistribute/cost_model.hpp>
-#include <xshard/redistribute/cross_mesh.hpp>
-#include <xshard/redistribute/geometry.hpp>
-#include <xshard/redistribute/halo.hpp>
-#include <xshard/redistribute/meter.hpp>
-#include <xshard/redistribute/node_step.hpp>
-#include <xshard/redistribute/plan.hpp>
-#include <xshard/redistribute/planner.hpp>
-#include <xshard/redistribute/redistribute.hpp>
-#include <xshard/redistribute/region_message.hpp>
-#include <xshard/redistribute/route.hpp>
-#include <xshard/redistribute/traffic.hpp>
-#include <xshard/shard/shard.hpp>
-#include <xshard/tensor/distribute.hpp>
-#include <xshard/tensor/dtensor.hpp>
-#include <xshard/tensor/expression.hpp>
-#include <xshard/tensor/gather.hpp>
-#include <xshard/tensor/visualize.hpp>
-#include <xshard/train/broadcast.hpp>
-#include <xshard/train/fusion.hpp>
-#include <xshard/train/gradients.hpp>
-#include <xshard/train/hsdp.hpp>
-#include <xshard/train/monitor.hpp>
-#include <xshard/train/norms.hpp>
+#include <xshard/auto_parallel.hpp>
+#include <xshard/conv.hpp>
+#include <xshard/core.hpp>
+#include <xshard/data.hpp>
+#include <xshard/io.hpp>
+#include <xshard/models.hpp>
+#include <xshard/nn.hpp>
+#include <xshard/ops.hpp>
+#include <xshard/pipeline.hpp>
+#include <xshard/search.hpp>
+#include <xshard/tensor.hpp>
+#include <xshard/train.hpp>
+#include <xshard/version.hpp>
