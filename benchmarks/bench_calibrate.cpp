@@ -10,7 +10,8 @@
 
 #include "harness.hpp"
 
-#include <xshard/xshard.hpp>
+#include <xshard/core.hpp>
+#include <xshard/tensor.hpp>
 
 #include <cstdio>
 #include <cstring>

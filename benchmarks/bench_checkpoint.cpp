@@ -18,7 +18,10 @@
 
 #include "harness.hpp"
 
-#include <xshard/xshard.hpp>
+#include <xshard/core.hpp>
+#include <xshard/io.hpp>
+#include <xshard/tensor.hpp>
+#include <xshard/train.hpp>
 
 #include <fcntl.h>
 #include <libdeflate.h>

@@ -9,7 +9,9 @@
 
 #include "harness.hpp"
 
-#include <xshard/xshard.hpp>
+#include <xshard/core.hpp>
+#include <xshard/ops.hpp>
+#include <xshard/tensor.hpp>
 
 #include <chrono>
 #include <cstdio>

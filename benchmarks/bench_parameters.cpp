@@ -7,7 +7,9 @@
 
 #include "harness.hpp"
 
-#include <xshard/xshard.hpp>
+#include <xshard/core.hpp>
+#include <xshard/tensor.hpp>
+#include <xshard/train.hpp>
 
 #include <cstdio>
 #include <cstring>

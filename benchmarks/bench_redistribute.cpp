@@ -14,7 +14,8 @@
 
 #include "harness.hpp"
 
-#include <xshard/xshard.hpp>
+#include <xshard/core.hpp>
+#include <xshard/tensor.hpp>
 
 #include <mpi.h>
 

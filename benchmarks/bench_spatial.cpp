@@ -11,8 +11,8 @@
 
 #include "harness.hpp"
 
-#include <xshard/redistribute/halo.hpp>
-#include <xshard/xshard.hpp>
+#include <xshard/core.hpp>
+#include <xshard/tensor.hpp>
 
 #include <mpi.h>
 

@@ -59,7 +59,11 @@
 
 #include "harness.hpp"
 
-#include <xshard/xshard.hpp>
+#include <xshard/auto_parallel.hpp>
+#include <xshard/core.hpp>
+#include <xshard/nn.hpp>
+#include <xshard/tensor.hpp>
+#include <xshard/train.hpp>
 
 #include <malloc.h>
 

@@ -31,8 +31,14 @@
 //   parallel_net.save_param_strategy_file(f"/tmp/param_{get_rank()}.ckpt") ...
 //   model = Model(network=parallel_net, optimizer=optimizer)
 //   model.train(epoch=2, train_dataset=dataset, callbacks=[LossMonitor(per_print_times=1)])
-#include <xshard/models/searched_mlp.hpp>
-#include <xshard/xshard.hpp>
+#include <xshard/auto_parallel.hpp>
+#include <xshard/core.hpp>
+#include <xshard/data.hpp>
+#include <xshard/models.hpp>
+#include <xshard/nn.hpp>
+#include <xshard/pipeline.hpp>
+#include <xshard/search.hpp>
+#include <xshard/train.hpp>
 
 #include "mnist_like.hpp"
 

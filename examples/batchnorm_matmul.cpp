@@ -5,7 +5,10 @@
 // is trained as a program, its strategies set by node name; its losses equal one rank's.
 //
 //   mpirun -n 4 build/examples/batchnorm_matmul
-#include <xshard/xshard.hpp>
+#include <xshard/core.hpp>
+#include <xshard/graph.hpp>
+#include <xshard/tensor.hpp>
+#include <xshard/train.hpp>
 
 #include <xtensor-blas/xlinalg.hpp>
 #include <xtensor/xrandom.hpp>

@@ -6,7 +6,10 @@
 //
 //   mpirun -n 4 build/examples/checkpoint_reshard train  /tmp/ckpt
 //   mpirun -n 2 build/examples/checkpoint_reshard resume /tmp/ckpt
-#include <xshard/xshard.hpp>
+#include <xshard/core.hpp>
+#include <xshard/io.hpp>
+#include <xshard/ops.hpp>
+#include <xshard/tensor.hpp>
 
 #include <xtensor-blas/xlinalg.hpp>
 #include <xtensor/xrandom.hpp>

@@ -5,7 +5,9 @@
 // the same under sharding_propagation: the Nones derived for the least memory.
 //
 //   mpirun -n 8 build/examples/dense_relu
-#include <xshard/xshard.hpp>
+#include <xshard/core.hpp>
+#include <xshard/tensor.hpp>
+#include <xshard/ops.hpp>
 
 #include <xtensor-blas/xlinalg.hpp>
 #include <xtensor/xrandom.hpp>

@@ -2,7 +2,7 @@
 // rank of a dp x mp mesh, reduced first within each mp group, then across dp.
 //
 //   mpirun -n 4 build/examples/hello_mesh
-#include <xshard/xshard.hpp>
+#include <xshard/core.hpp>
 
 #include <cstdio>
 #include <vector>

@@ -7,7 +7,11 @@
 // steps. The losses equal those of the same program on one rank.
 //
 //   mpirun -n 8 build/examples/mlp_strategies
-#include <xshard/xshard.hpp>
+#include <xshard/auto_parallel.hpp>
+#include <xshard/core.hpp>
+#include <xshard/graph.hpp>
+#include <xshard/tensor.hpp>
+#include <xshard/train.hpp>
 
 #include <xtensor-blas/xlinalg.hpp>
 #include <xtensor/xrandom.hpp>

@@ -4,7 +4,9 @@
 // example prints which rank owned which parameter and checks that all copies agree.
 //
 //   mpirun -n 4 build/examples/parameter_broadcast
-#include <xshard/xshard.hpp>
+#include <xshard/core.hpp>
+#include <xshard/tensor.hpp>
+#include <xshard/train.hpp>
 
 #include <cstdio>
 #include <string>

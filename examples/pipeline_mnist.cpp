@@ -15,7 +15,11 @@
 //       "_backbone.layer1": 0, "_backbone.relu1": 0, "_backbone.layer2": 1, "_backbone.relu2": 1,
 //       "_backbone.layer3": 1})
 //   parallel_net.pipeline(stages=2); pp_grad_reducer = PipelineGradReducer(...)
-#include <xshard/xshard.hpp>
+#include <xshard/core.hpp>
+#include <xshard/data.hpp>
+#include <xshard/nn.hpp>
+#include <xshard/pipeline.hpp>
+#include <xshard/train.hpp>
 
 #include "mnist_like.hpp"
 

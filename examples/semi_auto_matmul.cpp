@@ -6,7 +6,10 @@
 // and the losses equal a serial xtensor gradient descent.
 //
 //   mpirun -n 2 build/examples/semi_auto_matmul
-#include <xshard/xshard.hpp>
+#include <xshard/core.hpp>
+#include <xshard/graph.hpp>
+#include <xshard/tensor.hpp>
+#include <xshard/train.hpp>
 
 #include <xtensor-blas/xlinalg.hpp>
 #include <xtensor/xrandom.hpp>

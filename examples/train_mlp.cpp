@@ -20,7 +20,11 @@
 //
 // A batch the data-parallel ranks do not divide (64 over dp = 3) is dealt out in blocks of
 // 22, 21 and 21 rows (the loader's uneven_batches): the losses stay those of one rank.
-#include <xshard/xshard.hpp>
+#include <xshard/core.hpp>
+#include <xshard/data.hpp>
+#include <xshard/nn.hpp>
+#include <xshard/tensor.hpp>
+#include <xshard/train.hpp>
 
 #include <xtensor/xsort.hpp>
 

@@ -13,7 +13,13 @@
 // strategies the engine searches in compile() (xshard::auto_parallel; printed), trained by
 // the driver (xshard::trainer) with AdamW at a constant rate. Its losses too are the same on
 // every mesh (ctest compares them).
-#include <xshard/xshard.hpp>
+#include <xshard/auto_parallel.hpp>
+#include <xshard/core.hpp>
+#include <xshard/data.hpp>
+#include <xshard/models.hpp>
+#include <xshard/nn.hpp>
+#include <xshard/tensor.hpp>
+#include <xshard/train.hpp>
 
 #include <algorithm>
 #include <cstdio>

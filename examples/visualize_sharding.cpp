@@ -3,7 +3,8 @@
 // itself: distributing and gathering it back gives the original matrix.
 //
 //   mpirun -n 4 build/examples/visualize_sharding
-#include <xshard/xshard.hpp>
+#include <xshard/core.hpp>
+#include <xshard/tensor.hpp>
 
 #include <xtensor/xbuilder.hpp>
 #include <xtensor/xmanipulation.hpp>

@@ -29,3 +29,18 @@ launcher=()
 # ccache is optional (install_deps.sh installs it, but env.sh is sourced before that runs):
 # an if, not `&&`, so that a missing ccache is not the exit status of `source`.
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+# xshard_phase NAME COMMAND...: runs COMMAND and prints the wall-clock time it took ("phase
+# NAME: 812 s (13:32)"), so that a log shows where a run's time goes. With XSHARD_PHASE_LOG
+# set, the line is also appended to that file (.ci/run prints them together at the end).
+# Returns COMMAND's status.
+xshard_phase() {
+  local name=$1 start=$SECONDS status=0 took line
+  shift
+  "$@" || status=$?
+  took=$((SECONDS - start))
+  line=$(printf 'phase %s: %d s (%d:%02d)%s' "$name" "$took" $((took / 60)) $((took % 60)) \
+    "$([ "$status" -eq 0 ] || echo ", failed: status $status")")
+  echo "$line"
+  if [ -n "${XSHARD_PHASE_LOG:-}" ]; then echo "$line" >>"$XSHARD_PHASE_LOG"; fi
+  return "$status"
+}

@@ -33,14 +33,14 @@ if [ "${1:-}" = --sanitize ]; then
     shift 2
   fi
 fi
-"$root/scripts/install_deps.sh"
+xshard_phase "install dependencies" "$root/scripts/install_deps.sh"
 if ! $sanitize; then
   build="$root/build/test"
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  xshard_phase configure cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CXX_FLAGS_RELEASE="-O2" -DXSHARD_WERROR=ON "${launcher[@]}"
-  cmake --build "$build" -j "$jobs"
+  xshard_phase build cmake --build "$build" -j "$jobs"
   cd "$build"
-  ctest --output-on-failure -j "$jobs" "$@"
+  xshard_phase test ctest --output-on-failure -j "$jobs" "$@"
   exit
 fi
 
@@ -54,15 +54,15 @@ fi
 build="$root/build/sanitize"
 san="-fsanitize=address,undefined -fno-sanitize=null,nonnull-attribute,returns-nonnull-attribute"
 san="$san -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Sanitize \
+xshard_phase "sanitize configure" cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Sanitize \
   -DCMAKE_CXX_FLAGS_SANITIZE="-O1 -g $san -Wno-maybe-uninitialized" \
   -DCMAKE_EXE_LINKER_FLAGS_SANITIZE="$san" \
   -DXSHARD_WERROR=ON -DXSHARD_BUILD_BENCHMARKS=OFF -DXSHARD_HEADER_CHECK=OFF -DXSHARD_TEST_TIMEOUT_SCALE=3 \
   "${launcher[@]}"
-cmake --build "$build" -j "$jobs" ${targets[@]+--target "${targets[@]}"}
+xshard_phase "sanitize build" cmake --build "$build" -j "$jobs" ${targets[@]+--target "${targets[@]}"}
 export ASAN_OPTIONS="detect_leaks=0:strict_string_checks=1:check_initialization_order=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 cd "$build"
 # The package consumers and compile-fail checks build other programs, not xshard's code
 # under the sanitizers: the normal run covers them.
-ctest --output-on-failure -j "$jobs" -LE 'package|compile_fail' "$@"
+xshard_phase "sanitize test" ctest --output-on-failure -j "$jobs" -LE 'package|compile_fail' "$@"
