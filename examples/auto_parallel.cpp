@@ -71,7 +71,8 @@ public:
     friend void visit_parameters(flatten&, auto&&) {}
 };
 
-/// Seed 001's Network: its modules, named as there, in the order its construct runs them.
+/// The AutoParallel document's Network: its modules, named as there, in the order its
+/// construct runs them.
 /// MatMulCell is a linear layer without bias; nn.Dense has one.
 struct network {
     flatten flat;
@@ -109,7 +110,7 @@ struct network {
 };
 
 int run(int argc, char** argv) {
-    CLI::App app("MindSpore's AutoParallel example (seed 001) with xshard::auto_parallel");
+    CLI::App app("MindSpore's AutoParallel example with xshard::auto_parallel");
     std::string mode = "semi_auto", mnist, data_dir = "auto_parallel_data",
                 out = "auto_parallel_out", level = "level1";
     int epochs = 2, tp = 0, stages = 0;

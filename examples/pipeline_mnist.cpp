@@ -1,7 +1,7 @@
-// Pipeline parallelism on MindSpore's own example (seed 001): the network flatten -> 784x512
-// matmul -> relu -> dense 512x512 -> relu -> dense 512x10 cut into 2 stages by its
-// stage_config, 4 micro-batches per step of 32 samples, a data-parallel dataset, SGD, the
-// loss printed as LossMonitor does. The mesh is pp x dp x tp: 1 rank runs the whole chain
+// Pipeline parallelism on the example of MindSpore's AutoParallel document: the network
+// flatten -> 784x512 matmul -> relu -> dense 512x512 -> relu -> dense 512x10 cut into 2
+// stages by its stage_config, 4 micro-batches per step of 32 samples, a data-parallel
+// dataset, SGD, the loss printed as LossMonitor does. The mesh is pp x dp x tp: 1 rank runs the whole chain
 // (pp 1), 4 ranks pp 2 x dp 2, 8 ranks pp 2 x dp 2 x tp 2 (layer1 and layer3 split their
 // outputs over tp, layer2 its inputs); the losses are the same on each (ctest checks 1e-9).
 //
@@ -50,7 +50,8 @@ public:
     friend void visit_parameters(flatten&, auto&&) {}
 };
 
-/// Seed 001's Network: its modules, named as there, in the order its construct runs them.
+/// The AutoParallel document's Network: its modules, named as there, in the order its
+/// construct runs them.
 struct network {
     flatten flat;
     nn::column_parallel_linear<T, stage_mesh_t> layer1; // MatMulCell: no bias

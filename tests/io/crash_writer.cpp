@@ -9,7 +9,7 @@
 //
 // With `lie` (the same script), the last rank's disk loses a write it reports as done: the
 // first large write into the checkpoint's folder returns success and writes nothing (what
-// Open MPI's collective write did on a full disk, issue 12; a file system can do the same).
+// Open MPI's collective write does on a full disk; a file system can do the same).
 // The save of step 2 must find that out before it replaces step 1, and raise on every rank.
 //
 //   crash_writer once|loop|verify|fail|lie PATH integrated|per_rank

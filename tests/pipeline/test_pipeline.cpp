@@ -589,7 +589,7 @@ TEST(pipeline, optimizer_state_sharded_over_part_of_a_stage_loads_anywhere) {
         std::filesystem::remove_all(dir);
 }
 
-/// parameter_broadcast with pipeline_stages and initial_rank (seed 000) applies per stage:
+/// MindSpore's parameter_broadcast with pipeline_stages and initial_rank applies per stage:
 /// every rank's weights start as its world rank; afterwards each stage's data-parallel
 /// copies hold one owner's values, and that owner is a rank of the same stage. An
 /// initial_rank that is not the stage's first rank raises on every rank of the stage.

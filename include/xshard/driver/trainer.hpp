@@ -339,15 +339,10 @@ public:
         gather_weights();
         auto& net = net_->model();
         if (pipelined() && !stage_) {
-            std::optional<std::string> problem;
-            if (pipeline_rank() == 0) {
-                try {
+            agreed_alike<io_error>(net_->mesh().comm(), [&] {
+                if (pipeline_rank() == 0)
                     save_checkpoint_on(net, path, step);
-                } catch (const std::exception& e) {
-                    problem = e.what();
-                }
-            }
-            agree_on_error<io_error>(net_->mesh().comm(), problem);
+            });
             return;
         }
         if (stage_) {
@@ -372,13 +367,8 @@ public:
         if (stage_) {
             info = stage_->load(path, !net_->strategy_file_only_trainable());
         } else if (pipelined()) {
-            std::optional<std::string> problem;
-            try {
-                info = load_checkpoint_on(path);
-            } catch (const std::exception& e) {
-                problem = e.what();
-            }
-            agree_on_error<io_error>(net_->mesh().comm(), problem);
+            info = agreed_alike<io_error>(net_->mesh().comm(),
+                                          [&] { return load_checkpoint_on(path); });
         } else {
             info = load_checkpoint_on(path);
         }
