@@ -1,0 +1,862 @@
+#pragma once
+/// \file
+/// The strategy search on programs: MindSpore's `sharding_propagation` and
+/// `recursive_programming` modes for any traced network (graph/trace.hpp), in one process,
+/// without MPI, for a mesh of any axes and size (a dry run).
+///
+/// Every node of the program is a variable whose values are the ways it can run: the
+/// layouts of its operands that its primitive's sharding rule accepts (each mesh axis on at
+/// most one dimension of an operand), with the operands' and results' layouts the rule
+/// gives. A way costs its compute, forward and backward (the primitive's FLOPs at the GEMM
+/// speed, the bytes it touches at the memory bandwidth), and the gradient synchronisation of
+/// the weights it is the first to read. Each edge of the graph (a value from the node that
+/// writes it to a node that reads it) costs the redistribution of the value forward and of
+/// its cotangent backward, priced by the redistribution planner's own route
+/// (search/redistribution_pricer.hpp). The step's predicted time is the sum.
+///
+/// The minimum over every combination is found exactly: nodes are eliminated one by one as
+/// MindSpore's recursive programming does (a node with one neighbour folds into it, a node
+/// with two into an edge between them, parallel edges add up), and where no node has fewer
+/// than three neighbours the search branches on one node's ways. Chains, branches, residual
+/// joins and shared weights eliminate without branching.
+///
+///     auto found = xshard::search_program(traced, mesh.shape());   // recursive_programming
+///     found.apply(traced);            // every node annotated with the layouts found
+///     auto net = xshard::compile<double>(traced, mesh);
+///
+/// With `keep_annotations` (sharding propagation) the nodes annotated with `.shard()`, by
+/// name, or from a strategy file keep their layouts, and the search fills in the rest.
+
+#include <xshard/comm/error.hpp>
+#include <xshard/core/layout.hpp>
+#include <xshard/core/mesh_shape.hpp>
+#include <xshard/graph/layouts.hpp>
+#include <xshard/graph/primitive.hpp>
+#include <xshard/graph/program.hpp>
+#include <xshard/graph/registry.hpp>
+#include <xshard/graph/schedule.hpp>
+#include <xshard/search/machine_model.hpp>
+#include <xshard/search/redistribution_pricer.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace xshard {
+
+/// What the program search prices with and what it keeps.
+struct program_search_options {
+    /// The machine's links, GEMM speed and memory bandwidth (search/calibrate.hpp measures
+    /// them).
+    machine_model machine = {};
+    /// Where the inputs are: the dataset's axes or each input's layout, as compile takes them.
+    layout_options layouts = {};
+    /// Sharding propagation: annotated nodes keep their layouts and the search fills in the
+    /// others. Without it (recursive programming) annotations are ignored and every node is
+    /// searched.
+    bool keep_annotations = true;
+    /// The most ways kept per node: the cheapest by their own compute when a node has more.
+    /// The search is exact over the ways kept.
+    std::size_t max_ways = 256;
+    /// Whether the program's inputs get gradients (as compile_options::input_gradients).
+    bool input_gradients = false;
+};
+
+/// One node's part of a searched strategy.
+struct node_strategy {
+    std::string node; ///< the node's name
+    std::string op;   ///< its primitive
+    /// The layouts it reads its operands in (what `apply` annotates) and writes its results in.
+    layout_choice layouts;
+    /// The layouts its results are kept in where an annotation asks for others (kept with
+    /// sharding propagation), else empty.
+    std::vector<layout> out_layouts;
+    bool annotated = false; ///< kept from an annotation (sharding propagation)
+    std::size_t ways = 0;   ///< how many ways the node could run
+    /// Seconds per step: its compute (forward and backward), the redistributions into it
+    /// (forward, and their cotangents backward), and its weights' gradient synchronisation.
+    double compute = 0, communication = 0, gradient_sync = 0;
+    /// The best other way with every other node as chosen, and the seconds it loses by
+    /// (none when the node has one way).
+    std::optional<layout_choice> runner_up;
+    double runner_up_loss = 0;
+};
+
+/// A strategy for every node of a program on a mesh, as the search found it.
+struct program_strategy {
+    mesh_shape mesh;
+    std::vector<node_strategy> nodes;
+    /// The predicted step: the sum of every node's and edge's seconds.
+    double seconds = 0;
+    /// Per rank: the weights' bytes, with their gradients and optimizer state.
+    std::size_t weight_bytes = 0;
+    /// How many nodes the search branched on (0 for series-parallel graphs).
+    std::size_t branched = 0;
+
+    /// Annotates every node of `p` with the layouts found (`in_layouts`, and `out_layouts`
+    /// where kept); compile then runs them. Throws xshard::error when `p` lacks one of the nodes.
+    void apply(program& p) const {
+        for (const auto& n : nodes) {
+            auto& node = p.node(n.node);
+            node.annotation.in_strategies.clear();
+            node.annotation.in_layouts = n.layouts.operands;
+            node.annotation.out_layouts = n.out_layouts;
+        }
+    }
+
+    /// Every node's choice, what it costs and the runner-up, then the step's predicted time
+    /// and the weights' memory per rank: why the search chose what it chose.
+    std::string explain() const {
+        std::string s = "strategy on mesh(" + mesh.to_string() + "): " + seconds_text(seconds) +
+                        " per step predicted, " + std::to_string(weight_bytes) +
+                        " bytes of weights, gradients and optimizer state per rank\n";
+        for (const auto& n : nodes) {
+            s += "  " + n.node + " (" + n.op + ")" + (n.annotated ? " annotated" : "") + ": " +
+                 choice_text(n.layouts) + "\n    compute " + seconds_text(n.compute) +
+                 ", communication " + seconds_text(n.communication) + ", gradient sync " +
+                 seconds_text(n.gradient_sync) + "; " + std::to_string(n.ways) + " ways";
+            if (n.runner_up)
+                s += "; runner-up " + choice_text(*n.runner_up) + " loses " +
+                     seconds_text(n.runner_up_loss);
+            s += "\n";
+        }
+        return s;
+    }
+
+    /// The nodes whose layouts differ between this strategy and `other`, one line each
+    /// ("name: this -> other"), and the nodes only one of them has.
+    std::string diff(const program_strategy& other) const {
+        std::string s;
+        std::map<std::string, const node_strategy*> theirs;
+        for (const auto& n : other.nodes)
+            theirs[n.node] = &n;
+        for (const auto& n : nodes) {
+            auto it = theirs.find(n.node);
+            if (it == theirs.end()) {
+                s += n.node + ": only in the first\n";
+                continue;
+            }
+            if (it->second->layouts.operands != n.layouts.operands)
+                s += n.node + ": " + choice_text(n.layouts) + " -> " +
+                     choice_text(it->second->layouts) + "\n";
+            theirs.erase(it);
+        }
+        for (const auto& [name, n] : theirs)
+            s += name + ": only in the second\n";
+        return s;
+    }
+
+    static std::string choice_text(const layout_choice& c) {
+        std::string s = "in ";
+        for (std::size_t i = 0; i < c.operands.size(); ++i)
+            s += (i ? ", " : "") + c.operands[i].to_string();
+        s += " out ";
+        for (std::size_t i = 0; i < c.results.size(); ++i)
+            s += (i ? ", " : "") + c.results[i].to_string();
+        return s;
+    }
+
+    static std::string seconds_text(double s) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.3g s", s);
+        return buf;
+    }
+};
+
+namespace detail {
+
+/// A pairwise cost problem: per variable, the cost of each of its values; per edge (a, b),
+/// the cost of each pair of values, row-major in a's values.
+struct cost_problem {
+    struct edge {
+        std::size_t a = 0, b = 0;
+        std::vector<double> cost;
+    };
+    std::vector<std::vector<double>> unary;
+    std::vector<edge> edges;
+
+    /// The cost of `pick` (one value per variable).
+    double total(const std::vector<std::size_t>& pick) const {
+        double t = 0;
+        for (std::size_t v = 0; v < unary.size(); ++v)
+            t += unary[v][pick[v]];
+        for (const auto& e : edges)
+            t += e.cost[pick[e.a] * unary[e.b].size() + pick[e.b]];
+        return t;
+    }
+};
+
+/// The minimum of a cost_problem by elimination (see the file comment): exact while the
+/// branches it tries stay within `branch_budget` values in all; beyond, it fixes a
+/// branching variable to its best value against its neighbours' cheapest (and says so).
+class cost_minimizer {
+public:
+    explicit cost_minimizer(const cost_problem& p, std::size_t branch_budget = 100000)
+        : unary_(p.unary)
+        , nbr_(p.unary.size())
+        , alive_(p.unary.size(), true)
+        , budget_(branch_budget) {
+        for (const auto& e : p.edges) {
+            if (e.a == e.b)
+                throw std::invalid_argument("xshard: cost_minimizer: an edge from a variable to "
+                                            "itself");
+            auto& t = table(e.a, e.b);
+            for (std::size_t i = 0; i < size(e.a); ++i)
+                for (std::size_t j = 0; j < size(e.b); ++j)
+                    t.at(i, j, e.a > e.b) += e.cost[i * size(e.b) + j];
+        }
+    }
+
+    struct solution {
+        double cost = 0;
+        std::vector<std::size_t> pick;
+        std::size_t branched = 0; ///< variables branched on
+        bool exact = true;
+    };
+
+    /// The minimum and one value per variable reaching it.
+    solution solve() {
+        solution s;
+        std::size_t spent = 0;
+        s.cost = run(s.pick, s.branched, spent, s.exact);
+        return s;
+    }
+
+private:
+    static constexpr std::size_t npos = std::size_t(-1);
+
+    /// A table over (lo, hi) with lo < hi, row-major in lo's values.
+    struct pair_table {
+        std::size_t cols = 0;
+        std::vector<double> c;
+        double& at(std::size_t i, std::size_t j, bool swapped) {
+            return swapped ? c[j * cols + i] : c[i * cols + j];
+        }
+        double get(std::size_t i, std::size_t j, bool swapped) const {
+            return swapped ? c[j * cols + i] : c[i * cols + j];
+        }
+    };
+
+    /// How an eliminated variable's value follows from its neighbours' (kind 0: its own
+    /// best, `constant` its cost; 1: from u's; 2: from u's and w's, `best` row-major in u's).
+    struct record {
+        int kind = 0;
+        std::size_t v = 0, u = 0, w = 0, kw = 0;
+        std::vector<std::size_t> best;
+        double constant = 0;
+    };
+
+    std::size_t size(std::size_t v) const { return unary_[v].size(); }
+
+    pair_table& table(std::size_t a, std::size_t b) {
+        const auto key = std::minmax(a, b);
+        auto it = tables_.find(key);
+        if (it == tables_.end()) {
+            pair_table t;
+            t.cols = size(key.second);
+            t.c.assign(size(key.first) * t.cols, 0.0);
+            it = tables_.emplace(key, std::move(t)).first;
+            nbr_[a].insert(b);
+            nbr_[b].insert(a);
+        }
+        return it->second;
+    }
+
+    double cost(std::size_t a, std::size_t ia, std::size_t b, std::size_t ib) const {
+        return tables_.at(std::minmax(a, b)).get(ia, ib, a > b);
+    }
+
+    void remove(std::size_t v) {
+        for (auto u : nbr_[v]) {
+            tables_.erase(std::minmax(u, v));
+            nbr_[u].erase(v);
+        }
+        nbr_[v].clear();
+        alive_[v] = false;
+    }
+
+    /// Fixes v to value c: its edges fold into its neighbours; returns its own cost.
+    double fix(std::size_t v, std::size_t c) {
+        for (auto u : nbr_[v])
+            for (std::size_t iu = 0; iu < size(u); ++iu)
+                unary_[u][iu] += cost(v, c, u, iu);
+        const double own = unary_[v][c];
+        remove(v);
+        return own;
+    }
+
+    /// v's best value against its neighbours' cheapest: where the budget ends.
+    std::size_t greedy_value(std::size_t v) const {
+        std::size_t best = 0;
+        double low = std::numeric_limits<double>::infinity();
+        for (std::size_t c = 0; c < size(v); ++c) {
+            double t = unary_[v][c];
+            for (auto u : nbr_[v]) {
+                double m = std::numeric_limits<double>::infinity();
+                for (std::size_t iu = 0; iu < size(u); ++iu)
+                    m = std::min(m, unary_[u][iu] + cost(v, c, u, iu));
+                t += m;
+            }
+            if (t < low) {
+                low = t;
+                best = c;
+            }
+        }
+        return best;
+    }
+
+    /// Eliminates v (at most two neighbours) into its neighbours.
+    record eliminate(std::size_t v) {
+        record r;
+        r.v = v;
+        const std::vector<std::size_t> n(nbr_[v].begin(), nbr_[v].end());
+        const auto inf = std::numeric_limits<double>::infinity();
+        if (n.empty()) {
+            r.best = {std::size_t(std::min_element(unary_[v].begin(), unary_[v].end()) -
+                                  unary_[v].begin())};
+            r.constant = unary_[v][r.best[0]];
+        } else if (n.size() == 1) {
+            r.kind = 1;
+            r.u = n[0];
+            r.best.assign(size(r.u), 0);
+            for (std::size_t iu = 0; iu < size(r.u); ++iu) {
+                double low = inf;
+                for (std::size_t iv = 0; iv < size(v); ++iv) {
+                    const double c = unary_[v][iv] + cost(v, iv, r.u, iu);
+                    if (c < low) {
+                        low = c;
+                        r.best[iu] = iv;
+                    }
+                }
+                unary_[r.u][iu] += low;
+            }
+        } else {
+            r.kind = 2;
+            r.u = n[0];
+            r.w = n[1];
+            r.kw = size(r.w);
+            const std::size_t ku = size(r.u), kv = size(v);
+            std::vector<double> folded(ku * r.kw, inf);
+            r.best.assign(ku * r.kw, 0);
+            for (std::size_t iu = 0; iu < ku; ++iu)
+                for (std::size_t iv = 0; iv < kv; ++iv) {
+                    const double left = unary_[v][iv] + cost(v, iv, r.u, iu);
+                    for (std::size_t iw = 0; iw < r.kw; ++iw) {
+                        const double c = left + cost(v, iv, r.w, iw);
+                        if (c < folded[iu * r.kw + iw]) {
+                            folded[iu * r.kw + iw] = c;
+                            r.best[iu * r.kw + iw] = iv;
+                        }
+                    }
+                }
+            remove(v);
+            auto& t = table(r.u, r.w);
+            for (std::size_t iu = 0; iu < ku; ++iu)
+                for (std::size_t iw = 0; iw < r.kw; ++iw)
+                    t.at(iu, iw, r.u > r.w) += folded[iu * r.kw + iw];
+            return r;
+        }
+        remove(v);
+        return r;
+    }
+
+    /// The eliminated variables' values, last eliminated first; returns their constants' sum.
+    static double back_substitute(const std::vector<record>& done, std::vector<std::size_t>& pick) {
+        double total = 0;
+        for (auto it = done.rbegin(); it != done.rend(); ++it) {
+            if (it->kind == 0) {
+                pick[it->v] = it->best[0];
+                total += it->constant;
+            } else if (it->kind == 1) {
+                pick[it->v] = it->best[pick[it->u]];
+            } else {
+                pick[it->v] = it->best[pick[it->u] * it->kw + pick[it->w]];
+            }
+        }
+        return total;
+    }
+
+    /// Eliminates every variable, branching where each has three neighbours or more; fills
+    /// `pick` and returns the minimum.
+    double run(std::vector<std::size_t>& pick, std::size_t& branched, std::size_t& spent,
+               bool& exact) {
+        std::vector<record> done;
+        double fixed = 0;
+        while (true) {
+            std::size_t v = npos, low = npos;
+            for (std::size_t i = 0; i < alive_.size(); ++i)
+                if (alive_[i] && (v == npos || nbr_[i].size() < low)) {
+                    v = i;
+                    low = nbr_[i].size();
+                }
+            if (v == npos)
+                break;
+            if (low < 3) {
+                done.push_back(eliminate(v));
+                continue;
+            }
+            ++branched;
+            if (spent + size(v) > budget_) {
+                exact = false;
+                const auto c = greedy_value(v);
+                fixed += fix(v, c);
+                done.push_back({0, v, 0, 0, 0, {c}, 0});
+                continue;
+            }
+            spent += size(v);
+            double best = std::numeric_limits<double>::infinity();
+            for (std::size_t c = 0; c < size(v); ++c) {
+                cost_minimizer trial = *this;
+                const double own = trial.fix(v, c);
+                std::vector<std::size_t> p(unary_.size(), 0);
+                const double t = own + trial.run(p, branched, spent, exact);
+                if (t < best) {
+                    best = t;
+                    pick = std::move(p);
+                    pick[v] = c;
+                }
+            }
+            return fixed + best + back_substitute(done, pick);
+        }
+        pick.assign(unary_.size(), 0);
+        return fixed + back_substitute(done, pick);
+    }
+
+    std::vector<std::vector<double>> unary_;
+    std::vector<std::set<std::size_t>> nbr_;
+    std::vector<bool> alive_;
+    std::size_t budget_;
+    std::map<std::pair<std::size_t, std::size_t>, pair_table> tables_;
+};
+
+/// One way a node can run: the layouts it asks of its operands, the rule's answer, and
+/// its compute in seconds (forward and backward).
+struct node_way {
+    std::vector<layout> asked;
+    layout_choice choice;
+    double compute = 0;
+};
+
+/// Every layout of a rank-r operand with each mesh axis (of size above 1) on at most one
+/// dimension, or on none; at most `most_axes` axes placed.
+inline std::vector<layout> operand_layouts(std::size_t r, const mesh_shape& mesh,
+                                           std::size_t most_axes) {
+    std::vector<std::pair<layout, std::size_t>> out{{layout::replicated(r), 0}};
+    for (std::size_t a = 0; a < mesh.ndim(); ++a) {
+        if (mesh.sizes[a] == 1)
+            continue;
+        const std::size_t before = out.size();
+        for (std::size_t k = 0; k < before; ++k) {
+            if (out[k].second >= most_axes)
+                continue;
+            for (std::size_t d = 0; d < r; ++d) {
+                auto l = out[k].first;
+                l.dims[d].push_back(mesh.names[a]);
+                out.push_back({l, out[k].second + 1});
+            }
+        }
+    }
+    std::vector<layout> layouts;
+    for (auto& [l, placed] : out)
+        layouts.push_back(std::move(l));
+    return layouts;
+}
+
+/// The shard a rank with the largest blocks holds of a value of `global` shape laid out as `l`.
+inline shard_type largest_shard(const value_shape& global, const layout& l, dtype t,
+                                const mesh_shape& mesh) {
+    shard_type s{global, l, value_shape(global.size()), t};
+    for (std::size_t d = 0; d < global.size(); ++d)
+        s.local[d] = block_extent(global[d], std::size_t(l.split_count(d, mesh)), 0);
+    return s;
+}
+
+inline std::size_t elements(const value_shape& s) {
+    std::size_t n = 1;
+    for (auto e : s)
+        n *= e;
+    return n;
+}
+
+/// A program's ways and costs on a mesh as a cost_problem (one variable per node), and the
+/// strategy a solution of it is.
+class program_costs {
+public:
+    program_costs(const program& p, const mesh_shape& mesh, const program_search_options& o)
+        : p_(p)
+        , mesh_(mesh)
+        , o_(o) {
+        const auto& values = p.values();
+        producer_.assign(values.size(), {npos, 0});
+        for (std::size_t k = 0; k < p.nodes().size(); ++k)
+            for (std::size_t j = 0; j < p.nodes()[k].results.size(); ++j)
+                producer_[p.nodes()[k].results[j]] = {k, j};
+        const auto dataset = dataset_axes_of(o.layouts, mesh);
+        for (auto id : p.inputs()) {
+            auto it = o.layouts.input_layouts.find(values[id].name);
+            inputs_[id] = it != o.layouts.input_layouts.end()
+                              ? it->second
+                              : batch_layout(values[id].shape.size(), dataset);
+        }
+        mark_gradients();
+        for (const auto& n : p.nodes())
+            ways_.push_back(ways_of(n));
+        problem_.unary.resize(ways_.size());
+        for (std::size_t k = 0; k < ways_.size(); ++k)
+            for (const auto& w : ways_[k])
+                problem_.unary[k].push_back(w.compute);
+        add_edges();
+    }
+
+    const cost_problem& problem() const noexcept { return problem_; }
+    const std::vector<std::vector<node_way>>& ways() const noexcept { return ways_; }
+
+    /// The strategy of `pick` (one way per node), explained.
+    program_strategy strategy(const std::vector<std::size_t>& pick, std::size_t branched) const {
+        program_strategy s;
+        s.mesh = mesh_;
+        s.seconds = problem_.total(pick);
+        s.branched = branched;
+        for (std::size_t k = 0; k < ways_.size(); ++k) {
+            const auto& n = p_.nodes()[k];
+            const auto& w = ways_[k][pick[k]];
+            node_strategy ns;
+            ns.node = n.name;
+            ns.op = n.op;
+            ns.layouts = w.choice;
+            ns.annotated = annotated(n);
+            if (o_.keep_annotations)
+                ns.out_layouts = n.annotation.out_layouts;
+            ns.ways = ways_[k].size();
+            ns.compute = w.compute;
+            ns.gradient_sync = sync_[k].empty() ? 0 : sync_[k][pick[k]];
+            ns.communication = problem_.unary[k][pick[k]] - ns.compute - ns.gradient_sync;
+            for (const auto& e : problem_.edges)
+                if (e.b == k)
+                    ns.communication += e.cost[pick[e.a] * ways_[k].size() + pick[k]];
+            runner_up(k, pick, ns);
+            s.nodes.push_back(std::move(ns));
+        }
+        for (std::size_t i = 0; i < p_.weights().size(); ++i) {
+            const auto id = p_.weights()[i];
+            const auto [k, operand] = first_use_.at(id);
+            const auto& l = ways_[k][pick[k]].choice.operands[operand];
+            const auto& v = p_.value(id);
+            s.weight_bytes += elements(largest_shard(v.shape, whole_terms(l), v.type, mesh_).local) *
+                              element_bytes(v.type) *
+                              std::size_t(2 + o_.machine.optimizer_states);
+        }
+        return s;
+    }
+
+private:
+    static constexpr std::size_t npos = std::size_t(-1);
+
+    /// Whether node n keeps the operands' layouts of its annotation.
+    bool annotated(const program_node& n) const {
+        return o_.keep_annotations &&
+               (!n.annotation.in_layouts.empty() || !n.annotation.in_strategies.empty());
+    }
+
+    /// Which values a cotangent reaches (as the compiled program's backward pass).
+    void mark_gradients() {
+        const auto& values = p_.values();
+        gradient_.assign(values.size(), false);
+        for (auto id : p_.weights())
+            gradient_[id] = true;
+        for (auto id : p_.inputs())
+            gradient_[id] = o_.input_gradients && values[id].type != dtype::i64;
+        for (const auto& n : p_.nodes()) {
+            bool any = false;
+            for (auto id : n.operands)
+                any = any || gradient_[id];
+            const bool differentiable = n.custom || rules_named(n.op).differentiable;
+            for (auto id : n.results)
+                gradient_[id] = any && differentiable && values[id].type != dtype::i64;
+        }
+    }
+
+    std::vector<operand_type> types_of(const program_node& n) const {
+        std::vector<operand_type> types;
+        for (auto id : n.operands) {
+            const auto& v = p_.value(id);
+            types.push_back({v.shape, v.type, v.kind == value_kind::weight});
+        }
+        return types;
+    }
+
+    /// The rule's choice for `asked`, or none when the node cannot run so.
+    std::optional<node_way> try_way(const program_node& n, std::span<const operand_type> types,
+                                    std::vector<layout> asked) const {
+        node_way w;
+        w.asked = asked;
+        try {
+            w.choice = n.custom ? n.custom->rule(types, std::move(asked), mesh_)
+                                : rules_named(n.op).rule(n.attributes, types, std::move(asked), mesh_);
+        } catch (const std::invalid_argument&) {
+            return std::nullopt;
+        } catch (const error&) {
+            return std::nullopt;
+        }
+        std::vector<shard_type> ops, res;
+        double bytes = 0;
+        for (std::size_t i = 0; i < types.size(); ++i) {
+            ops.push_back(largest_shard(types[i].shape, w.choice.operands[i], types[i].type, mesh_));
+            bytes += double(elements(ops.back().local) * element_bytes(types[i].type));
+        }
+        for (std::size_t i = 0; i < n.results.size(); ++i) {
+            const auto& v = p_.value(n.results[i]);
+            res.push_back(largest_shard(v.shape, w.choice.results[i], v.type, mesh_));
+            bytes += double(elements(res.back().local) * element_bytes(v.type));
+        }
+        double flops = 0;
+        if (!n.custom && rules_named(n.op).flops)
+            flops = rules_named(n.op).flops(n.attributes, ops, res);
+        // The backward pass does about twice the forward's work.
+        w.compute = 3 * (flops / o_.machine.gemm_flops + bytes / o_.machine.memory_bandwidth);
+        return w;
+    }
+
+    /// The ways node `n` can run: its annotation's alone (kept), or every combination of its
+    /// operands' layouts the rule accepts, distinct, the cheapest `max_ways`.
+    std::vector<node_way> ways_of(const program_node& n) const {
+        const auto types = types_of(n);
+        std::vector<node_way> ways;
+        if (annotated(n)) {
+            const op_rules* rules = n.custom ? nullptr : &rules_named(n.op);
+            std::optional<node_way> w;
+            std::string why = "its sharding rule refuses it";
+            try {
+                std::vector<layout> asked = n.annotation.in_layouts;
+                if (asked.empty())
+                    asked = rules ? rules->resolve(n.annotation.in_strategies, mesh_)
+                                  : resolve_each(n.annotation.in_strategies, mesh_);
+                w = try_way(n, types, std::move(asked));
+            } catch (const std::exception& e) {
+                why = e.what();
+            }
+            if (!w)
+                throw error("xshard: search: node " + n.name + " (" + n.op + ") shard " +
+                            n.annotation.to_string() + " cannot run on mesh(" +
+                            mesh_.to_string() + "): " + why);
+            return {std::move(*w)};
+        }
+        // Each operand's layouts; where their combinations are too many, the later operands
+        // place at most one axis.
+        std::vector<std::vector<layout>> each;
+        double combinations = 1;
+        for (const auto& t : types) {
+            each.push_back(operand_layouts(t.shape.size(), mesh_, mesh_.ndim()));
+            combinations *= double(each.back().size());
+        }
+        for (std::size_t i = 1; combinations > 20000 && i < types.size(); ++i) {
+            combinations /= double(each[i].size());
+            each[i] = operand_layouts(types[i].shape.size(), mesh_, 1);
+            combinations *= double(each[i].size());
+        }
+        std::set<std::string> seen;
+        std::vector<std::size_t> at(types.size(), 0);
+        while (true) {
+            std::vector<layout> asked;
+            for (std::size_t i = 0; i < types.size(); ++i)
+                asked.push_back(each[i][at[i]]);
+            if (auto w = try_way(n, types, asked)) {
+                if (seen.insert(program_strategy::choice_text(w->choice)).second)
+                    ways.push_back(std::move(*w));
+            }
+            std::size_t i = 0;
+            while (i < at.size() && ++at[i] == each[i].size())
+                at[i++] = 0;
+            if (i == at.size())
+                break;
+        }
+        if (ways.empty())
+            throw error("xshard: search: node " + n.name + " (" + n.op +
+                        ") has no way to run on mesh(" + mesh_.to_string() + ")");
+        if (ways.size() > o_.max_ways) {
+            std::stable_sort(ways.begin(), ways.end(),
+                             [](const node_way& a, const node_way& b) { return a.compute < b.compute; });
+            ways.resize(o_.max_ways);
+        }
+        return ways;
+    }
+
+    /// The planner's price of moving a value of `shape` from `from` to `to`.
+    double price(const layout& from, const layout& to, const value_shape& shape, dtype t) const {
+        if (from == to)
+            return 0;
+        auto key = std::make_tuple(from.to_string(), to.to_string(), shape, t);
+        if (auto it = prices_.find(key); it != prices_.end())
+            return it->second;
+        auto it = pricers_.find(element_bytes(t));
+        if (it == pricers_.end())
+            it = pricers_.emplace(element_bytes(t), redistribution_pricer(mesh_, o_.machine.links,
+                                                                         element_bytes(t)))
+                     .first;
+        const double s = priced(it->second, from, to, shape, std::make_index_sequence<max_tensor_rank + 1>{});
+        prices_.emplace(std::move(key), s);
+        return s;
+    }
+
+    template <std::size_t... N>
+    static double priced(const redistribution_pricer& pricer, const layout& from, const layout& to,
+                         const value_shape& shape, std::index_sequence<N...>) {
+        double s = 0;
+        ((shape.size() == N ? (s = pricer.direct(from, to, to_array<N>(shape)).seconds, 0) : 0), ...);
+        return s;
+    }
+
+    template <std::size_t N>
+    static std::array<std::size_t, N> to_array(const value_shape& s) {
+        std::array<std::size_t, N> a{};
+        for (std::size_t i = 0; i < N; ++i)
+            a[i] = s[i];
+        return a;
+    }
+
+    /// A value laid out `from` read as `to`: forward, and its cotangent back.
+    double edge_price(std::size_t id, const layout& from, const layout& to) const {
+        const auto& v = p_.value(id);
+        double s = price(from, to, v.shape, v.type);
+        if (gradient_[id])
+            s += price(cotangent_layout(to, mesh_), cotangent_layout(from, mesh_), v.shape, v.type);
+        return s;
+    }
+
+    /// The layout node k's way i keeps its result j in.
+    const layout& kept(std::size_t k, std::size_t i, std::size_t j) const {
+        const auto& n = p_.nodes()[k];
+        return o_.keep_annotations && j < n.annotation.out_layouts.size()
+                   ? n.annotation.out_layouts[j]
+                   : ways_[k][i].choice.results[j];
+    }
+
+    /// Adds `f(a, b)` over every pair of ways of nodes a < b to their edge.
+    template <class F>
+    void add_pair(std::size_t a, std::size_t b, F&& f) {
+        auto it = edge_index_.find({a, b});
+        if (it == edge_index_.end()) {
+            problem_.edges.push_back({a, b, std::vector<double>(ways_[a].size() * ways_[b].size(), 0.0)});
+            it = edge_index_.emplace(std::make_pair(a, b), problem_.edges.size() - 1).first;
+        }
+        auto& cost = problem_.edges[it->second].cost;
+        for (std::size_t ia = 0; ia < ways_[a].size(); ++ia)
+            for (std::size_t ib = 0; ib < ways_[b].size(); ++ib)
+                cost[ia * ways_[b].size() + ib] += f(ia, ib);
+    }
+
+    void add_edges() {
+        sync_.assign(ways_.size(), {});
+        for (std::size_t k = 0; k < ways_.size(); ++k) {
+            const auto& n = p_.nodes()[k];
+            for (std::size_t i = 0; i < n.operands.size(); ++i) {
+                const auto id = n.operands[i];
+                const auto& v = p_.value(id);
+                if (v.kind == value_kind::input) {
+                    for (std::size_t c = 0; c < ways_[k].size(); ++c)
+                        problem_.unary[k][c] +=
+                            edge_price(id, inputs_.at(id), ways_[k][c].choice.operands[i]);
+                } else if (v.kind == value_kind::weight) {
+                    add_weight_use(k, i, id);
+                } else {
+                    const auto [u, j] = producer_[id];
+                    add_pair(u, k, [&](std::size_t iu, std::size_t ik) {
+                        return edge_price(id, kept(u, iu, j), ways_[k][ik].choice.operands[i]);
+                    });
+                }
+            }
+        }
+    }
+
+    /// Node k reads weight `id` as operand i: the first use lays the weight out and pays its
+    /// gradient synchronisation; a later use reads it from there.
+    void add_weight_use(std::size_t k, std::size_t i, std::size_t id) {
+        auto first = first_use_.find(id);
+        if (first == first_use_.end()) {
+            first_use_[id] = {k, i};
+            const auto& v = p_.value(id);
+            if (sync_[k].empty())
+                sync_[k].assign(ways_[k].size(), 0.0);
+            for (std::size_t c = 0; c < ways_[k].size(); ++c) {
+                const auto w = whole_terms(ways_[k][c].choice.operands[i]);
+                const double s = price(cotangent_layout(w, mesh_), w, v.shape, v.type);
+                sync_[k][c] += s;
+                problem_.unary[k][c] += s;
+            }
+            return;
+        }
+        const auto [f, fi] = first->second;
+        auto weight = [&](std::size_t c) { return whole_terms(ways_[f][c].choice.operands[fi]); };
+        if (f == k) {
+            for (std::size_t c = 0; c < ways_[k].size(); ++c)
+                problem_.unary[k][c] += edge_price(id, weight(c), ways_[k][c].choice.operands[i]);
+            return;
+        }
+        add_pair(f, k, [&](std::size_t a, std::size_t b) {
+            return edge_price(id, weight(a), ways_[k][b].choice.operands[i]);
+        });
+    }
+
+    /// Node k's best other way with every other node as picked, and what it loses by.
+    void runner_up(std::size_t k, const std::vector<std::size_t>& pick, node_strategy& ns) const {
+        auto local = [&](std::size_t c) {
+            double t = problem_.unary[k][c];
+            for (const auto& e : problem_.edges) {
+                if (e.a == k)
+                    t += e.cost[c * ways_[e.b].size() + pick[e.b]];
+                else if (e.b == k)
+                    t += e.cost[pick[e.a] * ways_[k].size() + c];
+            }
+            return t;
+        };
+        const double chosen = local(pick[k]);
+        for (std::size_t c = 0; c < ways_[k].size(); ++c) {
+            if (c == pick[k])
+                continue;
+            const double loss = local(c) - chosen;
+            if (!ns.runner_up || loss < ns.runner_up_loss) {
+                ns.runner_up = ways_[k][c].choice;
+                ns.runner_up_loss = loss;
+            }
+        }
+    }
+
+    const program& p_;
+    mesh_shape mesh_;
+    program_search_options o_;
+    std::vector<std::pair<std::size_t, std::size_t>> producer_;
+    std::map<std::size_t, layout> inputs_;
+    std::vector<bool> gradient_;
+    std::vector<std::vector<node_way>> ways_;
+    cost_problem problem_;
+    std::map<std::pair<std::size_t, std::size_t>, std::size_t> edge_index_;
+    std::map<std::size_t, std::pair<std::size_t, std::size_t>> first_use_;
+    std::vector<std::vector<double>> sync_;
+    mutable std::map<std::size_t, redistribution_pricer> pricers_;
+    mutable std::map<std::tuple<std::string, std::string, value_shape, dtype>, double> prices_;
+};
+
+} // namespace detail
+
+/// Searches a strategy for every node of `p` on a mesh of shape `mesh` (see the file
+/// comment); no MPI, so a single process searches for a mesh of any size. Throws
+/// xshard::error naming the node when an annotation kept cannot run on the mesh, or a node
+/// has no way to run on it.
+inline program_strategy search_program(const program& p, const mesh_shape& mesh,
+                                       const program_search_options& options = {}) {
+    detail::program_costs costs(p, mesh, options);
+    detail::cost_minimizer minimizer(costs.problem());
+    const auto found = minimizer.solve();
+    return costs.strategy(found.pick, found.branched);
+}
+
+} // namespace xshard

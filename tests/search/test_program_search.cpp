@@ -1,0 +1,280 @@
+// The strategy search on programs (search/program_search.hpp): its minimiser against brute
+// force on random chains and graphs, the search on small programs against every combination
+// of their nodes' ways, and sharding propagation on the AutoParallel document's
+// ParallelNetwork (one annotated matmul) and recursive programming on a residual network:
+// the annotation kept, every derived layout what compile lays out, and training equal to one
+// rank's.
+
+#include <xshard/graph.hpp>
+#include <xshard/optim/optimizers.hpp>
+#include <xshard/search/program_search.hpp>
+#include <xshard/tensor/distribute.hpp>
+#include <xshard/train/gradients.hpp>
+
+#include "mpi_test.hpp"
+
+#include <gtest/gtest.h>
+#include <xtensor/xrandom.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using xshard::traced_tensor;
+using xshard::testing::world;
+namespace ops = xshard::ops;
+using mesh_t = xshard::mesh<"dp", "tp">;
+
+/// The minimum of `p` by trying every combination.
+double brute_force(const xshard::detail::cost_problem& p) {
+    std::vector<std::size_t> pick(p.unary.size(), 0);
+    double best = INFINITY;
+    while (true) {
+        best = std::min(best, p.total(pick));
+        std::size_t i = 0;
+        while (i < pick.size() && ++pick[i] == p.unary[i].size())
+            pick[i++] = 0;
+        if (i == pick.size())
+            return best;
+    }
+}
+
+double combinations(const xshard::detail::cost_problem& p) {
+    double n = 1;
+    for (const auto& u : p.unary)
+        n *= double(u.size());
+    return n;
+}
+
+/// A random problem of `n` variables: a chain, a tree, or a graph with extra edges (some
+/// parallel), each variable with 1 to 4 values.
+xshard::detail::cost_problem random_problem(std::mt19937& engine, std::size_t n, int shape) {
+    std::uniform_real_distribution<double> cost(0.0, 10.0);
+    std::uniform_int_distribution<std::size_t> values(1, 4);
+    xshard::detail::cost_problem p;
+    for (std::size_t v = 0; v < n; ++v) {
+        p.unary.emplace_back(values(engine));
+        for (auto& c : p.unary.back())
+            c = cost(engine);
+    }
+    auto add = [&](std::size_t a, std::size_t b) {
+        xshard::detail::cost_problem::edge e{a, b, {}};
+        e.cost.resize(p.unary[a].size() * p.unary[b].size());
+        for (auto& c : e.cost)
+            c = cost(engine);
+        p.edges.push_back(std::move(e));
+    };
+    for (std::size_t v = 1; v < n; ++v)
+        add(shape == 0 ? v - 1 : std::uniform_int_distribution<std::size_t>(0, v - 1)(engine), v);
+    if (shape == 2)
+        for (std::size_t extra = 0; extra < n; ++extra) {
+            std::uniform_int_distribution<std::size_t> pick(0, n - 1);
+            const auto a = pick(engine), b = pick(engine);
+            if (a != b)
+                add(std::min(a, b), std::max(a, b));
+        }
+    return p;
+}
+
+TEST(cost_minimizer, finds_the_brute_force_minimum_of_random_chains_trees_and_graphs) {
+    std::mt19937 engine(17);
+    int graphs = 0, branching = 0;
+    for (int shape = 0; shape < 3; ++shape)
+        for (std::size_t n = 4; n <= 8; ++n)
+            for (int trial = 0; trial < 40; ++trial) {
+                const auto p = random_problem(engine, n, shape);
+                xshard::detail::cost_minimizer m(p);
+                const auto s = m.solve();
+                const double expected = brute_force(p);
+                ASSERT_TRUE(s.exact);
+                EXPECT_NEAR(s.cost, expected, 1e-9 * expected) << "shape " << shape << ", " << n << " variables";
+                EXPECT_NEAR(p.total(s.pick), s.cost, 1e-9 * expected);
+                ++graphs;
+                branching += s.branched > 0;
+            }
+    if (world().rank() == 0)
+        std::printf("cost_minimizer: %d random problems of 4-8 variables (chains, trees, graphs; %d "
+                    "needed branching) equal to brute force\n",
+                    graphs, branching);
+    EXPECT_GT(branching, 0); // the graphs exercise the branching, not only eliminations
+}
+
+TEST(cost_minimizer, beyond_its_branch_budget_still_gives_a_consistent_answer) {
+    std::mt19937 engine(5);
+    const auto p = random_problem(engine, 8, 2);
+    xshard::detail::cost_minimizer m(p, 0);
+    const auto s = m.solve();
+    EXPECT_NEAR(p.total(s.pick), s.cost, 1e-9 * s.cost);
+    EXPECT_GE(s.cost, brute_force(p) - 1e-9);
+}
+
+// --- programs -----------------------------------------------------------------------------------
+
+constexpr std::size_t batch = 24, features = 16, classes = 10;
+
+/// MindSpore's ParallelNetwork (flatten, matmul with fc1 [16, 10], relu) with a loss; the
+/// matmul annotated with `strategy` when given.
+xshard::program parallel_network(std::optional<std::vector<xshard::strategy>> strategy) {
+    return xshard::trace(
+        [&](traced_tensor x, traced_tensor y) {
+            auto fc1 = xshard::param("fc1", {features, classes}, xshard::initializer::normal(0, 0.3));
+            auto h = ops::flatten(x);
+            h = strategy ? ops::matmul.shard(*strategy)(h, fc1) : ops::matmul(h, fc1);
+            return ops::mean<0>(ops::cross_entropy(ops::relu(h), y));
+        },
+        xshard::input<double>("x", {batch, 4, 4}), xshard::input<std::int64_t>("y", {batch}));
+}
+
+/// A residual MLP with a weight used twice: relu(x w1) + x, then (.) w1 again, a head.
+xshard::program residual_network() {
+    return xshard::trace(
+        [&](traced_tensor x, traced_tensor y) {
+            auto w1 = xshard::param("w1", {features, features}, xshard::initializer::normal(0, 0.3));
+            auto h = ops::relu(ops::matmul(x, w1)) + x;
+            h = ops::matmul(h, w1);
+            auto w2 = xshard::param("head.w2", {features, classes}, xshard::initializer::normal(0, 0.3));
+            return ops::mean<0>(ops::cross_entropy(ops::matmul(h, w2), y));
+        },
+        xshard::input<double>("x", {batch, features}), xshard::input<std::int64_t>("y", {batch}));
+}
+
+xshard::mesh_shape shape_of(std::vector<std::string> names, std::vector<int> sizes) {
+    xshard::static_vector<xshard::axis_name, xshard::max_mesh_axes> n;
+    xshard::static_vector<int, xshard::max_mesh_axes> s;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+        n.push_back(xshard::axis_name(names[i]));
+        s.push_back(sizes[i]);
+    }
+    return xshard::mesh_shape(n, s);
+}
+
+/// Every node of `p`, laid out by compile's pass after `found.apply`, runs as the search chose.
+void expect_compile_lays_out(xshard::program p, const xshard::program_strategy& found,
+                             const xshard::mesh_shape& mesh) {
+    found.apply(p);
+    const auto laid = xshard::assign_layouts(p, mesh);
+    ASSERT_EQ(laid.nodes.size(), found.nodes.size());
+    for (std::size_t k = 0; k < found.nodes.size(); ++k) {
+        EXPECT_EQ(laid.nodes[k].operands, found.nodes[k].layouts.operands) << found.nodes[k].node;
+        EXPECT_EQ(laid.nodes[k].results, found.nodes[k].layouts.results) << found.nodes[k].node;
+    }
+}
+
+TEST(program_search, finds_the_minimum_over_every_combination_of_small_programs) {
+    int programs = 0;
+    double tried = 0;
+    const std::vector<xshard::mesh_shape> meshes = {shape_of({"x"}, {2}), shape_of({"x"}, {4}),
+                                                    shape_of({"dp", "tp"}, {2, 2})};
+    for (const auto& mesh : meshes)
+        for (bool residual : {false, true}) {
+            const auto p = residual ? residual_network() : parallel_network(std::nullopt);
+            const xshard::program_search_options o{.keep_annotations = false};
+            xshard::detail::program_costs costs(p, mesh, o);
+            const double n = combinations(costs.problem());
+            if (n > 3e6)
+                continue;
+            const auto found = xshard::search_program(p, mesh, o);
+            const double expected = brute_force(costs.problem());
+            EXPECT_NEAR(found.seconds, expected, 1e-9 * expected) << mesh.to_string();
+            expect_compile_lays_out(p, found, mesh);
+            ++programs;
+            tried += n;
+        }
+    if (world().rank() == 0)
+        std::printf("program_search: %d programs, %.0f strategy combinations priced by brute force, "
+                    "the search's minimum equal on each\n",
+                    programs, tried);
+    EXPECT_GE(programs, 4);
+}
+
+TEST(program_search, an_annotation_kept_cannot_run_on_the_mesh_raises_naming_the_node) {
+    const auto p = parallel_network(std::vector<xshard::strategy>{{1, 1}, {1, 3}});
+    try {
+        (void)xshard::search_program(p, shape_of({"dp", "tp"}, {2, 2}));
+        FAIL() << "no error";
+    } catch (const xshard::error& e) {
+        EXPECT_NE(std::string(e.what()).find("matmul"), std::string::npos) << e.what();
+    }
+}
+
+/// Trains `p` on `mesh` for a few steps with SGD; returns the losses.
+std::vector<double> train(const xshard::program& p, const mesh_t& mesh, bool flat) {
+    auto net = xshard::compile<double>(p, mesh, {.seed = 4});
+    xshard::optim::sgd optimizer({.lr = 0.2});
+    std::mt19937 engine(8);
+    std::vector<double> losses;
+    for (int step = 0; step < 3; ++step) {
+        const xt::xtensor<std::int64_t, 1> y =
+            xt::random::randint<std::int64_t>({batch}, 0, std::int64_t(classes), engine);
+        const auto labels = xshard::distribute<xshard::dynamic_layout(1)>(mesh, y, "[-]");
+        if (flat) {
+            const xt::xtensor<double, 2> x = xt::random::rand<double>({batch, features}, -1.0, 1.0, engine);
+            losses.push_back(net.train_step(xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[-, -]"), labels));
+        } else {
+            const xt::xtensor<double, 3> x = xt::random::rand<double>({batch, std::size_t(4), std::size_t(4)}, -1.0, 1.0, engine);
+            losses.push_back(net.train_step(xshard::distribute<xshard::dynamic_layout(3)>(mesh, x, "[-, -, -]"), labels));
+        }
+        auto grads = xshard::gradients_of(net);
+        xshard::synchronize_gradients(net, grads);
+        optimizer.step(net);
+        xshard::for_each_weight(net, [](const std::string&, auto& w) { w.zero_grad(); });
+    }
+    return losses;
+}
+
+TEST(program_search, sharding_propagation_keeps_the_annotated_matmul_and_trains_like_one_rank) {
+    const int p = world().size();
+    if (p % 2 != 0)
+        GTEST_SKIP() << "the annotation ((1, 1), (1, 2)) needs an axis of 2";
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    const auto reference = train(parallel_network(std::nullopt), one, false);
+    const mesh_t mesh(world(), {p / 2, 2});
+    auto net = parallel_network(std::vector<xshard::strategy>{{1, 1}, {1, 2}});
+    const auto annotated = xshard::assign_layouts(net, mesh.shape());
+    const auto found = xshard::search_program(net, mesh.shape());
+    if (world().rank() == 0)
+        std::printf("%s", found.explain().c_str());
+    std::size_t kept = 0;
+    for (std::size_t k = 0; k < found.nodes.size(); ++k)
+        if (found.nodes[k].annotated) {
+            ++kept;
+            EXPECT_EQ(found.nodes[k].layouts.operands, annotated.nodes[k].operands);
+            EXPECT_EQ(found.nodes[k].layouts.results, annotated.nodes[k].results);
+        } else {
+            EXPECT_GT(found.nodes[k].ways, 1u) << found.nodes[k].node;
+        }
+    EXPECT_EQ(kept, 1u);
+    expect_compile_lays_out(net, found, mesh.shape());
+    found.apply(net);
+    const auto losses = train(net, mesh, false);
+    for (std::size_t s = 0; s < losses.size(); ++s)
+        EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s;
+}
+
+TEST(program_search, recursive_programming_on_a_residual_network_trains_like_one_rank) {
+    const int p = world().size();
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    const auto reference = train(residual_network(), one, true);
+    for (int dp = 1; dp <= p; ++dp) {
+        if (p % dp != 0)
+            continue;
+        const mesh_t mesh(world(), {dp, p / dp});
+        auto net = residual_network();
+        const auto found = xshard::search_program(net, mesh.shape(), {.keep_annotations = false});
+        EXPECT_GT(found.seconds, 0.0);
+        EXPECT_EQ(found.branched, 0u); // a residual join and a shared weight eliminate
+        const auto other = xshard::search_program(residual_network(), mesh.shape(), {.keep_annotations = false});
+        EXPECT_EQ(found.diff(other), ""); // the search is deterministic
+        found.apply(net);
+        const auto losses = train(net, mesh, true);
+        for (std::size_t s = 0; s < losses.size(); ++s)
+            EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s << " on dp " << dp;
+    }
+}
+
+} // namespace
