@@ -13,13 +13,20 @@
 //       cost per step.
 //   trace_compile_transformer4: tracing and compiling a program of four transformer blocks,
 //       against one forward pass of it ("one_forward").
+//   search_resnet50_8, search_transformer24_16384: the strategy search on programs
+//       (search/program_search.hpp, recursive programming), in one process: ResNet-50 on
+//       32 images of 224 x 224 for a mesh of 4 x 2 ranks, and 24 transformer blocks (1024
+//       features, 16 heads) for a virtual mesh of 128 x 128 ranks (a dry run), against
+//       tracing the program ("trace"). Extra fields: nodes, the predicted step, branched.
 
 #include "harness.hpp"
 
 #include <xshard/comm/environment.hpp>
 #include <xshard/comm/report_errors.hpp>
 #include <xshard/graph.hpp>
+#include <xshard/models/resnet.hpp>
 #include <xshard/models/transformer.hpp>
+#include <xshard/search/program_search.hpp>
 #include <xshard/nn/blocks.hpp>
 
 #include <xtensor/xrandom.hpp>
@@ -125,6 +132,53 @@ void compile_case(const mesh_t& mesh, const xshard::bench::options& o) {
     xshard::bench::report(mesh.comm(), "trace_compile_transformer4", 0, "one_forward", t);
 }
 
+/// Times the search on the program `trace()` makes, for a mesh of `shape`.
+template <class Trace>
+void search_case(const xshard::communicator& c, const xshard::bench::options& o, const std::string& name,
+                 const xshard::mesh_shape& shape, Trace&& trace) {
+    if (!o.wants(name))
+        return;
+    const auto p = trace();
+    const xshard::program_search_options options{.keep_annotations = false};
+    xshard::program_strategy found;
+    const auto t = xshard::bench::compare(
+        c, o, [&] { found = xshard::search_program(p, shape, options); }, [&] { (void)trace(); });
+    const std::string extra = "\"nodes\": " + std::to_string(p.nodes().size()) +
+                              ", \"predicted_step_seconds\": " + std::to_string(found.seconds) +
+                              ", \"branched\": " + std::to_string(found.branched);
+    xshard::bench::report(c, name, 0, "trace", t, extra);
+}
+
+void search_cases(const xshard::bench::options& o) {
+    const auto& self = xshard::communicator::self();
+    auto shape = [](int a, int b) {
+        return xshard::mesh_shape({xshard::axis_name("dp"), xshard::axis_name("tp")}, {a, b});
+    };
+    const std::size_t images = o.quick ? 8 : 32, side = o.quick ? 32 : 224;
+    search_case(self, o, "search_resnet50_8", shape(4, 2), [&] {
+        return xshard::trace(
+            [&](xshard::traced_tensor x) {
+                return xshard::models::resnet(x, xshard::models::resnet50_depths, 1000, true);
+            },
+            xshard::input<float>("x", {images, 3, side, side}));
+    });
+    const std::size_t blocks = o.quick ? 2 : 24, width = 1024;
+    search_case(self, o, "search_transformer24_16384", shape(128, 128), [&] {
+        return xshard::trace(
+            [&](xshard::traced_tensor in) {
+                auto h = in;
+                for (std::size_t b = 0; b < blocks; ++b) {
+                    xshard::name_scope s("block" + std::to_string(b));
+                    h = xshard::models::transformer_block(
+                        h, {.features = width, .heads = 16, .sequence = 128, .hidden = 4 * width,
+                            .tensor_axis = "tp", .data_axis = "dp"});
+                }
+                return h;
+            },
+            xshard::input<float>("x", {128 * 128, width}));
+    });
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -139,6 +193,8 @@ int main(int argc, char** argv) {
             compile_case(mesh, o);
         }
         dispatch_case(mesh, o);
+        if (xshard::communicator::world().rank() == 0)
+            search_cases(o);
         return 0;
     });
 }

@@ -602,6 +602,11 @@ private:
         try {
             w.choice = n.custom ? n.custom->rule(types, std::move(asked), mesh_)
                                 : rules_named(n.op).rule(n.attributes, types, std::move(asked), mesh_);
+            // A rule may hand back what no mesh can hold (an axis on two dimensions).
+            for (const auto& l : w.choice.operands)
+                l.validate(mesh_);
+            for (const auto& l : w.choice.results)
+                l.validate(mesh_);
         } catch (const std::invalid_argument&) {
             return std::nullopt;
         } catch (const error&) {
@@ -702,7 +707,8 @@ private:
             it = pricers_.emplace(element_bytes(t), redistribution_pricer(mesh_, o_.machine.links,
                                                                          element_bytes(t)))
                      .first;
-        const double s = priced(it->second, from, to, shape, std::make_index_sequence<max_tensor_rank + 1>{});
+        const double s =
+            priced(it->second, from, to, shape, std::make_index_sequence<max_tensor_rank + 1>{});
         prices_.emplace(std::move(key), s);
         return s;
     }
@@ -769,9 +775,8 @@ private:
                     add_weight_use(k, i, id);
                 } else {
                     const auto [u, j] = producer_[id];
-                    add_pair(u, k, [&](std::size_t iu, std::size_t ik) {
-                        return edge_price(id, kept(u, iu, j), ways_[k][ik].choice.operands[i]);
-                    });
+                    add_value_edge(id, u, k, [&](std::size_t iu) -> const layout& { return kept(u, iu, j); },
+                                   [&](std::size_t ik) -> const layout& { return ways_[k][ik].choice.operands[i]; });
                 }
             }
         }
@@ -801,8 +806,37 @@ private:
                 problem_.unary[k][c] += edge_price(id, weight(c), ways_[k][c].choice.operands[i]);
             return;
         }
-        add_pair(f, k, [&](std::size_t a, std::size_t b) {
-            return edge_price(id, weight(a), ways_[k][b].choice.operands[i]);
+        std::vector<layout> first_layouts;
+        for (std::size_t c = 0; c < ways_[f].size(); ++c)
+            first_layouts.push_back(weight(c));
+        add_value_edge(id, f, k, [&](std::size_t a) -> const layout& { return first_layouts[a]; },
+                       [&](std::size_t b) -> const layout& { return ways_[k][b].choice.operands[i]; });
+    }
+
+    /// The edge of value `id` from node a (its way ia keeps it as `from(ia)`) to node b (its
+    /// way ib reads it as `to(ib)`): each distinct pair of layouts priced once.
+    template <class From, class To>
+    void add_value_edge(std::size_t id, std::size_t a, std::size_t b, From&& from, To&& to) {
+        auto distinct = [](std::size_t count, auto&& layout_of) {
+            std::vector<layout> layouts;
+            std::vector<std::size_t> index(count);
+            for (std::size_t i = 0; i < count; ++i) {
+                const layout& l = layout_of(i);
+                auto it = std::find(layouts.begin(), layouts.end(), l);
+                index[i] = std::size_t(it - layouts.begin());
+                if (it == layouts.end())
+                    layouts.push_back(l);
+            }
+            return std::make_pair(std::move(layouts), std::move(index));
+        };
+        const auto [sources, source_of] = distinct(ways_[a].size(), from);
+        const auto [targets, target_of] = distinct(ways_[b].size(), to);
+        std::vector<double> prices(sources.size() * targets.size());
+        for (std::size_t s = 0; s < sources.size(); ++s)
+            for (std::size_t t = 0; t < targets.size(); ++t)
+                prices[s * targets.size() + t] = edge_price(id, sources[s], targets[t]);
+        add_pair(a, b, [&](std::size_t ia, std::size_t ib) {
+            return prices[source_of[ia] * targets.size() + target_of[ib]];
         });
     }
 
