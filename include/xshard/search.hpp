@@ -12,6 +12,7 @@
 #include <xshard/search/op_options.hpp>
 #include <xshard/search/operator_strategy.hpp>
 #include <xshard/search/program_search.hpp>
+#include <xshard/search/program_strategy_file.hpp>
 #include <xshard/search/recursive_programming.hpp>
 #include <xshard/search/redistribution_pricer.hpp>
 #include <xshard/search/search_degrees.hpp>

@@ -8,6 +8,7 @@
 #include <xshard/graph.hpp>
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/search/program_search.hpp>
+#include <xshard/search/program_strategy_file.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/train/gradients.hpp>
 
@@ -18,6 +19,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <string>
@@ -256,7 +258,14 @@ TEST(program_search, sharding_propagation_keeps_the_annotated_matmul_and_trains_
         EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s;
 }
 
-TEST(program_search, recursive_programming_on_a_residual_network_trains_like_one_rank) {
+std::string scratch(const std::string& name) {
+    const std::string dir = std::string(XSHARD_SEARCH_SCRATCH) + "/programs_np" +
+                            std::to_string(world().size());
+    std::filesystem::create_directories(dir);
+    return dir + "/" + name;
+}
+
+TEST(program_search, recursive_programming_on_a_residual_network_dry_run_then_trained_like_one_rank) {
     const int p = world().size();
     const mesh_t one(xshard::communicator::self(), {1, 1});
     const auto reference = train(residual_network(), one, true);
@@ -264,16 +273,74 @@ TEST(program_search, recursive_programming_on_a_residual_network_trains_like_one
         if (p % dp != 0)
             continue;
         const mesh_t mesh(world(), {dp, p / dp});
+        const auto path = scratch("residual_dp" + std::to_string(dp) + ".json");
+        // The dry run: one process searches for the mesh's shape and saves the strategy.
+        if (world().rank() == 0) {
+            const auto found = xshard::search_program(residual_network(), mesh.shape(), {.keep_annotations = false});
+            EXPECT_GT(found.seconds, 0.0);
+            EXPECT_EQ(found.branched, 0u); // a residual join and a shared weight eliminate
+            const auto again = xshard::search_program(residual_network(), mesh.shape(), {.keep_annotations = false});
+            EXPECT_EQ(found.diff(again), ""); // the search is deterministic
+            xshard::save_program_strategy(path, found);
+        }
+        xshard::mpi::barrier(world());
+        // The real run: every rank loads it for its mesh.
         auto net = residual_network();
-        const auto found = xshard::search_program(net, mesh.shape(), {.keep_annotations = false});
-        EXPECT_GT(found.seconds, 0.0);
-        EXPECT_EQ(found.branched, 0u); // a residual join and a shared weight eliminate
-        const auto other = xshard::search_program(residual_network(), mesh.shape(), {.keep_annotations = false});
-        EXPECT_EQ(found.diff(other), ""); // the search is deterministic
-        found.apply(net);
+        const auto loaded = xshard::load_program_strategy(path, mesh.shape());
+        EXPECT_EQ(loaded.nodes.size(), net.nodes().size());
+        loaded.apply(net);
         const auto losses = train(net, mesh, true);
         for (std::size_t s = 0; s < losses.size(); ++s)
             EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s << " on dp " << dp;
+    }
+}
+
+TEST(program_strategy_file, a_partial_file_pins_its_nodes_and_propagation_fills_in_the_rest) {
+    const auto mesh = shape_of({"dp", "tp"}, {2, 2});
+    const auto full = xshard::search_program(residual_network(), mesh, {.keep_annotations = false});
+    // Round trip: the same layouts, node by node.
+    const auto read = xshard::parse_program_strategy(xshard::program_strategy_json(full), "", mesh);
+    ASSERT_EQ(read.nodes.size(), full.nodes.size());
+    for (std::size_t k = 0; k < full.nodes.size(); ++k) {
+        EXPECT_EQ(read.nodes[k].node, full.nodes[k].node);
+        EXPECT_EQ(read.nodes[k].layouts.operands, full.nodes[k].layouts.operands);
+    }
+    EXPECT_NEAR(read.seconds, full.seconds, 1e-12 + 1e-9 * full.seconds);
+    // A file naming only the first matmul, column-parallel: kept, the rest searched around it.
+    xshard::program_strategy partial;
+    partial.mesh = mesh;
+    xshard::node_strategy pinned;
+    pinned.node = full.nodes[0].node;
+    pinned.layouts.operands = {xshard::layout("[dp, -]"), xshard::layout("[-, tp]")};
+    partial.nodes.push_back(pinned);
+    auto net = residual_network();
+    ASSERT_EQ(net.nodes()[0].op, "matmul");
+    xshard::parse_program_strategy(xshard::program_strategy_json(partial), "", mesh).apply(net);
+    const auto found = xshard::search_program(net, mesh);
+    EXPECT_TRUE(found.nodes[0].annotated);
+    EXPECT_EQ(found.nodes[0].layouts.operands, pinned.layouts.operands);
+    for (std::size_t k = 1; k < found.nodes.size(); ++k)
+        EXPECT_FALSE(found.nodes[k].annotated);
+    EXPECT_GE(found.seconds, full.seconds - 1e-12); // pinning cannot beat the free search
+    expect_compile_lays_out(net, found, mesh);
+}
+
+TEST(program_strategy_file, a_wrong_mesh_an_unknown_node_or_a_bad_layout_raises) {
+    const auto mesh = shape_of({"dp", "tp"}, {2, 2});
+    const auto text = xshard::program_strategy_json(xshard::search_program(residual_network(), mesh));
+    EXPECT_THROW((void)xshard::parse_program_strategy(text, "s.json", shape_of({"dp", "tp"}, {4, 1})),
+                 xshard::io_error);
+    auto other = parallel_network(std::nullopt);
+    EXPECT_THROW(xshard::parse_program_strategy(text, "s.json", mesh).apply(other), xshard::error);
+    std::string bad = text;
+    const auto at = bad.find("\"[");
+    ASSERT_NE(at, std::string::npos);
+    bad.replace(at, 2, "\"[nonsense ");
+    try {
+        (void)xshard::parse_program_strategy(bad, "s.json", mesh);
+        FAIL() << "no error";
+    } catch (const xshard::io_error& e) {
+        EXPECT_NE(std::string(e.what()).find("s.json"), std::string::npos) << e.what();
     }
 }
 
