@@ -18,9 +18,11 @@
 /// invalid value raises `xshard::error` on every rank. Settings whose mechanism xshard lacks
 /// are recorded, and `compile()` (the use) raises "not supported yet"
 /// for them: interleave with another scheduler than 1f1b. Parallel modes
-/// sharding_propagation and recursive_programming run their engines in `compile()`
-/// (search/strategy_engine.hpp) on a model whose strategies are set at run time
-/// (models/searched_mlp.hpp, models/searched_transformer.hpp); on any other model they raise.
+/// sharding_propagation and recursive_programming run their engines in `compile()`: on a
+/// compiled program (graph/executable.hpp) the search on programs
+/// (search/program_search.hpp), which then compiles the program again with the layouts
+/// found; on a model whose strategies are set at run time (models/searched_mlp.hpp,
+/// models/searched_transformer.hpp) search/strategy_engine.hpp. On any other model they raise.
 /// The training driver (driver/trainer.hpp) runs the configured steps.
 
 #include <xshard/comm/agree.hpp>
@@ -28,6 +30,7 @@
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh.hpp>
 #include <xshard/core/strategy.hpp>
+#include <xshard/graph/executable.hpp>
 #include <xshard/io/group_file.hpp>
 #include <xshard/io/strategy_file.hpp>
 #include <xshard/param/initializer.hpp>
@@ -35,6 +38,8 @@
 #include <xshard/pipeline/action.hpp>
 #include <xshard/pipeline/pipeline.hpp>
 #include <xshard/search/machine_model.hpp>
+#include <xshard/search/program_search.hpp>
+#include <xshard/search/program_strategy_file.hpp>
 #include <xshard/search/searched_strategy.hpp>
 #include <xshard/search/strategy_engine.hpp>
 #include <xshard/train/gradients.hpp>
@@ -442,6 +447,11 @@ public:
     /// The searched strategy the parallel mode's engine applied at the last compile() (none in
     /// semi_auto).
     const std::optional<searched_strategy>& searched_plan() const noexcept { return plan_; }
+    /// The strategy the search on programs found at the last compile() of a compiled program
+    /// in sharding_propagation or recursive_programming (none otherwise).
+    const std::optional<program_strategy>& searched_program() const noexcept {
+        return program_plan_;
+    }
     /// The pipeline runtime's options for `micro_batches` micro-batches and the module ->
     /// stage assignment `stage_config` (MindSpore's Pipeline stage_config): the configured
     /// scheduler, output_broadcast, and interleave as the interleaved schedule with two
@@ -511,10 +521,11 @@ public:
     /// Collective over the mesh.
     void compile(int micro_batches = 1) const {
         std::optional<std::string> problem;
-        if (mode_ != parallel_mode::semi_auto && !strategy_searchable<Model>)
+        if (mode_ != parallel_mode::semi_auto && !strategy_searchable<Model> &&
+            !detail::is_compiled_program<Model>)
             problem = "xshard: auto_parallel: parallel_mode " + std::string(to_string(mode_)) +
-                      " is not available for this model: the engines set operator strategies "
-                      "at run time, on a model made for it (xshard::searched_mlp, "
+                      " is not available for this model: the engines search a program "
+                      "(xshard::compile) or a model made for it (xshard::searched_mlp, "
                       "xshard::searched_transformer); a model whose layers carry their layouts "
                       "in their types runs semi_auto";
         else
@@ -527,6 +538,9 @@ public:
                     mode_ == parallel_mode::sharding_propagation, load_operator_strategy_,
                     save_operator_strategy_, machine_,
                     {pipeline_.stages, pipeline_.stages > 1 ? micro_batches : 1});
+        if constexpr (detail::is_compiled_program<Model>)
+            if (mode_ != parallel_mode::semi_auto)
+                search_program_model();
         if (no_init_ && !initialized_) {
             // A rule throwing on some ranks only raises on every rank.
             agreed(mesh_.comm(),
@@ -556,6 +570,34 @@ public:
 private:
     void agree(const std::optional<std::string>& problem) const {
         agree_on_error(mesh_.comm(), problem);
+    }
+
+    /// The parallel mode's search on a compiled program: the operator strategy file (when
+    /// set) pins its nodes, the search (keeping annotations in sharding_propagation) fills
+    /// in the rest, rank 0 saves the strategy when asked, and the program is compiled again
+    /// with the layouts found (the same weights' initial values). Every rank searches the
+    /// same program alike; a failure on any rank raises on every rank.
+    void search_program_model() const {
+        auto& net = *model_;
+        program_plan_ = agreed(mesh_.comm(), [&] {
+            program p = net.source();
+            if (!load_operator_strategy_.empty())
+                load_program_strategy(load_operator_strategy_, mesh_.shape()).apply(p);
+            auto found = search_program(
+                p, mesh_.shape(),
+                {.machine = machine_,
+                 .layouts = net.options().layouts,
+                 .keep_annotations = mode_ == parallel_mode::sharding_propagation,
+                 .input_gradients = net.options().input_gradients});
+            return found;
+        });
+        agreed(mesh_.comm(), [&] {
+            if (!save_operator_strategy_.empty() && mesh_.comm().rank() == 0)
+                save_program_strategy(save_operator_strategy_, *program_plan_);
+        });
+        program p = net.source();
+        program_plan_->apply(p);
+        net = Model(std::move(p), net.mesh(), net.options());
     }
 
     std::optional<std::string> path_problem(std::string_view method, const std::string& path,
@@ -604,6 +646,7 @@ private:
     std::optional<deferred_init_options> no_init_;
     mutable bool initialized_ = false; // compile() initialises once
     mutable std::optional<searched_strategy> plan_; // compile()'s engine's
+    mutable std::optional<program_strategy> program_plan_; // compile()'s search on a program
 };
 
 } // namespace xshard

@@ -114,12 +114,6 @@ concept auto_parallel_configuration = requires(P& p) {
 
 namespace detail {
 
-/// Whether M is a compiled program (graph/executable.hpp).
-template <class M>
-constexpr bool is_compiled_program = false;
-template <class T, class Mesh>
-constexpr bool is_compiled_program<compiled_program<T, Mesh>> = true;
-
 /// The samples among `logits` (rows x classes) whose largest logit is at their label, over
 /// the mesh: the classes are all-gathered over the axes that split them (a redistribution;
 /// nothing when they are whole), each row is counted by one rank of the ranks that hold it,

@@ -174,6 +174,8 @@ public:
 
     /// The program as traced.
     const program& source() const noexcept { return s_->prog; }
+    /// The options it was compiled with.
+    const compile_options& options() const noexcept { return s_->options; }
     /// The layouts of every value and node.
     const program_layouts& layouts() const noexcept { return s_->lay; }
     /// The mesh.
@@ -718,6 +720,16 @@ private:
 
     std::unique_ptr<state> s_;
 };
+
+namespace detail {
+
+/// Whether M is a compiled program.
+template <class M>
+constexpr bool is_compiled_program = false;
+template <class T, class Mesh>
+constexpr bool is_compiled_program<compiled_program<T, Mesh>> = true;
+
+} // namespace detail
 
 /// Compiles `p` onto `mesh` for element type T (see compiled_program).
 template <class T, mesh_type Mesh>

@@ -62,16 +62,21 @@ private:
 template <class T, mesh_type Mesh>
 class parallel_cross_entropy {
 public:
-    /// The mean loss (the same on every rank). The labels' rows must be split like the
-    /// logits' rows, and each label lie in [0, classes): otherwise every rank throws
-    /// xshard::error (one all-reduce of one int checks the labels).
+    /// The mean loss (the same on every rank). Labels whose rows are split otherwise than the
+    /// logits' rows are redistributed to the logits' split first (one integer per row). Each
+    /// label must lie in [0, classes), and neither tensor may hold a pending sum: otherwise
+    /// every rank throws xshard::error (one all-reduce of one int checks the labels).
     T forward(const tensor<T, Mesh>& logits, const tensor<std::int64_t, Mesh, 1>& labels) {
         const auto& l = logits.layout();
-        if (l.is_partial() || labels.layout().is_partial() ||
-            !(labels.layout().axes(0) == l.axes(0)))
-            throw error("xshard: parallel_cross_entropy: labels " + labels.layout().to_string() +
-                        " must split their rows as the logits " + l.to_string() +
-                        " do, with no pending sum");
+        if (l.is_partial() || labels.layout().is_partial())
+            throw error("xshard: parallel_cross_entropy: the logits " + l.to_string() +
+                        " and the labels " + labels.layout().to_string() +
+                        " must have no pending sum");
+        if (!(labels.layout().axes(0) == l.axes(0))) {
+            layout rows = layout::replicated(1);
+            rows.dims[0] = l.axes(0);
+            return forward(logits, redistribute<dynamic_layout(1)>(labels, rows));
+        }
         const auto& mesh = logits.mesh();
         // Before any rank reads the labels: out of range raises on every rank.
         xshard::detail::check_labels(mesh.comm(), labels.local(), logits.shape()[1],
