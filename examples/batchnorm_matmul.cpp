@@ -7,6 +7,7 @@
 //   mpirun -n 4 build/examples/batchnorm_matmul
 #include <xshard/core.hpp>
 #include <xshard/graph.hpp>
+#include <xshard/ops.hpp>
 #include <xshard/tensor.hpp>
 #include <xshard/train.hpp>
 

@@ -10,6 +10,8 @@
 #include <xshard/auto_parallel.hpp>
 #include <xshard/core.hpp>
 #include <xshard/graph.hpp>
+#include <xshard/nn.hpp>
+#include <xshard/ops.hpp>
 #include <xshard/tensor.hpp>
 #include <xshard/train.hpp>
 

@@ -8,6 +8,7 @@
 //   mpirun -n 2 build/examples/semi_auto_matmul
 #include <xshard/core.hpp>
 #include <xshard/graph.hpp>
+#include <xshard/ops.hpp>
 #include <xshard/tensor.hpp>
 #include <xshard/train.hpp>
 
