@@ -94,15 +94,17 @@ TEST(cost_minimizer, finds_the_brute_force_minimum_of_random_chains_trees_and_gr
                 const auto s = m.solve();
                 const double expected = brute_force(p);
                 ASSERT_TRUE(s.exact);
-                EXPECT_NEAR(s.cost, expected, 1e-9 * expected) << "shape " << shape << ", " << n << " variables";
+                EXPECT_NEAR(s.cost, expected, 1e-9 * expected)
+                    << "shape " << shape << ", " << n << " variables";
                 EXPECT_NEAR(p.total(s.pick), s.cost, 1e-9 * expected);
                 ++graphs;
                 branching += s.branched > 0;
             }
     if (world().rank() == 0)
-        std::printf("cost_minimizer: %d random problems of 4-8 variables (chains, trees, graphs; %d "
-                    "needed branching) equal to brute force\n",
-                    graphs, branching);
+        std::printf(
+            "cost_minimizer: %d random problems of 4-8 variables (chains, trees, graphs; %d "
+            "needed branching) equal to brute force\n",
+            graphs, branching);
     EXPECT_GT(branching, 0); // the graphs exercise the branching, not only eliminations
 }
 
@@ -124,7 +126,8 @@ constexpr std::size_t batch = 24, features = 16, classes = 10;
 xshard::program parallel_network(std::optional<std::vector<xshard::strategy>> strategy) {
     return xshard::trace(
         [&](traced_tensor x, traced_tensor y) {
-            auto fc1 = xshard::param("fc1", {features, classes}, xshard::initializer::normal(0, 0.3));
+            auto fc1 =
+                xshard::param("fc1", {features, classes}, xshard::initializer::normal(0, 0.3));
             auto h = ops::flatten(x);
             h = strategy ? ops::matmul.shard(*strategy)(h, fc1) : ops::matmul(h, fc1);
             return ops::mean<0>(ops::cross_entropy(ops::relu(h), y));
@@ -136,10 +139,12 @@ xshard::program parallel_network(std::optional<std::vector<xshard::strategy>> st
 xshard::program residual_network() {
     return xshard::trace(
         [&](traced_tensor x, traced_tensor y) {
-            auto w1 = xshard::param("w1", {features, features}, xshard::initializer::normal(0, 0.3));
+            auto w1 =
+                xshard::param("w1", {features, features}, xshard::initializer::normal(0, 0.3));
             auto h = ops::relu(ops::matmul(x, w1)) + x;
             h = ops::matmul(h, w1);
-            auto w2 = xshard::param("head.w2", {features, classes}, xshard::initializer::normal(0, 0.3));
+            auto w2 =
+                xshard::param("head.w2", {features, classes}, xshard::initializer::normal(0, 0.3));
             return ops::mean<0>(ops::cross_entropy(ops::matmul(h, w2), y));
         },
         xshard::input<double>("x", {batch, features}), xshard::input<std::int64_t>("y", {batch}));
@@ -188,9 +193,10 @@ TEST(program_search, finds_the_minimum_over_every_combination_of_small_programs)
             tried += n;
         }
     if (world().rank() == 0)
-        std::printf("program_search: %d programs, %.0f strategy combinations priced by brute force, "
-                    "the search's minimum equal on each\n",
-                    programs, tried);
+        std::printf(
+            "program_search: %d programs, %.0f strategy combinations priced by brute force, "
+            "the search's minimum equal on each\n",
+            programs, tried);
     EXPECT_GE(programs, 4);
 }
 
@@ -215,11 +221,15 @@ std::vector<double> train(const xshard::program& p, const mesh_t& mesh, bool fla
             xt::random::randint<std::int64_t>({batch}, 0, std::int64_t(classes), engine);
         const auto labels = xshard::distribute<xshard::dynamic_layout(1)>(mesh, y, "[-]");
         if (flat) {
-            const xt::xtensor<double, 2> x = xt::random::rand<double>({batch, features}, -1.0, 1.0, engine);
-            losses.push_back(net.train_step(xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[-, -]"), labels));
+            const xt::xtensor<double, 2> x =
+                xt::random::rand<double>({batch, features}, -1.0, 1.0, engine);
+            losses.push_back(net.train_step(
+                xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[-, -]"), labels));
         } else {
-            const xt::xtensor<double, 3> x = xt::random::rand<double>({batch, std::size_t(4), std::size_t(4)}, -1.0, 1.0, engine);
-            losses.push_back(net.train_step(xshard::distribute<xshard::dynamic_layout(3)>(mesh, x, "[-, -, -]"), labels));
+            const xt::xtensor<double, 3> x = xt::random::rand<double>(
+                {batch, std::size_t(4), std::size_t(4)}, -1.0, 1.0, engine);
+            losses.push_back(net.train_step(
+                xshard::distribute<xshard::dynamic_layout(3)>(mesh, x, "[-, -, -]"), labels));
         }
         auto grads = xshard::gradients_of(net);
         xshard::synchronize_gradients(net, grads);
@@ -259,13 +269,14 @@ TEST(program_search, sharding_propagation_keeps_the_annotated_matmul_and_trains_
 }
 
 std::string scratch(const std::string& name) {
-    const std::string dir = std::string(XSHARD_SEARCH_SCRATCH) + "/programs_np" +
-                            std::to_string(world().size());
+    const std::string dir =
+        std::string(XSHARD_SEARCH_SCRATCH) + "/programs_np" + std::to_string(world().size());
     std::filesystem::create_directories(dir);
     return dir + "/" + name;
 }
 
-TEST(program_search, recursive_programming_on_a_residual_network_dry_run_then_trained_like_one_rank) {
+TEST(program_search,
+     recursive_programming_on_a_residual_network_dry_run_then_trained_like_one_rank) {
     const int p = world().size();
     const mesh_t one(xshard::communicator::self(), {1, 1});
     const auto reference = train(residual_network(), one, true);
@@ -276,10 +287,12 @@ TEST(program_search, recursive_programming_on_a_residual_network_dry_run_then_tr
         const auto path = scratch("residual_dp" + std::to_string(dp) + ".json");
         // The dry run: one process searches for the mesh's shape and saves the strategy.
         if (world().rank() == 0) {
-            const auto found = xshard::search_program(residual_network(), mesh.shape(), {.keep_annotations = false});
+            const auto found = xshard::search_program(residual_network(), mesh.shape(),
+                                                      {.keep_annotations = false});
             EXPECT_GT(found.seconds, 0.0);
             EXPECT_EQ(found.branched, 0u); // a residual join and a shared weight eliminate
-            const auto again = xshard::search_program(residual_network(), mesh.shape(), {.keep_annotations = false});
+            const auto again = xshard::search_program(residual_network(), mesh.shape(),
+                                                      {.keep_annotations = false});
             EXPECT_EQ(found.diff(again), ""); // the search is deterministic
             xshard::save_program_strategy(path, found);
         }
@@ -327,9 +340,11 @@ TEST(program_strategy_file, a_partial_file_pins_its_nodes_and_propagation_fills_
 
 TEST(program_strategy_file, a_wrong_mesh_an_unknown_node_or_a_bad_layout_raises) {
     const auto mesh = shape_of({"dp", "tp"}, {2, 2});
-    const auto text = xshard::program_strategy_json(xshard::search_program(residual_network(), mesh));
-    EXPECT_THROW((void)xshard::parse_program_strategy(text, "s.json", shape_of({"dp", "tp"}, {4, 1})),
-                 xshard::io_error);
+    const auto text =
+        xshard::program_strategy_json(xshard::search_program(residual_network(), mesh));
+    EXPECT_THROW(
+        (void)xshard::parse_program_strategy(text, "s.json", shape_of({"dp", "tp"}, {4, 1})),
+        xshard::io_error);
     auto other = parallel_network(std::nullopt);
     EXPECT_THROW(xshard::parse_program_strategy(text, "s.json", mesh).apply(other), xshard::error);
     std::string bad = text;

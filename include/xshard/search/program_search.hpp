@@ -30,6 +30,7 @@
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
+#include <xshard/core/volume.hpp>
 #include <xshard/graph/layouts.hpp>
 #include <xshard/graph/primitive.hpp>
 #include <xshard/graph/program.hpp>
@@ -471,20 +472,11 @@ inline std::vector<layout> operand_layouts(std::size_t r, const mesh_shape& mesh
     return layouts;
 }
 
-/// The shard a rank with the largest blocks holds of a value of `global` shape laid out as `l`.
+/// The shard rank 0 holds of a value of `global` shape laid out as `l`: the largest (the
+/// first blocks of a dimension take the elements an uneven split leaves over).
 inline shard_type largest_shard(const value_shape& global, const layout& l, dtype t,
                                 const mesh_shape& mesh) {
-    shard_type s{global, l, value_shape(global.size()), t};
-    for (std::size_t d = 0; d < global.size(); ++d)
-        s.local[d] = block_extent(global[d], std::size_t(l.split_count(d, mesh)), 0);
-    return s;
-}
-
-inline std::size_t elements(const value_shape& s) {
-    std::size_t n = 1;
-    for (auto e : s)
-        n *= e;
-    return n;
+    return local_shard_of(global, l, t, mesh_view{mesh, 0, mesh.coords(0), {}});
 }
 
 /// A program's ways and costs on a mesh as a cost_problem (one variable per node), and the
@@ -551,9 +543,8 @@ public:
             const auto [k, operand] = first_use_.at(id);
             const auto& l = ways_[k][pick[k]].choice.operands[operand];
             const auto& v = p_.value(id);
-            s.weight_bytes += elements(largest_shard(v.shape, whole_terms(l), v.type, mesh_).local) *
-                              element_bytes(v.type) *
-                              std::size_t(2 + o_.machine.optimizer_states);
+            s.weight_bytes += volume(largest_shard(v.shape, whole_terms(l), v.type, mesh_).local) *
+                              element_bytes(v.type) * std::size_t(2 + o_.machine.optimizer_states);
         }
         return s;
     }
@@ -600,8 +591,9 @@ private:
         node_way w;
         w.asked = asked;
         try {
-            w.choice = n.custom ? n.custom->rule(types, std::move(asked), mesh_)
-                                : rules_named(n.op).rule(n.attributes, types, std::move(asked), mesh_);
+            w.choice = n.custom
+                           ? n.custom->rule(types, std::move(asked), mesh_)
+                           : rules_named(n.op).rule(n.attributes, types, std::move(asked), mesh_);
             // A rule may hand back what no mesh can hold (an axis on two dimensions).
             for (const auto& l : w.choice.operands)
                 l.validate(mesh_);
@@ -615,13 +607,14 @@ private:
         std::vector<shard_type> ops, res;
         double bytes = 0;
         for (std::size_t i = 0; i < types.size(); ++i) {
-            ops.push_back(largest_shard(types[i].shape, w.choice.operands[i], types[i].type, mesh_));
-            bytes += double(elements(ops.back().local) * element_bytes(types[i].type));
+            ops.push_back(
+                largest_shard(types[i].shape, w.choice.operands[i], types[i].type, mesh_));
+            bytes += double(volume(ops.back().local) * element_bytes(types[i].type));
         }
         for (std::size_t i = 0; i < n.results.size(); ++i) {
             const auto& v = p_.value(n.results[i]);
             res.push_back(largest_shard(v.shape, w.choice.results[i], v.type, mesh_));
-            bytes += double(elements(res.back().local) * element_bytes(v.type));
+            bytes += double(volume(res.back().local) * element_bytes(v.type));
         }
         double flops = 0;
         if (!n.custom && rules_named(n.op).flops)
@@ -651,8 +644,8 @@ private:
             }
             if (!w)
                 throw error("xshard: search: node " + n.name + " (" + n.op + ") shard " +
-                            n.annotation.to_string() + " cannot run on mesh(" +
-                            mesh_.to_string() + "): " + why);
+                            n.annotation.to_string() + " cannot run on mesh(" + mesh_.to_string() +
+                            "): " + why);
             return {std::move(*w)};
         }
         // Each operand's layouts; where their combinations are too many, the later operands
@@ -688,8 +681,9 @@ private:
             throw error("xshard: search: node " + n.name + " (" + n.op +
                         ") has no way to run on mesh(" + mesh_.to_string() + ")");
         if (ways.size() > o_.max_ways) {
-            std::stable_sort(ways.begin(), ways.end(),
-                             [](const node_way& a, const node_way& b) { return a.compute < b.compute; });
+            std::stable_sort(ways.begin(), ways.end(), [](const node_way& a, const node_way& b) {
+                return a.compute < b.compute;
+            });
             ways.resize(o_.max_ways);
         }
         return ways;
@@ -704,8 +698,9 @@ private:
             return it->second;
         auto it = pricers_.find(element_bytes(t));
         if (it == pricers_.end())
-            it = pricers_.emplace(element_bytes(t), redistribution_pricer(mesh_, o_.machine.links,
-                                                                         element_bytes(t)))
+            it = pricers_
+                     .emplace(element_bytes(t),
+                              redistribution_pricer(mesh_, o_.machine.links, element_bytes(t)))
                      .first;
         const double s =
             priced(it->second, from, to, shape, std::make_index_sequence<max_tensor_rank + 1>{});
@@ -717,7 +712,8 @@ private:
     static double priced(const redistribution_pricer& pricer, const layout& from, const layout& to,
                          const value_shape& shape, std::index_sequence<N...>) {
         double s = 0;
-        ((shape.size() == N ? (s = pricer.direct(from, to, to_array<N>(shape)).seconds, 0) : 0), ...);
+        ((shape.size() == N ? (s = pricer.direct(from, to, to_array<N>(shape)).seconds, 0) : 0),
+         ...);
         return s;
     }
 
@@ -751,7 +747,8 @@ private:
     void add_pair(std::size_t a, std::size_t b, F&& f) {
         auto it = edge_index_.find({a, b});
         if (it == edge_index_.end()) {
-            problem_.edges.push_back({a, b, std::vector<double>(ways_[a].size() * ways_[b].size(), 0.0)});
+            problem_.edges.push_back(
+                {a, b, std::vector<double>(ways_[a].size() * ways_[b].size(), 0.0)});
             it = edge_index_.emplace(std::make_pair(a, b), problem_.edges.size() - 1).first;
         }
         auto& cost = problem_.edges[it->second].cost;
@@ -775,8 +772,11 @@ private:
                     add_weight_use(k, i, id);
                 } else {
                     const auto [u, j] = producer_[id];
-                    add_value_edge(id, u, k, [&](std::size_t iu) -> const layout& { return kept(u, iu, j); },
-                                   [&](std::size_t ik) -> const layout& { return ways_[k][ik].choice.operands[i]; });
+                    add_value_edge(
+                        id, u, k, [&](std::size_t iu) -> const layout& { return kept(u, iu, j); },
+                        [&](std::size_t ik) -> const layout& {
+                            return ways_[k][ik].choice.operands[i];
+                        });
                 }
             }
         }
@@ -800,7 +800,9 @@ private:
             return;
         }
         const auto [f, fi] = first->second;
-        auto weight = [&](std::size_t c) { return whole_terms(ways_[f][c].choice.operands[fi]); };
+        auto weight = [&](std::size_t c) {
+            return whole_terms(ways_[f][c].choice.operands[fi]);
+        };
         if (f == k) {
             for (std::size_t c = 0; c < ways_[k].size(); ++c)
                 problem_.unary[k][c] += edge_price(id, weight(c), ways_[k][c].choice.operands[i]);
@@ -809,8 +811,9 @@ private:
         std::vector<layout> first_layouts;
         for (std::size_t c = 0; c < ways_[f].size(); ++c)
             first_layouts.push_back(weight(c));
-        add_value_edge(id, f, k, [&](std::size_t a) -> const layout& { return first_layouts[a]; },
-                       [&](std::size_t b) -> const layout& { return ways_[k][b].choice.operands[i]; });
+        add_value_edge(
+            id, f, k, [&](std::size_t a) -> const layout& { return first_layouts[a]; },
+            [&](std::size_t b) -> const layout& { return ways_[k][b].choice.operands[i]; });
     }
 
     /// The edge of value `id` from node a (its way ia keeps it as `from(ia)`) to node b (its

@@ -93,8 +93,9 @@ inline void save_program_strategy(const std::string& path, const program_strateg
 /// io_error when the file was written for another mesh. The nodes read have their operands'
 /// layouts (`layouts.operands`) and kept result layouts (`out_layouts`); apply() annotates a
 /// program with them.
-inline program_strategy parse_program_strategy(std::string_view text, const std::string& path = "",
-                                               const std::optional<mesh_shape>& mesh = std::nullopt) {
+inline program_strategy
+parse_program_strategy(std::string_view text, const std::string& path = "",
+                       const std::optional<mesh_shape>& mesh = std::nullopt) {
     const auto& kind = detail::program_strategy_kind;
     return detail::read_json_file(kind, path, [&] {
         auto doc = detail::read_envelope(text, kind);
@@ -121,8 +122,9 @@ inline program_strategy parse_program_strategy(std::string_view text, const std:
 }
 
 /// Reads the program strategy file at `path` (parse_program_strategy). No communication.
-inline program_strategy load_program_strategy(const std::string& path,
-                                              const std::optional<mesh_shape>& mesh = std::nullopt) {
+inline program_strategy
+load_program_strategy(const std::string& path,
+                      const std::optional<mesh_shape>& mesh = std::nullopt) {
     return parse_program_strategy(detail::read_file(path), path, mesh);
 }
 
