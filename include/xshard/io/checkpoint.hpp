@@ -20,17 +20,18 @@
 /// is not used: Open MPI's collective write can report success for writes that failed, and
 /// is slower than pwrite (benchmarks/README.md).
 ///
-/// `load_checkpoint` reads either form into any strategy, on any mesh and world size, and
-/// checks every stored byte it loads against its CRC-32 (see load): a stored block that lies
-/// inside one block of the load's layout (the same layout, or a coarser one) is read once,
-/// straight into the model, and checksummed as it is read (stored in short runs, a column
-/// split's, it is read once per node, node_io.hpp); a stored block that straddles the
-/// load's blocks is first checked by one rank (the ranks share them), then read by those that
-/// need a part of it. A truncated file, a wrong dtype or shape, a missing tensor raise the
-/// same `io_error` on every rank before anything is read; a checksum mismatch raises it on
-/// every rank after the read (the model's values are then unspecified). No memory beyond the
-/// model's, one buffer, and the node's two shared windows of 4 MiB (kept per communicator,
-/// for its reads and writes).
+/// `load_checkpoint` reads either form into any strategy, on any mesh and world size, all or
+/// nothing: every stored byte it loads is first checked against its CRC-32, each by one rank
+/// (in large reads of a contiguous share of the files), and only then read into the model (from the
+/// page cache the check filled): a stored block that lies inside one block of the load's
+/// layout (the same layout, or a coarser one) whole, straight into the model (stored in short
+/// runs, a column split's, once per node, node_io.hpp), any other in part by each rank that
+/// needs a part of it. A truncated file, a wrong dtype or shape, a missing tensor or a
+/// checksum mismatch raise the same `io_error` on every rank before anything of the model
+/// changes; only a read that fails after the check (a device error, a file truncated by
+/// another process meanwhile) leaves the model's values unspecified. No memory beyond the
+/// model's, one buffer of 1 MiB, and the node's two shared windows of
+/// 4 MiB (kept per communicator, for its reads and writes).
 ///
 /// Saving never loses the previous checkpoint: the new one is written under a temporary
 /// name, read back and checked against the checksums computed from memory while the device
@@ -87,9 +88,10 @@ void save_checkpoint(const std::string& path, const P& params,
 
 /// Loads a checkpoint of either form (a file: integrated; a directory: per-rank) into
 /// `params` (trainable ones unless `all_parameters`) and `optimizer_state`, whatever their
-/// layouts now. Collective; throws io_error on every rank if the checkpoint does not match the
-/// model (then nothing is changed) or is damaged (a checksum mismatch, found as the bytes are
-/// read: the tensors loaded are then in an unspecified state; reload a good checkpoint).
+/// layouts now, all or nothing. Collective; throws io_error on every rank if the checkpoint
+/// does not match the model or is damaged (a checksum mismatch, a truncated file, a missing
+/// one): then nothing of the model or of the state has changed, and the program can go on
+/// with what it had (or try an older checkpoint).
 template <parameter_container P, parameter_container S = std::tuple<>>
 checkpoint_info load_checkpoint(const std::string& path, P& params, S&& optimizer_state = {},
                                 bool all_parameters = false) {

@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// The collective load (checkpoint.hpp's load_checkpoint): a checkpoint of either form read
-/// into any strategy, every stored byte it loads checked against its CRC-32 (see load).
+/// into any strategy, every stored byte it loads checked against its CRC-32 before anything
+/// is written, so that a load changes all of the model or nothing (see load).
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
@@ -75,7 +76,7 @@ inline bool read_on_node(const checkpoint_reader& r, const strategy_entry& e,
         return false;
     const stored_block* first = nullptr;
     for (const auto& b : bs) {
-        if (!inside_one_block(t, b) || !r.checksum(e, b))
+        if (!inside_one_block(t, b))
             return false;
         if (!first && b.size() > 0)
             first = &b;
@@ -83,16 +84,13 @@ inline bool read_on_node(const checkpoint_reader& r, const strategy_entry& e,
     return first && r.segments(e, *first).front().second < short_run;
 }
 
-/// Reads the blocks `plan` lists into `out` with the other ranks of the node (node_io.hpp),
-/// each piece of a run checksummed right after it is copied, while in the cache. Returns the
-/// CRC-32 of each block (its bytes in its own order, which its stored checksum is).
+/// Reads the blocks `plan` lists into `out` with the other ranks of the node (node_io.hpp).
 /// When no other rank needs these bytes (`plan.direct`), the parts of the runs in this rank's
 /// slice of a window are read straight into `out`, and only the rest is copied out of the
 /// window. Collective over the node reader's ranks, each with its own plan of the same tensor.
-inline std::vector<std::uint32_t>
-read_together(node_file_io& node, const checkpoint_reader::node_read& plan, std::byte* out) {
+inline void read_together(node_file_io& node, const checkpoint_reader::node_read& plan,
+                          std::byte* out) {
     const auto blocks = plan.runs.size();
-    std::vector<std::uint32_t> crc(blocks, 0);
     std::vector<std::size_t> next(blocks, 0), done(blocks, 0); // the run, and bytes of it copied
     std::vector<node_file_io::direct_run> direct;
     if (plan.direct) {
@@ -119,7 +117,6 @@ read_together(node_file_io& node, const checkpoint_reader::node_read& plan, std:
                                      e = std::clamp(read_hi, p, p + k);
                           std::memcpy(out + to + d, bytes + (p - lo), s - p);
                           std::memcpy(out + to + d + (e - p), bytes + (e - lo), p + k - e);
-                          crc[b] = crc32_of(out + to + d, k, crc[b]);
                           if ((d += k) == n) {
                               ++i;
                               d = 0;
@@ -127,18 +124,14 @@ read_together(node_file_io& node, const checkpoint_reader::node_read& plan, std:
                       }
                   }
               });
-    return crc;
 }
 
 /// What a load reads, planned before anything is read: for each tensor of the model, its
-/// entry in the checkpoint's strategy and its stored blocks; whether some stored block
-/// straddles blocks of the load's layout (`shared`: those are verified first,
-/// verify_shared); the tensors the node's ranks read together (read_together) through `node`,
-/// with this rank's part of each read.
+/// entry in the checkpoint's strategy and its stored blocks; the tensors the node's ranks
+/// read together (read_together) through `node`, with this rank's part of each read.
 struct load_plan {
     std::vector<const strategy_entry*> stored;
     std::vector<std::vector<stored_block>> blocks;
-    bool shared = false;
     std::vector<std::optional<checkpoint_reader::node_read>> together;
     node_file_io* node = nullptr;
 };
@@ -175,7 +168,7 @@ inline load_plan plan_load(ckpt_model& m, const checkpoint_reader& r, const std:
     const auto& c = *m.comm;
     const std::size_t nt = m.tensors.size();
     load_plan p{std::vector<const strategy_entry*>(nt), std::vector<std::vector<stored_block>>(nt),
-                false, std::vector<std::optional<checkpoint_reader::node_read>>(nt), nullptr};
+                std::vector<std::optional<checkpoint_reader::node_read>>(nt), nullptr};
     everywhere(c, [&] {
         check_stored(m, r, where, p.stored);
         for (std::size_t i = 0; i < nt; ++i) {
@@ -183,13 +176,9 @@ inline load_plan plan_load(ckpt_model& m, const checkpoint_reader& r, const std:
             p.blocks[i] = r.blocks(*p.stored[i]);
             std::vector<stored_block> mine; // the blocks this rank reads from
             for (const auto& b : p.blocks[i]) {
-                const bool straddles = !inside_one_block(t, b);
-                p.shared = p.shared || straddles;
-                const bool reads = meets(t, b);
-                if (reads)
+                if (meets(t, b))
                     mine.push_back(b);
-                if (straddles || reads)
-                    r.segments(*p.stored[i], b);
+                r.segments(*p.stored[i], b);
             }
             if (c.size() > 1 && read_on_node(r, *p.stored[i], t, p.blocks[i]))
                 p.together[i] = r.plan_node_read(*p.stored[i], mine, t.offset, t.extent);
@@ -220,75 +209,48 @@ inline load_plan plan_load(ckpt_model& m, const checkpoint_reader& r, const std:
     return p;
 }
 
-/// Reads into `m` what this rank needs of `r` as `p` plans, checksumming the stored blocks
-/// it reads whole: the node's reads first, all of them on every rank (a node read fails on
-/// every rank together, and so before any rank could fail alone in a read of its own), then
-/// this rank's own. Returns the damaged blocks ("w1, b (in dir/rank_3.safetensors)"), empty
-/// if none. Collective over the node's ranks where `p` has node reads.
-inline std::string read_stored(ckpt_model& m, const checkpoint_reader& r, const load_plan& p) {
-    const std::size_t nt = m.tensors.size();
-    std::vector<std::vector<std::uint32_t>> crcs(nt);
-    for (std::size_t i = 0; i < nt; ++i)
+/// Reads into `m` what this rank needs of `r` as `p` plans, checking nothing (the load has
+/// verified the stored bytes first): the node's reads first, all of them on every rank, then
+/// this rank's own, a stored block inside one block of the load's layout read whole, any
+/// other one in part. Collective over the node's ranks where `p` has node reads.
+inline void read_stored(ckpt_model& m, const checkpoint_reader& r, const load_plan& p) {
+    for (std::size_t i = 0; i < m.tensors.size(); ++i)
         if (p.together[i])
-            crcs[i] = read_together(*p.node, *p.together[i], m.tensors[i].data);
-    std::string damage;
-    std::set<std::string> seen;
-    for (std::size_t i = 0; i < nt; ++i) {
+            read_together(*p.node, *p.together[i], m.tensors[i].data);
+    for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+        if (p.together[i])
+            continue;
         const auto& t = m.tensors[i];
-        const auto& e = *p.stored[i];
-        std::size_t read = 0; // blocks of crcs[i] compared
-        for (const auto& b : p.blocks[i]) {
-            if (!meets(t, b))
-                continue;
-            const auto want = inside_one_block(t, b) ? r.checksum(e, b) : std::nullopt;
-            if (!want) {
-                r.read_part(e, b, t.offset, t.extent, t.data);
-            } else if (crc_hex(p.together[i]
-                                   ? crcs[i][read++]
-                                   : r.read_block(e, b, t.offset, t.extent, t.data)) != *want) {
-                const auto name = r.block_name(e, b);
-                if (seen.insert(name).second)
-                    damage += (damage.empty() ? "" : ", ") + name;
+        for (const auto& b : p.blocks[i])
+            if (meets(t, b)) {
+                if (inside_one_block(t, b))
+                    r.read_whole(*p.stored[i], b, t.offset, t.extent, t.data);
+                else
+                    r.read_part(*p.stored[i], b, t.offset, t.extent, t.data);
             }
-        }
     }
-    return damage;
 }
 
-/// Loads the blocks of `m` from `r`, verifying every stored byte it loads against its CRC-32:
-///  * a stored block inside one block of the load's layout (a load into the layout it was
-///    saved in, or into a coarser one) is read whole, straight into the model, by each rank
-///    that needs it, and checksummed as it is read (one pass: the bytes are read once);
-///    When it is stored in short runs (a column split) and the ranks share a node, the node
-///    reads the tensor's bytes once, each rank a slice, and each rank copies its runs from
-///    shared memory, but for those in its own slice, which it reads straight in when no
-///    other rank needs them (read_together);
-///  * a stored block that straddles blocks of the load's layout (a load into another layout)
-///    is first verified by one rank (the ranks share them, verify_shared), then each rank
-///    reads its part of it (two passes, so that no rank reads more than its part twice).
-/// The shapes, dtypes and presence of every tensor are checked first: a checkpoint that does
-/// not match changes nothing. A checksum mismatch raises io_error on every rank, naming the
-/// damaged tensors, after the read: the tensors loaded are then in an unspecified state
-/// (reload a good checkpoint). Every file is opened before anything is read and read through
-/// the descriptors opened then, and the ranks check that they opened one file, so a save
-/// renamed over the checkpoint meanwhile is never read. Collective.
+/// Loads the blocks of `m` from `r`, all of them or none: nothing of the model changes
+/// unless every stored byte the load reads matches its CRC-32.
+///  * First the shapes, dtypes and presence of every tensor are checked, and every file the
+///    load reads is opened and its header parsed (plan_load); the ranks check that they
+///    opened one file, so a save renamed over the checkpoint meanwhile is never read.
+///  * Then every stored block of the model's tensors is verified, each byte by one rank
+///    (verify_shared: a contiguous share of the files per rank, in large reads). A mismatch raises
+///    io_error on every rank, naming the damaged tensors, before anything is written.
+///  * Then each rank reads what it needs straight into the model: a stored block inside one
+///    block of the load's layout whole, in short runs (a column split) from the node's
+///    shared windows where the ranks share a node (read_together), any other in part.
+/// The second read of each byte comes from the page cache the first one filled. A read that
+/// fails in the last step (a device error, the file truncated by another process meanwhile)
+/// raises io_error and leaves the model's values unspecified. Collective.
 inline checkpoint_info load(ckpt_model& m, const checkpoint_reader& r) {
     const auto& c = *m.comm;
     const std::string where = "load_checkpoint " + r.path();
     const auto p = plan_load(m, r, where);
-    // Pass 1, for the stored blocks that straddle the load's blocks: verified, shared.
-    if (p.shared)
-        verify_shared(c, r, p.stored, where, [&](std::size_t i, const stored_block& b) {
-            return !inside_one_block(m.tensors[i], b);
-        });
-    // Pass 2 (the only one for blocks inside one of the load's): each rank reads what it
-    // needs straight into the model, checksumming the blocks it reads whole.
-    std::string damage;
-    everywhere(c, [&] { damage = read_stored(m, r, p); });
-    agree_on_error<io_error>(c, damage.empty()
-                                    ? std::nullopt
-                                    : std::optional("xshard: " + where + ": checksum mismatch in " +
-                                                    damage + ": the checkpoint is corrupted"));
+    verify_shared(c, r, p.stored, where);
+    everywhere(c, [&] { read_stored(m, r, p); });
     return {r.step(), r.format(), r.strategy()};
 }
 

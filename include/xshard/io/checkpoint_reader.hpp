@@ -4,8 +4,9 @@
 /// process with plain POSIX reads: what a per-rank load reads its pieces from, and what
 /// `xshard-ckpt` works on. `read_box` reads any box of a tensor, wherever its bytes are,
 /// reading only the bytes it needs; `read_block` reads a whole stored block and checksums it
-/// as it reads; `pieces_to_verify`, `checksum_of` and `damaged` check the stored bytes against
-/// their CRC-32s, in pieces any process may take a share of.
+/// as it reads (`read_whole` without the checksum); `pieces_to_verify`, `checksum_of`,
+/// `checksum_share` and `damaged` check the stored bytes against their CRC-32s, in pieces any
+/// process may take a share of.
 
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
@@ -34,6 +35,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -149,55 +151,25 @@ public:
     }
 
     /// Reads stored block `b` of `e` whole into `out` (the row-major box (`offset`,
-    /// `extent`), which contains the block), checksumming it as it is read (in pieces of at
-    /// most 1 MiB, checksummed while in the cache): returns the CRC-32 of its bytes in the
-    /// block's order, which its stored checksum is.
+    /// `extent`), which contains the block), checksumming it as it is read (each piece right
+    /// after it is copied, while in the cache: see copy_block): returns the CRC-32 of its
+    /// bytes in the block's order, which its stored checksum is.
     std::uint32_t read_block(const strategy_entry& e, const stored_block& b,
                              const std::vector<std::size_t>& offset,
                              const std::vector<std::size_t>& extent, std::byte* out) const {
-        if (b.size() == 0)
-            return 0;
-        const auto& f = open(b.file).first;
-        const auto begin = stored_begin(b, e);
-        const auto [so, se] = container(e, b);
-        const auto runs =
-            detail::copy_runs(b.offset, b.extent, so, se, offset, extent, dtype_size(e.dtype));
         std::uint32_t crc = 0;
-        std::size_t i = 0;
-        // Short runs (a column split's rows) are copied from a read-only mapping of the file,
-        // a window's runs at a time, each checksummed right after it is copied, while in the
-        // cache: a system call per run, or reading the other ranks' runs between them, costs
-        // more. What cannot be mapped, and long runs, are read (pread).
-        if (!runs.empty() && runs.front()[2] < detail::short_run) {
-            detail::file_window window(f, PROT_READ);
-            while (i < runs.size() && window.map(begin + runs[i][0], runs[i][2])) {
-                const auto [lo, hi] = window.range();
-                std::size_t j = i;
-                while (j < runs.size() && begin + runs[j][0] >= lo &&
-                       begin + runs[j][0] + runs[j][2] <= hi)
-                    ++j;
-                window.access(
-                    [&] {
-                        for (std::size_t k = i; k < j; ++k) {
-                            std::memcpy(out + runs[k][1], window.at(begin + runs[k][0]),
-                                        runs[k][2]);
-                            crc = detail::crc32_of(out + runs[k][1], runs[k][2], crc);
-                        }
-                    },
-                    "read");
-                i = j;
-            }
-        }
-        for (; i < runs.size(); ++i) {
-            const auto& [from, to, n] = runs[i];
-            for (std::size_t done = 0; done < n;) {
-                const auto k = std::min(detail::write_piece, n - done);
-                f.read_at(out + to + done, k, begin + from + done);
-                crc = detail::crc32_of(out + to + done, k, crc);
-                done += k;
-            }
-        }
+        copy_block(e, b, offset, extent, out, [&](const std::byte* bytes, std::size_t n) {
+            crc = detail::crc32_of(bytes, n, crc);
+        });
         return crc;
+    }
+
+    /// Reads stored block `b` of `e` whole into `out` (as read_block), checking nothing:
+    /// what a load does with bytes verified before (pieces_to_verify).
+    void read_whole(const strategy_entry& e, const stored_block& b,
+                    const std::vector<std::size_t>& offset, const std::vector<std::size_t>& extent,
+                    std::byte* out) const {
+        copy_block(e, b, offset, extent, out, [](const std::byte*, std::size_t) {});
     }
 
     /// The CRC-32 of stored block `b` of `e`, read through `buffer` in pieces of at most
@@ -265,6 +237,61 @@ public:
         buffer.resize(std::max(buffer.size(), p.length));
         open(p.file).first.read_at(buffer.data(), p.length, p.at);
         return {p.key, p.offset, p.length, detail::crc32_of(buffer.data(), p.length)};
+    }
+
+    /// The checksum runs of bytes [first, last) of `pieces` (pieces_to_verify, each at most
+    /// `buffer`'s size), the pieces counted in the order of their files and of their places
+    /// in them: a share any process may take of a verification. The share is read in that
+    /// order, in reads of up to `buffer`'s size that span the pieces of a stretch of the file
+    /// (a column split's rows of all blocks, one read; gaps of up to 64 KiB read through),
+    /// each piece checksummed in the buffer, while in the cache; a piece that continues the
+    /// last run of its block extends that run.
+    std::vector<detail::crc_run> checksum_share(std::vector<piece> pieces, std::uint64_t first,
+                                                std::uint64_t last,
+                                                std::vector<std::byte>& buffer) const {
+        std::sort(pieces.begin(), pieces.end(), [](const piece& a, const piece& b) {
+            return std::tie(a.file, a.at) < std::tie(b.file, b.at);
+        });
+        std::vector<piece> mine;
+        std::uint64_t counted = 0;
+        for (const auto& p : pieces) {
+            const auto lo = std::max(first, counted), hi = std::min(last, counted + p.length);
+            if (lo < hi)
+                mine.push_back({p.file, p.at + std::size_t(lo - counted), std::size_t(hi - lo),
+                                p.key, p.offset + (lo - counted)});
+            counted += p.length;
+        }
+        constexpr std::size_t gap = std::size_t(64) << 10;
+        std::vector<detail::crc_run> runs;
+        std::map<std::uint64_t, std::size_t> open_run; // block -> its last run in `runs`
+        for (std::size_t i = 0; i < mine.size();) {
+            const auto start = mine[i].at;
+            std::size_t j = i + 1, end = start + mine[i].length;
+            while (j < mine.size() && mine[j].file == mine[i].file && mine[j].at >= end &&
+                   mine[j].at - end <= gap &&
+                   mine[j].at + mine[j].length - start <= buffer.size()) {
+                end = mine[j].at + mine[j].length;
+                ++j;
+            }
+            if (end - start > buffer.size())
+                buffer.resize(end - start);
+            open(mine[i].file).first.read_at(buffer.data(), end - start, start);
+            for (; i < j; ++i) {
+                const auto& p = mine[i];
+                const auto* bytes = buffer.data() + (p.at - start);
+                const auto it = open_run.find(p.key);
+                if (it != open_run.end() &&
+                    runs[it->second].offset + runs[it->second].length == p.offset) {
+                    auto& run = runs[it->second];
+                    run.crc = detail::crc32_of(bytes, p.length, std::uint32_t(run.crc));
+                    run.length += p.length;
+                } else {
+                    open_run[p.key] = runs.size();
+                    runs.push_back({p.key, p.offset, p.length, detail::crc32_of(bytes, p.length)});
+                }
+            }
+        }
+        return runs;
     }
 
     /// The stored blocks of `tensors` (those `only` selects) whose checksum `runs` (of all
@@ -516,6 +543,55 @@ private:
             detail::io_fail("cannot stat", f.path());
         return {std::uint64_t(st.st_ino), std::uint64_t(st.st_size),
                 std::uint64_t(st.st_mtim.tv_sec), std::uint64_t(st.st_mtim.tv_nsec)};
+    }
+
+    /// Copies stored block `b` of `e` whole into `out` (the row-major box (`offset`,
+    /// `extent`), which contains the block), calling `copied(bytes, n)` on each piece of at
+    /// most 1 MiB right after it lands in `out`, in the block's order. Short runs (a column
+    /// split's rows) are copied from a read-only mapping of the file, a window's runs at a
+    /// time: a system call per run, or reading the other ranks' runs between them, costs more.
+    /// What cannot be mapped, and long runs, are read (pread).
+    template <class F>
+    void copy_block(const strategy_entry& e, const stored_block& b,
+                    const std::vector<std::size_t>& offset, const std::vector<std::size_t>& extent,
+                    std::byte* out, F&& copied) const {
+        if (b.size() == 0)
+            return;
+        const auto& f = open(b.file).first;
+        const auto begin = stored_begin(b, e);
+        const auto [so, se] = container(e, b);
+        const auto runs =
+            detail::copy_runs(b.offset, b.extent, so, se, offset, extent, dtype_size(e.dtype));
+        std::size_t i = 0;
+        if (!runs.empty() && runs.front()[2] < detail::short_run) {
+            detail::file_window window(f, PROT_READ);
+            while (i < runs.size() && window.map(begin + runs[i][0], runs[i][2])) {
+                const auto [lo, hi] = window.range();
+                std::size_t j = i;
+                while (j < runs.size() && begin + runs[j][0] >= lo &&
+                       begin + runs[j][0] + runs[j][2] <= hi)
+                    ++j;
+                window.access(
+                    [&] {
+                        for (std::size_t k = i; k < j; ++k) {
+                            std::memcpy(out + runs[k][1], window.at(begin + runs[k][0]),
+                                        runs[k][2]);
+                            copied(out + runs[k][1], runs[k][2]);
+                        }
+                    },
+                    "read");
+                i = j;
+            }
+        }
+        for (; i < runs.size(); ++i) {
+            const auto& [from, to, n] = runs[i];
+            for (std::size_t done = 0; done < n;) {
+                const auto k = std::min(detail::write_piece, n - done);
+                f.read_at(out + to + done, k, begin + from + done);
+                copied(out + to + done, k);
+                done += k;
+            }
+        }
     }
 
     /// File `file` of the checkpoint, opened (a rank file in the directory opened first) and

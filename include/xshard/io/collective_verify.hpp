@@ -2,9 +2,9 @@
 /// \file
 /// Checking stored bytes against their CRC-32s over the ranks of a communicator, each byte
 /// read once by one rank: after a save (check_written: the file read back against the
-/// checksums computed from memory) and in a load (verify_shared: stored blocks that several
-/// ranks read parts of, checked first). Each rank's checksum runs go to rank 0, which
-/// combines them (gather_runs, files.hpp's combine_runs).
+/// checksums computed from memory) and in a load (verify_shared: every stored block the load
+/// reads, checked before anything is read into the model). Each rank's checksum runs go to rank 0,
+/// which combines them (gather_runs, files.hpp's combine_runs).
 
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
@@ -56,32 +56,31 @@ inline std::vector<crc_run> gather_runs(const communicator& c, const std::vector
     return runs;
 }
 
-/// The bytes a load verifies at a time: the one buffer it needs beyond the model.
-inline constexpr std::size_t verify_chunk = std::size_t(8) << 20;
+/// The bytes verified at a time: the size of the pieces of a verification, and of the one
+/// buffer a load needs beyond the model.
+inline constexpr std::size_t verify_chunk = std::size_t(1) << 20;
 
 /// Checks every stored byte of `stored` in `r` against its CRC-32, each read once, by one
-/// rank of `c` (a contiguous share of the pieces, balanced by bytes, through one buffer of
-/// verify_chunk bytes); raises io_error on every rank naming the damaged tensors. Collective.
+/// rank of `c`: each rank a contiguous share of the stored bytes in the order of the files,
+/// balanced by bytes, read in that order in large reads (checkpoint_reader::checksum_share);
+/// raises io_error on every rank naming the damaged tensors. Collective.
 inline void verify_shared(const communicator& c, const checkpoint_reader& r,
                           const std::vector<const strategy_entry*>& stored,
-                          const std::string& where,
-                          const checkpoint_reader::block_filter& only = {}) {
+                          const std::string& where) {
     std::vector<crc_run> runs;
     everywhere(c, [&] {
-        const auto pieces = r.pieces_to_verify(stored, verify_chunk, only);
-        std::uint64_t total = 0, at = 0;
+        auto pieces = r.pieces_to_verify(stored, verify_chunk);
+        std::uint64_t total = 0;
         for (const auto& p : pieces)
             total += p.length;
-        std::vector<std::byte> buffer;
-        for (const auto& p : pieces) {
-            if (at * std::uint64_t(c.size()) / total == std::uint64_t(c.rank()))
-                runs.push_back(r.checksum_of(p, buffer));
-            at += p.length;
-        }
+        const std::uint64_t n = std::uint64_t(c.size()), me = std::uint64_t(c.rank());
+        std::vector<std::byte> buffer(verify_chunk);
+        runs = r.checksum_share(std::move(pieces), total / n * me,
+                                me + 1 == n ? total : total / n * (me + 1), buffer);
     });
     const auto all = gather_runs(c, runs);
     on_rank0(c, [&] {
-        if (const auto bad = r.damaged(stored, all, only); !bad.empty())
+        if (const auto bad = r.damaged(stored, all); !bad.empty())
             throw io_error("xshard: " + where + ": checksum mismatch in " + bad +
                            ": the checkpoint is corrupted");
     });
