@@ -683,7 +683,8 @@ TEST(model_driver, checkpoint_callback_saves_keeps_and_resumes_in_another_strate
         const auto m = world_mesh();
         auto model = make_model(m);
         config_t c(model, m);
-        c.hsdp(-1, 0, level);
+        if (*level)
+            c.hsdp(-1, 0, level);
         optim::momentum opt({.lr = 0.1, .momentum = 0.9});
         nn::parallel_cross_entropy<double, mesh_t> loss;
         xshard::model trainer(c, loss, opt);
@@ -695,10 +696,9 @@ TEST(model_driver, checkpoint_callback_saves_keeps_and_resumes_in_another_strate
         return r;
     };
     // At level2, saved every 2 steps, 3 kept.
-    const record full = uninterrupted("level2", {.save_checkpoint_steps = 2,
-                                                 .keep_checkpoint_max = 3,
-                                                 .prefix = "mlp",
-                                                 .directory = dir});
+    const record full = uninterrupted(
+        "level2",
+        {.save_checkpoint_steps = 2, .keep_checkpoint_max = 3, .prefix = "mlp", .directory = dir});
     EXPECT_FALSE(std::filesystem::exists(file("mlp-1_2"))) << "not removed (keep 3)";
     for (const char* kept : {"mlp-1_4", "mlp-2_6", "mlp-2_8"})
         EXPECT_TRUE(std::filesystem::exists(file(kept))) << kept;
@@ -706,6 +706,25 @@ TEST(model_driver, checkpoint_callback_saves_keeps_and_resumes_in_another_strate
     const record full3 =
         uninterrupted("level3", {.save_checkpoint_steps = 4, .prefix = "mlp3", .directory = dir});
     expect_same(full3, full, "hsdp level3 against level2");
+    // Per-rank checkpoints (integrated_save = false): directories, the oldest removed whole;
+    // the same trajectory.
+    const record per_rank = uninterrupted("level2", {.save_checkpoint_steps = 2,
+                                                     .keep_checkpoint_max = 2,
+                                                     .prefix = "mlpr",
+                                                     .directory = dir,
+                                                     .integrated_save = false});
+    expect_same(per_rank, full, "per-rank checkpoints against integrated ones");
+    for (const char* gone : {"mlpr-1_2", "mlpr-1_4"})
+        EXPECT_FALSE(std::filesystem::exists(dir + "/" + gone)) << gone << " not removed (keep 2)";
+    for (const char* kept : {"mlpr-2_6", "mlpr-2_8"}) {
+        EXPECT_TRUE(std::filesystem::is_directory(dir + "/" + kept)) << kept;
+        EXPECT_FALSE(std::filesystem::exists(file(kept))) << kept << " is not a file";
+    }
+    const record per_rank4 = uninterrupted("", {.save_checkpoint_steps = 4,
+                                                .prefix = "mlpr4",
+                                                .directory = dir,
+                                                .integrated_save = false});
+    expect_same(per_rank4, full, "per-rank checkpoints without hsdp");
     // Resumed from step 4 on another mesh and hsdp level: the last 4 steps and the weights
     // are the uninterrupted run's (the momentum restored with the weights). Level2's
     // checkpoint at levels 0 and 3, level3's at levels 0, 1 and 3.
@@ -715,6 +734,7 @@ TEST(model_driver, checkpoint_callback_saves_keeps_and_resumes_in_another_strate
         const char* saved;
     };
     const std::vector<resume> resumes{{mesh_t(w, {w.size(), 1}), "", "mlp-1_4"},
+                                      {mesh_t(w, {1, w.size()}), "level3", "mlpr4-1_4/"},
                                       {mesh_t(w, {1, w.size()}), "", "mlp-1_4"},
                                       {mesh_t(w, {w.size(), 1}), "level3", "mlp-1_4"},
                                       {world_mesh(), "level3", "mlp-1_4"},
@@ -731,7 +751,9 @@ TEST(model_driver, checkpoint_callback_saves_keeps_and_resumes_in_another_strate
         optim::momentum opt({.lr = 0.1, .momentum = 0.9});
         nn::parallel_cross_entropy<double, mesh_t> loss;
         xshard::model trainer(c, loss, opt);
-        const auto info = trainer.load_checkpoint(file(saved));
+        const std::string name = saved;
+        const auto info = trainer.load_checkpoint(
+            name.ends_with('/') ? dir + "/" + name.substr(0, name.size() - 1) : file(saved));
         EXPECT_EQ(info.step, 4) << ctx;
         EXPECT_EQ(trainer.steps(), 4u) << ctx;
         record resumed;
@@ -899,6 +921,13 @@ TEST(model_driver, pipeline_checkpoints_save_keep_and_resume_on_any_mesh_and_cut
         nn::parallel_cross_entropy<double, mesh_t> loss;
         xshard::model trainer(c, loss, opt, {.micro_batches = 2});
         trainer.save_checkpoint(file("init"), 0); // before the first step
+        if (p > 1)
+            expect_error(
+                [&] {
+                    trainer.save_checkpoint(dir + "/per_rank", 0,
+                                            xshard::checkpoint_format::per_rank);
+                },
+                "a pipeline saves one integrated checkpoint");
         const auto losses =
             trainer.train(2, epochs_of_batches{&stage, 4},
                           {xshard::callbacks::model_checkpoint({.save_checkpoint_steps = 2,
@@ -916,7 +945,8 @@ TEST(model_driver, pipeline_checkpoints_save_keep_and_resume_on_any_mesh_and_cut
     {
         const mesh_t m(w, {n, 1});
         auto model = make_model(m);
-        xshard::for_each_weight(model, [](const std::string&, auto& wt) { wt.value.local().fill(0.0); });
+        xshard::for_each_weight(model,
+                                [](const std::string&, auto& wt) { wt.value.local().fill(0.0); });
         EXPECT_EQ(xshard::load_checkpoint(file("init"), model).step, 0);
         auto init = make_model(one);
         std::vector<xt::xarray<double>> expected;
@@ -966,8 +996,8 @@ TEST(model_driver, pipeline_checkpoints_save_keep_and_resume_on_any_mesh_and_cut
             (void)trainer.eval(std::vector{batch(stage, 8)});
         std::size_t i = 0;
         xshard::for_each_weight(model, [&](const std::string& name, auto& wt) {
-            EXPECT_TRUE(xt::allclose(xshard::gather_all(wt.value), tail.weights.at(i++), 1e-12,
-                                     1e-12))
+            EXPECT_TRUE(
+                xt::allclose(xshard::gather_all(wt.value), tail.weights.at(i++), 1e-12, 1e-12))
                 << ctx << ", " << name;
         });
         if (trainer.pipelined()) {
@@ -1025,8 +1055,8 @@ TEST(model_driver, pipeline_level3_checkpoint_loads_without_pipeline) {
         EXPECT_NEAR(losses[i], serial.losses[4 + i], 1e-12) << "resumed, loss " << i;
     std::size_t i = 0;
     xshard::for_each_weight(model, [&](const std::string& name, auto& wt) {
-        EXPECT_TRUE(xt::allclose(xshard::gather_all(wt.value), serial.weights.at(i++), 1e-12,
-                                 1e-12))
+        EXPECT_TRUE(
+            xt::allclose(xshard::gather_all(wt.value), serial.weights.at(i++), 1e-12, 1e-12))
             << "resumed, " << name;
     });
     xshard::mpi::barrier(w);

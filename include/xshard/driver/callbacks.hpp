@@ -11,6 +11,7 @@
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
+#include <xshard/io/stored_blocks.hpp>
 #include <xshard/train/monitor.hpp>
 
 #include <cstddef>
@@ -26,14 +27,25 @@
 
 namespace xshard {
 
+/// Saves the parameters and the optimizer's state as a checkpoint at `path` (io/checkpoint.hpp)
+/// with step `step`, integrated (one file) unless `format` says per_rank (a directory).
+/// Collective over the mesh.
+struct checkpoint_saver {
+    std::function<void(const std::string& path, std::int64_t step, checkpoint_format format)> save =
+        {};
+
+    void operator()(const std::string& path, std::int64_t step,
+                    checkpoint_format format = checkpoint_format::integrated) const {
+        save(path, step, format);
+    }
+};
+
 /// What the driver tells its callbacks at the start of training.
 struct train_begin_info {
-    const communicator* comm;    ///< the mesh's communicator
-    std::size_t epochs;          ///< epochs of the run
-    std::size_t steps_per_epoch; ///< 0 when the dataset's epochs are not sized
-    /// Saves the parameters and the optimizer's state as an integrated checkpoint at `path`
-    /// (io/checkpoint.hpp) with step `step`. Collective over the mesh.
-    std::function<void(const std::string& path, std::int64_t step)> save_checkpoint = {};
+    const communicator* comm;              ///< the mesh's communicator
+    std::size_t epochs;                    ///< epochs of the run
+    std::size_t steps_per_epoch;           ///< 0 when the dataset's epochs are not sized
+    checkpoint_saver save_checkpoint = {}; ///< the trainer's save_checkpoint
 };
 
 /// What the driver tells its callbacks after each step.
@@ -62,6 +74,11 @@ struct checkpoint_config {
     /// global step), as MindSpore's `<prefix>-<epoch>_<step>.ckpt`.
     std::string prefix = "checkpoint";
     std::string directory = ".";
+    /// MindSpore's integrated_save. False: each checkpoint is a per-rank directory
+    /// `<directory>/<prefix>-<epoch>_<step>` (a file of each rank's blocks and the strategy,
+    /// io/checkpoint.hpp), loadable like the integrated file into any strategy. A pipeline
+    /// saves integrated files only (a per-rank checkpoint raises at the first save).
+    bool integrated_save = true;
 };
 
 namespace callbacks {
@@ -91,11 +108,12 @@ inline callback loss_monitor(std::size_t per_print_times = 1, monitor_output out
 }
 
 /// MindSpore's ModelCheckpoint(prefix, directory, config): saves the parameters and the
-/// optimizer's state (an integrated checkpoint, loadable into any strategy, mesh or world
-/// size with `trainer::load_checkpoint`) after every `save_checkpoint_steps` steps and keeps the
-/// newest `keep_checkpoint_max`. A step of 0 or an empty prefix or directory raises (on every
-/// rank alike). Each save is collective over the mesh (io/checkpoint.hpp's costs); creating
-/// the directory and removing an old checkpoint are agreed (a failure raises everywhere).
+/// optimizer's state (an integrated checkpoint, or a per-rank one: `integrated_save`; either
+/// loadable into any strategy, mesh or world size with `trainer::load_checkpoint`) after every
+/// `save_checkpoint_steps` steps and keeps the newest `keep_checkpoint_max`. A step of 0 or an
+/// empty prefix or directory raises (on every rank alike). Each save is collective over the mesh
+/// (io/checkpoint.hpp's costs); creating the directory and removing an old checkpoint are agreed (a
+/// failure raises everywhere).
 inline callback model_checkpoint(checkpoint_config config = {}) {
     if (config.save_checkpoint_steps == 0)
         throw error("xshard: model_checkpoint: save_checkpoint_steps must be a positive "
@@ -124,10 +142,14 @@ inline callback model_checkpoint(checkpoint_config config = {}) {
                 [s](const step_info& i) {
                     if (i.global_step % std::int64_t(s->config.save_checkpoint_steps) != 0)
                         return;
+                    const bool integrated = s->config.integrated_save;
                     const std::string path = s->config.directory + "/" + s->config.prefix + "-" +
                                              std::to_string(i.epoch + 1) + "_" +
-                                             std::to_string(i.global_step) + ".safetensors";
-                    s->begin.save_checkpoint(path, i.global_step);
+                                             std::to_string(i.global_step) +
+                                             (integrated ? ".safetensors" : "");
+                    s->begin.save_checkpoint(path, i.global_step,
+                                             integrated ? checkpoint_format::integrated
+                                                        : checkpoint_format::per_rank);
                     s->saved.push_back(path);
                     if (s->config.keep_checkpoint_max == 0 ||
                         s->saved.size() <= s->config.keep_checkpoint_max)
@@ -137,7 +159,9 @@ inline callback model_checkpoint(checkpoint_config config = {}) {
                     const auto& comm = *s->begin.comm;
                     agreed<io_error>(comm, [&] {
                         std::error_code ec;
-                        if (comm.rank() == 0 && !std::filesystem::remove(old, ec) && ec)
+                        if (comm.rank() == 0)
+                            std::filesystem::remove_all(old, ec);
+                        if (ec)
                             throw io_error("xshard: model_checkpoint: cannot remove " + old + ": " +
                                            ec.message());
                     });

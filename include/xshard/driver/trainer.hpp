@@ -154,8 +154,8 @@ public:
     /// searched models those whose operators are its modules (searched_chain); not a
     /// compiled program, whose nodes are not layers.
     static constexpr bool pipelinable =
-        (!strategy_searchable<network_type> || searched_chain<network_type>) &&
-        !detail::is_compiled_program<network_type>;
+        (!strategy_searchable<network_type> ||
+         searched_chain<network_type>)&&!detail::is_compiled_program<network_type>;
 
     trainer(Parallel& net, Loss& loss, Optimizer& optimizer, trainer_options options = {})
         : net_(&net)
@@ -259,10 +259,13 @@ public:
         std::size_t steps_per_epoch = 0;
         if constexpr (requires { std::ranges::size(batches_of(dataset, 0)); })
             steps_per_epoch = std::size_t(std::ranges::size(batches_of(dataset, 0)));
-        const train_begin_info begin{&net_->mesh().comm(), epochs, steps_per_epoch,
-                                     [this](const std::string& path, std::int64_t step) {
-                                         save_checkpoint(path, step);
-                                     }};
+        const train_begin_info begin{
+            &net_->mesh().comm(),
+            epochs,
+            steps_per_epoch,
+            {[this](const std::string& path, std::int64_t step, checkpoint_format format) {
+                save_checkpoint(path, step, format);
+            }}};
         for (auto& c : callbacks)
             if (c.on_train_begin)
                 c.on_train_begin(begin);
@@ -323,19 +326,24 @@ public:
     }
 
     /// Saves the parameters (all of them after disable_strategy_file_only_for_trainable_params,
-    /// else the trainable ones) and the optimizer's state as an integrated checkpoint at
+    /// else the trainable ones) and the optimizer's state as a checkpoint of `format` at
     /// `path` with `step` (io/checkpoint.hpp). Collective over the mesh. Under a pipeline, one
-    /// integrated checkpoint of every stage (pipeline/checkpoint.hpp: each stage's ranks write
-    /// their own modules' blocks and optimizer state); before the first step, when no stage
-    /// has trained yet, the first stage writes the whole model. At hsdp level3 the weights are
-    /// gathered first (an all-gather; they stay until the next step).
-    void save_checkpoint(const std::string& path, std::int64_t step) {
+    /// integrated checkpoint of every stage (a per_rank format raises on every rank)
+    /// (pipeline/checkpoint.hpp: each stage's ranks write their own modules' blocks and optimizer
+    /// state); before the first step, when no stage has trained yet, the first stage writes the
+    /// whole model. At hsdp level3 the weights are gathered first (an all-gather; they stay until
+    /// the next step).
+    void save_checkpoint(const std::string& path, std::int64_t step,
+                         checkpoint_format format = checkpoint_format::integrated) {
+        if (pipelined() && format != checkpoint_format::integrated)
+            throw error("xshard: trainer::save_checkpoint: a pipeline saves one integrated "
+                        "checkpoint of every stage, not a per-rank one");
         gather_weights();
         auto& net = net_->model();
         if (pipelined() && !stage_) {
             agreed_alike<io_error>(net_->mesh().comm(), [&] {
                 if (pipeline_rank() == 0)
-                    save_checkpoint_on(net, path, step);
+                    save_checkpoint_on(net, path, step, format);
             });
             return;
         }
@@ -343,7 +351,7 @@ public:
             stage_->save(path, step, !net_->strategy_file_only_trainable());
             return;
         }
-        save_checkpoint_on(net, path, step);
+        save_checkpoint_on(net, path, step, format);
     }
 
     /// Loads a checkpoint saved by `save_checkpoint` (or model_checkpoint), on any mesh, world
@@ -420,13 +428,14 @@ private:
         }
     };
 
-
     /// This rank's coordinate along the pipeline axis.
     int pipeline_rank() const { return net_->mesh().coords()[pipeline_axis_]; }
 
     /// save_checkpoint of the whole model `net` (collective over its mesh).
-    void save_checkpoint_on(network_type& net, const std::string& path, std::int64_t step) {
-        const checkpoint_options o{.all_parameters = !net_->strategy_file_only_trainable(),
+    void save_checkpoint_on(network_type& net, const std::string& path, std::int64_t step,
+                            checkpoint_format format) {
+        const checkpoint_options o{.format = format,
+                                   .all_parameters = !net_->strategy_file_only_trainable(),
                                    .step = step};
         if constexpr (requires { optimizer_->state_of(net); })
             xshard::save_checkpoint(path, net, o, optimizer_->state_of(net));
