@@ -392,8 +392,7 @@ TEST(pipeline, one_integrated_checkpoint_loads_into_any_strategy) {
         const stage_mesh_t whole_mesh(world_comm, {n, 2});
         auto whole = make_model(whole_mesh);
         EXPECT_EQ(xshard::load_checkpoint(dir + "/mixed.safetensors", whole).step, 5);
-        EXPECT_EQ(check(whole, "from stages on differently shaped meshes"),
-                  int(expected.size()));
+        EXPECT_EQ(check(whole, "from stages on differently shaped meshes"), int(expected.size()));
     }
     int done = 1; // every rank has read before rank 0 removes the directory
     xshard::mpi::allreduce(world_comm, std::span(&done, 1), xshard::reduction::sum);
@@ -723,6 +722,31 @@ TEST(pipeline, stage_assignment) {
                                  2),
               (std::vector<int>{0, 0, 0, 1, 1, 1}));
     EXPECT_EQ(pp::stages_by_name(names, {{"layer2", 1}}, 2), (std::vector<int>{0, 0, 0, 1, 1, 1}));
+    // MindSpore's own form, with the WithLossCell prefix.
+    EXPECT_EQ(pp::stages_by_name(names,
+                                 {{"_backbone.flatten", 0},
+                                  {"_backbone.layer1", 0},
+                                  {"_backbone.relu1", 0},
+                                  {"_backbone.layer2", 1},
+                                  {"_backbone.relu2", 1},
+                                  {"_backbone.layer3", 1}},
+                                 2),
+              (std::vector<int>{0, 0, 0, 1, 1, 1}));
+    EXPECT_EQ(pp::stages_by_name(
+                  names, {{"_backbone", 0}, {"_backbone.relu2", 1}, {"_backbone.layer3", 1}}, 2),
+              (std::vector<int>{0, 0, 0, 0, 1, 1}));
+    // Paths at any depth: an ancestor gives its modules a stage, the most specific path
+    // wins, and a part of a module gives the module its stage.
+    const std::vector<std::string> nested{"backbone.layer1", "backbone.layer2", "head.dense",
+                                          "head.relu"};
+    EXPECT_EQ(pp::stages_by_name(nested, {{"backbone", 0}, {"head", 1}}, 2),
+              (std::vector<int>{0, 0, 1, 1}));
+    EXPECT_EQ(pp::stages_by_name(nested, {{"_backbone.backbone", 0}, {"_backbone.head", 1}}, 2),
+              (std::vector<int>{0, 0, 1, 1}));
+    EXPECT_EQ(pp::stages_by_name(nested, {{"backbone", 0}, {"backbone.layer2", 1}, {"head", 2}}, 3),
+              (std::vector<int>{0, 1, 2, 2}));
+    EXPECT_EQ(pp::stages_by_name(nested, {{"head.dense.weight", 1}}, 2),
+              (std::vector<int>{0, 0, 1, 1}));
     EXPECT_EQ(pp::stages_by_position(names, {2, 4}, 3), (std::vector<int>{0, 0, 1, 1, 2, 2}));
     // 784x512, 512x512, 512x10 weights: the first layer alone outweighs the rest.
     EXPECT_EQ(pp::stages_by_cost(names, {0, 401920, 0, 262656, 0, 5130}, 2),
@@ -739,6 +763,17 @@ TEST(pipeline, stage_assignment) {
             pp::stages_by_name(names, {{"layer1", 0}}, 2);
         },
         "stage 1 of 2 has no layers");
+    expect_error(
+        [&] {
+            pp::stages_by_name(nested, {{"backbone.layer9", 1}}, 2);
+        },
+        "stage_config names an unknown module 'backbone.layer9'");
+    expect_error(
+        [&] {
+            pp::stages_by_name(nested, {{"head.dense.weight", 1}, {"head.dense.bias", 0}}, 2);
+        },
+        "stage_config gives 'head.dense.bias' stage 0 and 'head.dense.weight' stage 1, parts of "
+        "module 'head.dense': a pipeline cuts between the chain's modules only");
     expect_error(
         [&] {
             pp::stages_by_name(names, {{"layer1", 1}, {"layer2", 0}}, 2);

@@ -95,8 +95,8 @@ struct eval_result {
 struct trainer_options {
     /// Micro-batches per step (MindSpore's micro_size).
     int micro_batches = 1;
-    /// Module name -> stage (MindSpore's stage_config, without the "_backbone." prefix);
-    /// empty: balanced by parameters.
+    /// Module path -> stage (MindSpore's stage_config: dotted paths at any depth, with or
+    /// without the "_backbone." prefix; pipeline/stages.hpp); empty: balanced by parameters.
     std::map<std::string, int> stage_config = {};
     /// The mesh axis that holds the stages.
     std::string pipeline_axis = "pp";

@@ -69,7 +69,8 @@ struct pipeline_options {
     /// Virtual stages per rank: 2 or more with the interleaved scheduler (MindSpore's
     /// interleave=True).
     int virtual_stages = 1;
-    /// Module name -> (virtual) stage; names not given take the stage of the module before.
+    /// Module path -> (virtual) stage (stages_by_name: dotted paths at any depth, MindSpore's
+    /// "_backbone." prefix allowed); modules not named take the stage of the module before.
     std::map<std::string, int> stage_config = {};
     /// Or by position: the index of the first module of stages 1, 2, ...
     std::vector<std::size_t> stage_starts = {};

@@ -13,6 +13,8 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 namespace xshard::pipeline {
@@ -51,20 +53,77 @@ inline void check_stages(const std::vector<std::string>& names, const std::vecto
 
 } // namespace detail
 
-/// Stages from names (MindSpore's stage_config): `config[name]` is the stage of the chain's
-/// module `name`; a module not named takes the stage of the one before it (the first,
-/// stage 0). Throws for a name that is not a module of the chain, and (see check) for
-/// stages that go back or stay empty.
+namespace detail {
+
+/// Whether module path `key` covers module `name`: the same module, or one of its ancestors
+/// ("backbone" covers "backbone.layer1"); the empty path covers every module.
+inline bool covers(std::string_view key, std::string_view name) {
+    return key.empty() || name == key ||
+           (name.size() > key.size() && name.starts_with(key) && name[key.size()] == '.');
+}
+
+/// The forms of a stage_config key to look up, in order: the key itself, then without
+/// MindSpore's WithLossCell prefix ("_backbone.layer1" is "layer1", "_backbone" the network).
+inline std::vector<std::string_view> key_forms(std::string_view key) {
+    constexpr std::string_view backbone = "_backbone";
+    std::vector<std::string_view> forms{key};
+    if (key == backbone)
+        forms.emplace_back();
+    else if (key.starts_with(backbone) && key.size() > backbone.size() &&
+             key[backbone.size()] == '.')
+        forms.push_back(key.substr(backbone.size() + 1));
+    return forms;
+}
+
+} // namespace detail
+
+/// Stages from names (MindSpore's stage_config): `config[path]` is the stage of the modules
+/// that dotted path names, at any depth, with or without MindSpore's "_backbone." prefix:
+///  * a chain module ("layer1"), or an ancestor of chain modules ("backbone" for
+///    "backbone.layer1", "backbone.layer2"): each of them, the most specific path winning;
+///  * a part of one chain module ("layer1.dense"): that module, unless other parts of it are
+///    given other stages (a pipeline cuts between the chain's modules only: that raises).
+/// A module not named takes the stage of the one before it (the first, stage 0). Throws for
+/// a path that names no module of the chain, and (see check_stages) for stages that go back
+/// or stay empty.
 inline std::vector<int> stages_by_name(const std::vector<std::string>& names,
                                        const std::map<std::string, int>& config, int stages) {
-    for (const auto& [name, stage] : config)
-        if (std::find(names.begin(), names.end(), name) == names.end())
-            throw error("xshard: pipeline: stage_config names an unknown module '" + name +
+    const std::size_t n = names.size();
+    std::vector<int> out(n, 0);
+    std::vector<std::size_t> specific(n, 0); // the length + 1 of the path that set out[i]
+    std::vector<std::vector<std::pair<std::string, int>>> inner(n); // parts of module i
+    for (const auto& [key, stage] : config) {
+        bool found = false;
+        for (const auto form : detail::key_forms(key)) {
+            for (std::size_t i = 0; i < n; ++i)
+                if (detail::covers(form, names[i])) {
+                    found = true;
+                    if (form.size() + 1 > specific[i]) {
+                        specific[i] = form.size() + 1;
+                        out[i] = stage;
+                    }
+                } else if (detail::covers(names[i], form)) {
+                    found = true;
+                    inner[i].emplace_back(key, stage);
+                }
+            if (found)
+                break;
+        }
+        if (!found)
+            throw error("xshard: pipeline: stage_config names an unknown module '" + key +
                         "' (the chain's modules: " + detail::name_list(names) + ")");
-    std::vector<int> out(names.size(), 0);
-    for (std::size_t i = 0; i < names.size(); ++i) {
-        const auto it = config.find(names[i]);
-        out[i] = it != config.end() ? it->second : (i > 0 ? out[i - 1] : 0);
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+        for (const auto& [key, stage] : inner[i])
+            if (stage != inner[i].front().second)
+                throw error("xshard: pipeline: stage_config gives '" + inner[i].front().first +
+                            "' stage " + std::to_string(inner[i].front().second) + " and '" + key +
+                            "' stage " + std::to_string(stage) + ", parts of module '" + names[i] +
+                            "': a pipeline cuts between the chain's modules only");
+        if (!inner[i].empty())
+            out[i] = inner[i].front().second;
+        else if (specific[i] == 0) // not named
+            out[i] = i > 0 ? out[i - 1] : 0;
     }
     detail::check_stages(names, out, stages);
     return out;
