@@ -5,8 +5,8 @@
 /// `xshard-ckpt` works on. `read_box` reads any box of a tensor, wherever its bytes are,
 /// reading only the bytes it needs; `read_block` reads a whole stored block and checksums it
 /// as it reads (`read_whole` without the checksum); `pieces_to_verify`, `checksum_of`,
-/// `checksum_share` and `damaged` check the stored bytes against their CRC-32s, in pieces any
-/// process may take a share of.
+/// `checksum_share` and `damaged` check the stored bytes against their CRC-32s, in pieces or
+/// shares any process may take.
 
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
@@ -239,59 +239,83 @@ public:
         return {p.key, p.offset, p.length, detail::crc32_of(buffer.data(), p.length)};
     }
 
-    /// The checksum runs of bytes [first, last) of `pieces` (pieces_to_verify, each at most
-    /// `buffer`'s size), the pieces counted in the order of their files and of their places
-    /// in them: a share any process may take of a verification. The share is read in that
-    /// order, in reads of up to `buffer`'s size that span the pieces of a stretch of the file
-    /// (a column split's rows of all blocks, one read; gaps of up to 64 KiB read through),
-    /// each piece checksummed in the buffer, while in the cache; a piece that continues the
-    /// last run of its block extends that run.
-    std::vector<detail::crc_run> checksum_share(std::vector<piece> pieces, std::uint64_t first,
-                                                std::uint64_t last,
+    /// The checksum runs of share `part` of `parts` of the stored bytes of `tensors` that
+    /// carry a checksum, the blocks numbered as pieces_to_verify numbers them: the stored
+    /// regions of those tensors (in the order of the files and of their places in them) cut
+    /// into `parts` stretches of equal bytes, each read in order in reads of `buffer`'s size;
+    /// each block's runs in a read (a column split's rows) are checksummed there, while in
+    /// the cache, continuing the block's run of the read before.
+    std::vector<detail::crc_run> checksum_share(const std::vector<const strategy_entry*>& tensors,
+                                                std::uint64_t part, std::uint64_t parts,
                                                 std::vector<std::byte>& buffer) const {
-        std::sort(pieces.begin(), pieces.end(), [](const piece& a, const piece& b) {
-            return std::tie(a.file, a.at) < std::tie(b.file, b.at);
-        });
-        std::vector<piece> mine;
-        std::uint64_t counted = 0;
-        for (const auto& p : pieces) {
-            const auto lo = std::max(first, counted), hi = std::min(last, counted + p.length);
-            if (lo < hi)
-                mine.push_back({p.file, p.at + std::size_t(lo - counted), std::size_t(hi - lo),
-                                p.key, p.offset + (lo - counted)});
-            counted += p.length;
-        }
-        constexpr std::size_t gap = std::size_t(64) << 10;
-        std::vector<detail::crc_run> runs;
-        std::map<std::uint64_t, std::size_t> open_run; // block -> its last run in `runs`
-        for (std::size_t i = 0; i < mine.size();) {
-            const auto start = mine[i].at;
-            std::size_t j = i + 1, end = start + mine[i].length;
-            while (j < mine.size() && mine[j].file == mine[i].file && mine[j].at >= end &&
-                   mine[j].at - end <= gap &&
-                   mine[j].at + mine[j].length - start <= buffer.size()) {
-                end = mine[j].at + mine[j].length;
-                ++j;
-            }
-            if (end - start > buffer.size())
-                buffer.resize(end - start);
-            open(mine[i].file).first.read_at(buffer.data(), end - start, start);
-            for (; i < j; ++i) {
-                const auto& p = mine[i];
-                const auto* bytes = buffer.data() + (p.at - start);
-                const auto it = open_run.find(p.key);
-                if (it != open_run.end() &&
-                    runs[it->second].offset + runs[it->second].length == p.offset) {
-                    auto& run = runs[it->second];
-                    run.crc = detail::crc32_of(bytes, p.length, std::uint32_t(run.crc));
-                    run.length += p.length;
-                } else {
-                    open_run[p.key] = runs.size();
-                    runs.push_back({p.key, p.offset, p.length, detail::crc32_of(bytes, p.length)});
+        using region = std::tuple<int, std::size_t, std::size_t>; // file, [begin, end)
+        struct cursor {
+            std::uint64_t key;                                     ///< the block's number
+            std::vector<std::pair<std::size_t, std::size_t>> runs; ///< segments
+            std::size_t next = 0;                                  ///< the first run not done
+            std::uint64_t offset = 0;                              ///< the block's bytes before it
+            std::size_t out = std::size_t(-1);                     ///< its last run in the result
+        };
+        std::map<region, std::vector<std::pair<const strategy_entry*, stored_block>>> regions;
+        std::map<std::pair<const strategy_entry*, std::size_t>, std::uint64_t> keys;
+        std::uint64_t key = 0, total = 0;
+        for (const auto* e : tensors)
+            for (const auto& b : blocks(*e))
+                if (checksum(*e, b)) {
+                    keys[{e, b.index}] = key++;
+                    const auto begin = stored_begin(b, *e);
+                    regions[{b.file, begin,
+                             begin + checked_mul(volume(container(*e, b).second),
+                                                 dtype_size(e->dtype))}]
+                        .emplace_back(e, b);
                 }
+        for (const auto& [r, bs] : regions)
+            total += std::get<2>(r) - std::get<1>(r);
+        const std::uint64_t first = total / parts * part,
+                            last = part + 1 == parts ? total : total / parts * (part + 1);
+        std::vector<detail::crc_run> out;
+        std::uint64_t counted = 0;
+        for (const auto& [r, bs] : regions) {
+            const auto& [file, begin, end] = r;
+            const auto lo = std::max(first, counted), hi = std::min(last, counted + (end - begin));
+            const auto a = begin + std::size_t(lo - counted), z = begin + std::size_t(hi - counted);
+            counted += end - begin;
+            if (lo >= hi)
+                continue;
+            std::vector<cursor> blocks_here;
+            for (const auto& [e, b] : bs) {
+                cursor c{keys.at({e, b.index}), segments(*e, b)};
+                while (c.next < c.runs.size() && c.runs[c.next].first + c.runs[c.next].second <= a)
+                    c.offset += c.runs[c.next++].second;
+                blocks_here.push_back(std::move(c));
+            }
+            const auto& f = open(file).first;
+            for (auto at = a; at < z; at += buffer.size()) {
+                const auto n = std::min(buffer.size(), z - at);
+                f.read_at(buffer.data(), n, at);
+                for (auto& c : blocks_here)
+                    for (; c.next < c.runs.size() && c.runs[c.next].first < at + n;) {
+                        const auto [run_at, run_bytes] = c.runs[c.next];
+                        const auto s = std::max(run_at, at),
+                                   t = std::min(run_at + run_bytes, at + n);
+                        const auto where = c.offset + (s - run_at); // in the block
+                        if (c.out < out.size() && out[c.out].offset + out[c.out].length == where) {
+                            out[c.out].crc = detail::crc32_of(buffer.data() + (s - at), t - s,
+                                                              std::uint32_t(out[c.out].crc));
+                            out[c.out].length += t - s;
+                        } else {
+                            c.out = out.size();
+                            out.push_back({c.key, where, t - s,
+                                           detail::crc32_of(buffer.data() + (s - at), t - s)});
+                        }
+                        if (run_at + run_bytes > at + n)
+                            break; // the run goes on in the next read
+                        c.offset += run_bytes;
+                        ++c.next;
+                    }
             }
         }
-        return runs;
+        return out;
     }
 
     /// The stored blocks of `tensors` (those `only` selects) whose checksum `runs` (of all

@@ -69,14 +69,8 @@ inline void verify_shared(const communicator& c, const checkpoint_reader& r,
                           const std::string& where) {
     std::vector<crc_run> runs;
     everywhere(c, [&] {
-        auto pieces = r.pieces_to_verify(stored, verify_chunk);
-        std::uint64_t total = 0;
-        for (const auto& p : pieces)
-            total += p.length;
-        const std::uint64_t n = std::uint64_t(c.size()), me = std::uint64_t(c.rank());
         std::vector<std::byte> buffer(verify_chunk);
-        runs = r.checksum_share(std::move(pieces), total / n * me,
-                                me + 1 == n ? total : total / n * (me + 1), buffer);
+        runs = r.checksum_share(stored, std::uint64_t(c.rank()), std::uint64_t(c.size()), buffer);
     });
     const auto all = gather_runs(c, runs);
     on_rank0(c, [&] {
