@@ -165,7 +165,7 @@ public:
     }
 
     /// Reads stored block `b` of `e` whole into `out` (as read_block), checking nothing:
-    /// what a load does with bytes verified before (pieces_to_verify).
+    /// what a load does with bytes verified before (checksum_share).
     void read_whole(const strategy_entry& e, const stored_block& b,
                     const std::vector<std::size_t>& offset, const std::vector<std::size_t>& extent,
                     std::byte* out) const {
