@@ -111,9 +111,9 @@ inline callback loss_monitor(std::size_t per_print_times = 1, monitor_output out
 /// optimizer's state (an integrated checkpoint, or a per-rank one: `integrated_save`; either
 /// loadable into any strategy, mesh or world size with `trainer::load_checkpoint`) after every
 /// `save_checkpoint_steps` steps and keeps the newest `keep_checkpoint_max`. A step of 0 or an
-/// empty prefix or directory raises (on every rank alike). Each save is collective over the mesh
-/// (io/checkpoint.hpp's costs); creating the directory and removing an old checkpoint are agreed (a
-/// failure raises everywhere).
+/// empty prefix or directory raises (on every rank alike). Each save is collective over the
+/// mesh (io/checkpoint.hpp's costs); creating the directory and removing an old checkpoint
+/// are agreed (a failure raises everywhere).
 inline callback model_checkpoint(checkpoint_config config = {}) {
     if (config.save_checkpoint_steps == 0)
         throw error("xshard: model_checkpoint: save_checkpoint_steps must be a positive "

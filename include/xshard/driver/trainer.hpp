@@ -154,8 +154,8 @@ public:
     /// searched models those whose operators are its modules (searched_chain); not a
     /// compiled program, whose nodes are not layers.
     static constexpr bool pipelinable =
-        (!strategy_searchable<network_type> ||
-         searched_chain<network_type>)&&!detail::is_compiled_program<network_type>;
+        (!strategy_searchable<network_type> || searched_chain<network_type>) &&
+        !detail::is_compiled_program<network_type>;
 
     trainer(Parallel& net, Loss& loss, Optimizer& optimizer, trainer_options options = {})
         : net_(&net)
@@ -328,11 +328,11 @@ public:
     /// Saves the parameters (all of them after disable_strategy_file_only_for_trainable_params,
     /// else the trainable ones) and the optimizer's state as a checkpoint of `format` at
     /// `path` with `step` (io/checkpoint.hpp). Collective over the mesh. Under a pipeline, one
-    /// integrated checkpoint of every stage (a per_rank format raises on every rank)
-    /// (pipeline/checkpoint.hpp: each stage's ranks write their own modules' blocks and optimizer
-    /// state); before the first step, when no stage has trained yet, the first stage writes the
-    /// whole model. At hsdp level3 the weights are gathered first (an all-gather; they stay until
-    /// the next step).
+    /// integrated checkpoint of every stage (pipeline/checkpoint.hpp: each stage's ranks write
+    /// their own modules' blocks and optimizer state; a per-rank format raises on every rank);
+    /// before the first step, when no stage has trained yet, the first stage writes the whole
+    /// model. At hsdp level3 the weights are gathered first (an all-gather; they stay until the
+    /// next step).
     void save_checkpoint(const std::string& path, std::int64_t step,
                          checkpoint_format format = checkpoint_format::integrated) {
         if (pipelined() && format != checkpoint_format::integrated)

@@ -22,16 +22,16 @@
 ///
 /// `load_checkpoint` reads either form into any strategy, on any mesh and world size, all or
 /// nothing: every stored byte it loads is first checked against its CRC-32, each by one rank
-/// (in large reads of a contiguous share of the files), and only then read into the model (from the
-/// page cache the check filled): a stored block that lies inside one block of the load's
-/// layout (the same layout, or a coarser one) whole, straight into the model (stored in short
-/// runs, a column split's, once per node, node_io.hpp), any other in part by each rank that
-/// needs a part of it. A truncated file, a wrong dtype or shape, a missing tensor or a
+/// (in large reads of a contiguous share of the files), and only then read into the model
+/// (from the page cache the check filled): a stored block that lies inside one block of the
+/// load's layout (the same layout, or a coarser one) whole, straight into the model (stored in
+/// short runs, a column split's, once per node, node_io.hpp), any other in part by each rank
+/// that needs a part of it. A truncated file, a wrong dtype or shape, a missing tensor or a
 /// checksum mismatch raise the same `io_error` on every rank before anything of the model
 /// changes; only a read that fails after the check (a device error, a file truncated by
 /// another process meanwhile) leaves the model's values unspecified. No memory beyond the
-/// model's, one buffer of 1 MiB, and the node's two shared windows of
-/// 4 MiB (kept per communicator, for its reads and writes).
+/// model's, one buffer of 1 MiB, and the node's two shared windows of 4 MiB (kept per
+/// communicator, for its reads and writes).
 ///
 /// Saving never loses the previous checkpoint: the new one is written under a temporary
 /// name, read back and checked against the checksums computed from memory while the device

@@ -30,7 +30,6 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -198,20 +197,15 @@ public:
         std::uint64_t key, offset;
     };
 
-    /// Which stored blocks verification covers: `(i, b)` for block `b` of tensor `i` of the
-    /// list verified; every block when empty.
-    using block_filter = std::function<bool(std::size_t, const stored_block&)>;
-
-    /// The stored bytes of `tensors` (of their blocks that `only` selects) that carry a
-    /// checksum, in pieces of at most `chunk` bytes: reading each once, wherever and by
-    /// whomever, verifies them all.
+    /// The stored bytes of `tensors` that carry a checksum, in pieces of at most `chunk`
+    /// bytes: reading each once, wherever and by whomever, verifies them all.
     std::vector<piece> pieces_to_verify(const std::vector<const strategy_entry*>& tensors,
-                                        std::size_t chunk, const block_filter& only = {}) const {
+                                        std::size_t chunk) const {
         std::vector<piece> out;
         std::uint64_t key = 0;
         for (std::size_t i = 0; i < tensors.size(); ++i)
             for (const auto& b : blocks(*tensors[i])) {
-                if ((only && !only(i, b)) || !checksum(*tensors[i], b))
+                if (!checksum(*tensors[i], b))
                     continue;
                 std::uint64_t offset = 0;
                 for (const auto& [at, bytes] : segments(*tensors[i], b))
@@ -318,11 +312,11 @@ public:
         return out;
     }
 
-    /// The stored blocks of `tensors` (those `only` selects) whose checksum `runs` (of all
+    /// The stored blocks of `tensors` whose checksum `runs` (of all
     /// their pieces to verify) do not give, e.g. "w1 (in dir/rank_3.safetensors), b"; empty if
     /// none.
     std::string damaged(const std::vector<const strategy_entry*>& tensors,
-                        std::vector<detail::crc_run> runs, const block_filter& only = {}) const {
+                        std::vector<detail::crc_run> runs) const {
         struct checked {
             std::size_t tensor;
             stored_block block;
@@ -332,8 +326,6 @@ public:
         std::vector<std::uint64_t> sizes;
         for (std::size_t i = 0; i < tensors.size(); ++i)
             for (auto& b : blocks(*tensors[i])) {
-                if (only && !only(i, b))
-                    continue;
                 if (auto want = checksum(*tensors[i], b)) {
                     sizes.push_back(b.size() * dtype_size(tensors[i]->dtype));
                     list.push_back({i, std::move(b), std::move(*want)});

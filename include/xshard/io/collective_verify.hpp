@@ -3,8 +3,8 @@
 /// Checking stored bytes against their CRC-32s over the ranks of a communicator, each byte
 /// read once by one rank: after a save (check_written: the file read back against the
 /// checksums computed from memory) and in a load (verify_shared: every stored block the load
-/// reads, checked before anything is read into the model). Each rank's checksum runs go to rank 0,
-/// which combines them (gather_runs, files.hpp's combine_runs).
+/// reads, checked before anything is read into the model). Each rank's checksum runs go to
+/// rank 0, which combines them (gather_runs, files.hpp's combine_runs).
 
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
