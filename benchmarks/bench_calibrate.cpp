@@ -1,10 +1,18 @@
-// Calibrates the cost model of redistribution plans on this machine. For each kind of step
-// it times a plan at a tiny and a large size (one JSON line each: measured seconds against
-// the default model's prediction, ratio = measured / predicted), fits latency and bandwidth
-// from the two, and prints the fitted cost_model on stderr, ready to paste into
-// include/xshard/redistribute/cost_model.hpp. The message links are timed with the
-// shared-memory transport off; the `shared_memory` link (when the ranks share a node) with
-// it on.
+// Calibrates the cost model of redistribution plans on this machine, at the world size it
+// runs on. For each kind of step it times a plan at a tiny and a large size (one JSON line
+// each: measured seconds against the default model's prediction, ratio = measured /
+// predicted), fits latency and bandwidth from the two, and prints the fitted cost_model on
+// stderr, ready to paste into include/xshard/redistribute/cost_model.hpp. The message links
+// are timed with the shared-memory transport off; the `shared_memory` link (when the ranks
+// share a node) with it on. The all_reduce link is MPI_Allreduce's (the pairwise all-reduce
+// is priced by the reduce_scatter and all_gather links); the reduce_scatter link is the
+// pairwise algorithm's.
+//
+// Then it finds the crossovers between the pairwise reductions and MPI's collectives: for
+// pieces of 1 KiB to 4 MiB per rank, an all-reduce and a reduce-scatter through each (one
+// JSON line each: pairwise against MPI), and prints the reduce_tuning whose thresholds are
+// the smallest piece from which the pairwise path is as fast (within 5 %) at that size and
+// every larger one.
 //
 //   mpirun -n 2 build/benchmarks/bench_calibrate
 
@@ -92,11 +100,18 @@ int main(int argc, char** argv) {
     // exchange: the same movement as all_to_all, named by the planner when several axes move;
     // on a 1-D mesh it is priced like all_to_all.
     fitted.exchange = fitted.all_to_all;
+    const xshard::reduce_tuning pairwise{.min_piece_bytes = 0,
+                                         .shared_memory_min_bytes = SIZE_MAX,
+                                         .reduce_scatter_min_piece_bytes = 0};
+    const xshard::reduce_tuning through_mpi{.min_piece_bytes = SIZE_MAX,
+                                            .shared_memory_min_bytes = SIZE_MAX,
+                                            .reduce_scatter_min_piece_bytes = SIZE_MAX};
     fit("reduce_scatter", fitted.reduce_scatter,
-        time_plan<"[-] partial(sum: x)", "[x]">(m, o, small),
-        time_plan<"[-] partial(sum: x)", "[x]">(m, o, large));
-    fit("all_reduce", fitted.all_reduce, time_plan<"[-] partial(sum: x)", "[-]">(m, o, small),
-        time_plan<"[-] partial(sum: x)", "[-]">(m, o, large));
+        time_plan<"[-] partial(sum: x)", "[x]">(m, o, small, {}, pairwise),
+        time_plan<"[-] partial(sum: x)", "[x]">(m, o, large, {}, pairwise));
+    fit("all_reduce", fitted.all_reduce,
+        time_plan<"[-] partial(sum: x)", "[-]">(m, o, small, {}, through_mpi),
+        time_plan<"[-] partial(sum: x)", "[-]">(m, o, large, {}, through_mpi));
     // The shared-memory path (when the ranks share a node): one all-to-all step, tiny and
     // large, through the windows; alpha per step, beta per byte staged or read.
     const auto node = xshard::cost_model{}.on_node(m.comm());
@@ -122,7 +137,41 @@ int main(int argc, char** argv) {
                            fitted.shared_memory.alpha * steps) /
                               bytes_copied(big, true));
     }
+    // The crossovers: per piece size, each reduction through the pairwise path against MPI.
+    auto crossover = [&]<xshard::layout To>(const char* name) {
+        std::vector<std::size_t> pieces;
+        for (std::size_t piece = 1 << 10; piece <= (o.quick ? 4u << 10 : 4u << 20); piece *= 4)
+            pieces.push_back(piece);
+        std::vector<bool> wins;
+        for (const std::size_t piece : pieces) {
+            const std::size_t elements = piece / sizeof(double) * std::size_t(m.size());
+            auto src = xshard::full<double, "[-] partial(sum: x)">(m, {elements}, 1.0);
+            auto a = xshard::make_redistribution<To>(src, To, {}, pairwise);
+            auto b = xshard::make_redistribution<To>(src, To, {}, through_mpi);
+            auto dst = a(src);
+            const auto t = bench::compare(
+                m.comm(), o, [&] { a.execute_unchecked(src, dst); },
+                [&] { b.execute_unchecked(src, dst); });
+            bench::report(m.comm(), std::string("crossover_") + name, elements * sizeof(double),
+                          "mpi", t, "\"piece_bytes\": " + std::to_string(piece));
+            wins.push_back(t.seconds <= 1.05 * t.baseline_seconds); // within the noise
+        }
+        std::size_t from = SIZE_MAX; // the pairwise path wins from here on (none: never)
+        for (std::size_t i = pieces.size(); i-- > 0 && wins[i];)
+            from = pieces[i];
+        return from;
+    };
+    const std::size_t all_reduce_from = crossover.operator()<"[-]">("all_reduce");
+    const std::size_t reduce_scatter_from = crossover.operator()<"[x]">("reduce_scatter");
+
     if (m.rank() == 0) {
+        auto bytes = [](std::size_t b) {
+            return b == SIZE_MAX ? std::string("SIZE_MAX") : std::to_string(b);
+        };
+        std::fprintf(stderr,
+                     "fitted reduce_tuning on %d ranks: {.min_piece_bytes = %s, "
+                     ".reduce_scatter_min_piece_bytes = %s}\n",
+                     m.size(), bytes(all_reduce_from).c_str(), bytes(reduce_scatter_from).c_str());
         auto line = [](const char* name, const xshard::link_cost& c) {
             std::fprintf(stderr, "    link_cost %s{%.3g, 1.0 / %.3g};\n", name, c.alpha,
                          1.0 / c.beta);

@@ -131,10 +131,16 @@ TEST(planner, costs_at_scale_match_the_closed_forms) {
                                    model.copy * double(n) / pp;
         EXPECT_NEAR(ag.seconds, ag_expected, 1e-9 * ag_expected) << p;
         EXPECT_EQ(ag.bytes_received(), n - n / std::size_t(p));
-        // All-reduce: 2 (p-1) alpha + 2 (p-1)/p n beta.
+        // All-reduce: the cheaper of MPI_Allreduce, 2 log2(p) alpha + 2 (p-1)/p n beta, and
+        // the pairwise reduce-scatter and all-gather by their links.
         const auto ar = price("[-, -] partial(sum: dp)", "[-, -]");
-        const double ar_expected = 2 * (pp - 1) * model.all_reduce.alpha +
-                                   2 * (pp - 1) / pp * double(n) * model.all_reduce.beta;
+        const double log_p = std::ceil(std::log2(pp));
+        const double ar_expected =
+            std::min(2 * log_p * model.all_reduce.alpha +
+                         2 * (pp - 1) / pp * double(n) * model.all_reduce.beta,
+                     (pp - 1) * (model.reduce_scatter.alpha + model.all_gather.alpha) +
+                         (pp - 1) / pp * double(n) *
+                             (model.reduce_scatter.beta + model.all_gather.beta));
         EXPECT_NEAR(ar.seconds, ar_expected, 1e-9 * ar_expected) << p;
         // Reduce-scatter: (p-1) alpha + (p-1)/p n beta (+ the copy of the own term).
         const auto rsum = price("[-, -] partial(sum: dp)", "[dp, -]");
@@ -142,6 +148,15 @@ TEST(planner, costs_at_scale_match_the_closed_forms) {
                                    (pp - 1) / pp * double(n) * model.reduce_scatter.beta +
                                    model.copy * double(n) / pp;
         EXPECT_NEAR(rsum.seconds, rs_expected, 1e-9 * rs_expected) << p;
+        // Short pieces go to MPI_Reduce_scatter: log2(p) alpha + (p-1)/p n beta, nothing copied.
+        const std::array<std::size_t, 2> small{std::size_t(p), 2};
+        const auto short_rs = xshard::summarize(
+            plan_redistribution("[-, -] partial(sum: dp)", "[dp, -]").paths[0], m, small,
+            sizeof(double), 0, model);
+        const double short_expected =
+            log_p * model.reduce_scatter.alpha +
+            (pp - 1) / pp * double(2 * p * sizeof(double)) * model.reduce_scatter.beta;
+        EXPECT_NEAR(short_rs.seconds, short_expected, 1e-9 * short_expected) << p;
         // All-to-all: (p-1) alpha + (p-1)/p (n/p) beta per rank.
         const auto at = price("[dp, -]", "[-, dp]");
         const double at_expected =
@@ -304,20 +319,20 @@ TEST(planner, a_direct_redistribution_never_costs_more_than_a_detour) {
 }
 
 TEST(planner, the_route_is_cheaper_than_the_greedy_candidates_where_they_detour) {
-    // [-, -] partial(sum: x) -> [-, -] on 4 ranks: the fitted all-reduce is slower than a
-    // reduce-scatter and an all-gather, so the plan goes through [x, -].
-    const auto m = mesh_shape::parse("x=4");
+    // [-, -] partial(sum: x) -> [x, y] on x=2,y=2: the candidates reduce first; the route
+    // slices over y first, so that the reduce-scatter moves half the bytes.
+    const auto m = mesh_shape::parse("x=2,y=2");
     const std::array<std::size_t, 2> shape{2048, 1024};
-    const auto c = plan_redistribution("[-, -] partial(sum: x)", "[-, -]");
-    ASSERT_EQ(c.paths.size(), 1u);
+    const auto c = plan_redistribution("[-, -] partial(sum: x)", "[x, y]");
     const auto r = xshard::choose_route(c, m, shape, 4, xshard::cost_model{});
     ASSERT_EQ(r.steps.size(), 2u);
-    EXPECT_EQ(r.steps[0].kind, step_kind::reduce_scatter);
-    EXPECT_EQ(r.steps[1].kind, step_kind::all_gather);
+    EXPECT_EQ(r.steps[0].kind, step_kind::slice);
+    EXPECT_EQ(r.steps[1].kind, step_kind::reduce_scatter);
     EXPECT_EQ(r.steps[0].to, r.steps[1].from);
     const auto ranks = xshard::detail::priced_ranks(m);
-    EXPECT_LT(r.seconds,
-              xshard::price_route(c.paths[0], m, shape, 4, ranks, xshard::cost_model{}).seconds);
+    for (const auto& path : c.paths)
+        EXPECT_LT(r.seconds,
+                  xshard::price_route(path, m, shape, 4, ranks, xshard::cost_model{}).seconds);
     // Past max_route_layouts (a rank-4 tensor on three axes) the candidates alone.
     EXPECT_FALSE(xshard::cheapest_route(
         layout::replicated(4), "[a, b, c, -]", mesh_shape::parse("a=2,b=2,c=2"),

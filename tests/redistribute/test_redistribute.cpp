@@ -107,11 +107,12 @@ void random_pairs(const Mesh& m, int pairs, unsigned seed) {
                                  xshard::detail::shape_string(shape) + " " + where(m);
         ASSERT_EQ(xshard::gather_all(out), expected) << what << "\n" << plan.describe();
         // The bytes this rank handed to MPI are the ones the plan counted and predicted
-        // (counted where they go point to point: every step but an all-reduce, which small
-        // tensors leave to MPI_Allreduce).
+        // (counted where they go point to point: every step but the reductions, which small
+        // tensors leave to MPI_Allreduce and MPI_Reduce_scatter).
         const auto& steps = plan.plan().summary().steps;
         if (std::none_of(steps.begin(), steps.end(), [](const auto& s) {
-                return s.planned.kind == xshard::step_kind::all_reduce;
+                return s.planned.kind == xshard::step_kind::all_reduce ||
+                       s.planned.kind == xshard::step_kind::reduce_scatter;
             })) {
             EXPECT_EQ(sent, plan.plan().bytes_sent()) << what;
         }
@@ -170,12 +171,14 @@ TEST(redistribute, single_step_plans_stay_within_one_destination_block) {
 TEST(redistribute, plans_routed_through_an_intermediate_layout_are_exact) {
     // Where going through a third layout is cheaper than every greedy candidate (route.hpp),
     // the plan runs that route: the values must be those of the serial reference all the same.
-    // Under the default model and under one whose all-reduce is 3x slower (so that on every
-    // mesh of 2 ranks or more a reduce-scatter plus an all-gather beats it).
-    xshard::cost_model slow_all_reduce;
-    slow_all_reduce.all_reduce.beta *= 3;
-    slow_all_reduce.all_reduce.alpha *= 3;
-    const std::array<xshard::cost_model, 2> models{xshard::cost_model{}, slow_all_reduce};
+    // Under the default model and under one whose all-to-alls and exchanges are 10x slower
+    // (so that on every mesh of 2 ranks or more an all-gather and a slice beat them).
+    xshard::cost_model slow_exchange;
+    for (auto* link : {&slow_exchange.all_to_all, &slow_exchange.exchange}) {
+        link->alpha *= 10;
+        link->beta *= 10;
+    }
+    const std::array<xshard::cost_model, 2> models{xshard::cost_model{}, slow_exchange};
     for (std::size_t k = 0; k < models.size(); ++k) {
         const auto& model = models[k];
         for_each_mesh([&](const auto& m) {
@@ -184,7 +187,7 @@ TEST(redistribute, plans_routed_through_an_intermediate_layout_are_exact) {
             std::size_t pair = 0;
             for (const auto& from : all_layouts(m.shape(), 2, true)) {
                 for (const auto& to : all_layouts(m.shape(), 2, true)) {
-                    // 2x2x2 has about 135 x 135 pairs, and under the slow all-reduce a search
+                    // 2x2x2 has about 135 x 135 pairs, and under the slow exchanges a search
                     // settles most of its layouts: every 211th (three-axis meshes are
                     // routed_plans_on_three_axis_meshes_are_exact's).
                     if (m.shape().ndim() > 2 && pair++ % 211 != 0)
@@ -269,14 +272,16 @@ void routed_random_pairs(const Mesh& m, const xshard::cost_model& model, int pai
 
 TEST(redistribute, routed_plans_on_three_axis_meshes_are_exact) {
     // The plan a route search gives on meshes of three axes (route.hpp), against the serial
-    // reference, under the default model and one whose all-reduce is 3x slower (more
-    // routes). First the pair that lost values when a reduce_scatter edge could name a new
-    // partial axis ([-] partial(sum: b, c) -> [c] partial(sum: a)).
-    xshard::cost_model slow_all_reduce;
-    slow_all_reduce.all_reduce.beta *= 3;
-    slow_all_reduce.all_reduce.alpha *= 3;
+    // reference, under the default model and one whose all-to-alls and exchanges are 10x
+    // slower (more routes). First the pair that lost values when a reduce_scatter edge could
+    // name a new partial axis ([-] partial(sum: b, c) -> [c] partial(sum: a)).
+    xshard::cost_model slow_exchange;
+    for (auto* link : {&slow_exchange.all_to_all, &slow_exchange.exchange}) {
+        link->alpha *= 10;
+        link->beta *= 10;
+    }
     for_each_three_axis_mesh([&](const auto& m) {
-        for (const auto& model : {xshard::cost_model{}, slow_all_reduce}) {
+        for (const auto& model : {xshard::cost_model{}, slow_exchange}) {
             for (std::size_t n : {1, 2, 3, 5, 7, 8, 9, 13, 64, 1000}) {
                 const std::array<std::size_t, 1> shape{n};
                 for (const char* from : {"[-] partial(sum: b, c)", "[a] partial(sum: b, c)",
@@ -295,7 +300,7 @@ TEST(redistribute, routed_plans_on_three_axis_meshes_are_exact) {
         }
         int routed = 0;
         for (std::size_t k = 0; k < 2; ++k) {
-            const auto& model = k == 0 ? xshard::cost_model{} : slow_all_reduce;
+            const auto& model = k == 0 ? xshard::cost_model{} : slow_exchange;
             routed_random_pairs<1>(m, model, 60, 31 + unsigned(k), routed);
             routed_random_pairs<2>(m, model, 60, 33 + unsigned(k), routed);
             routed_random_pairs<3>(m, model, 25, 35 + unsigned(k), routed);

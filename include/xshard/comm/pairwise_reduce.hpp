@@ -10,7 +10,7 @@
 /// adding it chunk by chunk as it arrives so that each addition overlaps the next chunk's
 /// transfer) and, for all-reduce, that reduce-scatter followed by a pairwise all-gather. Per
 /// rank this moves (p-1)/p n bytes for a reduce-scatter and 2 (p-1)/p n for an all-reduce,
-/// the lower bounds. Messages below `reduce_tuning::min_bytes` go to MPI, whose
+/// the lower bounds. Short messages go to MPI (`reduce_tuning::min_piece_bytes`), whose
 /// latency-optimal algorithms win there. With `reduce_tuning::shared_memory_all_reduce`, an
 /// all-reduce of at least `reduce_tuning::shared_memory_min_bytes` over a communicator whose
 /// members share one node reads the members' summands in place through shared memory
@@ -43,8 +43,13 @@ namespace xshard {
 
 /// Tuning of the point-to-point reductions.
 struct reduce_tuning {
-    /// Below this many bytes per rank all-reduce uses MPI_Allreduce.
-    std::size_t min_bytes = std::size_t(1) << 20;
+    /// An all-reduce over p ranks runs the pairwise algorithm when each member's segment
+    /// (n / p of the buffer) has at least this many bytes, MPI_Allreduce below. Per segment,
+    /// so that the crossover grows with p: the pairwise algorithm takes 2 (p - 1) rounds, the
+    /// latency-optimal algorithms MPI uses for short messages about 2 log2 p. Fitted at 2, 4,
+    /// 8 and 16 ranks on one node (benchmarks/README.md, "Reductions against MPI");
+    /// `bench_calibrate` fits it at any world size.
+    std::size_t min_piece_bytes = std::size_t(64) << 10;
     /// The chunk of a pipelined round. Every member of a group must use the same value.
     std::size_t chunk_bytes = std::size_t(256) << 10;
     /// Plans run a step among ranks that share one node through shared-memory windows
@@ -70,6 +75,10 @@ struct reduce_tuning {
     /// 8 MiB blocks on, were a toss-up at 4 MiB and cost 1.3-2.5x at 1 MiB, which a cached
     /// copy keeps in L3).
     std::size_t shared_memory_streaming_bytes = std::size_t(8) << 20;
+    /// A reduce-scatter over p ranks runs the pairwise algorithm when each member's piece
+    /// has at least this many bytes on average, MPI's below (MPI_Reduce_scatter_block for
+    /// equal pieces, MPI_Reduce_scatter otherwise; likewise fitted).
+    std::size_t reduce_scatter_min_piece_bytes = std::size_t(64) << 10;
 
     /// Elements of `element` bytes in a chunk.
     std::size_t chunk_elements(std::size_t element) const {
@@ -84,7 +93,12 @@ struct reduce_tuning {
     /// Whether an all-reduce of `n` elements on `p` ranks runs the pairwise algorithm
     /// (rather than MPI_Allreduce).
     bool pairwise_all_reduce(std::size_t n, std::size_t p, std::size_t element) const {
-        return p > 1 && n * element >= min_bytes && n >= p;
+        return p > 1 && n >= p && n / p * element >= min_piece_bytes;
+    }
+    /// Whether a reduce-scatter of a block of `n` elements over `p` ranks runs the pairwise
+    /// algorithm (rather than MPI's, for types MPI can add).
+    bool pairwise_reduce_scatter(std::size_t n, std::size_t p, std::size_t element) const {
+        return p > 1 && n / p * element >= reduce_scatter_min_piece_bytes;
     }
 };
 
@@ -217,8 +231,8 @@ public:
 
     /// All-reduce of `in` into `out` (n elements each; they may be the same buffer) over
     /// `c`, the result finished by `finish` (`finish(T* p, m)` applied once to every element,
-    /// before it is shared where it can be: see detail::keep_result): for
-    /// `tuning().min_bytes` and more, the pairwise reduce-scatter, each chunk of this rank's
+    /// before it is shared where it can be: see detail::keep_result): with segments of
+    /// `tuning().min_piece_bytes` and more, the pairwise reduce-scatter, each chunk of this rank's
     /// segment sent to every other member as soon as it is reduced (the all-gather overlaps
     /// the reduce-scatter); MPI_Allreduce below. Returns the bytes this rank sent (for
     /// MPI_Allreduce, the bandwidth-optimal figure 2 (p-1)/p n).

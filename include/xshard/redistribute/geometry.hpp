@@ -198,6 +198,17 @@ step_traffic<N> traffic_of(const step_geometry<N>& g) {
     return t;
 }
 
+/// Whether a reduce-scatter runs through MPI's collective: short pieces (`tuning`), each one
+/// run of the input block (they then lie in group order: the step acts on one axis). As the
+/// plan decides (plan.hpp), except for the 16-bit floats MPI cannot add, which a plan always
+/// reduces pairwise.
+template <std::size_t N>
+bool mpi_reduce_scatter(const step_traffic<N>& t, const reduce_tuning& tuning,
+                        std::size_t element) {
+    return t.valid && t.pipelined &&
+           !tuning.pairwise_reduce_scatter(t.in_block.size(), std::size_t(t.group_size), element);
+}
+
 /// The cost of one step for one rank, under `model` (through shared memory when `shared`).
 template <std::size_t N>
 step_summary summarize(const step_traffic<N>& t, const mesh_shape& mesh, std::size_t element,
@@ -222,7 +233,10 @@ step_summary summarize(const step_traffic<N>& t, const mesh_shape& mesh, std::si
                 r.bytes_sent = r.bytes_received = (n - mine) + (p - 1) * mine;
                 r.scratch_bytes = tuning.scratch_elements(count / p + 1, true, element) * element;
             } else {
-                // 2 (p-1) n / p, rounded down as 2n - ceil(2n / p) (no overflow for any p).
+                // MPI_Allreduce: the rounds of a latency-optimal algorithm (recursive
+                // doubling, or halving and doubling); 2 (p-1) n / p bytes, rounded down as
+                // 2n - ceil(2n / p) (no overflow for any p).
+                r.messages = 2 * detail::ceil_log2(p);
                 const std::size_t twice = detail::saturating_mul(2, n);
                 r.bytes_sent = r.bytes_received = twice - (twice / p + (twice % p != 0 ? 1 : 0));
             }
@@ -239,13 +253,43 @@ step_summary summarize(const step_traffic<N>& t, const mesh_shape& mesh, std::si
         r.bytes_received = detail::saturating_mul(t.elements_received, element);
         r.messages = std::max(t.sends, t.recvs);
         r.bytes_copied = t.kept.size() * element;
-        if (t.planned.kind == step_kind::reduce_scatter)
-            r.scratch_bytes =
-                tuning.scratch_elements(t.out_block.size(), t.pipelined, element) * element;
+        if (t.planned.kind == step_kind::reduce_scatter) {
+            if (mpi_reduce_scatter(t, tuning, element)) { // recursive halving, nothing kept apart
+                r.messages = detail::ceil_log2(p);
+                r.bytes_copied = 0;
+            } else {
+                r.scratch_bytes =
+                    tuning.scratch_elements(t.out_block.size(), t.pipelined, element) * element;
+            }
+        }
         break;
     }
     r.seconds = model.seconds(t.planned.kind, mesh, t.group, r.messages,
                               std::max(r.bytes_sent, r.bytes_received), r.bytes_copied, shared);
+    if (t.planned.kind == step_kind::all_reduce && p > 1 && !shared) {
+        // The pairwise algorithm is a reduce-scatter (its rounds as that step would take
+        // them) and an all-gather, priced by those links without the copies the two steps
+        // would make; MPI_Allreduce, which `tuning` picks where it expects it to be faster,
+        // by the all_reduce link, and never above the pairwise price. So a plan never
+        // prefers the two steps to the one all-reduce.
+        const std::size_t count = t.in_block.size(), n = count * element;
+        const std::size_t mine = block_extent(count, p, std::size_t(t.group_rank)) * element;
+        const std::size_t twice = detail::saturating_mul(2, n);
+        const double latency_optimal =
+            model.seconds(step_kind::all_reduce, mesh, t.group, 2 * detail::ceil_log2(p),
+                          twice - (twice / p + (twice % p != 0 ? 1 : 0)), 0);
+        const double pairwise =
+            model.seconds(step_kind::reduce_scatter, mesh, t.group,
+                          tuning.pairwise_reduce_scatter(count, p, element)
+                              ? p - 1
+                              : detail::ceil_log2(p),
+                          n - mine, 0) +
+            model.seconds(step_kind::all_gather, mesh, t.group, p - 1,
+                          detail::saturating_mul(p - 1, mine), 0);
+        r.seconds = tuning.pairwise_all_reduce(count, p, element)
+                        ? pairwise
+                        : std::min(latency_optimal, pairwise);
+    }
     return r;
 }
 

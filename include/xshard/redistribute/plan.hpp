@@ -166,6 +166,10 @@ private:
         message_batch messages;
         std::vector<reduce_piece> pieces; ///< reduce_scatter: every member's piece
         bool chunked = false;             ///< reduce_scatter: contiguous pieces, pipelined
+        /// reduce_scatter through MPI's collective (short pieces): every member's count, in
+        /// group order (empty: the pairwise path).
+        std::vector<int> mpi_counts;
+        bool equal_counts = false; ///< all of mpi_counts alike
         bool last = false;
         std::unique_ptr<node_step<T, N>> node; ///< the shared-memory path, when it applies
         bool node_decided = false;             ///< whether the first run chose the path
@@ -194,7 +198,7 @@ private:
 
     template <mesh_type Mesh>
     compiled_step compile(const Mesh& mesh, step_geometry<N> g, bool last) {
-        compiled_step s{std::move(g), {}, {}, {}, {}, {}, false, last, nullptr, false};
+        compiled_step s{std::move(g), {}, {}, {}, {}, {}, false, {}, false, last, nullptr, false};
         const auto& geo = s.geo;
         s.comm = mesh.sub(geo.group);
         switch (geo.planned.kind) {
@@ -216,7 +220,12 @@ private:
             std::size_t largest = 0;
             for (const auto& p : s.pieces)
                 largest = std::max(largest, p.elements);
-            reducer_.reserve(geo.out_block.size(), largest, s.chunked);
+            if (geo.valid && !tuning_.pairwise_reduce_scatter(geo.in_block.size(),
+                                                              std::size_t(geo.group_size),
+                                                              sizeof(T)))
+                compile_mpi_reduce_scatter(s);
+            if (s.mpi_counts.empty())
+                reducer_.reserve(geo.out_block.size(), largest, s.chunked);
             break;
         }
         case step_kind::zero:
@@ -259,6 +268,10 @@ private:
                 std::fill_n(out, geo.out_block.size(), T{});
             break;
         case step_kind::reduce_scatter:
+            if (!s.mpi_counts.empty()) {
+                run_mpi_reduce_scatter(s, in, out);
+                break;
+            }
             // This rank's own term of its piece first, then the others' terms added in.
             detail::copy_region(in, geo.in_block.extent, geo.in_block.offset, out,
                                 geo.out_block.extent, geo.out_block.offset, geo.out_block);
@@ -269,6 +282,62 @@ private:
             run_exchange(s, in, out);
             break;
         }
+    }
+
+    /// Sets up a reduce_scatter of short pieces to run through MPI's collective, for the
+    /// types MPI can add, pieces that lie in group order, each one run of the input block
+    /// (always so for contiguous pieces: a reduce-scatter acts on one axis), and int counts;
+    /// else the step stays on the pairwise path, which sends strided pieces without packing
+    /// them. Every member holds the same input block and decides alike.
+    void compile_mpi_reduce_scatter(compiled_step& s) {
+        if constexpr (summable<T>) {
+            // From every piece, this rank's own included, so that every member decides alike
+            // (an empty piece is in order wherever it is).
+            const auto& geo = s.geo;
+            std::vector<box<N>> pieces(std::size_t(geo.group_size));
+            for (const auto& [peer, region] : geo.sends)
+                pieces[std::size_t(peer)] = region;
+            pieces[std::size_t(geo.group_rank)] = geo.out_block;
+            std::vector<int> counts;
+            std::size_t at = 0;
+            for (const auto& b : pieces) {
+                if (b.size() > std::size_t(INT_MAX) ||
+                    (!b.empty() && (!detail::is_contiguous_in(geo.in_block.extent, b) ||
+                                    offset_in(geo.in_block, b) != at)))
+                    return;
+                at += b.size();
+                counts.push_back(int(b.size()));
+            }
+            s.equal_counts = std::all_of(counts.begin(), counts.end(),
+                                         [&](int c) { return c == counts.front(); });
+            s.mpi_counts = std::move(counts);
+        }
+    }
+
+    /// The reduce-scatter of a step set up by compile_mpi_reduce_scatter.
+    void run_mpi_reduce_scatter(compiled_step& s, const T* in, T* out) {
+        if constexpr (summable<T>) {
+            const auto& geo = s.geo;
+            // Equal pieces through MPI_Reduce_scatter_block, whose algorithms (recursive
+            // halving among them) Open MPI does not use for MPI_Reduce_scatter's counts.
+            if (s.equal_counts)
+                mpi::reduce_scatter_block(s.comm, std::span(in, geo.in_block.size()),
+                                          std::span(out, geo.out_block.size()),
+                                          geo.planned.from.op);
+            else
+                mpi::reduce_scatter(s.comm, std::span(in, geo.in_block.size()),
+                                    std::span(out, geo.out_block.size()), s.mpi_counts,
+                                    geo.planned.from.op);
+            bytes_sent_ += (geo.in_block.size() - geo.out_block.size()) * sizeof(T);
+        }
+    }
+
+    /// The element offset of `region`'s first element inside `block` (row-major).
+    static std::size_t offset_in(const box<N>& block, const box<N>& region) {
+        std::size_t offset = 0;
+        for (std::size_t d = 0; d < N; ++d)
+            offset = offset * block.extent[d] + (region.offset[d] - block.offset[d]);
+        return offset;
     }
 
     void run_node(compiled_step& s, const T* in, T* out) {

@@ -70,6 +70,15 @@ constexpr std::size_t saturating_mul(std::size_t a, std::size_t b) {
                : a * b;
 }
 
+/// The least k with 2^k >= p (0 for p <= 1): the rounds of a recursive-halving or
+/// recursive-doubling collective over p ranks.
+constexpr std::size_t ceil_log2(std::size_t p) {
+    std::size_t k = 0;
+    while (k < 64 && (std::size_t(1) << k) < p)
+        ++k;
+    return k;
+}
+
 /// a + b, or the largest std::size_t when that does not fit.
 constexpr std::size_t saturating_add(std::size_t a, std::size_t b) {
     return a > std::numeric_limits<std::size_t>::max() - b ? std::numeric_limits<std::size_t>::max()

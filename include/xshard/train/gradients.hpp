@@ -353,7 +353,7 @@ private:
         // The pairwise path serves every size for the 16-bit types, which MPI cannot add.
         reduce_tuning tuning;
         if constexpr (sixteen_bit_float<Wire>)
-            tuning.min_bytes = 0;
+            tuning.min_piece_bytes = 0;
         if (options_.shared_memory) {
             tuning.shared_memory_all_reduce = true;
             tuning.shared_memory_min_bytes = 0;
