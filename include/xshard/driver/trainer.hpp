@@ -66,6 +66,7 @@
 #include <xtensor/xsort.hpp>
 #include <xtensor/xview.hpp>
 
+#include <algorithm>
 #include <array>
 #include <concepts>
 #include <cstddef>
@@ -100,6 +101,14 @@ struct trainer_options {
     std::map<std::string, int> stage_config = {};
     /// The mesh axis that holds the stages.
     std::string pipeline_axis = "pp";
+    /// Gradient accumulation: each step runs K forward and backward passes, on K slices of
+    /// every rank's rows of the batch (pipeline/micro_batch.hpp), each pass's loss and
+    /// gradient weighed by its share of the rows, then one gradient reduction and one
+    /// update: the step of the whole batch, in the memory of a K-th of it. Under hsdp level3
+    /// the weights are gathered once around the K passes; under a pipeline the step runs
+    /// K x micro_batches micro-batches. Layers whose forward pass depends on the whole batch
+    /// (batch norm) see each slice alone.
+    int gradient_accumulation = 1;
 };
 
 /// An auto_parallel configuration (driver/auto_parallel.hpp).
@@ -165,7 +174,10 @@ public:
         , grads_{net.model()} {
         const int stages = net.pipeline_settings().stages;
         std::optional<std::string> problem;
-        if (stages > 1 && detail::is_compiled_program<network_type>)
+        if (options_.gradient_accumulation < 1)
+            problem = "xshard: model: gradient_accumulation must be at least 1, not " +
+                      std::to_string(options_.gradient_accumulation);
+        else if (stages > 1 && detail::is_compiled_program<network_type>)
             problem = "xshard: model: pipeline(" + std::to_string(stages) +
                       ") is not supported for a compiled program: the pipeline cuts a chain of "
                       "layers; use pipeline(1)";
@@ -194,7 +206,7 @@ public:
                 pipeline_axis_ = a;
         }
         agree_on_error(net.mesh().comm(), problem);
-        net.compile(options_.micro_batches);
+        net.compile(micro_batches());
         if (!net.loss_repeated_mean())
             seed_scale_ = net.loss_repetitions(options_.pipeline_axis);
         if (pipelined())
@@ -224,7 +236,9 @@ public:
                 return pipeline_step(x, y);
         auto& net = net_->model();
         double l = 0;
-        if (level3()) {
+        if (options_.gradient_accumulation > 1) {
+            l = accumulate(x, y);
+        } else if (level3()) {
             l = loss_->forward(sharding_->forward(x), y);
             sharding_->backward(loss_gradient());
         } else {
@@ -404,14 +418,62 @@ private:
             stage_->gather_weights();
     }
 
-    /// The loss's backward seed, times seed_scale_ (disable_loss_repeated_mean).
-    auto loss_gradient() {
+    /// The loss's backward seed, times seed_scale_ (disable_loss_repeated_mean) and `share`
+    /// (a slice's share of the batch under gradient accumulation).
+    auto loss_gradient(double share = 1) {
         auto g = loss_->backward();
-        if (seed_scale_ != 1) {
+        if (seed_scale_ != 1 || share != 1) {
             using V = typename std::remove_cvref_t<decltype(g.local())>::value_type;
-            g.local() *= V(seed_scale_);
+            g.local() *= V(double(seed_scale_) * share);
         }
         return g;
+    }
+
+    /// Micro-batches per pipelined step: micro_batches, times gradient_accumulation.
+    int micro_batches() const noexcept {
+        return options_.micro_batches * options_.gradient_accumulation;
+    }
+
+    /// gradient_accumulation's passes over the batch (x, y): K slices of every rank's rows,
+    /// cut alike in x and y (as many row blocks as the finer of the two splits: pipeline
+    /// /micro_batch.hpp), each one forward and backward pass whose loss and seed are weighed
+    /// by the slice's share of the rows; the gradients add up in place. Returns the batch's
+    /// loss. Throws on every rank alike when the rows do not cut.
+    template <class X, class Y>
+    double accumulate(const X& x, const Y& y) {
+        if constexpr (!distributed_tensor<X> || !distributed_tensor<Y>) {
+            throw error("xshard: model: gradient_accumulation cuts the batch and the labels "
+                        "into slices of rows: both must be distributed tensors");
+        } else {
+            const auto& ms = x.mesh().shape();
+            const auto bx = std::size_t(x.layout().split_count(0, ms));
+            const auto by = std::size_t(y.layout().split_count(0, y.mesh().shape()));
+            const std::size_t blocks = std::max(bx, by);
+            if (blocks % bx != 0 || blocks % by != 0)
+                throw error("xshard: model: gradient_accumulation: the batch's rows in " +
+                            std::to_string(bx) + " blocks and the labels' in " +
+                            std::to_string(by) + " cannot be cut alike");
+            const int k = options_.gradient_accumulation;
+            const auto xs = pipeline::split_micro_batches(x, k, blocks);
+            const auto ys = pipeline::split_micro_batches(y, k, blocks);
+            if (xs.back().shape()[0] == 0) // the last slice is the smallest
+                throw error("xshard: model: gradient_accumulation " + std::to_string(k) +
+                            " cuts a batch of " + std::to_string(x.shape()[0]) +
+                            " rows into empty slices; use at most " +
+                            std::to_string(x.shape()[0] / blocks) + " slices");
+            auto& net = net_->model();
+            if (level3())
+                sharding_->begin_passes();
+            double l = 0;
+            for (std::size_t i = 0; i < xs.size(); ++i) {
+                const double share = double(xs[i].shape()[0]) / double(x.shape()[0]);
+                l += share * double(loss_->forward(net.forward(xs[i]), ys[i]));
+                net.backward(loss_gradient(share));
+            }
+            if (level3())
+                sharding_->end_passes();
+            return l;
+        }
     }
 
     /// The loss a pipeline runs: `Loss` with its backward seed times `scale`.
@@ -493,7 +555,7 @@ private:
         }
 
         static xshard::pipeline::pipeline_options options_of(const trainer& m) {
-            auto o = m.net_->pipeline_options(m.options_.micro_batches, m.options_.stage_config);
+            auto o = m.net_->pipeline_options(m.micro_batches(), m.options_.stage_config);
             o.output_broadcast = true; // every rank's callbacks see the loss
             // A searched model is cut where the search priced the cut (its operators are the
             // modules), unless the user's stage_config says otherwise or the schedule
