@@ -209,6 +209,17 @@ bool mpi_reduce_scatter(const step_traffic<N>& t, const reduce_tuning& tuning,
            !tuning.pairwise_reduce_scatter(t.in_block.size(), std::size_t(t.group_size), element);
 }
 
+namespace detail {
+
+/// The bytes a member of an all-reduce over p ranks moves each way, 2 (p-1) n / p for n
+/// bytes, rounded down as 2n - ceil(2n / p) (no overflow for any p).
+constexpr std::size_t all_reduce_bytes(std::size_t n, std::size_t p) {
+    const std::size_t twice = saturating_mul(2, n);
+    return twice - (twice / p + (twice % p != 0 ? 1 : 0));
+}
+
+} // namespace detail
+
 /// The cost of one step for one rank, under `model` (through shared memory when `shared`).
 template <std::size_t N>
 step_summary summarize(const step_traffic<N>& t, const mesh_shape& mesh, std::size_t element,
@@ -234,11 +245,9 @@ step_summary summarize(const step_traffic<N>& t, const mesh_shape& mesh, std::si
                 r.scratch_bytes = tuning.scratch_elements(count / p + 1, true, element) * element;
             } else {
                 // MPI_Allreduce: the rounds of a latency-optimal algorithm (recursive
-                // doubling, or halving and doubling); 2 (p-1) n / p bytes, rounded down as
-                // 2n - ceil(2n / p) (no overflow for any p).
+                // doubling, or halving and doubling).
                 r.messages = 2 * detail::ceil_log2(p);
-                const std::size_t twice = detail::saturating_mul(2, n);
-                r.bytes_sent = r.bytes_received = twice - (twice / p + (twice % p != 0 ? 1 : 0));
+                r.bytes_sent = r.bytes_received = detail::all_reduce_bytes(n, p);
             }
         } else {
             r.bytes_copied = n;
@@ -274,10 +283,9 @@ step_summary summarize(const step_traffic<N>& t, const mesh_shape& mesh, std::si
         // prefers the two steps to the one all-reduce.
         const std::size_t count = t.in_block.size(), n = count * element;
         const std::size_t mine = block_extent(count, p, std::size_t(t.group_rank)) * element;
-        const std::size_t twice = detail::saturating_mul(2, n);
         const double latency_optimal =
             model.seconds(step_kind::all_reduce, mesh, t.group, 2 * detail::ceil_log2(p),
-                          twice - (twice / p + (twice % p != 0 ? 1 : 0)), 0);
+                          detail::all_reduce_bytes(n, p), 0);
         const double pairwise =
             model.seconds(step_kind::reduce_scatter, mesh, t.group,
                           tuning.pairwise_reduce_scatter(count, p, element)
