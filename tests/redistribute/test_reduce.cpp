@@ -85,57 +85,67 @@ TEST(pairwise_reduction, plans_reduce_in_chunks_with_strided_pieces) {
     });
 }
 
+/// One case of short_pieces_go_to_mpi_exactly: a pending sum of `shape` reduced into each
+/// layout through MPI's collectives, against the serial sum and the pairwise path.
+template <class Mesh>
+void short_pieces_case(const Mesh& m, const std::array<std::size_t, 3>& shape) {
+    const xshard::reduce_tuning to_mpi{.min_piece_bytes = SIZE_MAX,
+                                       .reduce_scatter_min_piece_bytes = SIZE_MAX};
+    const xshard::reduce_tuning pairwise{.min_piece_bytes = 0,
+                                         .reduce_scatter_min_piece_bytes = 0};
+    const int p = m.shape().group_rank(m.rank(), m.shape().all_axes());
+    auto local = xt::xtensor<long long, 3>::from_shape(shape);
+    for (std::size_t i = 0; i < local.size(); ++i)
+        local.data()[i] = term<long long>(p, i);
+    const auto src =
+        xshard::from_local(m, shape, local, xshard::layout("[-, -, -] partial(sum: x)"));
+    auto expected = xt::xtensor<long long, 3>::from_shape(shape);
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+        expected.data()[i] = 0;
+        for (int q = 0; q < m.size(); ++q)
+            expected.data()[i] += term<long long>(q, i);
+    }
+    for (const char* to : {"[x, -, -]", "[-, x, -]", "[-, -, x]", "[-, -, -]"}) {
+        const xshard::layout l = to;
+        auto plan = xshard::make_redistribution<xshard::dynamic_layout(3)>(src, l, {}, to_mpi);
+        const auto out = plan(src);
+        const std::string what =
+            std::string(to) + " rows " + std::to_string(shape[0]) + " " + xshard::testing::where(m);
+        EXPECT_EQ(xshard::gather_all(out), expected) << what << plan.describe();
+        EXPECT_EQ(plan.plan().bytes_sent(), plan.plan().summary().bytes_sent()) << what;
+        EXPECT_EQ(plan.plan().allocations().peak, plan.plan().summary().peak_extra_bytes)
+            << what;
+        // Pieces that are runs: one reduce-scatter, read in place (no scratch).
+        if (std::string(to) == "[x, -, -]") {
+            const auto& steps = plan.plan().summary().steps;
+            ASSERT_EQ(steps.size(), 1u) << what << plan.describe();
+            EXPECT_EQ(steps[0].planned.kind, xshard::step_kind::reduce_scatter) << what;
+            EXPECT_EQ(plan.plan().allocations().peak, 0u) << what;
+        }
+        auto again = out;
+        const auto allocations = plan.plan().allocations().allocations;
+        plan.execute(src, again);
+        EXPECT_EQ(plan.plan().allocations().allocations, allocations) << what;
+        EXPECT_EQ(again.local(), out.local()) << what;
+        auto other =
+            xshard::make_redistribution<xshard::dynamic_layout(3)>(src, l, {}, pairwise);
+        EXPECT_EQ(other(src).local(), out.local()) << what;
+    }
+}
+
 TEST(pairwise_reduction, short_pieces_go_to_mpi_exactly) {
     // Below the crossover a reduce-scatter whose pieces are runs of the block (dimension 0)
-    // is MPI_Reduce_scatter, reading them in place; strided pieces (dimensions 1 and 2) stay
+    // goes to MPI's collective, reading them in place; strided pieces (dimensions 1 and 2) stay
     // on the pairwise path (or the plan routes around them); an all-reduce is MPI_Allreduce.
     // Each against the serial sum, with the plan's allocations and bytes as its summary says;
     // the same plans through the pairwise path agree.
+    // 7 rows: pieces of unequal counts (MPI_Reduce_scatter) on most rank counts; 24 rows:
+    // equal ones (MPI_Reduce_scatter_block) on 1, 2, 3, 4, 6 and 8 ranks.
     xshard::testing::for_each_mesh([](const auto& m) {
         if (m.shape().ndim() != 1)
             return;
-        const std::array<std::size_t, 3> shape{7, 9, 5};
-        const xshard::reduce_tuning to_mpi{.min_piece_bytes = SIZE_MAX,
-                                           .reduce_scatter_min_piece_bytes = SIZE_MAX};
-        const xshard::reduce_tuning pairwise{.min_piece_bytes = 0,
-                                             .reduce_scatter_min_piece_bytes = 0};
-        const int p = m.shape().group_rank(m.rank(), m.shape().all_axes());
-        auto local = xt::xtensor<long long, 3>::from_shape(shape);
-        for (std::size_t i = 0; i < local.size(); ++i)
-            local.data()[i] = term<long long>(p, i);
-        const auto src =
-            xshard::from_local(m, shape, local, xshard::layout("[-, -, -] partial(sum: x)"));
-        auto expected = xt::xtensor<long long, 3>::from_shape(shape);
-        for (std::size_t i = 0; i < expected.size(); ++i) {
-            expected.data()[i] = 0;
-            for (int q = 0; q < m.size(); ++q)
-                expected.data()[i] += term<long long>(q, i);
-        }
-        for (const char* to : {"[x, -, -]", "[-, x, -]", "[-, -, x]", "[-, -, -]"}) {
-            const xshard::layout l = to;
-            auto plan = xshard::make_redistribution<xshard::dynamic_layout(3)>(src, l, {}, to_mpi);
-            const auto out = plan(src);
-            const std::string what = std::string(to) + " " + xshard::testing::where(m);
-            EXPECT_EQ(xshard::gather_all(out), expected) << what << plan.describe();
-            EXPECT_EQ(plan.plan().bytes_sent(), plan.plan().summary().bytes_sent()) << what;
-            EXPECT_EQ(plan.plan().allocations().peak, plan.plan().summary().peak_extra_bytes)
-                << what;
-            // Pieces that are runs: one reduce-scatter, read in place (no scratch).
-            if (std::string(to) == "[x, -, -]") {
-                const auto& steps = plan.plan().summary().steps;
-                ASSERT_EQ(steps.size(), 1u) << what << plan.describe();
-                EXPECT_EQ(steps[0].planned.kind, xshard::step_kind::reduce_scatter) << what;
-                EXPECT_EQ(plan.plan().allocations().peak, 0u) << what;
-            }
-            auto again = out;
-            const auto allocations = plan.plan().allocations().allocations;
-            plan.execute(src, again);
-            EXPECT_EQ(plan.plan().allocations().allocations, allocations) << what;
-            EXPECT_EQ(again.local(), out.local()) << what;
-            auto other =
-                xshard::make_redistribution<xshard::dynamic_layout(3)>(src, l, {}, pairwise);
-            EXPECT_EQ(other(src).local(), out.local()) << what;
-        }
+        for (const std::size_t rows : {std::size_t(7), std::size_t(24)})
+            short_pieces_case(m, std::array<std::size_t, 3>{rows, 9, 5});
     });
 }
 
