@@ -550,8 +550,7 @@ using pp_config_t = xshard::auto_parallel<model_t, pp_mesh_t>;
 /// the others' weights) whose loss and accuracy follow the training losses; the weights read
 /// after it.
 template <class Configure>
-record drive_pipeline(const pp_mesh_t& full, Configure&& configure, int micro,
-                      int accumulate = 1) {
+record drive_pipeline(const pp_mesh_t& full, Configure&& configure, int micro, int accumulate = 1) {
     const auto stage = xshard::pipeline::stage_mesh_of<mesh_t>(full);
     auto model = make_model(stage);
     pp_config_t c(model, full);
@@ -654,7 +653,9 @@ TEST(model_driver, gradient_accumulation_equals_the_large_batch_step) {
             EXPECT_EQ(sliced.loss_passes, 8u * std::size_t(k)) << ctx; // a pass per slice
         }
         for (const char* level : {"level1", "level3"}) {
-            const auto sharded = [&](config_t& c) { c.hsdp(-1, 0, level); };
+            const auto sharded = [&](config_t& c) {
+                c.hsdp(-1, 0, level);
+            };
             expect_same(drive(m, sharded, nullptr, 2), drive(m, sharded),
                         ctx + " hsdp " + level + ", 2 slices");
         }

@@ -135,12 +135,11 @@ TEST(planner, costs_at_scale_match_the_closed_forms) {
         // the pairwise reduce-scatter and all-gather by their links.
         const auto ar = price("[-, -] partial(sum: dp)", "[-, -]");
         const double log_p = std::ceil(std::log2(pp));
-        const double ar_expected =
-            std::min(2 * log_p * model.all_reduce.alpha +
-                         2 * (pp - 1) / pp * double(n) * model.all_reduce.beta,
-                     (pp - 1) * (model.reduce_scatter.alpha + model.all_gather.alpha) +
-                         (pp - 1) / pp * double(n) *
-                             (model.reduce_scatter.beta + model.all_gather.beta));
+        const double ar_expected = std::min(
+            2 * log_p * model.all_reduce.alpha +
+                2 * (pp - 1) / pp * double(n) * model.all_reduce.beta,
+            (pp - 1) * (model.reduce_scatter.alpha + model.all_gather.alpha) +
+                (pp - 1) / pp * double(n) * (model.reduce_scatter.beta + model.all_gather.beta));
         EXPECT_NEAR(ar.seconds, ar_expected, 1e-9 * ar_expected) << p;
         // Reduce-scatter: (p-1) alpha + (p-1)/p n beta (+ the copy of the own term).
         const auto rsum = price("[-, -] partial(sum: dp)", "[dp, -]");
@@ -150,9 +149,9 @@ TEST(planner, costs_at_scale_match_the_closed_forms) {
         EXPECT_NEAR(rsum.seconds, rs_expected, 1e-9 * rs_expected) << p;
         // Short pieces go to MPI_Reduce_scatter: log2(p) alpha + (p-1)/p n beta, nothing copied.
         const std::array<std::size_t, 2> small{std::size_t(p), 2};
-        const auto short_rs = xshard::summarize(
-            plan_redistribution("[-, -] partial(sum: dp)", "[dp, -]").paths[0], m, small,
-            sizeof(double), 0, model);
+        const auto short_rs =
+            xshard::summarize(plan_redistribution("[-, -] partial(sum: dp)", "[dp, -]").paths[0], m,
+                              small, sizeof(double), 0, model);
         const double short_expected =
             log_p * model.reduce_scatter.alpha +
             (pp - 1) / pp * double(2 * p * sizeof(double)) * model.reduce_scatter.beta;

@@ -40,9 +40,8 @@ T term(int rank, std::size_t i) {
 TEST(pairwise_reduction, plans_reduce_in_chunks_with_strided_pieces) {
     xshard::testing::for_each_mesh([](const auto& m) {
         const std::array<std::size_t, 2> shape{11, 37};
-        const xshard::reduce_tuning tiny{.min_piece_bytes = 0,
-                                         .chunk_bytes = 64,
-                                         .reduce_scatter_min_piece_bytes = 0};
+        const xshard::reduce_tuning tiny{
+            .min_piece_bytes = 0, .chunk_bytes = 64, .reduce_scatter_min_piece_bytes = 0};
         // A pending sum scattered into dimension 1 (strided pieces, one message each) and
         // into dimension 0 (contiguous, pipelined), and all-reduced.
         for (const char* to : {"[-, x]", "[x, -]", "[-, -]"}) {
@@ -91,8 +90,7 @@ template <class Mesh>
 void short_pieces_case(const Mesh& m, const std::array<std::size_t, 3>& shape) {
     const xshard::reduce_tuning to_mpi{.min_piece_bytes = SIZE_MAX,
                                        .reduce_scatter_min_piece_bytes = SIZE_MAX};
-    const xshard::reduce_tuning pairwise{.min_piece_bytes = 0,
-                                         .reduce_scatter_min_piece_bytes = 0};
+    const xshard::reduce_tuning pairwise{.min_piece_bytes = 0, .reduce_scatter_min_piece_bytes = 0};
     const int p = m.shape().group_rank(m.rank(), m.shape().all_axes());
     auto local = xt::xtensor<long long, 3>::from_shape(shape);
     for (std::size_t i = 0; i < local.size(); ++i)
@@ -113,8 +111,7 @@ void short_pieces_case(const Mesh& m, const std::array<std::size_t, 3>& shape) {
             std::string(to) + " rows " + std::to_string(shape[0]) + " " + xshard::testing::where(m);
         EXPECT_EQ(xshard::gather_all(out), expected) << what << plan.describe();
         EXPECT_EQ(plan.plan().bytes_sent(), plan.plan().summary().bytes_sent()) << what;
-        EXPECT_EQ(plan.plan().allocations().peak, plan.plan().summary().peak_extra_bytes)
-            << what;
+        EXPECT_EQ(plan.plan().allocations().peak, plan.plan().summary().peak_extra_bytes) << what;
         // Pieces that are runs: one reduce-scatter, read in place (no scratch).
         if (std::string(to) == "[x, -, -]") {
             const auto& steps = plan.plan().summary().steps;
@@ -127,8 +124,7 @@ void short_pieces_case(const Mesh& m, const std::array<std::size_t, 3>& shape) {
         plan.execute(src, again);
         EXPECT_EQ(plan.plan().allocations().allocations, allocations) << what;
         EXPECT_EQ(again.local(), out.local()) << what;
-        auto other =
-            xshard::make_redistribution<xshard::dynamic_layout(3)>(src, l, {}, pairwise);
+        auto other = xshard::make_redistribution<xshard::dynamic_layout(3)>(src, l, {}, pairwise);
         EXPECT_EQ(other(src).local(), out.local()) << what;
     }
 }

@@ -288,9 +288,8 @@ step_summary summarize(const step_traffic<N>& t, const mesh_shape& mesh, std::si
                           detail::all_reduce_bytes(n, p), 0);
         const double pairwise =
             model.seconds(step_kind::reduce_scatter, mesh, t.group,
-                          tuning.pairwise_reduce_scatter(count, p, element)
-                              ? p - 1
-                              : detail::ceil_log2(p),
+                          tuning.pairwise_reduce_scatter(count, p, element) ? p - 1
+                                                                            : detail::ceil_log2(p),
                           n - mine, 0) +
             model.seconds(step_kind::all_gather, mesh, t.group, p - 1,
                           detail::saturating_mul(p - 1, mine), 0);

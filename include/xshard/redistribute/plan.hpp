@@ -220,9 +220,8 @@ private:
             std::size_t largest = 0;
             for (const auto& p : s.pieces)
                 largest = std::max(largest, p.elements);
-            if (geo.valid && !tuning_.pairwise_reduce_scatter(geo.in_block.size(),
-                                                              std::size_t(geo.group_size),
-                                                              sizeof(T)))
+            if (geo.valid && !tuning_.pairwise_reduce_scatter(
+                                 geo.in_block.size(), std::size_t(geo.group_size), sizeof(T)))
                 compile_mpi_reduce_scatter(s);
             if (s.mpi_counts.empty())
                 reducer_.reserve(geo.out_block.size(), largest, s.chunked);
