@@ -8,17 +8,20 @@
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
+#include <xshard/comm/watch.hpp>
 
 #include <array>
 #include <concepts>
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace xshard {
 
@@ -103,19 +106,168 @@ bool made_on_every_rank(const communicator& c, F&& make) {
 
 namespace detail {
 
-/// Runs `f()` and agrees over `c` on whether it threw; on failure every rank calls
-/// `fail(first, text, failure)` (the lowest failing rank, its message, this rank's own
-/// exception or null), which throws. Failing ranks take part in sending the message too, so
-/// none is left in a collective. Collective: one all-reduce of one int (plus two broadcasts
-/// on failure).
+/// The communicator agreements over `c` run on: a duplicate of `c` made by the first
+/// agreement (collective over `c`), kept as an attribute of `c` and freed with it (for
+/// MPI_COMM_WORLD, before MPI_Finalize). An agreement on `c` itself could meet a collective
+/// that a peer's failure left posted there.
+inline MPI_Comm agreement_comm(const communicator& c) {
+    static const int key = [] {
+        int k = MPI_KEYVAL_INVALID;
+        check_mpi(MPI_Comm_create_keyval(
+                      MPI_COMM_NULL_COPY_FN,
+                      [](MPI_Comm, int, void* value, void*) -> int {
+                          auto* twin = static_cast<MPI_Comm*>(value);
+                          int finalized = 0;
+                          MPI_Finalized(&finalized);
+                          if (!finalized && !is_broken(*twin)) // (see communicator's freer)
+                              MPI_Comm_free(twin);
+                          delete twin;
+                          return MPI_SUCCESS;
+                      },
+                      &k, nullptr),
+                  "MPI_Comm_create_keyval");
+        before_finalize([k] {
+            void* twin = nullptr;
+            int found = 0;
+            if (MPI_Comm_get_attr(MPI_COMM_WORLD, k, &twin, &found) == MPI_SUCCESS && found)
+                MPI_Comm_delete_attr(MPI_COMM_WORLD, k);
+        });
+        return k;
+    }();
+    void* value = nullptr;
+    int found = 0;
+    check_mpi(MPI_Comm_get_attr(c.native(), key, &value, &found), "MPI_Comm_get_attr");
+    if (found)
+        return *static_cast<MPI_Comm*>(value);
+    auto twin = std::make_unique<MPI_Comm>(MPI_COMM_NULL);
+    check_mpi(MPI_Comm_dup(c.native(), twin.get()), "MPI_Comm_dup");
+    check_mpi(MPI_Comm_set_errhandler(*twin, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    check_mpi(MPI_Comm_set_attr(c.native(), key, twin.get()), "MPI_Comm_set_attr");
+    return *twin.release();
+}
+
+/// What one rank's run of a failure scope came to (bits).
+enum scope_outcome : char {
+    scope_failed = 1,    // it threw
+    scope_announced = 2, // it threw first-hand and sent its failure notice
+    scope_abandoned = 4, // a wait of it gave up a collective
+};
+
+/// The outcome of a failure scope over `c` on every rank: each rank's `scope_outcome`, and
+/// the failing rank everyone reports (in MPI_COMM_WORLD) with its message. Waits on the
+/// agreement communicator, watched but heeding no notice (they are what it settles).
+struct scope_agreement {
+    std::vector<char> outcomes;
+    int origin = -1;
+    std::string message;
+};
+
+inline scope_agreement agree_on_scope(const communicator& c, char mine, int my_origin,
+                                      const std::string& my_message) {
+    const MPI_Comm twin = agreement_comm(c);
+    // The buffers MPI writes into: left to MPI when a wait is given up (the watchdog).
+    struct buffers {
+        scope_agreement out;
+        long long head[2] = {0, 0};
+        char mine = 0;
+    };
+    auto b = std::make_unique<buffers>();
+    const auto wait = [&](MPI_Request& q, std::string_view what, std::size_t bytes) {
+        try {
+            watched_wait(std::span(&q, 1), what, twin, c.size(), bytes, {false, false});
+        } catch (...) {
+            (void)b.release();
+            throw;
+        }
+    };
+    auto& out = b->out;
+    out.outcomes.assign(std::size_t(c.size()), 0);
+    b->mine = mine;
+    MPI_Request q = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallgather(&b->mine, 1, MPI_CHAR, out.outcomes.data(), 1, MPI_CHAR, twin, &q),
+              "MPI_Iallgather");
+    wait(q, "agreement", out.outcomes.size());
+    int first = -1;
+    for (const char bit : {char(scope_announced), char(scope_failed)})
+        for (int r = 0; r < c.size() && first < 0; ++r)
+            if (out.outcomes[std::size_t(r)] & bit)
+                first = r;
+    if (first < 0)
+        return std::move(out);
+    b->head[0] = my_origin;
+    b->head[1] = (long long)my_message.size();
+    check_mpi(MPI_Ibcast(b->head, 2, MPI_LONG_LONG, first, twin, &q), "MPI_Ibcast");
+    wait(q, "agreement", sizeof b->head);
+    out.origin = int(b->head[0]);
+    out.message = c.rank() == first ? my_message : std::string(std::size_t(b->head[1]), '\0');
+    check_mpi(MPI_Ibcast(out.message.data(), int(b->head[1]), MPI_CHAR, first, twin, &q),
+              "MPI_Ibcast");
+    wait(q, "agreement", out.message.size());
+    return std::move(out);
+}
+
+/// Opens a failure scope over `c` (see `run_agreed`): raises at once when `c` is broken,
+/// and makes the agreement communicator while every rank is here.
+inline void open_scope(const communicator& c, std::string_view what) {
+    require_whole(c, what);
+    if (c.size() > 1)
+        agreement_comm(c);
+}
+
+/// Closes a failure scope over `c` opened when this rank had given up `abandoned` waits: its
+/// `outcome` (a rank that failed first-hand has sent its notice already), the failing rank
+/// it reports (in MPI_COMM_WORLD) with its message, its own exception or null. On failure
+/// anywhere, settles the notices sent, breaks the communicators if a collective was given
+/// up (marking `c` broken), and calls `fail(origin, text, failure)`, which throws.
+template <class Fail>
+void close_scope(const communicator& c, std::uint64_t abandoned, char outcome, int origin,
+                 const std::string& message, std::exception_ptr failure, Fail& fail) {
+    if (c.size() == 1) {
+        if (failure)
+            std::rethrow_exception(failure);
+        if (outcome)
+            fail(origin, message, failure);
+        return;
+    }
+    if (watch().abandoned != abandoned)
+        outcome |= scope_abandoned;
+    const auto agreement = agree_on_scope(c, outcome, origin, message);
+    if (agreement.origin < 0)
+        return;
+    bool any_abandoned = false;
+    const auto members = world_ranks(c.native());
+    for (int r = 0; r < c.size(); ++r) {
+        const char o = agreement.outcomes[std::size_t(r)];
+        any_abandoned = any_abandoned || (o & scope_abandoned);
+        if ((o & scope_announced) && r != c.rank())
+            settle_notice(members[std::size_t(r)]);
+    }
+    if (any_abandoned)
+        mark_broken(c.native());
+    fail(agreement.origin, agreement.message, failure);
+}
+
+/// Runs `f()` as a failure scope over `c` and agrees on whether it threw. A rank whose `f`
+/// throws (other than `peer_failure`, which says another rank failed) first sends its
+/// message to every other member (comm/watch.hpp), so that members waiting in a collective
+/// that rank will never reach raise `peer_failure`, and then joins the agreement, which runs
+/// on a communicator of its own. On failure every rank calls `fail(origin, text, failure)`
+/// (the failing rank reported, in MPI_COMM_WORLD, its message, this rank's own exception,
+/// or null where it raised none or a `peer_failure`), which throws; when some rank gave up a collective, every rank marks `c` broken
+/// first. Collective: one all-gather of one byte per rank (plus two broadcasts on
+/// failure, and the first time for `c`, one MPI_Comm_dup).
 template <class F, class Fail>
 decltype(auto) run_agreed(const communicator& c, F& f, Fail fail) {
     using result_t = std::invoke_result_t<F&>;
     using stored_t =
         std::conditional_t<std::is_reference_v<result_t>,
                            std::reference_wrapper<std::remove_reference_t<result_t>>, result_t>;
+    open_scope(c, "an agreed call");
+    const auto abandoned = watch().abandoned;
     std::exception_ptr failure;
-    std::optional<std::string> message;
+    char outcome = 0;
+    int origin = world_rank();
+    std::string message;
     [[maybe_unused]] std::optional<std::conditional_t<std::is_void_v<result_t>, nothing, stored_t>>
         result;
     try {
@@ -123,16 +275,22 @@ decltype(auto) run_agreed(const communicator& c, F& f, Fail fail) {
             f();
         else
             result.emplace(f());
+    } catch (const peer_failure& e) { // raised again below as every other rank raises
+        outcome = scope_failed;
+        origin = e.rank();
+        message = e.message();
     } catch (const std::exception& e) {
         failure = std::current_exception();
+        outcome = scope_failed | scope_announced;
         message = e.what();
     } catch (...) {
         failure = std::current_exception();
+        outcome = scope_failed | scope_announced;
         message = "an exception not derived from std::exception";
     }
-    const int first = first_reporting_rank(c, failure != nullptr);
-    if (first >= 0)
-        fail(first, message_from(c, first, message), failure);
+    if (outcome & scope_announced)
+        announce_failure(c.native(), message);
+    close_scope(c, abandoned, outcome, origin, message, failure, fail);
     if constexpr (std::is_reference_v<result_t>)
         return static_cast<result_t>(result->get());
     else if constexpr (!std::is_void_v<result_t>)
@@ -142,17 +300,23 @@ decltype(auto) run_agreed(const communicator& c, F& f, Fail fail) {
 
 } // namespace detail
 
-/// Runs `f()` on every rank of `c` and agrees on the outcome before returning: when `f`
-/// throws on some ranks, each of them rethrows its own exception and every other rank
-/// throws `Error` naming the lowest failing rank and its message; otherwise returns what
-/// `f` returned. Collective: one all-reduce of one int (plus two broadcasts on failure).
-template <class Error = error, class F>
+/// Runs `f()` on every rank of `c` as a failure scope and agrees on the outcome before
+/// returning: when `f` throws on some ranks, each of them rethrows its own exception and
+/// every other rank throws `Error` (by default `peer_failure`) naming the failing rank (in
+/// MPI_COMM_WORLD) and its message; otherwise returns what `f` returned. A rank that fails
+/// while others wait in a collective it will not reach ends their wait (see
+/// `detail::run_agreed`); `c` is then broken on every rank (`communicator::broken()`). Collective: one all-gather of one byte per rank (plus two
+/// broadcasts on failure).
+template <class Error = peer_failure, class F>
     requires std::invocable<F&>
 decltype(auto) agreed(const communicator& c, F&& f) {
-    return detail::run_agreed(c, f, [](int first, const std::string& text, std::exception_ptr failure) {
+    return detail::run_agreed(c, f, [](int origin, const std::string& text, std::exception_ptr failure) {
         if (failure)
             std::rethrow_exception(failure);
-        throw Error("xshard: rank " + std::to_string(first) + " failed: " + text);
+        if constexpr (std::is_same_v<Error, peer_failure>)
+            throw peer_failure(origin, text);
+        else
+            throw Error("xshard: rank " + std::to_string(origin) + " failed: " + text);
     });
 }
 

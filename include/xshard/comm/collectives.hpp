@@ -25,6 +25,7 @@
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/reduction.hpp>
 #include <xshard/comm/request.hpp>
+#include <xshard/comm/watch.hpp>
 
 #include <mpi.h>
 
@@ -153,6 +154,31 @@ void require_same_type() {
 template <class F, class Args>
 void run(F mpi_call, std::string_view name, Args&& args) {
     check_mpi(std::apply(mpi_call, std::forward<Args>(args)), name);
+}
+
+/// The bytes of a buffer.
+template <class B>
+std::size_t bytes_of(const B& buffer) {
+    return std::ranges::size(buffer) * sizeof(buffer_value_t<B>);
+}
+inline std::size_t bytes_of(const mpi_buffer& buffer) {
+    int size = 0;
+    MPI_Type_size(buffer.type, &size);
+    return buffer.count * std::size_t(size);
+}
+
+/// Runs a blocking collective on a tuple of arguments with its wait watched (see
+/// comm/watch.hpp): a watched nonblocking barrier, then the blocking call.
+template <class B, class Args>
+void run_watched(B blocking, std::string_view name, const communicator& c, std::size_t bytes,
+                 Args&& args) {
+    require_whole(c, name);
+    if (c.size() > 1) {
+        MPI_Request q = MPI_REQUEST_NULL;
+        check_mpi(MPI_Ibarrier(c.native(), &q), "MPI_Ibarrier");
+        watched_wait(std::span(&q, 1), name, c.native(), c.size(), bytes);
+    }
+    run(blocking, name, std::forward<Args>(args));
 }
 
 /// Starts a nonblocking MPI call on a tuple of arguments (the request is appended).
@@ -390,7 +416,8 @@ inline constexpr int any_tag = MPI_ANY_TAG;
 
 /// Blocks until every rank of `c` has called it.
 inline void barrier(const communicator& c) {
-    detail::run(MPI_Barrier, "MPI_Barrier", detail::barrier_args(c));
+    detail::run_watched(MPI_Barrier, "MPI_Barrier", c, 0,
+                        detail::barrier_args(c));
 }
 inline request ibarrier(const communicator& c) {
     return detail::start(MPI_Ibarrier, "MPI_Ibarrier", detail::barrier_args(c));
@@ -400,7 +427,8 @@ inline request ibarrier(const communicator& c) {
 template <class B>
 requires output_buffer<B&>
 void bcast(const communicator& c, B&& buffer, int root) {
-    detail::run(MPI_Bcast, "MPI_Bcast", detail::bcast_args(c, buffer, root));
+    detail::run_watched(MPI_Bcast, "MPI_Bcast", c, detail::bytes_of(buffer),
+                        detail::bcast_args(c, buffer, root));
 }
 template <class B>
 requires output_buffer<B&> request ibcast(const communicator& c, B&& buffer, int root) {
@@ -409,7 +437,8 @@ requires output_buffer<B&> request ibcast(const communicator& c, B&& buffer, int
 
 /// `bcast` of a type-erased buffer (see `mpi_buffer`).
 inline void bcast(const communicator& c, const mpi_buffer& buffer, int root) {
-    detail::run(MPI_Bcast, "MPI_Bcast", detail::bcast_args(c, buffer, root));
+    detail::run_watched(MPI_Bcast, "MPI_Bcast", c, detail::bytes_of(buffer),
+                        detail::bcast_args(c, buffer, root));
 }
 inline request ibcast(const communicator& c, const mpi_buffer& buffer, int root) {
     return detail::start(MPI_Ibcast, "MPI_Ibcast", detail::bcast_args(c, buffer, root));
@@ -420,7 +449,8 @@ inline request ibcast(const communicator& c, const mpi_buffer& buffer, int root)
 template <contiguous_buffer S, class R>
 requires output_buffer<R&>
 void reduce(const communicator& c, const S& send, R&& recv, reduction op, int root) {
-    detail::run(MPI_Reduce, "MPI_Reduce", detail::reduce_args(c, send, recv, op, root));
+    detail::run_watched(MPI_Reduce, "MPI_Reduce", c, detail::bytes_of(send),
+                        detail::reduce_args(c, send, recv, op, root));
 }
 template <contiguous_buffer S, class R>
 requires output_buffer<R&> request ireduce(const communicator& c, const S& send, R&& recv,
@@ -432,7 +462,8 @@ requires output_buffer<R&> request ireduce(const communicator& c, const S& send,
 template <contiguous_buffer S, class R>
 requires output_buffer<R&>
 void allreduce(const communicator& c, const S& send, R&& recv, reduction op) {
-    detail::run(MPI_Allreduce, "MPI_Allreduce", detail::allreduce_args(c, send, recv, op));
+    detail::run_watched(MPI_Allreduce, "MPI_Allreduce", c, detail::bytes_of(send),
+                        detail::allreduce_args(c, send, recv, op));
 }
 template <contiguous_buffer S, class R>
 requires output_buffer<R&> request iallreduce(const communicator& c, const S& send, R&& recv,
@@ -445,7 +476,8 @@ requires output_buffer<R&> request iallreduce(const communicator& c, const S& se
 template <class B>
 requires output_buffer<B&>
 void allreduce(const communicator& c, B&& buffer, reduction op) {
-    detail::run(MPI_Allreduce, "MPI_Allreduce", detail::allreduce_in_place_args(c, buffer, op));
+    detail::run_watched(MPI_Allreduce, "MPI_Allreduce", c, detail::bytes_of(buffer),
+                        detail::allreduce_in_place_args(c, buffer, op));
 }
 template <class B>
 requires output_buffer<B&> request iallreduce(const communicator& c, B&& buffer, reduction op) {
@@ -457,7 +489,8 @@ requires output_buffer<B&> request iallreduce(const communicator& c, B&& buffer,
 template <contiguous_buffer S, class R>
 requires output_buffer<R&>
 void gather(const communicator& c, const S& send, R&& recv, int root) {
-    detail::run(MPI_Gather, "MPI_Gather", detail::gather_args(c, send, recv, root));
+    detail::run_watched(MPI_Gather, "MPI_Gather", c, detail::bytes_of(send),
+                        detail::gather_args(c, send, recv, root));
 }
 template <contiguous_buffer S, class R>
 requires output_buffer<R&> request igather(const communicator& c, const S& send, R&& recv,
@@ -470,8 +503,8 @@ template <contiguous_buffer S, class R>
 requires output_buffer<R&>
 void gatherv(const communicator& c, const S& send, R&& recv, counts_view counts, counts_view displs,
              int root) {
-    detail::run(MPI_Gatherv, "MPI_Gatherv",
-                detail::gatherv_args(c, send, recv, counts, displs, root));
+    detail::run_watched(MPI_Gatherv, "MPI_Gatherv", c, detail::bytes_of(send),
+                        detail::gatherv_args(c, send, recv, counts, displs, root));
 }
 template <contiguous_buffer S, class R>
 requires output_buffer<R&> request igatherv(const communicator& c, const S& send, R&& recv,
@@ -484,7 +517,8 @@ requires output_buffer<R&> request igatherv(const communicator& c, const S& send
 template <contiguous_buffer S, class R>
 requires output_buffer<R&>
 void scatter(const communicator& c, const S& send, R&& recv, int root) {
-    detail::run(MPI_Scatter, "MPI_Scatter", detail::scatter_args(c, send, recv, root));
+    detail::run_watched(MPI_Scatter, "MPI_Scatter", c, detail::bytes_of(recv),
+                        detail::scatter_args(c, send, recv, root));
 }
 template <contiguous_buffer S, class R>
 requires output_buffer<R&> request iscatter(const communicator& c, const S& send, R&& recv,
@@ -497,8 +531,8 @@ template <contiguous_buffer S, class R>
 requires output_buffer<R&>
 void scatterv(const communicator& c, const S& send, counts_view counts, counts_view displs,
               R&& recv, int root) {
-    detail::run(MPI_Scatterv, "MPI_Scatterv",
-                detail::scatterv_args(c, send, counts, displs, recv, root));
+    detail::run_watched(MPI_Scatterv, "MPI_Scatterv", c, detail::bytes_of(recv),
+                        detail::scatterv_args(c, send, counts, displs, recv, root));
 }
 template <contiguous_buffer S, class R>
 requires output_buffer<R&> request iscatterv(const communicator& c, const S& send,
@@ -512,7 +546,8 @@ requires output_buffer<R&> request iscatterv(const communicator& c, const S& sen
 template <contiguous_buffer S, class R>
 requires output_buffer<R&>
 void allgather(const communicator& c, const S& send, R&& recv) {
-    detail::run(MPI_Allgather, "MPI_Allgather", detail::allgather_args(c, send, recv));
+    detail::run_watched(MPI_Allgather, "MPI_Allgather", c, detail::bytes_of(send),
+                        detail::allgather_args(c, send, recv));
 }
 template <contiguous_buffer S, class R>
 requires output_buffer<R&> request iallgather(const communicator& c, const S& send, R&& recv) {
@@ -524,8 +559,8 @@ template <contiguous_buffer S, class R>
 requires output_buffer<R&>
 void allgatherv(const communicator& c, const S& send, R&& recv, counts_view counts,
                 counts_view displs) {
-    detail::run(MPI_Allgatherv, "MPI_Allgatherv",
-                detail::allgatherv_args(c, send, recv, counts, displs));
+    detail::run_watched(MPI_Allgatherv, "MPI_Allgatherv", c, detail::bytes_of(recv),
+                        detail::allgatherv_args(c, send, recv, counts, displs));
 }
 template <contiguous_buffer S, class R>
 requires output_buffer<R&> request iallgatherv(const communicator& c, const S& send, R&& recv,
@@ -539,7 +574,8 @@ requires output_buffer<R&> request iallgatherv(const communicator& c, const S& s
 template <contiguous_buffer S, class R>
 requires output_buffer<R&>
 void alltoall(const communicator& c, const S& send, R&& recv) {
-    detail::run(MPI_Alltoall, "MPI_Alltoall", detail::alltoall_args(c, send, recv));
+    detail::run_watched(MPI_Alltoall, "MPI_Alltoall", c, detail::bytes_of(send),
+                        detail::alltoall_args(c, send, recv));
 }
 template <contiguous_buffer S, class R>
 requires output_buffer<R&> request ialltoall(const communicator& c, const S& send, R&& recv) {
@@ -552,9 +588,8 @@ requires output_buffer<R&>
 void alltoallv(const communicator& c, const S& send, counts_view send_counts,
                counts_view send_displs, R&& recv, counts_view recv_counts,
                counts_view recv_displs) {
-    detail::run(
-        MPI_Alltoallv, "MPI_Alltoallv",
-        detail::alltoallv_args(c, send, send_counts, send_displs, recv, recv_counts, recv_displs));
+    detail::run_watched(MPI_Alltoallv, "MPI_Alltoallv", c, detail::bytes_of(send),
+                        detail::alltoallv_args(c, send, send_counts, send_displs, recv, recv_counts, recv_displs));
 }
 template <contiguous_buffer S, class R>
 requires output_buffer<R&> request ialltoallv(const communicator& c, const S& send,
@@ -572,8 +607,8 @@ template <contiguous_buffer S, class R>
 requires output_buffer<R&>
 void reduce_scatter(const communicator& c, const S& send, R&& recv, counts_view counts,
                     reduction op) {
-    detail::run(MPI_Reduce_scatter, "MPI_Reduce_scatter",
-                detail::reduce_scatter_args(c, send, recv, counts, op));
+    detail::run_watched(MPI_Reduce_scatter, "MPI_Reduce_scatter", c, detail::bytes_of(send),
+                        detail::reduce_scatter_args(c, send, recv, counts, op));
 }
 template <contiguous_buffer S, class R>
 requires output_buffer<R&> request ireduce_scatter(const communicator& c, const S& send, R&& recv,
@@ -586,8 +621,8 @@ requires output_buffer<R&> request ireduce_scatter(const communicator& c, const 
 template <contiguous_buffer S, class R>
 requires output_buffer<R&>
 void reduce_scatter_block(const communicator& c, const S& send, R&& recv, reduction op) {
-    detail::run(MPI_Reduce_scatter_block, "MPI_Reduce_scatter_block",
-                detail::reduce_scatter_block_args(c, send, recv, op));
+    detail::run_watched(MPI_Reduce_scatter_block, "MPI_Reduce_scatter_block", c, detail::bytes_of(send),
+                        detail::reduce_scatter_block_args(c, send, recv, op));
 }
 template <contiguous_buffer S, class R>
 requires output_buffer<R&> request ireduce_scatter_block(const communicator& c, const S& send,
@@ -599,7 +634,10 @@ requires output_buffer<R&> request ireduce_scatter_block(const communicator& c, 
 /// Sends `buffer` to rank `dest`.
 template <contiguous_buffer B>
 void send(const communicator& c, const B& buffer, int dest, int tag = 0) {
-    detail::run(MPI_Send, "MPI_Send", detail::send_args(c, buffer, dest, tag));
+    detail::require_whole(c, "MPI_Send");
+    auto q = detail::start(MPI_Isend, "MPI_Send", detail::send_args(c, buffer, dest, tag));
+    detail::watched_wait(std::span(q.native(), 1), "MPI_Send", c.native(), c.size(),
+                         detail::bytes_of(buffer), {true, true});
 }
 template <contiguous_buffer B>
 request isend(const communicator& c, const B& buffer, int dest, int tag = 0) {
@@ -610,8 +648,13 @@ request isend(const communicator& c, const B& buffer, int dest, int tag = 0) {
 template <class B>
 requires output_buffer<B&>
 void recv(const communicator& c, B&& buffer, int source, int tag = 0) {
-    detail::run([](auto... a) { return MPI_Recv(a..., MPI_STATUS_IGNORE); }, "MPI_Recv",
-                detail::recv_args(c, buffer, source, tag));
+    detail::require_whole(c, "MPI_Recv");
+    MPI_Request q = MPI_REQUEST_NULL;
+    detail::check_mpi(std::apply([&](auto... a) { return MPI_Irecv(a..., &q); },
+                                 detail::recv_args(c, buffer, source, tag)),
+                      "MPI_Recv");
+    detail::watched_wait(std::span(&q, 1), "MPI_Recv", c.native(), c.size(),
+                         detail::bytes_of(buffer), {true, true});
 }
 template <class B>
 requires output_buffer<B&> request irecv(const communicator& c, B&& buffer, int source,
@@ -625,10 +668,16 @@ requires output_buffer<R&>
 void sendrecv(const communicator& c, const S& send, int dest, R&& recv, int source, int tag = 0) {
     const auto out = detail::send_args(c, send, dest, tag);
     const auto in = detail::recv_args(c, recv, source, tag);
-    detail::check_mpi(MPI_Sendrecv(std::get<0>(out), std::get<1>(out), std::get<2>(out), dest, tag,
-                                   std::get<0>(in), std::get<1>(in), std::get<2>(in), source, tag,
-                                   c.native(), MPI_STATUS_IGNORE),
+    detail::require_whole(c, "MPI_Sendrecv");
+    MPI_Request q[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    detail::check_mpi(MPI_Irecv(std::get<0>(in), std::get<1>(in), std::get<2>(in), source, tag,
+                                c.native(), &q[0]),
                       "MPI_Sendrecv");
+    detail::check_mpi(MPI_Isend(std::get<0>(out), std::get<1>(out), std::get<2>(out), dest, tag,
+                                c.native(), &q[1]),
+                      "MPI_Sendrecv");
+    detail::watched_wait(q, "MPI_Sendrecv", c.native(), c.size(), detail::bytes_of(send),
+                         {true, true});
 }
 
 } // namespace mpi

@@ -9,11 +9,41 @@
 #include <memory>
 
 namespace xshard {
+namespace detail {
+
+/// The attribute that marks a communicator broken (made once per process; see `broken`).
+inline int broken_key() {
+    static const int key = [] {
+        int k = MPI_KEYVAL_INVALID;
+        check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, MPI_COMM_NULL_DELETE_FN, &k,
+                                         nullptr),
+                  "MPI_Comm_create_keyval");
+        return k;
+    }();
+    return key;
+}
+
+/// Marks `comm` broken: a collective on it was given up (see comm/watch.hpp).
+inline void mark_broken(MPI_Comm comm) {
+    if (comm != MPI_COMM_NULL)
+        check_mpi(MPI_Comm_set_attr(comm, broken_key(), nullptr), "MPI_Comm_set_attr");
+}
+
+/// Whether `comm` is marked broken.
+inline bool is_broken(MPI_Comm comm) {
+    void* value = nullptr;
+    int found = 0;
+    check_mpi(MPI_Comm_get_attr(comm, broken_key(), &value, &found), "MPI_Comm_get_attr");
+    return found != 0;
+}
+
+} // namespace detail
+
 namespace mpi {
 
 /// A communicator. Copies share the handle; an owning communicator (one xshard made by
 /// dup, split or MPI_Cart_sub, or one adopted with `communicator::adopt`) is freed when
-/// the last copy goes, unless MPI is already finalised. Communicators xshard creates
+/// the last copy goes, unless MPI is already finalised or the communicator is `broken()`. Communicators xshard creates
 /// report errors as exceptions (MPI_ERRORS_RETURN + mpi_error) instead of aborting.
 class communicator {
 public:
@@ -43,6 +73,13 @@ public:
     /// The number of processes in the communicator.
     int size() const noexcept { return size_; }
 
+    /// Whether a collective on this communicator was given up after a peer's failure (on
+    /// this rank, or on another rank of a failure scope over it; see comm/watch.hpp): some
+    /// rank may still have it posted, so using the communicator again raises at once. A
+    /// program that goes on after a `peer_failure` builds a new mesh (or resumes from a
+    /// checkpoint).
+    bool broken() const { return !is_null() && detail::is_broken(comm_); }
+
     /// The underlying MPI handle, for calling MPI directly.
     MPI_Comm native() const noexcept { return comm_; }
 
@@ -71,7 +108,9 @@ private:
         void operator()(MPI_Comm* comm) const noexcept {
             int finalized = 0;
             MPI_Finalized(&finalized);
-            if (!finalized && *comm != MPI_COMM_NULL)
+            // A broken communicator stays: freeing it would let MPI reuse its context for a
+            // new communicator, whose messages the abandoned operations could then match.
+            if (!finalized && *comm != MPI_COMM_NULL && !detail::is_broken(*comm))
                 MPI_Comm_free(comm);
             delete comm;
         }

@@ -4,6 +4,7 @@
 
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
+#include <xshard/comm/watch.hpp>
 
 #include <mpi.h>
 
@@ -24,6 +25,9 @@ enum class thread_level : int {
 /// application or another library) the environment attaches to it and leaves
 /// finalisation to its owner. A program started without `mpirun` runs as one rank
 /// (MPI singleton mode).
+///
+/// Construction also opens the communicator of failure notices that watched waits listen
+/// to (comm/watch.hpp; collective over MPI_COMM_WORLD): construct it on every rank.
 ///
 /// When it initialises Open MPI it leaves out the AVX reduction component, which sums
 /// unsigned 8- and 16-bit integers with saturation in Open MPI 4.1 (set OMPI_MCA_op to
@@ -89,6 +93,7 @@ private:
             int level = 0;
             MPI_Query_thread(&level);
             provided_ = static_cast<thread_level>(level);
+            detail::open_watch();
             return;
         }
         avoid_saturating_sums();
@@ -97,6 +102,7 @@ private:
                           "MPI_Init_thread");
         provided_ = static_cast<thread_level>(level);
         owns_ = true;
+        detail::open_watch();
     }
 
     // Open MPI 4.1's AVX reduction component saturates MPI_SUM on unsigned 8- and 16-bit

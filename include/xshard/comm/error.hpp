@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace xshard {
 
@@ -21,6 +22,36 @@ public:
 /// A file that cannot be read or written as asked (missing, truncated, corrupted, not matching
 /// the model, a failed write): checkpoints, strategy files, MPI-IO. The message names the path.
 class io_error : public error {
+public:
+    using error::error;
+};
+
+/// Raised on a rank whose collective a failure on another rank abandoned: that rank failed
+/// inside a failure scope (`agreed`, `shard()`, the driver's step, a pipeline step) and told
+/// every member of the scope's communicator before it unwound, so no rank waits for it for
+/// ever. Carries the failing rank (in MPI_COMM_WORLD) and its message. Communicators that
+/// existed when a collective was abandoned are broken afterwards (see comm/watch.hpp).
+class peer_failure : public error {
+public:
+    peer_failure(int rank, std::string message)
+        : error("xshard: rank " + std::to_string(rank) + " failed: " + message)
+        , rank_(rank)
+        , message_(std::move(message)) {}
+
+    /// The rank, in MPI_COMM_WORLD, that failed first.
+    int rank() const noexcept { return rank_; }
+    /// Its own message.
+    const std::string& message() const noexcept { return message_; }
+
+private:
+    int rank_;
+    std::string message_;
+};
+
+/// Raised when a collective has not completed within the watchdog's timeout
+/// (`watch_settings::timeout`). The message names the collective, the communicator's ranks and
+/// the ranks that did not report waiting in it.
+class collective_timeout : public error {
 public:
     using error::error;
 };

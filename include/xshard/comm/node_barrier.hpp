@@ -7,6 +7,7 @@
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/shared_window.hpp>
+#include <xshard/comm/watch.hpp>
 
 #include <mpi.h>
 
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 namespace xshard {
@@ -28,7 +30,7 @@ namespace xshard {
 ///
 /// Construction allocates a small shared window and clears it (collective over `c`, which
 /// must lie within one node: one window allocation and one MPI barrier); `arrive_and_wait`
-/// communicates through shared memory only.
+/// communicates through shared memory only, and a long wait is watched (comm/watch.hpp).
 class node_barrier {
 public:
     node_barrier() = default;
@@ -56,8 +58,17 @@ public:
             count.store(0, std::memory_order_relaxed);
             generation.store(g + 1, std::memory_order_release);
         } else {
-            for (unsigned spin = 0; generation.load(std::memory_order_acquire) == g; ++spin)
+            // Watched (comm/watch.hpp) once the wait is no longer short.
+            std::optional<detail::wait_watch> watch;
+            for (unsigned spin = 0; generation.load(std::memory_order_acquire) == g; ++spin) {
                 back_off(spin);
+                if (spin == 64)
+                    watch.emplace("node barrier", comm_.native(), int(members_), 0);
+                if (watch)
+                    watch->check({}, spin);
+            }
+            if (watch)
+                watch->done();
         }
         window_.sync();
     }

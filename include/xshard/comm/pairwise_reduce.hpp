@@ -178,6 +178,7 @@ public:
                                std::span<const reduce_piece> pieces, T* out, reduction op,
                                bool chunked, const T* own, Done&& done) {
         const int p = c.size(), me = c.rank();
+        detail::require_whole(c, "a pairwise reduction");
         const MPI_Comm comm = c.native();
         const std::size_t n = pieces[std::size_t(me)].elements;
         reserve(n, 0, chunked); // a no-op once reserved
@@ -215,16 +216,17 @@ public:
             for (std::size_t j = 0; j < chunks; ++j) {
                 if (j + 1 < chunks)
                     post(j + 1);
-                detail::check_mpi(MPI_Wait(&pending[j % 2], MPI_STATUS_IGNORE), "MPI_Wait");
+                detail::watched_wait(std::span(&pending[j % 2], 1), "pairwise reduce-scatter",
+                                     comm, int(p), std::min(chunk, n - j * chunk) * sizeof(T),
+                                     {true, true});
                 const std::size_t lo = j * chunk;
                 const T* mine = k == 1 && own ? own + lo : out + lo;
                 combine(out + lo, mine, slot(j, chunk), std::min(chunk, n - lo), op);
                 if (k == p - 1)
                     done(lo, std::min(chunk, n - lo));
             }
-            detail::check_mpi(
-                MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE),
-                "MPI_Waitall");
+            detail::watched_wait(requests_, "pairwise reduce-scatter", comm, int(p), sent,
+                                 {true, true});
         }
         return sent;
     }
@@ -267,6 +269,7 @@ public:
             pieces_[g] = {g * (n / p) + std::min(g, n % p), n / p + (g < n % p ? 1 : 0), 0,
                           datatype_of<T>()};
         const int me = c.rank();
+        detail::require_whole(c, "a pairwise reduction");
         const MPI_Comm comm = c.native();
         const std::size_t chunk = tuning_.chunk_elements(sizeof(T));
         // Every other member's segment, chunk by chunk, as its owner finishes it.
@@ -295,9 +298,8 @@ public:
                               int((std::size_t(me) + k) % p), gather_tag(lo / chunk), comm);
                 gathered += (p - 1) * len * sizeof(T);
             });
-        detail::check_mpi(
-            MPI_Waitall(int(gather_requests_.size()), gather_requests_.data(), MPI_STATUSES_IGNORE),
-            "MPI_Waitall");
+        detail::watched_wait(gather_requests_, "pairwise all-gather", comm, int(p), gathered,
+                             {true, true});
         return scattered + gathered;
     }
 

@@ -4,6 +4,7 @@
 
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
+#include <xshard/comm/watch.hpp>
 
 #include <mpi.h>
 
@@ -18,7 +19,9 @@ namespace xshard {
 /// An MPI request (from a nonblocking collective or point-to-point call). Move-only. A
 /// request still active when destroyed is waited for there, so buffers are never left in
 /// use by MPI; an error at that point cannot be thrown from a destructor and is reported
-/// on stderr instead: call `wait()` to see errors as exceptions.
+/// on stderr instead: call `wait()` to see errors as exceptions. Waits are watched
+/// (comm/watch.hpp): a peer's failure or the watchdog ends them; the destructor's wait then
+/// leaves the operation posted.
 class request {
 public:
     request() = default;
@@ -39,10 +42,11 @@ public:
     /// Whether the operation may still be running.
     bool active() const noexcept { return handle_ != MPI_REQUEST_NULL; }
 
-    /// Blocks until the operation completes.
+    /// Blocks until the operation completes (watched: raises `peer_failure` or
+    /// `collective_timeout` instead of waiting for ever).
     void wait() {
         if (active())
-            detail::check_mpi(MPI_Wait(&handle_, MPI_STATUS_IGNORE), "MPI_Wait");
+            detail::watched_wait(std::span(&handle_, 1), "MPI_Wait");
     }
 
     /// Whether the operation has completed (progressing it).
@@ -64,24 +68,28 @@ private:
         MPI_Finalized(&finalized);
         if (finalized)
             return;
-        if (MPI_Wait(&handle_, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-            std::fprintf(stderr, "xshard: a request destroyed while active failed in MPI_Wait\n");
+        if (!detail::finish_quietly(std::span(&handle_, 1)))
+            std::fprintf(stderr, "xshard: a request destroyed while active did not complete\n");
     }
 
     MPI_Request handle_ = MPI_REQUEST_NULL;
 };
 
-/// Waits for every request (MPI_Waitall).
+/// Waits for every request (watched, as `request::wait`).
 inline void wait_all(std::span<request> requests) {
     std::vector<MPI_Request> handles;
     handles.reserve(requests.size());
     for (auto& r : requests)
         handles.push_back(*r.native());
-    const int code =
-        MPI_Waitall(static_cast<int>(handles.size()), handles.data(), MPI_STATUSES_IGNORE);
-    for (std::size_t i = 0; i < requests.size(); ++i)
-        *requests[i].native() = handles[i];
-    detail::check_mpi(code, "MPI_Waitall");
+    struct put_back { // the handles go back whether the wait returns or raises
+        std::span<request> to;
+        std::vector<MPI_Request>& from;
+        ~put_back() {
+            for (std::size_t i = 0; i < to.size(); ++i)
+                *to[i].native() = from[i];
+        }
+    } back{requests, handles};
+    detail::watched_wait(handles, "MPI_Waitall");
 }
 
 /// Point-to-point messages posted together and completed together (MPI_Waitall), each
@@ -120,12 +128,13 @@ public:
                           "MPI_Irecv");
     }
 
-    /// Waits for every message posted since the last wait.
+    /// Waits for every message posted since the last wait (watched, as `request::wait`).
     void wait_all() {
-        const int code =
-            MPI_Waitall(static_cast<int>(handles_.size()), handles_.data(), MPI_STATUSES_IGNORE);
-        handles_.clear();
-        detail::check_mpi(code, "MPI_Waitall");
+        struct clear { // empty afterwards, whether the wait returns or raises
+            std::vector<MPI_Request>& handles;
+            ~clear() { handles.clear(); }
+        } after{handles_};
+        detail::watched_wait(handles_, "MPI_Waitall", MPI_COMM_NULL, 0, 0, {true, true});
     }
 
     /// Whether every message posted since the last wait is delivered (progressing them;
@@ -152,9 +161,8 @@ private:
             return;
         int finalized = 0;
         MPI_Finalized(&finalized);
-        if (!finalized && MPI_Waitall(static_cast<int>(handles_.size()), handles_.data(),
-                                      MPI_STATUSES_IGNORE) != MPI_SUCCESS)
-            std::fprintf(stderr, "xshard: messages in flight at destruction failed in MPI_Waitall\n");
+        if (!finalized && !detail::finish_quietly(handles_))
+            std::fprintf(stderr, "xshard: messages in flight at destruction did not complete\n");
         handles_.clear();
     }
 

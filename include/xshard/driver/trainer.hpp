@@ -228,9 +228,19 @@ public:
         return stage_ ? stage_->stages() : std::vector<std::pair<std::string, int>>{};
     }
 
-    /// One training step on the batch (x, y); returns its loss. Collective over the mesh.
+    /// One training step on the batch (x, y); returns its loss. Collective over the mesh, and
+    /// a failure scope (comm/agree.hpp): an exception on some ranks (a layer, the loss, the
+    /// optimizer) raises on every rank, the others' `peer_failure` naming the failing rank,
+    /// even when they wait in a collective it will not reach. The model is then part-way
+    /// through the step: resume from a checkpoint.
     template <class X, class Y>
     double train_step(const X& x, const Y& y) {
+        return agreed(net_->mesh().comm(), [&] { return run_step(x, y); });
+    }
+
+private:
+    template <class X, class Y>
+    double run_step(const X& x, const Y& y) {
         if constexpr (pipelinable) // (else refused by the constructor)
             if (pipelined())
                 return pipeline_step(x, y);
@@ -262,6 +272,8 @@ public:
         ++steps_;
         return l;
     }
+
+public:
 
     /// Epochs `initial_epoch` .. `epochs` - 1 over `dataset` (MindSpore's initial_epoch, for
     /// a resumed run): an object with `epoch(e)` giving epoch e's batches (a data::loader),

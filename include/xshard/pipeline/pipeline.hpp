@@ -141,8 +141,9 @@ public:
     /// others otherwise). Collective over the mesh; bad batch sizes throw on every rank
     /// before any data moves; an error during the passes (a layer or the loss throwing on
     /// some ranks) stops the step and throws on every rank, the gradients then holding part
-    /// of the batch (zero_grad() before the next step). Besides the transfers, one
-    /// all-reduce of an int over the mesh (that agreement).
+    /// of the batch (zero_grad() before the next step); ranks of the failing one's stage
+    /// waiting in a collective with it raise too (comm/watch.hpp). Besides the transfers,
+    /// one all-gather of a byte per rank over the mesh (that agreement).
     template <distributed_tensor Labels, class Loss>
     value_type step(const X& x, const Labels& labels, Loss& loss) {
         std::optional<std::string> problem;
@@ -180,6 +181,8 @@ private:
     value_type run_step(const X* x, const Labels* labels, Loss& loss,
                         std::optional<std::string> problem) {
         const auto t0 = detail::step_clock::now();
+        xshard::detail::open_scope(world_, "a pipeline step");
+        const auto abandoned = xshard::detail::watch().abandoned;
         stats_ = {};
         const int me = topo_.pp.rank(), last_rank = topo_.config.rank_of_stage(last_stage());
         auto batch =
@@ -187,9 +190,16 @@ private:
                                     topo_.config.micro_batches, x, labels, std::move(problem));
         const auto& mine = table_.ranks[std::size_t(me)];
         detail::step_transfers<X> transfers(topo_, mine);
-        detail::step_walk<X, Labels, Loss> walk(stage_layers_, last_stage(), batch, loss, transfers,
-                                                stats_);
-        agree_on_error(world_, walk.run(mine));
+        detail::step_walk<X, Labels, Loss> walk(world_, stage_layers_, last_stage(), batch, loss,
+                                                transfers, stats_);
+        const auto failure = walk.run(mine);
+        using xshard::detail::scope_announced, xshard::detail::scope_failed;
+        const char outcome = !failure        ? 0
+                             : walk.first_hand() ? char(scope_failed | scope_announced)
+                                                 : char(scope_failed);
+        auto fail = [](int, const std::string& text, std::exception_ptr) { throw error(text); };
+        xshard::detail::close_scope(world_, abandoned, outcome, walk.origin(), failure.value_or(""),
+                                    nullptr, fail);
         value_type result =
             me == last_rank ? walk.loss_sum() : std::numeric_limits<value_type>::quiet_NaN();
         if (options_.output_broadcast)

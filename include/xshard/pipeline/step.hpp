@@ -10,9 +10,10 @@
 /// back; the zero-bubble schedules split it into B (the input gradient) and W (the weight
 /// gradient, which frees the slot). The transfers go through step_transfers.hpp.
 ///
-/// A failure (a layer or the loss throwing here, or an aborted sender) stops the walk; the
-/// transfers still owed go out as aborts and the expected ones are drained, and the walk
-/// returns the error for the ranks to agree on.
+/// A failure (a layer or the loss throwing here, a peer's failure notice, or an aborted
+/// sender) stops the walk; a failure that arose here is announced to the mesh at once
+/// (comm/watch.hpp), the transfers still owed go out as aborts and the expected ones are
+/// drained, and the walk returns the error for the ranks to agree on.
 
 #include <xshard/pipeline/action.hpp>
 #include <xshard/pipeline/chain.hpp>
@@ -60,9 +61,11 @@ public:
     using value_type = typename X::value_type;
     using stage_layers = std::vector<std::vector<chain_module<X>*>>;
 
-    step_walk(const stage_layers& layers, int last_stage, step_batch<X, Labels>& batch, Loss& loss,
-              step_transfers<X>& transfers, step_stats& stats)
-        : layers_(layers)
+    step_walk(const communicator& scope, const stage_layers& layers, int last_stage,
+              step_batch<X, Labels>& batch, Loss& loss, step_transfers<X>& transfers,
+              step_stats& stats)
+        : scope_(scope)
+        , layers_(layers)
         , last_(last_stage)
         , batch_(batch)
         , loss_(loss)
@@ -81,8 +84,16 @@ public:
             } catch (const peer_aborted& e) {
                 failure = e.message;
                 stopped = i;
+            } catch (const peer_failure& e) {
+                failure = e.message();
+                origin_ = e.rank();
+                stopped = i;
             } catch (const std::exception& e) {
                 failure = e.what();
+                first_hand_ = true;
+                // Told at once: members of the mesh waiting in a collective with this rank
+                // (inside a stage's layers) would otherwise wait for ever.
+                xshard::detail::announce_failure(scope_.native(), *failure);
                 stopped = i;
             }
             transfers_.progress();
@@ -92,6 +103,12 @@ public:
         transfers_.wait();
         return failure;
     }
+
+    /// Whether the error that stopped the walk arose here (a layer or the loss throwing),
+    /// not in a peer: then its notice has gone to every rank of the scope (comm/watch.hpp).
+    bool first_hand() const noexcept { return first_hand_; }
+    /// The rank (in MPI_COMM_WORLD) the error that stopped the walk names.
+    int origin() const noexcept { return origin_; }
 
     /// The last stage's loss over the micro-batches run, each weighed by its share of rows.
     value_type loss_sum() const noexcept { return loss_sum_; }
@@ -171,12 +188,15 @@ private:
         stats_.busy_seconds += seconds_since(start);
     }
 
+    const communicator& scope_; // where a first-hand failure is announced
     const stage_layers& layers_;
     int last_;
     step_batch<X, Labels>& batch_;
     Loss& loss_;
     step_transfers<X>& transfers_;
     step_stats& stats_;
+    bool first_hand_ = false;
+    int origin_ = xshard::detail::world_rank();
     activation_slots slots_;
     std::map<int, X> output_grad_; ///< last stage: the loss's gradient per micro-batch
     value_type loss_sum_ = 0;

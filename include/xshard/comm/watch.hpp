@@ -1,0 +1,469 @@
+#pragma once
+/// \file
+/// Watched waits: how a rank waiting in a collective learns that a peer has failed (and
+/// raises `peer_failure`) or that the collective has stalled (and raises
+/// `collective_timeout`), instead of waiting for ever; and the flight recorder of the last
+/// collectives each rank waited in.
+///
+/// - Failure notices travel on a communicator of their own, a duplicate of MPI_COMM_WORLD
+///   that `environment` opens. A rank that fails inside a failure scope (`agreed`, so
+///   `shard()`, the driver's step and a pipeline's step) sends its message to every member
+///   of the scope's communicator before it agrees on the outcome (`announce_failure`).
+/// - Every wait of comm/ that can block on other ranks polls its requests, the notices and
+///   the clock (`watched_wait`). A blocking collective first waits, watched, in a
+///   nonblocking barrier, then runs MPI's blocking call, which every rank has then reached:
+///   the watching costs one barrier's latency and leaves MPI's tuned algorithms alone, and
+///   what a wait can give up is a barrier, which holds no buffer. (A nonblocking collective
+///   given up would go on writing into buffers its caller frees.) Point-to-point receives
+///   given up are cancelled.
+/// - A wait that gives up leaves its collective posted (MPI cannot cancel a collective), so
+///   it marks its communicator broken (`communicator::broken()`), and so does every rank of
+///   a failure scope in which some rank gave up a wait; a collective on a broken
+///   communicator raises at once. A program that goes on builds a new mesh, or ends and
+///   resumes from a checkpoint. Buffers of the abandoned operation may still be written by
+///   MPI until the program ends.
+/// - The watchdog: a wait longer than `watch_settings::timeout` asks the communicator's
+///   members which of them are waiting too, then raises (or aborts the job) naming the
+///   collective, the members and those that did not answer, and prints the flight recorder.
+///
+/// Communicators made or duplicated by MPI_Comm_* calls (dup, split, shared windows) and
+/// MPI-IO are not watched.
+
+#include <xshard/comm/before_finalize.hpp>
+#include <xshard/comm/communicator.hpp>
+#include <xshard/comm/error.hpp>
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace xshard {
+
+/// What the watchdog does when a collective outlasts its timeout.
+enum class on_timeout {
+    raise, ///< `collective_timeout` on the waiting rank
+    abort, ///< the message and the flight recorder on stderr, then MPI_Abort (exit code 1)
+};
+
+/// How this rank watches its waits. The defaults come from the environment, read once:
+/// XSHARD_COLLECTIVE_TIMEOUT (seconds; 0 for none; 600 when unset) and XSHARD_ON_TIMEOUT
+/// (`raise` or `abort`).
+struct watch_settings {
+    /// How long a collective may wait before the watchdog acts (zero: for ever).
+    std::chrono::duration<double> timeout{600.0};
+    on_timeout action = on_timeout::raise;
+    /// Whether a rank whose wait a peer's failure ended prints its flight recorder.
+    bool print_on_failure = true;
+};
+
+/// One collective in the flight recorder.
+struct flight_entry {
+    enum class state { waiting, done, abandoned };
+    std::uint64_t sequence = 0;        ///< counts this rank's watched waits from 0
+    std::string_view operation;        ///< e.g. "MPI_Allreduce"
+    std::uintptr_t communicator = 0;   ///< the MPI handle, to tell communicators apart
+    int members = 0;                   ///< its size (0 when unknown)
+    std::size_t bytes = 0;             ///< the buffer's bytes, where known
+    state status = state::waiting;
+    double seconds = 0;                ///< how long the wait took (so far)
+};
+
+namespace detail {
+
+inline constexpr int notice_tag = 1; // a failure notice: the failing rank's message
+inline constexpr int query_tag = 2;  // the watchdog's "are you waiting?"
+inline constexpr int answer_tag = 3; // "yes"
+inline constexpr std::size_t recorder_size = 32;
+
+inline watch_settings settings_from_environment() {
+    watch_settings s;
+    if (const char* t = std::getenv("XSHARD_COLLECTIVE_TIMEOUT"); t && *t)
+        s.timeout = std::chrono::duration<double>(std::strtod(t, nullptr));
+    if (const char* a = std::getenv("XSHARD_ON_TIMEOUT"); a && std::string_view(a) == "abort")
+        s.action = on_timeout::abort;
+    return s;
+}
+
+/// This rank's watching: the notice communicator, the settings, the recorder, the notices
+/// consumed by waits and not yet settled by an agreement.
+struct watch_state {
+    MPI_Comm notices = MPI_COMM_NULL;
+    watch_settings settings = settings_from_environment();
+    std::vector<flight_entry> ring = std::vector<flight_entry>(recorder_size);
+    std::uint64_t next = 0;
+    std::map<int, int> credits;  // notices received in waits, by world rank
+    std::uint64_t abandoned = 0;  // waits given up so far
+    std::deque<std::string> sent; // the buffers of notices sent (small; kept until the end)
+};
+
+inline watch_state& watch() {
+    static watch_state state;
+    return state;
+}
+
+/// Opens the notice communicator (collective over MPI_COMM_WORLD; once; freed at
+/// MPI_Finalize). Called by `environment`.
+inline void open_watch() {
+    auto& w = watch();
+    if (w.notices != MPI_COMM_NULL)
+        return;
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &w.notices), "MPI_Comm_dup");
+    check_mpi(MPI_Comm_set_errhandler(w.notices, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    before_finalize([] {
+        auto& s = watch();
+        if (s.notices != MPI_COMM_NULL)
+            MPI_Comm_free(&s.notices);
+        s.notices = MPI_COMM_NULL;
+    });
+}
+
+/// The world ranks of `comm`'s members, in its rank order.
+inline std::vector<int> world_ranks(MPI_Comm comm) {
+    MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+    check_mpi(MPI_Comm_group(comm, &group), "MPI_Comm_group");
+    check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world), "MPI_Comm_group");
+    int n = 0;
+    MPI_Group_size(group, &n);
+    std::vector<int> mine(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i)
+        mine[std::size_t(i)] = i;
+    const int code = MPI_Group_translate_ranks(group, n, mine.data(), world, out.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
+    check_mpi(code, "MPI_Group_translate_ranks");
+    return out;
+}
+
+/// "0, 1, 5" (the first 16, then a count).
+inline std::string rank_list(const std::vector<int>& ranks) {
+    std::string s;
+    for (std::size_t i = 0; i < ranks.size() && i < 16; ++i)
+        s += (i ? ", " : "") + std::to_string(ranks[i]);
+    if (ranks.size() > 16)
+        s += " and " + std::to_string(ranks.size() - 16) + " more";
+    return ranks.empty() ? "none" : s;
+}
+
+/// Sends `message` to every other member of `comm` as a failure notice (nonblocking; the
+/// buffer is kept). Without a notice communicator (no `environment`), does nothing.
+inline void announce_failure(MPI_Comm comm, const std::string& message) {
+    auto& w = watch();
+    if (w.notices == MPI_COMM_NULL || comm == MPI_COMM_NULL)
+        return;
+    int me = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    const std::string& text = w.sent.emplace_back(message);
+    for (const int r : world_ranks(comm)) {
+        if (r == me)
+            continue;
+        MPI_Request q = MPI_REQUEST_NULL;
+        check_mpi(MPI_Isend(text.data(), int(std::min<std::size_t>(text.size(), 1 << 20)),
+                            MPI_CHAR, r, notice_tag, w.notices, &q),
+                  "MPI_Isend");
+        check_mpi(MPI_Request_free(&q), "MPI_Request_free");
+    }
+}
+
+/// Receives the message that `Iprobe` found (`status`) on the notice communicator.
+inline std::string receive_notice(const MPI_Status& status) {
+    int length = 0;
+    MPI_Get_count(&status, MPI_CHAR, &length);
+    std::string text(std::size_t(length), '\0');
+    check_mpi(MPI_Recv(text.data(), length, MPI_CHAR, status.MPI_SOURCE, status.MPI_TAG,
+                       watch().notices, MPI_STATUS_IGNORE),
+              "MPI_Recv");
+    return text;
+}
+
+/// Consumes one failure notice from world rank `from` that no wait consumed (blocking: an
+/// agreement knows it was sent). How an agreement leaves no stale notice behind.
+inline void settle_notice(int from) {
+    auto& w = watch();
+    if (w.notices == MPI_COMM_NULL)
+        return;
+    if (auto it = w.credits.find(from); it != w.credits.end() && it->second > 0) {
+        --it->second;
+        return;
+    }
+    MPI_Status status;
+    check_mpi(MPI_Probe(from, notice_tag, w.notices, &status), "MPI_Probe");
+    receive_notice(status);
+}
+
+/// The flight recorder as text, oldest first.
+inline std::string flight_recorder_text() {
+    const auto& w = watch();
+    int me = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    std::string out = "xshard flight recorder, rank " + std::to_string(me) + ", last " +
+                      std::to_string(std::min<std::uint64_t>(w.next, recorder_size)) +
+                      " waits:\n";
+    const std::uint64_t first = w.next > recorder_size ? w.next - recorder_size : 0;
+    for (std::uint64_t i = first; i < w.next; ++i) {
+        const auto& e = w.ring[i % recorder_size];
+        char line[256];
+        static constexpr const char* states[] = {"waiting", "done", "abandoned"};
+        std::snprintf(line, sizeof line, "  #%llu %.*s, %zu bytes, %d ranks (comm %#llx): %s after %.6f s\n",
+                      static_cast<unsigned long long>(e.sequence), int(e.operation.size()),
+                      e.operation.data(), e.bytes, e.members,
+                      static_cast<unsigned long long>(e.communicator), states[int(e.status)],
+                      e.seconds);
+        out += line;
+    }
+    return out;
+}
+
+/// One wait in progress: its flight recorder entry, its deadline, the notices it heeds.
+class wait_watch {
+public:
+    /// `heed_notices` false: the wait answers the watchdog's queries but leaves failure
+    /// notices for an agreement to settle (how agreements themselves wait).
+    /// `point_to_point`: the requests are sends and receives, which giving up cancels.
+    wait_watch(std::string_view operation, MPI_Comm comm, int members, std::size_t bytes,
+               bool heed_notices = true, bool point_to_point = false)
+        : state_(watch())
+        , start_(std::chrono::steady_clock::now())
+        , comm_(comm)
+        , heed_(heed_notices)
+        , point_to_point_(point_to_point) {
+        auto& e = state_.ring[state_.next % recorder_size];
+        e = {state_.next, operation, reinterpret_cast<std::uintptr_t>(comm), members, bytes,
+             flight_entry::state::waiting, 0};
+        entry_ = state_.next++;
+    }
+
+    /// Marks the wait done.
+    void done() noexcept { close(flight_entry::state::done); }
+
+    /// Raises `peer_failure` when a failure notice has come, `collective_timeout` past the
+    /// deadline (after abandoning `requests`); answers the watchdog's queries. `spin` counts
+    /// the caller's polls: after the first thousand it yields the core between them.
+    void check(std::span<MPI_Request> requests, unsigned spin) {
+        if (state_.notices != MPI_COMM_NULL) {
+            int found = 0;
+            MPI_Status status;
+            check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, heed_ ? MPI_ANY_TAG : query_tag, state_.notices,
+                                 &found, &status),
+                      "MPI_Iprobe");
+            if (found)
+                handle(status, requests);
+        }
+        if ((spin & 63) == 0 && state_.settings.timeout.count() > 0 &&
+            std::chrono::steady_clock::now() - start_ > state_.settings.timeout)
+            timed_out(requests);
+        if (spin > 1000)
+            std::this_thread::yield();
+    }
+
+private:
+    void close(flight_entry::state s) noexcept {
+        auto& e = state_.ring[entry_ % recorder_size];
+        if (e.sequence != entry_)
+            return;
+        e.status = s;
+        e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    }
+
+    // Leaves `requests` posted for good (MPI cannot cancel a collective; point-to-point
+    // ones are cancelled and freed) and marks the communicator broken.
+    void abandon(std::span<MPI_Request> requests) {
+        for (auto& q : requests) {
+            if (point_to_point_ && q != MPI_REQUEST_NULL) {
+                MPI_Cancel(&q);
+                MPI_Request_free(&q);
+            }
+            q = MPI_REQUEST_NULL;
+        }
+        close(flight_entry::state::abandoned);
+        ++state_.abandoned;
+        mark_broken(comm_);
+    }
+
+    void handle(const MPI_Status& status, std::span<MPI_Request> requests) {
+        const std::string text = receive_notice(status);
+        if (status.MPI_TAG == query_tag) {
+            MPI_Request q = MPI_REQUEST_NULL;
+            static const char yes = 1;
+            check_mpi(MPI_Isend(&yes, 1, MPI_CHAR, status.MPI_SOURCE, answer_tag, state_.notices, &q),
+                      "MPI_Isend");
+            check_mpi(MPI_Request_free(&q), "MPI_Request_free");
+            return;
+        }
+        if (status.MPI_TAG != notice_tag)
+            return; // an answer that came after its asker gave up
+        ++state_.credits[status.MPI_SOURCE];
+        abandon(requests);
+        if (state_.settings.print_on_failure)
+            std::fprintf(stderr, "%s", flight_recorder_text().c_str());
+        throw peer_failure(status.MPI_SOURCE, text);
+    }
+
+    // The members of the communicator that say they are waiting too, asked through the
+    // notice communicator and given a second (or the timeout, if shorter) to answer.
+    std::vector<int> waiting_members(const std::vector<int>& members) {
+        std::vector<int> out;
+        if (state_.notices == MPI_COMM_NULL)
+            return out;
+        int me = -1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &me);
+        MPI_Status status;
+        for (int found = 1; found;) { // answers to an earlier timeout's questions
+            check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, answer_tag, state_.notices, &found, &status),
+                      "MPI_Iprobe");
+            if (found)
+                receive_notice(status);
+        }
+        static const char ask = 0;
+        for (const int r : members) {
+            if (r == me)
+                continue;
+            MPI_Request q = MPI_REQUEST_NULL;
+            check_mpi(MPI_Isend(&ask, 1, MPI_CHAR, r, query_tag, state_.notices, &q), "MPI_Isend");
+            check_mpi(MPI_Request_free(&q), "MPI_Request_free");
+        }
+        const auto grace = std::min(std::chrono::duration<double>(1.0), state_.settings.timeout);
+        const auto until = std::chrono::steady_clock::now() + grace;
+        out.push_back(me);
+        while (std::chrono::steady_clock::now() < until && out.size() < members.size()) {
+            int found = 0;
+            for (const int tag : {query_tag, answer_tag}) {
+                check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, tag, state_.notices, &found, &status),
+                          "MPI_Iprobe");
+                if (!found)
+                    continue;
+                if (tag == query_tag)
+                    handle(status, {}); // another waiting rank's question
+                else if (receive_notice(status); true)
+                    out.push_back(status.MPI_SOURCE);
+            }
+            std::this_thread::yield();
+        }
+        return out;
+    }
+
+    [[noreturn]] void timed_out(std::span<MPI_Request> requests) {
+        const auto& e = state_.ring[entry_ % recorder_size];
+        const std::vector<int> members =
+            comm_ == MPI_COMM_NULL ? std::vector<int>{} : world_ranks(comm_);
+        std::vector<int> waiting = waiting_members(members), missing;
+        for (const int r : members)
+            if (std::find(waiting.begin(), waiting.end(), r) == waiting.end())
+                missing.push_back(r);
+        abandon(requests);
+        const std::string message =
+            "xshard: " + std::string(e.operation) + " (" + std::to_string(e.bytes) +
+            " bytes) has not completed after " +
+            std::to_string(state_.settings.timeout.count()) + " s on rank " +
+            std::to_string(world_rank()) + "; its communicator's ranks (in MPI_COMM_WORLD): " +
+            rank_list(members) + "; not waiting in a collective: " + rank_list(missing);
+        std::fprintf(stderr, "%s\n%s", message.c_str(), flight_recorder_text().c_str());
+        std::fflush(stderr);
+        if (state_.settings.action == on_timeout::abort)
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        throw collective_timeout(message);
+    }
+
+    watch_state& state_;
+    std::chrono::steady_clock::time_point start_;
+    MPI_Comm comm_;
+    std::uint64_t entry_ = 0;
+    bool heed_;
+    bool point_to_point_;
+};
+
+/// How a watched wait treats its requests and the notices.
+struct wait_kind {
+    bool heed_notices = true;    ///< false: an agreement's wait (see `wait_watch`)
+    bool point_to_point = false; ///< sends and receives, cancelled when given up
+};
+
+/// Waits for every one of `requests`, watched (see the file comment). An abandoned wait sets
+/// its requests to MPI_REQUEST_NULL before it raises.
+inline void watched_wait(std::span<MPI_Request> requests, std::string_view operation,
+                         MPI_Comm comm = MPI_COMM_NULL, int members = 0, std::size_t bytes = 0,
+                         wait_kind kind = {}) {
+    if (requests.empty())
+        return;
+    wait_watch w(operation, comm, members, bytes, kind.heed_notices, kind.point_to_point);
+    for (unsigned spin = 0;; ++spin) {
+        int done = 0;
+        check_mpi(MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE),
+                  operation);
+        if (done) {
+            w.done();
+            return;
+        }
+        w.check(requests, spin);
+    }
+}
+
+/// Waits for `requests` where raising is not possible (a destructor, perhaps while an
+/// exception unwinds): returns false, leaving them posted, when a failure notice is waiting,
+/// a wait has been given up since, or past the watchdog's timeout, instead of waiting for
+/// ever.
+inline bool finish_quietly(std::span<MPI_Request> requests) noexcept {
+    auto& w = watch();
+    const auto abandoned = w.abandoned;
+    const auto start = std::chrono::steady_clock::now();
+    for (unsigned spin = 0;; ++spin) {
+        int done = 0;
+        if (MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE) !=
+            MPI_SUCCESS)
+            return false;
+        if (done)
+            return true;
+        int notice = 0;
+        if (w.notices != MPI_COMM_NULL)
+            MPI_Iprobe(MPI_ANY_SOURCE, notice_tag, w.notices, &notice, MPI_STATUS_IGNORE);
+        const bool late = w.settings.timeout.count() > 0 &&
+                          std::chrono::steady_clock::now() - start > w.settings.timeout;
+        if (notice || late || w.abandoned != abandoned) {
+            for (auto& q : requests)
+                q = MPI_REQUEST_NULL;
+            ++w.abandoned;
+            return false;
+        }
+        if (spin > 1000)
+            std::this_thread::yield();
+    }
+}
+
+/// Raises at once when `c` is broken (see the file comment).
+inline void require_whole(const communicator& c, std::string_view operation) {
+    if (c.broken())
+        throw error("xshard: " + std::string(operation) +
+                    " on a communicator that abandoned a collective after a peer's failure: "
+                    "build a new mesh, or resume from a checkpoint");
+}
+
+} // namespace detail
+
+/// This rank's watch settings.
+inline watch_settings current_watch_settings() { return detail::watch().settings; }
+
+/// Sets this rank's watch settings (local; set them alike on every rank).
+inline void set_watch_settings(const watch_settings& s) { detail::watch().settings = s; }
+
+/// This rank's last waits, oldest first (at most 32).
+inline std::vector<flight_entry> flight_recorder() {
+    const auto& w = detail::watch();
+    std::vector<flight_entry> out;
+    const std::uint64_t first = w.next > detail::recorder_size ? w.next - detail::recorder_size : 0;
+    for (std::uint64_t i = first; i < w.next; ++i)
+        out.push_back(w.ring[i % detail::recorder_size]);
+    return out;
+}
+
+} // namespace xshard
