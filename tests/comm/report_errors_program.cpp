@@ -6,11 +6,16 @@
 //   one_rank      the last rank throws std::runtime_error while the others wait in a
 //                 barrier (that would never end): it prints the message after its rank and
 //                 the job is aborted (a status that is not 0); one rank alone: as every_rank
+//   in_scope      inside a failure scope (`agreed`), the last rank throws between two
+//                 all-reduces: the others' second all-reduce ends with peer_failure, every
+//                 rank raises, and rank 0 prints the failing rank's message once (exit 1)
+#include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/environment.hpp>
 #include <xshard/comm/report_errors.hpp>
 
 #include <cstdio>
+#include <span>
 #include <stdexcept>
 #include <string>
 
@@ -28,8 +33,21 @@ int main(int argc, char** argv) {
                 throw std::runtime_error("the test's error on the last rank alone");
             xshard::mpi::barrier(world); // never completes: the last rank does not come
         }
+        if (mode == "in_scope") {
+            auto quiet = xshard::current_watch_settings();
+            quiet.print_on_failure = false;
+            xshard::set_watch_settings(quiet);
+            xshard::agreed(world, [&] {
+                int v = 1;
+                xshard::mpi::allreduce(world, std::span(&v, 1), xshard::reduction::sum);
+                if (world.rank() == world.size() - 1)
+                    throw std::runtime_error("the test's error between two collectives");
+                xshard::mpi::allreduce(world, std::span(&v, 1), xshard::reduction::sum);
+            });
+        }
         if (mode != "ok" && mode != "one_rank")
-            throw xshard::error("usage: report_errors_program ok|every_rank|std_error|one_rank");
+            throw xshard::error(
+                "usage: report_errors_program ok|every_rank|std_error|one_rank|in_scope");
         if (world.rank() == 0)
             std::printf("report_errors: the program returned normally\n");
         return 0;

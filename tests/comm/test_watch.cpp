@@ -211,9 +211,9 @@ TEST(watch, the_watchdog_names_the_rank_that_never_arrives) {
                                 std::to_string(world_rank_of(c, absent))),
                       std::string::npos)
                 << what;
-            EXPECT_NE(what.find("ranks (in MPI_COMM_WORLD): " +
-                                std::to_string(world_rank_of(c, 0))),
-                      std::string::npos)
+            EXPECT_NE(
+                what.find("ranks (in MPI_COMM_WORLD): " + std::to_string(world_rank_of(c, 0))),
+                std::string::npos)
                 << what;
         }
         EXPECT_TRUE(c.broken());

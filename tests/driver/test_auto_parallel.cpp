@@ -35,6 +35,7 @@
 #include <random>
 #include <span>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -670,6 +671,74 @@ TEST(model_driver, gradient_accumulation_equals_the_large_batch_step) {
         expect_same(drive_pipeline(full, plain, 1, 2), drive_pipeline(full, plain, 2),
                     where(full) + " pipeline, 2 slices of 1 micro-batch");
     }
+}
+
+/// The cross-entropy, throwing on the last rank at step `at` (counted from 0) where `in`
+/// says: "forward" before its own collectives, "backward" in its gradient, after the forward
+/// pass's collectives and before the backward pass's and the gradient synchronisation.
+struct failing_cross_entropy : nn::parallel_cross_entropy<double, mesh_t> {
+    using base = nn::parallel_cross_entropy<double, mesh_t>;
+    std::string in;
+    std::size_t at = 0, passes = 0;
+    bool here = world().rank() == world().size() - 1;
+    double forward(const auto& logits, const auto& labels) {
+        if (here && in == "forward" && passes == at)
+            throw std::runtime_error("the loss failed in forward at step " + std::to_string(at));
+        ++passes;
+        return base::forward(logits, labels);
+    }
+    auto backward(auto... scale) {
+        if (here && in == "backward" && passes == at + 1)
+            throw std::runtime_error("the loss failed in backward at step " + std::to_string(at));
+        return base::backward(scale...);
+    }
+};
+
+TEST(model_driver, a_failure_inside_a_step_raises_on_every_rank) {
+    // The last rank's loss throws in the middle of a step, between the collectives of the
+    // network (tp), of the loss and of the gradient synchronisation (dp), which the other
+    // ranks wait in: each raises (peer_failure, naming the rank and its message) instead of
+    // waiting for ever, and the mesh's communicator is broken. A new mesh trains again.
+    const auto saved = xshard::current_watch_settings();
+    auto quiet = saved;
+    quiet.print_on_failure = false;
+    xshard::set_watch_settings(quiet);
+    const auto w = world();
+    for (const char* in : {"forward", "backward"}) {
+        for (const char* level : {"", "level3"}) {
+            const auto m = world_mesh();
+            auto model = make_model(m);
+            config_t c(model, m);
+            if (*level)
+                c.hsdp(-1, 0, level);
+            optim::momentum opt({.lr = 0.1, .momentum = 0.9});
+            failing_cross_entropy loss;
+            loss.in = in;
+            loss.at = 3;
+            xshard::model trainer(c, loss, opt);
+            const std::string text = std::string("the loss failed in ") + in + " at step 3";
+            const std::string ctx = where(m) + " " + in + " " + level;
+            try {
+                (void)trainer.train(2, epochs_of_batches{&m, 4});
+                ADD_FAILURE() << "rank " << w.rank() << " trained on; " << ctx;
+            } catch (const xshard::peer_failure& e) {
+                EXPECT_NE(w.rank(), w.size() - 1) << ctx;
+                EXPECT_EQ(e.rank(), w.size() - 1) << ctx;
+                EXPECT_EQ(e.message(), text) << ctx;
+            } catch (const std::runtime_error& e) {
+                EXPECT_EQ(w.rank(), w.size() - 1) << ctx << ": " << e.what();
+                EXPECT_EQ(std::string(e.what()), text) << ctx;
+            }
+            EXPECT_EQ(loss.passes,
+                      w.rank() == w.size() - 1 && std::string(in) == "forward" ? 3u : 4u)
+                << ctx;
+        }
+    }
+    xshard::set_watch_settings(saved);
+    // Training goes on with a new mesh.
+    const auto plain = [](auto&) {
+    };
+    expect_same(drive(world_mesh(), plain), run(world_mesh(), plain), "after the failures");
 }
 
 /// The mean loss and the accuracy of the one-rank model on the batches of `steps`, computed

@@ -258,6 +258,49 @@ TEST(shard, a_callable_that_throws_on_one_rank_raises_on_every_rank) {
     EXPECT_TRUE(xt::allclose(xshard::gather_all(fine(gx)), 2.0 * gx));
 }
 
+TEST(shard, a_throw_between_two_collectives_raises_on_every_rank) {
+    const auto saved = xshard::current_watch_settings();
+    auto quiet = saved;
+    quiet.print_on_failure = false;
+    xshard::set_watch_settings(quiet);
+    const auto m = make_mesh();
+    const auto gx = random_array<2>({6, 4}, 15);
+    const auto x = xshard::distribute<"[dp, mp]">(m, gx);
+    const bool throws_here = m.rank() == m.size() - 1;
+    // The callable all-reduces, throws on the last rank, then all-reduces again: the others
+    // wait in the second all-reduce until the failure notice ends it. Thrown after both
+    // all-reduces first: then no collective is left waiting.
+    for (const bool at_the_end : {true, false}) {
+        auto f = xshard::shard(
+            m,
+            [&](const auto& t) {
+                double s = 1;
+                xshard::mpi::allreduce(m.comm(), std::span(&s, 1), xshard::reduction::sum);
+                EXPECT_EQ(s, double(m.size()));
+                if (throws_here && !at_the_end)
+                    throw user_failure();
+                xshard::mpi::allreduce(m.comm(), std::span(&s, 1), xshard::reduction::sum);
+                if (throws_here)
+                    throw user_failure();
+                return xshard::ops::neg(t);
+            },
+            std::tuple(spec<"[dp, mp]">), spec<"[-, -]">);
+        const auto c = m.comm();
+        expect_agreed_failure(m, [&] { (void)f(x); });
+        // Only a collective left waiting breaks the mesh's communicator.
+        EXPECT_EQ(c.broken(), m.size() > 1 && !at_the_end);
+    }
+    // The mesh cannot be used again; a new one can.
+    EXPECT_EQ(m.comm().broken(), m.size() > 1);
+    const auto fresh = make_mesh();
+    auto fine = xshard::shard(
+        fresh, [](const auto& t) { return xshard::ops::neg(t); }, std::tuple(spec<"[dp, mp]">),
+        spec<"[-, -]">);
+    EXPECT_TRUE(
+        xt::allclose(xshard::gather_all(fine(xshard::distribute<"[dp, mp]">(fresh, gx))), -gx));
+    xshard::set_watch_settings(saved);
+}
+
 TEST(shard, one_callable_serves_float_and_double_tensors_of_one_layout) {
     // The plan of a redistribution is cached per input and output; a plan made for float
     // tensors must not serve double ones of the same layouts and shape (it would move half

@@ -10,6 +10,7 @@
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/watch.hpp>
 
+#include <algorithm>
 #include <array>
 #include <concepts>
 #include <cstddef>
@@ -215,13 +216,17 @@ inline void open_scope(const communicator& c, std::string_view what) {
 }
 
 /// Closes a failure scope over `c` opened when this rank had given up `abandoned` waits: its
-/// `outcome` (a rank that failed first-hand has sent its notice already), the failing rank
-/// it reports (in MPI_COMM_WORLD) with its message, its own exception or null. On failure
-/// anywhere, settles the notices sent, breaks the communicators if a collective was given
-/// up (marking `c` broken), and calls `fail(origin, text, failure)`, which throws.
+/// `outcome` (a rank that failed first-hand has sent its notice already, to the members of
+/// its `told`: `c`, or the cell of a partition of `c`, the same cell on the members of a
+/// cell), the failing rank it reports (in MPI_COMM_WORLD) with its message, its own
+/// exception or null. On failure anywhere, settles the notices sent to this rank; if some
+/// rank gave up a wait, marks `c` and every communicator xshard owns broken (which ones the
+/// others gave up on, a rank cannot tell); and calls `fail(origin, text, failure)`, which
+/// throws.
 template <class Fail>
 void close_scope(const communicator& c, std::uint64_t abandoned, char outcome, int origin,
-                 const std::string& message, std::exception_ptr failure, Fail& fail) {
+                 const std::string& message, std::exception_ptr failure, Fail& fail,
+                 const communicator& told) {
     if (c.size() == 1) {
         if (failure)
             std::rethrow_exception(failure);
@@ -236,14 +241,20 @@ void close_scope(const communicator& c, std::uint64_t abandoned, char outcome, i
         return;
     bool any_abandoned = false;
     const auto members = world_ranks(c.native());
+    const auto cell = told == c ? members : world_ranks(told.native());
     for (int r = 0; r < c.size(); ++r) {
         const char o = agreement.outcomes[std::size_t(r)];
         any_abandoned = any_abandoned || (o & scope_abandoned);
-        if ((o & scope_announced) && r != c.rank())
-            settle_notice(members[std::size_t(r)]);
+        const int from = members[std::size_t(r)];
+        if ((o & scope_announced) && r != c.rank() &&
+            std::find(cell.begin(), cell.end(), from) != cell.end())
+            settle_notice(from);
     }
-    if (any_abandoned)
+    forget_settled_failure();
+    if (any_abandoned) {
         mark_broken(c.native());
+        mark_owned_broken();
+    }
     fail(agreement.origin, agreement.message, failure);
 }
 
@@ -253,9 +264,9 @@ void close_scope(const communicator& c, std::uint64_t abandoned, char outcome, i
 /// that rank will never reach raise `peer_failure`, and then joins the agreement, which runs
 /// on a communicator of its own. On failure every rank calls `fail(origin, text, failure)`
 /// (the failing rank reported, in MPI_COMM_WORLD, its message, this rank's own exception,
-/// or null where it raised none or a `peer_failure`), which throws; when some rank gave up a collective, every rank marks `c` broken
-/// first. Collective: one all-gather of one byte per rank (plus two broadcasts on
-/// failure, and the first time for `c`, one MPI_Comm_dup).
+/// or null where it raised none or a `peer_failure`), which throws; when some rank gave up a
+/// collective, every rank marks `c` broken first. Collective: one all-gather of one byte per rank
+/// (plus two broadcasts on failure, and the first time for `c`, one MPI_Comm_dup).
 template <class F, class Fail>
 decltype(auto) run_agreed(const communicator& c, F& f, Fail fail) {
     using result_t = std::invoke_result_t<F&>;
@@ -290,7 +301,7 @@ decltype(auto) run_agreed(const communicator& c, F& f, Fail fail) {
     }
     if (outcome & scope_announced)
         announce_failure(c.native(), message);
-    close_scope(c, abandoned, outcome, origin, message, failure, fail);
+    close_scope(c, abandoned, outcome, origin, message, failure, fail, c);
     if constexpr (std::is_reference_v<result_t>)
         return static_cast<result_t>(result->get());
     else if constexpr (!std::is_void_v<result_t>)
@@ -305,19 +316,21 @@ decltype(auto) run_agreed(const communicator& c, F& f, Fail fail) {
 /// every other rank throws `Error` (by default `peer_failure`) naming the failing rank (in
 /// MPI_COMM_WORLD) and its message; otherwise returns what `f` returned. A rank that fails
 /// while others wait in a collective it will not reach ends their wait (see
-/// `detail::run_agreed`); `c` is then broken on every rank (`communicator::broken()`). Collective: one all-gather of one byte per rank (plus two
+/// `detail::run_agreed`); `c` and the communicators xshard owns are then broken on every
+/// rank (`communicator::broken()`). Collective: one all-gather of one byte per rank (plus two
 /// broadcasts on failure).
 template <class Error = peer_failure, class F>
-    requires std::invocable<F&>
+requires std::invocable<F&>
 decltype(auto) agreed(const communicator& c, F&& f) {
-    return detail::run_agreed(c, f, [](int origin, const std::string& text, std::exception_ptr failure) {
-        if (failure)
-            std::rethrow_exception(failure);
-        if constexpr (std::is_same_v<Error, peer_failure>)
-            throw peer_failure(origin, text);
-        else
-            throw Error("xshard: rank " + std::to_string(origin) + " failed: " + text);
-    });
+    return detail::run_agreed(
+        c, f, [](int origin, const std::string& text, std::exception_ptr failure) {
+            if (failure)
+                std::rethrow_exception(failure);
+            if constexpr (std::is_same_v<Error, peer_failure>)
+                throw peer_failure(origin, text);
+            else
+                throw Error("xshard: rank " + std::to_string(origin) + " failed: " + text);
+        });
 }
 
 /// `agreed`, but when `f` throws on some ranks every rank throws the same `Error` with the

@@ -181,9 +181,13 @@ void run_watched(B blocking, std::string_view name, const communicator& c, std::
     run(blocking, name, std::forward<Args>(args));
 }
 
-/// Starts a nonblocking MPI call on a tuple of arguments (the request is appended).
+/// Starts a nonblocking MPI call on a tuple of arguments (the request is appended), whose
+/// last element is the communicator, unless that is broken.
 template <class F, class Args>
 request start(F mpi_call, std::string_view name, Args&& args) {
+    constexpr auto last = std::tuple_size_v<std::remove_cvref_t<Args>> - 1;
+    if (is_broken(std::get<last>(args)))
+        require_whole(communicator::borrow(std::get<last>(args)), name);
     MPI_Request handle = MPI_REQUEST_NULL;
     check_mpi(
         std::apply([&](auto... a) { return mpi_call(a..., &handle); }, std::forward<Args>(args)),
@@ -416,8 +420,7 @@ inline constexpr int any_tag = MPI_ANY_TAG;
 
 /// Blocks until every rank of `c` has called it.
 inline void barrier(const communicator& c) {
-    detail::run_watched(MPI_Barrier, "MPI_Barrier", c, 0,
-                        detail::barrier_args(c));
+    detail::run_watched(MPI_Barrier, "MPI_Barrier", c, 0, detail::barrier_args(c));
 }
 inline request ibarrier(const communicator& c) {
     return detail::start(MPI_Ibarrier, "MPI_Ibarrier", detail::barrier_args(c));
@@ -588,8 +591,9 @@ requires output_buffer<R&>
 void alltoallv(const communicator& c, const S& send, counts_view send_counts,
                counts_view send_displs, R&& recv, counts_view recv_counts,
                counts_view recv_displs) {
-    detail::run_watched(MPI_Alltoallv, "MPI_Alltoallv", c, detail::bytes_of(send),
-                        detail::alltoallv_args(c, send, send_counts, send_displs, recv, recv_counts, recv_displs));
+    detail::run_watched(
+        MPI_Alltoallv, "MPI_Alltoallv", c, detail::bytes_of(send),
+        detail::alltoallv_args(c, send, send_counts, send_displs, recv, recv_counts, recv_displs));
 }
 template <contiguous_buffer S, class R>
 requires output_buffer<R&> request ialltoallv(const communicator& c, const S& send,
@@ -621,7 +625,8 @@ requires output_buffer<R&> request ireduce_scatter(const communicator& c, const 
 template <contiguous_buffer S, class R>
 requires output_buffer<R&>
 void reduce_scatter_block(const communicator& c, const S& send, R&& recv, reduction op) {
-    detail::run_watched(MPI_Reduce_scatter_block, "MPI_Reduce_scatter_block", c, detail::bytes_of(send),
+    detail::run_watched(MPI_Reduce_scatter_block, "MPI_Reduce_scatter_block", c,
+                        detail::bytes_of(send),
                         detail::reduce_scatter_block_args(c, send, recv, op));
 }
 template <contiguous_buffer S, class R>

@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <set>
 
 namespace xshard {
 namespace detail {
@@ -15,9 +16,9 @@ namespace detail {
 inline int broken_key() {
     static const int key = [] {
         int k = MPI_KEYVAL_INVALID;
-        check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, MPI_COMM_NULL_DELETE_FN, &k,
-                                         nullptr),
-                  "MPI_Comm_create_keyval");
+        check_mpi(
+            MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, MPI_COMM_NULL_DELETE_FN, &k, nullptr),
+            "MPI_Comm_create_keyval");
         return k;
     }();
     return key;
@@ -27,6 +28,20 @@ inline int broken_key() {
 inline void mark_broken(MPI_Comm comm) {
     if (comm != MPI_COMM_NULL)
         check_mpi(MPI_Comm_set_attr(comm, broken_key(), nullptr), "MPI_Comm_set_attr");
+}
+
+/// The communicators xshard owns that are alive (made by dup, split or MPI_Cart_sub, or
+/// adopted), in no particular order.
+inline std::set<MPI_Comm>& owned_communicators() {
+    static std::set<MPI_Comm> all;
+    return all;
+}
+
+/// Marks every communicator xshard owns broken: what every rank of a failure scope does when
+/// some rank gave up a wait, since a rank cannot know on which communicators the others did.
+inline void mark_owned_broken() {
+    for (const MPI_Comm comm : owned_communicators())
+        mark_broken(comm);
 }
 
 /// Whether `comm` is marked broken.
@@ -43,8 +58,9 @@ namespace mpi {
 
 /// A communicator. Copies share the handle; an owning communicator (one xshard made by
 /// dup, split or MPI_Cart_sub, or one adopted with `communicator::adopt`) is freed when
-/// the last copy goes, unless MPI is already finalised or the communicator is `broken()`. Communicators xshard creates
-/// report errors as exceptions (MPI_ERRORS_RETURN + mpi_error) instead of aborting.
+/// the last copy goes, unless MPI is already finalised or the communicator is `broken()`.
+/// Communicators xshard creates report errors as exceptions (MPI_ERRORS_RETURN + mpi_error) instead
+/// of aborting.
 class communicator {
 public:
     /// The null communicator (what `split` gives a rank that passes `undefined`).
@@ -110,6 +126,7 @@ private:
             MPI_Finalized(&finalized);
             // A broken communicator stays: freeing it would let MPI reuse its context for a
             // new communicator, whose messages the abandoned operations could then match.
+            detail::owned_communicators().erase(*comm);
             if (!finalized && *comm != MPI_COMM_NULL && !detail::is_broken(*comm))
                 MPI_Comm_free(comm);
             delete comm;
@@ -122,6 +139,7 @@ private:
             return;
         if (owned) {
             owner_ = std::shared_ptr<MPI_Comm>(new MPI_Comm(comm), freer{});
+            detail::owned_communicators().insert(comm);
             detail::check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN),
                               "MPI_Comm_set_errhandler");
         }

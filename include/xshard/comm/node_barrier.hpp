@@ -25,8 +25,8 @@ namespace xshard {
 /// to 64 us): on a machine with fewer cores than ranks a spinning rank would steal the core
 /// of the rank it waits for. While it waits it keeps MPI progressing (MPI_Iprobe): a peer
 /// may still be finishing a message of an earlier step that needs this rank's progress
-/// (a rendezvous), and would otherwise never arrive. `arrive_and_wait` also orders memory: every store a member made
-/// before arriving is visible to every member after it returns.
+/// (a rendezvous), and would otherwise never arrive. `arrive_and_wait` also orders memory: every
+/// store a member made before arriving is visible to every member after it returns.
 ///
 /// Construction allocates a small shared window and clears it (collective over `c`, which
 /// must lie within one node: one window allocation and one MPI barrier); `arrive_and_wait`

@@ -216,8 +216,8 @@ public:
             for (std::size_t j = 0; j < chunks; ++j) {
                 if (j + 1 < chunks)
                     post(j + 1);
-                detail::watched_wait(std::span(&pending[j % 2], 1), "pairwise reduce-scatter",
-                                     comm, int(p), std::min(chunk, n - j * chunk) * sizeof(T),
+                detail::watched_wait(std::span(&pending[j % 2], 1), "pairwise reduce-scatter", comm,
+                                     int(p), std::min(chunk, n - j * chunk) * sizeof(T),
                                      {true, true});
                 const std::size_t lo = j * chunk;
                 const T* mine = k == 1 && own ? own + lo : out + lo;

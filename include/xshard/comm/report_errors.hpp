@@ -25,10 +25,12 @@ inline constexpr std::chrono::seconds failure_agreement_timeout{10};
 /// other `std::exception`) is printed on one line to stderr and ends the program with exit
 /// code 1:
 /// - raised on every rank (xshard's errors are: an error one rank sees is agreed on before
-///   the next collective): rank 0 of MPI_COMM_WORLD prints it, and every rank returns 1;
-/// - raised on some ranks only (a program's own error on one rank, say): the others would
-///   wait for ever in their next collective, so each rank that raised prints its message
-///   after its rank, and the job is aborted (MPI_Abort with code 1).
+///   the next collective, and a failure inside a failure scope ends the others' waits; see
+///   comm/agree.hpp): rank 0 of MPI_COMM_WORLD prints it, and every rank returns 1;
+/// - raised on some ranks only (a program's own error on one rank outside any failure scope,
+///   say): the others would wait in their next collective until the watchdog's timeout, so
+///   each rank that raised prints its message after its rank, and the job is aborted
+///   (MPI_Abort with code 1).
 /// Which it is, a barrier of the ranks that raised tells, on a communicator of the call's
 /// own, waited for up to `failure_agreement_timeout`. Collective over MPI_COMM_WORLD (one
 /// MPI_Comm_dup); call it inside the scope of an `environment`, on every rank:
@@ -50,11 +52,19 @@ int report_errors(F&& program) {
     } catch (...) {
         message = "an exception that is not a std::exception";
     }
-    auto all = mpi::ibarrier(failures);
+    // MPI's own barrier: a failure may have marked `failures` broken with the others, but it
+    // never carried an operation that could meet this one.
+    MPI_Request all = MPI_REQUEST_NULL;
+    int done = 0;
+    if (MPI_Ibarrier(failures.native(), &all) != MPI_SUCCESS)
+        all = MPI_REQUEST_NULL;
     const auto until = std::chrono::steady_clock::now() + failure_agreement_timeout;
-    while (!all.test() && std::chrono::steady_clock::now() < until)
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (all.test()) {
+    while (all != MPI_REQUEST_NULL && !done && std::chrono::steady_clock::now() < until) {
+        MPI_Test(&all, &done, MPI_STATUS_IGNORE);
+        if (!done)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (done) {
         if (world.rank() == 0)
             std::fprintf(stderr, "%s\n", message.c_str());
         return 1;

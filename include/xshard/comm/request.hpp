@@ -49,6 +49,16 @@ public:
             detail::watched_wait(std::span(&handle_, 1), "MPI_Wait");
     }
 
+    /// Blocks until the operation completes, watched by the watchdog but not ended by a
+    /// failure notice: for protocols that tell their peers of a failure themselves (a
+    /// pipeline's aborted transfers), so that a peer's failure elsewhere leaves their
+    /// messages matched.
+    void wait_unheeded() {
+        if (active())
+            detail::watched_wait(std::span(&handle_, 1), "MPI_Wait", MPI_COMM_NULL, 0, 0,
+                                 {false, false});
+    }
+
     /// Whether the operation has completed (progressing it).
     bool test() {
         if (!active())
@@ -115,6 +125,8 @@ public:
     /// Starts sending `count` items of `type` at `data` to rank `peer` of `c`.
     void isend(const communicator& c, const void* data, int count, MPI_Datatype type, int peer,
                int tag) {
+        detail::require_whole(c, "MPI_Isend");
+        comm_ = c.native();
         handles_.push_back(MPI_REQUEST_NULL);
         detail::check_mpi(MPI_Isend(data, count, type, peer, tag, c.native(), &handles_.back()),
                           "MPI_Isend");
@@ -123,18 +135,21 @@ public:
     /// Starts receiving `count` items of `type` at `data` from rank `peer` of `c`.
     void irecv(const communicator& c, void* data, int count, MPI_Datatype type, int peer,
                int tag) {
+        detail::require_whole(c, "MPI_Irecv");
+        comm_ = c.native();
         handles_.push_back(MPI_REQUEST_NULL);
         detail::check_mpi(MPI_Irecv(data, count, type, peer, tag, c.native(), &handles_.back()),
                           "MPI_Irecv");
     }
 
-    /// Waits for every message posted since the last wait (watched, as `request::wait`).
+    /// Waits for every message posted since the last wait (watched, as `request::wait`;
+    /// raises at once when their communicator has been marked broken since).
     void wait_all() {
         struct clear { // empty afterwards, whether the wait returns or raises
             std::vector<MPI_Request>& handles;
             ~clear() { handles.clear(); }
         } after{handles_};
-        detail::watched_wait(handles_, "MPI_Waitall", MPI_COMM_NULL, 0, 0, {true, true});
+        detail::watched_wait(handles_, "MPI_Waitall", comm_, 0, 0, {true, true});
     }
 
     /// Whether every message posted since the last wait is delivered (progressing them;
@@ -167,6 +182,7 @@ private:
     }
 
     std::vector<MPI_Request> handles_;
+    MPI_Comm comm_ = MPI_COMM_NULL; // of the last message posted
 };
 
 } // namespace xshard

@@ -10,7 +10,10 @@
 ///   `shard()`, the driver's step and a pipeline's step) sends its message to every member
 ///   of the scope's communicator before it agrees on the outcome (`announce_failure`).
 /// - Every wait of comm/ that can block on other ranks polls its requests, the notices and
-///   the clock (`watched_wait`). A blocking collective first waits, watched, in a
+///   the clock (`watched_wait`). A wait that has heard of a failure goes on for a grace
+///   (`watch_settings::notice_grace`, 1 s): the failing rank may have done its part of it
+///   before it failed, and then it completes; otherwise it gives up and raises
+///   `peer_failure`. A blocking collective first waits, watched, in a
 ///   nonblocking barrier, then runs MPI's blocking call, which every rank has then reached:
 ///   the watching costs one barrier's latency and leaves MPI's tuned algorithms alone, and
 ///   what a wait can give up is a barrier, which holds no buffer. (A nonblocking collective
@@ -43,6 +46,7 @@
 #include <cstdlib>
 #include <deque>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -66,18 +70,21 @@ struct watch_settings {
     on_timeout action = on_timeout::raise;
     /// Whether a rank whose wait a peer's failure ended prints its flight recorder.
     bool print_on_failure = true;
+    /// How long a wait goes on after a failure notice before it gives up: the failing rank
+    /// may have done its part of this wait before it failed, and then the wait completes.
+    std::chrono::duration<double> notice_grace{1.0};
 };
 
 /// One collective in the flight recorder.
 struct flight_entry {
     enum class state { waiting, done, abandoned };
-    std::uint64_t sequence = 0;        ///< counts this rank's watched waits from 0
-    std::string_view operation;        ///< e.g. "MPI_Allreduce"
-    std::uintptr_t communicator = 0;   ///< the MPI handle, to tell communicators apart
-    int members = 0;                   ///< its size (0 when unknown)
-    std::size_t bytes = 0;             ///< the buffer's bytes, where known
+    std::uint64_t sequence = 0;      ///< counts this rank's watched waits from 0
+    std::string_view operation;      ///< e.g. "MPI_Allreduce"
+    std::uintptr_t communicator = 0; ///< the MPI handle, to tell communicators apart
+    int members = 0;                 ///< its size (0 when unknown)
+    std::size_t bytes = 0;           ///< the buffer's bytes, where known
     state status = state::waiting;
-    double seconds = 0;                ///< how long the wait took (so far)
+    double seconds = 0; ///< how long the wait took (so far)
 };
 
 namespace detail {
@@ -103,7 +110,12 @@ struct watch_state {
     watch_settings settings = settings_from_environment();
     std::vector<flight_entry> ring = std::vector<flight_entry>(recorder_size);
     std::uint64_t next = 0;
-    std::map<int, int> credits;  // notices received in waits, by world rank
+    std::map<int, int> credits; // notices received in waits, by world rank
+    struct heard {
+        int rank;
+        std::string message;
+    };
+    std::optional<heard> failure; // the first notice received and not yet settled
     std::uint64_t abandoned = 0;  // waits given up so far
     std::deque<std::string> sent; // the buffers of notices sent (small; kept until the end)
 };
@@ -169,8 +181,8 @@ inline void announce_failure(MPI_Comm comm, const std::string& message) {
         if (r == me)
             continue;
         MPI_Request q = MPI_REQUEST_NULL;
-        check_mpi(MPI_Isend(text.data(), int(std::min<std::size_t>(text.size(), 1 << 20)),
-                            MPI_CHAR, r, notice_tag, w.notices, &q),
+        check_mpi(MPI_Isend(text.data(), int(std::min<std::size_t>(text.size(), 1 << 20)), MPI_CHAR,
+                            r, notice_tag, w.notices, &q),
                   "MPI_Isend");
         check_mpi(MPI_Request_free(&q), "MPI_Request_free");
     }
@@ -202,24 +214,32 @@ inline void settle_notice(int from) {
     receive_notice(status);
 }
 
+/// Forgets the failure heard once an agreement has settled every notice received.
+inline void forget_settled_failure() {
+    auto& w = watch();
+    for (const auto& [rank, count] : w.credits)
+        if (count > 0)
+            return;
+    w.failure.reset();
+}
+
 /// The flight recorder as text, oldest first.
 inline std::string flight_recorder_text() {
     const auto& w = watch();
     int me = -1;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     std::string out = "xshard flight recorder, rank " + std::to_string(me) + ", last " +
-                      std::to_string(std::min<std::uint64_t>(w.next, recorder_size)) +
-                      " waits:\n";
+                      std::to_string(std::min<std::uint64_t>(w.next, recorder_size)) + " waits:\n";
     const std::uint64_t first = w.next > recorder_size ? w.next - recorder_size : 0;
     for (std::uint64_t i = first; i < w.next; ++i) {
         const auto& e = w.ring[i % recorder_size];
         char line[256];
         static constexpr const char* states[] = {"waiting", "done", "abandoned"};
-        std::snprintf(line, sizeof line, "  #%llu %.*s, %zu bytes, %d ranks (comm %#llx): %s after %.6f s\n",
-                      static_cast<unsigned long long>(e.sequence), int(e.operation.size()),
-                      e.operation.data(), e.bytes, e.members,
-                      static_cast<unsigned long long>(e.communicator), states[int(e.status)],
-                      e.seconds);
+        std::snprintf(
+            line, sizeof line, "  #%llu %.*s, %zu bytes, %d ranks (comm %#llx): %s after %.6f s\n",
+            static_cast<unsigned long long>(e.sequence), int(e.operation.size()),
+            e.operation.data(), e.bytes, e.members, static_cast<unsigned long long>(e.communicator),
+            states[int(e.status)], e.seconds);
         out += line;
     }
     return out;
@@ -239,16 +259,23 @@ public:
         , heed_(heed_notices)
         , point_to_point_(point_to_point) {
         auto& e = state_.ring[state_.next % recorder_size];
-        e = {state_.next, operation, reinterpret_cast<std::uintptr_t>(comm), members, bytes,
-             flight_entry::state::waiting, 0};
+        e = {state_.next,
+             operation,
+             reinterpret_cast<std::uintptr_t>(comm),
+             members,
+             bytes,
+             flight_entry::state::waiting,
+             0};
         entry_ = state_.next++;
     }
 
     /// Marks the wait done.
     void done() noexcept { close(flight_entry::state::done); }
 
-    /// Raises `peer_failure` when a failure notice has come, `collective_timeout` past the
-    /// deadline (after abandoning `requests`); answers the watchdog's queries. `spin` counts
+    /// Raises `peer_failure` once a failure notice has come and the wait has gone on for the
+    /// grace since, `xshard::error` when the communicator is broken (by a failure scope
+    /// after the operation was posted), `collective_timeout` past the deadline (after
+    /// abandoning `requests`); answers the watchdog's queries. `spin` counts
     /// the caller's polls: after the first thousand it yields the core between them.
     void check(std::span<MPI_Request> requests, unsigned spin) {
         if (state_.notices != MPI_COMM_NULL) {
@@ -258,7 +285,19 @@ public:
                                  &found, &status),
                       "MPI_Iprobe");
             if (found)
-                handle(status, requests);
+                handle(status);
+        }
+        if (heed_ && state_.failure && (spin & 63) == 0) {
+            const auto now = std::chrono::steady_clock::now();
+            if (!heard_)
+                heard_ = now;
+            if (now - *heard_ > std::min(state_.settings.notice_grace, timeout()))
+                peer_failed(requests);
+        }
+        if ((spin & 63) == 0 && comm_ != MPI_COMM_NULL && is_broken(comm_)) {
+            abandon(requests); // posted before a failure scope broke the communicator
+            throw error("xshard: " + std::string(state_.ring[entry_ % recorder_size].operation) +
+                        " on a communicator broken after a peer's failure");
         }
         if ((spin & 63) == 0 && state_.settings.timeout.count() > 0 &&
             std::chrono::steady_clock::now() - start_ > state_.settings.timeout)
@@ -273,7 +312,8 @@ private:
         if (e.sequence != entry_)
             return;
         e.status = s;
-        e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+        e.seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     }
 
     // Leaves `requests` posted for good (MPI cannot cancel a collective; point-to-point
@@ -291,23 +331,36 @@ private:
         mark_broken(comm_);
     }
 
-    void handle(const MPI_Status& status, std::span<MPI_Request> requests) {
+    std::chrono::duration<double> timeout() const {
+        return state_.settings.timeout.count() > 0 ? state_.settings.timeout
+                                                   : std::chrono::duration<double>::max();
+    }
+
+    // A message on the notice communicator: a failure notice is kept (the wait gives up
+    // after the grace), a watchdog's question answered, a late answer dropped.
+    void handle(const MPI_Status& status) {
         const std::string text = receive_notice(status);
         if (status.MPI_TAG == query_tag) {
             MPI_Request q = MPI_REQUEST_NULL;
             static const char yes = 1;
-            check_mpi(MPI_Isend(&yes, 1, MPI_CHAR, status.MPI_SOURCE, answer_tag, state_.notices, &q),
-                      "MPI_Isend");
+            check_mpi(
+                MPI_Isend(&yes, 1, MPI_CHAR, status.MPI_SOURCE, answer_tag, state_.notices, &q),
+                "MPI_Isend");
             check_mpi(MPI_Request_free(&q), "MPI_Request_free");
             return;
         }
         if (status.MPI_TAG != notice_tag)
-            return; // an answer that came after its asker gave up
+            return;
         ++state_.credits[status.MPI_SOURCE];
+        if (!state_.failure)
+            state_.failure = watch_state::heard{status.MPI_SOURCE, text};
+    }
+
+    [[noreturn]] void peer_failed(std::span<MPI_Request> requests) {
         abandon(requests);
         if (state_.settings.print_on_failure)
             std::fprintf(stderr, "%s", flight_recorder_text().c_str());
-        throw peer_failure(status.MPI_SOURCE, text);
+        throw peer_failure(state_.failure->rank, state_.failure->message);
     }
 
     // The members of the communicator that say they are waiting too, asked through the
@@ -344,7 +397,7 @@ private:
                 if (!found)
                     continue;
                 if (tag == query_tag)
-                    handle(status, {}); // another waiting rank's question
+                    handle(status); // another waiting rank's question
                 else if (receive_notice(status); true)
                     out.push_back(status.MPI_SOURCE);
             }
@@ -364,10 +417,10 @@ private:
         abandon(requests);
         const std::string message =
             "xshard: " + std::string(e.operation) + " (" + std::to_string(e.bytes) +
-            " bytes) has not completed after " +
-            std::to_string(state_.settings.timeout.count()) + " s on rank " +
-            std::to_string(world_rank()) + "; its communicator's ranks (in MPI_COMM_WORLD): " +
-            rank_list(members) + "; not waiting in a collective: " + rank_list(missing);
+            " bytes) has not completed after " + std::to_string(state_.settings.timeout.count()) +
+            " s on rank " + std::to_string(world_rank()) +
+            "; its communicator's ranks (in MPI_COMM_WORLD): " + rank_list(members) +
+            "; not waiting in a collective: " + rank_list(missing);
         std::fprintf(stderr, "%s\n%s", message.c_str(), flight_recorder_text().c_str());
         std::fflush(stderr);
         if (state_.settings.action == on_timeout::abort)
@@ -381,6 +434,7 @@ private:
     std::uint64_t entry_ = 0;
     bool heed_;
     bool point_to_point_;
+    std::optional<std::chrono::steady_clock::time_point> heard_; // when this wait learnt of it
 };
 
 /// How a watched wait treats its requests and the notices.
@@ -410,13 +464,14 @@ inline void watched_wait(std::span<MPI_Request> requests, std::string_view opera
 }
 
 /// Waits for `requests` where raising is not possible (a destructor, perhaps while an
-/// exception unwinds): returns false, leaving them posted, when a failure notice is waiting,
-/// a wait has been given up since, or past the watchdog's timeout, instead of waiting for
-/// ever.
+/// exception unwinds): returns false, leaving them posted, when a wait has been given up
+/// since it began, once a failure notice has waited for the grace, or past the watchdog's
+/// timeout, instead of waiting for ever.
 inline bool finish_quietly(std::span<MPI_Request> requests) noexcept {
     auto& w = watch();
     const auto abandoned = w.abandoned;
     const auto start = std::chrono::steady_clock::now();
+    std::optional<std::chrono::steady_clock::time_point> heard;
     for (unsigned spin = 0;; ++spin) {
         int done = 0;
         if (MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE) !=
@@ -424,12 +479,14 @@ inline bool finish_quietly(std::span<MPI_Request> requests) noexcept {
             return false;
         if (done)
             return true;
+        const auto now = std::chrono::steady_clock::now();
         int notice = 0;
         if (w.notices != MPI_COMM_NULL)
             MPI_Iprobe(MPI_ANY_SOURCE, notice_tag, w.notices, &notice, MPI_STATUS_IGNORE);
-        const bool late = w.settings.timeout.count() > 0 &&
-                          std::chrono::steady_clock::now() - start > w.settings.timeout;
-        if (notice || late || w.abandoned != abandoned) {
+        if ((notice || w.failure) && !heard)
+            heard = now;
+        const bool late = w.settings.timeout.count() > 0 && now - start > w.settings.timeout;
+        if (late || w.abandoned != abandoned || (heard && now - *heard > w.settings.notice_grace)) {
             for (auto& q : requests)
                 q = MPI_REQUEST_NULL;
             ++w.abandoned;
@@ -451,10 +508,14 @@ inline void require_whole(const communicator& c, std::string_view operation) {
 } // namespace detail
 
 /// This rank's watch settings.
-inline watch_settings current_watch_settings() { return detail::watch().settings; }
+inline watch_settings current_watch_settings() {
+    return detail::watch().settings;
+}
 
 /// Sets this rank's watch settings (local; set them alike on every rank).
-inline void set_watch_settings(const watch_settings& s) { detail::watch().settings = s; }
+inline void set_watch_settings(const watch_settings& s) {
+    detail::watch().settings = s;
+}
 
 /// This rank's last waits, oldest first (at most 32).
 inline std::vector<flight_entry> flight_recorder() {

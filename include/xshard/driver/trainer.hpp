@@ -274,7 +274,6 @@ private:
     }
 
 public:
-
     /// Epochs `initial_epoch` .. `epochs` - 1 over `dataset` (MindSpore's initial_epoch, for
     /// a resumed run): an object with `epoch(e)` giving epoch e's batches (a data::loader),
     /// or a range of batches read again every epoch; each batch destructures into (x, y).

@@ -190,16 +190,19 @@ private:
                                     topo_.config.micro_batches, x, labels, std::move(problem));
         const auto& mine = table_.ranks[std::size_t(me)];
         detail::step_transfers<X> transfers(topo_, mine);
-        detail::step_walk<X, Labels, Loss> walk(world_, stage_layers_, last_stage(), batch, loss,
+        const auto& stage = topo_.mesh.comm();
+        detail::step_walk<X, Labels, Loss> walk(stage, stage_layers_, last_stage(), batch, loss,
                                                 transfers, stats_);
         const auto failure = walk.run(mine);
         using xshard::detail::scope_announced, xshard::detail::scope_failed;
-        const char outcome = !failure        ? 0
+        const char outcome = !failure            ? 0
                              : walk.first_hand() ? char(scope_failed | scope_announced)
                                                  : char(scope_failed);
-        auto fail = [](int, const std::string& text, std::exception_ptr) { throw error(text); };
+        auto fail = [](int, const std::string& text, std::exception_ptr) {
+            throw error(text);
+        };
         xshard::detail::close_scope(world_, abandoned, outcome, walk.origin(), failure.value_or(""),
-                                    nullptr, fail);
+                                    nullptr, fail, stage);
         value_type result =
             me == last_rank ? walk.loss_sum() : std::numeric_limits<value_type>::quiet_NaN();
         if (options_.output_broadcast)

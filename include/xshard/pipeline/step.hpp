@@ -11,7 +11,7 @@
 /// gradient, which frees the slot). The transfers go through step_transfers.hpp.
 ///
 /// A failure (a layer or the loss throwing here, a peer's failure notice, or an aborted
-/// sender) stops the walk; a failure that arose here is announced to the mesh at once
+/// sender) stops the walk; a failure that arose here is announced to the stage mesh at once
 /// (comm/watch.hpp), the transfers still owed go out as aborts and the expected ones are
 /// drained, and the walk returns the error for the ranks to agree on.
 
@@ -91,8 +91,9 @@ public:
             } catch (const std::exception& e) {
                 failure = e.what();
                 first_hand_ = true;
-                // Told at once: members of the mesh waiting in a collective with this rank
-                // (inside a stage's layers) would otherwise wait for ever.
+                // Told at once: the members of this rank's stage mesh waiting in a collective
+                // with it (inside the stage's layers) would otherwise wait for ever. The other
+                // stages learn of it through the aborted transfers.
                 xshard::detail::announce_failure(scope_.native(), *failure);
                 stopped = i;
             }
@@ -188,7 +189,7 @@ private:
         stats_.busy_seconds += seconds_since(start);
     }
 
-    const communicator& scope_; // where a first-hand failure is announced
+    const communicator& scope_; // who hears of a first-hand failure: the stage mesh
     const stage_layers& layers_;
     int last_;
     step_batch<X, Labels>& batch_;

@@ -63,8 +63,8 @@ public:
     /// Whether the messages are delivered (progressing them).
     bool done() { return header_req_.test() && data_req_.test(); }
     void wait() {
-        header_req_.wait();
-        data_req_.wait();
+        header_req_.wait_unheeded();
+        data_req_.wait_unheeded();
     }
 
 private:
@@ -102,12 +102,12 @@ public:
     /// nothing and `aborted()` holds the sender's error.
     std::optional<X> take() {
         if (!posted_) {
-            header_req_.wait();
+            header_req_.wait_unheeded();
             post();
         }
         if (aborted_)
             return std::nullopt;
-        data_req_.wait();
+        data_req_.wait_unheeded();
         return X(xshard::detail::unchecked, mesh_, shape_, std::move(local_), layout_);
     }
 
