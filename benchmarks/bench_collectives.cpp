@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
     const MPI_Comm raw = c.native();
 
     const std::vector<std::size_t> sizes =
-        o.quick ? std::vector<std::size_t>{1 << 12} : std::vector<std::size_t>{64 << 10, 1 << 20, 64 << 20};
+        o.quick ? std::vector<std::size_t>{1 << 12}
+                : std::vector<std::size_t>{64 << 10, 1 << 20, 64 << 20};
     for (const std::size_t bytes : sizes) {
         // `bytes` is the size of the full (gathered / reduced) buffer; doubles throughout.
         const std::size_t n = bytes / sizeof(double) / p * p;

@@ -23,22 +23,12 @@
 namespace {
 
 using xshard::testing::world;
+using quiet_watch = xshard::testing::quiet_failures;
 
 /// What a failing rank throws: not an xshard::error, so that the test tells it from the
 /// peer_failure the others raise.
 struct user_failure : std::runtime_error {
     using std::runtime_error::runtime_error;
-};
-
-/// Restores the watch settings when a test ends.
-struct quiet_watch {
-    xshard::watch_settings saved = xshard::current_watch_settings();
-    quiet_watch() {
-        auto s = saved;
-        s.print_on_failure = false;
-        xshard::set_watch_settings(s);
-    }
-    ~quiet_watch() { xshard::set_watch_settings(saved); }
 };
 
 /// The world rank of rank `r` of `c`.

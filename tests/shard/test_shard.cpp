@@ -259,10 +259,7 @@ TEST(shard, a_callable_that_throws_on_one_rank_raises_on_every_rank) {
 }
 
 TEST(shard, a_throw_between_two_collectives_raises_on_every_rank) {
-    const auto saved = xshard::current_watch_settings();
-    auto quiet = saved;
-    quiet.print_on_failure = false;
-    xshard::set_watch_settings(quiet);
+    xshard::testing::quiet_failures quiet;
     const auto m = make_mesh();
     const auto gx = random_array<2>({6, 4}, 15);
     const auto x = xshard::distribute<"[dp, mp]">(m, gx);
@@ -298,7 +295,6 @@ TEST(shard, a_throw_between_two_collectives_raises_on_every_rank) {
         spec<"[-, -]">);
     EXPECT_TRUE(
         xt::allclose(xshard::gather_all(fine(xshard::distribute<"[dp, mp]">(fresh, gx))), -gx));
-    xshard::set_watch_settings(saved);
 }
 
 TEST(shard, one_callable_serves_float_and_double_tensors_of_one_layout) {

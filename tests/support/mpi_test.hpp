@@ -20,6 +20,20 @@ inline communicator world() {
     return communicator::world();
 }
 
+/// Keeps ranks whose wait a peer's failure ends from printing their flight recorder (tests
+/// that fail on purpose), restoring the watch settings at the end of the scope.
+struct quiet_failures {
+    watch_settings saved = current_watch_settings();
+    quiet_failures() {
+        auto s = saved;
+        s.print_on_failure = false;
+        set_watch_settings(s);
+    }
+    quiet_failures(const quiet_failures&) = delete;
+    quiet_failures& operator=(const quiet_failures&) = delete;
+    ~quiet_failures() { set_watch_settings(saved); }
+};
+
 /// A mesh of size `S` per axis, named x / (dp, mp) / (a, b, c) by its dimension.
 template <std::size_t N>
 struct test_mesh;

@@ -237,24 +237,22 @@ void close_scope(const communicator& c, std::uint64_t abandoned, char outcome, i
     if (watch().abandoned != abandoned)
         outcome |= scope_abandoned;
     const auto agreement = agree_on_scope(c, outcome, origin, message);
+    const auto& all = agreement.outcomes;
+    if (std::any_of(all.begin(), all.end(), [](char o) { return o & scope_abandoned; })) {
+        mark_broken(c.native());
+        mark_owned_broken();
+    }
     if (agreement.origin < 0)
         return;
-    bool any_abandoned = false;
     const auto members = world_ranks(c.native());
     const auto cell = told == c ? members : world_ranks(told.native());
     for (int r = 0; r < c.size(); ++r) {
-        const char o = agreement.outcomes[std::size_t(r)];
-        any_abandoned = any_abandoned || (o & scope_abandoned);
         const int from = members[std::size_t(r)];
-        if ((o & scope_announced) && r != c.rank() &&
+        if ((all[std::size_t(r)] & scope_announced) && r != c.rank() &&
             std::find(cell.begin(), cell.end(), from) != cell.end())
             settle_notice(from);
     }
     forget_settled_failure();
-    if (any_abandoned) {
-        mark_broken(c.native());
-        mark_owned_broken();
-    }
     fail(agreement.origin, agreement.message, failure);
 }
 

@@ -20,11 +20,12 @@
 ///   given up would go on writing into buffers its caller frees.) Point-to-point receives
 ///   given up are cancelled.
 /// - A wait that gives up leaves its collective posted (MPI cannot cancel a collective), so
-///   it marks its communicator broken (`communicator::broken()`), and so does every rank of
-///   a failure scope in which some rank gave up a wait; a collective on a broken
-///   communicator raises at once. A program that goes on builds a new mesh, or ends and
-///   resumes from a checkpoint. Buffers of the abandoned operation may still be written by
-///   MPI until the program ends.
+///   it marks its communicator broken (`communicator::broken()`); every rank of a failure
+///   scope in which some rank gave up a wait marks the scope's communicator and every
+///   communicator xshard owns broken (comm/agree.hpp). A collective on a broken
+///   communicator raises at once, and a wait on one posted before gives up. A program that goes on
+///   builds a new mesh, or ends and resumes from a checkpoint. Buffers of the abandoned operation
+///   may still be written by MPI until the program ends.
 /// - The watchdog: a wait longer than `watch_settings::timeout` asks the communicator's
 ///   members which of them are waiting too, then raises (or aborts the job) naming the
 ///   collective, the members and those that did not answer, and prints the flight recorder.
@@ -396,10 +397,12 @@ private:
                           "MPI_Iprobe");
                 if (!found)
                     continue;
-                if (tag == query_tag)
+                if (tag == query_tag) {
                     handle(status); // another waiting rank's question
-                else if (receive_notice(status); true)
+                } else {
+                    receive_notice(status);
                     out.push_back(status.MPI_SOURCE);
+                }
             }
             std::this_thread::yield();
         }
