@@ -1,8 +1,8 @@
 #pragma once
 /// \file
 /// The base every xshard program includes: the MPI environment, communicators, typed
-/// collectives and error agreement (comm/), and the device mesh, layouts, strategies and block
-/// partition arithmetic (core/). No xtensor: a program that only needs a mesh and its
+/// collectives, error agreement and watched waits (comm/), and the device mesh, layouts,
+/// strategies and block partition arithmetic (core/). No xtensor: a program that only needs a mesh and its
 /// sub-communicators stops here.
 
 #include <xshard/comm/agree.hpp>
@@ -26,6 +26,7 @@
 #include <xshard/comm/request.hpp>
 #include <xshard/comm/shared_window.hpp>
 #include <xshard/comm/subarray.hpp>
+#include <xshard/comm/watch.hpp>
 #include <xshard/core/annotation.hpp>
 #include <xshard/core/axis.hpp>
 #include <xshard/core/elementwise_rule.hpp>
