@@ -159,14 +159,19 @@ inline std::vector<int> world_ranks(MPI_Comm comm) {
     return out;
 }
 
-/// "0, 1, 5" (the first 16, then a count).
+/// "0", "0,2", "0-3", "0-1,4-5": ranks in ascending order, runs as ranges.
 inline std::string rank_list(const std::vector<int>& ranks) {
     std::string s;
-    for (std::size_t i = 0; i < ranks.size() && i < 16; ++i)
-        s += (i ? ", " : "") + std::to_string(ranks[i]);
-    if (ranks.size() > 16)
-        s += " and " + std::to_string(ranks.size() - 16) + " more";
-    return ranks.empty() ? "none" : s;
+    for (std::size_t i = 0; i < ranks.size();) {
+        std::size_t j = i;
+        while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1)
+            ++j;
+        s += (s.empty() ? "" : ",") + std::to_string(ranks[i]);
+        if (j > i)
+            s += (j == i + 1 ? "," : "-") + std::to_string(ranks[j]);
+        i = j + 1;
+    }
+    return s;
 }
 
 /// Sends `message` to every other member of `comm` as a failure notice (nonblocking; the
@@ -422,8 +427,9 @@ private:
             "xshard: " + std::string(e.operation) + " (" + std::to_string(e.bytes) +
             " bytes) has not completed after " + std::to_string(state_.settings.timeout.count()) +
             " s on rank " + std::to_string(world_rank()) +
-            "; its communicator's ranks (in MPI_COMM_WORLD): " + rank_list(members) +
-            "; not waiting in a collective: " + rank_list(missing);
+            "; its communicator's ranks (in MPI_COMM_WORLD): " +
+            (members.empty() ? "unknown" : rank_list(members)) +
+            "; not waiting in a collective: " + (missing.empty() ? "none" : rank_list(missing));
         std::fprintf(stderr, "%s\n%s", message.c_str(), flight_recorder_text().c_str());
         std::fflush(stderr);
         if (state_.settings.action == on_timeout::abort)

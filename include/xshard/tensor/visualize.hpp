@@ -2,6 +2,7 @@
 /// \file
 /// Drawing which ranks hold which block of a tensor (like jax.debug.visualize_array_sharding).
 
+#include <xshard/comm/watch.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/partition.hpp>
@@ -17,21 +18,6 @@
 namespace xshard {
 
 namespace detail {
-
-/// "0", "0,2", "0-3", "0-1,4-5".
-inline std::string rank_list(const std::vector<int>& ranks) {
-    std::string s;
-    for (std::size_t i = 0; i < ranks.size();) {
-        std::size_t j = i;
-        while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1)
-            ++j;
-        s += (s.empty() ? "" : ",") + std::to_string(ranks[i]);
-        if (j > i)
-            s += (j == i + 1 ? "," : "-") + std::to_string(ranks[j]);
-        i = j + 1;
-    }
-    return s;
-}
 
 inline std::string centered(const std::string& text, std::size_t width) {
     const std::size_t pad = width > text.size() ? width - text.size() : 0;
