@@ -9,7 +9,12 @@
 //                           over the bands), vs `one_rank`; "halo_bytes_per_step" is what the
 //                           halo steps handed to MPI in one step, forward and adjoint, summed
 //                           over the ranks (`resnet::halo_bytes_sent()`).
-//   Both step cases also print "threads_per_rank" (set to 1 OpenMP/oneDNN and 1 OpenBLAS
+//   resnet18_step_dp2_f32_sharded_update  the data-parallel step with the gradients
+//                           reduce-scattered, Momentum on each rank's slice and the weights
+//                           all-gathered (xshard::hsdp level2), vs `all_reduce`: the
+//                           data-parallel step above (all-reduce, the whole update on every
+//                           rank). What the driver's gradient_path chooses between.
+//   The step cases also print "threads_per_rank" (set to 1 OpenMP/oneDNN and 1 OpenBLAS
 //                           thread by the benchmark, on both sides) and "phases" /
 //                           "baseline_phases": each part's seconds per step (benchmarks/README.md).
 //   conv2d_local_f32[_<shape>]  xshard's local convolution (forward, backward to the input and
@@ -22,6 +27,7 @@
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/train/gradients.hpp>
+#include <xshard/train/hsdp.hpp>
 
 #include "harness.hpp"
 
@@ -32,6 +38,7 @@
 #include <array>
 #include <cstdio>
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -76,16 +83,21 @@ struct phases {
 /// A training step of `net` on x with a fixed logits gradient, as a training loop runs it:
 /// forward, backward, gradient all-reduce (the synchronizer planned once, its bucket and
 /// buffer reused every step), Momentum, gradients zeroed. `mean`: the gradients averaged
-/// over the replicas (data parallel), else summed (the bands' terms, spatial). With `timed`,
-/// the step's parts are written there (nn::step_profile on for the layers' parts).
+/// over the replicas (data parallel), else summed (the bands' terms, spatial). `sharded`:
+/// the gradients reduce-scattered, the update on this rank's slice, the weights all-gathered
+/// (xshard::hsdp level2; "gradient_sync" is then the reduce-scatter, "optimizer" the update
+/// and the all-gather). With `timed`, the step's parts are written there (nn::step_profile
+/// on for the layers' parts).
 template <class Net>
 struct trainer {
     Net& net;
     const nn::tensor<T, mesh_t, 4>& x;
     xshard::optim::momentum& opt;
     bool mean = true;
+    bool sharded = false;
     xshard::gradients_of<Net> grads{net};
     std::optional<xshard::gradient_synchronizer> sync{};
+    std::unique_ptr<xshard::hsdp<Net>> sharding{};
 
     void operator()(phases* timed = nullptr) {
         if (timed) {
@@ -99,18 +111,29 @@ struct trainer {
         dy.local().fill(T(1e-3));
         net.backward(nn::as_gradient(dy));
         const double t2 = MPI_Wtime();
-        if (!sync) { // after the first backward pass: the gradients exist
+        if (!sync && !sharding) { // after the first backward pass: the gradients exist
             // One fusion bucket for ResNet-18's 44.7 MB of gradients (comm_fusion size mode,
             // 64 MiB): the all-reduce runs after the backward pass, where buckets overlap
             // nothing and each adds its rounds of messages (4 MiB buckets: 11 all-reduces).
             xshard::gradient_options go{.mean = mean};
             go.fusion.allreduce.how = xshard::fusion_threshold::mode::size;
             go.fusion.allreduce.threshold_mib = 64;
-            sync.emplace(net, grads, go);
+            if (sharded)
+                sharding = std::make_unique<xshard::hsdp<Net>>(
+                    net, xshard::hsdp_options{.optimizer_level = xshard::optimizer_level::level2},
+                    go);
+            else
+                sync.emplace(net, grads, go);
         }
-        sync->synchronize();
+        if (sharding)
+            sharding->synchronize_gradients();
+        else
+            sync->synchronize();
         const double t3 = MPI_Wtime();
-        opt.step(net);
+        if (sharding)
+            sharding->step(opt);
+        else
+            opt.step(net);
         xshard::for_each_weight(net, [](const std::string&, auto& w) { w.zero_grad(); });
         const double t4 = MPI_Wtime();
         if (timed) {
@@ -201,6 +224,23 @@ void resnet_step(const xshard::communicator& world, const bench::options& o,
     bench::report(world, "resnet18_step_dp" + std::to_string(world.size()) + "_f32",
                   r.gx.size() * sizeof(T), "one_rank", t,
                   threads + ", " + phase_fields(world, o, step, serial));
+}
+
+/// The data-parallel step with the update sharded (reduce-scatter, the slice's Momentum,
+/// all-gather) against the same step with the all-reduce and the whole update.
+void resnet_step_sharded_update(const xshard::communicator& world, const bench::options& o,
+                                const std::string& threads) {
+    resnet_case r(world, {world.size(), 1}, o.quick ? 8 : 64, o.quick ? 16 : 32,
+                  {"dp", "", "", ""});
+    nn::resnet<T, mesh_t, nn::basic_block> plain = nn::resnet18<T>(r.mesh, 10);
+    xshard::optim::momentum c{{.lr = 0.01, .momentum = 0.9}};
+    trainer<decltype(r.net)> step{r.net, r.x, r.a, true, true};
+    trainer<decltype(plain)> baseline{plain, r.x, c};
+    const auto t = bench::compare(
+        world, o, [&] { step(); }, [&] { baseline(); });
+    bench::report(world, "resnet18_step_dp" + std::to_string(world.size()) + "_f32_sharded_update",
+                  r.gx.size() * sizeof(T), "all_reduce", t,
+                  threads + ", " + phase_fields(world, o, step, baseline));
 }
 
 void resnet_step_spatial(const xshard::communicator& world, const bench::options& o,
@@ -313,6 +353,8 @@ int main(int argc, char** argv) {
         conv_local(world, o, "conv2d_local_f32_4x4", 32, 256, 4, 256, 1); // the GEMM's
     if (o.wants("resnet18_step_dp" + std::to_string(world.size()) + "_f32"))
         resnet_step(world, o, threads);
+    if (o.wants("resnet18_step_dp" + std::to_string(world.size()) + "_f32_sharded_update"))
+        resnet_step_sharded_update(world, o, threads);
     if (o.wants("resnet18_step_spatial"))
         resnet_step_spatial(world, o, threads);
     return 0;

@@ -5,4 +5,5 @@
 
 #include <xshard/driver/auto_parallel.hpp>
 #include <xshard/driver/callbacks.hpp>
+#include <xshard/driver/gradient_path.hpp>
 #include <xshard/driver/trainer.hpp>

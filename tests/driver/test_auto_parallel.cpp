@@ -37,6 +37,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -321,6 +322,7 @@ struct record {
     std::vector<double> losses;
     std::vector<xt::xarray<double>> weights;
     std::size_t loss_passes = 0; ///< forward passes through the loss (drive only)
+    bool sharded_update = false; ///< the driver sharded updates without hsdp() (drive only)
 };
 
 /// The cross-entropy, counting its forward passes.
@@ -443,6 +445,8 @@ record drive(const mesh_t& m, Configure&& configure, std::ostream* monitor = nul
     record r;
     r.losses = trainer.train(2, epochs_of_batches{&m, 4}, cbs);
     r.loss_passes = loss.passes;
+    r.sharded_update =
+        !c.hsdp_config() && trainer.sharding() && !trainer.sharding()->sharded_layouts().empty();
     xshard::for_each_weight(model, [&](const std::string&, auto& w) {
         r.weights.push_back(xshard::gather_all(w.value));
     });
@@ -670,6 +674,59 @@ TEST(model_driver, gradient_accumulation_equals_the_large_batch_step) {
         const pp_mesh_t full(w, {2, w.size() / 2, 1});
         expect_same(drive_pipeline(full, plain, 1, 2), drive_pipeline(full, plain, 2),
                     where(full) + " pipeline, 2 slices of 1 micro-batch");
+    }
+}
+
+TEST(model_driver, gradient_paths_train_as_one_rank) {
+    // The all-reduce and the sharded update (reduce-scatter, the slice's update, all-gather)
+    // give one rank's losses and weights; with the threshold at 0 every weight with a
+    // replicated axis of more than one rank is sharded. The automatic path takes whichever
+    // the machine model prices lower: the sharded update when the update is costly (a slow
+    // memory), the all-reduce when the reduce-scatter and the all-gather are (slow links);
+    // and, with the default sharded_update_min_ranks, only from 8 data-parallel ranks (a bias
+    // replicated over the whole mesh: the world's size).
+    using path = xshard::gradient_path;
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    const auto serial = drive(one, [](config_t&) {});
+    EXPECT_FALSE(serial.sharded_update);
+    const auto w = world();
+    xshard::machine_model slow_memory{
+        .memory_bandwidth = 1e3, .hsdp_threshold_bytes = 0, .sharded_update_min_ranks = 2};
+    xshard::machine_model slow_memory_8 = slow_memory;
+    slow_memory_8.sharded_update_min_ranks = xshard::machine_model{}.sharded_update_min_ranks;
+    xshard::machine_model slow_links = slow_memory;
+    slow_links.memory_bandwidth = 1e18;
+    for (auto* link : {&slow_links.links.reduce_scatter, &slow_links.links.all_gather})
+        *link = {1.0, 1.0};
+    for (const auto& m : {mesh_t(w, {w.size(), 1}), world_mesh()}) {
+        const std::string ctx = where(m);
+        const bool replicated = m.axis_size<"dp">() > 1;
+        for (const auto& [p, machine, sharded] :
+             {std::tuple{path::all_reduce, slow_memory, false},
+              std::tuple{path::sharded_update, slow_links, replicated},
+              std::tuple{path::automatic, slow_memory, replicated},
+              std::tuple{path::automatic, slow_links, false},
+              std::tuple{path::automatic, slow_memory_8, replicated && w.size() >= 8}}) {
+            const auto r = drive(m, [&](config_t& c) {
+                c.set_machine_model(machine);
+                c.gradient_path(p);
+            });
+            const std::string what =
+                ctx + " " + std::string(xshard::to_string(p)) +
+                (machine.memory_bandwidth > 1e6 ? ", slow links" : ", slow memory") + ", from " +
+                std::to_string(machine.sharded_update_min_ranks) + " ranks";
+            EXPECT_EQ(r.sharded_update, sharded) << what;
+            expect_same(r, serial, what);
+        }
+        auto model = make_model(m);
+        const auto slow_memory_prices = xshard::price_gradient_paths(model, slow_memory);
+        const auto slow_links_prices = xshard::price_gradient_paths(model, slow_links);
+        if (replicated) {
+            EXPECT_LT(slow_memory_prices.sharded_update, slow_memory_prices.all_reduce) << ctx;
+            EXPECT_GT(slow_links_prices.sharded_update, slow_links_prices.all_reduce) << ctx;
+        } else { // nothing to shard: one price
+            EXPECT_EQ(slow_memory_prices.sharded_update, slow_memory_prices.all_reduce) << ctx;
+        }
     }
 }
 

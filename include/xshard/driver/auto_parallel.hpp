@@ -30,6 +30,7 @@
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh.hpp>
 #include <xshard/core/strategy.hpp>
+#include <xshard/driver/gradient_path.hpp>
 #include <xshard/graph/executable.hpp>
 #include <xshard/io/group_file.hpp>
 #include <xshard/io/strategy_file.hpp>
@@ -271,6 +272,13 @@ public:
                           std::string(name) + "'"));
         hsdp(hsdp_options{shard_size, threshold, *level});
     }
+
+    /// How the driver synchronises the gradients without hsdp() (driver/gradient_path.hpp):
+    /// automatic (the default: the sharded update where the machine model prices it lower),
+    /// all_reduce, or sharded_update (reduce-scatter, the update on each rank's slice,
+    /// all-gather). Not under pipeline stages > 1, whose stages reduce their own gradients.
+    void gradient_path(xshard::gradient_path p) { gradient_path_ = p; }
+    xshard::gradient_path gradient_path_config() const noexcept { return gradient_path_; }
 
     /// Pipeline parallelism (MindSpore's pipeline). stages > 0 and dividing the mesh's ranks;
     /// scheduler one of gpipe, 1f1b, interleaved, zero_bubble. Agreed over the mesh.
@@ -632,6 +640,7 @@ private:
     bool gradient_fp32_sync_ = true;
     bool loss_repeated_mean_ = true;
     std::optional<hsdp_options> hsdp_;
+    xshard::gradient_path gradient_path_ = xshard::gradient_path::automatic;
     pipeline_config pipeline_{};
     xshard::dataset_strategy dataset_ = xshard::dataset_strategy::data_parallel;
     std::vector<layout> input_layouts_;

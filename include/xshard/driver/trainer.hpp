@@ -14,10 +14,11 @@
 ///     const auto metrics = driver.eval(held_out);        // loss and accuracy
 ///
 /// Each step is the manual loop's: forward, loss, backward, gradient synchronisation as
-/// configured (xshard::hsdp when hsdp() was called, else a kept gradient_synchronizer with
-/// the configured mean, fp32 communication and fusion), the local norms when configured, the
-/// optimizer step (on the shards, then the all-gather, under hsdp), zero_grad. The driver adds
-/// no collective of its own to a step.
+/// configured (xshard::hsdp when hsdp() was called; else the configuration's gradient_path,
+/// driver/gradient_path.hpp: a kept gradient_synchronizer with the configured mean, fp32
+/// communication and fusion, or the sharded update, hsdp level2, where it prices lower), the
+/// local norms when configured, the optimizer step (on the shards, then the all-gather, under
+/// hsdp), zero_grad. The driver adds no collective of its own to a step.
 ///
 /// hsdp optimizer_level level3 (ZeRO-3): the passes run through `hsdp::forward` and
 /// `hsdp::backward` (each layer's weights gathered just before use, the next one's
@@ -119,6 +120,8 @@ concept auto_parallel_configuration = requires(P& p) {
     p.mesh();
     p.gradient_options();
     p.hsdp_config();
+    p.gradient_path_config();
+    p.machine();
 };
 
 namespace detail {
@@ -213,6 +216,10 @@ public:
             return; // the pipeline is made at the first step, from the batch's type
         if (net.hsdp_config())
             sharding_ = net.make_hsdp();
+        else if (shards_update(net.model(), net.gradient_path_config(), net.gradient_options(),
+                               net.machine()))
+            sharding_ = std::make_unique<xshard::hsdp<network_type>>(
+                net.model(), sharded_update_options(net.machine()), net.gradient_options());
         else
             sync_.emplace(net.model(), grads_, net.gradient_options());
     }
@@ -408,7 +415,9 @@ public:
     /// Steps trained so far (resumed ones included).
     std::size_t steps() const noexcept { return steps_; }
 
-    /// The optimizer sharding in use (null without hsdp() or under a pipeline).
+    /// The optimizer sharding in use: hsdp()'s, or level2's where the gradient path is the
+    /// sharded update (driver/gradient_path.hpp); null for the all-reduce and under a
+    /// pipeline.
     auto* sharding() const noexcept { return sharding_.get(); }
 
     /// The factor of the backward seed: the configuration's loss_repetitions() after

@@ -16,6 +16,7 @@
 ///  * memory: weights, gradients (sharded at level 2), optimizer state (sharded at levels 1
 ///    and 2), and the activations kept for the backward pass per micro-batch in flight.
 
+#include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/op_choice.hpp>
@@ -29,6 +30,8 @@
 #include <array>
 #include <cstddef>
 #include <optional>
+#include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -151,7 +154,8 @@ inline std::size_t largest_block_elements(const layout& l, const std::vector<std
     return n;
 }
 
-/// The gradient synchronisation of a weight of `shape` laid out `wl`, priced by the planner:
+/// The gradient synchronisation of a weight of `shape` (1 to 4 dimensions) laid out `wl`,
+/// priced by the planner:
 /// unsharded its terms' all-reduce; sharded to `sharded` by hsdp, at level 1 the all-reduce
 /// then the all-gather of the updated shards, at level 2 a reduce-scatter into the shards
 /// then the all-gather.
@@ -162,9 +166,24 @@ inline redistribution_price gradient_sync_price(const layout& wl,
     const auto price = [&](const layout& a, const layout& b) {
         if (a == b)
             return redistribution_price{};
-        if (shape.size() == 1)
-            return pricer.direct_memo(a, b, std::array<std::size_t, 1>{shape[0]});
-        return pricer.direct_memo(a, b, std::array<std::size_t, 2>{shape[0], shape[1]});
+        const auto of_rank = [&]<std::size_t N>(std::integral_constant<std::size_t, N>) {
+            std::array<std::size_t, N> s{};
+            std::copy_n(shape.begin(), N, s.begin());
+            return pricer.direct_memo(a, b, s);
+        };
+        switch (shape.size()) {
+        case 1:
+            return of_rank(std::integral_constant<std::size_t, 1>{});
+        case 2:
+            return of_rank(std::integral_constant<std::size_t, 2>{});
+        case 3:
+            return of_rank(std::integral_constant<std::size_t, 3>{});
+        case 4:
+            return of_rank(std::integral_constant<std::size_t, 4>{});
+        default:
+            throw error("xshard: the cost model prices weights of 1 to 4 dimensions, not " +
+                        std::to_string(shape.size()));
+        }
     };
     const auto terms = dual(wl, pricer.mesh());
     if (!sharded)

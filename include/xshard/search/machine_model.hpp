@@ -27,6 +27,13 @@ struct machine_model {
     double optimizer_states = 2;
     /// hsdp's threshold: weights below it (global bytes) stay unsharded (64 KB).
     std::size_t hsdp_threshold_bytes = 64 * 1024;
+    /// The fewest data-parallel ranks over which the driver's automatic gradient path
+    /// (driver/gradient_path.hpp) shards the update. What the prices above leave out: every
+    /// rank of a node updating at once shares the node's memory bandwidth, and xshard's
+    /// all-reduce through shared memory costs about its reduce-scatter alone. Fitted on a
+    /// 16-core Xeon with ResNet-18 (benchmarks/README.md): the sharded step took 1.07-1.09x
+    /// the all-reduce's at 2 ranks, 1.01-1.03x at 4, 0.96-1.00x at 8 and 0.88-0.93x at 16.
+    int sharded_update_min_ranks = 8;
 };
 
 } // namespace xshard
