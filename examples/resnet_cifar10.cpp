@@ -11,7 +11,11 @@
 //
 // Modes (mesh dp x mp; the batch is split over dp in every mode, as the tutorial's dataset
 // with num_shards = the data-parallel ranks):
-//   data_parallel  mp = 1: every weight replicated, gradients all-reduced (gradients_mean).
+//   data_parallel  mp = 1: every weight replicated, gradients all-reduced (gradients_mean);
+//                  or, by --gradient-path (xshard/driver/gradient_path.hpp), reduce-scattered,
+//                  the update on each rank's slice, the weights all-gathered: sharded_update,
+//                  or automatic (the default: where the machine model prices it lower, from
+//                  8 ranks).
 //   semi_auto      the rules place the collectives: in every residual block the first
 //                  convolution splits its output channels over mp, the second its input
 //                  channels (a pending sum, all-reduced), the classifier its classes.
@@ -32,11 +36,13 @@
 #include <xshard/comm/report_errors.hpp>
 #include <xshard/data/loader.hpp>
 #include <xshard/data/readers.hpp>
+#include <xshard/driver/gradient_path.hpp>
 #include <xshard/io/checkpoint.hpp>
 #include <xshard/nn/resnet.hpp>
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/train/broadcast.hpp>
 #include <xshard/train/gradients.hpp>
+#include <xshard/train/hsdp.hpp>
 
 #include <xtensor-blas/xlinalg.hpp>
 
@@ -46,6 +52,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -57,6 +65,7 @@ namespace data = xshard::data;
 struct options {
     int depth = 50;
     std::string cifar, mode = "data_parallel", dtype = "f64", checkpoint_dir = "resnet_ckpt";
+    std::string gradient_path = "automatic";
     int mp = 0, grad_accumulation = 1, steps = 20, checkpoint_every = 0;
     std::size_t batch_size = 32, image_size = 32, generated = 640;
     bool sync_bn = false;
@@ -124,6 +133,18 @@ int train(const options& o) {
         throw xshard::error("resnet_cifar10: --depth takes 18 or 50");
     if (o.image_size == 0 || o.image_size > 32 || o.grad_accumulation < 1)
         throw xshard::error("resnet_cifar10: --image-size takes 1..32, --grad-accumulation >= 1");
+    std::optional<xshard::gradient_path> path;
+    for (auto p : {xshard::gradient_path::automatic, xshard::gradient_path::all_reduce,
+                   xshard::gradient_path::sharded_update})
+        if (o.gradient_path == xshard::to_string(p))
+            path = p;
+    if (!path)
+        throw xshard::error("resnet_cifar10: --gradient-path takes automatic, all_reduce or "
+                            "sharded_update, not " +
+                            o.gradient_path);
+    if (*path == xshard::gradient_path::sharded_update && o.mode != "data_parallel")
+        throw xshard::error("resnet_cifar10: --gradient-path sharded_update is for --mode "
+                            "data_parallel");
     const int mp = o.mode == "data_parallel" ? 1 : o.mp > 0 ? o.mp : world.size() % 2 == 0 ? 2 : 1;
     const mesh_t mesh({xshard::auto_size, mp});
 
@@ -167,6 +188,12 @@ int train(const options& o) {
         auto params = std::tie(model, head);
         xshard::parameter_broadcast(params);
         xshard::optim::momentum optimizer({.lr = 0.01, .momentum = 0.9});
+        // The gradient path, as the driver chooses it (the sharded update: hsdp level2).
+        const xshard::machine_model machine{};
+        std::unique_ptr<xshard::hsdp<decltype(params)>> sharding;
+        if (o.mode == "data_parallel" && xshard::shards_update(params, *path, {}, machine))
+            sharding = std::make_unique<xshard::hsdp<decltype(params)>>(
+                params, xshard::sharded_update_options(machine));
         const std::size_t micro = o.batch_size / std::size_t(o.grad_accumulation);
         if (micro * std::size_t(o.grad_accumulation) != o.batch_size)
             throw xshard::error("resnet_cifar10: --grad-accumulation must divide --batch-size");
@@ -174,10 +201,11 @@ int train(const options& o) {
                                    {.batch_size = micro, .seed = 7, .uneven_batches = true});
         if (mesh.rank() == 0)
             std::printf("resnet%d on mesh(%s), mode %s, %zu samples of 3x%zux%zu, batch %zu (%d x "
-                        "%zu), %s%s\n",
+                        "%zu), %s%s, gradients %s\n",
                         o.depth, mesh.shape().to_string().c_str(), o.mode.c_str(), samples.size(),
                         S, S, o.batch_size, o.grad_accumulation, micro, o.dtype.c_str(),
-                        o.sync_bn ? ", synchronised batch norm" : "");
+                        o.sync_bn ? ", synchronised batch norm" : "",
+                        sharding ? "sharded_update" : "all_reduce");
         int step = 0, k = 0;
         T loss_sum = 0;
         const auto start = std::chrono::steady_clock::now();
@@ -248,9 +276,14 @@ int train(const options& o) {
                 if (++k < o.grad_accumulation)
                     continue; // the tutorial's grad_accu: K micro-steps, one reduction
                 k = 0;
-                auto grads = xshard::gradients_of{params};
-                xshard::synchronize_gradients(params, grads);
-                optimizer.step(params);
+                if (sharding) {
+                    sharding->synchronize_gradients();
+                    sharding->step(optimizer);
+                } else {
+                    auto grads = xshard::gradients_of{params};
+                    xshard::synchronize_gradients(params, grads);
+                    optimizer.step(params);
+                }
                 xshard::for_each_weight(params, [](const std::string&, auto& w) { w.zero_grad(); });
                 ++step;
                 if (mesh.rank() == 0)
@@ -300,6 +333,8 @@ int main(int argc, char** argv) {
         app.add_option("--checkpoint-every", o.checkpoint_every, "save every N steps (0: never)");
         app.add_option("--checkpoint-dir", o.checkpoint_dir, "where checkpoints go");
         app.add_option("--dtype", o.dtype, "f64 or f32");
+        app.add_option("--gradient-path", o.gradient_path,
+                       "automatic, all_reduce or sharded_update (data_parallel)");
         app.add_flag("--sync-bn", o.sync_bn, "synchronised batch norm over the batch's ranks");
         try {
             app.parse(argc, argv);
