@@ -2,11 +2,13 @@
 // counted traffic (traffic.hpp, what pricing uses) against the per-peer lists the executor
 // runs, and the consistency of plan prices on random layout triples (route.hpp).
 
+#include <xshard/comm/collectives.hpp>
 #include <xshard/redistribute/geometry.hpp>
 #include <xshard/redistribute/planner.hpp>
 #include <xshard/redistribute/route.hpp>
 
 #include "layouts.hpp"
+#include "mpi_test.hpp"
 
 #include <gtest/gtest.h>
 
@@ -14,6 +16,7 @@
 #include <initializer_list>
 #include <limits>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -257,7 +260,8 @@ double plan_price(const layout& from, const layout& to, const mesh_shape& m,
 /// on `triples` random triples of rank-N layouts on `m` and random uneven shapes; returns the
 /// violations (and reports the first few).
 template <std::size_t N>
-int triangle_violations(std::mt19937& rng, const mesh_shape& m, int triples) {
+int triangle_violations(std::mt19937& rng, const mesh_shape& m, int triples, int share,
+                        int shares) {
     int violations = 0;
     const auto ranks = xshard::detail::priced_ranks(m);
     for (int i = 0; i < triples; ++i) {
@@ -267,6 +271,8 @@ int triangle_violations(std::mt19937& rng, const mesh_shape& m, int triples) {
         const bool small = pick(rng, 4) == 0; // latency-bound, and fewer rows than ranks
         for (auto& e : shape)
             e = 1 + pick(rng, small ? 13 : 2500);
+        if (i % shares != share)
+            continue; // another rank's triple (each rank draws them all, checks its share)
         const double ab = plan_price(a, b, m, shape), bc = plan_price(b, c, m, shape),
                      ac = plan_price(a, c, m, shape);
         double candidate = std::numeric_limits<double>::infinity();
@@ -293,13 +299,15 @@ TEST(planner, a_direct_redistribution_never_costs_more_than_a_detour) {
     // triples (sum and max reductions), meshes of one, two and three axes (with axes of size
     // 1 too), even and uneven shapes, the planner's price of a -> c is at most a -> b plus
     // b -> c. The three greedy candidates alone broke it on about one triple in twenty.
+    // Each rank checks every world-size-th triple of the one random sequence.
+    const auto w = xshard::testing::world();
     std::mt19937 rng(17);
     int violations = 0, checked = 0;
     const auto run = [&](const char* mesh, int rank2, int rank3) {
         const auto m = mesh_shape::parse(mesh);
-        violations += triangle_violations<2>(rng, m, rank2);
+        violations += triangle_violations<2>(rng, m, rank2, w.rank(), w.size());
         if (rank3 > 0)
-            violations += triangle_violations<3>(rng, m, rank3);
+            violations += triangle_violations<3>(rng, m, rank3, w.rank(), w.size());
         checked += rank2 + rank3;
     };
     run("x=4", 400, 200);
@@ -313,6 +321,7 @@ TEST(planner, a_direct_redistribution_never_costs_more_than_a_detour) {
     run("a=2,b=4,c=8", 60, 10);
     run("a=4,b=4,c=4", 40, 0);
     run("a=16,b=16,c=32", 30, 0); // priced on a sample of ranks (route.hpp)
+    xshard::mpi::allreduce(w, std::span(&violations, 1), xshard::reduction::sum);
     EXPECT_EQ(violations, 0) << "of " << checked << " triples";
     EXPECT_EQ(checked, 3110);
 }
