@@ -429,15 +429,17 @@ struct epochs_of_batches {
 };
 
 /// The driver's run of 2 epochs of 4 steps, configured by `configure`, each step in
-/// `accumulate` slices (gradient_accumulation).
-template <class Configure>
+/// `accumulate` slices (gradient_accumulation), with the loss `with` (a counted_cross_entropy
+/// of its own when null).
+template <class Configure, class Loss = counted_cross_entropy>
 record drive(const mesh_t& m, Configure&& configure, std::ostream* monitor = nullptr,
-             int accumulate = 1) {
+             int accumulate = 1, Loss* with = nullptr) {
     auto model = make_model(m);
     config_t c(model, m);
     configure(c);
     optim::momentum opt({.lr = 0.1, .momentum = 0.9});
-    counted_cross_entropy loss;
+    Loss own;
+    Loss& loss = with ? *with : own;
     xshard::model trainer(c, loss, opt, {.gradient_accumulation = accumulate});
     std::vector<xshard::callback> cbs;
     if (monitor)
@@ -756,16 +758,16 @@ struct failing_cross_entropy : nn::parallel_cross_entropy<double, mesh_t> {
 void expect_failed_training(failing_cross_entropy& loss, const char* level) {
     const auto w = world();
     const auto m = world_mesh();
-    auto model = make_model(m);
-    config_t c(model, m);
-    if (*level)
-        c.hsdp(-1, 0, level);
-    optim::momentum opt({.lr = 0.1, .momentum = 0.9});
-    xshard::model trainer(c, loss, opt);
     const std::string text = "the loss failed in " + loss.in + " at step 3";
     const std::string ctx = where(m) + " " + loss.in + " " + level;
     try {
-        (void)trainer.train(2, epochs_of_batches{&m, 4});
+        (void)drive(
+            m,
+            [&](config_t& c) {
+                if (*level)
+                    c.hsdp(-1, 0, level);
+            },
+            nullptr, 1, &loss);
         ADD_FAILURE() << "rank " << w.rank() << " trained on; " << ctx;
     } catch (const xshard::peer_failure& e) {
         EXPECT_NE(w.rank(), w.size() - 1) << ctx;
