@@ -69,9 +69,10 @@ struct gradient_path_prices {
     int ranks = 1;
 };
 
-/// Prices both paths for the weights of `model` (1 to 4 dimensions each) under `machine`
-/// (its links, memory bandwidth, optimizer states and hsdp threshold; the element size is
-/// each weight's own). No communication.
+/// Prices both paths for the weights of `model` under `machine` (its links, memory
+/// bandwidth, optimizer states and hsdp threshold; the element size is each weight's own).
+/// Weights of 1 to 4 dimensions are priced (the pricer's ranks); the others add nothing to
+/// either path (a scalar is never sharded). No communication.
 template <parameter_container M>
 gradient_path_prices price_gradient_paths(M& model, const machine_model& machine) {
     gradient_path_prices p;
@@ -87,6 +88,8 @@ gradient_path_prices price_gradient_paths(M& model, const machine_model& machine
             priced_element = sizeof(T);
         }
         const auto s = w.value.shape();
+        if (s.size() < 1 || s.size() > 4)
+            return;
         const std::vector<std::size_t> shape(s.begin(), s.end());
         const layout l = w.value.layout();
         p.ranks = std::max(p.ranks, ms.group_size(l.replicated_axes(ms)));
