@@ -133,16 +133,8 @@ int train(const options& o) {
         throw xshard::error("resnet_cifar10: --depth takes 18 or 50");
     if (o.image_size == 0 || o.image_size > 32 || o.grad_accumulation < 1)
         throw xshard::error("resnet_cifar10: --image-size takes 1..32, --grad-accumulation >= 1");
-    std::optional<xshard::gradient_path> path;
-    for (auto p : {xshard::gradient_path::automatic, xshard::gradient_path::all_reduce,
-                   xshard::gradient_path::sharded_update})
-        if (o.gradient_path == xshard::to_string(p))
-            path = p;
-    if (!path)
-        throw xshard::error("resnet_cifar10: --gradient-path takes automatic, all_reduce or "
-                            "sharded_update, not " +
-                            o.gradient_path);
-    if (*path == xshard::gradient_path::sharded_update && o.mode != "data_parallel")
+    const auto path = xshard::parse_gradient_path(o.gradient_path);
+    if (path == xshard::gradient_path::sharded_update && o.mode != "data_parallel")
         throw xshard::error("resnet_cifar10: --gradient-path sharded_update is for --mode "
                             "data_parallel");
     const int mp = o.mode == "data_parallel" ? 1 : o.mp > 0 ? o.mp : world.size() % 2 == 0 ? 2 : 1;
@@ -191,7 +183,7 @@ int train(const options& o) {
         // The gradient path, as the driver chooses it (the sharded update: hsdp level2).
         const xshard::machine_model machine{};
         std::unique_ptr<xshard::hsdp<decltype(params)>> sharding;
-        if (o.mode == "data_parallel" && xshard::shards_update(params, *path, {}, machine))
+        if (o.mode == "data_parallel" && xshard::shards_update(params, path, {}, machine))
             sharding = std::make_unique<xshard::hsdp<decltype(params)>>(
                 params, xshard::sharded_update_options(machine));
         const std::size_t micro = o.batch_size / std::size_t(o.grad_accumulation);

@@ -688,6 +688,10 @@ TEST(model_driver, gradient_paths_train_as_one_rank) {
     // and, with the default sharded_update_min_ranks, only from 8 data-parallel ranks (a bias
     // replicated over the whole mesh: the world's size).
     using path = xshard::gradient_path;
+    for (auto p : {path::automatic, path::all_reduce, path::sharded_update})
+        EXPECT_EQ(xshard::parse_gradient_path(xshard::to_string(p)), p);
+    expect_error([] { (void)xshard::parse_gradient_path("fast"); },
+                 "gradient_path must be one of automatic, all_reduce, sharded_update, not 'fast'");
     const mesh_t one(xshard::communicator::self(), {1, 1});
     const auto serial = drive(one, [](config_t&) {});
     EXPECT_FALSE(serial.sharded_update);

@@ -21,6 +21,7 @@
 /// optimizer's state counted in weight-sized tensors. Every rank prices the same shapes and
 /// layouts with the same model, so every rank chooses alike, with no communication.
 
+#include <xshard/comm/error.hpp>
 #include <xshard/comm/float16.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/param/traversal.hpp>
@@ -61,6 +62,18 @@ constexpr std::string_view to_string(gradient_path p) {
     return "unknown";
 }
 
+/// The path named `name` ("automatic", "all_reduce" or "sharded_update"); throws
+/// xshard::error naming the three otherwise.
+inline gradient_path parse_gradient_path(std::string_view name) {
+    for (auto p :
+         {gradient_path::automatic, gradient_path::all_reduce, gradient_path::sharded_update})
+        if (name == to_string(p))
+            return p;
+    throw error("xshard: gradient_path must be one of automatic, all_reduce, sharded_update, "
+                "not '" +
+                std::string(name) + "'");
+}
+
 /// The predicted seconds per step of each path's gradient synchronisation and update, and
 /// the largest data-parallel group (replicated mesh axes of more than one rank) of a weight.
 struct gradient_path_prices {
@@ -78,9 +91,9 @@ gradient_path_prices price_gradient_paths(M& model, const machine_model& machine
     gradient_path_prices p;
     std::unique_ptr<redistribution_pricer> pricer; // memoises the routes of one mesh and element
     std::size_t priced_element = 0;
+    machine_model m = machine; // its element: each weight's own
     for_each_weight(model, [&](const std::string&, auto& w) {
         using T = typename std::remove_cvref_t<decltype(w.value)>::value_type;
-        machine_model m = machine;
         m.element = sizeof(T);
         const auto& ms = w.value.mesh().shape();
         if (!pricer || !(pricer->mesh() == ms) || priced_element != sizeof(T)) {
