@@ -8,6 +8,19 @@
 //       block (256 features, 8 heads, MLP 1024, 4 sequences of 64 tokens) with Megatron's
 //       strategies over p ranks, traced (models/transformer.hpp) against
 //       nn::transformer_block ("hand_written"). Extra fields: the program's arena bytes.
+//   transformer4_recompute_tp<p>_f32: one forward and backward pass of four such blocks
+//       with every block recomputed in the backward pass (compile_options::recompute)
+//       against the same program keeping its activations ("keep"). Extra fields: both
+//       arenas and their ratio (the target: <= 0.5 of the arena at <= 1.4 of the time).
+//   resnet18_step_dp<p>_f32: one forward and backward pass of ResNet-18 (32 images of
+//       32 x 32, 10 classes, batch norm over the whole batch) data parallel over p ranks,
+//       traced (models/resnet.hpp) against nn::resnet18 with synchronised batch norm
+//       ("hand_written"). Extra fields: the peak memory of each beyond its weights and
+//       gradients (peak resident set during two steps, after malloc_trim) and their
+//       ratio (the target: <= 1.05), the program's arena, and with every residual block
+//       recomputed: its step time against the plain program's and its arena's ratio.
+//   trace_compile_resnet50_<p>: tracing and compiling ResNet-50 (32 images of 224 x 224,
+//       1000 classes, f32) data parallel over p ranks, against tracing alone ("trace").
 //   dispatch_per_node: a forward pass of a program of 256 scale nodes on one element, per
 //       node, against the same 256 multiplications in a loop ("direct_loop"): the executor's
 //       cost per step.
@@ -26,13 +39,20 @@
 #include <xshard/graph.hpp>
 #include <xshard/models/resnet.hpp>
 #include <xshard/models/transformer.hpp>
-#include <xshard/search/program_search.hpp>
 #include <xshard/nn/blocks.hpp>
+#include <xshard/nn/resnet.hpp>
+#include <xshard/search/program_search.hpp>
 
 #include <xtensor/xrandom.hpp>
 
+#include <malloc.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -76,6 +96,175 @@ void transformer_case(const mesh_t& mesh, const xshard::bench::options& o) {
         });
     xshard::bench::report(mesh.comm(), name, tokens * features * sizeof(T), "hand_written", t,
                           "\"arena_bytes\": " + std::to_string(net.arena_bytes()));
+}
+
+/// Four transformer blocks, each in a scope of its own ("block0" ...).
+xshard::program transformer4(std::size_t tokens) {
+    return xshard::trace(
+        [&](xshard::traced_tensor in) {
+            auto h = in;
+            for (int b = 0; b < 4; ++b) {
+                xshard::name_scope s("block" + std::to_string(b));
+                h = xshard::models::transformer_block(h, block_options());
+            }
+            return h;
+        },
+        xshard::input<float>("x", {tokens, features}));
+}
+
+/// `"name": bytes` fields: the arenas and the ratio of a recomputed program to a plain one.
+std::string arena_fields(std::size_t again, std::size_t keep) {
+    return "\"arena_bytes\": " + std::to_string(again) +
+           ", \"baseline_arena_bytes\": " + std::to_string(keep) +
+           ", \"arena_ratio\": " + std::to_string(double(again) / double(keep));
+}
+
+void recompute_case(const mesh_t& mesh, const xshard::bench::options& o) {
+    const std::string name = "transformer4_recompute_tp" + std::to_string(mesh.size()) + "_f32";
+    if (!o.wants(name))
+        return;
+    const std::size_t tokens = (o.quick ? 1 : sequences) * sequence;
+    const auto prog = transformer4(tokens);
+    const xshard::layout_options lay{.dataset_axes = {"dp"}};
+    auto again = xshard::compile<float>(
+        prog, mesh, {.layouts = lay, .recompute = {"block0", "block1", "block2", "block3"}});
+    auto keep = xshard::compile<float>(prog, mesh, {.layouts = lay});
+    std::mt19937 engine(3);
+    const xt::xtensor<float, 2> x = xt::random::randn<float>({tokens, features}, 0.f, 1.f, engine);
+    const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[dp, -]");
+    const auto dy = keep.forward(dx);
+    const auto t = xshard::bench::compare(
+        mesh.comm(), o,
+        [&] {
+            again.forward(dx);
+            again.backward(dy);
+        },
+        [&] {
+            keep.forward(dx);
+            keep.backward(dy);
+        });
+    xshard::bench::report(mesh.comm(), name, tokens * features * sizeof(float), "keep", t,
+                          arena_fields(again.arena_bytes(), keep.arena_bytes()));
+}
+
+/// The resident set's growth while `run` runs (its peak, against before it), after the
+/// allocator returned what it holds free: the memory `run` needed at its peak.
+template <class Run>
+std::size_t peak_growth(const xshard::communicator& c, Run&& run) {
+    auto status = [](const char* key) {
+        std::FILE* f = std::fopen("/proc/self/status", "r");
+        std::size_t kb = 0;
+        char line[256];
+        while (f && std::fgets(line, sizeof line, f))
+            if (std::strncmp(line, key, std::strlen(key)) == 0)
+                kb = std::strtoull(line + std::strlen(key), nullptr, 10);
+        if (f)
+            std::fclose(f);
+        return kb * 1024;
+    };
+    malloc_trim(0);
+    xshard::mpi::barrier(c);
+    if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) { // the peak := now
+        std::fputs("5", f);
+        std::fclose(f);
+    }
+    const std::size_t before = status("VmRSS:");
+    run();
+    const std::size_t peak = status("VmHWM:");
+    malloc_trim(0);
+    return peak > before ? peak - before : 0;
+}
+
+/// Bytes of the weights' values and gradients of `m`.
+template <class M>
+std::size_t weight_bytes(M& m) {
+    std::size_t n = 0;
+    xshard::for_each_weight(m, [&](const std::string&, auto& w) {
+        n += 2 * w.value.local().size() *
+             sizeof(typename std::remove_cvref_t<decltype(w.value)>::value_type);
+    });
+    return n;
+}
+
+void resnet_case(const mesh_t& mesh, const xshard::bench::options& o) {
+    const int p = mesh.size();
+    const std::string name = "resnet18_step_dp" + std::to_string(p) + "_f32";
+    const std::size_t images = o.quick ? 8 : 32, side = o.quick ? 16 : 32, classes = 10;
+    if (!o.wants(name) || images % std::size_t(p) != 0)
+        return;
+    std::mt19937 engine(4);
+    const xt::xtensor<float, 4> x = xt::random::rand<float>(
+        std::array<std::size_t, 4>{images, 3, side, side}, -1.f, 1.f, engine);
+    const auto dx = xshard::distribute<xshard::dynamic_layout(4)>(mesh, x, "[dp, -, -, -]");
+    const auto prog = xshard::trace(
+        [&](xshard::traced_tensor in) {
+            return xshard::models::resnet(in, xshard::models::resnet18_depths, classes);
+        },
+        xshard::input<float>("x", {images, 3, side, side}));
+    std::vector<std::string> blocks;
+    for (int l = 1; l <= 4; ++l)
+        for (int b = 0; b < 2; ++b)
+            blocks.push_back("layer" + std::to_string(l) + "." + std::to_string(b));
+    auto run = [&](auto& net, const auto& dy) {
+        net.forward(dx);
+        net.backward(dy);
+    };
+    // Memory first, each model alone: the peak beyond its weights and gradients.
+    std::size_t hand_weights = 0, program_weights = 0;
+    const std::size_t hand_peak = peak_growth(mesh.comm(), [&] {
+        auto hand = xshard::nn::resnet18<float>(mesh, classes, {.blocks = {.sync_bn = true}});
+        const auto dy = xshard::nn::as_gradient(hand.forward(dx));
+        run(hand, dy);
+        run(hand, dy);
+        hand_weights = weight_bytes(hand);
+    });
+    const std::size_t program_peak = peak_growth(mesh.comm(), [&] {
+        auto net = xshard::compile<float>(prog, mesh);
+        const auto dy = net.forward(dx);
+        run(net, dy);
+        run(net, dy);
+        program_weights = weight_bytes(net);
+    });
+    const double hand_bytes = double(hand_peak) - double(hand_weights);
+    const double program_bytes = double(program_peak) - double(program_weights);
+    auto hand = xshard::nn::resnet18<float>(mesh, classes, {.blocks = {.sync_bn = true}});
+    auto net = xshard::compile<float>(prog, mesh);
+    auto again = xshard::compile<float>(prog, mesh, {.recompute = blocks});
+    const auto dy = net.forward(dx);
+    const auto hand_dy = xshard::nn::as_gradient(hand.forward(dx));
+    const auto t = xshard::bench::compare(
+        mesh.comm(), o, [&] { run(net, dy); }, [&] { run(hand, hand_dy); });
+    const auto r = xshard::bench::compare(
+        mesh.comm(), o, [&] { run(again, dy); }, [&] { run(net, dy); });
+    const auto peak = [&](double v) {
+        return std::to_string(std::size_t(v));
+    };
+    xshard::bench::report(
+        mesh.comm(), name, x.size() * sizeof(float), "hand_written", t,
+        "\"peak_bytes\": " + peak(program_bytes) + ", \"baseline_peak_bytes\": " +
+            peak(hand_bytes) + ", \"peak_ratio\": " + std::to_string(program_bytes / hand_bytes) +
+            ", \"recompute_seconds\": " + std::to_string(r.seconds) +
+            ", \"recompute_time_ratio\": " + std::to_string(r.seconds / r.baseline_seconds) + ", " +
+            arena_fields(again.arena_bytes(), net.arena_bytes()));
+}
+
+void resnet50_compile_case(const mesh_t& mesh, const xshard::bench::options& o) {
+    const int p = mesh.size();
+    const std::string name = "trace_compile_resnet50_" + std::to_string(p);
+    const std::size_t images = o.quick ? 8 : 32, side = o.quick ? 32 : 224;
+    if (!o.wants(name) || images % std::size_t(p) != 0)
+        return;
+    auto trace = [&] {
+        return xshard::trace(
+            [&](xshard::traced_tensor x) {
+                return xshard::models::resnet(x, xshard::models::resnet50_depths, 1000, true);
+            },
+            xshard::input<float>("x", {images, 3, side, side}));
+    };
+    const auto t = xshard::bench::compare(
+        mesh.comm(), o, [&] { (void)xshard::compile<float>(trace(), mesh); },
+        [&] { (void)trace(); });
+    xshard::bench::report(mesh.comm(), name, 0, "trace", t);
 }
 
 void dispatch_case(const mesh_t& mesh, const xshard::bench::options& o) {
@@ -191,7 +380,11 @@ int main(int argc, char** argv) {
             transformer_case<double>(mesh, o);
             transformer_case<float>(mesh, o);
             compile_case(mesh, o);
+            recompute_case(mesh, o);
         }
+        const mesh_t data(xshard::communicator::world(), {p, 1});
+        resnet_case(data, o);
+        resnet50_compile_case(data, o);
         dispatch_case(mesh, o);
         if (xshard::communicator::world().rank() == 0)
             search_cases(o);

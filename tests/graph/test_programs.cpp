@@ -15,6 +15,7 @@
 #include <xshard/tensor/gather.hpp>
 #include <xshard/train/gradients.hpp>
 
+#include "expect_error.hpp"
 #include "mpi_test.hpp"
 
 #include <gtest/gtest.h>
@@ -231,6 +232,94 @@ TEST(programs, traced_transformer_block_equals_the_hand_written_layers_on_every_
     if (p == 1 || p == 2 || p == 4) {
         EXPECT_GT(meshes, 0);
     }
+}
+
+// --- recomputed scopes (activation checkpointing) ----------------------------------------------
+
+TEST(programs, recomputed_scopes_give_the_same_gradients_in_a_smaller_arena) {
+    constexpr std::size_t f = 8, heads = 2, sequence = 4, sequences = 4, hidden = 32, blocks = 3;
+    constexpr std::size_t tokens = sequence * sequences;
+    std::mt19937 engine(13);
+    const xt::xtensor<double, 2> x = xt::random::randn<double>({tokens, f}, 0.0, 1.0, engine);
+    const xt::xtensor<double, 2> r = xt::random::randn<double>({tokens, f}, 0.0, 1.0, engine);
+    auto prog = xshard::trace(
+        [&](traced_tensor in, traced_tensor rr) {
+            for (std::size_t b = 0; b < blocks; ++b) {
+                xshard::name_scope s("block" + std::to_string(b));
+                in = xshard::models::transformer_block(in, {.features = f,
+                                                            .heads = heads,
+                                                            .sequence = sequence,
+                                                            .hidden = hidden,
+                                                            .tensor_axis = "tp",
+                                                            .data_axis = "dp"});
+            }
+            return ops::sum_all(ops::mul(in, rr));
+        },
+        xshard::input<double>("x", {tokens, f}), xshard::input<double>("r", {tokens, f}));
+    const int p = world().size();
+    int meshes = 0;
+    for (int dp = 1; dp <= p; ++dp) {
+        const int tp = p / dp;
+        if (p % dp != 0 || sequences % std::size_t(dp) != 0 || heads % std::size_t(tp) != 0)
+            continue;
+        ++meshes;
+        const tp_mesh mesh(world(), {dp, tp});
+        const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[dp, -]");
+        const auto dr = xshard::distribute<xshard::dynamic_layout(2)>(mesh, r, "[dp, -]");
+        const xshard::layout_options lay{.dataset_axes = {"dp"}};
+        auto plain = xshard::compile<double>(prog, mesh, {.seed = 2, .layouts = lay});
+        auto again = xshard::compile<double>(
+            prog, mesh, {.seed = 2, .layouts = lay, .recompute = {"block0", "block1", "block2"}});
+        // Two steps: the second runs over an arena the first left dirty.
+        for (int step = 0; step < 2; ++step) {
+            const double a = plain.train_step(dx, dr), b = again.train_step(dx, dr);
+            EXPECT_EQ(a, b) << "step " << step << " on dp " << dp << " tp " << tp;
+        }
+        const auto g = gathered(plain, true), h = gathered(again, true);
+        ASSERT_EQ(g.size(), h.size());
+        for (const auto& [name, v] : g)
+            EXPECT_LT(double(xt::amax(xt::abs(h.at(name) - v))()), 1e-13)
+                << name << " on dp " << dp << " tp " << tp;
+        EXPECT_LT(again.arena_bytes(), plain.arena_bytes()) << "dp " << dp << " tp " << tp;
+        EXPECT_NE(again.report().find("recomputed in the backward pass"), std::string::npos);
+        EXPECT_EQ(plain.report().find("recomputed in the backward pass"), std::string::npos);
+        if (dp == 1 && world().rank() == 0)
+            std::printf("3 blocks on tp %d: arena %zu bytes, recomputed %zu\n", tp,
+                        plain.arena_bytes(), again.arena_bytes());
+    }
+    if (p == 1 || p == 2 || p == 4) {
+        EXPECT_GT(meshes, 0);
+    }
+}
+
+TEST(programs, recomputed_custom_nodes_and_shared_weights_give_the_same_gradients) {
+    std::mt19937 engine(14);
+    const xt::xtensor<double, 2> x = xt::random::rand<double>({batch, features}, -1.0, 1.0, engine);
+    const xt::xtensor<std::int64_t, 1> y =
+        xt::random::randint<std::int64_t>({batch}, 0, classes, engine);
+    const int p = world().size();
+    for (const int dp : {1, p}) {
+        const mesh_t mesh(world(), {dp, p / dp});
+        const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[dp, -]");
+        const auto dy = xshard::distribute<xshard::dynamic_layout(1)>(mesh, y, "[dp]");
+        auto plain = xshard::compile<double>(residual_mlp(mesh), mesh, {.seed = 4});
+        // The custom node, the scope reading the shared weight, and the head (the loss).
+        auto again = xshard::compile<double>(residual_mlp(mesh), mesh,
+                                             {.seed = 4, .recompute = {"swish", "again"}});
+        EXPECT_EQ(plain.train_step(dx, dy), again.train_step(dx, dy));
+        const auto g = weights_of(plain, true), h = weights_of(again, true);
+        for (const auto& [name, v] : g)
+            EXPECT_LT(double(xt::amax(xt::abs(h.at(name) - v))()), 1e-14)
+                << name << " on dp " << dp;
+    }
+}
+
+TEST(programs, a_recomputed_scope_that_names_no_node_raises) {
+    const mesh_t mesh(world(), {world().size(), 1});
+    for (const std::string scope : {"nowhere", "agai", "again.matmul.x"})
+        xshard::testing::expect_error(
+            [&] { xshard::compile<double>(residual_mlp(mesh), mesh, {.recompute = {scope}}); },
+            "recompute names the scope '" + scope + "', which holds no node");
 }
 
 // --- shard() with a backward pass -------------------------------------------------------------

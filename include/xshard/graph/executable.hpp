@@ -60,6 +60,13 @@ struct compile_options {
     bool input_gradients = false;
     /// The dataset's axes and the inputs' layouts (graph/layouts.hpp).
     layout_options layouts = {};
+    /// Scopes recomputed in the backward pass (activation checkpointing; MindSpore's
+    /// `Cell.recompute()`, PyTorch's `checkpoint`): the `name_scope`s, by dotted name
+    /// ("block0", "backbone.layer1"), whose nodes keep nothing from the forward pass. Their
+    /// forward steps run again just before their VJPs, so the arena holds one scope's
+    /// activations at a time, for one more forward pass of each scope. The gradients are the
+    /// same. A scope that names no node raises.
+    std::vector<std::string> recompute = {};
 };
 
 /// A redistribution of one buffer into another, planned once.
@@ -346,7 +353,9 @@ private:
         void build() {
             check_types();
             lay = assign_layouts(prog, view.shape, options.layouts);
-            sched = detail::schedule_builder(prog, lay, view, options.input_gradients).build();
+            sched = detail::schedule_builder(prog, lay, view, options.input_gradients,
+                                             options.recompute)
+                        .build();
             for (const auto& n : prog.nodes()) {
                 prims.push_back(n.custom ? nullptr : &detail::primitive_named<T>(n.op));
                 customs.push_back(dynamic_cast<const custom_kernels<T, Mesh>*>(n.custom.get()));
@@ -368,7 +377,8 @@ private:
                                     : detail::make_move<T>(mesh, view, from.global, from.l, to.l));
             }
             make_weights();
-            arena = std::make_unique<std::byte[]>(sched.arena_bytes + 64);
+            arena = std::make_unique_for_overwrite<std::byte[]>(sched.arena_bytes +
+                                                                64); // untouched pages
             std::byte* base = arena.get();
             base += (64 - reinterpret_cast<std::uintptr_t>(base) % 64) % 64;
             ptr.assign(sched.slots.size(), nullptr);
@@ -707,7 +717,23 @@ private:
                           "redistributed copies) %zu bytes\n  redistributions send %zu bytes "
                           "forward, %zu backward per step\n",
                           params, params, params, sched.arena_bytes, sent_fwd, sent_bwd);
-            return out + line + describe();
+            out += line;
+            std::size_t kernels = 0, again = 0, resent = 0;
+            for (const auto& st : sched.backward) {
+                kernels += st.kind == detail::program_step_kind::kernel ? 1 : 0;
+                if (st.kind == detail::program_step_kind::move && !sched.moves[st.move].adjoint) {
+                    ++again;
+                    resent += moves[st.move].summary.bytes_sent();
+                }
+            }
+            if (kernels + again > 0) {
+                std::snprintf(line, sizeof line,
+                              "  recomputed in the backward pass: %zu kernels, %zu "
+                              "redistributions sending %zu bytes\n",
+                              kernels, again, resent);
+                out += line;
+            }
+            return out + describe();
         }
 
         std::size_t count_adjoint() const {

@@ -10,6 +10,13 @@
 /// move's adjoint (the redistribution between the cotangents' layouts, core/layout.hpp's
 /// `dual`); the cotangents of a value used twice are summed (the second writer adds).
 ///
+/// Recomputation (activation checkpointing): the nodes of a recomputed scope keep nothing
+/// for the backward pass. Just before the scope's first VJP, its forward steps run again
+/// into fresh slots, and its VJPs read those; only what the scope reads from outside (its
+/// inputs, weights) is kept from the forward pass. Steps whose results no VJP of the scope
+/// reads are not run again. Kernels are deterministic and keep no state between passes, so
+/// the gradients are the same as without it.
+///
 /// Memory: every arena slot is live from the step that writes it to the last step that reads
 /// it (a forward value the VJP keeps lives into the backward pass; the others die in the
 /// forward pass), and the slots are packed into one arena by those intervals (first fit,
@@ -17,6 +24,7 @@
 /// Inputs, weights and the weights' gradients are not in the arena: they are the caller's
 /// tensors.
 
+#include <xshard/comm/error.hpp>
 #include <xshard/graph/layouts.hpp>
 #include <xshard/graph/primitive.hpp>
 #include <xshard/graph/program.hpp>
@@ -116,17 +124,28 @@ inline shard_type local_shard_of(const value_shape& global, const layout& l, dty
 
 class schedule_builder {
 public:
+    /// `recompute`: the scopes (node-name prefixes) recomputed in the backward pass; throws
+    /// xshard::error naming a scope that holds no node.
     schedule_builder(const program& p, const program_layouts& lay, const mesh_view& mesh,
-                     bool input_gradients)
+                     bool input_gradients, const std::vector<std::string>& recompute = {})
         : p_(p)
         , lay_(lay)
         , mesh_(mesh)
-        , input_gradients_(input_gradients) {}
+        , input_gradients_(input_gradients) {
+        find_segments(recompute);
+    }
 
     schedule build() {
         place_arguments();
-        for (std::size_t i = 0; i < p_.nodes().size(); ++i)
+        for (std::size_t i = 0; i < p_.nodes().size(); ++i) {
+            const auto first = s_.forward.size();
             add_node(i);
+            if (segment_[i] != no_slot) {
+                auto& seg = segments_[segment_[i]];
+                seg.first = std::min(seg.first, first);
+                seg.end = s_.forward.size();
+            }
+        }
         for (auto id : p_.outputs())
             s_.output_slot.push_back(s_.value_slot[id]);
         add_backward();
@@ -146,7 +165,111 @@ private:
         s.index = index;
         s.bytes = s.shard.count() * element_bytes(v.type);
         s_.slots.push_back(std::move(s));
+        if (in_backward_)
+            written_.push_back(home == buffer_home::weight_gradient); // see write()
         return s_.slots.size() - 1;
+    }
+
+    // Recomputed scopes.
+
+    /// A run of consecutive nodes of one recomputed scope, its forward steps [first, end),
+    /// and once the backward pass has run them again, forward slot -> recomputed slot.
+    struct segment {
+        std::size_t first = no_slot, end = 0;
+        bool emitted = false;
+        std::map<std::size_t, std::size_t> again;
+    };
+
+    static bool in_scope(const std::string& node, const std::string& scope) {
+        return node.size() >= scope.size() && node.compare(0, scope.size(), scope) == 0 &&
+               (node.size() == scope.size() || node[scope.size()] == '.');
+    }
+
+    /// Each node's segment: its scope is the shortest recomputed scope it lies in, and a new
+    /// segment begins where the scope changes.
+    void find_segments(const std::vector<std::string>& scopes) {
+        segment_.assign(p_.nodes().size(), no_slot);
+        std::vector<bool> used(scopes.size(), false);
+        std::size_t previous = no_slot;
+        for (std::size_t i = 0; i < p_.nodes().size(); ++i) {
+            std::size_t scope = no_slot;
+            for (std::size_t k = 0; k < scopes.size(); ++k)
+                if (in_scope(p_.nodes()[i].name, scopes[k]) &&
+                    (scope == no_slot || scopes[k].size() < scopes[scope].size()))
+                    scope = k;
+            if (scope != no_slot) {
+                used[scope] = true;
+                if (scope != previous || i == 0 || segment_[i - 1] == no_slot)
+                    segments_.emplace_back();
+                segment_[i] = segments_.size() - 1;
+            }
+            previous = scope;
+        }
+        for (std::size_t k = 0; k < scopes.size(); ++k)
+            if (!used[k])
+                throw error("xshard: compile: recompute names the scope '" + scopes[k] +
+                            "', which holds no node of the program");
+    }
+
+    /// What the VJPs of a segment's kernels read (see add_vjp's saves).
+    std::vector<bool> saved_by(const segment& seg) const {
+        std::vector<bool> read(s_.slots.size(), false);
+        for (std::size_t f = seg.first; f < seg.end; ++f) {
+            const auto& st = s_.forward[f];
+            if (st.kind != program_step_kind::kernel)
+                continue;
+            const auto& n = p_.nodes()[st.node];
+            const std::uint32_t saves = n.custom ? ~std::uint32_t(0) : rules_named(n.op).saves;
+            for (std::size_t k = 0; k < st.operands.size(); ++k)
+                read[st.operands[k]] = read[st.operands[k]] || (saves & saves_operand(k)) != 0;
+            for (std::size_t k = 0; k < st.results.size(); ++k)
+                read[st.results[k]] = read[st.results[k]] || (saves & saves_result(k)) != 0;
+        }
+        return read;
+    }
+
+    /// Runs segment `seg`'s forward steps again, into fresh slots, in the backward pass: the
+    /// steps that make what its VJPs read, directly or through other steps of the segment.
+    void recompute(segment& seg) {
+        seg.emitted = true;
+        auto needed = saved_by(seg);
+        std::vector<bool> runs(seg.end - seg.first, false);
+        for (std::size_t f = seg.end; f-- > seg.first;) {
+            const auto& st = s_.forward[f];
+            for (auto r : st.results)
+                runs[f - seg.first] = runs[f - seg.first] || needed[r];
+            if (runs[f - seg.first])
+                for (auto o : st.operands)
+                    needed[o] = true;
+        }
+        for (std::size_t f = seg.first; f < seg.end; ++f) {
+            if (!runs[f - seg.first])
+                continue;
+            program_step st = s_.forward[f];
+            for (auto& o : st.operands)
+                if (auto it = seg.again.find(o); it != seg.again.end())
+                    o = it->second;
+            for (auto& r : st.results) {
+                const auto& old = s_.slots[r];
+                const auto fresh = new_slot(old.value, old.shard.l, false);
+                seg.again[r] = fresh;
+                r = fresh;
+            }
+            s_.backward.push_back(std::move(st)); // a move keeps its plan (`move`)
+        }
+    }
+
+    /// Points a VJP of a recomputed node at the recomputed values (running them first).
+    void read_recomputed(program_step& vjp) {
+        if (segment_[vjp.node] == no_slot)
+            return;
+        auto& seg = segments_[segment_[vjp.node]];
+        if (!seg.emitted)
+            recompute(seg);
+        for (auto* slots : {&vjp.operands, &vjp.results})
+            for (auto& sl : *slots)
+                if (auto it = seg.again.find(sl); it != seg.again.end())
+                    sl = it->second;
     }
 
     void place_arguments() {
@@ -250,13 +373,10 @@ private:
             return cot_[s];
         const auto& fs = s_.slots[s];
         const auto l = cotangent_layout(fs.shard.l, mesh_.shape);
-        if (fs.home == buffer_home::weight) {
-            cot_[s] = new_slot(fs.value, l, true, buffer_home::weight_gradient, fs.index);
-            written_.push_back(true); // a backward pass adds to the weights' gradients
-        } else {
-            cot_[s] = new_slot(fs.value, l, true);
-            written_.push_back(false);
-        }
+        // A backward pass adds to the weights' gradients (new_slot marks them written).
+        cot_[s] = fs.home == buffer_home::weight
+                      ? new_slot(fs.value, l, true, buffer_home::weight_gradient, fs.index)
+                      : new_slot(fs.value, l, true);
         return cot_[s];
     }
 
@@ -271,6 +391,7 @@ private:
         const auto needs = requires_gradient();
         cot_.assign(s_.slots.size(), no_slot);
         first_cot_ = s_.slots.size();
+        in_backward_ = true;
         auto wants = [&](std::size_t slot) { return bool(needs[s_.slots[slot].value]); };
         for (std::size_t o = 0; o < s_.output_slot.size(); ++o) {
             const auto sl = s_.output_slot[o];
@@ -312,7 +433,6 @@ private:
         }
         // The cotangent has terms already: the adjoint lands in a temporary, then adds.
         const auto temp = new_slot(s_.slots[target].value, s_.slots[target].shard.l, true);
-        written_.push_back(true);
         add_move(cot_[to], temp, true);
         program_step st;
         st.kind = program_step_kind::add;
@@ -353,8 +473,10 @@ private:
             st.accumulate.push_back(write(c));
             wanted = true;
         }
-        if (wanted)
-            s_.backward.push_back(std::move(st));
+        if (!wanted)
+            return;
+        read_recomputed(st);
+        s_.backward.push_back(std::move(st));
     }
 
     // Memory.
@@ -438,6 +560,9 @@ private:
     std::vector<std::size_t> cot_;
     std::vector<bool> written_;
     std::size_t first_cot_ = 0;
+    bool in_backward_ = false;
+    std::vector<segment> segments_;
+    std::vector<std::size_t> segment_; // per node: its segment, or no_slot
 };
 
 } // namespace xshard::detail

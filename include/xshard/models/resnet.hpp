@@ -12,7 +12,8 @@
 /// stride 2 from the second stage on; basic blocks for ResNet-18/34, bottlenecks for
 /// ResNet-50), global average pooling and a linear classifier. Without strategies every
 /// operation is data parallel (the batch split over the dataset's axes); annotate nodes by
-/// name (`program::shard`) for other splits.
+/// name (`program::shard`) for other splits. Each residual block is a scope ("layer1.0",
+/// "layer2.1", ...), so blocks can be recomputed by name (compile_options::recompute).
 
 #include <xshard/graph/trace.hpp>
 #include <xshard/ops/conv.hpp>
@@ -33,40 +34,49 @@ inline constexpr std::array<std::size_t, 4> resnet50_depths{3, 4, 6, 3};
 
 namespace detail {
 
-/// conv (no bias, He-uniform weights) then batch norm, named `conv` and `bn`.
+/// conv (no bias, He-uniform weights) then batch norm, in the scopes `conv` and `bn` (their
+/// nodes "<conv>.conv2d" and "<bn>.batch_norm", their weights "<conv>.weight", "<bn>.gamma").
 inline traced_tensor conv_bn(const traced_tensor& x, const std::string& conv, const std::string& bn,
                              std::size_t in, std::size_t out, std::size_t kernel,
                              std::size_t stride, std::size_t padding) {
-    auto w = param(conv + ".weight", {out, in, kernel, kernel});
-    auto y = ops::conv2d(x, w, {.stride = stride, .padding = padding});
-    return ops::batch_norm(y, param(bn + ".gamma", {out}, initializer::constant(1)),
-                           param(bn + ".beta", {out}, initializer::zeros()));
+    traced_tensor y = x;
+    {
+        name_scope s(conv);
+        y = ops::conv2d(x, param("weight", {out, in, kernel, kernel}),
+                        {.stride = stride, .padding = padding});
+    }
+    name_scope s(bn);
+    return ops::batch_norm(y, param("gamma", {out}, initializer::constant(1)),
+                           param("beta", {out}, initializer::zeros()));
 }
 
 /// The shortcut: identity, or a 1x1 convolution (stride s) and batch norm.
-inline traced_tensor shortcut(const traced_tensor& x, const std::string& name, std::size_t in,
-                              std::size_t out, std::size_t stride) {
+inline traced_tensor shortcut(const traced_tensor& x, std::size_t in, std::size_t out,
+                              std::size_t stride) {
     if (stride == 1 && in == out)
         return x;
-    return conv_bn(x, name + ".downsample.0", name + ".downsample.1", in, out, 1, stride, 0);
+    return conv_bn(x, "downsample.0", "downsample.1", in, out, 1, stride, 0);
 }
 
-/// The basic block: 3x3 conv (stride s) - BN - ReLU - 3x3 conv - BN, plus the shortcut, ReLU.
+/// The basic block, in the scope `name`: 3x3 conv (stride s) - BN - ReLU - 3x3 conv - BN,
+/// plus the shortcut, ReLU.
 inline traced_tensor basic_block(const traced_tensor& x, const std::string& name, std::size_t in,
                                  std::size_t planes, std::size_t stride) {
-    auto y = ops::relu(conv_bn(x, name + ".conv1", name + ".bn1", in, planes, 3, stride, 1));
-    y = conv_bn(y, name + ".conv2", name + ".bn2", planes, planes, 3, 1, 1);
-    return ops::relu(ops::add(y, shortcut(x, name, in, planes, stride)));
+    name_scope s(name);
+    auto y = ops::relu(conv_bn(x, "conv1", "bn1", in, planes, 3, stride, 1));
+    y = conv_bn(y, "conv2", "bn2", planes, planes, 3, 1, 1);
+    return ops::relu(ops::add(y, shortcut(x, in, planes, stride)));
 }
 
-/// The bottleneck: 1x1 conv - BN - ReLU - 3x3 conv (stride s) - BN - ReLU - 1x1 conv (4
-/// planes) - BN, plus the shortcut, ReLU.
+/// The bottleneck, in the scope `name`: 1x1 conv - BN - ReLU - 3x3 conv (stride s) - BN -
+/// ReLU - 1x1 conv (4 planes) - BN, plus the shortcut, ReLU.
 inline traced_tensor bottleneck(const traced_tensor& x, const std::string& name, std::size_t in,
                                 std::size_t planes, std::size_t stride) {
-    auto y = ops::relu(conv_bn(x, name + ".conv1", name + ".bn1", in, planes, 1, 1, 0));
-    y = ops::relu(conv_bn(y, name + ".conv2", name + ".bn2", planes, planes, 3, stride, 1));
-    y = conv_bn(y, name + ".conv3", name + ".bn3", planes, 4 * planes, 1, 1, 0);
-    return ops::relu(ops::add(y, shortcut(x, name, in, 4 * planes, stride)));
+    name_scope s(name);
+    auto y = ops::relu(conv_bn(x, "conv1", "bn1", in, planes, 1, 1, 0));
+    y = ops::relu(conv_bn(y, "conv2", "bn2", planes, planes, 3, stride, 1));
+    y = conv_bn(y, "conv3", "bn3", planes, 4 * planes, 1, 1, 0);
+    return ops::relu(ops::add(y, shortcut(x, in, 4 * planes, stride)));
 }
 
 } // namespace detail
