@@ -129,8 +129,8 @@ TEST(programs, residual_mlp_with_a_shared_weight_and_a_custom_vjp_against_centra
 }
 
 /// Trains the residual MLP on `mesh` for a few steps; returns the losses.
-std::vector<double> train(const mesh_t& mesh) {
-    auto net = xshard::compile<double>(residual_mlp(mesh), mesh, {.seed = 4});
+std::vector<double> train(const mesh_t& mesh, xshard::compile_options options = {.seed = 4}) {
+    auto net = xshard::compile<double>(residual_mlp(mesh), mesh, options);
     xshard::optim::adam optimizer({.lr = 0.05});
     std::mt19937 engine(8);
     std::vector<double> losses;
@@ -160,6 +160,41 @@ TEST(programs, residual_mlp_trains_on_every_mesh_like_one_rank) {
         for (std::size_t s = 0; s < losses.size(); ++s)
             EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s << " on dp " << dp;
     }
+}
+
+TEST(programs, weights_kept_sharded_train_on_every_mesh_like_one_rank) {
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    const auto reference = train(one);
+    const int p = world().size();
+    for (int dp = 1; dp <= p; ++dp) {
+        if (p % dp != 0)
+            continue;
+        const mesh_t mesh(world(), {dp, p / dp});
+        xshard::compile_options sharded{.seed = 4, .layouts = {.weight_shard_axes = {"dp"}}};
+        // Each weight keeps 1/dp of itself (the uneven ones at most a block more).
+        auto net = xshard::compile<double>(residual_mlp(mesh), mesh, sharded);
+        xshard::for_each_weight(net, [&](const std::string& name, auto& w) {
+            EXPECT_EQ(w.value.layout().split_axes(mesh.shape()).contains(0), dp > 1)
+                << name << " laid out " << w.value.layout().to_string() << " on dp " << dp;
+        });
+        if (dp > 1) {
+            EXPECT_NE(net.describe().find("forward redistribution of w1"), std::string::npos);
+        }
+        for (const auto& recompute :
+             {std::vector<std::string>{}, std::vector<std::string>{"again"}}) {
+            sharded.recompute = recompute;
+            const auto losses = train(mesh, sharded);
+            for (std::size_t s = 0; s < losses.size(); ++s)
+                EXPECT_NEAR(losses[s], reference[s], 1e-10)
+                    << "step " << s << " on dp " << dp << (recompute.empty() ? "" : ", recomputed");
+        }
+    }
+    xshard::testing::expect_error(
+        [&] {
+            xshard::compile<double>(residual_mlp(one), one,
+                                    {.layouts = {.weight_shard_axes = {"fsdp"}}});
+        },
+        "weight_shard_axes names 'fsdp', which is not an axis of mesh");
 }
 
 // --- the transformer block, traced against nn::transformer_block --------------------------------
@@ -270,17 +305,36 @@ TEST(programs, recomputed_scopes_give_the_same_gradients_in_a_smaller_arena) {
         auto plain = xshard::compile<double>(prog, mesh, {.seed = 2, .layouts = lay});
         auto again = xshard::compile<double>(
             prog, mesh, {.seed = 2, .layouts = lay, .recompute = {"block0", "block1", "block2"}});
+        // The weights kept sharded over dp, gathered per use (and again for the VJPs).
+        auto sharded_lay = lay;
+        sharded_lay.weight_shard_axes = {"dp"};
+        auto sharded = xshard::compile<double>(prog, mesh, {.seed = 2, .layouts = sharded_lay});
         // Two steps: the second runs over an arena the first left dirty.
         for (int step = 0; step < 2; ++step) {
             const double a = plain.train_step(dx, dr), b = again.train_step(dx, dr);
             EXPECT_EQ(a, b) << "step " << step << " on dp " << dp << " tp " << tp;
+            EXPECT_NEAR(sharded.train_step(dx, dr), a, 1e-12 * std::abs(a));
         }
-        const auto g = gathered(plain, true), h = gathered(again, true);
+        const auto g = gathered(plain, true), h = gathered(again, true),
+                   k = gathered(sharded, true);
         ASSERT_EQ(g.size(), h.size());
-        for (const auto& [name, v] : g)
+        for (const auto& [name, v] : g) {
             EXPECT_LT(double(xt::amax(xt::abs(h.at(name) - v))()), 1e-13)
                 << name << " on dp " << dp << " tp " << tp;
+            EXPECT_LT(double(xt::amax(xt::abs(k.at(name) - v))()), 1e-12)
+                << name << " on dp " << dp << " tp " << tp << ", weights sharded";
+        }
         EXPECT_LT(again.arena_bytes(), plain.arena_bytes()) << "dp " << dp << " tp " << tp;
+        // A gathered weight lives around its uses: were the gathers kept from the forward
+        // pass to the VJPs, every weight would be whole in the arena at the turn.
+        std::size_t weights = 0;
+        xshard::for_each_weight(plain, [&](const std::string&, auto& w) {
+            weights += w.value.local().size() * sizeof(double);
+        });
+        if (dp > 1) {
+            EXPECT_LT(sharded.arena_bytes(), plain.arena_bytes() + weights / 2)
+                << "dp " << dp << " tp " << tp;
+        }
         EXPECT_NE(again.report().find("recomputed in the backward pass"), std::string::npos);
         EXPECT_EQ(plain.report().find("recomputed in the backward pass"), std::string::npos);
         if (dp == 1 && world().rank() == 0)

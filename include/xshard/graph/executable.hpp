@@ -354,7 +354,8 @@ private:
             check_types();
             lay = assign_layouts(prog, view.shape, options.layouts);
             sched = detail::schedule_builder(prog, lay, view, options.input_gradients,
-                                             options.recompute)
+                                             options.recompute,
+                                             !options.layouts.weight_shard_axes.empty())
                         .build();
             for (const auto& n : prog.nodes()) {
                 prims.push_back(n.custom ? nullptr : &detail::primitive_named<T>(n.op));

@@ -15,6 +15,7 @@
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
+#include <xshard/core/sharded_layout.hpp>
 #include <xshard/graph/primitive.hpp>
 #include <xshard/graph/program.hpp>
 #include <xshard/graph/registry.hpp>
@@ -36,6 +37,12 @@ struct layout_options {
     /// Input name -> its layout, overriding the dataset's split (MindSpore's dataset_strategy
     /// as layouts; "full batch" is the replicated layout).
     std::map<std::string, layout> input_layouts = {};
+    /// hsdp level 3 for a program (ZeRO-3, FSDP's full sharding): each weight is kept split
+    /// over these mesh axes too (those its layout does not use yet; core/sharded_layout.hpp's
+    /// rule picks the dimension), so each rank stores, updates and keeps optimizer state for
+    /// its share. The schedule gathers a weight just before each use and again before its
+    /// VJP, and the adjoint of the gather reduce-scatters its gradient.
+    std::vector<std::string> weight_shard_axes = {};
 };
 
 /// Where every value of a program lives on a mesh and how every node runs.
@@ -71,6 +78,25 @@ inline dim_axes dataset_axes_of(const layout_options& o, const mesh_shape& mesh)
         axes.push_back(axis_name(a));
     }
     return axes;
+}
+
+/// Each weight's layout with the asked axes it does not use added (hsdp level 3; see
+/// layout_options::weight_shard_axes). Axes of one rank add nothing.
+inline void shard_weights(const program& p, const mesh_shape& mesh,
+                          const std::vector<std::string>& names, std::vector<layout>& values) {
+    axis_set asked;
+    for (const auto& a : names) {
+        const auto i = mesh.find(a);
+        if (!i)
+            throw error("xshard: compile: weight_shard_axes names '" + a +
+                        "', which is not an axis of mesh(" + mesh.to_string() + ")");
+        if (mesh.sizes[*i] > 1)
+            asked = asked.with(*i);
+    }
+    for (auto id : p.weights()) {
+        const auto& shape = p.value(id).shape;
+        values[id] = sharded_layout(values[id], mesh, shape, asked - values[id].split_axes(mesh));
+    }
 }
 
 /// The layouts a node asks of its operands: its annotation's, the operands' own (shape
@@ -192,6 +218,7 @@ inline program_layouts assign_layouts(const program& p, const mesh_shape& mesh,
     for (auto id : p.weights())
         if (!placed[id])
             out.values[id] = layout::replicated(values[id].shape.size());
+    detail::shard_weights(p, mesh, options.weight_shard_axes, out.values);
     return out;
 }
 

@@ -17,6 +17,11 @@
 /// reads are not run again. Kernels are deterministic and keep no state between passes, so
 /// the gradients are the same as without it.
 ///
+/// Weights kept sharded (hsdp level 3, layout_options::weight_shard_axes) are gathered by a
+/// forward move before their use, and gathered again by a copy of that move just before the
+/// first VJP that reads them, so a gathered weight lives around its uses, not across the
+/// passes.
+///
 /// Memory: every arena slot is live from the step that writes it to the last step that reads
 /// it (a forward value the VJP keeps lives into the backward pass; the others die in the
 /// forward pass), and the slots are packed into one arena by those intervals (first fit,
@@ -125,13 +130,16 @@ inline shard_type local_shard_of(const value_shape& global, const layout& l, dty
 class schedule_builder {
 public:
     /// `recompute`: the scopes (node-name prefixes) recomputed in the backward pass; throws
-    /// xshard::error naming a scope that holds no node.
+    /// xshard::error naming a scope that holds no node. `regather`: weights' gathers run
+    /// again before the VJPs that read them.
     schedule_builder(const program& p, const program_layouts& lay, const mesh_view& mesh,
-                     bool input_gradients, const std::vector<std::string>& recompute = {})
+                     bool input_gradients, const std::vector<std::string>& recompute = {},
+                     bool regather = false)
         : p_(p)
         , lay_(lay)
         , mesh_(mesh)
-        , input_gradients_(input_gradients) {
+        , input_gradients_(input_gradients)
+        , regather_(regather) {
         find_segments(recompute);
     }
 
@@ -259,17 +267,34 @@ private:
         }
     }
 
-    /// Points a VJP of a recomputed node at the recomputed values (running them first).
+    /// Points a VJP of a recomputed node at the recomputed values (running them first), and
+    /// under `regather` a VJP reading a gathered weight at a gather run again (once, for the
+    /// VJPs from there back).
     void read_recomputed(program_step& vjp) {
-        if (segment_[vjp.node] == no_slot)
+        if (segment_[vjp.node] != no_slot) {
+            auto& seg = segments_[segment_[vjp.node]];
+            if (!seg.emitted)
+                recompute(seg);
+            for (auto* slots : {&vjp.operands, &vjp.results})
+                for (auto& sl : *slots)
+                    if (auto it = seg.again.find(sl); it != seg.again.end())
+                        sl = it->second;
+        }
+        if (!regather_)
             return;
-        auto& seg = segments_[segment_[vjp.node]];
-        if (!seg.emitted)
-            recompute(seg);
-        for (auto* slots : {&vjp.operands, &vjp.results})
-            for (auto& sl : *slots)
-                if (auto it = seg.again.find(sl); it != seg.again.end())
-                    sl = it->second;
+        for (std::size_t k = 0; k < vjp.operands.size(); ++k) {
+            const auto gather = gathers_.find(vjp.operands[k]);
+            if (!vjp.saved_operands[k] || gather == gathers_.end())
+                continue;
+            auto [again, fresh] = regathered_.try_emplace(gather->first, no_slot);
+            if (fresh) {
+                program_step st = s_.forward[gather->second];
+                const auto& old = s_.slots[st.results[0]];
+                st.results[0] = again->second = new_slot(old.value, old.shard.l, false);
+                s_.backward.push_back(std::move(st));
+            }
+            vjp.operands[k] = again->second;
+        }
     }
 
     void place_arguments() {
@@ -302,6 +327,8 @@ private:
     }
 
     void add_move(std::size_t from, std::size_t to, bool adjoint) {
+        if (!adjoint && s_.slots[from].home == buffer_home::weight)
+            gathers_[to] = s_.forward.size();
         s_.moves.push_back({from, to, adjoint});
         program_step st;
         st.kind = program_step_kind::move;
@@ -561,6 +588,9 @@ private:
     std::vector<bool> written_;
     std::size_t first_cot_ = 0;
     bool in_backward_ = false;
+    bool regather_ = false;
+    std::map<std::size_t, std::size_t> gathers_;    // gathered weight slot -> its forward move
+    std::map<std::size_t, std::size_t> regathered_; // gathered weight slot -> gathered again
     std::vector<segment> segments_;
     std::vector<std::size_t> segment_; // per node: its segment, or no_slot
 };
