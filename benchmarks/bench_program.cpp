@@ -100,7 +100,8 @@ void transformer_case(const mesh_t& mesh, const xshard::bench::options& o) {
                           "\"arena_bytes\": " + std::to_string(net.arena_bytes()));
 }
 
-/// Four transformer blocks, each in a scope of its own ("block0" ...).
+/// Four transformer blocks of element type T, each in a scope of its own ("block0" ...).
+template <class T>
 xshard::program transformer4(std::size_t tokens) {
     return xshard::trace(
         [&](xshard::traced_tensor in) {
@@ -111,7 +112,7 @@ xshard::program transformer4(std::size_t tokens) {
             }
             return h;
         },
-        xshard::input<float>("x", {tokens, features}));
+        xshard::input<T>("x", {tokens, features}));
 }
 
 /// `"name": bytes` fields: the arenas and the ratio of a recomputed program to a plain one.
@@ -126,7 +127,7 @@ void recompute_case(const mesh_t& mesh, const xshard::bench::options& o) {
     if (!o.wants(name))
         return;
     const std::size_t tokens = (o.quick ? 1 : sequences) * sequence;
-    const auto prog = transformer4(tokens);
+    const auto prog = transformer4<float>(tokens);
     const xshard::layout_options lay{.dataset_axes = {"dp"}};
     auto again = xshard::compile<float>(
         prog, mesh, {.layouts = lay, .recompute = {"block0", "block1", "block2", "block3"}});
@@ -312,17 +313,8 @@ void compile_case(const mesh_t& mesh, const xshard::bench::options& o) {
         return;
     const std::size_t tokens = (o.quick ? 1 : sequences) * sequence;
     auto build = [&] {
-        auto prog = xshard::trace(
-            [&](xshard::traced_tensor in) {
-                auto h = in;
-                for (int b = 0; b < 4; ++b) {
-                    xshard::name_scope s("block" + std::to_string(b));
-                    h = xshard::models::transformer_block(h, block_options());
-                }
-                return h;
-            },
-            xshard::input<double>("x", {tokens, features}));
-        return xshard::compile<double>(prog, mesh, {.layouts = {.dataset_axes = {"dp"}}});
+        return xshard::compile<double>(transformer4<double>(tokens), mesh,
+                                       {.layouts = {.dataset_axes = {"dp"}}});
     };
     auto net = build();
     std::mt19937 engine(2);
