@@ -378,8 +378,8 @@ private:
                                     : detail::make_move<T>(mesh, view, from.global, from.l, to.l));
             }
             make_weights();
-            arena = std::make_unique_for_overwrite<std::byte[]>(sched.arena_bytes +
-                                                                64); // untouched pages
+            // Left uninitialised: pages are touched (and faulted in) only where slots are used.
+            arena = std::make_unique_for_overwrite<std::byte[]>(sched.arena_bytes + 64);
             std::byte* base = arena.get();
             base += (64 - reinterpret_cast<std::uintptr_t>(base) % 64) % 64;
             ptr.assign(sched.slots.size(), nullptr);

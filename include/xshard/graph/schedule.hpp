@@ -207,7 +207,7 @@ private:
                     scope = k;
             if (scope != no_slot) {
                 used[scope] = true;
-                if (scope != previous || i == 0 || segment_[i - 1] == no_slot)
+                if (scope != previous)
                     segments_.emplace_back();
                 segment_[i] = segments_.size() - 1;
             }
