@@ -211,12 +211,10 @@ std::map<std::string, array> gathered(C& c, bool gradients) {
     return out;
 }
 
-TEST(programs, traced_transformer_block_equals_the_hand_written_layers_on_every_mesh) {
-    constexpr std::size_t f = 8, heads = 2, sequence = 4, sequences = 4, hidden = 16;
-    constexpr std::size_t tokens = sequence * sequences;
-    std::mt19937 engine(12);
-    const xt::xtensor<double, 2> x = xt::random::randn<double>({tokens, f}, 0.0, 1.0, engine);
-    const xt::xtensor<double, 2> r = xt::random::randn<double>({tokens, f}, 0.0, 1.0, engine);
+/// Calls f(mesh, dp, tp) for every dp x tp mesh of the world on which `sequences` split over
+/// dp and `heads` over tp; returns how many there were.
+template <class F>
+int for_each_block_mesh(std::size_t sequences, std::size_t heads, F&& f) {
     const int p = world().size();
     int meshes = 0;
     for (int dp = 1; dp <= p; ++dp) {
@@ -224,46 +222,66 @@ TEST(programs, traced_transformer_block_equals_the_hand_written_layers_on_every_
         if (p % dp != 0 || sequences % std::size_t(dp) != 0 || heads % std::size_t(tp) != 0)
             continue;
         ++meshes;
-        const tp_mesh mesh(world(), {dp, tp});
-        const auto layout_x = xshard::layout("[dp, -]");
-        // The hand-written block.
-        xshard::nn::transformer_block<double, tp_mesh> block(
-            mesh, f, 21, {.axes = {.tensor = "tp"}, .heads = heads, .sequence = sequence, .hidden = hidden});
-        const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, layout_x);
-        const auto y = block.forward(dx);
-        const double expected_loss = double(xt::sum(xshard::gather_all(y) * r)());
-        block.backward(xshard::nn::as_gradient(
-            xshard::distribute<xshard::dynamic_layout(2)>(mesh, r, y.layout())));
-        const auto expected_grads = gathered(block, true);
-
-        // The traced block, Megatron's strategies, the weights copied by name.
-        auto prog = xshard::trace(
-            [&](traced_tensor in, traced_tensor rr) {
-                auto out = xshard::models::transformer_block(
-                    in, {.features = f, .heads = heads, .sequence = sequence, .hidden = hidden,
-                         .tensor_axis = "tp", .data_axis = "dp"});
-                return ops::sum_all(ops::mul(out, rr));
-            },
-            xshard::input<double>("x", {tokens, f}), xshard::input<double>("r", {tokens, f}));
-        auto net = xshard::compile<double>(prog, mesh, {.layouts = {.dataset_axes = {"dp"}}});
-        const auto values = gathered(block, false);
-        ASSERT_EQ(values.size(), gathered(net, false).size());
-        xshard::for_each_weight(net, [&](const std::string& n, auto& w) {
-            using D = std::remove_cvref_t<decltype(w.value)>;
-            xt::xtensor<double, D::rank> g = values.at(n);
-            w.value.local() = xshard::distribute<xshard::dynamic_layout(D::rank)>(mesh, g, w.value.layout()).local();
-        });
-        const double loss = net.train_step(dx, xshard::distribute<xshard::dynamic_layout(2)>(mesh, r, layout_x));
-        EXPECT_NEAR(loss, expected_loss, 1e-10) << "mesh dp " << dp << " tp " << tp << "\n"
-                                                 << net.describe();
-        const auto grads = gathered(net, true);
-        for (const auto& [name, g] : expected_grads) {
-            EXPECT_LT(double(xt::amax(xt::abs(grads.at(name) - g))()), 1e-10)
-                << name << " on dp " << dp << " tp " << tp;
-        }
-        if (dp == 1 && tp == 2 && world().rank() == 0)
-            std::printf("%s", net.report().c_str());
+        f(tp_mesh(world(), {dp, tp}), dp, tp);
     }
+    return meshes;
+}
+
+TEST(programs, traced_transformer_block_equals_the_hand_written_layers_on_every_mesh) {
+    constexpr std::size_t f = 8, heads = 2, sequence = 4, sequences = 4, hidden = 16;
+    constexpr std::size_t tokens = sequence * sequences;
+    std::mt19937 engine(12);
+    const xt::xtensor<double, 2> x = xt::random::randn<double>({tokens, f}, 0.0, 1.0, engine);
+    const xt::xtensor<double, 2> r = xt::random::randn<double>({tokens, f}, 0.0, 1.0, engine);
+    const int meshes =
+        for_each_block_mesh(sequences, heads, [&](const tp_mesh& mesh, int dp, int tp) {
+            const auto layout_x = xshard::layout("[dp, -]");
+            // The hand-written block.
+            xshard::nn::transformer_block<double, tp_mesh> block(
+                mesh, f, 21,
+                {.axes = {.tensor = "tp"}, .heads = heads, .sequence = sequence, .hidden = hidden});
+            const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, layout_x);
+            const auto y = block.forward(dx);
+            const double expected_loss = double(xt::sum(xshard::gather_all(y) * r)());
+            block.backward(xshard::nn::as_gradient(
+                xshard::distribute<xshard::dynamic_layout(2)>(mesh, r, y.layout())));
+            const auto expected_grads = gathered(block, true);
+
+            // The traced block, Megatron's strategies, the weights copied by name.
+            auto prog = xshard::trace(
+                [&](traced_tensor in, traced_tensor rr) {
+                    auto out = xshard::models::transformer_block(in, {.features = f,
+                                                                      .heads = heads,
+                                                                      .sequence = sequence,
+                                                                      .hidden = hidden,
+                                                                      .tensor_axis = "tp",
+                                                                      .data_axis = "dp"});
+                    return ops::sum_all(ops::mul(out, rr));
+                },
+                xshard::input<double>("x", {tokens, f}), xshard::input<double>("r", {tokens, f}));
+            auto net = xshard::compile<double>(prog, mesh, {.layouts = {.dataset_axes = {"dp"}}});
+            const auto values = gathered(block, false);
+            ASSERT_EQ(values.size(), gathered(net, false).size());
+            xshard::for_each_weight(net, [&](const std::string& n, auto& w) {
+                using D = std::remove_cvref_t<decltype(w.value)>;
+                xt::xtensor<double, D::rank> g = values.at(n);
+                w.value.local() =
+                    xshard::distribute<xshard::dynamic_layout(D::rank)>(mesh, g, w.value.layout())
+                        .local();
+            });
+            const double loss = net.train_step(
+                dx, xshard::distribute<xshard::dynamic_layout(2)>(mesh, r, layout_x));
+            EXPECT_NEAR(loss, expected_loss, 1e-10) << "mesh dp " << dp << " tp " << tp << "\n"
+                                                    << net.describe();
+            const auto grads = gathered(net, true);
+            for (const auto& [name, g] : expected_grads) {
+                EXPECT_LT(double(xt::amax(xt::abs(grads.at(name) - g))()), 1e-10)
+                    << name << " on dp " << dp << " tp " << tp;
+            }
+            if (dp == 1 && tp == 2 && world().rank() == 0)
+                std::printf("%s", net.report().c_str());
+        });
+    const int p = world().size();
     if (p == 1 || p == 2 || p == 4) {
         EXPECT_GT(meshes, 0);
     }
@@ -291,56 +309,52 @@ TEST(programs, recomputed_scopes_give_the_same_gradients_in_a_smaller_arena) {
             return ops::sum_all(ops::mul(in, rr));
         },
         xshard::input<double>("x", {tokens, f}), xshard::input<double>("r", {tokens, f}));
-    const int p = world().size();
-    int meshes = 0;
-    for (int dp = 1; dp <= p; ++dp) {
-        const int tp = p / dp;
-        if (p % dp != 0 || sequences % std::size_t(dp) != 0 || heads % std::size_t(tp) != 0)
-            continue;
-        ++meshes;
-        const tp_mesh mesh(world(), {dp, tp});
-        const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[dp, -]");
-        const auto dr = xshard::distribute<xshard::dynamic_layout(2)>(mesh, r, "[dp, -]");
-        const xshard::layout_options lay{.dataset_axes = {"dp"}};
-        auto plain = xshard::compile<double>(prog, mesh, {.seed = 2, .layouts = lay});
-        auto again = xshard::compile<double>(
-            prog, mesh, {.seed = 2, .layouts = lay, .recompute = {"block0", "block1", "block2"}});
-        // The weights kept sharded over dp, gathered per use (and again for the VJPs).
-        auto sharded_lay = lay;
-        sharded_lay.weight_shard_axes = {"dp"};
-        auto sharded = xshard::compile<double>(prog, mesh, {.seed = 2, .layouts = sharded_lay});
-        // Two steps: the second runs over an arena the first left dirty.
-        for (int step = 0; step < 2; ++step) {
-            const double a = plain.train_step(dx, dr), b = again.train_step(dx, dr);
-            EXPECT_EQ(a, b) << "step " << step << " on dp " << dp << " tp " << tp;
-            EXPECT_NEAR(sharded.train_step(dx, dr), a, 1e-12 * std::abs(a));
-        }
-        const auto g = gathered(plain, true), h = gathered(again, true),
-                   k = gathered(sharded, true);
-        ASSERT_EQ(g.size(), h.size());
-        for (const auto& [name, v] : g) {
-            EXPECT_LT(double(xt::amax(xt::abs(h.at(name) - v))()), 1e-13)
-                << name << " on dp " << dp << " tp " << tp;
-            EXPECT_LT(double(xt::amax(xt::abs(k.at(name) - v))()), 1e-12)
-                << name << " on dp " << dp << " tp " << tp << ", weights sharded";
-        }
-        EXPECT_LT(again.arena_bytes(), plain.arena_bytes()) << "dp " << dp << " tp " << tp;
-        // A gathered weight lives around its uses: were the gathers kept from the forward
-        // pass to the VJPs, every weight would be whole in the arena at the turn.
-        std::size_t weights = 0;
-        xshard::for_each_weight(plain, [&](const std::string&, auto& w) {
-            weights += w.value.local().size() * sizeof(double);
+    const int meshes =
+        for_each_block_mesh(sequences, heads, [&](const tp_mesh& mesh, int dp, int tp) {
+            const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[dp, -]");
+            const auto dr = xshard::distribute<xshard::dynamic_layout(2)>(mesh, r, "[dp, -]");
+            const xshard::layout_options lay{.dataset_axes = {"dp"}};
+            auto plain = xshard::compile<double>(prog, mesh, {.seed = 2, .layouts = lay});
+            auto again = xshard::compile<double>(
+                prog, mesh,
+                {.seed = 2, .layouts = lay, .recompute = {"block0", "block1", "block2"}});
+            // The weights kept sharded over dp, gathered per use (and again for the VJPs).
+            auto sharded_lay = lay;
+            sharded_lay.weight_shard_axes = {"dp"};
+            auto sharded = xshard::compile<double>(prog, mesh, {.seed = 2, .layouts = sharded_lay});
+            // Two steps: the second runs over an arena the first left dirty.
+            for (int step = 0; step < 2; ++step) {
+                const double a = plain.train_step(dx, dr), b = again.train_step(dx, dr);
+                EXPECT_EQ(a, b) << "step " << step << " on dp " << dp << " tp " << tp;
+                EXPECT_NEAR(sharded.train_step(dx, dr), a, 1e-12 * std::abs(a));
+            }
+            const auto g = gathered(plain, true), h = gathered(again, true),
+                       k = gathered(sharded, true);
+            ASSERT_EQ(g.size(), h.size());
+            for (const auto& [name, v] : g) {
+                EXPECT_LT(double(xt::amax(xt::abs(h.at(name) - v))()), 1e-13)
+                    << name << " on dp " << dp << " tp " << tp;
+                EXPECT_LT(double(xt::amax(xt::abs(k.at(name) - v))()), 1e-12)
+                    << name << " on dp " << dp << " tp " << tp << ", weights sharded";
+            }
+            EXPECT_LT(again.arena_bytes(), plain.arena_bytes()) << "dp " << dp << " tp " << tp;
+            // A gathered weight lives around its uses: were the gathers kept from the forward
+            // pass to the VJPs, every weight would be whole in the arena at the turn.
+            std::size_t weights = 0;
+            xshard::for_each_weight(plain, [&](const std::string&, auto& w) {
+                weights += w.value.local().size() * sizeof(double);
+            });
+            if (dp > 1) {
+                EXPECT_LT(sharded.arena_bytes(), plain.arena_bytes() + weights / 2)
+                    << "dp " << dp << " tp " << tp;
+            }
+            EXPECT_NE(again.report().find("recomputed in the backward pass"), std::string::npos);
+            EXPECT_EQ(plain.report().find("recomputed in the backward pass"), std::string::npos);
+            if (dp == 1 && world().rank() == 0)
+                std::printf("3 blocks on tp %d: arena %zu bytes, recomputed %zu\n", tp,
+                            plain.arena_bytes(), again.arena_bytes());
         });
-        if (dp > 1) {
-            EXPECT_LT(sharded.arena_bytes(), plain.arena_bytes() + weights / 2)
-                << "dp " << dp << " tp " << tp;
-        }
-        EXPECT_NE(again.report().find("recomputed in the backward pass"), std::string::npos);
-        EXPECT_EQ(plain.report().find("recomputed in the backward pass"), std::string::npos);
-        if (dp == 1 && world().rank() == 0)
-            std::printf("3 blocks on tp %d: arena %zu bytes, recomputed %zu\n", tp,
-                        plain.arena_bytes(), again.arena_bytes());
-    }
+    const int p = world().size();
     if (p == 1 || p == 2 || p == 4) {
         EXPECT_GT(meshes, 0);
     }
