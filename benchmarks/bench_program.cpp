@@ -12,6 +12,12 @@
 //       with every block recomputed in the backward pass (compile_options::recompute)
 //       against the same program keeping its activations ("keep"). Extra fields: both
 //       arenas and their ratio (the target: <= 0.5 of the arena at <= 1.4 of the time).
+//   transformer4_sharded_weights_dp<p>_f32: a training pass (forward, backward, gradients
+//       synchronised) of the four blocks data parallel over p ranks with every weight kept
+//       sharded over dp (layout_options::weight_shard_axes: gathered per use, gradients
+//       reduce-scattered), against the same program with replicated weights and the
+//       gradients all-reduced ("replicated"). Extra fields: the forward and backward
+//       passes alone ("passes_"), both programs' weight bytes per rank and arenas.
 //   resnet18_step_dp<p>_f32: one forward and backward pass of ResNet-18 (32 images of
 //       32 x 32, 10 classes, batch norm over the whole batch) data parallel over p ranks,
 //       traced (models/resnet.hpp) against nn::resnet18 with synchronised batch norm
@@ -44,6 +50,7 @@
 #include <xshard/nn/blocks.hpp>
 #include <xshard/nn/resnet.hpp>
 #include <xshard/search/program_search.hpp>
+#include <xshard/train/gradients.hpp>
 
 #include <xtensor/xrandom.hpp>
 
@@ -187,6 +194,47 @@ std::size_t weight_bytes(M& m) {
              sizeof(typename std::remove_cvref_t<decltype(w.value)>::value_type);
     });
     return n;
+}
+
+void sharded_weights_case(const xshard::bench::options& o) {
+    const auto& world = xshard::communicator::world();
+    const int p = world.size();
+    const std::string name = "transformer4_sharded_weights_dp" + std::to_string(p) + "_f32";
+    const std::size_t count = o.quick ? std::size_t(p) : sequences;
+    if (!o.wants(name) || count % std::size_t(p) != 0)
+        return;
+    const mesh_t mesh(world, {p, 1});
+    const std::size_t tokens = count * sequence;
+    const auto prog = transformer4<float>(tokens);
+    auto sharded = xshard::compile<float>(
+        prog, mesh, {.layouts = {.dataset_axes = {"dp"}, .weight_shard_axes = {"dp"}}});
+    auto replicated = xshard::compile<float>(prog, mesh, {.layouts = {.dataset_axes = {"dp"}}});
+    std::mt19937 engine(5);
+    const xt::xtensor<float, 2> x = xt::random::randn<float>({tokens, features}, 0.f, 1.f, engine);
+    const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[dp, -]");
+    const auto dy = replicated.forward(dx);
+    xshard::gradients_of sharded_grads(sharded), replicated_grads(replicated);
+    auto pass = [&](auto& net, auto& grads, bool synchronise) {
+        net.forward(dx);
+        net.backward(dy);
+        if (synchronise)
+            xshard::synchronize_gradients(net, grads);
+        xshard::for_each_weight(net, [](const std::string&, auto& w) { w.zero_grad(); });
+    };
+    const auto t = xshard::bench::compare(
+        mesh.comm(), o, [&] { pass(sharded, sharded_grads, true); },
+        [&] { pass(replicated, replicated_grads, true); });
+    const auto passes = xshard::bench::compare(
+        mesh.comm(), o, [&] { pass(sharded, sharded_grads, false); },
+        [&] { pass(replicated, replicated_grads, false); });
+    xshard::bench::report(
+        mesh.comm(), name, tokens * features * sizeof(float), "replicated", t,
+        "\"passes_seconds\": " + std::to_string(passes.seconds) +
+            ", \"passes_baseline_seconds\": " + std::to_string(passes.baseline_seconds) +
+            ", \"passes_ratio\": " + std::to_string(passes.seconds / passes.baseline_seconds) +
+            ", \"weight_bytes\": " + std::to_string(weight_bytes(sharded) / 2) +
+            ", \"baseline_weight_bytes\": " + std::to_string(weight_bytes(replicated) / 2) + ", " +
+            arena_fields(sharded.arena_bytes(), replicated.arena_bytes()));
 }
 
 void resnet_case(const mesh_t& mesh, const xshard::bench::options& o) {
@@ -387,6 +435,7 @@ int main(int argc, char** argv) {
         }
         const mesh_t data(xshard::communicator::world(), {p, 1});
         resnet_case(data, o);
+        sharded_weights_case(o);
         resnet50_compile_case(data, o);
         dispatch_case(mesh, o);
         if (xshard::communicator::world().rank() == 0)
