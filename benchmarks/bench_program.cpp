@@ -58,8 +58,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -122,6 +120,15 @@ xshard::program transformer4(std::size_t tokens) {
         xshard::input<T>("x", {tokens, features}));
 }
 
+/// ResNet-50 (1000 classes, f32) traced on `images` images of side x side.
+xshard::program resnet50(std::size_t images, std::size_t side) {
+    return xshard::trace(
+        [](xshard::traced_tensor x) {
+            return xshard::models::resnet(x, xshard::models::resnet50_depths, 1000, true);
+        },
+        xshard::input<float>("x", {images, 3, side, side}));
+}
+
 /// `"name": bytes` fields: the arenas and the ratio of a recomputed program to a plain one.
 std::string arena_fields(std::size_t again, std::size_t keep) {
     return "\"arena_bytes\": " + std::to_string(again) +
@@ -161,36 +168,22 @@ void recompute_case(const mesh_t& mesh, const xshard::bench::options& o) {
 /// allocator returned what it holds free: the memory `run` needed at its peak.
 template <class Run>
 std::size_t peak_growth(const xshard::communicator& c, Run&& run) {
-    auto status = [](const char* key) {
-        std::FILE* f = std::fopen("/proc/self/status", "r");
-        std::size_t kb = 0;
-        char line[256];
-        while (f && std::fgets(line, sizeof line, f))
-            if (std::strncmp(line, key, std::strlen(key)) == 0)
-                kb = std::strtoull(line + std::strlen(key), nullptr, 10);
-        if (f)
-            std::fclose(f);
-        return kb * 1024;
-    };
     malloc_trim(0);
     xshard::mpi::barrier(c);
-    if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) { // the peak := now
-        std::fputs("5", f);
-        std::fclose(f);
-    }
-    const std::size_t before = status("VmRSS:");
+    xshard::bench::reset_peak();
+    const std::size_t before = xshard::bench::resident_bytes().first;
     run();
-    const std::size_t peak = status("VmHWM:");
+    const std::size_t peak = xshard::bench::resident_bytes().second;
     malloc_trim(0);
     return peak > before ? peak - before : 0;
 }
 
-/// Bytes of the weights' values and gradients of `m`.
+/// Bytes of this rank's shares of the weights of `m` (their values).
 template <class M>
 std::size_t weight_bytes(M& m) {
     std::size_t n = 0;
     xshard::for_each_weight(m, [&](const std::string&, auto& w) {
-        n += 2 * w.value.local().size() *
+        n += w.value.local().size() *
              sizeof(typename std::remove_cvref_t<decltype(w.value)>::value_type);
     });
     return n;
@@ -232,8 +225,8 @@ void sharded_weights_case(const xshard::bench::options& o) {
         "\"passes_seconds\": " + std::to_string(passes.seconds) +
             ", \"passes_baseline_seconds\": " + std::to_string(passes.baseline_seconds) +
             ", \"passes_ratio\": " + std::to_string(passes.seconds / passes.baseline_seconds) +
-            ", \"weight_bytes\": " + std::to_string(weight_bytes(sharded) / 2) +
-            ", \"baseline_weight_bytes\": " + std::to_string(weight_bytes(replicated) / 2) + ", " +
+            ", \"weight_bytes\": " + std::to_string(weight_bytes(sharded)) +
+            ", \"baseline_weight_bytes\": " + std::to_string(weight_bytes(replicated)) + ", " +
             arena_fields(sharded.arena_bytes(), replicated.arena_bytes()));
 }
 
@@ -274,14 +267,14 @@ void resnet_case(const mesh_t& mesh, const xshard::bench::options& o) {
         const auto hdy = xshard::nn::as_gradient(h.forward(dx));
         run(h, hdy);
         run(h, hdy);
-        hand_weights = weight_bytes(h);
+        hand_weights = 2 * weight_bytes(h); // values and gradients
     });
     const std::size_t program_peak = peak_growth(mesh.comm(), [&] {
         auto n = xshard::compile<float>(prog, mesh);
         const auto ndy = n.forward(dx);
         run(n, ndy);
         run(n, ndy);
-        program_weights = weight_bytes(n);
+        program_weights = 2 * weight_bytes(n);
     });
     const double hand_bytes = double(hand_peak) - double(hand_weights);
     const double program_bytes = double(program_peak) - double(program_weights);
@@ -314,16 +307,9 @@ void resnet50_compile_case(const mesh_t& mesh, const xshard::bench::options& o) 
     const std::size_t images = o.quick ? 8 : 32, side = o.quick ? 32 : 224;
     if (!o.wants(name) || images % std::size_t(p) != 0)
         return;
-    auto trace = [&] {
-        return xshard::trace(
-            [&](xshard::traced_tensor x) {
-                return xshard::models::resnet(x, xshard::models::resnet50_depths, 1000, true);
-            },
-            xshard::input<float>("x", {images, 3, side, side}));
-    };
     const auto t = xshard::bench::compare(
-        mesh.comm(), o, [&] { (void)xshard::compile<float>(trace(), mesh); },
-        [&] { (void)trace(); });
+        mesh.comm(), o, [&] { (void)xshard::compile<float>(resnet50(images, side), mesh); },
+        [&] { (void)resnet50(images, side); });
     xshard::bench::report(mesh.comm(), name, 0, "trace", t);
 }
 
@@ -395,13 +381,7 @@ void search_cases(const xshard::bench::options& o) {
         return xshard::mesh_shape({xshard::axis_name("dp"), xshard::axis_name("tp")}, {a, b});
     };
     const std::size_t images = o.quick ? 8 : 32, side = o.quick ? 32 : 224;
-    search_case(self, o, "search_resnet50_8", shape(4, 2), [&] {
-        return xshard::trace(
-            [&](xshard::traced_tensor x) {
-                return xshard::models::resnet(x, xshard::models::resnet50_depths, 1000, true);
-            },
-            xshard::input<float>("x", {images, 3, side, side}));
-    });
+    search_case(self, o, "search_resnet50_8", shape(4, 2), [&] { return resnet50(images, side); });
     const std::size_t blocks = o.quick ? 2 : 24, width = 1024;
     search_case(self, o, "search_transformer24_16384", shape(128, 128), [&] {
         return xshard::trace(

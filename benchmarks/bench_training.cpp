@@ -175,32 +175,6 @@ struct phases {
            gather = 0;
 };
 
-/// This process's resident set and its peak (VmRSS, VmHWM of /proc/self/status), in bytes.
-std::pair<std::size_t, std::size_t> resident_bytes() {
-    std::FILE* f = std::fopen("/proc/self/status", "r");
-    std::size_t rss = 0, hwm = 0;
-    if (!f)
-        return {0, 0};
-    char line[256];
-    while (std::fgets(line, sizeof line, f)) {
-        unsigned long kb = 0;
-        if (std::sscanf(line, "VmRSS: %lu kB", &kb) == 1)
-            rss = kb * 1024;
-        else if (std::sscanf(line, "VmHWM: %lu kB", &kb) == 1)
-            hwm = kb * 1024;
-    }
-    std::fclose(f);
-    return {rss, hwm};
-}
-
-/// Resets VmHWM to the current resident set (Linux: "5" into /proc/self/clear_refs).
-void reset_peak() {
-    if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
-        std::fputs("5", f);
-        std::fclose(f);
-    }
-}
-
 /// A model with its loss, optimizer and one batch (rows split over dp): `step()` is one
 /// training step.
 template <class T, class Model>
@@ -493,17 +467,17 @@ void memory_case(const bench::options& o, const std::string& name, const mesh_t&
     if (!o.wants(name))
         return;
     const auto& c = mesh.comm();
-    const auto before = resident_bytes().first;
+    const auto before = bench::resident_bytes().first;
     std::size_t resident = 0, growth = 0, weights = 0, largest = 0;
     {
         auto t = make_mlp<double>(mesh, s, level);
         t.step();
         t.step();
         xshard::mpi::barrier(c);
-        const auto between = resident_bytes().first;
-        reset_peak();
+        const auto between = bench::resident_bytes().first;
+        bench::reset_peak();
         t.step();
-        const auto peak = resident_bytes().second;
+        const auto peak = bench::resident_bytes().second;
         resident = between - std::min(between, before);
         growth = peak - std::min(peak, between);
         weights = t.bytes();

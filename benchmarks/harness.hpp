@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace xshard::bench {
@@ -69,6 +70,32 @@ double time_batch(const communicator& c, F&& f, int calls) {
     double elapsed = (MPI_Wtime() - start) / calls;
     allreduce(c, std::span(&elapsed, 1), reduction::max);
     return elapsed;
+}
+
+/// This process's resident set and its peak (VmRSS, VmHWM of /proc/self/status), in bytes.
+inline std::pair<std::size_t, std::size_t> resident_bytes() {
+    std::FILE* f = std::fopen("/proc/self/status", "r");
+    std::size_t rss = 0, hwm = 0;
+    if (!f)
+        return {0, 0};
+    char line[256];
+    while (std::fgets(line, sizeof line, f)) {
+        unsigned long kb = 0;
+        if (std::sscanf(line, "VmRSS: %lu kB", &kb) == 1)
+            rss = kb * 1024;
+        else if (std::sscanf(line, "VmHWM: %lu kB", &kb) == 1)
+            hwm = kb * 1024;
+    }
+    std::fclose(f);
+    return {rss, hwm};
+}
+
+/// Resets VmHWM to the current resident set (Linux: "5" into /proc/self/clear_refs).
+inline void reset_peak() {
+    if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+        std::fputs("5", f);
+        std::fclose(f);
+    }
 }
 
 struct comparison {

@@ -26,6 +26,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -227,6 +228,25 @@ int for_each_block_mesh(std::size_t sequences, std::size_t heads, F&& f) {
     return meshes;
 }
 
+/// `blocks` transformer blocks on x [tokens, o.features], then the sum of their output times
+/// r [tokens, o.features]. One block takes the layers' weight names; of several, each is the
+/// scope "block<b>".
+xshard::program blocks_against_r(std::size_t blocks, const xshard::models::transformer_options& o,
+                                 std::size_t tokens) {
+    return xshard::trace(
+        [&](traced_tensor in, traced_tensor rr) {
+            for (std::size_t b = 0; b < blocks; ++b) {
+                std::optional<xshard::name_scope> scope;
+                if (blocks > 1)
+                    scope.emplace("block" + std::to_string(b));
+                in = xshard::models::transformer_block(in, o);
+            }
+            return ops::sum_all(ops::mul(in, rr));
+        },
+        xshard::input<double>("x", {tokens, o.features}),
+        xshard::input<double>("r", {tokens, o.features}));
+}
+
 TEST(programs, traced_transformer_block_equals_the_hand_written_layers_on_every_mesh) {
     constexpr std::size_t f = 8, heads = 2, sequence = 4, sequences = 4, hidden = 16;
     constexpr std::size_t tokens = sequence * sequences;
@@ -248,17 +268,14 @@ TEST(programs, traced_transformer_block_equals_the_hand_written_layers_on_every_
             const auto expected_grads = gathered(block, true);
 
             // The traced block, Megatron's strategies, the weights copied by name.
-            auto prog = xshard::trace(
-                [&](traced_tensor in, traced_tensor rr) {
-                    auto out = xshard::models::transformer_block(in, {.features = f,
-                                                                      .heads = heads,
-                                                                      .sequence = sequence,
-                                                                      .hidden = hidden,
-                                                                      .tensor_axis = "tp",
-                                                                      .data_axis = "dp"});
-                    return ops::sum_all(ops::mul(out, rr));
-                },
-                xshard::input<double>("x", {tokens, f}), xshard::input<double>("r", {tokens, f}));
+            const auto prog = blocks_against_r(1,
+                                               {.features = f,
+                                                .heads = heads,
+                                                .sequence = sequence,
+                                                .hidden = hidden,
+                                                .tensor_axis = "tp",
+                                                .data_axis = "dp"},
+                                               tokens);
             auto net = xshard::compile<double>(prog, mesh, {.layouts = {.dataset_axes = {"dp"}}});
             const auto values = gathered(block, false);
             ASSERT_EQ(values.size(), gathered(net, false).size());
@@ -295,20 +312,14 @@ TEST(programs, recomputed_scopes_give_the_same_gradients_in_a_smaller_arena) {
     std::mt19937 engine(13);
     const xt::xtensor<double, 2> x = xt::random::randn<double>({tokens, f}, 0.0, 1.0, engine);
     const xt::xtensor<double, 2> r = xt::random::randn<double>({tokens, f}, 0.0, 1.0, engine);
-    auto prog = xshard::trace(
-        [&](traced_tensor in, traced_tensor rr) {
-            for (std::size_t b = 0; b < blocks; ++b) {
-                xshard::name_scope s("block" + std::to_string(b));
-                in = xshard::models::transformer_block(in, {.features = f,
-                                                            .heads = heads,
-                                                            .sequence = sequence,
-                                                            .hidden = hidden,
-                                                            .tensor_axis = "tp",
-                                                            .data_axis = "dp"});
-            }
-            return ops::sum_all(ops::mul(in, rr));
-        },
-        xshard::input<double>("x", {tokens, f}), xshard::input<double>("r", {tokens, f}));
+    const auto prog = blocks_against_r(blocks,
+                                       {.features = f,
+                                        .heads = heads,
+                                        .sequence = sequence,
+                                        .hidden = hidden,
+                                        .tensor_axis = "tp",
+                                        .data_axis = "dp"},
+                                       tokens);
     const int meshes =
         for_each_block_mesh(sequences, heads, [&](const tp_mesh& mesh, int dp, int tp) {
             const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[dp, -]");
