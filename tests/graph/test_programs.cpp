@@ -150,27 +150,29 @@ std::vector<double> train(const mesh_t& mesh, xshard::compile_options options = 
     return losses;
 }
 
+/// Calls f(mesh, dp) for every dp x mp mesh of the world.
+template <class F>
+void for_each_dp_mesh(F&& f) {
+    const int p = world().size();
+    for (int dp = 1; dp <= p; ++dp)
+        if (p % dp == 0)
+            f(mesh_t(world(), {dp, p / dp}), dp);
+}
+
 TEST(programs, residual_mlp_trains_on_every_mesh_like_one_rank) {
     const mesh_t one(xshard::communicator::self(), {1, 1});
     const auto reference = train(one);
-    const int p = world().size();
-    for (int dp = 1; dp <= p; ++dp) {
-        if (p % dp != 0)
-            continue;
-        const auto losses = train(mesh_t(world(), {dp, p / dp}));
+    for_each_dp_mesh([&](const mesh_t& mesh, int dp) {
+        const auto losses = train(mesh);
         for (std::size_t s = 0; s < losses.size(); ++s)
             EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s << " on dp " << dp;
-    }
+    });
 }
 
 TEST(programs, weights_kept_sharded_train_on_every_mesh_like_one_rank) {
     const mesh_t one(xshard::communicator::self(), {1, 1});
     const auto reference = train(one);
-    const int p = world().size();
-    for (int dp = 1; dp <= p; ++dp) {
-        if (p % dp != 0)
-            continue;
-        const mesh_t mesh(world(), {dp, p / dp});
+    for_each_dp_mesh([&](const mesh_t& mesh, int dp) {
         xshard::compile_options sharded{.seed = 4, .layouts = {.weight_shard_axes = {"dp"}}};
         // Each weight keeps 1/dp of itself (the uneven ones at most a block more).
         auto net = xshard::compile<double>(residual_mlp(mesh), mesh, sharded);
@@ -189,7 +191,7 @@ TEST(programs, weights_kept_sharded_train_on_every_mesh_like_one_rank) {
                 EXPECT_NEAR(losses[s], reference[s], 1e-10)
                     << "step " << s << " on dp " << dp << (recompute.empty() ? "" : ", recomputed");
         }
-    }
+    });
     xshard::testing::expect_error(
         [&] {
             xshard::compile<double>(residual_mlp(one), one,
