@@ -227,7 +227,10 @@ int run(int argc, char** argv) {
             }
         const auto data_mesh = stage_mesh.with_dataset_strategy(parallel_net.dataset_mode());
         const data::loader dataset(data_mesh, train,
-                                   {.batch_size = 32, .seed = 1, .uneven_batches = true});
+                                   {.batch_size = 32,
+                                    .seed = 1,
+                                    .uneven_batches = true,
+                                    .layouts = parallel_net.input_layouts()});
         if (mesh.rank() == 0)
             std::printf("auto_parallel %s on mesh(%s): hsdp %s, pipeline(stages=%d), "
                         "dataset_strategy data_parallel, %zu samples, batch 32\n",
@@ -237,9 +240,12 @@ int run(int argc, char** argv) {
         model.train(std::size_t(epochs), dataset,
                     {xshard::callbacks::loss_monitor(1, stdout, /*precision=*/15)});
 
-        const data::loader held_out(
-            data_mesh, test,
-            {.batch_size = 256, .shuffle = false, .drop_remainder = false, .uneven_batches = true});
+        const data::loader held_out(data_mesh, test,
+                                    {.batch_size = 256,
+                                     .shuffle = false,
+                                     .drop_remainder = false,
+                                     .uneven_batches = true,
+                                     .layouts = parallel_net.input_layouts()});
         const auto metrics = model.eval(held_out);
         if (mesh.rank() == 0)
             std::printf("eval on %zu held-out samples: loss %.15g accuracy %.2f %%\n",

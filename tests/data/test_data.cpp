@@ -2,6 +2,7 @@
 // against a serial computation every rank can make alone.
 
 #include <xshard/comm/collectives.hpp>
+#include <xshard/core/strategy.hpp>
 #include <xshard/data/dataset.hpp>
 #include <xshard/data/loader.hpp>
 #include <xshard/data/readers.hpp>
@@ -16,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <range/v3/view/take.hpp>
 #include <unistd.h>
+#include <xtensor/xview.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -340,6 +342,105 @@ TEST(loader, the_mesh_gives_the_mode_and_the_data_axis) {
     EXPECT_TRUE(replicated.batch_layout().is_fully_replicated());
     const auto b = replicated.epoch(0)[0];
     EXPECT_EQ(b.x.local().shape()[0], 4u) << "every rank holds the whole batch";
+}
+
+/// Checks two epochs of a loader of `numbered(23)` with per-tensor `layouts` on `m` (batches
+/// of `batch`, the last one shorter) against the full batch a full_batch loader of the same
+/// options reads: its rows put in the documented order (shard k's positions k, k + S, ... in
+/// block k, S the blocks of x's rows), then sliced here to this rank's block of each tensor.
+template <class Mesh>
+void check_layouts(const Mesh& m, const std::vector<xshard::layout>& layouts, std::size_t batch) {
+    const auto data = numbered(23);
+    xd::loader_options o{
+        .batch_size = batch, .seed = 7, .drop_remainder = false, .uneven_batches = true};
+    auto full = o;
+    full.strategy = xshard::dataset_strategy::full_batch;
+    o.layouts = layouts;
+    const xd::loader load(m, data, o), whole(m, data, full);
+    const auto context = where(m) + ", x " + layouts[0].to_string() + ", y " +
+                         layouts[1].to_string() + ", batch " + std::to_string(batch);
+    const auto S = std::size_t(layouts[0].split_count(0, m.shape()));
+    EXPECT_EQ(load.num_shards(), S) << context;
+    EXPECT_EQ(load.shard_id(), std::size_t(layouts[0].block_index(0, m.shape(), m.coords())))
+        << context;
+    EXPECT_EQ(load.layouts(), layouts) << context;
+    EXPECT_EQ(load.strategy(), xshard::dataset_strategy::unset) << context;
+    for (std::uint64_t e = 0; e < 2; ++e) {
+        auto got = load.epoch(e);
+        auto ref = whole.epoch(e);
+        ASSERT_EQ(got.size(), ref.size()) << context;
+        for (std::size_t step = 0; step < got.size(); ++step) {
+            const auto b = got[step];
+            const auto r = ref[step];
+            const auto& gx = r.x.local();
+            const auto& gy = r.y.local();
+            const std::size_t n = gy.size();
+            xt::xtensor<double, 2> px = gx;
+            xt::xtensor<std::int64_t, 1> py = gy;
+            for (std::size_t row = 0; row < n; ++row) {
+                const auto k = xshard::block_holding(n, S, row);
+                const auto pos = k + S * (row - xshard::block_offset(n, S, k));
+                xt::row(px, std::ptrdiff_t(row)) = xt::row(gx, std::ptrdiff_t(pos));
+                py(row) = gy(pos);
+            }
+            const auto bx = xshard::block_of(layouts[0], m.shape(), std::array{n, 3ul}, m.coords());
+            const auto by = xshard::block_of(layouts[1], m.shape(), std::array{n}, m.coords());
+            const xt::xtensor<double, 2> ex =
+                xt::view(px, xt::range(bx.offset[0], bx.offset[0] + bx.extent[0]),
+                         xt::range(bx.offset[1], bx.offset[1] + bx.extent[1]));
+            const xt::xtensor<std::int64_t, 1> ey =
+                xt::view(py, xt::range(by.offset[0], by.offset[0] + by.extent[0]));
+            const auto at =
+                context + ", epoch " + std::to_string(e) + ", step " + std::to_string(step);
+            EXPECT_EQ(b.x.layout(), layouts[0]) << at;
+            EXPECT_EQ(b.y.layout(), layouts[1]) << at;
+            EXPECT_EQ(b.x.shape(), (std::array{n, 3ul})) << at;
+            EXPECT_EQ(b.x.local(), ex) << at;
+            EXPECT_EQ(b.y.local(), ey) << at;
+        }
+    }
+}
+
+TEST(loader, per_tensor_layouts_are_blocks_of_the_full_batch) {
+    const auto w = world();
+    const int p = w.size();
+    using dm = xshard::mesh<"dp", "mp">;
+    std::vector<dm> meshes{dm(w, {p, 1}), dm(w, {1, p})};
+    if (p % 2 == 0 && p > 2)
+        meshes.push_back(dm(w, {p / 2, 2}));
+    if (p % 4 == 0 && p > 4)
+        meshes.push_back(dm(w, {2, p / 2}));
+    using L = xshard::layout;
+    for (const auto& m : meshes) {
+        for (const auto& [x, y] : std::vector<std::pair<const char*, const char*>>{
+                 {"[dp, mp]", "[dp]"},          // features split too
+                 {"[dp, -]", "[-]"},            // labels whole on every rank
+                 {"[(dp,mp), -]", "[(dp,mp)]"}, // rows over both axes
+                 {"[(mp,dp), -]", "[dp]"},      // labels' rows split otherwise
+                 {"[-, (dp,mp)]", "[mp]"}})     // no row split for x
+            for (std::size_t batch : {8ul, 5ul})
+                check_layouts(m, {L::parse(x), L::parse(y)}, batch);
+        // MindSpore's ((1, p), (1,)) as strategies: x's features split over the mesh.
+        check_layouts(m, {xshard::resolve({1, p}, m.shape()), xshard::resolve({1}, m.shape())}, 8);
+    }
+}
+
+TEST(loader, bad_layouts_raise_on_every_rank) {
+    const auto w = world();
+    const xshard::mesh<"dp", "mp"> m(w, {w.size(), 1});
+    const auto data = numbered(10);
+    using L = xshard::layout;
+    auto with = [&](std::vector<L> ls) {
+        return [&, ls] {
+            xd::loader(m, data, {.batch_size = 10, .uneven_batches = true, .layouts = ls});
+        };
+    };
+    expect_error(with({L::parse("[dp, -]")}), "1 layouts for a batch of 2 tensors (x, y)");
+    expect_error(with({L::parse("[dp]"), L::parse("[dp]")}),
+                 "layout [dp] for tensor 0 of the batch, which has rank 2");
+    expect_error(with({L::parse("[dp, -]"), L::parse("[pp]")}), "names an axis the mesh");
+    expect_error(with({L::parse("[dp, dp]"), L::parse("[-]")}), "uses a mesh axis twice");
+    expect_error(with({L::parse("[dp, -] partial(sum: mp)"), L::parse("[-]")}), "has pending sums");
 }
 
 TEST(loader, an_rvalue_dataset_is_kept) {

@@ -679,6 +679,52 @@ TEST(model_driver, gradient_accumulation_equals_the_large_batch_step) {
     }
 }
 
+/// The cross-entropy, recording the layouts its labels arrive in.
+struct label_layouts : counted_cross_entropy {
+    std::vector<layout> seen;
+    double forward(const auto& logits, const auto& labels) {
+        seen.push_back(labels.layout());
+        return counted_cross_entropy::forward(logits, labels);
+    }
+};
+
+TEST(model_driver, a_dataset_strategy_of_layouts_lays_the_batches_out) {
+    // The batches come in "[dp, -]" / "[dp]"; the driver redistributes them into the
+    // strategy's layouts (the labels' reach the loss so) and trains as the plain loop does.
+    // The MLP's first layer takes its input with whole features (the features split too: a
+    // program, test_program_search.cpp).
+    const auto w = world();
+    const auto plain = [](config_t&) {
+    };
+    for (const auto& m : {mesh_t(w, {w.size(), 1}), world_mesh()}) {
+        const auto serial = run(m, plain);
+        const int dp = m.axis_size<"dp">();
+        std::vector<std::vector<layout>> forms;
+        for (const auto& [x, y] : std::vector<std::pair<const char*, const char*>>{
+                 {"[dp, -]", "[-]"}, {"[dp, -]", "[(dp,tp)]"}})
+            forms.push_back({layout::parse(x), layout::parse(y)});
+        const bool strategies = m.axis_size<"tp">() == 1; // (dp, 1) fits the mesh's last axes
+        if (strategies)
+            forms.push_back({xshard::resolve({dp, 1}, m.shape()), xshard::resolve({1}, m.shape())});
+        for (std::size_t f = 0; f < forms.size(); ++f) {
+            const auto& ls = forms[f];
+            const std::string ctx =
+                where(m) + ", x " + ls[0].to_string() + ", y " + ls[1].to_string();
+            label_layouts loss;
+            const auto configure = [&](config_t& c) {
+                if (!strategies || f + 1 < forms.size())
+                    c.dataset_strategy(ls);
+                else // the same layouts as MindSpore's ((dp, 1), (1,))
+                    c.dataset_strategy(std::vector<xshard::strategy>{{dp, 1}, {1}});
+            };
+            expect_same(drive(m, configure, nullptr, 1, &loss), serial, ctx);
+            ASSERT_EQ(loss.seen.size(), 8u) << ctx;
+            for (const auto& l : loss.seen)
+                EXPECT_EQ(l, ls[1]) << ctx;
+        }
+    }
+}
+
 TEST(model_driver, gradient_paths_train_as_one_rank) {
     // The all-reduce and the sharded update (reduce-scatter, the slice's update, all-gather)
     // give one rank's losses and weights; with the threshold at 0 every weight with a

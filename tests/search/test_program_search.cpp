@@ -3,9 +3,11 @@
 // of their nodes' ways, and sharding propagation on the AutoParallel document's
 // ParallelNetwork (one annotated matmul) and recursive programming on a residual network:
 // the annotation kept, every derived layout what compile lays out, and training equal to one
-// rank's.
+// rank's; a dataset strategy laying a driven program's input out.
 
+#include <xshard/driver/trainer.hpp>
 #include <xshard/graph.hpp>
+#include <xshard/nn/embedding.hpp>
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/search/program_search.hpp>
 #include <xshard/search/program_strategy_file.hpp>
@@ -266,6 +268,79 @@ TEST(program_search, sharding_propagation_keeps_the_annotated_matmul_and_trains_
     const auto losses = train(net, mesh, false);
     for (std::size_t s = 0; s < losses.size(); ++s)
         EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s;
+}
+
+/// ParallelNetwork's matmul and relu without its loss: the logits, for the driver's loss.
+xshard::program parallel_logits() {
+    return xshard::trace(
+        [&](traced_tensor x) {
+            auto fc1 =
+                xshard::param("fc1", {features, classes}, xshard::initializer::normal(0, 0.3));
+            return ops::relu(ops::matmul(x, fc1));
+        },
+        xshard::input<double>("x", {batch, features}));
+}
+
+/// Three steps of the driver on `net` under `mode`, the dataset strategy set by `configure`;
+/// the batches come replicated. Returns the losses.
+template <class Configure>
+std::vector<double> drive(xshard::compiled_program<double, mesh_t>& net, const mesh_t& mesh,
+                          std::string_view mode, Configure&& configure) {
+    xshard::auto_parallel parallel(net, mesh, mode);
+    configure(parallel);
+    xshard::nn::parallel_cross_entropy<double, mesh_t> loss;
+    xshard::optim::sgd optimizer({.lr = 0.2});
+    xshard::trainer driver(parallel, loss, optimizer); // compile(): lays the input out
+    std::mt19937 engine(8);
+    std::vector<std::pair<xshard::dtensor<double, mesh_t, xshard::dynamic_layout(2)>,
+                          xshard::dtensor<std::int64_t, mesh_t, xshard::dynamic_layout(1)>>>
+        batches;
+    for (int step = 0; step < 3; ++step) {
+        const xt::xtensor<double, 2> x =
+            xt::random::rand<double>({batch, features}, -1.0, 1.0, engine);
+        const xt::xtensor<std::int64_t, 1> y =
+            xt::random::randint<std::int64_t>({batch}, 0, std::int64_t(classes), engine);
+        batches.emplace_back(xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[-, -]"),
+                             xshard::distribute<xshard::dynamic_layout(1)>(mesh, y, "[-]"));
+    }
+    return driver.train(1, batches);
+}
+
+TEST(program_search, a_dataset_strategy_lays_the_program_input_out_and_trains_like_one_rank) {
+    // MindSpore's dataset_strategy as layouts and as strategies: compile() compiles the
+    // program again with its input so (the search keeps it), the driver lays each batch out
+    // so, and the losses are one rank's.
+    const int p = world().size();
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    auto alone = xshard::compile<double>(parallel_logits(), one, {.seed = 3});
+    const auto reference = drive(alone, one, "semi_auto", [](auto&) {});
+    std::vector<mesh_t> meshes{mesh_t(world(), {p, 1})};
+    if (p % 2 == 0 && p > 2)
+        meshes.emplace_back(world(), std::array{p / 2, 2});
+    using L = xshard::layout;
+    for (const auto& mesh : meshes) {
+        const int tp = mesh.axis_size<"tp">();
+        const std::vector<std::vector<L>> forms{
+            {L::parse("[dp, tp]"), L::parse("[dp]")},
+            {L::parse("[-, (dp,tp)]"), L::parse("[-]")},
+            {xshard::resolve({1, tp}, mesh.shape()), xshard::resolve({1}, mesh.shape())}};
+        for (std::string_view mode : {"semi_auto", "recursive_programming"})
+            for (std::size_t f = 0; f < forms.size(); ++f) {
+                auto net = xshard::compile<double>(parallel_logits(), mesh, {.seed = 3});
+                const auto losses = drive(net, mesh, mode, [&](auto& c) {
+                    if (f + 1 < forms.size())
+                        c.dataset_strategy(forms[f]);
+                    else // ((1, tp), (1,))
+                        c.dataset_strategy(std::vector<xshard::strategy>{{1, tp}, {1}});
+                });
+                const auto ctx = xshard::testing::where(mesh) + " " + std::string(mode) + ", x " +
+                                 forms[f][0].to_string();
+                EXPECT_EQ(net.layouts().values[net.source().inputs()[0]], forms[f][0]) << ctx;
+                ASSERT_EQ(losses.size(), reference.size()) << ctx;
+                for (std::size_t s = 0; s < losses.size(); ++s)
+                    EXPECT_NEAR(losses[s], reference[s], 1e-10) << ctx << ", step " << s;
+            }
+    }
 }
 
 std::string scratch(const std::string& name) {

@@ -12,6 +12,13 @@
 ///  * `full_batch`: every rank reads the whole global batch; the tensors are replicated
 ///    ("[-, -]", "[-]"), no rank holds less than the batch.
 ///
+/// Or one layout per tensor of the batch (`loader_options::layouts`, MindSpore's
+/// dataset_strategy as a tuple of strategies or layouts): x "[dp, mp]" and y "[dp]", say. The
+/// axes splitting the first tensor's first dimension form the shards, as the data axis does
+/// for `data_parallel`, and fix the global batch's row order; every tensor then holds its
+/// block of that batch under its layout: other dimensions split, rows split over other axes
+/// or replicated (each rank reading the rows it holds).
+///
 /// In both modes the global batch of step s holds samples s*B .. s*B + B - 1 of the epoch's
 /// order (`permutation(n, seed, epoch)`, or 0 .. n-1 without shuffling), whatever the
 /// number of shards: shard k takes those at positions k, k + num_shards, ... of the batch
@@ -37,6 +44,7 @@
 #include <range/v3/view/stride.hpp>
 #include <range/v3/view/take.hpp>
 #include <range/v3/view/transform.hpp>
+#include <xtensor/xview.hpp>
 
 #include <algorithm>
 #include <array>
@@ -72,6 +80,10 @@ struct loader_options {
     /// data_parallel or full_batch; default: the mesh's `dataset()`, and data_parallel when
     /// the mesh has none (`unset`).
     std::optional<dataset_strategy> strategy{};
+    /// One layout per tensor of a batch (x then y for examples, one for token windows),
+    /// instead of `strategy`: splits of any dimension over any axes of the mesh, no pending
+    /// sums (see the file comment). Empty: the strategy's layouts.
+    std::vector<layout> layouts{};
     /// The data-parallel axis; default: the mesh's `data_axis()` when it has a dataset
     /// strategy, else "dp" when the mesh has such an axis, else its first axis.
     std::string data_axis{};
@@ -101,6 +113,12 @@ struct distributed_batch_of<xt::xtensor<V, 2>, Mesh> {
 /// container (an lvalue the caller keeps alive, or an rvalue the loader takes over).
 template <class R>
 using stored_view_t = ranges::views::all_t<const std::remove_cvref_t<R>&>;
+
+/// The tensors of a batch B and their ranks.
+template <class B>
+inline constexpr std::array<std::size_t, 2> batch_ranks{2, 1}; // example_batch: x, y
+template <class V>
+inline constexpr std::array<std::size_t, 1> batch_ranks<xt::xtensor<V, 2>>{2};
 
 template <class T>
 std::size_t batch_width(const example_batch<T>& b) {
@@ -162,14 +180,18 @@ public:
     std::size_t local_batch_size() const noexcept {
         return block_extent(state_->options.batch_size, state_->num_shards, state_->shard_id);
     }
-    /// The mode in use.
+    /// The mode in use (`unset` with per-tensor layouts).
     dataset_strategy strategy() const noexcept { return state_->strategy; }
-    /// Number of shards (the data axis size in data_parallel mode, 1 in full_batch).
+    /// Number of shards (the data axis size in data_parallel mode, 1 in full_batch; with
+    /// layouts, the blocks of the first tensor's first dimension).
     std::size_t num_shards() const noexcept { return state_->num_shards; }
-    /// This rank's shard (its data-axis coordinate in data_parallel mode, 0 in full_batch).
+    /// This rank's shard (its data-axis coordinate in data_parallel mode, 0 in full_batch;
+    /// with layouts, its block of the first tensor's first dimension).
     std::size_t shard_id() const noexcept { return state_->shard_id; }
-    /// The layout of the batch's first tensor: "[dp, -]" or "[-, -]".
-    const layout& batch_layout() const noexcept { return state_->layout2; }
+    /// The layout of the batch's first tensor: "[dp, -]", "[-, -]" or the first of `layouts`.
+    const layout& batch_layout() const noexcept { return state_->layouts[0]; }
+    /// The layouts of the batch's tensors, in order (x then y for examples).
+    const std::vector<layout>& layouts() const noexcept { return state_->layouts; }
 
     /// The batches of epoch `epoch`: a sized random-access view of `batch_type`, one per
     /// step, each made when it is read (a range-for reads each once). Reading a batch is
@@ -179,10 +201,8 @@ public:
     auto epoch(std::uint64_t epoch) const {
         auto ordered = detail::permuted(state_->data, order(epoch));
         return ranges::views::iota(index_type{0}, index_type(state_->steps)) |
-               ranges::views::transform([s = state_,
-                                         ordered = std::move(ordered)](index_type step) {
-                   return s->wrap(collate(s->local_part(ordered, step), s->width), s->rows(step));
-               });
+               ranges::views::transform([s = state_, ordered = std::move(ordered)](
+                                            index_type step) { return s->batch(ordered, step); });
     }
 
     /// The dataset indices of the samples this rank reads at `step` of `epoch`, in the order
@@ -209,7 +229,10 @@ private:
         std::shared_ptr<const void> owner; // an rvalue container given to the loader
         dataset_strategy strategy = dataset_strategy::data_parallel;
         std::size_t num_shards = 1, shard_id = 0, samples = 0, steps = 0, width = 0;
-        layout layout1, layout2;
+        std::vector<layout> layouts; // one per tensor of a batch
+        bool plain = true;           // every tensor's rows are this rank's shard, no other split
+
+        static constexpr auto ranks = detail::batch_ranks<batch_t<sample_type>>;
 
         void check() {
             samples = std::size_t(ranges::size(data));
@@ -218,27 +241,36 @@ private:
             width = samples > 0 ? detail::batch_width(collate(data | ranges::views::take(1))) : 0;
             detail::check_dataset_agrees(mesh.comm(), samples, width, "loader");
             detail::checked_index(samples, "loader");
-            strategy = options.strategy.value_or(mesh.dataset());
-            if (strategy == dataset_strategy::unset)
-                strategy = dataset_strategy::data_parallel;
-            const std::string axis = data_axis();
-            if (strategy == dataset_strategy::data_parallel) {
-                const auto i = mesh.shape().index(axis);
-                num_shards = std::size_t(mesh.shape().sizes[i]);
-                shard_id = std::size_t(mesh.coords()[i]);
-                layout1 = layout::parse("[" + axis + "]");
-                layout2 = layout::parse("[" + axis + ", -]");
+            std::string axis;
+            if (!options.layouts.empty()) {
+                strategy = dataset_strategy::unset;
+                check_layouts();
+                layouts = options.layouts;
+                axis = layouts[0].to_string() + "'s first dimension";
             } else {
-                layout1 = layout::replicated(1);
-                layout2 = layout::replicated(2);
+                strategy = options.strategy.value_or(mesh.dataset());
+                if (strategy == dataset_strategy::unset)
+                    strategy = dataset_strategy::data_parallel;
+                const std::string data = data_axis();
+                axis = "axis " + data;
+                const std::string rows = strategy == dataset_strategy::data_parallel ? data : "-";
+                layouts = {layout::parse("[" + rows + ", -]"), layout::parse("[" + rows + "]")};
+                layouts.resize(ranks.size());
             }
+            const auto& shape = mesh.shape();
+            num_shards = std::size_t(layouts[0].split_count(0, shape));
+            shard_id = std::size_t(layouts[0].block_index(0, shape, mesh.coords()));
+            for (const auto& l : layouts)
+                for (std::size_t d = 0; d < l.rank(); ++d)
+                    if (d == 0 ? l.dims[0] != layouts[0].dims[0] : !l.dims[d].empty())
+                        plain = false;
             const auto b = options.batch_size;
             if (b == 0)
                 throw error("xshard: loader: the batch size is 0");
             if (b % num_shards != 0 && !options.uneven_batches)
                 throw error("xshard: loader: the global batch size " + std::to_string(b) +
                             " is not a multiple of the " + std::to_string(num_shards) +
-                            " shards of axis " + axis + " on mesh(" + mesh.shape().to_string() +
+                            " shards of " + axis + " on mesh(" + mesh.shape().to_string() +
                             "); choose another batch size or set uneven_batches");
             if (samples == 0)
                 throw error("xshard: loader: the dataset is empty");
@@ -247,6 +279,30 @@ private:
                             " samples, fewer than one batch of " + std::to_string(b) +
                             " (drop_remainder leaves no step)");
             steps = options.drop_remainder ? samples / b : (samples + b - 1) / b;
+        }
+
+        /// Throws unless `options.layouts` holds one layout of the right rank per tensor of
+        /// a batch, each fitting the mesh, without pending sums.
+        void check_layouts() const {
+            const auto& l = options.layouts;
+            if (l.size() != ranks.size())
+                throw error("xshard: loader: " + std::to_string(l.size()) +
+                            " layouts for a batch of " + std::to_string(ranks.size()) +
+                            (ranks.size() == 1 ? " tensor" : " tensors (x, y)"));
+            for (std::size_t i = 0; i < l.size(); ++i) {
+                if (l[i].rank() != ranks[i])
+                    throw error("xshard: loader: layout " + l[i].to_string() + " for tensor " +
+                                std::to_string(i) + " of the batch, which has rank " +
+                                std::to_string(ranks[i]));
+                try {
+                    l[i].validate(mesh.shape());
+                } catch (const std::invalid_argument& e) {
+                    throw error(std::string("xshard: loader: ") + e.what());
+                }
+                if (!l[i].partial.empty())
+                    throw error("xshard: loader: layout " + l[i].to_string() +
+                                " has pending sums; a batch is read, not summed");
+            }
         }
 
         /// The data axis (see loader_options::data_axis); checked against the mesh.
@@ -282,14 +338,64 @@ private:
                    ranges::views::stride(std::ptrdiff_t(num_shards));
         }
 
+        /// The batch of `step` from the epoch's samples `ordered`, each tensor in its layout.
+        template <class O>
+        auto batch(const O& ordered, std::size_t step) const {
+            auto mine = collate(local_part(ordered, step), width); // the shard's rows
+            if (plain)
+                return wrap(std::move(mine), rows(step));
+            const std::array<std::size_t, 2> shape{rows(step), width};
+            auto block = [&](std::size_t i) {
+                return block_of(layouts[i], mesh.shape(), shape, mesh.coords());
+            };
+            // Rows beyond this rank's shard where a tensor's first dimension is split
+            // otherwise, then the blocks of the other dimensions.
+            auto tensor = [&](std::size_t i, auto&& pick) {
+                const auto b = block(i);
+                auto full = layouts[i].dims[0] == layouts[0].dims[0]
+                                ? pick(mine)
+                                : pick(collate(global_rows(ordered, step, b.offset[0], b.extent[0]),
+                                               width));
+                using F = std::remove_cvref_t<decltype(full)>;
+                if constexpr (F::rank == 2)
+                    if (b.extent[1] != width)
+                        return F(xt::view(full, xt::all(),
+                                          xt::range(b.offset[1], b.offset[1] + b.extent[1])));
+                return F(std::move(full));
+            };
+            if constexpr (requires { mine.y; }) {
+                using T = typename decltype(mine.x)::value_type;
+                auto x = tensor(0, [](auto&& m) { return std::move(m.x); });
+                auto y = tensor(1, [](auto&& m) { return std::move(m.y); });
+                return wrap(example_batch<T>{std::move(x), std::move(y)}, shape[0]);
+            } else {
+                return wrap(tensor(0, [](auto&& m) { return std::move(m); }), shape[0]);
+            }
+        }
+
+        /// The samples at rows [first, first + count) of the global batch of `step`: row r
+        /// is row r - block_offset of shard block_holding(r), which reads position shard +
+        /// num_shards * (that row) of the batch (local_part).
+        template <class O>
+        auto global_rows(const O& ordered, std::size_t step, std::size_t first,
+                         std::size_t count) const {
+            const auto n = rows(step), S = num_shards;
+            const auto start = step * options.batch_size;
+            return ranges::views::iota(first, first + count) |
+                   ranges::views::transform([&ordered, n, S, start](std::size_t r) {
+                       const auto k = block_holding(n, S, r);
+                       return ordered[std::ptrdiff_t(start + k + S * (r - block_offset(n, S, k)))];
+                   });
+        }
+
         template <class T>
         distributed_examples<T, Mesh> wrap(example_batch<T> local, std::size_t rows) const {
-            return {from_local(mesh, std::array{rows, width}, std::move(local.x), layout2),
-                    from_local(mesh, std::array{rows}, std::move(local.y), layout1)};
+            return {from_local(mesh, std::array{rows, width}, std::move(local.x), layouts[0]),
+                    from_local(mesh, std::array{rows}, std::move(local.y), layouts[1])};
         }
         template <class T>
         dtensor<T, Mesh, dynamic_layout(2)> wrap(xt::xtensor<T, 2> local, std::size_t rows) const {
-            return from_local(mesh, std::array{rows, width}, std::move(local), layout2);
+            return from_local(mesh, std::array{rows, width}, std::move(local), layouts[0]);
         }
     };
 

@@ -23,7 +23,10 @@
 /// (search/program_search.hpp), which then compiles the program again with the layouts
 /// found; on a model whose strategies are set at run time (models/searched_mlp.hpp,
 /// models/searched_transformer.hpp) search/strategy_engine.hpp. On any other model they raise.
-/// The training driver (driver/trainer.hpp) runs the configured steps.
+/// A dataset strategy of layouts or strategies lays a compiled program's inputs out, in
+/// order: `compile()` compiles it again with them (its weights drawn again from its seed)
+/// unless they are its inputs' layouts already, and the search keeps them. The training
+/// driver (driver/trainer.hpp) runs the configured steps.
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/error.hpp>
@@ -546,9 +549,12 @@ public:
                     mode_ == parallel_mode::sharding_propagation, load_operator_strategy_,
                     save_operator_strategy_, machine_,
                     {pipeline_.stages, pipeline_.stages > 1 ? micro_batches : 1});
-        if constexpr (detail::is_compiled_program<Model>)
+        if constexpr (detail::is_compiled_program<Model>) {
             if (mode_ != parallel_mode::semi_auto)
                 search_program_model();
+            else
+                lay_program_inputs_out();
+        }
         if (no_init_ && !initialized_) {
             // A rule throwing on some ranks only raises on every rank.
             agreed(mesh_.comm(),
@@ -580,6 +586,28 @@ private:
         agree_on_error(mesh_.comm(), problem);
     }
 
+    /// The compiled program's options with the dataset strategy's layouts for its inputs:
+    /// the first input's for the program's first input, and so on (a program that takes
+    /// fewer inputs leaves the rest, the labels, to the loss).
+    compile_options program_options() const {
+        auto o = model_->options();
+        const auto& prog = model_->source();
+        for (std::size_t i = 0; i < std::min(prog.inputs().size(), input_layouts_.size()); ++i)
+            o.layouts.input_layouts[prog.value(prog.inputs()[i]).name] = input_layouts_[i];
+        return o;
+    }
+
+    /// semi_auto on a compiled program: compiles it again with program_options() where the
+    /// dataset strategy changes its inputs' layouts. Raises on every rank where a layout
+    /// does not fit its input.
+    void lay_program_inputs_out() const {
+        auto o = program_options();
+        if (o.layouts.input_layouts == model_->options().layouts.input_layouts)
+            return;
+        auto& net = *model_;
+        agreed(mesh_.comm(), [&] { net = Model(net.source(), net.mesh(), std::move(o)); });
+    }
+
     /// The parallel mode's search on a compiled program: the operator strategy file (when
     /// set) pins its nodes, the search (keeping annotations in sharding_propagation) fills
     /// in the rest, rank 0 saves the strategy when asked, and the program is compiled again
@@ -591,12 +619,12 @@ private:
             program p = net.source();
             if (!load_operator_strategy_.empty())
                 load_program_strategy(load_operator_strategy_, mesh_.shape()).apply(p);
-            auto found = search_program(
-                p, mesh_.shape(),
-                {.machine = machine_,
-                 .layouts = net.options().layouts,
-                 .keep_annotations = mode_ == parallel_mode::sharding_propagation,
-                 .input_gradients = net.options().input_gradients});
+            auto found =
+                search_program(p, mesh_.shape(),
+                               {.machine = machine_,
+                                .layouts = program_options().layouts,
+                                .keep_annotations = mode_ == parallel_mode::sharding_propagation,
+                                .input_gradients = net.options().input_gradients});
             return found;
         });
         agreed(mesh_.comm(), [&] {
@@ -605,7 +633,7 @@ private:
         });
         program p = net.source();
         program_plan_->apply(p);
-        net = Model(std::move(p), net.mesh(), net.options());
+        net = Model(std::move(p), net.mesh(), program_options());
     }
 
     std::optional<std::string> path_problem(std::string_view method, const std::string& path,

@@ -32,6 +32,12 @@
 /// the stage's first micro-batch (hsdp::begin_passes) and freed after its last backward,
 /// whose accumulated gradients are then reduce-scattered into the shards (hsdp::end_passes).
 ///
+/// A dataset strategy of layouts or strategies (auto_parallel::dataset_strategy with a tuple)
+/// lays the batch out: each distributed tensor of (x, y) in another layout than the
+/// strategy's for it is redistributed into it before the step or evaluation. A loader given
+/// the same layouts (`data::loader_options::layouts = net.input_layouts()`) reads them so and
+/// nothing moves. A tensor whose layout is a type, and differs, raises on every rank.
+///
 /// disable_loss_repeated_mean(): the backward seed (the loss gradient) is scaled by the
 /// configuration's `loss_repetitions()` r (the ranks that compute the loss of the same rows:
 /// tp on a (dp, tp) mesh under data_parallel; 1 under pure data parallelism), so every
@@ -242,10 +248,37 @@ public:
     /// through the step: resume from a checkpoint.
     template <class X, class Y>
     double train_step(const X& x, const Y& y) {
-        return agreed(net_->mesh().comm(), [&] { return run_step(x, y); });
+        return agreed(net_->mesh().comm(), [&] {
+            return in_dataset_layouts(
+                x, y, [&](const auto& lx, const auto& ly) { return run_step(lx, ly); });
+        });
     }
 
 private:
+    /// `f(x, y)` with each distributed tensor of the batch in the dataset strategy's layout
+    /// for it (see the file comment): redistributed where it differs, else as it is.
+    template <class X, class Y, class F>
+    decltype(auto) in_dataset_layouts(const X& x, const Y& y, F&& f) const {
+        const auto& wanted = net_->input_layouts();
+        auto relaid = [&]<class D>(const D& d, std::size_t i) -> std::optional<D> {
+            if constexpr (distributed_tensor<D>) {
+                if (i >= wanted.size() || d.layout() == wanted[i])
+                    return std::nullopt;
+                if constexpr (D::static_layout.dynamic)
+                    return redistribute<D::static_layout>(d, wanted[i]);
+                else
+                    throw error("xshard: model: the batch's tensor " + std::to_string(i) +
+                                " has the layout " + d.layout().to_string() +
+                                " in its type, not the dataset strategy's " +
+                                wanted[i].to_string() + "; read it with the strategy's layouts");
+            }
+            return std::nullopt;
+        };
+        const auto rx = relaid(x, 0);
+        const auto ry = relaid(y, 1);
+        return f(rx ? *rx : x, ry ? *ry : y);
+    }
+
     template <class X, class Y>
     double run_step(const X& x, const Y& y) {
         if constexpr (pipelinable) // (else refused by the constructor)
@@ -341,12 +374,14 @@ public:
         std::int64_t right = 0;
         std::size_t samples = 0;
         for (auto&& batch : batches_of(dataset, 0)) {
-            auto&& [x, y] = batch;
-            const auto logits = net.forward(x);
-            const std::size_t rows = std::size_t(x.shape()[0]);
-            loss_sum += double(loss_->forward(logits, y)) * double(rows);
-            right += detail::correct_predictions(logits, y);
-            samples += rows;
+            auto&& [bx, by] = batch;
+            in_dataset_layouts(bx, by, [&](const auto& x, const auto& y) {
+                const auto logits = net.forward(x);
+                const std::size_t rows = std::size_t(x.shape()[0]);
+                loss_sum += double(loss_->forward(logits, y)) * double(rows);
+                right += detail::correct_predictions(logits, y);
+                samples += rows;
+            });
         }
         eval_result r;
         r.samples = samples;

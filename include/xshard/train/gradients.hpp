@@ -125,6 +125,25 @@ struct divide_by {
     }
 };
 
+/// node_allocator whose vectors leave their bytes uninitialised: a bucket's staging buffer
+/// is written whole by packing before it is read, so zeroing it would only cost a pass over
+/// memory (and its page faults) every time a synchronizer is built.
+template <class T>
+struct packing_allocator : node_allocator<T> {
+    using value_type = T;
+    template <class U>
+    struct rebind {
+        using other = packing_allocator<U>;
+    };
+    packing_allocator() noexcept = default;
+    template <class U>
+    packing_allocator(const packing_allocator<U>&) noexcept {}
+    template <class U>
+    void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+        ::new (static_cast<void*>(p)) U;
+    }
+};
+
 } // namespace detail
 
 /// Plans the synchronisation of a container of gradients once and runs it every step (see
@@ -411,7 +430,7 @@ private:
     std::vector<detail::bucket> buckets_;
     std::vector<int> bucket_of_;
     // From node storage when it is open (else the heap): filled by packing.
-    std::vector<std::vector<std::byte, node_allocator<std::byte>>> buffers_;
+    std::vector<std::vector<std::byte, detail::packing_allocator<std::byte>>> buffers_;
     std::vector<std::size_t> waiting_;
     std::vector<char> started_;  // bucket k's all-reduce has run or started since the last wait
     std::vector<char> shared_;   // bucket k's group shares a node: all-reduced through it
