@@ -25,5 +25,6 @@
 #include <xshard/train/hsdp_timings.hpp>
 #include <xshard/train/hsdp_units.hpp>
 #include <xshard/train/hsdp_views.hpp>
+#include <xshard/train/lay_out.hpp>
 #include <xshard/train/monitor.hpp>
 #include <xshard/train/norms.hpp>

@@ -22,6 +22,8 @@
 #include "small_mlp.hpp"
 
 #include <gtest/gtest.h>
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xmanipulation.hpp>
 #include <xtensor/xrandom.hpp>
 #include <xtensor/xsort.hpp>
 #include <xtensor/xview.hpp>
@@ -1502,6 +1504,59 @@ TEST(auto_parallel, strategy_and_group_files_round_trip) {
     config_t bad(model, m);
     bad.save_param_strategy_file("/dev/null/sub/p.json");
     expect_error([&] { bad.compile(); }, "/dev/null");
+}
+
+TEST(auto_parallel, a_parameter_strategy_file_lays_the_model_out) {
+    // A container of weights laid out one way takes the layouts another run saved: values
+    // kept, gradients zero terms of the new layouts. A file that does not fit raises on every
+    // rank and moves nothing.
+    const auto m = world_mesh();
+    using tensor = xshard::dtensor<double, mesh_t, xshard::dynamic_layout(2)>;
+    using weights = std::map<std::string, xshard::weight<tensor>>;
+    const xt::xtensor<double, 2> a = xt::reshape_view(xt::arange<double>(42), {7, 6});
+    const xt::xtensor<double, 2> b = xt::reshape_view(xt::arange<double>(30) * 0.5, {5, 6});
+    auto make = [&](const char* la, const char* lb, const std::string& name_b = "b") {
+        weights w;
+        w.emplace("a", xshard::weight<tensor>(
+                           xshard::distribute<xshard::dynamic_layout(2)>(m, a, layout::parse(la))));
+        w.emplace(name_b, xshard::weight<tensor>(xshard::distribute<xshard::dynamic_layout(2)>(
+                              m, b, layout::parse(lb))));
+        return w;
+    };
+    const auto saved = make("[dp, tp]", "[-, (dp,tp)]");
+    const std::string path = scratch("planned.json");
+    xshard::save_strategy_file(path, saved);
+    auto fresh = make("[-, -]", "[tp, -]");
+    xshard::auto_parallel<weights, mesh_t> c(fresh, m);
+    c.load_param_strategy_file(path);
+    c.compile();
+    EXPECT_EQ(xshard::layouts_of(fresh), xshard::layouts_of(saved)) << where(m);
+    EXPECT_EQ(xshard::gather_all(fresh.at("a").value), a) << where(m);
+    EXPECT_EQ(xshard::gather_all(fresh.at("b").value), b) << where(m);
+    for (auto& [name, w] : fresh) {
+        EXPECT_EQ(w.grad.layout(), w.term_layout()) << name << " " << where(m);
+        EXPECT_TRUE(xt::all(xt::equal(w.grad.local(), 0.0))) << name;
+    }
+    // A parameter the model lacks, another shape: raised on every rank, nothing moved.
+    auto other = make("[-, -]", "[-, -]", "c");
+    xshard::auto_parallel<weights, mesh_t> d(other, m);
+    d.load_param_strategy_file(path);
+    expect_error([&] { d.compile(); }, "lays out 'b', which the model does not have");
+    EXPECT_EQ(other.at("a").value.layout(), layout::parse("[-, -]"));
+    weights wrong;
+    wrong.emplace("a", xshard::weight<tensor>(xshard::distribute<xshard::dynamic_layout(2)>(
+                           m, xt::xtensor<double, 2>(xt::zeros<double>({6, 7})), "[-, -]")));
+    wrong.emplace(
+        "b", xshard::weight<tensor>(xshard::distribute<xshard::dynamic_layout(2)>(m, b, "[-, -]")));
+    xshard::auto_parallel<weights, mesh_t> e(wrong, m);
+    e.load_param_strategy_file(path);
+    expect_error([&] { e.compile(); }, "gives 'a' the shape (7, 6), the model (6, 7)");
+    // The lay-out itself, directly: an unknown name raises before anything moves.
+    expect_error(
+        [&] {
+            xshard::lay_out_parameters(fresh, {{"z", layout::parse("[-, -]")}});
+        },
+        "the layouts name 'z', which no parameter has");
 }
 
 TEST(auto_parallel, operator_strategy_files) {

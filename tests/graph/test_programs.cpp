@@ -200,6 +200,46 @@ TEST(programs, weights_kept_sharded_train_on_every_mesh_like_one_rank) {
         "weight_shard_axes names 'fsdp', which is not an axis of mesh");
 }
 
+TEST(programs, planned_weight_layouts_are_kept_and_train_on_every_mesh_like_one_rank) {
+    // MindSpore's parameter_plan: each planned weight is kept in its layout and read so by the
+    // nodes without an annotation (the shared w1 at both uses), their rules deriving the rest.
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    const auto reference = train(one);
+    const std::map<std::string, xshard::layout> plan{{"w1", xshard::layout("[-, mp]")},
+                                                     {"head.w2", xshard::layout("[mp, -]")},
+                                                     {"head.b", xshard::layout("[mp]")}};
+    const xshard::compile_options planned{
+        .seed = 4, .layouts = {.dataset_axes = {"dp"}, .weight_layouts = plan}};
+    for_each_dp_mesh([&](const mesh_t& mesh, int dp) {
+        auto net = xshard::compile<double>(residual_mlp(mesh), mesh, planned);
+        std::size_t seen = 0;
+        xshard::for_each_weight(net, [&](const std::string& name, auto& w) {
+            if (const auto it = plan.find(name); it != plan.end()) {
+                EXPECT_EQ(w.value.layout(), it->second) << name << " on dp " << dp;
+                ++seen;
+            }
+        });
+        EXPECT_EQ(seen, plan.size());
+        const auto losses = train(mesh, planned);
+        for (std::size_t s = 0; s < losses.size(); ++s)
+            EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s << " on dp " << dp;
+    });
+    xshard::testing::expect_error(
+        [&] {
+            xshard::compile<double>(
+                residual_mlp(one), one,
+                {.layouts = {.weight_layouts = {{"w3", xshard::layout("[-, -]")}}}});
+        },
+        "weight_layouts names 'w3', which is not a weight of the program");
+    xshard::testing::expect_error(
+        [&] {
+            xshard::compile<double>(
+                residual_mlp(one), one,
+                {.layouts = {.weight_layouts = {{"w1", xshard::layout("[-]")}}}});
+        },
+        "xshard: compile: weight w1");
+}
+
 // --- the transformer block, traced against nn::transformer_block --------------------------------
 
 using tp_mesh = xshard::mesh<"dp", "tp">;

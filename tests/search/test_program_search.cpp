@@ -7,6 +7,7 @@
 
 #include <xshard/driver/trainer.hpp>
 #include <xshard/graph.hpp>
+#include <xshard/io/strategy_file.hpp>
 #include <xshard/nn/embedding.hpp>
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/search/program_search.hpp>
@@ -348,6 +349,31 @@ std::string scratch(const std::string& name) {
         std::string(XSHARD_SEARCH_SCRATCH) + "/programs_np" + std::to_string(world().size());
     std::filesystem::create_directories(dir);
     return dir + "/" + name;
+}
+
+TEST(program_search, a_parameter_strategy_file_lays_the_program_weights_out) {
+    // One run plans fc1's layout (MindSpore's parameter_plan: compile's weight_layouts) and
+    // saves its strategy file; another compiles the program plainly and loads the file:
+    // compile() compiles it again with fc1 so, and the losses are one rank's.
+    const int p = world().size();
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    auto alone = xshard::compile<double>(parallel_logits(), one, {.seed = 3});
+    const auto reference = drive(alone, one, "semi_auto", [](auto&) {});
+    const mesh_t mesh(world(), {1, p});
+    const xshard::layout planned("[-, tp]");
+    auto first = xshard::compile<double>(
+        parallel_logits(), mesh, {.seed = 3, .layouts = {.weight_layouts = {{"fc1", planned}}}});
+    const auto path = scratch("planned_fc1.json");
+    xshard::save_strategy_file(path, first);
+    auto net = xshard::compile<double>(parallel_logits(), mesh, {.seed = 3});
+    const auto losses =
+        drive(net, mesh, "semi_auto", [&](auto& c) { c.load_param_strategy_file(path); });
+    xshard::for_each_weight(net, [&](const std::string& name, auto& w) {
+        EXPECT_EQ(w.value.layout(), planned) << name;
+    });
+    ASSERT_EQ(losses.size(), reference.size());
+    for (std::size_t s = 0; s < losses.size(); ++s)
+        EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s;
 }
 
 TEST(program_search,

@@ -48,6 +48,7 @@
 #include <xshard/search/strategy_engine.hpp>
 #include <xshard/train/gradients.hpp>
 #include <xshard/train/hsdp.hpp>
+#include <xshard/train/lay_out.hpp>
 #include <xshard/train/norms.hpp>
 
 #include <cstdint>
@@ -350,7 +351,11 @@ public:
         agree(path_problem("save_param_strategy_file", path, false));
         save_param_strategy_ = path;
     }
-    /// Where load_param_strategy() reads the parameters' strategies from. Agreed.
+    /// Where load_param_strategy() reads the parameters' strategies from: compile() lays
+    /// each parameter the file names out as it says (train/lay_out.hpp; a compiled program
+    /// is compiled again with them as its weights' layouts), and raises on every rank for a
+    /// file of another mesh, or naming a parameter the model lacks or of another shape. A
+    /// pipeline's file, or one for a model searched at run time, raises too. Agreed.
     void load_param_strategy_file(const std::string& path) {
         agree(path_problem("load_param_strategy_file", path, false));
         load_param_strategy_ = path;
@@ -525,7 +530,8 @@ public:
 
     /// MindSpore's graph compilation: raises on every rank for a setting whose mechanism
     /// xshard lacks (see the file comment), runs the parallel mode's engine (its plan kept:
-    /// searched_plan), initialises the weights the first time when
+    /// searched_plan), lays the parameters out by the loaded parameter strategy file and a
+    /// program's inputs by the dataset strategy, initialises the weights the first time when
     /// no_init_parameters_in_compile was called, then saves the parameter strategy file and
     /// the group file when set. `micro_batches`: what a step of a pipeline (pipeline(stages >
     /// 1)) splits its batch into, which the engines price (the driver passes its own).
@@ -549,11 +555,14 @@ public:
                     mode_ == parallel_mode::sharding_propagation, load_operator_strategy_,
                     save_operator_strategy_, machine_,
                     {pipeline_.stages, pipeline_.stages > 1 ? micro_batches : 1});
+        planned_ = planned_layouts();
         if constexpr (detail::is_compiled_program<Model>) {
             if (mode_ != parallel_mode::semi_auto)
                 search_program_model();
             else
-                lay_program_inputs_out();
+                lay_program_out();
+        } else if (!planned_.empty()) {
+            agreed(mesh_.comm(), [&] { lay_out_parameters(*model_, planned_); });
         }
         if (no_init_ && !initialized_) {
             // A rule throwing on some ranks only raises on every rank.
@@ -586,23 +595,64 @@ private:
         agree_on_error(mesh_.comm(), problem);
     }
 
-    /// The compiled program's options with the dataset strategy's layouts for its inputs:
-    /// the first input's for the program's first input, and so on (a program that takes
-    /// fewer inputs leaves the rest, the labels, to the loss).
+    /// The layouts of the parameter strategy file (load_param_strategy_file), checked
+    /// against the model: each parameter it names is the model's, of the same shape, on the
+    /// file's mesh. Empty without a file. Raises on every rank where the file does not fit.
+    layout_dict planned_layouts() const {
+        if (load_param_strategy_.empty())
+            return {};
+        const auto file = load_param_strategy();
+        std::map<std::string, std::vector<std::size_t>> shapes;
+        for_each_parameter(*model_, [&](const std::string& name, const auto& t) {
+            shapes[name].assign(t.shape().begin(), t.shape().end());
+        });
+        std::optional<std::string> problem;
+        const std::string what = "xshard: load_param_strategy_file: '" + load_param_strategy_ + "'";
+        if constexpr (strategy_searchable<Model>)
+            if (!file.parameters.empty())
+                problem = what + " lays out a model whose operators' strategies lay its "
+                                 "weights out; load its strategies with "
+                                 "load_operator_strategy_file";
+        for (const auto& e : file.parameters) {
+            const auto it = shapes.find(e.name);
+            if (problem)
+                break;
+            if (e.stage >= 0 || e.mesh)
+                problem = what + " is a pipeline's, whose stages lay their own modules out; "
+                                 "resume a pipeline from its checkpoint";
+            else if (it == shapes.end())
+                problem = what + " lays out '" + e.name + "', which the model does not have";
+            else if (it->second != e.shape)
+                problem = what + " gives '" + e.name + "' the shape " +
+                          detail::shape_string(e.shape) + ", the model " +
+                          detail::shape_string(it->second);
+        }
+        agree(problem);
+        return file.layouts();
+    }
+
+    /// The compiled program's options with the dataset strategy's layouts for its inputs
+    /// (the first input's for the program's first input, and so on; a program that takes
+    /// fewer inputs leaves the rest, the labels, to the loss) and the parameter strategy
+    /// file's for its weights.
     compile_options program_options() const {
         auto o = model_->options();
         const auto& prog = model_->source();
         for (std::size_t i = 0; i < std::min(prog.inputs().size(), input_layouts_.size()); ++i)
             o.layouts.input_layouts[prog.value(prog.inputs()[i]).name] = input_layouts_[i];
+        for (const auto& [name, l] : planned_)
+            o.layouts.weight_layouts[name] = l;
         return o;
     }
 
     /// semi_auto on a compiled program: compiles it again with program_options() where the
-    /// dataset strategy changes its inputs' layouts. Raises on every rank where a layout
-    /// does not fit its input.
-    void lay_program_inputs_out() const {
+    /// dataset strategy or the parameter strategy file changes its inputs' or weights'
+    /// layouts. Raises on every rank where a layout does not fit.
+    void lay_program_out() const {
         auto o = program_options();
-        if (o.layouts.input_layouts == model_->options().layouts.input_layouts)
+        const auto& was = model_->options().layouts;
+        if (o.layouts.input_layouts == was.input_layouts &&
+            o.layouts.weight_layouts == was.weight_layouts)
             return;
         auto& net = *model_;
         agreed(mesh_.comm(), [&] { net = Model(net.source(), net.mesh(), std::move(o)); });
@@ -684,6 +734,7 @@ private:
     mutable bool initialized_ = false; // compile() initialises once
     mutable std::optional<searched_strategy> plan_; // compile()'s engine's
     mutable std::optional<program_strategy> program_plan_; // compile()'s search on a program
+    mutable layout_dict planned_; // compile()'s layouts from the parameter strategy file
 };
 
 } // namespace xshard

@@ -4,8 +4,9 @@
 /// layouts its strategy gives (annotated nodes keep theirs) or, without one, data parallel
 /// (the batch dimension split over the dataset's axes, weights replicated; the shape
 /// operations keep their operand's layout instead, as MindSpore's Reshape does); its
-/// primitive's sharding rule turns those into the operands' and results' layouts. Inputs come in the
-/// dataset's layout (data parallel by default); a weight takes the layout of its first use.
+/// primitive's sharding rule turns those into the operands' and results' layouts. Inputs come in
+/// the dataset's layout (data parallel by default); a weight takes the layout of its first use, or
+/// the one `layout_options::weight_layouts` plans for it.
 ///
 /// Every mismatch between where a value is and where a node reads it becomes a
 /// redistribution on that edge (graph/schedule.hpp plans them). Misuse raises
@@ -37,6 +38,11 @@ struct layout_options {
     /// Input name -> its layout, overriding the dataset's split (MindSpore's dataset_strategy
     /// as layouts; "full batch" is the replicated layout).
     std::map<std::string, layout> input_layouts = {};
+    /// Weight name -> its layout (MindSpore's parameter_plan, and the layouts a parameter
+    /// strategy file gives): the weight is kept so, and a node without an annotation reads it
+    /// so, its rule deriving the rest (an annotated node reads the weight as annotated, moved
+    /// from the kept layout).
+    std::map<std::string, layout> weight_layouts = {};
     /// hsdp level 3 for a program (ZeRO-3, FSDP's full sharding): each weight is kept split
     /// over these mesh axes too (those its layout does not use yet; core/sharded_layout.hpp's
     /// rule picks the dimension), so each rank stores, updates and keeps optimizer state for
@@ -174,6 +180,29 @@ inline program_layouts assign_layouts(const program& p, const mesh_shape& mesh,
             throw error("xshard: compile: input_layouts names '" + name_layout.first +
                         "', which is not an input of the program");
     }
+    std::vector<bool> planned(values.size(), false); // weights laid out by weight_layouts
+    for (const auto& [name, l] : options.weight_layouts) {
+        bool known = false;
+        for (auto id : p.weights()) {
+            if (values[id].name != name)
+                continue;
+            try {
+                detail::check_fits(l, values[id].shape.size(), mesh, "the layout");
+            } catch (const std::invalid_argument& e) {
+                throw error("xshard: compile: weight " + name + " " + shape_text(values[id].shape) +
+                            ": " + e.what());
+            }
+            if (!l.partial.empty())
+                throw error("xshard: compile: weight " + name + " is planned " + l.to_string() +
+                            ", with pending sums; a weight holds values");
+            out.values[id] = l;
+            placed[id] = planned[id] = true;
+            known = true;
+        }
+        if (!known)
+            throw error("xshard: compile: weight_layouts names '" + name +
+                        "', which is not a weight of the program");
+    }
     for (const auto& n : p.nodes()) {
         const op_rules* rules = n.custom ? nullptr : &detail::rules_named(n.op);
         std::vector<operand_type> types;
@@ -183,6 +212,10 @@ inline program_layouts assign_layouts(const program& p, const mesh_shape& mesh,
         layout_choice c;
         try {
             auto asked = detail::asked_layouts(n, rules, types, dataset, mesh, out.values);
+            if (n.annotation.empty())
+                for (std::size_t i = 0; i < asked.size(); ++i)
+                    if (planned[n.operands[i]])
+                        asked[i] = out.values[n.operands[i]];
             for (std::size_t i = 0; i < asked.size(); ++i)
                 detail::check_fits(asked[i], types[i].shape.size(), mesh,
                                    "operand " + std::to_string(i) + "'s layout");
