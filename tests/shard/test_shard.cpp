@@ -4,6 +4,7 @@
 #include <xshard/ops/elementwise.hpp>
 #include <xshard/ops/matmul.hpp>
 #include <xshard/ops/reduce.hpp>
+#include <xshard/param/weight.hpp>
 #include <xshard/redistribute/meter.hpp>
 #include <xshard/shard/shard.hpp>
 #include <xshard/tensor/gather.hpp>
@@ -171,6 +172,49 @@ TEST(shard, parameter_plans_lay_parameters_out_once_and_agree) {
         EXPECT_STREQ(e.what(),
                      "xshard: parameter 'dense.weight' is laid out [-, mp] by one shard() "
                      "and [mp, -] by another");
+    }
+}
+
+/// A module of one dense layer, nested: its weight is "layer.weight".
+struct dense_layer {
+    xshard::weight<xshard::dtensor<double, M, xshard::dynamic_layout(2)>> weight;
+    friend void visit_parameters(dense_layer& d, auto&& visit) { visit("weight", d.weight); }
+};
+struct network {
+    dense_layer layer;
+    friend void visit_parameters(network& n, auto&& visit) { visit("layer", n.layer); }
+};
+
+TEST(shard, parameter_plans_reach_a_module_s_weights_by_dotted_name) {
+    // MindSpore's Cell.shard(..., parameter_plan={"self.layer.weight": ...}): the module is
+    // passed to the call, and the plan lays its weight out in place, by its dotted name with
+    // or without "self.". A plan naming nothing raises on every rank, naming it.
+    const auto m = make_mesh();
+    const auto gw = random_array<2>({6, 4}, 21);
+    const auto gx = random_array<2>({3, 6}, 22);
+    auto use = [](const auto& x, network& net) {
+        return xshard::ops::matmul(x, net.layer.weight.value);
+    };
+    for (const char* name : {"self.layer.weight", "layer.weight"}) {
+        network net{
+            {xshard::weight(xshard::distribute<xshard::dynamic_layout(2)>(m, gw, "[-, -]"))}};
+        auto f = xshard::shard(m, use, std::tuple(spec<"[-, -]">, none), spec<"[-, -]">,
+                               xshard::parameter_plan{{name, layout("[-, mp]")}});
+        EXPECT_TRUE(xt::allclose(xshard::gather_all(f(gx, net)), xt::linalg::dot(gx, gw)));
+        EXPECT_EQ(net.layer.weight.value.layout(), layout("[-, mp]")) << name;
+        EXPECT_EQ(net.layer.weight.grad.layout(), net.layer.weight.term_layout()) << name;
+        EXPECT_TRUE(xt::allclose(xshard::gather_all(f(gx, net)), xt::linalg::dot(gx, gw)));
+    }
+    network net{{xshard::weight(xshard::distribute<xshard::dynamic_layout(2)>(m, gw, "[-, -]"))}};
+    auto g = xshard::shard(m, use, std::tuple(spec<"[-, -]">, none), spec<"[-, -]">,
+                           xshard::parameter_plan{{"layer.weight", layout("[-, mp]")},
+                                                  {"layer.bias", layout("[mp]")}});
+    try {
+        (void)g(gx, net);
+        ADD_FAILURE() << "no error";
+    } catch (const xshard::error& e) {
+        EXPECT_STREQ(e.what(), "xshard: the parameter plan names 'layer.bias', which no "
+                               "parameter passed to the sharded callable has");
     }
 }
 

@@ -3,7 +3,9 @@
 /// How a sharded call prepares its inputs, each by its spec (shard/spec.hpp): a distributed
 /// tensor is redistributed to its spec (nothing happens when it already has it); an
 /// `xt::xtensor` every rank holds whole is distributed (local slicing); a `parameter` is
-/// laid out in place by the call's parameter plan, once; anything else is passed through.
+/// laid out in place by the call's parameter plan, once; so are the parameters of a module
+/// (any parameter container) that the plan names by their dotted names
+/// (train/lay_out.hpp), passed through by reference; anything else is passed through.
 /// An input that does not change is passed by reference; the others are new tensors on the
 /// mesh type the callable receives (with auto_redistribute, one whose operations insert
 /// redistributions).
@@ -17,10 +19,13 @@
 #include <xshard/shard/spec.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/dtensor.hpp>
+#include <xshard/train/lay_out.hpp>
 
 #include <xtensor/xtensor.hpp>
 
 #include <cstddef>
+#include <set>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -94,35 +99,74 @@ auto shard_array(const Mesh& mesh, const CallMesh& call_mesh, Array& arg, const 
     }
 }
 
+/// A call's parameter plan and the names it has matched so far: a name matches as written
+/// or with MindSpore's "self." before it. After the inputs, every name must have matched.
+struct plan_use {
+    const parameter_plan& plan;
+    std::set<std::string> used;
+
+    /// The layout planned for the parameter `name`, or null.
+    const layout* find(const std::string& name) {
+        for (const auto& key : {name, "self." + name})
+            if (const auto it = plan.find(key); it != plan.end()) {
+                used.insert(key);
+                return &it->second;
+            }
+        return nullptr;
+    }
+
+    /// Throws, naming it, for a planned name that no parameter of the call has.
+    void check_used() const {
+        for (const auto& [name, l] : plan)
+            if (!used.contains(name))
+                throw error("xshard: the parameter plan names '" + name +
+                            "', which no parameter passed to the sharded callable has");
+    }
+};
+
 /// A parameter: laid out in place by the parameter plan when the plan names it (then passed
 /// on as it is), else its tensor prepared by the spec.
 template <class Mesh, class CallMesh, class Param, class Spec>
 decltype(auto) shard_parameter(const Mesh& mesh, const CallMesh& call_mesh, Param& arg,
-                               const Spec& spec, const parameter_plan* plan, const call_log& log,
+                               const Spec& spec, plan_use* plan, const call_log& log,
                                const slot& what) {
-    if (plan) {
-        if (const auto it = plan->find(arg.name); it != plan->end()) {
-            arg.plan(it->second);
-            using D = typename Param::tensor_type;
-            if (!(arg.value.layout() == it->second)) {
-                if constexpr (D::static_layout.dynamic)
-                    arg.value = relayout<D::static_layout>(arg.value, it->second, log, what);
-                else
-                    throw error("xshard: the plan lays parameter '" + arg.name + "' out as " +
-                                it->second.to_string() + " but its type fixes " +
-                                D::static_layout.to_string());
-            }
-            return shard_tensor(mesh, call_mesh, arg.value, none, log, what);
+    if (const layout* l = plan ? plan->find(arg.name) : nullptr) {
+        arg.plan(*l);
+        using D = typename Param::tensor_type;
+        if (!(arg.value.layout() == *l)) {
+            if constexpr (D::static_layout.dynamic)
+                arg.value = relayout<D::static_layout>(arg.value, *l, log, what);
+            else
+                throw error("xshard: the plan lays parameter '" + arg.name + "' out as " +
+                            l->to_string() + " but its type fixes " + D::static_layout.to_string());
         }
+        return shard_tensor(mesh, call_mesh, arg.value, none, log, what);
     }
     return shard_tensor(mesh, call_mesh, arg.value, spec, log, what);
+}
+
+/// A module: the parameters the plan names laid out in place (lay_out_parameters).
+template <class Module>
+void plan_module(Module& m, plan_use& plan) {
+    layout_dict planned;
+    for_each_parameter(m, [&](const std::string& name, const auto&) {
+        if (const layout* l = plan.find(name))
+            planned[name] = *l;
+    });
+    if (planned.empty())
+        return;
+    if constexpr (std::is_const_v<Module>)
+        throw error("xshard: the parameter plan lays out '" + planned.begin()->first +
+                    "' of a module passed to the sharded callable as const");
+    else
+        lay_out_parameters(m, planned);
 }
 
 /// One input of a call, prepared by its spec: a reference to the argument itself when
 /// nothing changes (and the mesh type stays), a new tensor otherwise.
 template <class Mesh, class CallMesh, class Arg, class Spec>
 decltype(auto) shard_input(const Mesh& mesh, const CallMesh& call_mesh, Arg&& arg, const Spec& spec,
-                           const parameter_plan* plan, const call_log& log, const slot& what) {
+                           plan_use* plan, const call_log& log, const slot& what) {
     using A = std::remove_cvref_t<Arg>;
     if constexpr (is_parameter<A>::value) {
         static_assert(
@@ -134,6 +178,13 @@ decltype(auto) shard_input(const Mesh& mesh, const CallMesh& call_mesh, Arg&& ar
         return shard_array(mesh, call_mesh, arg, spec, log, what);
     } else if constexpr (distributed_tensor<A>) {
         return shard_tensor(mesh, call_mesh, std::forward<Arg>(arg), spec, log, what);
+    } else if constexpr (parameter_container<std::remove_reference_t<Arg>> &&
+                         std::is_lvalue_reference_v<Arg>) {
+        static_assert(std::is_same_v<Spec, none_t>,
+                      "xshard: a module passed to a sharded callable takes the spec xshard::none");
+        if (plan)
+            plan_module(arg, *plan);
+        return std::forward<Arg>(arg);
     } else {
         static_assert(std::is_same_v<Spec, none_t>,
                       "xshard: an argument that is not a tensor takes the spec xshard::none");

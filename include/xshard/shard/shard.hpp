@@ -32,7 +32,10 @@
 ///
 /// A parameter plan (`parameter_plan{{"dense.weight", "[mp, -]"}}`) lays out the named
 /// `parameter`s a call receives, in place, once; a parameter planned differently by two
-/// shard() calls is an error naming it and both layouts.
+/// shard() calls is an error naming it and both layouts. It also lays out the weights of a
+/// module (any parameter container) passed to the call, by their dotted names, with or
+/// without MindSpore's "self." before them. A name that no parameter of the call has raises
+/// on every rank, naming it.
 ///
 /// Derived layouts: with the option `xshard::sharding_propagation{level}` (after MindSpore's
 /// `sharding_propagation` mode, where a `none` in in_strategy is derived) the `none` spec of a

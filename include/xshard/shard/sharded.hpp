@@ -109,13 +109,18 @@ private:
     auto call(const Specs& in, const detail::call_log& log, std::size_t* memory,
               std::index_sequence<I...>, Args&&... args) const {
         const call_mesh cm = make_call_mesh();
-        const parameter_plan* plan = plan_ ? &*plan_ : nullptr;
+        std::optional<detail::plan_use> use;
+        if (plan_)
+            use.emplace(*plan_);
+        detail::plan_use* plan = use ? &*use : nullptr;
         // The prepared inputs, held by reference where nothing changes, by value otherwise.
         std::tuple<decltype(detail::shard_input(mesh_, cm, std::forward<Args>(args),
                                                 std::get<I>(in), plan, log,
                                                 detail::slot{"input", I, I}))...>
             inputs{detail::shard_input(mesh_, cm, std::forward<Args>(args), std::get<I>(in), plan,
                                        log, detail::slot{"input", I, I})...};
+        if (plan)
+            plan->check_used(); // the same names on every rank: raised alike
         // Agreed before any collective that follows: a callable that throws on some ranks
         // raises on every rank (its own exception where it threw, xshard::error naming the
         // rank elsewhere) instead of leaving the others in an output's redistribution.
