@@ -6,14 +6,15 @@
 #include <xshard/graph.hpp>
 #include <xshard/models/resnet.hpp>
 #include <xshard/models/transformer.hpp>
+#include <xshard/nn/blocks.hpp>
 #include <xshard/nn/resnet.hpp>
+#include <xshard/optim/optimizers.hpp>
 #include <xshard/shard/shard.hpp>
 #include <xshard/shard/vjp.hpp>
-#include <xshard/nn/blocks.hpp>
-#include <xshard/optim/optimizers.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/gather.hpp>
 #include <xshard/train/gradients.hpp>
+#include <xshard/train/lay_out.hpp>
 
 #include "expect_error.hpp"
 #include "mpi_test.hpp"
@@ -238,6 +239,46 @@ TEST(programs, planned_weight_layouts_are_kept_and_train_on_every_mesh_like_one_
                 {.layouts = {.weight_layouts = {{"w1", xshard::layout("[-]")}}}});
         },
         "xshard: compile: weight w1");
+}
+
+TEST(programs, a_compiled_program_lays_its_weights_out_in_place_keeping_their_values) {
+    // lay_out_parameters on a compiled program (a parameter plan of shard(), a strategy
+    // file): compiled again with the planned layouts, each weight keeping its value; a step
+    // then gives the loss and gradients of the program as it was.
+    std::mt19937 engine(5);
+    const xt::xtensor<double, 2> x = xt::random::rand<double>({batch, features}, -1.0, 1.0, engine);
+    const xt::xtensor<std::int64_t, 1> y =
+        xt::random::randint<std::int64_t>({batch}, 0, classes, engine);
+    for_each_dp_mesh([&](const mesh_t& mesh, int dp) {
+        const xshard::compile_options o{.seed = 4, .layouts = {.dataset_axes = {"dp"}}};
+        auto net = xshard::compile<double>(residual_mlp(mesh), mesh, o);
+        auto plain = xshard::compile<double>(residual_mlp(mesh), mesh, o);
+        auto step = [&](auto& n) {
+            return n.train_step(xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[-, -]"),
+                                xshard::distribute<xshard::dynamic_layout(1)>(mesh, y, "[-]"));
+        };
+        (void)step(net); // a step before: the arena and gradients in use
+        xshard::for_each_weight(net, [](const std::string&, auto& w) { w.zero_grad(); });
+        const auto before = weights_of(net, false);
+        const std::map<std::string, xshard::layout> plan{{"w1", xshard::layout("[-, mp]")},
+                                                         {"again.w1", xshard::layout("[mp, -]")}};
+        xshard::lay_out_parameters(net, plan);
+        xshard::for_each_weight(net, [&](const std::string& name, auto& w) {
+            if (const auto it = plan.find(name); it != plan.end()) {
+                EXPECT_EQ(w.value.layout(), it->second) << name << " on dp " << dp;
+            }
+        });
+        EXPECT_EQ(weights_of(net, false), before) << "dp " << dp;
+        EXPECT_NEAR(step(net), step(plain), 1e-12) << "dp " << dp;
+        const auto g = weights_of(net, true), expected = weights_of(plain, true);
+        for (const auto& [name, value] : expected)
+            EXPECT_TRUE(xt::allclose(g.at(name), value, 1e-12, 1e-12)) << name << " on dp " << dp;
+        xshard::testing::expect_error(
+            [&] {
+                xshard::lay_out_parameters(net, {{"w9", xshard::layout("[-, -]")}});
+            },
+            "weight_layouts names 'w9', which is not a weight of the program");
+    });
 }
 
 // --- the transformer block, traced against nn::transformer_block --------------------------------

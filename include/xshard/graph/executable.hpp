@@ -32,6 +32,7 @@
 #include <xshard/param/initializer.hpp>
 #include <xshard/param/weight.hpp>
 #include <xshard/redistribute/plan.hpp>
+#include <xshard/redistribute/redistribute.hpp>
 #include <xshard/tensor/dtensor.hpp>
 
 #include <cstddef>
@@ -300,6 +301,33 @@ public:
     /// Bytes of this rank's arena: every activation, cotangent and redistributed copy at
     /// their peak.
     std::size_t arena_bytes() const noexcept { return s_->sched.arena_bytes; }
+
+    /// Lays the named weights out as `planned` (a parameter plan, or a strategy file's
+    /// layouts, on a compiled program; train/lay_out.hpp calls it): compiles the program
+    /// again with them added to `layouts.weight_layouts`, then gives every weight of the new
+    /// program its current value, redistributed where its layout changed. Gradients start
+    /// as zero terms and optimizer state is made again. A name that is not a weight of the
+    /// program, or a layout that does not fit it, raises on every rank before anything
+    /// changes. Collective over the mesh.
+    void lay_out_weights(const std::map<std::string, layout>& planned) {
+        auto o = options();
+        for (const auto& [name, l] : planned)
+            o.layouts.weight_layouts[name] = l;
+        if (o.layouts.weight_layouts == options().layouts.weight_layouts)
+            return;
+        compiled_program next(source(), mesh(), std::move(o));
+        // Both programs visit the same weights in the same order, of the same ranks.
+        using any_value =
+            std::variant<dtensor<T, Mesh, dynamic_layout(1)>, dtensor<T, Mesh, dynamic_layout(2)>,
+                         dtensor<T, Mesh, dynamic_layout(3)>, dtensor<T, Mesh, dynamic_layout(4)>>;
+        std::vector<any_value> values;
+        visit_parameters(*this, [&](const std::string&, auto& w) { values.emplace_back(w.value); });
+        std::size_t k = 0;
+        visit_parameters(next, [&]<class D>(const std::string&, weight<D>& w) {
+            w.value = redistribute<D::static_layout>(std::get<D>(values[k++]), w.value.layout());
+        });
+        *this = std::move(next);
+    }
 
     /// The weights, by the program's names (parameter traversal, param/traversal.hpp), then
     /// those of its custom nodes ("<node>.<weight>").

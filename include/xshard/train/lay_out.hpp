@@ -10,8 +10,9 @@
 /// so already); a weight's gradient becomes zero terms of the new layout, and an optimizer's
 /// state for it is dropped (the next step makes it again, as at the first step). A name no
 /// parameter has, or a parameter whose layout is part of its type and differs, raises
-/// `xshard::error` before anything moves. Collective over the parameters' mesh: every rank
-/// passes the same names and layouts.
+/// `xshard::error` before anything moves. A container that lays its own weights out
+/// (`c.lay_out_weights(layouts)`: a compiled program, compiled again with them) is asked
+/// to. Collective over the parameters' mesh: every rank passes the same names and layouts.
 
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
@@ -44,6 +45,10 @@ void check_relayable(const D& t, const std::string& name, const layout& l) {
 /// Lays the parameters of `c` that `layouts` names out as it says (see the file comment).
 template <parameter_container C>
 void lay_out_parameters(C& c, const layout_dict& layouts) {
+    if constexpr (requires { c.lay_out_weights(layouts); }) {
+        c.lay_out_weights(layouts); // a compiled program: compiled again (graph/executable.hpp)
+        return;
+    }
     std::set<std::string> found;
     for_each_parameter(c, [&](const std::string& name, auto& t) {
         if (const auto it = layouts.find(name); it != layouts.end()) {
