@@ -265,6 +265,12 @@ TEST(auto_parallel, pipeline_values) {
     o = c.pipeline_options(2);
     EXPECT_EQ(o.scheduler, schedule_kind::interleaved);
     EXPECT_EQ(o.virtual_stages, 2);
+    c.pipeline({.stages = 1, .interleave = true, .virtual_stages = 5});
+    EXPECT_EQ(c.pipeline_options(2).virtual_stages, 5);
+    c.pipeline({.stages = 1, .scheduler = "interleaved", .virtual_stages = 3});
+    EXPECT_EQ(c.pipeline_options(2).virtual_stages, 3);
+    expect_agreed_error([&](int v) { c.pipeline({.stages = 1, .virtual_stages = v}); }, 2, 1,
+                        "virtual_stages must be in [2, 64], not 1");
     c.pipeline(1, false, false, "zero_bubble");
     EXPECT_EQ(c.pipeline_options(1).scheduler, schedule_kind::zero_bubble);
     c.compile();

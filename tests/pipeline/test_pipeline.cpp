@@ -111,13 +111,18 @@ TEST(pipeline, every_schedule_equals_one_rank) {
                                                                      nn::make_layout({"dp", ""}));
         const auto y =
             xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y, nn::make_layout({"dp"}));
-        for (auto kind : {pp::schedule_kind::gpipe, pp::schedule_kind::one_f_one_b,
-                          pp::schedule_kind::interleaved, pp::schedule_kind::zero_bubble}) {
-            const int v = kind == pp::schedule_kind::interleaved ? 2 : 1;
+        // The interleaved schedule with 2, 3 and 4 chunks per rank where the 9 modules
+        // give every virtual stage one.
+        std::vector<std::pair<pp::schedule_kind, int>> runs{{pp::schedule_kind::gpipe, 1},
+                                                            {pp::schedule_kind::one_f_one_b, 1},
+                                                            {pp::schedule_kind::zero_bubble, 1}};
+        for (int v = 2; v <= 4 && p * v <= 9; ++v)
+            runs.emplace_back(pp::schedule_kind::interleaved, v);
+        for (const auto& [kind, v] : runs) {
             const std::string where = "mesh pp=" + std::to_string(p) + " dp=" + std::to_string(dp) +
                                       " tp=" + std::to_string(sizes[2]) + ", " +
-                                      std::string(pp::name(kind)) + ", rank " +
-                                      std::to_string(mesh.rank());
+                                      std::string(pp::name(kind)) + " v=" + std::to_string(v) +
+                                      ", rank " + std::to_string(mesh.rank());
             auto model = make_model(stage_mesh);
             nn::parallel_cross_entropy<double, stage_mesh_t> loss;
             pp::pipeline<decltype(model), X> pipe(mesh, "pp", stage_mesh, model,

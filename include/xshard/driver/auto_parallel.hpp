@@ -119,6 +119,11 @@ struct pipeline_config {
     bool output_broadcast = false;
     bool interleave = false;
     std::string scheduler = "1f1b";
+    /// Model chunks per rank when interleaving (interleave, or the "interleaved" scheduler):
+    /// 2 to 64; the chain needs at least stages x virtual_stages modules. Interleaved zero
+    /// bubble (ZB-V) is not offered: its V-shaped placement of chunks needs a schedule xshard's
+    /// runtime does not have, which runs ZB-H1 on one chunk per rank ("zero_bubble").
+    int virtual_stages = 2;
 };
 
 /// The configuration of parallel training of `Model` (a parameter container) on a mesh (see
@@ -293,6 +298,9 @@ public:
         else if (mesh_.size() % c.stages != 0)
             problem = "xshard: pipeline: " + std::to_string(c.stages) +
                       " stages do not divide the mesh's " + std::to_string(mesh_.size()) + " ranks";
+        else if (c.virtual_stages < 2 || c.virtual_stages > 64)
+            problem = "xshard: pipeline: virtual_stages must be in [2, 64], not " +
+                      std::to_string(c.virtual_stages);
         else {
             try {
                 (void)xshard::pipeline::parse_schedule(c.scheduler);
@@ -470,9 +478,9 @@ public:
     }
     /// The pipeline runtime's options for `micro_batches` micro-batches and the module ->
     /// stage assignment `stage_config` (MindSpore's Pipeline stage_config): the configured
-    /// scheduler, output_broadcast, and interleave as the interleaved schedule with two
-    /// virtual stages per rank. Throws for interleave with a scheduler other than 1f1b or
-    /// interleaved (not supported yet). No communication.
+    /// scheduler, output_broadcast, and interleave as the interleaved schedule with the
+    /// configured virtual stages per rank (two by default). Throws for interleave with a scheduler
+    /// other than 1f1b or interleaved (not supported yet). No communication.
     xshard::pipeline::pipeline_options
     pipeline_options(int micro_batches, std::map<std::string, int> stage_config = {}) const {
         if (auto p = pipeline_problem())
@@ -480,11 +488,9 @@ public:
         xshard::pipeline::pipeline_options o;
         o.micro_batches = micro_batches;
         o.scheduler = xshard::pipeline::parse_schedule(pipeline_.scheduler);
-        if (pipeline_.interleave) {
+        if (pipeline_.interleave || o.scheduler == xshard::pipeline::schedule_kind::interleaved) {
             o.scheduler = xshard::pipeline::schedule_kind::interleaved;
-            o.virtual_stages = 2;
-        } else if (o.scheduler == xshard::pipeline::schedule_kind::interleaved) {
-            o.virtual_stages = 2;
+            o.virtual_stages = pipeline_.virtual_stages;
         }
         o.stage_config = std::move(stage_config);
         o.output_broadcast = pipeline_.output_broadcast;
