@@ -21,6 +21,7 @@
 #include <xshard/param/traversal.hpp>
 #include <xshard/tensor/dtensor.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -42,10 +43,15 @@ constexpr std::uint64_t mix64(std::uint64_t z) noexcept {
 /// The random bits of element `index` of stream `stream` under `seed`: SplitMix64's
 /// sequence for the key mix64(seed) ^ mix64(stream), read at position `index` (so each
 /// element is computable on its own).
+constexpr std::uint64_t counter_key(std::uint64_t seed, std::uint64_t stream) noexcept {
+    return mix64(seed + 0x9e3779b97f4a7c15ULL) ^ mix64(~stream);
+}
+constexpr std::uint64_t keyed_bits(std::uint64_t key, std::uint64_t index) noexcept {
+    return mix64(key + (index + 1) * 0x9e3779b97f4a7c15ULL);
+}
 constexpr std::uint64_t counter_bits(std::uint64_t seed, std::uint64_t stream,
                                      std::uint64_t index) noexcept {
-    const std::uint64_t key = mix64(seed + 0x9e3779b97f4a7c15ULL) ^ mix64(~stream);
-    return mix64(key + (index + 1) * 0x9e3779b97f4a7c15ULL);
+    return keyed_bits(counter_key(seed, stream), index);
 }
 
 /// A uniform double in [0, 1) from 53 of `bits`.
@@ -89,26 +95,47 @@ struct initializer {
     /// The value of element `index` of a parameter of `shape` in `stream` under `seed`.
     double value(std::uint64_t seed, std::uint64_t stream, std::uint64_t index,
                  std::span<const std::size_t> shape) const {
+        double v = 0;
+        fill(&v, 1, seed, stream, index, shape);
+        return v;
+    }
+
+    /// Elements `first` .. `first + n - 1` of a parameter of `shape` in `stream` under
+    /// `seed`, into `out`: `value` of each, with what is the same for every element (the key,
+    /// a uniform's bounds) worked out once.
+    template <class T>
+    void fill(T* out, std::size_t n, std::uint64_t seed, std::uint64_t stream, std::uint64_t first,
+              std::span<const std::size_t> shape) const {
+        const std::uint64_t key = counter_key(seed, stream);
+        const auto uniform = [&](double lower, double width) {
+            for (std::size_t i = 0; i < n; ++i)
+                out[i] = T(lower + width * unit_of(keyed_bits(key, first + i)));
+        };
         switch (how) {
         case kind::constant:
-            return a;
+            std::fill(out, out + n, T(a));
+            return;
         case kind::uniform:
-            return a + (b - a) * unit_of(counter_bits(seed, stream, index));
-        case kind::normal: {
-            // Box-Muller from the element's two counters 2i and 2i + 1.
-            const double u1 = 1.0 - unit_of(counter_bits(seed, stream, 2 * index));
-            const double u2 = unit_of(counter_bits(seed, stream, 2 * index + 1));
-            return a + b * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * std::numbers::pi * u2);
-        }
+            uniform(a, b - a);
+            return;
+        case kind::normal:
+            // Box-Muller from each element's two counters 2i and 2i + 1.
+            for (std::size_t i = 0; i < n; ++i) {
+                const double u1 = 1.0 - unit_of(keyed_bits(key, 2 * (first + i)));
+                const double u2 = unit_of(keyed_bits(key, 2 * (first + i) + 1));
+                out[i] =
+                    T(a + b * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * std::numbers::pi * u2));
+            }
+            return;
         case kind::he_uniform: {
             std::size_t fan_in = 1;
             for (std::size_t d = 0; d + 1 < shape.size(); ++d)
                 fan_in *= shape[d];
             const double bound = std::sqrt(6.0 / ((1.0 + a * a) * double(fan_in ? fan_in : 1)));
-            return -bound + 2 * bound * unit_of(counter_bits(seed, stream, index));
+            uniform(-bound, 2 * bound);
+            return;
         }
         }
-        return 0;
     }
 };
 
@@ -141,16 +168,22 @@ void initialize(D& t, const initializer& init, std::uint64_t seed, std::uint64_t
         const auto b = t.block();
         if (local.size() == 0)
             return;
-        std::array<std::size_t, N> idx{}; // local index of the current run (last dim = 0)
+        // A run: the block's elements contiguous in the whole tensor, over dimensions
+        // `inner` .. N - 1 (those after `inner` whole): one run for a replicated weight.
+        std::size_t inner = N, run = 1;
+        do {
+            --inner;
+            run *= b.extent[inner];
+        } while (inner > 0 && b.extent[inner] == shape[inner]);
+        std::array<std::size_t, N> idx{}; // local index of the current run (0 from `inner`)
         T* out = local.data();
-        const std::size_t run = b.extent[N - 1];
         for (std::size_t k = 0; k < local.size(); k += run) {
             std::uint64_t start = 0; // global row-major index of the run's first element
             for (std::size_t d = 0; d < N; ++d)
                 start = start * shape[d] + b.offset[d] + idx[d];
-            for (std::size_t i = 0; i < run; ++i)
-                *out++ = T(init.value(seed, stream, start + i, dims));
-            for (std::size_t d = N - 1; d-- > 0;) { // advance to the next run
+            init.fill(out, run, seed, stream, start, dims);
+            out += run;
+            for (std::size_t d = inner; d-- > 0;) { // advance to the next run
                 if (++idx[d] < b.extent[d])
                     break;
                 idx[d] = 0;
