@@ -6,6 +6,7 @@
 #include <xshard/driver/auto_parallel.hpp>
 #include <xshard/driver/callbacks.hpp>
 #include <xshard/driver/trainer.hpp>
+#include <xshard/graph.hpp>
 #include <xshard/nn/activation.hpp>
 #include <xshard/nn/blocks.hpp>
 #include <xshard/nn/embedding.hpp>
@@ -1400,6 +1401,48 @@ TEST(deferred_init, shards_equal_a_whole_initialisation_for_every_layout) {
     // Another seed or another name: other values.
     EXPECT_FALSE(xt::allclose(he, whole("he", {13, 7}, xshard::initializer::he_uniform(), 43)));
     EXPECT_FALSE(xt::allclose(he, whole("hf", {13, 7}, xshard::initializer::he_uniform(), 42)));
+}
+
+TEST(deferred_init, a_program_is_built_and_initialised_shard_by_shard) {
+    // A program's weights are made as this rank's blocks and drawn in place at compile, never
+    // whole: with every weight split over the ranks (layouts.weight_shard_axes), what compile
+    // allocates is within 10 % of those blocks, their gradients and the arena, so a model
+    // whose whole weights exceed a rank's memory is built in its shards.
+    const int p = world().size();
+    const mesh_t m(world(), {p, 1});
+    constexpr std::size_t width = 1024, layers = 4; // 32 MiB of weights in double
+    const auto prog = xshard::trace(
+        [&](xshard::traced_tensor x) {
+            for (std::size_t i = 0; i < layers; ++i)
+                x = xshard::ops::relu(
+                    xshard::ops::matmul(x, xshard::param("w" + std::to_string(i), {width, width},
+                                                         xshard::initializer::normal(0, 0.03))));
+            return x;
+        },
+        xshard::input<double>("x", {std::size_t(2 * p), width}));
+    counted_bytes = 0;
+    counting = true;
+    auto net = xshard::compile<double>(
+        prog, m, {.seed = 1, .layouts = {.dataset_axes = {"dp"}, .weight_shard_axes = {"dp"}}});
+    counting = false;
+    std::size_t blocks = 0;
+    xshard::for_each_weight(net, [&](const std::string&, auto& w) {
+        blocks += (w.value.local().size() + w.grad.local().size()) * sizeof(double);
+    });
+    const double whole = double(layers * width * width * sizeof(double));
+    EXPECT_LE(double(blocks), 2 * whole / p + 1e5) << where(m); // each rank's share
+    EXPECT_LE(double(counted_bytes), 1.1 * double(blocks + net.arena_bytes()))
+        << where(m) << ": blocks and gradients " << blocks << ", arena " << net.arena_bytes();
+    // The shards hold the whole initialisation's values.
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    auto alone = xshard::compile<double>(prog, one, {.seed = 1});
+    std::map<std::string, xt::xarray<double>> expected;
+    xshard::for_each_weight(alone, [&](const std::string& name, auto& w) {
+        expected[name] = xshard::gather_all(w.value);
+    });
+    xshard::for_each_weight(net, [&](const std::string& name, auto& w) {
+        EXPECT_EQ(xshard::gather_all(w.value), expected.at(name)) << name << " " << where(m);
+    });
 }
 
 TEST(deferred_init, no_init_parameters_in_compile_trains_as_one_rank) {
