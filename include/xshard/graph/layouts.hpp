@@ -146,6 +146,37 @@ inline void check_fits(const layout& l, std::size_t rank, const mesh_shape& mesh
     l.validate(mesh);
 }
 
+/// Places the weights `options.weight_layouts` plans into `kept`; returns which values they
+/// are. Raises naming a name that is not a weight of `p`, or a layout that does not fit.
+inline std::vector<bool> place_planned_weights(const program& p, const mesh_shape& mesh,
+                                               const layout_options& options,
+                                               std::vector<layout>& kept) {
+    const auto& values = p.values();
+    std::vector<bool> planned(values.size(), false);
+    for (const auto& [name, l] : options.weight_layouts) {
+        bool known = false;
+        for (auto id : p.weights()) {
+            if (values[id].name != name)
+                continue;
+            try {
+                check_fits(l, values[id].shape.size(), mesh, "the layout");
+            } catch (const std::invalid_argument& e) {
+                throw error("xshard: compile: weight " + name + " " + shape_text(values[id].shape) +
+                            ": " + e.what());
+            }
+            if (!l.partial.empty())
+                throw error("xshard: compile: weight " + name + " is planned " + l.to_string() +
+                            ", with pending sums; a weight holds values");
+            kept[id] = l;
+            planned[id] = known = true;
+        }
+        if (!known)
+            throw error("xshard: compile: weight_layouts names '" + name +
+                        "', which is not a weight of the program");
+    }
+    return planned;
+}
+
 } // namespace detail
 
 /// Lays `p` out on `mesh` (see the file comment). Every rank computes the same layouts from
@@ -180,29 +211,9 @@ inline program_layouts assign_layouts(const program& p, const mesh_shape& mesh,
             throw error("xshard: compile: input_layouts names '" + name_layout.first +
                         "', which is not an input of the program");
     }
-    std::vector<bool> planned(values.size(), false); // weights laid out by weight_layouts
-    for (const auto& [name, l] : options.weight_layouts) {
-        bool known = false;
-        for (auto id : p.weights()) {
-            if (values[id].name != name)
-                continue;
-            try {
-                detail::check_fits(l, values[id].shape.size(), mesh, "the layout");
-            } catch (const std::invalid_argument& e) {
-                throw error("xshard: compile: weight " + name + " " + shape_text(values[id].shape) +
-                            ": " + e.what());
-            }
-            if (!l.partial.empty())
-                throw error("xshard: compile: weight " + name + " is planned " + l.to_string() +
-                            ", with pending sums; a weight holds values");
-            out.values[id] = l;
-            placed[id] = planned[id] = true;
-            known = true;
-        }
-        if (!known)
-            throw error("xshard: compile: weight_layouts names '" + name +
-                        "', which is not a weight of the program");
-    }
+    const auto planned = detail::place_planned_weights(p, mesh, options, out.values);
+    for (std::size_t id = 0; id < values.size(); ++id)
+        placed[id] = placed[id] || planned[id];
     for (const auto& n : p.nodes()) {
         const op_rules* rules = n.custom ? nullptr : &detail::rules_named(n.op);
         std::vector<operand_type> types;
