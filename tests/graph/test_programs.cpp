@@ -225,20 +225,20 @@ TEST(programs, planned_weight_layouts_are_kept_and_train_on_every_mesh_like_one_
         for (std::size_t s = 0; s < losses.size(); ++s)
             EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s << " on dp " << dp;
     });
-    xshard::testing::expect_error(
-        [&] {
-            xshard::compile<double>(
-                residual_mlp(one), one,
-                {.layouts = {.weight_layouts = {{"w3", xshard::layout("[-, -]")}}}});
-        },
-        "weight_layouts names 'w3', which is not a weight of the program");
-    xshard::testing::expect_error(
-        [&] {
-            xshard::compile<double>(
-                residual_mlp(one), one,
-                {.layouts = {.weight_layouts = {{"w1", xshard::layout("[-]")}}}});
-        },
-        "xshard: compile: weight w1");
+    // A name that is not a weight, a layout of another rank.
+    struct misuse {
+        const char *name, *layout, *message;
+    };
+    for (const misuse& m :
+         {misuse{"w3", "[-, -]", "weight_layouts names 'w3', which is not a weight of the program"},
+          misuse{"w1", "[-]", "xshard: compile: weight w1"}})
+        xshard::testing::expect_error(
+            [&] {
+                xshard::compile<double>(
+                    residual_mlp(one), one,
+                    {.layouts = {.weight_layouts = {{m.name, xshard::layout(m.layout)}}}});
+            },
+            m.message);
 }
 
 TEST(programs, a_compiled_program_lays_its_weights_out_in_place_keeping_their_values) {
