@@ -311,11 +311,17 @@ int for_each_block_mesh(std::size_t sequences, std::size_t heads, F&& f) {
     return meshes;
 }
 
-/// `blocks` transformer blocks on x [tokens, o.features], then the sum of their output times
-/// r [tokens, o.features]. One block takes the layers' weight names; of several, each is the
-/// scope "block<b>".
-xshard::program blocks_against_r(std::size_t blocks, const xshard::models::transformer_options& o,
-                                 std::size_t tokens) {
+/// `blocks` transformer blocks on x [tokens, features] with Megatron's strategies over tp
+/// (data parallel over dp), then the sum of their output times r [tokens, features]. One
+/// block takes the layers' weight names; of several, each is the scope "block<b>".
+xshard::program blocks_against_r(std::size_t blocks, std::size_t features, std::size_t heads,
+                                 std::size_t sequence, std::size_t hidden, std::size_t tokens) {
+    const xshard::models::transformer_options o{.features = features,
+                                                .heads = heads,
+                                                .sequence = sequence,
+                                                .hidden = hidden,
+                                                .tensor_axis = "tp",
+                                                .data_axis = "dp"};
     return xshard::trace(
         [&](traced_tensor in, traced_tensor rr) {
             for (std::size_t b = 0; b < blocks; ++b) {
@@ -351,14 +357,7 @@ TEST(programs, traced_transformer_block_equals_the_hand_written_layers_on_every_
             const auto expected_grads = gathered(block, true);
 
             // The traced block, Megatron's strategies, the weights copied by name.
-            const auto prog = blocks_against_r(1,
-                                               {.features = f,
-                                                .heads = heads,
-                                                .sequence = sequence,
-                                                .hidden = hidden,
-                                                .tensor_axis = "tp",
-                                                .data_axis = "dp"},
-                                               tokens);
+            const auto prog = blocks_against_r(1, f, heads, sequence, hidden, tokens);
             auto net = xshard::compile<double>(prog, mesh, {.layouts = {.dataset_axes = {"dp"}}});
             const auto values = gathered(block, false);
             ASSERT_EQ(values.size(), gathered(net, false).size());
@@ -395,14 +394,7 @@ TEST(programs, recomputed_scopes_give_the_same_gradients_in_a_smaller_arena) {
     std::mt19937 engine(13);
     const xt::xtensor<double, 2> x = xt::random::randn<double>({tokens, f}, 0.0, 1.0, engine);
     const xt::xtensor<double, 2> r = xt::random::randn<double>({tokens, f}, 0.0, 1.0, engine);
-    const auto prog = blocks_against_r(blocks,
-                                       {.features = f,
-                                        .heads = heads,
-                                        .sequence = sequence,
-                                        .hidden = hidden,
-                                        .tensor_axis = "tp",
-                                        .data_axis = "dp"},
-                                       tokens);
+    const auto prog = blocks_against_r(blocks, f, heads, sequence, hidden, tokens);
     const int meshes =
         for_each_block_mesh(sequences, heads, [&](const tp_mesh& mesh, int dp, int tp) {
             const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[dp, -]");
