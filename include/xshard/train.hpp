@@ -8,6 +8,7 @@
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/optim/schedules.hpp>
 #include <xshard/param/initializer.hpp>
+#include <xshard/param/no_init.hpp>
 #include <xshard/param/parameter.hpp>
 #include <xshard/param/tensor_record.hpp>
 #include <xshard/param/traversal.hpp>

@@ -36,6 +36,7 @@
 #include <map>
 #include <new>
 #include <random>
+#include <set>
 #include <span>
 #include <sstream>
 #include <stdexcept>
@@ -562,9 +563,9 @@ using pp_mesh_t = xshard::mesh<"pp", "dp", "tp">;
 using pp_config_t = xshard::auto_parallel<model_t, pp_mesh_t>;
 
 /// The driver's 2 epochs of 4 steps through a pipeline over axis pp of `full`, with
-/// `micro` micro-batches, configured by `configure`, then an eval (which gives every stage
-/// the others' weights) whose loss and accuracy follow the training losses; the weights read
-/// after it.
+/// `micro` micro-batches, configured by `configure`, then an eval (through the pipeline)
+/// whose loss and accuracy follow the training losses; the weights read after every stage
+/// has shared its own (share_stage_weights).
 template <class Configure>
 record drive_pipeline(const pp_mesh_t& full, Configure&& configure, int micro, int accumulate = 1) {
     const auto stage = xshard::pipeline::stage_mesh_of<mesh_t>(full);
@@ -583,10 +584,79 @@ record drive_pipeline(const pp_mesh_t& full, Configure&& configure, int micro, i
     const auto e = trainer.eval(std::vector{batch(stage, 8), batch(stage, 9)});
     r.losses.push_back(e.loss);
     r.losses.push_back(e.accuracy);
+    trainer.share_stage_weights();
     xshard::for_each_weight(model, [&](const std::string&, auto& w) {
         r.weights.push_back(xshard::gather_all(w.value));
     });
     return r;
+}
+
+/// What a model answers after one training step: eval's loss and accuracy, predict's output
+/// (gathered), and whether the weights of other stages' modules, set to NaN on each rank
+/// before the eval, are still NaN after it and predict.
+struct inference {
+    double loss = 0, accuracy = 0;
+    xt::xarray<double> output;
+    bool others_untouched = true;
+};
+
+/// One step through the driver on the pipeline over axis pp of `full` (none for pp 1), then
+/// eval and predict with the modules of other stages poisoned (see `inference`).
+inference infer_after_a_step(const pp_mesh_t& full) {
+    const auto stage = xshard::pipeline::stage_mesh_of<mesh_t>(full);
+    auto model = make_model(stage);
+    pp_config_t c(model, full);
+    c.pipeline(full.axis_size<"pp">());
+    optim::sgd opt({.lr = 0.1});
+    nn::parallel_cross_entropy<double, mesh_t> loss;
+    xshard::model trainer(c, loss, opt, {.micro_batches = 2});
+    (void)trainer.train(1, std::vector{batch(stage, 0)});
+    std::set<std::string> others;
+    const int p = full.axis_size<"pp">();
+    for (const auto& [name, s] : trainer.pipeline_stages())
+        if (s % p != full.coords()[0])
+            others.insert(name);
+    const auto each_other_weight = [&](auto&& f) {
+        visit_parameters(model, [&](std::string_view name, auto& child) {
+            if (others.count(std::string(name)))
+                xshard::for_each_weight(child, [&](const std::string&, auto& w) { f(w); });
+        });
+    };
+    each_other_weight([](auto& w) { w.value.local().fill(std::nan("")); });
+    inference r;
+    const auto e = trainer.eval(std::vector{batch(stage, 1), batch(stage, 2)});
+    r.loss = e.loss;
+    r.accuracy = e.accuracy;
+    r.output = xshard::gather_all(xshard::ops::resolve(trainer.predict(batch(stage, 3).first)));
+    each_other_weight([&](auto& w) {
+        r.others_untouched = r.others_untouched && xt::all(xt::isnan(w.value.local()));
+    });
+    return r;
+}
+
+/// Pipelined eval and predict (MindSpore's output_broadcast): at pp 2 and 3 (pp 4 in
+/// test_pipeline, whose model has more modules), after a step, eval's loss and accuracy and
+/// predict's output on every rank equal one rank's. Each stage reads only its own modules'
+/// weights: those of the others, NaN on each rank, give exact results and stay NaN (no
+/// weights move).
+TEST(model_driver, pipelined_eval_and_predict_use_each_stage_s_weights_only) {
+    const auto expected = infer_after_a_step(pp_mesh_t(xshard::communicator::self(), {1, 1, 1}));
+    const auto w = world();
+    std::vector<pp_mesh_t> meshes;
+    if (w.size() % 2 == 0)
+        meshes.push_back(pp_mesh_t(w, {2, w.size() / 2, 1}));
+    if (w.size() % 4 == 0)
+        meshes.push_back(pp_mesh_t(w, {2, w.size() / 4, 2}));
+    if (w.size() % 3 == 0)
+        meshes.push_back(pp_mesh_t(w, {3, w.size() / 3, 1}));
+    for (const auto& full : meshes) {
+        const auto got = infer_after_a_step(full);
+        const std::string ctx = where(full);
+        EXPECT_NEAR(got.loss, expected.loss, 1e-12) << ctx;
+        EXPECT_DOUBLE_EQ(got.accuracy, expected.accuracy) << ctx;
+        EXPECT_TRUE(xt::allclose(got.output, expected.output, 1e-12, 1e-12)) << ctx;
+        EXPECT_TRUE(got.others_untouched) << ctx;
+    }
 }
 
 TEST(model_driver, pipeline_stages_equal_one_rank) {
@@ -1043,8 +1113,8 @@ std::vector<xt::xarray<double>> one_step_change(const mesh_t& m, Configure&& con
     return change;
 }
 
-/// The same through the pipeline stages of `full` (2 micro-batches); an eval then gives every
-/// stage the others' weights.
+/// The same through the pipeline stages of `full` (2 micro-batches); every stage then shares
+/// its weights with the others.
 template <class Configure>
 std::vector<xt::xarray<double>> one_pipelined_step_change(const pp_mesh_t& full,
                                                           Configure&& configure) {
@@ -1063,6 +1133,7 @@ std::vector<xt::xarray<double>> one_pipelined_step_change(const pp_mesh_t& full,
     EXPECT_EQ(trainer.loss_gradient_scale(), c.loss_repeated_mean() ? 1 : c.loss_repetitions());
     (void)trainer.train(1, std::vector{batch(stage, 0)});
     (void)trainer.eval(std::vector{batch(stage, 1)});
+    trainer.share_stage_weights();
     xshard::for_each_weight(model, [&](const std::string&, auto& wt) {
         change.push_back(xshard::gather_all(wt.value) - before[change.size()]);
     });
@@ -1241,8 +1312,7 @@ TEST(model_driver, pipeline_checkpoints_save_keep_and_resume_on_any_mesh_and_cut
         EXPECT_EQ(info.step, 4) << ctx;
         EXPECT_EQ(trainer.steps(), 4u) << ctx;
         check(trainer.train(2, epochs_of_batches{&stage, 4}, {}, 1), ctx + " resumed at step 4");
-        if (trainer.pipelined()) // every stage learns the others' weights
-            (void)trainer.eval(std::vector{batch(stage, 8)});
+        trainer.share_stage_weights(); // every stage learns the others' weights
         std::size_t i = 0;
         xshard::for_each_weight(model, [&](const std::string& name, auto& wt) {
             EXPECT_TRUE(
@@ -1443,6 +1513,65 @@ TEST(deferred_init, a_program_is_built_and_initialised_shard_by_shard) {
     xshard::for_each_weight(net, [&](const std::string& name, auto& w) {
         EXPECT_EQ(xshard::gather_all(w.value), expected.at(name)) << name << " " << where(m);
     });
+}
+
+TEST(deferred_init, layers_built_without_values_are_initialised_shard_by_shard) {
+    // Under xshard::no_init_parameters the layers of xshard::nn make their drawn weights as
+    // this rank's blocks holding NaN, drawing nothing: construction allocates within 10 % of
+    // the blocks and their gradients. compile() without no_init_parameters_in_compile raises
+    // on every rank; with it, the blocks hold a whole initialisation's values on one rank.
+    const int p = world().size();
+    constexpr std::size_t width = 512; // four 2 MiB weights in double
+    const auto build = [](const mesh_t& mesh) {
+        return nn::sequential(nn::column_parallel_linear<double, mesh_t>(mesh, width, width, 1),
+                              nn::row_parallel_linear<double, mesh_t>(mesh, width, width, 2),
+                              nn::column_parallel_linear<double, mesh_t>(mesh, width, width, 3),
+                              nn::row_parallel_linear<double, mesh_t>(mesh, width, width, 4));
+    };
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    auto alone = build(one);
+    using built_config = xshard::auto_parallel<decltype(alone), mesh_t>;
+    xshard::initialize_parameters(alone, 3);
+    std::map<std::string, xt::xarray<double>> expected;
+    xshard::for_each_weight(alone, [&](const std::string& name, auto& w) {
+        expected[name] = xshard::gather_all(w.value);
+    });
+    for (const auto& m : {mesh_t(world(), {1, p}), mesh_t(world(), {p, 1}), world_mesh()}) {
+        const std::string ctx = where(m);
+        counted_bytes = 0;
+        counting = true;
+        std::optional<decltype(alone)> model;
+        {
+            const xshard::no_init_parameters guard;
+            const xshard::no_init_parameters nested;
+            EXPECT_TRUE(xshard::no_init_parameters::active());
+            model.emplace(build(m));
+        }
+        counting = false;
+        EXPECT_FALSE(xshard::no_init_parameters::active());
+        std::size_t blocks = 0;
+        xshard::for_each_weight(*model, [&](const std::string& name, auto& w) {
+            blocks += (w.value.local().size() + w.grad.local().size()) * sizeof(double);
+            const bool drawn = w.value.shape().size() == 2; // biases are constants
+            EXPECT_TRUE(drawn ? xt::all(xt::isnan(w.value.local()))
+                              : xt::all(xt::equal(w.value.local(), 0.0)))
+                << name << ", " << ctx;
+        });
+        const double whole = 4.0 * width * width * sizeof(double);
+        const int tp = m.axis_size<"tp">();
+        EXPECT_LE(double(blocks), 2 * whole / tp + 1e5) << ctx;
+        EXPECT_LE(double(counted_bytes), 1.1 * double(blocks)) << ctx << ": blocks " << blocks;
+        {
+            built_config unset(*model, m);
+            expect_error([&] { unset.compile(); }, "needs no_init_parameters_in_compile");
+        }
+        built_config c(*model, m);
+        c.no_init_parameters_in_compile({.seed = 3});
+        c.compile();
+        xshard::for_each_weight(*model, [&](const std::string& name, auto& w) {
+            EXPECT_EQ(xshard::gather_all(w.value), expected.at(name)) << name << ", " << ctx;
+        });
+    }
 }
 
 TEST(deferred_init, no_init_parameters_in_compile_trains_as_one_rank) {

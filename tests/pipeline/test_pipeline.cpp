@@ -22,6 +22,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -213,6 +214,118 @@ TEST(pipeline, stages_on_differently_shaped_meshes_equal_one_rank) {
             EXPECT_EQ(total, int(expected.size())) << where;
         }
     }
+}
+
+/// The one-rank model's output (the logits) for `b`.
+xt::xarray<double> one_rank_output(const batch& b) {
+    const stage_mesh_t one(xshard::communicator::self(), {1, 1});
+    auto model = make_model(one);
+    const auto x =
+        xshard::distribute<xshard::dynamic_layout(2)>(one, b.x, nn::make_layout({"", ""}));
+    return xshard::gather_all(xshard::ops::resolve(model.forward(x)));
+}
+
+/// Pipelined inference (MindSpore's output_broadcast): for every factorisation and
+/// schedule, with the batch's rows split over dp or whole, `predict` gives the one-rank
+/// output on the last stage, and on every stage with output_broadcast, on meshes of one shape
+/// and of different shapes (a cross-mesh broadcast), for batches of any size. Each stage
+/// reads only its own weights:
+/// the modules of other stages hold NaN on each rank, and the output is still exact. The
+/// gradients stay zero terms.
+TEST(pipeline, predict_equals_one_rank_and_reads_only_the_stage_s_weights) {
+    const int world = xshard::testing::world().size();
+    const auto poison_others = [](auto& model, const auto& pipe) {
+        visit_parameters(model, [&](std::string_view name, auto& child) {
+            if (!pipe.local_modules().count(std::string(name)))
+                xshard::for_each_weight(child, [](const std::string&, auto& w) {
+                    w.value.local().fill(std::numeric_limits<double>::quiet_NaN());
+                });
+        });
+    };
+    for (const auto& sizes : meshes(world)) {
+        const full_mesh_t mesh(sizes);
+        const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+        const int p = sizes[0], dp = sizes[1];
+        const int m = 2 * p;
+        const auto b = make_batch(std::size_t(m * dp * 2 + 1), 29);
+        const auto expected = one_rank_output(b);
+        std::vector<std::pair<pp::schedule_kind, int>> runs{{pp::schedule_kind::one_f_one_b, 1},
+                                                            {pp::schedule_kind::zero_bubble, 1}};
+        if (p * 2 <= 9)
+            runs.emplace_back(pp::schedule_kind::interleaved, 2);
+        for (const char* rows : {"dp", ""})
+            for (const auto& [kind, v] : runs)
+                for (const bool broadcast : {true, false}) {
+                    const std::string where =
+                        "mesh pp=" + std::to_string(p) + " dp=" + std::to_string(dp) +
+                        " tp=" + std::to_string(sizes[2]) + ", rows [" + rows + "], " +
+                        std::string(pp::name(kind)) + " v=" + std::to_string(v) +
+                        (broadcast ? ", broadcast" : "") + ", rank " + std::to_string(mesh.rank());
+                    const auto x = xshard::distribute<xshard::dynamic_layout(2)>(
+                        stage_mesh, b.x, nn::make_layout({rows, ""}));
+                    auto model = make_model(stage_mesh);
+                    pp::pipeline<decltype(model), X> pipe(mesh, "pp", stage_mesh, model,
+                                                          {.micro_batches = m,
+                                                           .scheduler = kind,
+                                                           .virtual_stages = v,
+                                                           .output_broadcast = broadcast});
+                    poison_others(model, pipe);
+                    const auto y = pipe.predict(x);
+                    const bool last = pipe.stage() == p - 1;
+                    ASSERT_EQ(y.has_value(), broadcast || last) << where;
+                    if (y) {
+                        EXPECT_EQ(y->layout().split_count(0, stage_mesh.shape()),
+                                  x.layout().split_count(0, stage_mesh.shape()))
+                            << where;
+                        const xt::xarray<double> got = xshard::gather_all(xshard::ops::resolve(*y));
+                        EXPECT_TRUE(xt::allclose(got, expected, 1e-12, 1e-12)) << where;
+                    }
+                    xshard::for_each_weight(
+                        pipe.local_parameters(), [&](const std::string& name, auto& w) {
+                            const xt::xarray<double> g =
+                                xshard::gather_all(xshard::ops::resolve(w.grad));
+                            EXPECT_TRUE(xt::all(xt::equal(g, 0.0))) << name << ", " << where;
+                        });
+                }
+        // A batch of any size: 5 rows take as many micro-batches as cut them.
+        const auto small = make_batch(5, 37);
+        auto model = make_model(stage_mesh);
+        pp::pipeline<decltype(model), X> pipe(mesh, "pp", stage_mesh, model,
+                                              {.micro_batches = m, .output_broadcast = true});
+        const auto y = pipe.predict(xshard::distribute<xshard::dynamic_layout(2)>(
+            stage_mesh, small.x, nn::make_layout({"dp", ""})));
+        EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::resolve(*y)),
+                                 one_rank_output(small), 1e-12, 1e-12))
+            << "5 rows, pp=" << p << " dp=" << dp << ", rank " << mesh.rank();
+    }
+    // Stages on meshes of different shapes (n x 1, then n/2 x 2), the last taking its input
+    // whole: its output's rows are whole, joined from micro-batches cut from n row blocks,
+    // and reach the first stage through a cross-mesh plan.
+    const int p = world % 4 == 0 ? 2 : 0; // n = world / 2 even
+    if (p == 0)
+        return;
+    const int n = world / p;
+    const full_mesh_t mesh({p, n, 1});
+    const std::array<int, 2> sizes =
+        mesh.coords()[0] == 1 ? std::array<int, 2>{n / 2, 2} : std::array<int, 2>{n, 1};
+    const stage_mesh_t stage_mesh(mesh.sub(full_mesh_t::axes<"dp", "tp">()), sizes);
+    const auto b = make_batch(std::size_t(4 * n), 31);
+    const auto expected = one_rank_output(b);
+    const auto x =
+        xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x, nn::make_layout({"dp", ""}));
+    auto model = make_model(stage_mesh);
+    pp::pipeline<decltype(model), X> pipe(
+        mesh, "pp", stage_mesh, model,
+        {.micro_batches = 2,
+         .stage_starts = {4},
+         .output_broadcast = true,
+         .stage_input_layouts = {{1, nn::make_layout({"", ""})}}});
+    poison_others(model, pipe);
+    const auto y = pipe.predict(x);
+    ASSERT_TRUE(y.has_value());
+    EXPECT_EQ(y->mesh().shape().sizes[1], sizes[1]);
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::resolve(*y)), expected, 1e-12, 1e-12))
+        << "cross-mesh broadcast, rank " << mesh.rank();
 }
 
 /// Only the first stage passes the batch and only the last the labels (the others pass

@@ -761,8 +761,9 @@ struct piped_record : record {
 };
 
 /// Three steps of the searched MLP through the driver under pipeline(pp of `full`,
-/// `interleave`) with `micro` micro-batches, laid out by `mode`'s engine, then an eval (which
-/// gives every stage the others' weights) whose loss joins the losses; the weights read after.
+/// `interleave`) with `micro` micro-batches, laid out by `mode`'s engine, then an eval
+/// (through the pipeline) whose loss joins the losses; the weights read after every stage
+/// has shared its own.
 piped_record train_piped(const pp_mesh_t& full, const std::vector<std::size_t>& widths,
                          const std::string& mode, int micro, bool interleave = false,
                          const std::string& hsdp_level = {}, const std::string& load = {},
@@ -784,6 +785,7 @@ piped_record train_piped(const pp_mesh_t& full, const std::vector<std::size_t>& 
     piped_record r;
     r.losses = trainer.train(1, data);
     r.losses.push_back(trainer.eval(std::vector{batch_of(stage, 7)}).loss);
+    trainer.share_stage_weights();
     for_each_weight(model,
                     [&](const std::string&, auto& w) { r.weights.push_back(gather_all(w.value)); });
     r.stages = trainer.pipeline_stages();

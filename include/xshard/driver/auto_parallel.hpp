@@ -51,9 +51,11 @@
 #include <xshard/train/lay_out.hpp>
 #include <xshard/train/norms.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -575,6 +577,8 @@ public:
             agreed(mesh_.comm(),
                    [&] { initialize_parameters(*model_, no_init_->seed, no_init_->rule); });
             initialized_ = true;
+        } else if (!no_init_) {
+            agreed(mesh_.comm(), [&] { refuse_undrawn_weights(); });
         }
         if (!save_param_strategy_.empty())
             save_strategy_file(save_param_strategy_, *model_, !only_trainable_, pipeline_.stages);
@@ -597,6 +601,21 @@ public:
     }
 
 private:
+    /// Throws when a weight holds NaN: built under xshard::no_init_parameters (param/no_init.hpp)
+    /// and never initialised.
+    void refuse_undrawn_weights() const {
+        for_each_weight(*model_, [&](const std::string& name, auto& w) {
+            using V = typename std::remove_cvref_t<decltype(w.value)>::value_type;
+            if constexpr (std::numeric_limits<V>::has_quiet_NaN) {
+                const auto& l = w.value.local();
+                if (std::any_of(l.data(), l.data() + l.size(), [](V v) { return v != v; }))
+                    throw error("xshard: auto_parallel: compile: the weight '" + name +
+                                "' holds NaN: a model built under xshard::no_init_parameters "
+                                "needs no_init_parameters_in_compile() to initialise it");
+            }
+        });
+    }
+
     void agree(const std::optional<std::string>& problem) const {
         agree_on_error(mesh_.comm(), problem);
     }

@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// The training driver `xshard::trainer`, MindSpore's `Model(network, loss_fn,
-/// optimizer).train(epoch, train_dataset, callbacks)` and `Model.eval(valid_dataset)`, over an
+/// optimizer).train(epoch, train_dataset, callbacks)`, `Model.eval(valid_dataset)` and
+/// `Model.predict(x)`, over an
 /// `auto_parallel` configuration (driver/auto_parallel.hpp), with the callbacks of
 /// driver/callbacks.hpp. `xshard::model` is another name for it, after MindSpore's `Model`:
 ///
@@ -50,7 +51,8 @@
 /// micro-batches and stage_config of `trainer_options`), reduces the gradients over each
 /// stage's data-parallel copies (PipelineGradReducer; under hsdp the stage's optimizer
 /// sharding) and updates the stage's own parameters; the loss is broadcast over the
-/// pipeline axis so that every rank's callbacks see it. A searched model whose operators are
+/// pipeline axis so that every rank's callbacks see it. `eval` and `predict` run through the
+/// pipeline too, each stage with its own weights only. A searched model whose operators are
 /// its modules (searched_mlp) is searched with the pipeline's stages and micro-batches, and
 /// cut where the search's plan cuts it (unless stage_config is given).
 
@@ -360,15 +362,14 @@ public:
     /// MindSpore's Model.eval with metrics {"loss", "accuracy"}: the model's forward pass and
     /// the loss over every batch of `dataset` (its epoch 0 for a loader; batches of any size,
     /// uneven ones included), the loss averaged over the samples, the accuracy counted as in
-    /// detail::correct_predictions. Under a pipeline, each stage's current weights are first
-    /// broadcast over the pipeline axis (the model's weights once per call) and every stage
-    /// evaluates the whole chain on its stage mesh. At hsdp level3 the weights are gathered
-    /// once first (and stay until the next training step). Collective over the mesh.
+    /// detail::correct_predictions. Under a pipeline each batch runs through it
+    /// (pipeline::predict_on_last_stage): every stage runs only its own modules with its own
+    /// weights, the last stage computes the metrics and broadcasts them over the pipeline
+    /// axis; no weights move. At hsdp level3 the weights (the stage's, under a pipeline) are
+    /// gathered once first and stay until the next training step. Collective over the mesh.
     template <class Dataset>
     eval_result eval(Dataset&& dataset) {
-        gather_weights(); // (under a pipeline: the stage's values, to share)
-        if (stage_)
-            stage_->share_weights();
+        gather_weights();
         auto& net = net_->model();
         double loss_sum = 0;
         std::int64_t right = 0;
@@ -376,11 +377,19 @@ public:
         for (auto&& batch : batches_of(dataset, 0)) {
             auto&& [bx, by] = batch;
             in_dataset_layouts(bx, by, [&](const auto& x, const auto& y) {
-                const auto logits = net.forward(x);
                 const std::size_t rows = std::size_t(x.shape()[0]);
+                samples += rows;
+                if constexpr (pipelinable) {
+                    if (pipelined()) {
+                        const auto [l, r] = runner_for(x).eval_batch(x, y);
+                        loss_sum += l * double(rows);
+                        right += std::int64_t(r);
+                        return;
+                    }
+                }
+                const auto logits = net.forward(x);
                 loss_sum += double(loss_->forward(logits, y)) * double(rows);
                 right += detail::correct_predictions(logits, y);
-                samples += rows;
             });
         }
         eval_result r;
@@ -390,6 +399,36 @@ public:
             r.accuracy = double(right) / double(samples);
         }
         return r;
+    }
+
+    /// MindSpore's Model.predict: the model's output for the batch `x` (a distributed tensor,
+    /// laid out by the dataset strategy as in a step). Under a pipeline, `x` runs through it
+    /// (pipeline::predict: each stage runs only its own modules, with its own weights) and
+    /// the last stage's output reaches every stage (MindSpore's output_broadcast). At hsdp
+    /// level3 the weights are gathered first, as for eval. Collective over the mesh.
+    template <distributed_tensor X>
+    auto predict(const X& x) {
+        gather_weights();
+        const std::vector<layout>& wanted = net_->input_layouts();
+        if (wanted.empty() || x.layout() == wanted[0])
+            return predict_laid_out(x);
+        if constexpr (X::static_layout.dynamic)
+            return predict_laid_out(redistribute<X::static_layout>(x, wanted[0]));
+        else
+            throw error("xshard: model: predict: the batch has the layout " +
+                        x.layout().to_string() + " in its type, not the dataset strategy's " +
+                        wanted[0].to_string() + "; read it with the strategy's layouts");
+    }
+
+    /// Under a pipeline: each stage's current weights broadcast over the pipeline axis, so
+    /// that every rank's model holds the whole trained model (to read, save whole, or run
+    /// without the pipeline); the model's weights move once. Training and evaluating do not
+    /// need it: each stage keeps only its own modules current. Nothing without a pipeline, or
+    /// before the pipeline's first step or evaluation. Collective over the mesh.
+    void share_stage_weights() {
+        gather_weights();
+        if (stage_)
+            stage_->share_weights();
     }
 
     /// Saves the parameters (all of them after disable_strategy_file_only_for_trainable_params,
@@ -579,11 +618,10 @@ private:
     }
 
     /// The pipeline, its optimizer sharding and this rank's stage, type-erased over the
-    /// batch's types (known at the first step).
+    /// batch's type (known at the first step, evaluation or prediction).
     struct stage_runner {
-        std::type_index x_type = typeid(void), y_type = typeid(void);
+        std::type_index x_type = typeid(void);
         virtual ~stage_runner() = default;
-        virtual double step(const void* x, const void* y) = 0;
         virtual void finish_step(long step) = 0;
         virtual void share_weights() = 0;
         virtual void gather_weights() = 0;
@@ -592,7 +630,7 @@ private:
         virtual std::vector<std::pair<std::string, int>> stages() const = 0;
     };
 
-    template <class X, class Y>
+    template <class X>
     struct stage_runner_of final : stage_runner {
         using pipe_type = xshard::pipeline::pipeline<network_type, X>;
         using local_type =
@@ -603,7 +641,6 @@ private:
             , pipe(m.net_->mesh(), m.options_.pipeline_axis, x.mesh(), m.net_->model(),
                    options_of(m)) {
             this->x_type = typeid(X);
-            this->y_type = typeid(Y);
             if (m.net_->hsdp_config())
                 sharding = std::make_unique<xshard::hsdp<local_type>>(
                     pipe.local_parameters(), *m.net_->hsdp_config(), m.net_->gradient_options());
@@ -621,9 +658,8 @@ private:
             return o;
         }
 
-        double step(const void* x, const void* y) override {
-            const auto& xs = *static_cast<const X*>(x);
-            const auto& ys = *static_cast<const Y*>(y);
+        template <class Y>
+        double step(const X& xs, const Y& ys) {
             // hsdp level3: the stage's weights gathered once before its first micro-batch,
             // freed after its last backward, whose accumulated gradients are then
             // reduce-scattered into the shards (finish_step waits for them).
@@ -683,6 +719,24 @@ private:
             });
         }
 
+        /// The batch's (mean loss, correct predictions) on every rank: computed on the last
+        /// stage from its output, then broadcast over the pipeline axis.
+        template <class Y>
+        std::array<double, 2> eval_batch(const X& x, const Y& y) {
+            const auto logits = pipe.predict_on_last_stage(&x);
+            std::array<double, 2> metrics{};
+            agreed_alike(self->net_->mesh().comm(), [&] {
+                if (logits) {
+                    metrics[0] = double(self->loss_->forward(*logits, y));
+                    metrics[1] = double(detail::correct_predictions(*logits, y));
+                }
+            });
+            const int last = pipe.config().rank_of_stage(pipe.config().total_stages() - 1);
+            mpi::bcast(self->net_->mesh().sub(axis_set::of(self->pipeline_axis_)),
+                       std::span(metrics), last);
+            return metrics;
+        }
+
         void save(const std::string& path, std::int64_t step, bool all) override {
             const checkpoint_options o{.all_parameters = all, .step = step};
             auto& local = pipe.local_parameters();
@@ -709,14 +763,36 @@ private:
         std::unique_ptr<xshard::hsdp<local_type>> sharding;
     };
 
+    /// predict on `x` in the dataset strategy's layout.
+    template <distributed_tensor X>
+    auto predict_laid_out(const X& x) {
+        using output_type = std::remove_cvref_t<decltype(net_->model().forward(x))>;
+        if (pipelined()) {
+            if constexpr (pipelinable && std::is_constructible_v<output_type, X>)
+                return output_type(std::move(*runner_for(x).pipe.predict(x)));
+            else
+                throw error("xshard: model: predict under a pipeline needs a model whose "
+                            "output has its input's type");
+        }
+        return output_type(net_->model().forward(x));
+    }
+
+    /// The pipeline's runner, made from the batch's type at the first step, evaluation or
+    /// prediction (collective); later batches must have the same type (raises on every rank
+    /// alike).
+    template <class X>
+    stage_runner_of<X>& runner_for(const X& x) {
+        if (!stage_)
+            stage_ = std::make_unique<stage_runner_of<X>>(*this, x); // collective
+        else if (stage_->x_type != typeid(X))
+            throw error("xshard: model: a pipelined model's batches must keep their type from "
+                        "one step, evaluation or prediction to the next");
+        return static_cast<stage_runner_of<X>&>(*stage_);
+    }
+
     template <class X, class Y>
     double pipeline_step(const X& x, const Y& y) {
-        if (!stage_)
-            stage_ = std::make_unique<stage_runner_of<X, Y>>(*this, x); // collective
-        else if (stage_->x_type != typeid(X) || stage_->y_type != typeid(Y))
-            throw error("xshard: model: a pipelined model's batches must keep their types "
-                        "from one step to the next"); // the same on every rank
-        const double l = stage_->step(&x, &y);
+        const double l = runner_for(x).step(x, y);
         stage_->finish_step(long(steps_));
         ++steps_;
         return l;

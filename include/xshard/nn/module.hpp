@@ -25,18 +25,20 @@
 #include <xshard/ops/matmul.hpp>
 #include <xshard/ops/reduce.hpp>
 #include <xshard/ops/shape.hpp>
+#include <xshard/param/no_init.hpp>
+#include <xshard/param/parameter.hpp>
+#include <xshard/param/traversal.hpp>
+#include <xshard/param/weight.hpp>
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/tensor/distribute.hpp>
-#include <xshard/param/parameter.hpp>
-#include <xshard/param/weight.hpp>
-#include <xshard/param/traversal.hpp>
 
 #include <xtensor/xnoalias.hpp>
 
 #include <cmath>
-#include <cstdint>
 #include <concepts>
+#include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -187,10 +189,16 @@ void accumulate_product(weight<D>& w, const A& a, const B& b) {
 }
 
 /// A weight with values from `dist(std::mt19937(seed))` drawn in global row-major order (so
-/// the same on any mesh and layout as serially), laid out as `l`.
+/// the same on any mesh and layout as serially), laid out as `l`. Under an
+/// `xshard::no_init_parameters` guard, without values: this rank's block, holding NaN
+/// (param/no_init.hpp).
 template <class T, std::size_t N, mesh_type Mesh, class Distribution>
 weight<tensor<T, Mesh, N>> make_weight(const Mesh& mesh, const std::array<std::size_t, N>& shape,
                                        const layout& l, unsigned seed, Distribution dist) {
+    if (no_init_parameters::active())
+        return weight<tensor<T, Mesh, N>>(full<T, dynamic_layout(N)>(
+            mesh, shape,
+            std::numeric_limits<T>::has_quiet_NaN ? std::numeric_limits<T>::quiet_NaN() : T{}, l));
     return weight<tensor<T, Mesh, N>>(
         generate<dynamic_layout(N)>(mesh, shape, std::mt19937(seed), dist, l));
 }

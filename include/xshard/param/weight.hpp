@@ -79,7 +79,7 @@ struct weight {
     explicit weight(D v)
         : value(std::move(v))
         , grad(detail::unchecked, value.mesh(), value.shape(),
-               typename gradient_type::local_type(value.local()), term_layout()) {
+               gradient_type::local_type::from_shape(value.local().shape()), term_layout()) {
         grad.local().fill(typename D::value_type(0));
     }
 

@@ -6,7 +6,8 @@
 /// distributed tensor made of every rank's i-th chunk, laid out as the batch. With the
 /// rows whole on every rank (no data parallelism) micro-batch i is global rows
 /// [i N/m, (i+1) N/m) of the block partition; with rows split over k data-parallel blocks it
-/// is the i-th chunk of each block. The micro-batches' gradients sum to the batch's.
+/// is the i-th chunk of each block. The micro-batches' gradients sum to the batch's, and
+/// `join_micro_batches` puts micro-batches (or outputs computed from them) back together.
 
 #include <xshard/comm/error.hpp>
 #include <xshard/core/partition.hpp>
@@ -14,6 +15,7 @@
 
 #include <xtensor/xview.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -21,10 +23,10 @@
 namespace xshard::pipeline {
 
 /// The global rows of each micro-batch when a batch of `rows` rows split into `blocks` row
-/// blocks is cut into `m` micro-batches (see the file comment). Throws `xshard::error`
-/// (every rank alike: it depends on sizes only) when m < 1, or when the chunks of some
-/// micro-batch do not form the block partition a distributed tensor's rows must have
-/// (never so when `rows` is a multiple of blocks x m).
+/// blocks is cut into `m` micro-batches (see the file comment); empty when the chunks of some
+/// micro-batch do not form the block partition a distributed tensor's rows must have (never
+/// so when `rows` is a multiple of blocks x m). Throws `xshard::error` (every rank alike: it
+/// depends on sizes only) when m < 1.
 inline std::vector<std::size_t> micro_batch_rows(std::size_t rows, std::size_t blocks, int m) {
     if (m < 1)
         throw error("xshard: a batch needs at least one micro-batch, not " + std::to_string(m));
@@ -36,12 +38,31 @@ inline std::vector<std::size_t> micro_batch_rows(std::size_t rows, std::size_t b
         for (std::size_t b = 0; b < blocks; ++b)
             if (block_extent(block_extent(rows, blocks, b), mm, i) !=
                 block_extent(out[i], blocks, b))
-                throw error("xshard: a batch of " + std::to_string(rows) + " rows in " +
-                            std::to_string(blocks) + " row blocks does not cut into " +
-                            std::to_string(m) + " micro-batches laid out like it; use a batch " +
-                            "size that is a multiple of " + std::to_string(blocks * mm));
+                return {};
     }
     return out;
+}
+
+/// `micro_batch_rows`, throwing `xshard::error` when the rows do not cut.
+inline std::vector<std::size_t> checked_micro_batch_rows(std::size_t rows, std::size_t blocks,
+                                                         int m) {
+    auto out = micro_batch_rows(rows, blocks, m);
+    if (out.empty())
+        throw error("xshard: a batch of " + std::to_string(rows) + " rows in " +
+                    std::to_string(blocks) + " row blocks does not cut into " + std::to_string(m) +
+                    " micro-batches laid out like it; use a batch size that is a multiple of " +
+                    std::to_string(blocks * std::size_t(m)));
+    return out;
+}
+
+/// The most micro-batches, up to `m`, that a batch of `rows` rows in `blocks` row blocks cuts
+/// into with rows in each (inference takes batches of any size); 1 always does.
+inline int fitting_micro_batches(std::size_t rows, std::size_t blocks, int m) {
+    m = int(std::min<std::size_t>(std::size_t(std::max(m, 1)),
+                                  std::max<std::size_t>(rows / blocks, 1)));
+    while (m > 1 && micro_batch_rows(rows, blocks, m).empty())
+        --m;
+    return m;
 }
 
 /// The m micro-batches of `t` (see the file comment): local work only, the same layout as
@@ -50,7 +71,7 @@ inline std::vector<std::size_t> micro_batch_rows(std::size_t rows, std::size_t b
 /// them first, so that two stages whose tensors split the rows differently (the batch on
 /// the first, the labels on the last) cut the same rows into each micro-batch; then the rows
 /// must be a multiple of `blocks`. Throws `xshard::error` on every rank alike when `t` has a
-/// pending sum or the rows do not cut (see `micro_batch_rows`).
+/// pending sum or the rows do not cut (see `checked_micro_batch_rows`).
 template <distributed_tensor D>
 std::vector<D> split_micro_batches(const D& t, int m, std::size_t blocks = 0) {
     if (t.layout().is_partial())
@@ -70,7 +91,7 @@ std::vector<D> split_micro_batches(const D& t, int m, std::size_t blocks = 0) {
                     std::to_string(blocks) + " row blocks (the other end of " +
                     "the pipeline splits its rows so) needs a multiple of " +
                     std::to_string(blocks) + " rows");
-    const auto sizes = micro_batch_rows(rows, blocks, m);
+    const auto sizes = checked_micro_batch_rows(rows, blocks, m);
     const std::size_t local_rows = t.local().shape()[0];
     std::vector<D> out;
     out.reserve(sizes.size());
@@ -104,6 +125,55 @@ std::vector<D> split_micro_batches(const D& t, int m, std::size_t blocks = 0) {
         out.emplace_back(xshard::detail::unchecked, t.mesh(), shape, std::move(chunk), t.layout());
     }
     return out;
+}
+
+/// The batch whose micro-batches (those of `split_micro_batches` on a batch in `blocks` row
+/// blocks, or any tensors computed from them row by row, like a model's outputs) are
+/// `parts`: local work only. Every part must have the same layout, and the same extents but
+/// the rows; its rows split into `blocks` blocks (each rank's chunks are then consecutive
+/// rows of its block) or whole (each rank then places the rows of every micro-batch's
+/// blocks). Throws `xshard::error` (every rank alike: it depends on layouts and sizes only)
+/// otherwise.
+template <distributed_tensor D>
+D join_micro_batches(const std::vector<D>& parts, std::size_t blocks) {
+    if (parts.empty())
+        throw error("xshard: micro-batches: nothing to join");
+    const auto& first = parts.front();
+    const auto& ms = first.mesh().shape();
+    const auto split = static_cast<std::size_t>(first.layout().split_count(0, ms));
+    auto shape = first.shape();
+    shape[0] = 0;
+    for (const auto& p : parts) {
+        auto other = p.shape();
+        other[0] = 0;
+        if (!(p.layout() == first.layout()) || other != shape)
+            throw error("xshard: micro-batches: the parts to join differ in layout or extents (" +
+                        first.layout().to_string() + ", " + p.layout().to_string() + ")");
+    }
+    if (split != blocks && split != 1)
+        throw error("xshard: micro-batches: parts whose rows are split into " +
+                    std::to_string(split) + " blocks cannot be joined into a batch of " +
+                    std::to_string(blocks) + " row blocks; split them alike, or not at all");
+    auto local_shape = first.local().shape();
+    local_shape[0] = 0;
+    for (const auto& p : parts) {
+        shape[0] += p.shape()[0];
+        local_shape[0] += p.local().shape()[0];
+    }
+    auto out = D::local_type::from_shape(local_shape);
+    std::size_t at = 0;
+    // Rows split alike: each rank's chunks in turn. Whole rows: block b of every part in
+    // turn, for each of the batch's blocks b.
+    const std::size_t passes = split == 1 ? blocks : 1;
+    for (std::size_t b = 0; b < passes; ++b)
+        for (const auto& p : parts) {
+            const std::size_t rows = p.local().shape()[0];
+            const std::size_t from = split == 1 ? block_offset(rows, blocks, b) : 0;
+            const std::size_t n = split == 1 ? block_extent(rows, blocks, b) : rows;
+            xt::view(out, xt::range(at, at + n)) = xt::view(p.local(), xt::range(from, from + n));
+            at += n;
+        }
+    return D(xshard::detail::unchecked, first.mesh(), shape, std::move(out), first.layout());
 }
 
 } // namespace xshard::pipeline

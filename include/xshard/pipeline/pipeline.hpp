@@ -22,7 +22,9 @@
 /// and gradients travel between neighbouring stages without blocking (step_transfers.hpp;
 /// where the stages are and which boundaries are cross-mesh, topology.hpp).
 /// `synchronize_gradients()` (PipelineGradReducer) then sums the gradients over each
-/// stage's data-parallel copies once per step.
+/// stage's data-parallel copies once per step. `predict` runs the forward passes alone
+/// (inference): each stage with its own weights, the last stage's output sent to every stage
+/// with `output_broadcast`.
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
@@ -47,6 +49,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -173,42 +176,154 @@ public:
         return topo_.pp.rank() == topo_.config.rank_of_stage(last_stage());
     }
 
+    /// MindSpore's `Model.predict` through the pipeline (its `output_broadcast` inference):
+    /// the forward passes of `x` (the batch of any size, [rows, ...] on the stage mesh; read by
+    /// the first stage only), cut into as many of the step's micro-batches as fit its rows
+    /// (fitting_micro_batches), each stage running its own layers with
+    /// its own weights (no stage needs another's) and passing activations on as in a step
+    /// (make_forward_schedule). Returns the model's output for the whole batch, its
+    /// micro-batches' outputs joined (join_micro_batches: rows split like the batch's, or
+    /// whole), on the last stage; with output_broadcast also on every other stage (sent from
+    /// the last stage's ranks to the corresponding ranks, or through a cross-mesh plan where
+    /// the meshes differ); nothing elsewhere. Collective over the mesh; misuse and errors
+    /// raise on every rank as in `step`. Leaves the gradients and `last_step()` alone.
+    std::optional<X> predict(const X& x) {
+        std::optional<std::string> problem;
+        if (!(x.mesh() == topo_.mesh))
+            problem = "xshard: pipeline: the batch must live on the pipeline's stage mesh (" +
+                      topo_.mesh.shape().to_string() + ")";
+        return run_predict(&x, std::move(problem), options_.output_broadcast);
+    }
+
+    /// `predict` where only the first stage passes the batch (null elsewhere).
+    std::optional<X> predict(const X* x) {
+        return run_predict(x, std::nullopt, options_.output_broadcast);
+    }
+
+    /// `predict` with the output on the last stage only, whatever output_broadcast says: for
+    /// metrics computed there (the driver's eval).
+    std::optional<X> predict_on_last_stage(const X* x) {
+        return run_predict(x, std::nullopt, false);
+    }
+
 private:
     /// The step on `x` (read on the first stage only) and `labels` (the last stage only),
-    /// `problem` a misuse the caller found: the batch is agreed on and cut, then this
-    /// rank's row of the schedule is walked, then the ranks agree on its outcome.
+    /// `problem` a misuse the caller found.
     template <distributed_tensor Labels, class Loss>
     value_type run_step(const X* x, const Labels* labels, Loss& loss,
                         std::optional<std::string> problem) {
         const auto t0 = detail::step_clock::now();
-        xshard::detail::open_scope(world_, "a pipeline step");
-        const auto abandoned = xshard::detail::watch().abandoned;
         stats_ = {};
-        const int me = topo_.pp.rank(), last_rank = topo_.config.rank_of_stage(last_stage());
-        auto batch =
-            detail::make_step_batch(world_, topo_.mesh, me == 0, me == last_rank,
-                                    topo_.config.micro_batches, x, labels, std::move(problem));
-        const auto& mine = table_.ranks[std::size_t(me)];
-        detail::step_transfers<X> transfers(topo_, mine);
-        const auto& stage = topo_.mesh.comm();
-        detail::step_walk<X, Labels, Loss> walk(stage, stage_layers_, last_stage(), batch, loss,
-                                                transfers, stats_);
-        const auto failure = walk.run(mine);
-        using xshard::detail::scope_announced, xshard::detail::scope_failed;
-        const char outcome = !failure            ? 0
-                             : walk.first_hand() ? char(scope_failed | scope_announced)
-                                                 : char(scope_failed);
-        auto fail = [](int, const std::string& text, std::exception_ptr) {
-            throw error(text);
-        };
-        xshard::detail::close_scope(world_, abandoned, outcome, walk.origin(), failure.value_or(""),
-                                    nullptr, fail, stage);
-        value_type result =
-            me == last_rank ? walk.loss_sum() : std::numeric_limits<value_type>::quiet_NaN();
+        const int last_rank = topo_.config.rank_of_stage(last_stage());
+        value_type result = std::numeric_limits<value_type>::quiet_NaN();
+        walk<Labels>("a pipeline step", &table_, x, labels, std::move(problem), true, loss, stats_,
+                     [&](auto& w, auto&) {
+                         if (stage() == last_rank)
+                             result = w.loss_sum();
+                     });
         if (options_.output_broadcast)
             bcast(topo_.pp, std::span(&result, 1), last_rank);
         stats_.seconds = detail::seconds_since(t0);
         return result;
+    }
+
+    /// The forward passes of predict, the output sent to every stage when `broadcast`.
+    std::optional<X> run_predict(const X* x, std::optional<std::string> problem, bool broadcast) {
+        std::vector<X> outputs;
+        std::size_t blocks = 0;
+        detail::no_loss none;
+        step_stats stats;
+        walk<X>("a pipelined prediction", nullptr, x, nullptr, std::move(problem), false, none,
+                stats, [&](auto& w, auto& batch) {
+                    outputs = w.take_outputs();
+                    blocks = std::size_t(batch.cut.row_blocks);
+                });
+        const int last_rank = topo_.config.rank_of_stage(last_stage());
+        std::optional<X> out;
+        agreed_alike(world_, [&] {
+            if (stage() == last_rank)
+                out = join_micro_batches(outputs, blocks);
+        });
+        if (broadcast)
+            broadcast_output(out, last_rank);
+        return out;
+    }
+
+    /// Walks this rank's row of `table` (see the file comment; null: the forward passes of
+    /// the batch's micro-batches, make_forward_schedule) on the batch `x` (first stage) and
+    /// `labels` (last stage, when `labelled`), with `loss`: the batch is agreed on and cut,
+    /// the row walked, then the ranks agree on its outcome, raising its error on every rank;
+    /// then `done(walk, batch)`.
+    template <distributed_tensor Labels, class Loss, class Done>
+    void walk(const char* what, const schedule* table, const X* x, const Labels* labels,
+              std::optional<std::string> problem, bool labelled, Loss& loss, step_stats& stats,
+              Done&& done) {
+        xshard::detail::open_scope(world_, what);
+        const auto abandoned = xshard::detail::watch().abandoned;
+        const int me = topo_.pp.rank(), last_rank = topo_.config.rank_of_stage(last_stage());
+        auto batch = detail::make_step_batch(world_, topo_.mesh, me == 0, me == last_rank,
+                                             topo_.config.micro_batches, x, labels,
+                                             std::move(problem), labelled);
+        schedule forward;
+        if (!table) {
+            auto c = topo_.config;
+            c.micro_batches = batch.micro_batches; // at most the step's: the tags stay unique
+            forward = make_forward_schedule(c);
+            table = &forward;
+        }
+        const auto& mine = table->ranks[std::size_t(me)];
+        detail::step_transfers<X> transfers(topo_, mine);
+        const auto& stage = topo_.mesh.comm();
+        detail::step_walk<X, Labels, Loss> w(stage, stage_layers_, last_stage(), batch, loss,
+                                             transfers, stats);
+        const auto failure = w.run(mine);
+        using xshard::detail::scope_announced, xshard::detail::scope_failed;
+        const char outcome = !failure         ? 0
+                             : w.first_hand() ? char(scope_failed | scope_announced)
+                                              : char(scope_failed);
+        auto fail = [](int, const std::string& text, std::exception_ptr) {
+            throw error(text);
+        };
+        xshard::detail::close_scope(world_, abandoned, outcome, w.origin(), failure.value_or(""),
+                                    nullptr, fail, stage);
+        done(w, batch);
+    }
+
+    /// Sends `out` (the output, on the last stage's ranks) to the corresponding ranks of the
+    /// other stages, or through a cross-mesh plan to those whose mesh differs; the others
+    /// receive it into `out`. All transfers are to or from the last stage, after the walk's
+    /// (every one of which is matched by then), so tag 0 is free.
+    void broadcast_output(std::optional<X>& out, int last_rank) {
+        const int me = stage();
+        const int p = topo_.pp.size();
+        const auto same_mesh = [&](int r) {
+            return topo_.shapes[std::size_t(r)] == topo_.shapes[std::size_t(last_rank)];
+        };
+        if (me == last_rank) {
+            std::list<outgoing<X>> plain;
+            std::list<cross_outgoing<X>> cross;
+            for (int r = 0; r < p; ++r) {
+                if (r == me)
+                    continue;
+                if (same_mesh(r))
+                    plain.emplace_back(topo_.pp, *out, r, 0);
+                else
+                    cross.emplace_back(topo_.cross, *out, topo_.placed[std::size_t(me)],
+                                       topo_.placed[std::size_t(r)], out->layout(), 0);
+            }
+            for (auto& o : plain)
+                o.wait();
+            for (auto& o : cross)
+                o.wait();
+        } else if (same_mesh(me)) {
+            incoming<X> in(topo_.pp, topo_.mesh, last_rank, 0);
+            out = in.take();
+        } else {
+            cross_incoming<X> in(
+                topo_.cross, topo_.mesh, topo_.placed[std::size_t(last_rank)],
+                topo_.placed[std::size_t(me)], [](const layout& sent) { return sent; }, 0);
+            out = in.take();
+        }
     }
 
     /// The last (virtual) stage.

@@ -209,4 +209,23 @@ constexpr schedule make_schedule(const schedule_config& c) {
     return s;
 }
 
+/// The forward passes of `c` alone, for inference (a pipelined predict or evaluation): rank
+/// r runs micro-batch 0 on each of its virtual stages (r, r + p, ...) in turn, then
+/// micro-batch 1, and so on. Deadlock-free by construction: every pass waits only for a pass
+/// earlier in (micro-batch, stage) order, which its rank has reached already (the receives
+/// are posted ahead and the sends do not block). Checked by `check` first, as a schedule of
+/// one virtual stage per rank (the forward passes need no multiple of p micro-batches).
+constexpr schedule make_forward_schedule(const schedule_config& c) {
+    check({schedule_kind::gpipe, c.stages, c.micro_batches, 1});
+    if (c.virtual_stages < 1 || c.virtual_stages > 64)
+        check(c);
+    schedule s{c, std::vector<std::vector<action>>(std::size_t(c.stages))};
+    for (int r = 0; r < c.stages; ++r)
+        for (int mb = 0; mb < c.micro_batches; ++mb)
+            for (int chunk = 0; chunk < c.virtual_stages; ++chunk)
+                s.ranks[std::size_t(r)].push_back(
+                    detail::with_transfers(c, pass::forward, mb, chunk * c.stages + r));
+    return s;
+}
+
 } // namespace xshard::pipeline

@@ -8,7 +8,9 @@
 /// gradient (the loss's, or the next stage's), runs the layers backwards in the micro-batch's
 /// slot, adding into the weights' gradients, frees the slot and sends the input gradient
 /// back; the zero-bubble schedules split it into B (the input gradient) and W (the weight
-/// gradient, which frees the slot). The transfers go through step_transfers.hpp.
+/// gradient, which frees the slot). The transfers go through step_transfers.hpp. A walk of
+/// forward passes alone (inference, make_forward_schedule) frees each slot at once and keeps
+/// the last stage's outputs instead of computing a loss.
 ///
 /// A failure (a layer or the loss throwing here, a peer's failure notice, or an aborted
 /// sender) stops the walk; a failure that arose here is announced to the stage mesh at once
@@ -23,6 +25,7 @@
 #include <xshard/tensor/dtensor.hpp>
 
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <exception>
 #include <map>
@@ -52,14 +55,19 @@ inline double seconds_since(step_clock::time_point start) {
     return std::chrono::duration<double>(step_clock::now() - start).count();
 }
 
+/// The `Loss` of a walk of forward passes alone (see the file comment).
+struct no_loss {};
+
 /// The walk of one step on one rank (see the file comment): the layers of each (virtual)
 /// stage in chain order, the last stage's index, the step's micro-batches, the loss (see
-/// pipeline::step), the step's transfers and the statistics it adds to.
+/// pipeline::step; `no_loss` for inference), the step's transfers and the statistics it
+/// adds to.
 template <distributed_tensor X, distributed_tensor Labels, class Loss>
 class step_walk {
 public:
     using value_type = typename X::value_type;
     using stage_layers = std::vector<std::vector<chain_module<X>*>>;
+    static constexpr bool inference = std::same_as<Loss, no_loss>;
 
     step_walk(const communicator& scope, const stage_layers& layers, int last_stage,
               step_batch<X, Labels>& batch, Loss& loss, step_transfers<X>& transfers,
@@ -114,6 +122,14 @@ public:
     /// The last stage's loss over the micro-batches run, each weighed by its share of rows.
     value_type loss_sum() const noexcept { return loss_sum_; }
 
+    /// Inference, on the last stage: the outputs of the micro-batches, in order.
+    std::vector<X> take_outputs() {
+        std::vector<X> out;
+        for (auto& [mb, y] : outputs_)
+            out.push_back(std::move(y));
+        return out;
+    }
+
 private:
     void act(const action& a) {
         if (a.kind == pass::forward)
@@ -133,16 +149,21 @@ private:
         timed([&] {
             for (auto* l : layers)
                 h = l->forward(slot, h);
-            if (a.stage == last_)
-                take_loss(a.micro_batch, h);
+            if constexpr (!inference)
+                if (a.stage == last_)
+                    take_loss(a.micro_batch, h);
         });
+        if constexpr (inference)
+            slots_.release(a.stage, a.micro_batch);
         if (a.stage != last_)
             transfers_.send(a, std::move(h));
+        else if constexpr (inference)
+            outputs_.emplace(a.micro_batch, std::move(h));
     }
 
     /// The last stage: the loss of micro-batch `mb` on its `logits`, added to the step's
     /// loss, and its gradient kept for the micro-batch's backward pass.
-    void take_loss(int mb, const X& logits) {
+    void take_loss(int mb, const X& logits) requires(!std::same_as<Loss, no_loss>) {
         const auto& y = batch_.labels[std::size_t(mb)];
         const auto share = batch_.template share<value_type>(mb);
         loss_sum_ += share * value_type(loss_.forward(logits, y));
@@ -200,6 +221,7 @@ private:
     int origin_ = xshard::detail::world_rank();
     activation_slots slots_;
     std::map<int, X> output_grad_; ///< last stage: the loss's gradient per micro-batch
+    std::map<int, X> outputs_;     ///< last stage, inference: the output per micro-batch
     value_type loss_sum_ = 0;
 };
 

@@ -54,14 +54,15 @@ struct batch_cut {
 };
 
 /// The cut of a step's batch, the same on every rank of `world`: the first stage (`first`)
-/// reports its batch `x`, the last (`last`) its `labels`, each of which must be there, on
-/// `stage_mesh`. Throws `xshard::error` on every rank for `problem` (a misuse found before),
-/// for a missing or misplaced tensor, and for a cut that is not consistent. Collective over
-/// `world`: one agreement, one all-reduce (max) of four integers.
+/// reports its batch `x`, the last (`last`) its `labels` unless the step has none (not
+/// `labelled`: inference, whose labels are then taken as cut like the batch), each of which
+/// must be there, on `stage_mesh`. Throws `xshard::error` on every rank for `problem` (a
+/// misuse found before), for a missing or misplaced tensor, and for a cut that is not
+/// consistent. Collective over `world`: one agreement, one all-reduce (max) of four integers.
 template <distributed_tensor X, distributed_tensor Labels, mesh_type StageMesh>
 batch_cut agree_batch_cut(const communicator& world, const StageMesh& stage_mesh, bool first,
                           bool last, const X* x, const Labels* labels,
-                          std::optional<std::string> problem) {
+                          std::optional<std::string> problem, bool labelled = true) {
     batch_cut mine; // zeros but at the ends: the all-reduce takes the ends' numbers
     // The rows and row blocks of the tensor `t` that stage `end` needs as `what`.
     const auto report = [&](const auto* t, const char* end, const char* what, long long& rows,
@@ -77,12 +78,12 @@ batch_cut agree_batch_cut(const communicator& world, const StageMesh& stage_mesh
             throw error(*problem);
         if (first)
             report(x, "first", "batch", mine.rows, mine.row_blocks);
-        if (last)
+        if (last && labelled)
             report(labels, "last", "labels", mine.label_rows, mine.label_blocks);
     });
     std::array<long long, 4> all{mine.rows, mine.row_blocks, mine.label_rows, mine.label_blocks};
     mpi::allreduce(world, std::span(all), reduction::max);
-    const batch_cut cut{all[0], all[1], all[2], all[3]};
+    const batch_cut cut{all[0], all[1], labelled ? all[2] : all[0], labelled ? all[3] : all[1]};
     // Every rank sees the same numbers, so every rank throws alike.
     if (!cut.consistent())
         throw error(cut.mismatch());
@@ -93,6 +94,7 @@ batch_cut agree_batch_cut(const communicator& world, const StageMesh& stage_mesh
 template <distributed_tensor X, distributed_tensor Labels>
 struct step_batch {
     batch_cut cut;
+    int micro_batches = 0;         ///< how many
     std::vector<X> inputs;         ///< first stage: the batch's micro-batches
     std::vector<Labels> labels;    ///< last stage: the labels' micro-batches
     std::vector<std::size_t> rows; ///< last stage: the rows of each micro-batch
@@ -105,20 +107,27 @@ struct step_batch {
 };
 
 /// Agrees on the cut (`agree_batch_cut`) and cuts the batch `x` on the first stage and
-/// `labels` on the last into `micro_batches` micro-batches each. Throws `xshard::error` on
-/// every rank when either fails. Collective over `world`: two agreements, one all-reduce.
+/// `labels` on the last (when `labelled`) into `micro_batches` micro-batches each. Without
+/// labels (inference) the batch may have any size: it is cut into as many micro-batches, up
+/// to `micro_batches`, as fit it (fitting_micro_batches). Throws `xshard::error` on every rank
+/// when either fails. Collective over `world`: two agreements, one all-reduce.
 template <distributed_tensor X, distributed_tensor Labels, mesh_type StageMesh>
 step_batch<X, Labels> make_step_batch(const communicator& world, const StageMesh& stage_mesh,
                                       bool first, bool last, int micro_batches, const X* x,
-                                      const Labels* labels, std::optional<std::string> problem) {
+                                      const Labels* labels, std::optional<std::string> problem,
+                                      bool labelled = true) {
     step_batch<X, Labels> b;
-    b.cut = agree_batch_cut(world, stage_mesh, first, last, x, labels, std::move(problem));
+    b.cut =
+        agree_batch_cut(world, stage_mesh, first, last, x, labels, std::move(problem), labelled);
     const auto blocks = std::size_t(b.cut.blocks());
+    b.micro_batches = labelled
+                          ? micro_batches
+                          : fitting_micro_batches(std::size_t(b.cut.rows), blocks, micro_batches);
     agreed_alike(world, [&] {
         if (first)
-            b.inputs = split_micro_batches(*x, micro_batches, blocks);
-        if (last) {
-            b.rows = micro_batch_rows(std::size_t(b.cut.label_rows), blocks, micro_batches);
+            b.inputs = split_micro_batches(*x, b.micro_batches, blocks);
+        if (last && labelled) {
+            b.rows = checked_micro_batch_rows(std::size_t(b.cut.label_rows), blocks, micro_batches);
             b.labels = split_micro_batches(*labels, micro_batches, blocks);
         }
     });
