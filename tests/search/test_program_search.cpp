@@ -13,6 +13,7 @@
 #include <xshard/search/program_search.hpp>
 #include <xshard/search/program_strategy_file.hpp>
 #include <xshard/tensor/distribute.hpp>
+#include <xshard/tensor/gather.hpp>
 #include <xshard/train/gradients.hpp>
 
 #include "mpi_test.hpp"
@@ -24,6 +25,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -374,6 +376,60 @@ TEST(program_search, a_parameter_strategy_file_lays_the_program_weights_out) {
     ASSERT_EQ(losses.size(), reference.size());
     for (std::size_t s = 0; s < losses.size(); ++s)
         EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s;
+}
+
+TEST(program_search, compile_keeps_the_weights_values_when_it_lays_a_program_out) {
+    // Weights changed after xshard::compile (as training or a checkpoint load would) keep
+    // their values when auto_parallel's compile() compiles the program again: for a dataset
+    // strategy, a parameter strategy file and the engines' searches.
+    const int p = world().size();
+    const mesh_t mesh = p % 2 == 0 && p > 2 ? mesh_t(world(), {p / 2, 2}) : mesh_t(world(), {p, 1});
+    auto first = xshard::compile<double>(
+        parallel_logits(), mesh,
+        {.seed = 3, .layouts = {.weight_layouts = {{"fc1", xshard::layout("[tp, -]")}}}});
+    const auto path = scratch("kept_values_fc1.json");
+    xshard::save_strategy_file(path, first);
+    using config_t = xshard::auto_parallel<xshard::compiled_program<double, mesh_t>, mesh_t>;
+    struct lay_out_case {
+        std::string what, mode;
+        std::function<void(config_t&)> configure;
+    };
+    const auto nothing = [](config_t&) {
+    };
+    const std::vector<lay_out_case> cases{
+        {"dataset strategy", "semi_auto",
+         [](config_t& c) {
+             c.dataset_strategy(
+                 std::vector<xshard::layout>{xshard::layout("[-, dp]"), xshard::layout("[-]")});
+         }},
+        {"parameter strategy file", "semi_auto",
+         [&](config_t& c) {
+             c.load_param_strategy_file(path);
+         }},
+        {"search", "recursive_programming", nothing},
+        {"propagation", "sharding_propagation", nothing}};
+    for (const auto& [what, mode, configure] : cases) {
+        auto net = xshard::compile<double>(parallel_logits(), mesh, {.seed = 3});
+        std::map<std::string, xt::xarray<double>> changed;
+        xshard::for_each_weight(net, [&](const std::string& name, auto& w) {
+            w.value.local() = 0.5 * w.value.local() + 1.0;
+            changed[name] = xshard::gather_all(w.value);
+        });
+        xshard::auto_parallel parallel(net, mesh, mode);
+        configure(parallel);
+        parallel.compile();
+        const auto ctx = xshard::testing::where(mesh) + " " + what;
+        std::size_t checked = 0;
+        xshard::for_each_weight(net, [&](const std::string& name, auto& w) {
+            EXPECT_EQ(xshard::gather_all(w.value), changed.at(name)) << name << ", " << ctx;
+            ++checked;
+        });
+        EXPECT_EQ(checked, changed.size()) << ctx;
+        if (what == "dataset strategy") { // compiled again: its input as the strategy says
+            EXPECT_EQ(net.layouts().values[net.source().inputs()[0]], xshard::layout("[-, dp]"))
+                << ctx;
+        }
+    }
 }
 
 TEST(program_search,

@@ -24,7 +24,7 @@
 /// found; on a model whose strategies are set at run time (models/searched_mlp.hpp,
 /// models/searched_transformer.hpp) search/strategy_engine.hpp. On any other model they raise.
 /// A dataset strategy of layouts or strategies lays a compiled program's inputs out, in
-/// order: `compile()` compiles it again with them (its weights drawn again from its seed)
+/// order: `compile()` compiles it again with them (its weights keeping their values)
 /// unless they are its inputs' layouts already, and the search keeps them. The training
 /// driver (driver/trainer.hpp) runs the configured steps.
 
@@ -672,7 +672,8 @@ private:
 
     /// semi_auto on a compiled program: compiles it again with program_options() where the
     /// dataset strategy or the parameter strategy file changes its inputs' or weights'
-    /// layouts. Raises on every rank where a layout does not fit.
+    /// layouts, keeping the weights' values (compiled_program::recompile). Raises on every
+    /// rank where a layout does not fit.
     void lay_program_out() const {
         auto o = program_options();
         const auto& was = model_->options().layouts;
@@ -680,14 +681,14 @@ private:
             o.layouts.weight_layouts == was.weight_layouts)
             return;
         auto& net = *model_;
-        agreed(mesh_.comm(), [&] { net = Model(net.source(), net.mesh(), std::move(o)); });
+        agreed(mesh_.comm(), [&] { net.recompile(net.source(), std::move(o)); });
     }
 
     /// The parallel mode's search on a compiled program: the operator strategy file (when
     /// set) pins its nodes, the search (keeping annotations in sharding_propagation) fills
     /// in the rest, rank 0 saves the strategy when asked, and the program is compiled again
-    /// with the layouts found (the same weights' initial values). Every rank searches the
-    /// same program alike; a failure on any rank raises on every rank.
+    /// with the layouts found, keeping the weights' values (compiled_program::recompile). Every
+    /// rank searches the same program alike; a failure on any rank raises on every rank.
     void search_program_model() const {
         auto& net = *model_;
         program_plan_ = agreed(mesh_.comm(), [&] {
@@ -708,7 +709,7 @@ private:
         });
         program p = net.source();
         program_plan_->apply(p);
-        net = Model(std::move(p), net.mesh(), program_options());
+        agreed(mesh_.comm(), [&] { net.recompile(std::move(p), program_options()); });
     }
 
     std::optional<std::string> path_problem(std::string_view method, const std::string& path,

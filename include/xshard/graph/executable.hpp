@@ -303,28 +303,38 @@ public:
     std::size_t arena_bytes() const noexcept { return s_->sched.arena_bytes; }
 
     /// Lays the named weights out as `planned` (a parameter plan, or a strategy file's
-    /// layouts, on a compiled program; train/lay_out.hpp calls it): compiles the program
-    /// again with them added to `layouts.weight_layouts`, then gives every weight of the new
-    /// program its current value, redistributed where its layout changed. Gradients start
-    /// as zero terms and optimizer state is made again. A name that is not a weight of the
-    /// program, or a layout that does not fit it, raises on every rank before anything
-    /// changes. Collective over the mesh.
+    /// layouts, on a compiled program; train/lay_out.hpp calls it): `recompile` with them
+    /// added to `layouts.weight_layouts`. Nothing happens when they are there already.
     void lay_out_weights(const std::map<std::string, layout>& planned) {
         auto o = options();
         for (const auto& [name, l] : planned)
             o.layouts.weight_layouts[name] = l;
         if (o.layouts.weight_layouts == options().layouts.weight_layouts)
             return;
-        compiled_program next(source(), mesh(), std::move(o));
-        // Both programs visit the same weights in the same order, of the same ranks.
+        recompile(source(), std::move(o));
+    }
+
+    /// Compiles `p` (this program, or it with strategies applied, program_strategy::apply)
+    /// again on this mesh with `o` (other input or weight layouts, say), then gives every
+    /// weight of the new program that this one has by name its current value, redistributed
+    /// where its layout changed: trained or loaded values survive a new layout. Gradients
+    /// start as zero terms and optimizer state is made again. A layout that does not fit
+    /// raises on every rank before anything changes. Collective over the mesh.
+    void recompile(program p, compile_options o) {
+        compiled_program next(std::move(p), mesh(), std::move(o));
         using any_value =
             std::variant<dtensor<T, Mesh, dynamic_layout(1)>, dtensor<T, Mesh, dynamic_layout(2)>,
                          dtensor<T, Mesh, dynamic_layout(3)>, dtensor<T, Mesh, dynamic_layout(4)>>;
-        std::vector<any_value> values;
-        visit_parameters(*this, [&](const std::string&, auto& w) { values.emplace_back(w.value); });
-        std::size_t k = 0;
-        visit_parameters(next, [&]<class D>(const std::string&, weight<D>& w) {
-            w.value = redistribute<D::static_layout>(std::get<D>(values[k++]), w.value.layout());
+        std::map<std::string, any_value> values;
+        visit_parameters(*this,
+                         [&](const std::string& name, auto& w) { values.emplace(name, w.value); });
+        // Both programs visit their weights in the same order on every rank.
+        visit_parameters(next, [&]<class D>(const std::string& name, weight<D>& w) {
+            const auto it = values.find(name);
+            if (it == values.end())
+                return;
+            if (const auto* v = std::get_if<D>(&it->second))
+                w.value = redistribute<D::static_layout>(*v, w.value.layout());
         });
         *this = std::move(next);
     }
