@@ -1468,6 +1468,15 @@ TEST(deferred_init, shards_equal_a_whole_initialisation_for_every_layout) {
     const auto n = whole("normal", {200, 50}, xshard::initializer::normal(0.5, 2.0), 42);
     EXPECT_NEAR(xt::mean(n)(), 0.5, 0.1);
     EXPECT_NEAR(std::sqrt(xt::variance(n)()), 2.0, 0.1);
+    // The default rule: MindSpore's defaults by shape and name.
+    const std::array<std::size_t, 1> channels{4};
+    EXPECT_EQ(xshard::default_initializer("layer1.0.bn1.gamma", channels).how,
+              xshard::initializer::kind::constant);
+    EXPECT_EQ(xshard::default_initializer("layer1.0.bn1.gamma", channels).a, 1.0);
+    EXPECT_EQ(xshard::default_initializer("gamma", channels).a, 1.0);
+    EXPECT_EQ(xshard::default_initializer("layer1.0.bn1.beta", channels).a, 0.0);
+    EXPECT_EQ(xshard::default_initializer("fc.bias", channels).a, 0.0);
+    EXPECT_EQ(xshard::default_initializer("fc.not_gamma", channels).a, 0.0);
     // Another seed or another name: other values.
     EXPECT_FALSE(xt::allclose(he, whole("he", {13, 7}, xshard::initializer::he_uniform(), 43)));
     EXPECT_FALSE(xt::allclose(he, whole("hf", {13, 7}, xshard::initializer::he_uniform(), 42)));

@@ -143,10 +143,18 @@ struct initializer {
 using initializer_rule =
     std::function<initializer(const std::string& name, std::span<const std::size_t> shape)>;
 
-/// The default rule, MindSpore's for MatMulCell and Dense: HeUniform(sqrt(5)) for weights of
-/// two or more dimensions, zeros for the others (biases).
-inline initializer default_initializer(const std::string&, std::span<const std::size_t> shape) {
-    return shape.size() >= 2 ? initializer::he_uniform() : initializer::zeros();
+/// The default rule, MindSpore's defaults: HeUniform(sqrt(5)) for weights of two or more
+/// dimensions (MatMulCell's and Dense's), ones for a normalisation's scale (a weight named
+/// "gamma" or ending in ".gamma": BatchNorm's and LayerNorm's gamma_init), zeros for the
+/// others (biases, a normalisation's "beta").
+inline initializer default_initializer(const std::string& name,
+                                       std::span<const std::size_t> shape) {
+    if (shape.size() >= 2)
+        return initializer::he_uniform();
+    const std::string_view n = name;
+    if (n == "gamma" || n.ends_with(".gamma"))
+        return initializer::constant(1);
+    return initializer::zeros();
 }
 
 /// Fills this rank's block of `t` (in place: no allocation) with the values element by

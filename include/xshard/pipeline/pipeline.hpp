@@ -77,8 +77,8 @@ struct pipeline_options {
     std::map<std::string, int> stage_config = {};
     /// Or by position: the index of the first module of stages 1, 2, ...
     std::vector<std::size_t> stage_starts = {};
-    /// Whether every stage learns the loss (a broadcast over the pipeline axis), not only the
-    /// last.
+    /// Whether every stage learns a step's loss (a broadcast over the pipeline axis) and
+    /// `predict`'s output, not only the last.
     bool output_broadcast = false;
     /// (Virtual) stage -> the layout that stage receives its input activations in, on its
     /// own stage mesh; a stage not named receives them in the notation they were sent in.
@@ -179,8 +179,8 @@ public:
     /// MindSpore's `Model.predict` through the pipeline (its `output_broadcast` inference):
     /// the forward passes of `x` (the batch of any size, [rows, ...] on the stage mesh; read by
     /// the first stage only), cut into as many of the step's micro-batches as fit its rows
-    /// (fitting_micro_batches), each stage running its own layers with
-    /// its own weights (no stage needs another's) and passing activations on as in a step
+    /// (fitting_micro_batches), each stage running its own layers with its own weights (no
+    /// stage needs another's) and passing activations on as in a step
     /// (make_forward_schedule). Returns the model's output for the whole batch, its
     /// micro-batches' outputs joined (join_micro_batches: rows split like the batch's, or
     /// whole), on the last stage; with output_broadcast also on every other stage (sent from
