@@ -94,7 +94,7 @@ batch_cut agree_batch_cut(const communicator& world, const StageMesh& stage_mesh
 template <distributed_tensor X, distributed_tensor Labels>
 struct step_batch {
     batch_cut cut;
-    int micro_batches = 0;         ///< how many
+    int micro_batches = 0;         ///< the count the batch is cut into
     std::vector<X> inputs;         ///< first stage: the batch's micro-batches
     std::vector<Labels> labels;    ///< last stage: the labels' micro-batches
     std::vector<std::size_t> rows; ///< last stage: the rows of each micro-batch
