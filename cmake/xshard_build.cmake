@@ -84,11 +84,18 @@ function(xshard_add_mpi_test)
   endforeach()
 endfunction()
 
+# A test program's files compile as one translation unit (CMake's unity build): the headers
+# they share are then parsed, and the templates they share instantiated and compiled, once per
+# program instead of once per file. Off, each file compiles alone (quicker when editing one).
+option(XSHARD_UNITY_TESTS "Compile each test program's files as one translation unit" ON)
+
 # xshard_test_program(name sources...): an MPI GoogleTest program (with the rank-aware main
 # and the helpers of tests/support).
 function(xshard_test_program name)
   add_executable(${name} ${ARGN})
   target_link_libraries(${name} PRIVATE xshard_test_main)
+  set_target_properties(${name} PROPERTIES UNITY_BUILD ${XSHARD_UNITY_TESTS}
+    UNITY_BUILD_BATCH_SIZE 0)
   xshard_warnings(${name})
 endfunction()
 

@@ -80,6 +80,8 @@ struct reduce_tuning {
     /// equal pieces, MPI_Reduce_scatter otherwise; likewise fitted).
     std::size_t reduce_scatter_min_piece_bytes = std::size_t(64) << 10;
 
+    friend constexpr bool operator==(const reduce_tuning&, const reduce_tuning&) = default;
+
     /// Elements of `element` bytes in a chunk.
     std::size_t chunk_elements(std::size_t element) const {
         return std::max<std::size_t>(1, chunk_bytes / element);

@@ -43,12 +43,16 @@ namespace xshard {
 struct link_cost {
     double alpha;
     double beta;
+
+    friend constexpr bool operator==(const link_cost&, const link_cost&) = default;
 };
 
 /// The link of one mesh axis (see `cost_model::axis_links`).
 struct axis_link {
     axis_name axis;
     link_cost link;
+
+    friend constexpr bool operator==(const axis_link&, const axis_link&) = default;
 };
 
 struct cost_model {
@@ -69,6 +73,8 @@ struct cost_model {
     bool node_local = false;
     /// Per mesh axis links (empty: every axis alike, priced by kind).
     static_vector<axis_link, max_mesh_axes> axis_links{};
+
+    friend constexpr bool operator==(const cost_model&, const cost_model&) = default;
 
     constexpr const link_cost& of(step_kind k) const {
         switch (k) {

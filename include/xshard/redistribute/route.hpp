@@ -286,6 +286,53 @@ inline std::shared_ptr<const route_graph> route_graph_of(const mesh_shape& mesh,
     return g;
 }
 
+/// What is known of the prices of a route graph's steps for one tensor on one mesh, per arc
+/// (mirroring `route_graph::out`): a lower bound on the step's price, and whether the bound
+/// is the price. `cheapest_route` fills it as it prices, so that the routes between other
+/// pairs of layouts of the same tensor reuse what earlier searches priced.
+struct arc_prices {
+    struct known {
+        double bound = 0; ///< prices are never negative
+        bool exact = false;
+    };
+    std::vector<std::vector<known>> out;
+};
+
+/// The arc prices of `graph` for a tensor of global `shape` and `element` bytes on `mesh`,
+/// priced on `ranks` under `model` and `tuning`. Cached per thread (at most 32 tensors; the
+/// least recently used go first).
+template <std::size_t N>
+arc_prices& arc_prices_of(const std::shared_ptr<const route_graph>& graph, const mesh_shape& mesh,
+                          const std::array<std::size_t, N>& shape, std::size_t element,
+                          const cost_model& model, const reduce_tuning& tuning,
+                          const std::vector<int>& ranks) {
+    struct key {
+        std::shared_ptr<const route_graph> graph; // held, so that its address stays its own
+        mesh_shape mesh;
+        std::vector<std::size_t> shape;
+        std::size_t element;
+        cost_model model;
+        reduce_tuning tuning;
+        std::vector<int> ranks;
+        bool operator==(const key&) const = default;
+    };
+    thread_local std::vector<std::pair<key, std::unique_ptr<arc_prices>>> cache;
+    key k{graph, mesh, {shape.begin(), shape.end()}, element, model, tuning, ranks};
+    const auto hit = std::find_if(cache.begin(), cache.end(), [&](const auto& e) { return e.first == k; });
+    if (hit != cache.end()) {
+        std::rotate(hit, hit + 1, cache.end());
+        return *cache.back().second;
+    }
+    if (cache.size() == 32)
+        cache.erase(cache.begin());
+    auto prices = std::make_unique<arc_prices>();
+    prices->out.resize(graph->out.size());
+    for (std::size_t i = 0; i < graph->out.size(); ++i)
+        prices->out[i].resize(graph->out[i].size());
+    cache.emplace_back(std::move(k), std::move(prices));
+    return *cache.back().second;
+}
+
 } // namespace detail
 
 /// The price of one step for a tensor of global `shape`: the slowest of `ranks` (as
@@ -385,6 +432,7 @@ cheapest_route(const layout& from, const layout& to, const mesh_shape& mesh,
         return r;
     }
     const auto ranks = priced.empty() ? detail::priced_ranks(mesh) : priced;
+    auto& prices = detail::arc_prices_of(graph, mesh, shape, element, model, tuning, ranks);
     const double inf = std::numeric_limits<double>::infinity();
     std::vector<double> dist(n, inf);
     std::vector<std::size_t> prev(n, n);
@@ -402,18 +450,28 @@ cheapest_route(const layout& from, const layout& to, const mesh_shape& mesh,
         settled[i] = true;
         if (i == target || d >= bound)
             break;
-        for (const auto& arc : graph->out[i]) {
+        for (std::size_t k = 0; k < graph->out[i].size(); ++k) {
+            const auto& arc = graph->out[i][k];
             const std::size_t j = arc.to;
             if (settled[j])
                 continue;
-            const auto s = graph->step_of(i, arc);
             // Priced only as far as it could shorten the route to j (or stay within bound):
-            // the same shortest routes, most edges dismissed on their first rank.
+            // the same shortest routes, most edges dismissed on their first rank. A price
+            // known at or past the limit dismisses the edge without pricing it again.
             const double limit = std::min(dist[j], std::max(bound, d)) - d;
-            const auto seconds =
-                price_step_below(s, mesh, shape, element, ranks, model, tuning, limit);
-            if (!seconds)
+            auto& known = prices.out[i][k];
+            if (known.bound >= limit)
                 continue;
+            std::optional<double> seconds = known.bound;
+            if (!known.exact) {
+                seconds = price_step_below(graph->step_of(i, arc), mesh, shape, element, ranks,
+                                           model, tuning, limit);
+                // Without a price, the step costs at least `limit` (or is invalid).
+                known = seconds ? detail::arc_prices::known{*seconds, true}
+                                : detail::arc_prices::known{limit, false};
+                if (!seconds)
+                    continue;
+            }
             dist[j] = d + *seconds;
             prev[j] = i;
             via[j] = &arc;
