@@ -22,10 +22,11 @@ using xshard::strategy;
 
 // --- compile time ---------------------------------------------------------------------
 
-constexpr mesh_shape m24 = mesh_shape::parse("dp=2,mp=4");
+constexpr mesh_shape m2x4 = mesh_shape::parse("dp=2,mp=4");
 constexpr mesh_shape m222 = mesh_shape::parse("dp=2,mp=2,sp=2");
 
-// The four layouts the issue asks to express.
+// Four kinds of layout: one axis per dimension, two axes fused on one, replicated, and a
+// pending reduction.
 constexpr layout dp_mp = "[dp, mp]";
 constexpr layout fused = "[(dp,mp), -]";
 constexpr layout replicated = "[-, -]";
@@ -40,11 +41,11 @@ static_assert(!pending.is_fully_replicated() && pending.is_partial() &&
 static_assert(layout("[]").rank() == 0 && layout("[]").is_fully_replicated());
 
 // Queries on a mesh.
-static_assert(dp_mp.split_count(0, m24) == 2 && dp_mp.split_count(1, m24) == 4);
-static_assert(fused.split_count(0, m24) == 8 && fused.split_count(1, m24) == 1);
-static_assert(pending.partial_axes(m24) == axis_set::of(0));
-static_assert(pending.replicated_axes(m24).empty());
-static_assert(layout("[mp, -]").replicated_axes(m24) == axis_set::of(0));
+static_assert(dp_mp.split_count(0, m2x4) == 2 && dp_mp.split_count(1, m2x4) == 4);
+static_assert(fused.split_count(0, m2x4) == 8 && fused.split_count(1, m2x4) == 1);
+static_assert(pending.partial_axes(m2x4) == axis_set::of(0));
+static_assert(pending.replicated_axes(m2x4).empty());
+static_assert(layout("[mp, -]").replicated_axes(m2x4) == axis_set::of(0));
 static_assert(layout("[sp, -] partial(max: dp)").replicated_axes(m222) == axis_set::of(1));
 static_assert(layout("[sp, -] partial(max: dp)").op == reduction::max);
 static_assert(*fused.dim_of("mp") == 0 && !replicated.dim_of("dp"));
@@ -52,26 +53,26 @@ static_assert(*fused.dim_of("mp") == 0 && !replicated.dim_of("dp"));
 // Equality, spacing, and what the checks find.
 static_assert(layout("[ ( dp , mp ) , - ]") == fused && !(fused == dp_mp));
 static_assert(layout("[(mp,dp), -]") != fused); // order within a dimension matters
-static_assert(dp_mp.check(m24.names) == xshard::layout_problem::none);
-static_assert(layout("[dp, dp]").check(m24.names) == xshard::layout_problem::axis_used_twice);
-static_assert(layout("[dp, -] partial(sum: dp)").check(m24.names) ==
+static_assert(dp_mp.check(m2x4.names) == xshard::layout_problem::none);
+static_assert(layout("[dp, dp]").check(m2x4.names) == xshard::layout_problem::axis_used_twice);
+static_assert(layout("[dp, -] partial(sum: dp)").check(m2x4.names) ==
               xshard::layout_problem::axis_used_twice);
-static_assert(layout("[tp, -]").check(m24.names) == xshard::layout_problem::unknown_axis);
+static_assert(layout("[tp, -]").check(m2x4.names) == xshard::layout_problem::unknown_axis);
 
 // Strategies resolve with xshard's device-matrix rule (last axis backwards, repetition on the
 // leading axes).
-static_assert(resolve(strategy{2, 4}, m24) == dp_mp);
-static_assert(resolve(strategy{8, 1}, m24) == fused);
-static_assert(resolve(strategy{4, 1}, m24) == layout("[mp, -]")); // dp repeats
-static_assert(resolve(strategy{1, 1}, m24) == replicated);
+static_assert(resolve(strategy{2, 4}, m2x4) == dp_mp);
+static_assert(resolve(strategy{8, 1}, m2x4) == fused);
+static_assert(resolve(strategy{4, 1}, m2x4) == layout("[mp, -]")); // dp repeats
+static_assert(resolve(strategy{1, 1}, m2x4) == replicated);
 static_assert(resolve(strategy{2, 2, 2}, m222) == layout("[dp, mp, sp]"));
 static_assert(resolve(strategy{4, 2}, m222) == layout("[(dp,mp), sp]"));
 static_assert(resolve(strategy{1, 4}, m222) == layout("[-, (mp,sp)]"));
 
 // MindSpore MatMul strategies: one device matrix [a, b, c] for both operands, the leading
 // axes left over repeat the computation.
-static_assert(resolve_matmul({2, 4}, {4, 1}, m24).x == layout("[dp, mp]"));
-static_assert(resolve_matmul({2, 4}, {4, 1}, m24).w == layout("[mp, -]"));
+static_assert(resolve_matmul({2, 4}, {4, 1}, m2x4).x == layout("[dp, mp]"));
+static_assert(resolve_matmul({2, 4}, {4, 1}, m2x4).w == layout("[mp, -]"));
 static_assert(resolve_matmul({1, 1}, {1, 2}, m222).x == layout("[-, -]")); // dp, mp repeat
 static_assert(resolve_matmul({1, 1}, {1, 2}, m222).w == layout("[-, sp]"));
 static_assert(resolve_matmul({2, 2}, {2, 2}, m222).x == layout("[dp, mp]")); // contraction on mp
@@ -142,7 +143,7 @@ TEST(layout, malformed_notation_is_rejected_with_a_reason) {
         }
     }
     try {
-        layout("[tp, -]").validate(m24);
+        layout("[tp, -]").validate(m2x4);
         ADD_FAILURE();
     } catch (const std::invalid_argument& e) {
         EXPECT_STREQ(e.what(), "xshard: the layout [tp, -] names an axis the mesh(dp=2, mp=4) "
@@ -176,16 +177,16 @@ TEST(layout, blocks_of_a_layout_tile_the_tensor_and_owners_agree) {
 
 TEST(strategy, counts_that_fit_no_axis_are_named) {
     try {
-        (void)resolve(strategy{1, 2}, m24);
+        (void)resolve(strategy{1, 2}, m2x4);
         ADD_FAILURE();
     } catch (const std::invalid_argument& e) {
         EXPECT_STREQ(e.what(), "xshard: strategy (1, 2): count 2 of dimension 1 fits no run of "
                                "mesh axes (matched from the last axis of mesh(dp=2, mp=4) "
                                "backwards)");
     }
-    EXPECT_THROW((void)resolve(strategy{3, 1}, m24), std::invalid_argument);
-    EXPECT_THROW((void)resolve(strategy{4, 4}, m24), std::invalid_argument);
-    EXPECT_THROW((void)resolve(strategy{0, 1}, m24), std::invalid_argument);
+    EXPECT_THROW((void)resolve(strategy{3, 1}, m2x4), std::invalid_argument);
+    EXPECT_THROW((void)resolve(strategy{4, 4}, m2x4), std::invalid_argument);
+    EXPECT_THROW((void)resolve(strategy{0, 1}, m2x4), std::invalid_argument);
     EXPECT_EQ(strategy({2, 4}).to_string(), "(2, 4)");
     EXPECT_EQ(strategy({8}).to_string(), "(8,)");
 }

@@ -30,7 +30,8 @@
 #include <string>
 #include <vector>
 
-namespace {
+// Named: the program's files compile as one unit (XSHARD_UNITY_TESTS), and share no names.
+namespace program_search_tests {
 
 using xshard::traced_tensor;
 using xshard::testing::world;
@@ -516,4 +517,4 @@ TEST(program_strategy_file, a_wrong_mesh_an_unknown_node_or_a_bad_layout_raises)
     }
 }
 
-} // namespace
+} // namespace program_search_tests

@@ -37,7 +37,8 @@
 #include <string>
 #include <vector>
 
-namespace {
+// Named: the program's files compile as one unit (XSHARD_UNITY_TESTS), and share no names.
+namespace search_tests {
 
 using namespace xshard;
 namespace nn = xshard::nn;
@@ -865,4 +866,4 @@ TEST(searched_mlp, pipeline_stages_cut_where_the_search_cuts) {
     }
 }
 
-} // namespace
+} // namespace search_tests

@@ -30,6 +30,10 @@
 /// 7.7 ms on 2x2x2 and 10-16 ms at 64 ranks; a vector 0.2-1.8 ms. Before (a graph built
 /// per plan, every edge priced on every rank): 9.6 ms and 58-66 ms for a matrix, 25-1200 ms
 /// for rank 3 and 4. A rank-4 tensor on three axes would take 20-40 ms, hence the bound.
+/// The prices of the steps depend on the tensor and the mesh, not on the pair of layouts,
+/// so a thread keeps what it priced per tensor, mesh and model (arc_prices_of): planning
+/// every pair of the 135 layouts of a 96 x 75 matrix on 2x2x2 then takes 80 us per pair
+/// instead of 1.3 ms, with the same routes and prices, bit for bit.
 
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
