@@ -15,7 +15,8 @@
 #include <string>
 #include <vector>
 
-namespace {
+// Named: the program's files compile as one unit (XSHARD_UNITY_TESTS), and share no names.
+namespace comm_large_counts {
 
 using xshard::reduction;
 using xshard::testing::world;
@@ -64,4 +65,4 @@ TEST(large_counts, allreduce_beyond_int) {
         << "rank " << w.rank();
 }
 
-} // namespace
+} // namespace comm_large_counts

@@ -17,7 +17,8 @@
 #include <string>
 #include <utility>
 
-namespace {
+// Named: the program's files compile as one unit (XSHARD_UNITY_TESTS), and share no names.
+namespace redistribute_large_counts {
 
 using xshard::testing::world;
 
@@ -94,4 +95,4 @@ TEST(large_counts, all_gather_of_blocks_beyond_int) {
     EXPECT_EQ(plan.plan().bytes_sent(), large) << "rank " << w.rank();
 }
 
-} // namespace
+} // namespace redistribute_large_counts
