@@ -19,6 +19,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -295,7 +296,7 @@ int triangle_violations(std::mt19937& rng, const mesh_shape& m, int triples, int
 }
 
 TEST(planner, a_direct_redistribution_never_costs_more_than_a_detour) {
-    // The consistency property (PyTorch's planner broke it): on random layout
+    // The consistency property (PyTorch's planner broke it): on random layout
     // triples (sum and max reductions), meshes of one, two and three axes (with axes of size
     // 1 too), even and uneven shapes, the planner's price of a -> c is at most a -> b plus
     // b -> c. The three greedy candidates alone broke it on about one triple in twenty.
@@ -324,6 +325,37 @@ TEST(planner, a_direct_redistribution_never_costs_more_than_a_detour) {
     xshard::mpi::allreduce(w, std::span(&violations, 1), xshard::reduction::sum);
     EXPECT_EQ(violations, 0) << "of " << checked << " triples";
     EXPECT_EQ(checked, 3110);
+}
+
+TEST(planner, a_route_does_not_depend_on_what_the_thread_planned_before) {
+    // The route search keeps what it priced per tensor and mesh (route.hpp, arc_prices_of):
+    // a route planned after many others of the same tensor is the one that a thread which
+    // planned nothing before finds, step for step and to the last bit of its price. Each rank
+    // checks every world-size-th pair.
+    const auto w = xshard::testing::world();
+    std::mt19937 rng(23);
+    int checked = 0;
+    for (const char* mesh : {"a=2,b=2,c=2", "dp=2,tp=3"}) {
+        const auto m = mesh_shape::parse(mesh);
+        const std::array<std::size_t, 2> shape{96, 75};
+        for (int i = 0; i < 120; ++i) {
+            const auto from = random_layout(rng, m, 2), to = random_layout(rng, m, 2);
+            if (i % w.size() != w.rank())
+                continue;
+            const auto route = [&] {
+                return xshard::choose_route(plan_redistribution(from, to), m, shape, 4,
+                                            xshard::cost_model{});
+            };
+            const auto warm = route();
+            xshard::priced_route fresh;
+            std::thread([&] { fresh = route(); }).join();
+            ASSERT_EQ(warm.steps, fresh.steps) << from << " -> " << to << " on " << mesh;
+            EXPECT_EQ(warm.seconds, fresh.seconds) << from << " -> " << to << " on " << mesh;
+            ++checked;
+        }
+    }
+    xshard::mpi::allreduce(w, std::span(&checked, 1), xshard::reduction::sum);
+    EXPECT_EQ(checked, 240);
 }
 
 TEST(planner, the_route_is_cheaper_than_the_greedy_candidates_where_they_detour) {
