@@ -340,8 +340,7 @@ void check_layer(const mesh_t& m, Make make, const std::array<std::size_t, NI>& 
     const auto gdx = resolved(dx);
     EXPECT_TRUE(close(gdx, serial.dx, tolerance))
         << context << ": input gradient differs from one rank by "
-        << xt::amax(xt::abs(gdx - serial.dx))() << " (largest " << xt::amax(xt::abs(gdx))()
-        << ")";
+        << xt::amax(xt::abs(gdx - serial.dx))() << " (largest " << xt::amax(xt::abs(gdx))() << ")";
     std::size_t i = 0;
     xshard::for_each_weight(layer, [&](const std::string& wname, auto& w) {
         ASSERT_LT(i, serial.grads.size()) << context << ": more weights than on one rank";

@@ -156,9 +156,9 @@ TEST(redistribute, single_step_plans_stay_within_one_destination_block) {
             for (const auto& to : all_layouts(m.shape(), 2, false)) {
                 // The route a plan takes (its steps are asserted equal below): routes of
                 // several steps are skipped before any plan is built.
-                const auto route = xshard::choose_route(xshard::plan_redistribution(from, to),
-                                                        m.shape(), shape, sizeof(long long),
-                                                        xshard::cost_model{});
+                const auto route =
+                    xshard::choose_route(xshard::plan_redistribution(from, to), m.shape(), shape,
+                                         sizeof(long long), xshard::cost_model{});
                 if (route.steps.size() != 1)
                     continue;
                 xt::xtensor<long long, 2> expected;

@@ -31,9 +31,9 @@
 /// per plan, every edge priced on every rank): 9.6 ms and 58-66 ms for a matrix, 25-1200 ms
 /// for rank 3 and 4. A rank-4 tensor on three axes would take 20-40 ms, hence the bound.
 /// The prices of the steps depend on the tensor and the mesh, not on the pair of layouts,
-/// so a thread keeps what it priced per tensor, mesh and model (arc_prices_of): planning
-/// every pair of the 135 layouts of a 96 x 75 matrix on 2x2x2 then takes 80 us per pair
-/// instead of 1.3 ms, with the same routes and prices, bit for bit.
+/// so a thread keeps what it priced per tensor, mesh and model (arc_prices_of), and the
+/// routes between other pairs of layouts of that tensor read those prices instead of pricing
+/// again: the same routes, an order of magnitude sooner (benchmarks/README.md).
 
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
@@ -322,7 +322,8 @@ arc_prices& arc_prices_of(const std::shared_ptr<const route_graph>& graph, const
     };
     thread_local std::vector<std::pair<key, std::unique_ptr<arc_prices>>> cache;
     key k{graph, mesh, {shape.begin(), shape.end()}, element, model, tuning, ranks};
-    const auto hit = std::find_if(cache.begin(), cache.end(), [&](const auto& e) { return e.first == k; });
+    const auto hit =
+        std::find_if(cache.begin(), cache.end(), [&](const auto& e) { return e.first == k; });
     if (hit != cache.end()) {
         std::rotate(hit, hit + 1, cache.end());
         return *cache.back().second;
