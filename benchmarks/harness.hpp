@@ -4,7 +4,8 @@
 //
 // A repetition starts with a barrier and its time is the slowest rank's. Run a program
 // with --reps N to change the repetitions (default 7, at least 5 are printed as valid),
-// --filter S to run only cases whose name contains S, and --quick for a smoke run with
+// --filter S to run only cases whose name contains S (S ending in '$': whose name ends in
+// the rest of S, so `--filter mlp_step_dp2_f64$` runs that case alone), and --quick for a smoke run with
 // small sizes (used by ctest to check that the program works; figures from it mean
 // nothing).
 
@@ -49,6 +50,8 @@ struct options {
     }
 
     bool wants(std::string_view name) const {
+        if (!filter.empty() && filter.back() == '$')
+            return name.ends_with(std::string_view(filter).substr(0, filter.size() - 1));
         return filter.empty() || name.find(filter) != std::string_view::npos;
     }
 };
