@@ -15,6 +15,7 @@
 #include <xshard/comm/environment.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/float16.hpp>
+#include <xshard/comm/heap.hpp>
 #include <xshard/comm/node.hpp>
 #include <xshard/comm/node_arena.hpp>
 #include <xshard/comm/node_barrier.hpp>

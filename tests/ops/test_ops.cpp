@@ -307,6 +307,11 @@ TEST(elementwise, lazy_operators_and_operations_share_one_rule) {
     });
 }
 
+// Sums along the leading dimension of a row-major block add its rows (ops/reduce.hpp).
+static_assert(xshard::detail::row_major_container<xt::xtensor<double, 3>>);
+static_assert(
+    !xshard::detail::row_major_container<xt::xtensor<double, 3, xt::layout_type::column_major>>);
+
 TEST(reduce, every_dimension_of_every_layout) {
     for_each_mesh([](const auto& m) {
         const std::array<std::size_t, 3> s{5, 3, 7};
@@ -333,10 +338,17 @@ TEST(reduce, every_dimension_of_every_layout) {
             } else {
                 EXPECT_TRUE(throws([&] { (void)xshard::ops::max<0>(t); })) << what;
             }
-            // A sum along a split dimension is partial over its axes, until resolved.
+            // A sum along a split dimension is partial over its axes, until resolved. Along
+            // the leading dimension each block's rows are added row by row.
             const auto p = xshard::ops::sum<0>(t);
             for (const auto& a : l.dims[0])
                 EXPECT_TRUE(p.layout().partial.contains(a)) << what;
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::resolve(p)), xt::sum(g, {0})))
+                << what;
+            EXPECT_TRUE(xt::allclose(
+                xshard::gather_all(xshard::ops::resolve(xshard::ops::mean<0, true>(t))),
+                xt::mean(g, {0}, xt::keep_dims)))
+                << what;
         }
     });
 }

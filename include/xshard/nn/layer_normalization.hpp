@@ -7,6 +7,7 @@
 /// synchronize_gradients).
 
 #include <xshard/nn/module.hpp>
+#include <xshard/ops/reduce.hpp>
 
 #include <xtensor/xmath.hpp>
 #include <xtensor/xview.hpp>
@@ -58,12 +59,14 @@ public:
         dx.local() = rstd_ * (g - mean_g - xhat_ * mean_gx);
         // The sums over this rank's rows of its terms: its terms of the sums over all rows.
         const auto terms = dual(make_layout({""}), dy.mesh().shape());
-        auto sum_rows = [&](xt::xtensor<T, 1> local) {
+        auto sum_rows = [&](const xt::xtensor<T, 2>& a) {
+            auto local = xt::xtensor<T, 1>::from_shape({a.shape()[1]});
+            xshard::detail::sum_leading_rows(a.data(), a.shape()[0], a.shape()[1], local.data());
             return tensor<T, Mesh, 1>(xshard::detail::unchecked, dy.mesh(), gamma_.value.shape(),
                                       std::move(local), terms);
         };
-        accumulate(gamma_, sum_rows(xt::sum(d * xhat_, {0})), to_gamma_terms_);
-        accumulate(beta_, sum_rows(xt::sum(d, {0})), to_beta_terms_);
+        accumulate(gamma_, sum_rows(d * xhat_), to_gamma_terms_);
+        accumulate(beta_, sum_rows(d), to_beta_terms_);
         return dx;
     }
 

@@ -10,6 +10,7 @@
 /// redistribution to a split layout reduce-scatters it. Pending sums enter sums and means
 /// only.
 
+#include <xshard/comm/combine.hpp>
 #include <xshard/ops/operand.hpp>
 #include <xshard/ops/rules.hpp>
 #include <xshard/redistribute/redistribute.hpp>
@@ -18,11 +19,35 @@
 #include <xtensor/xreducer.hpp>
 #include <xtensor/xtensor.hpp>
 
+#include <algorithm>
+#include <cstddef>
 #include <limits>
 
 namespace xshard {
 
 namespace detail {
+
+/// The sum over the leading dimension of `rows` rows of `m` contiguous elements at `in`,
+/// written to the m elements at `out`: row by row into one accumulator, each pass contiguous
+/// and vectorised (comm/combine.hpp), where xtensor's reducer walks every column with a
+/// stride (about ten times slower on a bias's gradient). The terms are added in row order.
+template <class T>
+void sum_leading_rows(const T* in, std::size_t rows, std::size_t m, T* out) {
+    if (rows == 0) {
+        std::fill_n(out, m, T(0));
+        return;
+    }
+    std::copy_n(in, m, out);
+    for (std::size_t r = 1; r < rows; ++r)
+        combine(out, out, in + r * m, m, reduction::sum);
+}
+
+/// Whether E is a row-major xtensor container: its elements lie contiguous, in row order.
+template <class E>
+inline constexpr bool row_major_container = false;
+template <class C, std::size_t N, class Tag>
+inline constexpr bool
+    row_major_container<xt::xtensor_container<C, N, xt::layout_type::row_major, Tag>> = true;
 
 template <std::size_t Dim, reduction Op, bool KeepDims>
 struct reduction_rule_fn {
@@ -40,27 +65,29 @@ auto reduce_along(const A& a, const char* name) {
     const auto& res = rule::get(name, a);
     const auto pa = prepare(a, res.a, rule::may_redistribute, name);
     const auto& in = pa.get();
-    std::array<std::size_t, R> shape{};
-    for (std::size_t d = 0, o = 0; d < N; ++d) {
-        if (d != Dim)
-            shape[o++] = a.shape()[d];
-        else if (KeepDims)
-            shape[o++] = 1;
-    }
-    xt::xtensor<T, R> local;
-    if (in.shape()[Dim] == 0) {
-        // An empty block: the identity of the reduction.
+    // The global shape and this rank's block of the result.
+    auto reduced = [](const auto& from) {
         std::array<std::size_t, R> s{};
         for (std::size_t d = 0, o = 0; d < N; ++d) {
             if (d != Dim)
-                s[o++] = in.shape()[d];
+                s[o++] = from[d];
             else if (KeepDims)
                 s[o++] = 1;
         }
-        local = xt::xtensor<T, R>::from_shape(s);
+        return s;
+    };
+    const auto shape = reduced(a.shape()), block = reduced(in.shape());
+    xt::xtensor<T, R> local;
+    if (in.shape()[Dim] == 0) {
+        // An empty block: the identity of the reduction.
+        local = xt::xtensor<T, R>::from_shape(block);
         local.fill(Op == reduction::sum   ? T(0)
                    : Op == reduction::max ? std::numeric_limits<T>::lowest()
                                           : std::numeric_limits<T>::max());
+    } else if constexpr (Dim == 0 && Op == reduction::sum &&
+                         row_major_container<std::decay_t<decltype(in)>>) {
+        local = xt::xtensor<T, R>::from_shape(block);
+        sum_leading_rows(in.data(), in.shape()[0], in.size() / in.shape()[0], local.data());
     } else if constexpr (KeepDims) {
         if constexpr (Op == reduction::sum)
             local = xt::sum(in, {Dim}, xt::keep_dims);
