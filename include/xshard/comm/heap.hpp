@@ -7,7 +7,7 @@
 /// beyond twice it, so every step maps its blocks again and pays one page fault per 4 KiB
 /// page touched. Kept, the blocks are reused from the heap: one rank's step of the f32
 /// transformer block of `bench_training` went from 0.24 s to 0.13 s on a 2-core AMD EPYC
-/// (benchmarks/README.md, "Per-rank compute against PyTorch").
+/// (benchmarks/README.md, "Against PyTorch").
 ///
 /// The price: the resident set stays near the largest the process reached (up to the trim
 /// threshold of free memory at the heap's top); blocks larger than the mmap threshold are
