@@ -5,9 +5,9 @@
 // A repetition starts with a barrier and its time is the slowest rank's. Run a program
 // with --reps N to change the repetitions (default 7, at least 5 are printed as valid),
 // --filter S to run only cases whose name contains S (S ending in '$': whose name ends in
-// the rest of S, so `--filter mlp_step_dp2_f64$` runs that case alone), and --quick for a smoke run with
-// small sizes (used by ctest to check that the program works; figures from it mean
-// nothing).
+// the rest of S, so `--filter mlp_step_dp2_f64$` runs that case alone), and --quick for a
+// smoke run with small sizes (used by ctest to check that the program works; figures from
+// it mean nothing).
 
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>

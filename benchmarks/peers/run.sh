@@ -35,7 +35,10 @@ if [ -z "$python" ]; then
   fi
 fi
 for b in bench_convnet bench_training; do
-  [ -x "$build/benchmarks/$b" ] || { echo "run.sh: build $b first ($build/benchmarks/$b)" >&2; exit 1; }
+  if [ ! -x "$build/benchmarks/$b" ]; then
+    echo "run.sh: build $b first ($build/benchmarks/$b)" >&2
+    exit 1
+  fi
 done
 
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
@@ -44,7 +47,8 @@ lines=$(mktemp)
 trap 'rm -f "$lines"' EXIT
 for p in "${ranks[@]}"; do
   launch=(mpirun -n "$p" "${extra[@]}")
-  "${launch[@]}" "$build/benchmarks/bench_convnet" --filter "resnet18_step_dp${p}_f32\$" | tee -a "$lines"
+  "${launch[@]}" "$build/benchmarks/bench_convnet" --filter "resnet18_step_dp${p}_f32\$" |
+    tee -a "$lines"
   for type in f64 f32; do
     for model in mlp transformer; do
       # the transformer's 8 sequences split whole over the ranks
