@@ -123,8 +123,9 @@ int print_plan(const xshard::mesh_shape& mesh, const std::vector<std::size_t>& e
     const std::size_t total =
         xshard::checked_mul(xshard::volume(extents), element, "the tensor's size in bytes");
     const xshard::cost_model model{};
-    const auto candidates = xshard::plan_redistribution(from, to);
-    // What a plan runs: a candidate, or a cheaper route through intermediate layouts.
+    // The candidates a plan weighs (without the mesh's axes of size 1), and what it runs: a
+    // candidate, or a cheaper route through intermediate layouts.
+    const auto candidates = xshard::candidates_on(mesh, from, to);
     const auto route = xshard::choose_route(candidates, mesh, shape, element, model);
     const auto chosen =
         std::size_t(std::find(candidates.paths.begin(), candidates.paths.end(), route.steps) -
@@ -133,6 +134,12 @@ int print_plan(const xshard::mesh_shape& mesh, const std::vector<std::size_t>& e
                 mesh.to_string().c_str(), mesh.size(), xshard::detail::shape_string(shape).c_str(),
                 mib(total).c_str(), rank);
     std::printf("from %s to %s\n", from.to_string().c_str(), to.to_string().c_str());
+    std::string unit;
+    for (std::size_t a = 0; a < mesh.ndim(); ++a)
+        if (mesh.sizes[a] == 1)
+            unit += (unit.empty() ? "" : ", ") + std::string(mesh.names[a].view());
+    if (!unit.empty())
+        std::printf("axes of size 1 take no part: %s\n", unit.c_str());
     if (chosen == candidates.paths.size()) {
         const auto s = xshard::summarize(route.steps, mesh, shape, element, rank, model);
         std::printf("\nthrough intermediate layouts (cheaper than every candidate):\n%s",

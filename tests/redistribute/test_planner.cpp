@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <limits>
@@ -264,7 +265,11 @@ template <std::size_t N>
 int triangle_violations(std::mt19937& rng, const mesh_shape& m, int triples, int share,
                         int shares) {
     int violations = 0;
-    const auto ranks = xshard::detail::priced_ranks(m);
+    // The candidates as a plan prices them: on the mesh without its axes of size 1, for the
+    // layouts without them (route.hpp).
+    const auto unit = xshard::detail::unit_axes(m);
+    const auto reduced = xshard::detail::without_unit_axes(m);
+    const auto ranks = xshard::detail::priced_ranks(reduced);
     for (int i = 0; i < triples; ++i) {
         const auto a = random_layout(rng, m, N), b = random_layout(rng, m, N),
                    c = random_layout(rng, m, N);
@@ -277,8 +282,11 @@ int triangle_violations(std::mt19937& rng, const mesh_shape& m, int triples, int
         const double ab = plan_price(a, b, m, shape), bc = plan_price(b, c, m, shape),
                      ac = plan_price(a, c, m, shape);
         double candidate = std::numeric_limits<double>::infinity();
-        for (const auto& path : plan_redistribution(a, c).paths) {
-            const auto p = xshard::price_route(path, m, shape, 4, ranks, xshard::cost_model{});
+        const auto candidates = plan_redistribution(xshard::detail::without_axes(a, unit),
+                                                    xshard::detail::without_axes(c, unit));
+        for (const auto& path : candidates.paths) {
+            const auto p =
+                xshard::price_route(path, reduced, shape, 4, ranks, xshard::cost_model{});
             if (p.valid)
                 candidate = std::min(candidate, p.seconds);
         }
@@ -453,6 +461,116 @@ TEST(planner, pricing_on_a_billion_ranks_counts_every_peer) {
     const auto c = plan_redistribution("[-, -] partial(sum: dp)", "[-, dp]");
     EXPECT_LT(xshard::choose_candidate(c, m, shape, sizeof(double), xshard::cost_model{}),
               c.paths.size());
+}
+
+/// `l` without the axes `unit` (written here apart from route.hpp's, as the reference).
+layout stripped(const layout& l, const std::vector<std::string>& unit) {
+    const auto keep = [&](const xshard::axis_name& a) {
+        return std::find(unit.begin(), unit.end(), std::string(a.view())) == unit.end();
+    };
+    layout r = layout::replicated(l.rank());
+    for (std::size_t d = 0; d < l.rank(); ++d)
+        for (const auto& a : l.dims[d])
+            if (keep(a))
+                r.dims[d].push_back(a);
+    for (const auto& a : l.partial)
+        if (keep(a))
+            r.partial.push_back(a);
+    r.op = r.is_partial() ? l.op : xshard::reduction::sum;
+    return r;
+}
+
+template <std::size_t N>
+int unit_axes_differences(std::mt19937& rng, const char* with, const char* without,
+                          const std::vector<std::string>& unit, int pairs, int share, int shares) {
+    const auto m = mesh_shape::parse(with);
+    const auto reduced = mesh_shape::parse(without);
+    int differences = 0;
+    for (int i = 0; i < pairs; ++i) {
+        const auto from = random_layout(rng, m, N), to = random_layout(rng, m, N);
+        std::array<std::size_t, N> shape{};
+        const bool small = pick(rng, 4) == 0;
+        for (auto& e : shape)
+            e = pick(rng, small ? 13 : 2500);
+        if (i % shares != share)
+            continue;
+        const auto a =
+            xshard::choose_route(plan_redistribution(from, to), m, shape, 4, xshard::cost_model{});
+        const auto b = reduced.ndim() == 0
+                           ? xshard::priced_route{}
+                           : xshard::choose_route(
+                                 plan_redistribution(stripped(from, unit), stripped(to, unit)),
+                                 reduced, shape, 4, xshard::cost_model{});
+        std::ostringstream steps, others;
+        for (const auto& s : b.steps)
+            others << " " << to_string(s.kind) << "(" << s.from << " -> " << s.to << ")";
+        for (const auto& s : a.steps) {
+            steps << " " << to_string(s.kind) << "(" << s.from << " -> " << s.to << ")";
+            for (const auto& x : unit)
+                EXPECT_FALSE(s.axes.contains(xshard::axis_name(x)) ||
+                             !(stripped(s.from, unit) == s.from) || !(stripped(s.to, unit) == s.to))
+                    << "a step over " << x << ":" << steps.str() << " on " << with;
+        }
+        if (!(a.steps == b.steps) || a.seconds != b.seconds) {
+            if (++differences <= 3)
+                ADD_FAILURE() << from << " -> " << to << " on " << with << ":" << steps.str()
+                              << ", " << a.seconds << " s; on " << without << ":" << others.str()
+                              << ", " << b.seconds << " s";
+        }
+    }
+    return differences;
+}
+
+TEST(planner, axes_of_size_one_take_no_part_in_plans) {
+    // A split or a reduction over one rank changes no block: on random layout pairs the plan
+    // on a mesh with axes of size 1 is, step for step and to the last bit of its price, the
+    // plan on the mesh without them for the layouts without them. Each rank checks every
+    // world-size-th pair of one random sequence.
+    const auto w = xshard::testing::world();
+    std::mt19937 rng(29);
+    int differences = 0, checked = 0;
+    const auto run = [&](const char* with, const char* without, std::vector<std::string> unit,
+                         int rank2, int rank3) {
+        differences +=
+            unit_axes_differences<2>(rng, with, without, unit, rank2, w.rank(), w.size());
+        differences +=
+            unit_axes_differences<3>(rng, with, without, unit, rank3, w.rank(), w.size());
+        checked += rank2 + rank3;
+    };
+    run("dp=1,mp=4", "mp=4", {"dp"}, 300, 100);
+    run("dp=3,mp=1", "dp=3", {"mp"}, 300, 100);
+    run("a=2,b=1,c=2", "a=2,c=2", {"b"}, 200, 60);
+    run("x=1,y=3,z=1", "y=3", {"x", "z"}, 200, 60);
+    run("a=2,b=1,c=2,d=1", "a=2,c=2", {"b", "d"}, 100, 30);
+    run("p=1,q=1", "", {"p", "q"}, 50, 20);
+    xshard::mpi::allreduce(w, std::span(&differences, 1), xshard::reduction::sum);
+    EXPECT_EQ(differences, 0) << "of " << checked << " pairs";
+    EXPECT_EQ(checked, 1520);
+}
+
+TEST(planner, among_equally_cheap_plans_the_plainest_runs) {
+    // The semi-auto architecture document's BatchNorm -> MatMul redistribution on (dp=1,
+    // mp=4): one all_gather over mp, not a slice over dp and an exchange (which the cost model
+    // prices below the all-gather for a small tensor).
+    for (const std::array<std::size_t, 2> shape : {std::array<std::size_t, 2>{8, 8}, {4096, 64}}) {
+        const auto r =
+            xshard::choose_route(plan_redistribution("[mp, -]", "[-, -]"),
+                                 mesh_shape::parse("dp=1,mp=4"), shape, 4, xshard::cost_model{});
+        ASSERT_EQ(r.steps.size(), 1u);
+        EXPECT_EQ(r.steps[0].kind, step_kind::all_gather);
+        EXPECT_EQ(r.steps[0].axes, xshard::dim_axes{"mp"});
+    }
+    // An empty tensor costs nothing whichever way: one exchange rather than two all-to-alls.
+    const auto r = xshard::choose_route(plan_redistribution("[(dp,mp), -]", "[-, (mp,dp)]"),
+                                        mesh_shape::parse("dp=2,mp=2"),
+                                        std::array<std::size_t, 2>{0, 4}, 4, xshard::cost_model{});
+    ASSERT_EQ(r.steps.size(), 1u);
+    EXPECT_EQ(r.steps[0].kind, step_kind::exchange);
+    // The same layouts over a size-1 axis: nothing to run.
+    EXPECT_TRUE(xshard::choose_route(plan_redistribution("[dp, -]", "[-, -] partial(max: dp)"),
+                                     mesh_shape::parse("dp=1,mp=4"),
+                                     std::array<std::size_t, 2>{8, 8}, 4, xshard::cost_model{})
+                    .steps.empty());
 }
 
 TEST(planner, printout_names_steps_communicators_and_costs) {

@@ -112,11 +112,14 @@ void short_pieces_case(const Mesh& m, const std::array<std::size_t, 3>& shape) {
         EXPECT_EQ(xshard::gather_all(out), expected) << what << plan.describe();
         EXPECT_EQ(plan.plan().bytes_sent(), plan.plan().summary().bytes_sent()) << what;
         EXPECT_EQ(plan.plan().allocations().peak, plan.plan().summary().peak_extra_bytes) << what;
-        // Pieces that are runs: one reduce-scatter, read in place (no scratch).
+        // Pieces that are runs: one reduce-scatter, read in place (no scratch); on one rank
+        // the two layouts give the same block, and nothing runs.
         if (std::string(to) == "[x, -, -]") {
             const auto& steps = plan.plan().summary().steps;
-            ASSERT_EQ(steps.size(), 1u) << what << plan.describe();
-            EXPECT_EQ(steps[0].planned.kind, xshard::step_kind::reduce_scatter) << what;
+            ASSERT_EQ(steps.size(), m.size() > 1 ? 1u : 0u) << what << plan.describe();
+            if (!steps.empty()) {
+                EXPECT_EQ(steps[0].planned.kind, xshard::step_kind::reduce_scatter) << what;
+            }
             EXPECT_EQ(plan.plan().allocations().peak, 0u) << what;
         }
         auto again = out;

@@ -395,7 +395,7 @@ inline std::string describe(const plan_summary& p, const mesh_shape& mesh) {
     };
     std::string out;
     if (p.steps.empty())
-        return "nothing to do (identical layouts)\n";
+        return "nothing to do (the layouts give every rank the same block)\n";
     std::size_t i = 0;
     for (const auto& s : p.steps) {
         out += std::to_string(++i) + ". " + std::string(to_string(s.planned.kind));

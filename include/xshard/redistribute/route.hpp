@@ -20,6 +20,11 @@
 /// on four axes); past `max_route_layouts` (a rank-4 tensor on three axes: 296; a matrix on
 /// four: 536) the plan keeps the candidates alone, and the property is not promised there.
 ///
+/// Axes of size 1 take no part: a plan on a mesh with such axes is the plan on the mesh
+/// without them, for the layouts without them (a split over one rank keeps the whole
+/// dimension, a reduction over one rank is done), so `[mp, -]` -> `[-, -]` on (dp=1, mp=4) is
+/// one all_gather(mp), never a slice over dp followed by an exchange.
+///
 /// Speed: the graph's structure depends on the axis names, the tensor's rank and the
 /// reductions only, so it is built once per thread and kept (route_graph_of); the search
 /// prices an edge rank by rank and drops it as soon as one rank prices it past what could
@@ -125,6 +130,41 @@ inline layout canonical(const layout& l, const mesh_shape& mesh) {
         c.op = reduction::sum;
     c.dynamic = false;
     return c;
+}
+
+/// The axes of `mesh` of size 1.
+inline dim_axes unit_axes(const mesh_shape& mesh) {
+    dim_axes unit;
+    for (std::size_t i = 0; i < mesh.ndim(); ++i)
+        if (mesh.sizes[i] == 1)
+            unit.push_back(mesh.names[i]);
+    return unit;
+}
+
+/// `mesh` without its axes of size 1. A rank keeps its number: the row-major numbering does
+/// not see an axis whose only coordinate is 0.
+inline mesh_shape without_unit_axes(const mesh_shape& mesh) {
+    mesh_shape m;
+    for (std::size_t i = 0; i < mesh.ndim(); ++i)
+        if (mesh.sizes[i] > 1) {
+            m.names.push_back(mesh.names[i]);
+            m.sizes.push_back(mesh.sizes[i]);
+        }
+    return m;
+}
+
+/// `l` without the axes `unit`: the same block on every rank, since a split over one rank
+/// keeps the whole dimension and a sum or max over one rank is that rank's value.
+inline layout without_axes(const layout& l, const dim_axes& unit) {
+    layout r = l;
+    for (auto& d : r.dims)
+        for (const auto& a : unit)
+            remove_axis(d, a);
+    for (const auto& a : unit)
+        remove_axis(r.partial, a);
+    if (!r.is_partial())
+        r.op = reduction::sum;
+    return r;
 }
 
 /// Every layout of a rank-`rank` tensor on `mesh` (each axis replicated, partial with one of
@@ -338,6 +378,22 @@ arc_prices& arc_prices_of(const std::shared_ptr<const route_graph>& graph, const
     return *cache.back().second;
 }
 
+/// Whether route `a` is to run rather than `b`: it is cheaper, or as cheap (within a
+/// relative 1e-12: sums of the same terms in another order) and plainer: fewer steps, or as
+/// many with fewer exchanges (a reader finds a named collective by its name).
+inline bool preferred(const priced_route& a, const priced_route& b) {
+    if (a.seconds < b.seconds * (1 - 1e-12))
+        return true;
+    if (a.seconds > b.seconds * (1 + 1e-12))
+        return false;
+    const auto exchanges = [](const priced_route& r) {
+        return std::count_if(r.steps.begin(), r.steps.end(),
+                             [](const step& s) { return s.kind == step_kind::exchange; });
+    };
+    return a.steps.size() < b.steps.size() ||
+           (a.steps.size() == b.steps.size() && exchanges(a) < exchanges(b));
+}
+
 } // namespace detail
 
 /// The price of one step for a tensor of global `shape`: the slowest of `ranks` (as
@@ -498,10 +554,19 @@ cheapest_route(const layout& from, const layout& to, const mesh_shape& mesh,
     return r;
 }
 
-/// The steps a plan runs for `c.from` -> `c.to`, and their price: the cheapest route when
-/// it costs less than every candidate, else the cheapest candidate (`choose_candidate`'s pick
-/// among equals). Priced on `priced` ranks (`detail::priced_ranks` when empty). Every rank
-/// computes the same from the same data.
+/// The candidates a plan on `mesh` weighs for `from` -> `to`: `plan_redistribution`'s for the
+/// layouts without the mesh's axes of size 1 (see the file comment).
+inline plan_candidates candidates_on(const mesh_shape& mesh, const layout& from, const layout& to) {
+    const auto unit = detail::unit_axes(mesh);
+    return plan_redistribution(detail::without_axes(from, unit), detail::without_axes(to, unit));
+}
+
+/// The steps a plan runs for `c.from` -> `c.to`, and their price: the cheapest of the
+/// candidates and the route, and among equally cheap ones the plainest (`preferred`: fewer
+/// steps, then named collectives; `choose_candidate`'s pick among equals after that).
+/// Priced on `priced` ranks (`detail::priced_ranks` when empty). Every rank computes the
+/// same from the same data. On a mesh with axes of size 1 the candidates are
+/// `candidates_on`'s, planned on the mesh without those axes: no step acts on one.
 template <std::size_t N>
 priced_route choose_route(const plan_candidates& c, const mesh_shape& mesh,
                           const std::array<std::size_t, N>& shape, std::size_t element,
@@ -509,17 +574,26 @@ priced_route choose_route(const plan_candidates& c, const mesh_shape& mesh,
                           const std::vector<int>& priced = {}) {
     if (c.paths.empty())
         return {};
+    if (const auto unit = detail::unit_axes(mesh); !unit.empty()) {
+        // Planned as on the mesh without them: steps over one rank move nothing, and a
+        // route through them would price a detour that is not one.
+        const auto reduced = detail::without_unit_axes(mesh);
+        const auto r = candidates_on(mesh, c.from, c.to);
+        if (detail::canonical(r.from, reduced) == detail::canonical(r.to, reduced))
+            return {};
+        return choose_route(r, reduced, shape, element, model, tuning, priced);
+    }
     const auto ranks = priced.empty() ? detail::priced_ranks(mesh) : priced;
     const auto pick = choose_candidate(c, mesh, shape, element, model, tuning);
     auto best = price_route(c.paths[pick], mesh, shape, element, ranks, model, tuning);
     for (const auto& path : c.paths) {
         const auto p = price_route(path, mesh, shape, element, ranks, model, tuning);
-        if (p.valid && p.seconds < best.seconds * (1 - 1e-12))
+        if (p.valid && detail::preferred(p, best))
             best = p;
     }
     const auto route = cheapest_route(c.from, c.to, mesh, shape, element, model, tuning,
                                       best.seconds * (1 + 1e-12), ranks);
-    if (route && route->seconds < best.seconds * (1 - 1e-12))
+    if (route && detail::preferred(*route, best))
         return *route;
     return best;
 }

@@ -4,8 +4,8 @@
 /// the strategy is a dynamic programme over the operators whose state is the activation's
 /// split: exact for the objective (each stage's time and memory are sums over its operators,
 /// and the stages are independent given their boundaries, search/evaluate_strategy.hpp),
-/// first minimising the objective alone and, when that breaks the memory cap, keeping per
-/// state the Pareto front of (objective, memory). Small chains can be searched exhaustively
+/// keeping per state the front of the objective's two figures, and when the best breaks the
+/// memory cap the front of those and memory. Small chains can be searched exhaustively
 /// instead (`search_options::exhaustive`), which the tests use to check the programme.
 
 #include <xshard/core/objective.hpp>
@@ -36,7 +36,8 @@ struct dp_entry {
 };
 
 /// The best strategies of operators [first, last) of one stage by dynamic programming (see
-/// the file comment); empty when none is valid. `pareto`: keep (objective, memory) fronts.
+/// the file comment); empty when none is valid. `pareto`: the fronts weigh memory too, and
+/// keep entries within `cap` only.
 inline std::optional<std::vector<op_choice>>
 stage_programme(const network_spec& net, candidate_pricer& cp, std::size_t first, std::size_t last,
                 int level, bool pareto, double cap, const search_options& o) {
@@ -47,14 +48,19 @@ stage_programme(const network_spec& net, candidate_pricer& cp, std::size_t first
     using front = std::vector<dp_entry>;
     std::vector<std::array<front, 3>> fronts(last - first + 1);
     fronts[0][std::size_t(activation_split::rows)].push_back({boundary, boundary, 0, -1, -1, {}});
-    const auto better = [&](const dp_entry& a, const dp_entry& b) {
-        return objective_of(level, a.step, a.comm, a.memory) <
-               objective_of(level, b.step, b.comm, b.memory);
+    const auto key = [&](const dp_entry& e) {
+        return objective_of(level, e.step, e.comm, e.memory);
     };
+    const auto better = [&](const dp_entry& a, const dp_entry& b) {
+        return key(a) < key(b);
+    };
+    // A state keeps every entry that no other is at least as good as on both figures of the
+    // objective (and on memory, under a cap): a front rather than the best alone, since the
+    // key's primary figures tie to 40 bits (objective_key), and a prefix ahead by its last
+    // bits can end level with another that is ahead on the secondary figure.
     const auto dominates = [&](const dp_entry& a, const dp_entry& b) {
-        return objective_of(level, a.step, a.comm, a.memory) <=
-                   objective_of(level, b.step, b.comm, b.memory) &&
-               a.memory <= b.memory;
+        const auto ka = key(a), kb = key(b);
+        return ka.first <= kb.first && ka.second <= kb.second && (!pareto || a.memory <= b.memory);
     };
     for (std::size_t i = first; i < last; ++i) {
         auto& next = fronts[i - first + 1];
@@ -87,14 +93,7 @@ stage_programme(const network_spec& net, candidate_pricer& cp, std::size_t first
                                    int(in),
                                    int(j),
                                    c};
-                        if (!pareto) {
-                            if (dst.empty())
-                                dst.push_back(e);
-                            else if (better(e, dst[0]))
-                                dst[0] = e;
-                            continue;
-                        }
-                        if (e.memory > cap)
+                        if (pareto && e.memory > cap)
                             continue;
                         bool dominated = false;
                         for (const auto& f : dst)
