@@ -6,6 +6,12 @@
 //   xshard-plan search --model mlp:784,512,512,10 --batch 64 --ranks 16384
 //       [--memory-per-rank GiB] [--level 0|1|2] [--dtype f32] [--save strategy.json]
 //   xshard-plan search --model transformer:layers,hidden,heads,seq,vocab --batch 8 --ranks 1024
+//   xshard-plan search --program net.json --mesh dp=4,tp=2 [--propagate] [--save s.json]
+//
+// With --program, the search on programs (search/program_search.hpp) runs on a program file
+// that xshard::save_program wrote (search/program_file.hpp), for the mesh given: every node's
+// layouts, what they cost and the runner-up; --propagate keeps the file's annotations
+// (sharding_propagation), and --save writes a program strategy file.
 //
 // Bad input gives one line on stderr and exit status 2.
 #pragma once
@@ -13,6 +19,9 @@
 #include <xshard/io/operator_strategy_file.hpp>
 #include <xshard/search/networks.hpp>
 #include <xshard/search/operator_strategy.hpp>
+#include <xshard/search/program_file.hpp>
+#include <xshard/search/program_search.hpp>
+#include <xshard/search/program_strategy_file.hpp>
 #include <xshard/search/recursive_programming.hpp>
 
 #include "plan_cli.hpp"
@@ -89,20 +98,76 @@ inline xshard::axis_link parse_axis_link(const std::string& text) {
     }
 }
 
+/// The machine model of the options --gemm-flops, --memory-bandwidth and --axis-link.
+inline xshard::machine_model machine_of(const CLI::App& app, double gemm, double bandwidth,
+                                        const std::vector<std::string>& links) {
+    xshard::machine_model m;
+    if (app.count("--gemm-flops")) {
+        if (!(gemm > 0))
+            throw usage_error("--gemm-flops must be positive");
+        m.gemm_flops = gemm;
+    }
+    if (app.count("--memory-bandwidth")) {
+        if (!(bandwidth > 0))
+            throw usage_error("--memory-bandwidth must be positive");
+        m.memory_bandwidth = bandwidth;
+    }
+    for (const auto& l : links)
+        m.links.axis_links.push_back(parse_axis_link(l));
+    return m;
+}
+
+/// `xshard-plan search --program FILE --mesh ...`: the search on the program that FILE holds.
+inline int search_program_file(const std::string& path, const std::string& mesh_text,
+                               bool propagate, const std::string& save,
+                               const xshard::machine_model& machine) {
+    if (mesh_text.empty())
+        throw usage_error("--program needs --mesh (e.g. --mesh dp=4,tp=2)");
+    xshard::mesh_shape mesh;
+    try {
+        mesh = xshard::mesh_shape::parse(mesh_text);
+    } catch (const std::invalid_argument& e) {
+        throw usage_error("--mesh: " + std::string(xshard::detail::without_prefix(e.what())));
+    }
+    const auto p = xshard::load_program(path);
+    const auto start = std::chrono::steady_clock::now();
+    const auto found =
+        xshard::search_program(p, mesh, {.machine = machine, .keep_annotations = propagate});
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fputs(found.explain().c_str(), stdout);
+    std::printf("searched %zu nodes (%s) on mesh(%s), %d ranks, in %.3f s\n", found.nodes.size(),
+                propagate ? "sharding_propagation" : "recursive_programming",
+                mesh.to_string().c_str(), mesh.size(), took);
+    if (!save.empty()) {
+        xshard::save_program_strategy(save, found);
+        std::printf("saved the program strategy file %s\n", save.c_str());
+    }
+    return 0;
+}
+
 /// `xshard-plan search ...` (argv[0] is "search"): returns the exit status.
 inline int plan_search(int argc, char** argv) {
     CLI::App app{"xshard-plan search: the strategy search (recursive_programming), dry run"};
-    std::string model, dtype = "f32", save;
+    std::string model, dtype = "f32", save, program_path, mesh_text;
     long long batch = 0, ranks = 0;
+    bool propagate = false;
     double memory_gib = 0;
     int level = 2;
     double gemm = 0, bandwidth = 0;
     std::vector<std::string> links;
-    app.add_option("--model", model,
-                   "mlp:784,512,512,10 or transformer:layers,hidden,heads,seq,vocab")
-        ->required();
-    app.add_option("--batch", batch, "samples per step")->required();
-    app.add_option("--ranks", ranks, "world size")->required();
+    auto* model_option = app.add_option(
+        "--model", model, "mlp:784,512,512,10 or transformer:layers,hidden,heads,seq,vocab");
+    auto* program_option = app.add_option(
+        "--program", program_path, "a program file (xshard::save_program) to search instead");
+    model_option->excludes(program_option);
+    app.add_option("--mesh", mesh_text, "with --program: the mesh, dp=4,tp=2")
+        ->needs(program_option);
+    app.add_flag("--propagate", propagate,
+                 "with --program: keep its annotations and search the rest (sharding_propagation)")
+        ->needs(program_option);
+    app.add_option("--batch", batch, "samples per step")->needs(model_option);
+    app.add_option("--ranks", ranks, "world size")->needs(model_option);
     app.add_option("--memory-per-rank", memory_gib, "memory cap per rank, GiB (none if not given)");
     app.add_option("--level", level, "objective: 0 least communication, 1 least memory, 2 fastest");
     app.add_option("--dtype", dtype, "element type: f16 bf16 f32 f64");
@@ -114,6 +179,11 @@ inline int plan_search(int argc, char** argv) {
     if (const auto status = parse_arguments(app, argc, argv))
         return *status;
     try {
+        if (!program_path.empty())
+            return search_program_file(program_path, mesh_text, propagate, save,
+                                       machine_of(app, gemm, bandwidth, links));
+        if (model.empty())
+            throw usage_error("give --model (with --batch and --ranks) or --program (with --mesh)");
         if (batch < 1)
             throw usage_error("--batch must be at least 1");
         if (ranks < 1 || ranks > (1LL << 30))
@@ -135,18 +205,9 @@ inline int plan_search(int argc, char** argv) {
             o.machine.element = 8;
         else
             throw usage_error("--dtype must be f16, bf16, f32 or f64, not '" + dtype + "'");
-        if (app.count("--gemm-flops")) {
-            if (!(gemm > 0))
-                throw usage_error("--gemm-flops must be positive");
-            o.machine.gemm_flops = gemm;
-        }
-        if (app.count("--memory-bandwidth")) {
-            if (!(bandwidth > 0))
-                throw usage_error("--memory-bandwidth must be positive");
-            o.machine.memory_bandwidth = bandwidth;
-        }
-        for (const auto& l : links)
-            o.machine.links.axis_links.push_back(parse_axis_link(l));
+        const auto element = o.machine.element;
+        o.machine = machine_of(app, gemm, bandwidth, links);
+        o.machine.element = element;
         const auto net = parse_model(model, std::size_t(batch));
         const auto start = std::chrono::steady_clock::now();
         const auto r = xshard::search_strategy(net, o);

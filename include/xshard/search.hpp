@@ -11,6 +11,7 @@
 #include <xshard/search/networks.hpp>
 #include <xshard/search/op_options.hpp>
 #include <xshard/search/operator_strategy.hpp>
+#include <xshard/search/program_file.hpp>
 #include <xshard/search/program_search.hpp>
 #include <xshard/search/program_strategy_file.hpp>
 #include <xshard/search/recursive_programming.hpp>

@@ -10,6 +10,7 @@
 #include <xshard/io/strategy_file.hpp>
 #include <xshard/nn/embedding.hpp>
 #include <xshard/optim/optimizers.hpp>
+#include <xshard/search/program_file.hpp>
 #include <xshard/search/program_search.hpp>
 #include <xshard/search/program_strategy_file.hpp>
 #include <xshard/tensor/distribute.hpp>
@@ -27,6 +28,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -514,6 +516,109 @@ TEST(program_strategy_file, a_wrong_mesh_an_unknown_node_or_a_bad_layout_raises)
         FAIL() << "no error";
     } catch (const xshard::io_error& e) {
         EXPECT_NE(std::string(e.what()).find("s.json"), std::string::npos) << e.what();
+    }
+}
+
+// --- program files -------------------------------------------------------------------------------
+
+std::string listing(const xshard::program& p) {
+    std::ostringstream s;
+    s << p;
+    return s.str();
+}
+
+/// residual_network with every kind of annotation: split counts, operand and result layouts.
+xshard::program annotated_residual_network() {
+    auto p = residual_network();
+    p.shard("matmul", {{2, 1}, {1, 1}});
+    auto& n = p.node("matmul_1");
+    n.annotation.in_layouts = {"[dp, -]", "[-, tp]"};
+    n.annotation.out_layouts = {"[dp, -]"};
+    return p;
+}
+
+TEST(program_file, a_saved_program_loads_as_it_was_and_searches_and_trains_alike) {
+    // The file holds the program (its listing, every weight's initializer, its annotations):
+    // loaded in a process that has not traced it, it searches to the same strategy and trains
+    // to the same losses on this run's ranks.
+    for (const auto& p : {annotated_residual_network(), parallel_network(std::nullopt),
+                          parallel_network(std::vector<xshard::strategy>{{1, 1}, {1, 2}})}) {
+        const auto text = xshard::program_json(p);
+        const auto loaded = xshard::parse_program(text, "p.json");
+        EXPECT_EQ(listing(loaded), listing(p));
+        EXPECT_EQ(xshard::program_json(loaded), text);
+        ASSERT_EQ(loaded.weights().size(), p.weights().size());
+        for (std::size_t i = 0; i < p.weights().size(); ++i) {
+            const auto &a = p.value(p.weights()[i]).init,
+                       &b = loaded.value(loaded.weights()[i]).init;
+            EXPECT_TRUE(a.how == b.how && a.a == b.a && a.b == b.b) << listing(p);
+        }
+        const auto mesh = shape_of({"dp", "tp"}, {2, 4});
+        const xshard::program_search_options o{.keep_annotations = false};
+        EXPECT_EQ(xshard::program_strategy_json(xshard::search_program(loaded, mesh, o)),
+                  xshard::program_strategy_json(xshard::search_program(p, mesh, o)));
+    }
+    // The file the tools tests search (tests/tools/) is this program as save_program writes it.
+    EXPECT_EQ(xshard::detail::read_file(XSHARD_TOOLS_PROGRAM_FILE),
+              xshard::program_json(residual_network()));
+    const auto path = scratch("residual.program.json");
+    if (world().rank() == 0)
+        xshard::save_program(path, residual_network());
+    xshard::mpi::barrier(world());
+    const mesh_t mesh(world(), {world().size(), 1});
+    const auto reference = train(residual_network(), mesh, true);
+    const auto losses = train(xshard::load_program(path), mesh, true);
+    ASSERT_EQ(losses.size(), reference.size());
+    for (std::size_t s = 0; s < losses.size(); ++s)
+        EXPECT_EQ(losses[s], reference[s]) << "step " << s;
+}
+
+TEST(program_file, what_does_not_describe_a_program_raises_naming_the_file_and_the_node) {
+    const auto good = nlohmann::json::parse(xshard::program_json(residual_network()));
+    const auto expect_raises = [&](const std::function<void(nlohmann::json&)>& damage,
+                                   const std::string& says) {
+        auto j = good;
+        damage(j);
+        try {
+            (void)xshard::parse_program(j.dump(), "p.json");
+            ADD_FAILURE() << "no error for " << says;
+        } catch (const xshard::io_error& e) {
+            const std::string what = e.what();
+            EXPECT_NE(what.find("p.json"), std::string::npos) << what;
+            EXPECT_NE(what.find(says), std::string::npos) << what;
+        }
+    };
+    expect_raises([](auto& j) { j["format"] = "xshard-strategy"; }, "not an xshard program file");
+    expect_raises([](auto& j) { j["nodes"][0]["op"] = "no_such_op"; }, "node matmul: no primitive");
+    expect_raises([](auto& j) { j["nodes"][1]["operands"][0] = "later"; },
+                  "node relu: operand 'later' is not a value defined before");
+    expect_raises([](auto& j) { j["weights"][0]["shape"] = {3, 3}; }, "node matmul: ");
+    expect_raises([](auto& j) { j["weights"][0]["init"]["kind"] = "zeros"; }, "'zeros'");
+    expect_raises([](auto& j) { j["inputs"][0]["type"] = "f16"; }, "'f16'");
+    expect_raises(
+        [](auto& j) {
+            j["nodes"][0]["in"] = {"[dp]", "[-, -]"};
+        },
+        "node matmul: the layout [dp]");
+    expect_raises([](auto& j) { j["nodes"][0]["strategies"] = {{1, 1}}; }, "node matmul: ");
+    expect_raises([](auto& j) { j["outputs"][0] = "nowhere"; }, "the output 'nowhere'");
+    expect_raises([](auto& j) { j["inputs"][1]["name"] = "x"; }, "'x' appears twice");
+    // A custom-VJP node is the program's own code: no file holds it.
+    const mesh_t mesh(world(), {world().size(), 1});
+    using tensor = xshard::dtensor<double, mesh_t, xshard::dynamic_layout(2)>;
+    const auto custom = xshard::trace(
+        [&](traced_tensor x) {
+            return ops::sum_all(xshard::custom_vjp<double>(
+                mesh, "twice", x, [](const tensor& t) { return tensor(t); },
+                [](const tensor&, const tensor& dy) { return tensor(dy); }));
+        },
+        xshard::input<double>("x", {batch, features}));
+    try {
+        (void)xshard::program_json(custom);
+        FAIL() << "no error";
+    } catch (const xshard::error& e) {
+        EXPECT_NE(std::string(e.what()).find("twice is a custom-VJP node"), std::string::npos)
+            << e.what();
     }
 }
 
