@@ -168,9 +168,13 @@ inline int plan_search(int argc, char** argv) {
         ->needs(program_option);
     app.add_option("--batch", batch, "samples per step")->needs(model_option);
     app.add_option("--ranks", ranks, "world size")->needs(model_option);
-    app.add_option("--memory-per-rank", memory_gib, "memory cap per rank, GiB (none if not given)");
-    app.add_option("--level", level, "objective: 0 least communication, 1 least memory, 2 fastest");
-    app.add_option("--dtype", dtype, "element type: f16 bf16 f32 f64");
+    // A program file has its own element types, and its search minimises the predicted step
+    // without a memory cap: these options are --model's alone.
+    app.add_option("--memory-per-rank", memory_gib, "memory cap per rank, GiB (none if not given)")
+        ->excludes(program_option);
+    app.add_option("--level", level, "objective: 0 least communication, 1 least memory, 2 fastest")
+        ->excludes(program_option);
+    app.add_option("--dtype", dtype, "element type: f16 bf16 f32 f64")->excludes(program_option);
     app.add_option("--gemm-flops", gemm, "GEMM speed per rank, FLOP/s (bench_search measures it)");
     app.add_option("--memory-bandwidth", bandwidth,
                    "elementwise work per rank, bytes/s read and written (bench_search measures it)");
@@ -184,6 +188,9 @@ inline int plan_search(int argc, char** argv) {
                                        machine_of(app, gemm, bandwidth, links));
         if (model.empty())
             throw usage_error("give --model (with --batch and --ranks) or --program (with --mesh)");
+        for (const char* needed : {"--batch", "--ranks"})
+            if (!app.count(needed))
+                throw usage_error(std::string(needed) + " is required with --model");
         if (batch < 1)
             throw usage_error("--batch must be at least 1");
         if (ranks < 1 || ranks > (1LL << 30))
