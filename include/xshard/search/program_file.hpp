@@ -121,6 +121,22 @@ inline void check_node_layouts(const std::vector<layout>& ls, const std::vector<
                            " dimensions, its value has " + std::to_string(ranks[i]));
 }
 
+/// A node's "strategies": a list of split counts per operand.
+inline std::vector<strategy> parse_strategies(const nlohmann::json& a) {
+    std::vector<strategy> s;
+    for (const auto& counts : a) {
+        strategy st;
+        for (const auto& c : counts) {
+            if (st.counts.size() == max_tensor_rank)
+                throw io_error("xshard: a strategy of more than " +
+                               std::to_string(max_tensor_rank) + " dimensions");
+            st.counts.push_back(int(json_count(c, "a split count", 1, INT_MAX)));
+        }
+        s.push_back(st);
+    }
+    return s;
+}
+
 } // namespace detail
 
 /// The text of a program file for `p` (see the file comment). Throws xshard::error naming
@@ -249,21 +265,8 @@ inline program parse_program(std::string_view text, const std::string& path = ""
                 for (std::size_t r = 0; r < added.results.size(); ++r)
                     define(added.results.size() == 1 ? n.name : n.name + ":" + std::to_string(r),
                            added.results[r]);
-                if (e.contains("strategies")) {
-                    std::vector<strategy> s;
-                    for (const auto& counts : e.at("strategies")) {
-                        strategy st;
-                        for (const auto& c : counts) {
-                            if (st.counts.size() == max_tensor_rank)
-                                throw io_error("xshard: a strategy of more than " +
-                                               std::to_string(max_tensor_rank) + " dimensions");
-                            st.counts.push_back(
-                                int(detail::json_count(c, "a split count", 1, INT_MAX)));
-                        }
-                        s.push_back(st);
-                    }
-                    p.shard(n.name, std::move(s));
-                }
+                if (e.contains("strategies"))
+                    p.shard(n.name, detail::parse_strategies(e.at("strategies")));
             } catch (const std::exception& x) {
                 throw io_error("xshard: node " + n.name + ": " +
                                std::string(detail::without_prefix(x.what())));
