@@ -267,7 +267,6 @@ int triangle_violations(std::mt19937& rng, const mesh_shape& m, int triples, int
     int violations = 0;
     // The candidates as a plan prices them: on the mesh without its axes of size 1, for the
     // layouts without them (route.hpp).
-    const auto unit = xshard::detail::unit_axes(m);
     const auto reduced = xshard::detail::without_unit_axes(m);
     const auto ranks = xshard::detail::priced_ranks(reduced);
     for (int i = 0; i < triples; ++i) {
@@ -282,8 +281,7 @@ int triangle_violations(std::mt19937& rng, const mesh_shape& m, int triples, int
         const double ab = plan_price(a, b, m, shape), bc = plan_price(b, c, m, shape),
                      ac = plan_price(a, c, m, shape);
         double candidate = std::numeric_limits<double>::infinity();
-        const auto candidates = plan_redistribution(xshard::detail::without_axes(a, unit),
-                                                    xshard::detail::without_axes(c, unit));
+        const auto candidates = xshard::candidates_on(m, a, c);
         for (const auto& path : candidates.paths) {
             const auto p =
                 xshard::price_route(path, reduced, shape, 4, ranks, xshard::cost_model{});
