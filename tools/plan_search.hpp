@@ -6,12 +6,14 @@
 //   xshard-plan search --model mlp:784,512,512,10 --batch 64 --ranks 16384
 //       [--memory-per-rank GiB] [--level 0|1|2] [--dtype f32] [--save strategy.json]
 //   xshard-plan search --model transformer:layers,hidden,heads,seq,vocab --batch 8 --ranks 1024
-//   xshard-plan search --program net.json --mesh dp=4,tp=2 [--propagate] [--save s.json]
+//   xshard-plan search --program net.json --mesh dp=4,tp=2 [--propagate]
+//       [--memory-per-rank GiB] [--save s.json]
 //
 // With --program, the search on programs (search/program_search.hpp) runs on a program file
 // that xshard::save_program wrote (search/program_file.hpp), for the mesh given: every node's
 // layouts, what they cost and the runner-up; --propagate keeps the file's annotations
-// (sharding_propagation), and --save writes a program strategy file.
+// (sharding_propagation), --memory-per-rank caps the bytes per rank, and --save writes a
+// program strategy file.
 //
 // Bad input gives one line on stderr and exit status 2.
 #pragma once
@@ -28,6 +30,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -118,8 +121,10 @@ inline xshard::machine_model machine_of(const CLI::App& app, double gemm, double
 }
 
 /// `xshard-plan search --program FILE --mesh ...`: the search on the program that FILE holds.
+/// A search that finds nothing (no strategy within the memory cap, an annotation that cannot
+/// run on the mesh) reports why and returns 1.
 inline int search_program_file(const std::string& path, const std::string& mesh_text,
-                               bool propagate, const std::string& save,
+                               bool propagate, double memory_per_rank, const std::string& save,
                                const xshard::machine_model& machine) {
     if (mesh_text.empty())
         throw usage_error("--program needs --mesh (e.g. --mesh dp=4,tp=2)");
@@ -131,8 +136,16 @@ inline int search_program_file(const std::string& path, const std::string& mesh_
     }
     const auto p = xshard::load_program(path);
     const auto start = std::chrono::steady_clock::now();
-    const auto found =
-        xshard::search_program(p, mesh, {.machine = machine, .keep_annotations = propagate});
+    xshard::program_strategy found;
+    try {
+        found = xshard::search_program(p, mesh,
+                                       {.machine = machine,
+                                        .keep_annotations = propagate,
+                                        .memory_per_rank = memory_per_rank});
+    } catch (const xshard::error& e) {
+        report_failure(e);
+        return 1;
+    }
     const double took =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::fputs(found.explain().c_str(), stdout);
@@ -168,10 +181,9 @@ inline int plan_search(int argc, char** argv) {
         ->needs(program_option);
     app.add_option("--batch", batch, "samples per step")->needs(model_option);
     app.add_option("--ranks", ranks, "world size")->needs(model_option);
-    // A program file has its own element types, and its search minimises the predicted step
-    // without a memory cap: these options are --model's alone.
-    app.add_option("--memory-per-rank", memory_gib, "memory cap per rank, GiB (none if not given)")
-        ->excludes(program_option);
+    // A program file has its own element types, and its search minimises the predicted step:
+    // --level and --dtype are --model's alone.
+    app.add_option("--memory-per-rank", memory_gib, "memory cap per rank, GiB (none if not given)");
     app.add_option("--level", level, "objective: 0 least communication, 1 least memory, 2 fastest")
         ->excludes(program_option);
     app.add_option("--dtype", dtype, "element type: f16 bf16 f32 f64")->excludes(program_option);
@@ -183,8 +195,13 @@ inline int plan_search(int argc, char** argv) {
     if (const auto status = parse_arguments(app, argc, argv))
         return *status;
     try {
+        if (app.count("--memory-per-rank") && !(memory_gib > 0))
+            throw usage_error("--memory-per-rank must be a positive number of GiB");
+        const double memory_per_rank = app.count("--memory-per-rank")
+                                           ? memory_gib * double(1ULL << 30)
+                                           : std::numeric_limits<double>::infinity();
         if (!program_path.empty())
-            return search_program_file(program_path, mesh_text, propagate, save,
+            return search_program_file(program_path, mesh_text, propagate, memory_per_rank, save,
                                        machine_of(app, gemm, bandwidth, links));
         if (model.empty())
             throw usage_error("give --model (with --batch and --ranks) or --program (with --mesh)");
@@ -197,13 +214,10 @@ inline int plan_search(int argc, char** argv) {
             throw usage_error("--ranks must be in [1, 2^30]");
         if (!xshard::is_objective_level(level))
             throw usage_error(xshard::bad_objective_level("--level", level));
-        if (app.count("--memory-per-rank") && !(memory_gib > 0))
-            throw usage_error("--memory-per-rank must be a positive number of GiB");
         xshard::search_options o;
         o.ranks = int(ranks);
         o.level = level;
-        if (app.count("--memory-per-rank"))
-            o.memory_per_rank = memory_gib * double(1ULL << 30);
+        o.memory_per_rank = memory_per_rank;
         if (dtype == "f16" || dtype == "bf16")
             o.machine.element = 2;
         else if (dtype == "f32")

@@ -30,6 +30,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 // Named: the program's files compile as one unit (XSHARD_UNITY_TESTS), and share no names.
@@ -123,6 +124,79 @@ TEST(cost_minimizer, beyond_its_branch_budget_still_gives_a_consistent_answer) {
     const auto s = m.solve();
     EXPECT_NEAR(p.total(s.pick), s.cost, 1e-9 * s.cost);
     EXPECT_GE(s.cost, brute_force(p) - 1e-9);
+}
+
+/// The least cost of `p` among picks whose `figure` is at most `cap`, by trying every
+/// combination (infinity when none is).
+double brute_force_within(const xshard::detail::cost_problem& p,
+                          const std::vector<std::vector<double>>& figure, double cap) {
+    std::vector<std::size_t> pick(p.unary.size(), 0);
+    double best = INFINITY;
+    while (true) {
+        double f = 0;
+        for (std::size_t v = 0; v < pick.size(); ++v)
+            f += figure[v][pick[v]];
+        if (f <= cap)
+            best = std::min(best, p.total(pick));
+        std::size_t i = 0;
+        while (i < pick.size() && ++pick[i] == p.unary[i].size())
+            pick[i++] = 0;
+        if (i == pick.size())
+            return best;
+    }
+}
+
+TEST(cost_minimizer, within_a_cap_its_bound_and_its_pick_enclose_the_brute_force_minimum) {
+    std::mt19937 engine(23);
+    std::uniform_int_distribution<int> bytes(0, 100);
+    int problems = 0, binding = 0, equal = 0, proven = 0;
+    for (int shape = 0; shape < 3; ++shape)
+        for (std::size_t n = 4; n <= 8; ++n)
+            for (int trial = 0; trial < 20; ++trial) {
+                const auto p = random_problem(engine, n, shape);
+                std::vector<std::vector<double>> figure;
+                for (const auto& u : p.unary) {
+                    figure.emplace_back();
+                    for (std::size_t c = 0; c < u.size(); ++c)
+                        figure.back().push_back(bytes(engine));
+                }
+                const double least = xshard::detail::least_figure(figure);
+                EXPECT_FALSE(xshard::detail::minimize_within(p, figure, least - 1));
+                const auto free = xshard::detail::cost_minimizer(p).solve();
+                double free_figure = 0;
+                for (std::size_t v = 0; v < n; ++v)
+                    free_figure += figure[v][free.pick[v]];
+                for (double share : {0.0, 0.4, 0.8, 1.0}) {
+                    const double cap = least + share * (free_figure - least);
+                    const auto found = xshard::detail::minimize_within(p, figure, cap);
+                    ASSERT_TRUE(found);
+                    const double expected = brute_force_within(p, figure, cap);
+                    double f = 0;
+                    for (std::size_t v = 0; v < n; ++v)
+                        f += figure[v][found->pick[v]];
+                    EXPECT_LE(f, cap);
+                    EXPECT_EQ(found->figure, f);
+                    EXPECT_NEAR(found->cost, p.total(found->pick), 1e-9 * expected);
+                    EXPECT_LE(found->bound, expected + 1e-9 * expected);
+                    EXPECT_GE(found->cost, expected - 1e-9 * expected);
+                    if (found->exact) {
+                        EXPECT_NEAR(found->cost, expected, 1e-9 * expected);
+                    }
+                    if (share == 1.0) { // the unconstrained minimum fits
+                        EXPECT_TRUE(found->exact);
+                    }
+                    ++problems;
+                    binding += free_figure > cap;
+                    equal += std::abs(found->cost - expected) <= 1e-9 * expected;
+                    proven += found->exact;
+                }
+            }
+    if (world().rank() == 0)
+        std::printf("minimize_within: %d random problems of 4-8 variables under a cap (%d where it "
+                    "binds): %d at the brute-force minimum, %d of them proven by the bound\n",
+                    problems, binding, equal, proven);
+    EXPECT_GT(binding, problems / 2);
+    EXPECT_GT(equal, problems * 9 / 10);
 }
 
 // --- programs -----------------------------------------------------------------------------------
@@ -287,11 +361,11 @@ xshard::program parallel_logits() {
         xshard::input<double>("x", {batch, features}));
 }
 
-/// Three steps of the driver on `net` under `mode`, the dataset strategy set by `configure`;
-/// the batches come replicated. Returns the losses.
-template <class Configure>
+/// Three steps of the driver on `net` under `mode`, configured by `configure`, then
+/// `inspect` given the configuration; the batches come replicated. Returns the losses.
+template <class Configure, class Inspect>
 std::vector<double> drive(xshard::compiled_program<double, mesh_t>& net, const mesh_t& mesh,
-                          std::string_view mode, Configure&& configure) {
+                          std::string_view mode, Configure&& configure, Inspect&& inspect) {
     xshard::auto_parallel parallel(net, mesh, mode);
     configure(parallel);
     xshard::nn::parallel_cross_entropy<double, mesh_t> loss;
@@ -309,7 +383,47 @@ std::vector<double> drive(xshard::compiled_program<double, mesh_t>& net, const m
         batches.emplace_back(xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[-, -]"),
                              xshard::distribute<xshard::dynamic_layout(1)>(mesh, y, "[-]"));
     }
-    return driver.train(1, batches);
+    auto losses = driver.train(1, batches);
+    inspect(std::as_const(parallel));
+    return losses;
+}
+
+template <class Configure>
+std::vector<double> drive(xshard::compiled_program<double, mesh_t>& net, const mesh_t& mesh,
+                          std::string_view mode, Configure&& configure) {
+    return drive(net, mesh, mode, configure, [](const auto&) {});
+}
+
+TEST(program_search, the_driver_searches_within_max_device_memory_and_trains_like_one_rank) {
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    auto alone = xshard::compile<double>(parallel_logits(), one, {.seed = 3});
+    const auto reference = drive(alone, one, "semi_auto", [](auto&) {});
+    const mesh_t mesh(world(), {1, world().size()});
+    // The cap: halfway between the least bytes any strategy needs and the fastest's.
+    const xshard::program_search_options free{.keep_annotations = false};
+    const xshard::detail::program_costs costs(parallel_logits(), mesh.shape(), free);
+    const double least = xshard::detail::least_figure(costs.memory());
+    const auto fastest = xshard::search_program(parallel_logits(), mesh.shape(), free);
+    const double cap = std::floor(0.5 * (least + double(fastest.memory_bytes())));
+    auto net = xshard::compile<double>(parallel_logits(), mesh, {.seed = 3});
+    const auto losses = drive(
+        net, mesh, "recursive_programming", [&](auto& c) { c.max_device_memory(cap); },
+        [&](const auto& c) {
+            ASSERT_TRUE(c.searched_program());
+            EXPECT_LE(double(c.searched_program()->memory_bytes()), cap);
+            EXPECT_EQ(c.searched_program()->memory_cap, cap);
+        });
+    ASSERT_EQ(losses.size(), reference.size());
+    for (std::size_t s = 0; s < losses.size(); ++s)
+        EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s;
+    // Below the least, or not positive: every rank raises.
+    auto again = xshard::compile<double>(parallel_logits(), mesh, {.seed = 3});
+    EXPECT_THROW(drive(again, mesh, "recursive_programming",
+                       [&](auto& c) { c.max_device_memory(least - 1); }),
+                 xshard::error);
+    EXPECT_THROW(
+        drive(again, mesh, "recursive_programming", [&](auto& c) { c.max_device_memory(0); }),
+        xshard::error);
 }
 
 TEST(program_search, a_dataset_strategy_lays_the_program_input_out_and_trains_like_one_rank) {
@@ -433,6 +547,70 @@ TEST(program_search, compile_keeps_the_weights_values_when_it_lays_a_program_out
                 << ctx;
         }
     }
+}
+
+TEST(program_search, a_memory_cap_keeps_the_strategy_within_it_or_raises_with_the_least) {
+    int capped = 0;
+    for (const auto& mesh : {shape_of({"x"}, {4}), shape_of({"dp", "tp"}, {2, 2})}) {
+        const auto p = residual_network();
+        const xshard::program_search_options free{.keep_annotations = false};
+        xshard::detail::program_costs costs(p, mesh, free);
+        const auto fastest = xshard::search_program(p, mesh, free);
+        EXPECT_EQ(fastest.lower_bound, fastest.seconds);
+        const double least = xshard::detail::least_figure(costs.memory());
+        ASSERT_LT(least, double(fastest.memory_bytes())) << mesh.to_string();
+        for (double share : {0.0, 0.5}) {
+            auto o = free;
+            o.memory_per_rank = std::floor(least + share * (fastest.memory_bytes() - least));
+            const auto found = xshard::search_program(p, mesh, o);
+            // The strategy's bytes are what the search constrained, and within the cap.
+            EXPECT_LE(double(found.memory_bytes()), o.memory_per_rank) << mesh.to_string();
+            EXPECT_GE(found.seconds, fastest.seconds);
+            const double expected =
+                brute_force_within(costs.problem(), costs.memory(), o.memory_per_rank);
+            EXPECT_LE(found.lower_bound, expected * (1 + 1e-9));
+            EXPECT_GE(found.seconds, expected * (1 - 1e-9));
+            EXPECT_NE(found.explain().find("within the cap of"), std::string::npos);
+            expect_compile_lays_out(p, found, mesh);
+            if (world().rank() == 0 && share == 0.5)
+                std::printf("memory cap %.0f B on mesh(%s): %.4g s against %.4g s uncapped, "
+                            "brute force %.4g s\n",
+                            o.memory_per_rank, mesh.to_string().c_str(), found.seconds,
+                            fastest.seconds, expected);
+            ++capped;
+        }
+        auto o = free;
+        o.memory_per_rank = least - 1;
+        try {
+            (void)xshard::search_program(p, mesh, o);
+            ADD_FAILURE() << "no error below the least memory";
+        } catch (const xshard::error& e) {
+            const std::string what = e.what();
+            EXPECT_NE(what.find("no strategy fits"), std::string::npos) << what;
+            EXPECT_NE(what.find("the least is " + std::to_string(std::uint64_t(least))),
+                      std::string::npos)
+                << what;
+        }
+    }
+    EXPECT_EQ(capped, 4);
+    // On the run's mesh, a strategy within a cap trains like one rank.
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    const auto reference = train(residual_network(), one, true);
+    const mesh_t mesh(world(), {1, world().size()});
+    const xshard::program_search_options free{.keep_annotations = false};
+    const auto fastest = xshard::search_program(residual_network(), mesh.shape(), free);
+    xshard::detail::program_costs costs(residual_network(), mesh.shape(), free);
+    auto o = free;
+    o.memory_per_rank = std::floor(
+        0.5 * (xshard::detail::least_figure(costs.memory()) + double(fastest.memory_bytes())));
+    auto net = residual_network();
+    xshard::search_program(net, mesh.shape(), o).apply(net);
+    const auto losses = train(net, mesh, true);
+    for (std::size_t s = 0; s < losses.size(); ++s)
+        EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s;
+    EXPECT_THROW((void)xshard::search_program(residual_network(), shape_of({"x"}, {2}),
+                                              {.memory_per_rank = -1.0}),
+                 xshard::error);
 }
 
 TEST(program_search,

@@ -395,6 +395,18 @@ public:
         machine_ = m;
     }
     const machine_model& machine() const noexcept { return machine_; }
+    /// The bytes a rank may hold (MindSpore's context `max_device_memory`): the engines
+    /// (recursive_programming, sharding_propagation) keep each rank's weights, gradients,
+    /// optimizer state and activations within it, and raise on every rank when no strategy
+    /// fits. Positive, else xshard::error on every rank. Agreed over the mesh.
+    void max_device_memory(double bytes) {
+        agree(bytes > 0 ? std::nullopt
+                        : std::optional<std::string>(
+                              "xshard: max_device_memory: the bytes must be positive, not " +
+                              std::to_string(bytes)));
+        max_device_memory_ = bytes;
+    }
+    double max_device_memory() const noexcept { return max_device_memory_; }
     /// Strategy files hold every parameter, not only the trainable ones.
     void disable_strategy_file_only_for_trainable_params() { only_trainable_ = false; }
     /// Where compile() saves the communication groups (io/group_file.hpp). Agreed.
@@ -562,7 +574,8 @@ public:
                     *model_, mesh_.shape(), mesh_.comm(),
                     mode_ == parallel_mode::sharding_propagation, load_operator_strategy_,
                     save_operator_strategy_, machine_,
-                    {pipeline_.stages, pipeline_.stages > 1 ? micro_batches : 1});
+                    {pipeline_.stages, pipeline_.stages > 1 ? micro_batches : 1},
+                    max_device_memory_);
         planned_ = planned_layouts();
         if constexpr (detail::is_compiled_program<Model>) {
             if (mode_ != parallel_mode::semi_auto)
@@ -700,7 +713,8 @@ private:
                                {.machine = machine_,
                                 .layouts = program_options().layouts,
                                 .keep_annotations = mode_ == parallel_mode::sharding_propagation,
-                                .input_gradients = net.options().input_gradients});
+                                .input_gradients = net.options().input_gradients,
+                                .memory_per_rank = max_device_memory_});
             return found;
         });
         agreed(mesh_.comm(), [&] {
@@ -754,6 +768,8 @@ private:
     std::string save_param_strategy_, load_param_strategy_;
     std::string save_operator_strategy_, load_operator_strategy_;
     machine_model machine_{}; ///< what the engines price with (set_machine_model)
+    /// The engines' cap on each rank's bytes (max_device_memory).
+    double max_device_memory_ = std::numeric_limits<double>::infinity();
     bool only_trainable_ = true;
     std::string group_file_;
     std::optional<deferred_init_options> no_init_;

@@ -20,6 +20,11 @@
 /// than three neighbours the search branches on one node's ways. Chains, branches, residual
 /// joins and shared weights eliminate without branching.
 ///
+/// A cap on the bytes per rank (`memory_per_rank`: weights with their gradients and optimizer
+/// state, and the activations) is a constraint the ways' bytes add up to. Where the fastest
+/// strategy exceeds it, Lagrangian relaxation prices each byte and bisects the price, and the
+/// strategy found carries a lower bound no strategy within the cap beats.
+///
 ///     auto found = xshard::search_program(traced, mesh.shape());   // recursive_programming
 ///     found.apply(traced);            // every node annotated with the layouts found
 ///     auto net = xshard::compile<double>(traced, mesh);
@@ -41,7 +46,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -70,6 +77,10 @@ struct program_search_options {
     std::size_t max_ways = 256;
     /// Whether the program's inputs get gradients (as compile_options::input_gradients).
     bool input_gradients = false;
+    /// Bytes a rank may hold: its weights with their gradients and optimizer state, and
+    /// every node's results (kept for the backward pass). The search keeps within it, and
+    /// raises when no strategy fits.
+    double memory_per_rank = std::numeric_limits<double>::infinity();
 };
 
 /// One node's part of a searched strategy.
@@ -86,8 +97,8 @@ struct node_strategy {
     /// Seconds per step: its compute (forward and backward), the redistributions into it
     /// (forward, and their cotangents backward), and its weights' gradient synchronisation.
     double compute = 0, communication = 0, gradient_sync = 0;
-    /// The best other way with every other node as chosen, and the seconds it loses by
-    /// (none when the node has one way).
+    /// The best other way with every other node as chosen (within the memory cap), and the
+    /// seconds it loses by (none when the node has no other such way).
     std::optional<layout_choice> runner_up;
     double runner_up_loss = 0;
 };
@@ -100,8 +111,18 @@ struct program_strategy {
     double seconds = 0;
     /// Per rank: the weights' bytes, with their gradients and optimizer state.
     std::size_t weight_bytes = 0;
+    /// Per rank: every node's results' bytes (kept for the backward pass).
+    std::size_t activation_bytes = 0;
+    /// The cap searched within (program_search_options::memory_per_rank).
+    double memory_cap = std::numeric_limits<double>::infinity();
+    /// No strategy within the cap has a faster predicted step. It equals `seconds` when the
+    /// search is exact, as it is whenever the cap does not bind.
+    double lower_bound = 0;
     /// How many nodes the search branched on (0 for series-parallel graphs).
     std::size_t branched = 0;
+
+    /// The predicted bytes per rank: weights, gradients, optimizer state and activations.
+    std::size_t memory_bytes() const noexcept { return weight_bytes + activation_bytes; }
 
     /// Annotates every node of `p` with the layouts found (`in_layouts`, and `out_layouts`
     /// where kept); compile then runs them. Throws xshard::error when `p` lacks one of the nodes.
@@ -118,8 +139,17 @@ struct program_strategy {
     /// and the weights' memory per rank: why the search chose what it chose.
     std::string explain() const {
         std::string s = "strategy on mesh(" + mesh.to_string() + "): " + seconds_text(seconds) +
-                        " per step predicted, " + std::to_string(weight_bytes) +
-                        " bytes of weights, gradients and optimizer state per rank\n";
+                        " per step predicted; per rank " + std::to_string(weight_bytes) +
+                        " bytes of weights, gradients and optimizer state, " +
+                        std::to_string(activation_bytes) + " bytes of activations\n";
+        if (memory_cap != std::numeric_limits<double>::infinity()) {
+            char cap[32];
+            std::snprintf(cap, sizeof cap, "%.0f", memory_cap);
+            s += "  within the cap of " + std::string(cap) + " bytes per rank; ";
+            s += lower_bound < seconds
+                     ? "no strategy within it is faster than " + seconds_text(lower_bound) + "\n"
+                     : "the fastest within it\n";
+        }
         for (const auto& n : nodes) {
             s += "  " + n.node + " (" + n.op + ")" + (n.annotated ? " annotated" : "") + ": " +
                  choice_text(n.layouts) + "\n    compute " + seconds_text(n.compute) +
@@ -223,6 +253,14 @@ public:
         std::size_t branched = 0; ///< variables branched on
         bool exact = true;
     };
+
+    /// Adds `weight` times `extra[v][value]` to each value's own cost: the price of a figure
+    /// the values carry (a Lagrange multiplier's, for a cap on it).
+    void add_to_unary(const std::vector<std::vector<double>>& extra, double weight) {
+        for (std::size_t v = 0; v < unary_.size(); ++v)
+            for (std::size_t c = 0; c < unary_[v].size(); ++c)
+                unary_[v][c] += weight * extra[v][c];
+    }
 
     /// The minimum and one value per variable reaching it.
     solution solve() {
@@ -439,12 +477,171 @@ private:
     std::map<std::pair<std::size_t, std::size_t>, pair_table> tables_;
 };
 
-/// One way a node can run: the layouts it asks of its operands, the rule's answer, and
-/// its compute in seconds (forward and backward).
+/// A pick of a cost_problem within a cap on a figure its values carry (minimize_within).
+struct capped_solution {
+    std::vector<std::size_t> pick;
+    double cost = 0;   ///< the pick's cost
+    double figure = 0; ///< the pick's figure, at most the cap
+    /// No pick within the cap costs less (Lagrangian duality); `cost` is the minimum when
+    /// the two are equal.
+    double bound = 0;
+    std::size_t branched = 0; ///< variables branched on, over every solve
+    bool exact = true;        ///< `cost` equals `bound` (to 1e-9 of it)
+};
+
+/// The least figure a pick reaches: each variable's least, added.
+inline double least_figure(const std::vector<std::vector<double>>& figure) {
+    double f = 0;
+    for (const auto& values : figure)
+        f += *std::min_element(values.begin(), values.end());
+    return f;
+}
+
+/// The cheapest pick of `p` whose figure (`figure[v][value]`, added over the variables) is
+/// at most `cap`, or none when the least figure exceeds it. Where the minimum is within the
+/// cap, it. Else Lagrangian relaxation: the minimum of cost + lambda x figure for lambda
+/// bisected between a pick over the cap and one within it, keeping the cheapest pick within
+/// the cap and the best lower bound (each solve's minimum less lambda x cap); then one
+/// variable, or both ends of an edge, move to values that cost less and keep the pick within
+/// the cap, until none can.
+inline std::optional<capped_solution>
+minimize_within(const cost_problem& p, const std::vector<std::vector<double>>& figure, double cap,
+                std::size_t branch_budget = 100000) {
+    if (least_figure(figure) > cap)
+        return std::nullopt;
+    const auto inf = std::numeric_limits<double>::infinity();
+    const cost_minimizer base(p, branch_budget);
+    auto figure_of = [&](const std::vector<std::size_t>& pick) {
+        double f = 0;
+        for (std::size_t v = 0; v < pick.size(); ++v)
+            f += figure[v][pick[v]];
+        return f;
+    };
+    capped_solution best;
+    best.cost = inf;
+    best.bound = -inf;
+    bool solves_exact = true;
+    double over = 0, over_cost = 0; // the figure and cost of the last pick over the cap
+    // The minimum at `lambda`: whether its pick is within the cap.
+    auto within_at = [&](double lambda) {
+        cost_minimizer m = base;
+        if (lambda > 0)
+            m.add_to_unary(figure, lambda);
+        const auto s = m.solve();
+        best.branched += s.branched;
+        solves_exact = solves_exact && s.exact;
+        if (s.exact)
+            best.bound = std::max(best.bound, lambda > 0 ? s.cost - lambda * cap : s.cost);
+        const double f = figure_of(s.pick);
+        if (f > cap) {
+            over = f;
+            over_cost = p.total(s.pick);
+            return false;
+        }
+        const double c = p.total(s.pick);
+        if (c < best.cost) {
+            best.cost = c;
+            best.figure = f;
+            best.pick = s.pick;
+        }
+        return true;
+    };
+    auto settled = [&] {
+        return best.cost - best.bound <= 1e-9 * std::abs(best.cost);
+    };
+    if (!within_at(0)) {
+        // A multiplier that prices the figure above the cost, then bisected (geometrically
+        // once both ends are positive).
+        double lo = 0, hi = std::max(std::abs(over_cost), 1e-300) / std::max(over - cap, 1.0);
+        while (hi < 1e300 && !within_at(hi)) {
+            lo = hi;
+            hi *= 16;
+        }
+        if (best.pick.empty()) { // no multiplier reached the cap: the least figure's pick
+            best.pick.assign(p.unary.size(), 0);
+            for (std::size_t v = 0; v < p.unary.size(); ++v)
+                for (std::size_t c = 0; c < figure[v].size(); ++c)
+                    if (figure[v][c] < figure[v][best.pick[v]] ||
+                        (figure[v][c] == figure[v][best.pick[v]] &&
+                         p.unary[v][c] < p.unary[v][best.pick[v]]))
+                        best.pick[v] = c;
+            best.cost = p.total(best.pick);
+            best.figure = figure_of(best.pick);
+        }
+        for (int i = 0; i < 60 && hi < 1e300 && !settled(); ++i) {
+            if (lo > 0 && hi / lo < 1 + 1e-9)
+                break;
+            const double mid = lo > 0 ? std::sqrt(lo * hi) : hi / 16;
+            (within_at(mid) ? hi : lo) = mid;
+        }
+        // Moves of one variable, or of both ends of an edge, that stay within the cap.
+        std::vector<std::vector<std::size_t>> touching(p.unary.size());
+        for (std::size_t i = 0; i < p.edges.size(); ++i) {
+            touching[p.edges[i].a].push_back(i);
+            touching[p.edges[i].b].push_back(i);
+        }
+        auto& pick = best.pick;
+        auto edge_cost = [&](const cost_problem::edge& e) {
+            return e.cost[pick[e.a] * p.unary[e.b].size() + pick[e.b]];
+        };
+        // The cost of the terms that involve v or w (w may equal v).
+        auto around = [&](std::size_t v, std::size_t w) {
+            double t = p.unary[v][pick[v]] + (w != v ? p.unary[w][pick[w]] : 0.0);
+            for (auto i : touching[v])
+                t += edge_cost(p.edges[i]);
+            if (w != v)
+                for (auto i : touching[w])
+                    if (p.edges[i].a != v && p.edges[i].b != v)
+                        t += edge_cost(p.edges[i]);
+            return t;
+        };
+        // Moves v to cv and w to cw where that is cheaper and within the cap.
+        auto try_move = [&](std::size_t v, std::size_t cv, std::size_t w, std::size_t cw) {
+            const std::size_t was_v = pick[v], was_w = pick[w];
+            if (cv == was_v && cw == was_w)
+                return false;
+            const double now = around(v, w);
+            double f = best.figure - figure[v][was_v] + figure[v][cv];
+            if (w != v)
+                f += figure[w][cw] - figure[w][was_w];
+            if (f > cap)
+                return false;
+            pick[v] = cv;
+            pick[w] = cw;
+            if (around(v, w) < now - 1e-12 * std::abs(now)) {
+                best.figure = f;
+                return true;
+            }
+            pick[v] = was_v;
+            pick[w] = was_w;
+            return false;
+        };
+        for (bool moved = true; moved;) {
+            moved = false;
+            for (std::size_t v = 0; v < pick.size(); ++v)
+                for (std::size_t c = 0; c < p.unary[v].size(); ++c)
+                    moved = try_move(v, c, v, c) || moved;
+            for (const auto& e : p.edges)
+                for (std::size_t ca = 0; ca < p.unary[e.a].size(); ++ca)
+                    for (std::size_t cb = 0; cb < p.unary[e.b].size(); ++cb)
+                        moved = try_move(e.a, ca, e.b, cb) || moved;
+        }
+        best.cost = p.total(pick);
+        best.figure = figure_of(pick);
+    }
+    best.bound = std::min(best.bound, best.cost);
+    best.exact = solves_exact && settled();
+    return best;
+}
+
+/// One way a node can run: the layouts it asks of its operands, the rule's answer, its
+/// compute in seconds (forward and backward), and its results' bytes on the rank holding
+/// the most.
 struct node_way {
     std::vector<layout> asked;
     layout_choice choice;
     double compute = 0;
+    std::size_t result_bytes = 0;
 };
 
 /// Every layout of a rank-r operand with each mesh axis (of size above 1) on at most one
@@ -503,13 +700,19 @@ public:
         for (const auto& n : p.nodes())
             ways_.push_back(ways_of(n));
         problem_.unary.resize(ways_.size());
+        memory_.resize(ways_.size());
         for (std::size_t k = 0; k < ways_.size(); ++k)
-            for (const auto& w : ways_[k])
+            for (const auto& w : ways_[k]) {
                 problem_.unary[k].push_back(w.compute);
+                memory_[k].push_back(double(w.result_bytes));
+            }
         add_edges();
     }
 
     const cost_problem& problem() const noexcept { return problem_; }
+    /// Each way's bytes per rank: its results (kept for the backward pass), and the weights
+    /// it is the first to read with their gradients and optimizer state.
+    const std::vector<std::vector<double>>& memory() const noexcept { return memory_; }
     const std::vector<std::vector<node_way>>& ways() const noexcept { return ways_; }
 
     /// The strategy of `pick` (one way per node), explained.
@@ -541,16 +744,23 @@ public:
         for (std::size_t i = 0; i < p_.weights().size(); ++i) {
             const auto id = p_.weights()[i];
             const auto [k, operand] = first_use_.at(id);
-            const auto& l = ways_[k][pick[k]].choice.operands[operand];
-            const auto& v = p_.value(id);
-            s.weight_bytes += volume(largest_shard(v.shape, whole_terms(l), v.type, mesh_).local) *
-                              element_bytes(v.type) * std::size_t(2 + o_.machine.optimizer_states);
+            s.weight_bytes +=
+                weight_bytes(p_.value(id), whole_terms(ways_[k][pick[k]].choice.operands[operand]));
         }
+        for (std::size_t k = 0; k < ways_.size(); ++k)
+            s.activation_bytes += ways_[k][pick[k]].result_bytes;
         return s;
     }
 
 private:
     static constexpr std::size_t npos = std::size_t(-1);
+
+    /// A weight's bytes on the rank holding the most, laid out `l`, with its gradient and
+    /// optimizer state.
+    std::size_t weight_bytes(const program_value& v, const layout& l) const {
+        return volume(largest_shard(v.shape, l, v.type, mesh_).local) * element_bytes(v.type) *
+               std::size_t(2 + o_.machine.optimizer_states);
+    }
 
     /// Whether node n keeps the operands' layouts of its annotation.
     bool annotated(const program_node& n) const {
@@ -614,6 +824,7 @@ private:
         for (std::size_t i = 0; i < n.results.size(); ++i) {
             const auto& v = p_.value(n.results[i]);
             res.push_back(largest_shard(v.shape, w.choice.results[i], v.type, mesh_));
+            w.result_bytes += volume(res.back().local) * element_bytes(v.type);
             bytes += double(volume(res.back().local) * element_bytes(v.type));
         }
         double flops = 0;
@@ -796,6 +1007,7 @@ private:
                 const double s = price(cotangent_layout(w, mesh_), w, v.shape, v.type);
                 sync_[k][c] += s;
                 problem_.unary[k][c] += s;
+                memory_[k][c] += double(weight_bytes(v, w));
             }
             return;
         }
@@ -843,8 +1055,12 @@ private:
         });
     }
 
-    /// Node k's best other way with every other node as picked, and what it loses by.
+    /// Node k's best other way with every other node as picked that keeps the strategy
+    /// within the memory cap, and what it loses by.
     void runner_up(std::size_t k, const std::vector<std::size_t>& pick, node_strategy& ns) const {
+        double memory = 0;
+        for (std::size_t v = 0; v < pick.size(); ++v)
+            memory += memory_[v][pick[v]];
         auto local = [&](std::size_t c) {
             double t = problem_.unary[k][c];
             for (const auto& e : problem_.edges) {
@@ -857,7 +1073,7 @@ private:
         };
         const double chosen = local(pick[k]);
         for (std::size_t c = 0; c < ways_[k].size(); ++c) {
-            if (c == pick[k])
+            if (c == pick[k] || memory - memory_[k][pick[k]] + memory_[k][c] > o_.memory_per_rank)
                 continue;
             const double loss = local(c) - chosen;
             if (!ns.runner_up || loss < ns.runner_up_loss) {
@@ -878,6 +1094,7 @@ private:
     std::map<std::pair<std::size_t, std::size_t>, std::size_t> edge_index_;
     std::map<std::size_t, std::pair<std::size_t, std::size_t>> first_use_;
     std::vector<std::vector<double>> sync_;
+    std::vector<std::vector<double>> memory_;
     mutable std::map<std::size_t, redistribution_pricer> pricers_;
     mutable std::map<std::tuple<std::string, std::string, value_shape, dtype>, double> prices_;
 };
@@ -890,10 +1107,22 @@ private:
 /// has no way to run on it.
 inline program_strategy search_program(const program& p, const mesh_shape& mesh,
                                        const program_search_options& options = {}) {
+    if (!(options.memory_per_rank >= 0))
+        throw error("xshard: search: memory_per_rank must be a byte count, not " +
+                    std::to_string(options.memory_per_rank));
     detail::program_costs costs(p, mesh, options);
-    detail::cost_minimizer minimizer(costs.problem());
-    const auto found = minimizer.solve();
-    return costs.strategy(found.pick, found.branched);
+    const auto found =
+        detail::minimize_within(costs.problem(), costs.memory(), options.memory_per_rank);
+    if (!found)
+        throw error("xshard: search: no strategy fits " +
+                    std::to_string(std::uint64_t(options.memory_per_rank)) +
+                    " bytes per rank on mesh(" + mesh.to_string() + "): the least is " +
+                    std::to_string(std::uint64_t(detail::least_figure(costs.memory()))) +
+                    " bytes (weights, gradients, optimizer state and activations)");
+    auto s = costs.strategy(found->pick, found->branched);
+    s.memory_cap = options.memory_per_rank;
+    s.lower_bound = found->bound;
+    return s;
 }
 
 } // namespace xshard

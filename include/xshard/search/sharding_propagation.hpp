@@ -24,6 +24,8 @@
 #include <xshard/search/search_options.hpp>
 #include <xshard/search/searched_strategy.hpp>
 
+#include <cmath>
+#include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -49,10 +51,14 @@ inline searched_strategy propagate_strategies(const network_spec& net, const par
                                  o.machine.links, o.machine.element);
     auto p = search_degrees(net, d, o, pricer);
     if (!p)
-        throw std::invalid_argument("xshard: sharding_propagation: the given strategies of " +
-                                    net.description +
-                                    " cannot be completed on dp=" + std::to_string(d.dp) +
-                                    " tp=" + std::to_string(d.tp) + " pp=" + std::to_string(d.pp));
+        throw std::invalid_argument(
+            "xshard: sharding_propagation: the given strategies of " + net.description +
+            " cannot be completed on dp=" + std::to_string(d.dp) + " tp=" + std::to_string(d.tp) +
+            " pp=" + std::to_string(d.pp) +
+            (std::isinf(o.memory_per_rank)
+                 ? std::string()
+                 : " within " + std::to_string(std::uint64_t(o.memory_per_rank)) +
+                       " bytes per rank"));
     return *p;
 }
 

@@ -33,6 +33,8 @@
 #include <xshard/search/sharding_propagation.hpp>
 
 #include <concepts>
+#include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -62,11 +64,15 @@ struct engine_pipeline {
 };
 
 /// What the run-time engines search with on `mesh` (axes dp and tp) under `pipeline`: those
-/// degrees, no hsdp, outputs split as the loss takes them, priced with `machine`.
-inline search_options engine_options(const mesh_shape& mesh, const machine_model& machine = {},
-                                     const engine_pipeline& pipeline = {}) {
+/// degrees, no hsdp, outputs split as the loss takes them, priced with `machine`, each rank
+/// holding at most `memory_per_rank` bytes.
+inline search_options
+engine_options(const mesh_shape& mesh, const machine_model& machine = {},
+               const engine_pipeline& pipeline = {},
+               double memory_per_rank = std::numeric_limits<double>::infinity()) {
     search_options o;
     o.machine = machine;
+    o.memory_per_rank = memory_per_rank;
     const int dp = mesh.axis_size("dp"), tp = mesh.axis_size("tp");
     o.ranks = dp * tp * pipeline.stages;
     o.degrees = parallel_degrees{dp, tp, pipeline.stages, pipeline.micro_batches, 0};
@@ -79,14 +85,16 @@ inline search_options engine_options(const mesh_shape& mesh, const machine_model
 /// Runs recursive_programming (`propagate` false) or sharding_propagation (true) for `model`
 /// on `mesh` (axes dp and tp) under `pipeline`, loading and saving operator strategy files
 /// where the paths are not empty (see the file comment), pricing with `machine`
-/// (search/calibrate.hpp measures one). Returns the plan applied. Collective over `comm`.
+/// (search/calibrate.hpp measures one), each rank holding at most `memory_per_rank` bytes.
+/// Returns the plan applied. Collective over `comm`.
 template <strategy_searchable M>
 searched_strategy
 run_strategy_engine(M& model, const mesh_shape& mesh, const communicator& comm, bool propagate,
                     const std::string& load_path = {}, const std::string& save_path = {},
-                    const machine_model& machine = {}, const engine_pipeline& pipeline = {}) {
+                    const machine_model& machine = {}, const engine_pipeline& pipeline = {},
+                    double memory_per_rank = std::numeric_limits<double>::infinity()) {
     const auto& net = model.spec();
-    const auto o = engine_options(mesh, machine, pipeline);
+    const auto o = engine_options(mesh, machine, pipeline, memory_per_rank);
     const auto d = *o.degrees;
     std::vector<std::optional<op_choice>> given(net.ops.size());
     if (propagate && !load_path.empty()) {
@@ -114,7 +122,11 @@ run_strategy_engine(M& model, const mesh_shape& mesh, const communicator& comm, 
             return propagate_strategies(net, d, given, o);
         const auto r = search_strategy(net, o);
         if (!r.best)
-            throw error("xshard: recursive_programming: no strategy for " + net.description);
+            throw error("xshard: recursive_programming: no strategy for " + net.description +
+                        (r.over_cap ? " fits " + std::to_string(std::uint64_t(o.memory_per_rank)) +
+                                          " bytes per rank; the least is " +
+                                          std::to_string(std::uint64_t(r.over_cap->memory_bytes))
+                                    : std::string()));
         return *r.best;
     });
     model.apply_strategy(plan.choices);
