@@ -8,6 +8,7 @@
 //   mpirun -n 4 build/examples/resnet_cifar10 --mode hybrid --grad-accumulation 2
 //   mpirun -n 2 build/examples/resnet_cifar10 --depth 18 --image-size 16 --steps 20 --sync-bn
 //   mpirun -n 4 build/examples/resnet_cifar10 --depth 18 --mode spatial --mp 2
+//   mpirun -n 8 build/examples/resnet_cifar10 --mode recursive_programming
 //
 // Modes (mesh dp x mp; the batch is split over dp in every mode, as the tutorial's dataset
 // with num_shards = the data-parallel ranks):
@@ -29,15 +30,27 @@
 //                  modes. Bands thinner than a window's halo (too many mp ranks for the image
 //                  size: ResNet-18 on 16 x 16 images serves mp 2, not 4) stop with a sentence
 //                  on every rank.
+//   recursive_programming, sharding_propagation
+//                  the tutorial's headline script: ResNet written as a traced function
+//                  (models/resnet.hpp) with the loss, no layout written anywhere;
+//                  auto_parallel's search on programs chooses every node's layouts
+//                  (recursive_programming), or keeps the stem convolution's annotation
+//                  (images over dp, output channels over mp) and derives the rest
+//                  (sharding_propagation). Batch norm takes the whole batch's statistics,
+//                  as --sync-bn does in the other modes; --explain prints why each node runs
+//                  as it does.
 // Without --cifar, CIFAR-format files are generated (same record format: label byte, 3072
 // pixel bytes) so that it runs anywhere. --image-size S (< 32) subsamples the 32 x 32 images
 // (nearest pixel) for quick runs; --dtype f32 computes in float (oneDNN kernels).
+#include <xshard/auto_parallel.hpp>
 #include <xshard/comm/environment.hpp>
 #include <xshard/comm/report_errors.hpp>
 #include <xshard/data/loader.hpp>
 #include <xshard/data/readers.hpp>
 #include <xshard/driver/gradient_path.hpp>
+#include <xshard/graph.hpp>
 #include <xshard/io/checkpoint.hpp>
+#include <xshard/models/resnet.hpp>
 #include <xshard/nn/resnet.hpp>
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/train/broadcast.hpp>
@@ -68,7 +81,7 @@ struct options {
     std::string gradient_path = "automatic";
     int mp = 0, grad_accumulation = 1, steps = 20, checkpoint_every = 0;
     std::size_t batch_size = 32, image_size = 32, generated = 640;
-    bool sync_bn = false;
+    bool sync_bn = false, explain = false;
 };
 
 /// CIFAR-10 binary records (label, 1024 red, 1024 green, 1024 blue bytes), from a fixed
@@ -121,13 +134,104 @@ T softmax_cross_entropy_expand(const xt::xtensor<T, 2>& logit,
     return loss.size() ? T(xt::sum(loss)()) : T(0);
 }
 
+/// A loader's batch [rows, 3 S S] as the image batch [rows, 3, S, S]: the same block, seen
+/// as images, the rows laid out as the loader dealt them.
+template <class T, class X>
+nn::tensor<T, mesh_t, 4> image_batch(const mesh_t& mesh, const X& x2, std::size_t S) {
+    const auto& xl = x2.local();
+    xt::xtensor<T, 4> img = xt::xtensor<T, 4>::from_shape({xl.shape()[0], 3, S, S});
+    std::copy_n(xl.data(), xl.size(), img.data());
+    auto l4 = nn::make_layout({"", "", "", ""});
+    l4.dims[0] = x2.layout().dims[0];
+    return nn::tensor<T, mesh_t, 4>(xshard::detail::unchecked, mesh, {x2.shape()[0], 3, S, S},
+                                    std::move(img), l4);
+}
+
+/// Saves the weights and the optimizer's state after `step` when --checkpoint-every says so.
+template <class P, class Optimizer>
+void checkpoint_if_due(const options& o, const mesh_t& mesh, int step, P& params,
+                       Optimizer& optimizer) {
+    if (o.checkpoint_every <= 0 || step % o.checkpoint_every != 0)
+        return;
+    const auto path = o.checkpoint_dir + "/resnet" + std::to_string(o.depth) + "-" +
+                      std::to_string(step) + ".safetensors";
+    if (mesh.rank() == 0)
+        std::filesystem::create_directories(o.checkpoint_dir);
+    xshard::save_checkpoint(path, params, {.all_parameters = true, .step = step},
+                            optimizer.state_of(params));
+    if (mesh.rank() == 0)
+        std::printf("saved %s\n", path.c_str());
+}
+
+/// The search modes: ResNet and the tutorial's loss as one traced program, laid out by
+/// auto_parallel's search in compile(), trained with Momentum (see the file comment).
+template <class T, class Samples>
+int train_program(const options& o, const mesh_t& mesh, const Samples& samples) {
+    namespace ops = xshard::ops;
+    namespace models = xshard::models;
+    if (o.grad_accumulation != 1)
+        throw xshard::error("resnet_cifar10: --grad-accumulation is for the modes of layers, not " +
+                            o.mode);
+    const std::size_t S = o.image_size, B = o.batch_size;
+    auto prog = xshard::trace(
+        [&](xshard::traced_tensor x, xshard::traced_tensor y) {
+            const auto logits = o.depth == 18
+                                    ? models::resnet(x, models::resnet18_depths, 10)
+                                    : models::resnet(x, models::resnet50_depths, 10, true);
+            return ops::mean<0>(ops::cross_entropy(logits, y)); // SoftmaxCrossEntropyExpand
+        },
+        xshard::input<T>("x", {B, 3, S, S}), xshard::input<std::int64_t>("y", {B}));
+    if (o.mode == "sharding_propagation") // the one annotation: images over dp, filters over mp
+        prog.node("conv1.conv2d").annotation.in_layouts = {xshard::layout::parse("[dp, -, -, -]"),
+                                                           xshard::layout::parse("[mp, -, -, -]")};
+    auto net = xshard::compile<T>(std::move(prog), mesh, {.seed = 1});
+    xshard::auto_parallel parallel(net, mesh, o.mode);
+    parallel.compile(); // the search, then the program compiled again with its layouts
+    const auto& found = *parallel.searched_program();
+    if (mesh.rank() == 0) {
+        std::printf("resnet%d program on mesh(%s), mode %s, %zu samples of 3x%zux%zu, batch %zu, "
+                    "%s; %zu nodes searched: %.3g s per step predicted, %zu bytes of weights "
+                    "and %zu of activations per rank\n",
+                    o.depth, mesh.shape().to_string().c_str(), o.mode.c_str(), samples.size(), S, S,
+                    B, o.dtype.c_str(), found.nodes.size(), found.seconds, found.weight_bytes,
+                    found.activation_bytes);
+        if (o.explain)
+            std::printf("%s", found.explain().c_str());
+    }
+    xshard::optim::momentum optimizer({.lr = 0.01, .momentum = 0.9});
+    const data::loader batches(mesh, samples, {.batch_size = B, .seed = 7, .uneven_batches = true});
+    int step = 0;
+    const auto start = std::chrono::steady_clock::now();
+    for (std::uint64_t epoch = 0; step < o.steps; ++epoch)
+        for (auto&& [x2, y] : batches.epoch(epoch)) {
+            const double loss = net.train_step(image_batch<T>(mesh, x2, S), y);
+            auto grads = xshard::gradients_of(net);
+            xshard::synchronize_gradients(net, grads);
+            optimizer.step(net);
+            xshard::for_each_weight(net, [](const std::string&, auto& w) { w.zero_grad(); });
+            ++step;
+            if (mesh.rank() == 0)
+                std::printf("epoch: %llu step: %d, loss %.15g\n",
+                            static_cast<unsigned long long>(epoch + 1), step, loss);
+            checkpoint_if_due(o, mesh, step, net, optimizer);
+            if (step >= o.steps)
+                break;
+        }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (mesh.rank() == 0)
+        std::printf("%d steps in %.2f s\n", step, seconds);
+    return 0;
+}
+
 template <class T>
 int train(const options& o) {
     const auto world = xshard::communicator::world();
+    const bool searched = o.mode == "recursive_programming" || o.mode == "sharding_propagation";
     if (o.mode != "data_parallel" && o.mode != "semi_auto" && o.mode != "hybrid" &&
-        o.mode != "spatial")
-        throw xshard::error("resnet_cifar10: --mode takes data_parallel, semi_auto, hybrid or "
-                            "spatial, not " +
+        o.mode != "spatial" && !searched)
+        throw xshard::error("resnet_cifar10: --mode takes data_parallel, semi_auto, hybrid, "
+                            "spatial, recursive_programming or sharding_propagation, not " +
                             o.mode);
     if (o.depth != 18 && o.depth != 50)
         throw xshard::error("resnet_cifar10: --depth takes 18 or 50");
@@ -164,6 +268,8 @@ int train(const options& o) {
         s.features = std::move(f);
     }
 
+    if (searched)
+        return train_program<T>(o, mesh, samples);
     const bool semi = o.mode == "semi_auto";
     const nn::resnet_options ro{.blocks = {.model_parallel = semi, .sync_bn = o.sync_bn},
                                 .classifier_parallel = semi};
@@ -203,17 +309,10 @@ int train(const options& o) {
         const auto start = std::chrono::steady_clock::now();
         for (std::uint64_t epoch = 0; step < o.steps; ++epoch) {
             for (auto&& [x2, y] : batches.epoch(epoch)) {
-                // [rows, 3 S S] -> [rows, 3, S, S]: the same block, seen as an image batch.
-                const auto& xl = x2.local();
-                xt::xtensor<T, 4> img = xt::xtensor<T, 4>::from_shape({xl.shape()[0], 3, S, S});
-                std::copy_n(xl.data(), xl.size(), img.data());
-                auto l4 = nn::make_layout({"", "", "", ""});
-                l4.dims[0] = x2.layout().dims[0];
-                nn::tensor<T, mesh_t, 4> x(xshard::detail::unchecked, mesh,
-                                           {x2.shape()[0], 3, S, S}, std::move(img), l4);
+                auto x = image_batch<T>(mesh, x2, S);
                 if (spatial) {
                     // Each mp rank keeps its band of rows: a slice, no message.
-                    auto band = l4;
+                    auto band = x.layout();
                     band.dims[2] = nn::make_layout({"mp"}).dims[0];
                     x = xshard::redistribute<xshard::dynamic_layout(4)>(x, band);
                 }
@@ -282,16 +381,7 @@ int train(const options& o) {
                     std::printf("epoch: %llu step: %d, loss %.15g\n",
                                 static_cast<unsigned long long>(epoch + 1), step, double(loss_sum));
                 loss_sum = 0;
-                if (o.checkpoint_every > 0 && step % o.checkpoint_every == 0) {
-                    const auto path = o.checkpoint_dir + "/resnet" + std::to_string(o.depth) + "-" +
-                                      std::to_string(step) + ".safetensors";
-                    if (mesh.rank() == 0)
-                        std::filesystem::create_directories(o.checkpoint_dir);
-                    xshard::save_checkpoint(path, params, {.all_parameters = true, .step = step},
-                                            optimizer.state_of(params));
-                    if (mesh.rank() == 0)
-                        std::printf("saved %s\n", path.c_str());
-                }
+                checkpoint_if_due(o, mesh, step, params, optimizer);
                 if (step >= o.steps)
                     break;
             }
@@ -312,7 +402,9 @@ int main(int argc, char** argv) {
         CLI::App app("ResNet on CIFAR-10, MindSpore's distributed training tutorial");
         app.add_option("--depth", o.depth, "18 or 50");
         app.add_option("--cifar", o.cifar, "cifar-10-batches-bin directory (else generated files)");
-        app.add_option("--mode", o.mode, "data_parallel, semi_auto, hybrid or spatial");
+        app.add_option("--mode", o.mode,
+                       "data_parallel, semi_auto, hybrid, spatial, recursive_programming or "
+                       "sharding_propagation");
         app.add_option(
             "--mp", o.mp,
             "model-parallel ranks (semi_auto, hybrid), or the bands of each image (spatial); "
@@ -328,6 +420,8 @@ int main(int argc, char** argv) {
         app.add_option("--gradient-path", o.gradient_path,
                        "automatic, all_reduce or sharded_update (data_parallel)");
         app.add_flag("--sync-bn", o.sync_bn, "synchronised batch norm over the batch's ranks");
+        app.add_flag("--explain", o.explain,
+                     "the search modes: print every node's layouts and why (rank 0)");
         try {
             app.parse(argc, argv);
         } catch (const CLI::ParseError& e) {
