@@ -38,7 +38,9 @@
 //       (search/program_search.hpp, recursive programming), in one process: ResNet-50 on
 //       32 images of 224 x 224 for a mesh of 4 x 2 ranks, and 24 transformer blocks (1024
 //       features, 16 heads) for a virtual mesh of 128 x 128 ranks (a dry run), against
-//       tracing the program ("trace"). Extra fields: nodes, the predicted step, branched.
+//       tracing the program ("trace"). Extra fields: nodes, the predicted step, branched,
+//       the runs of repeated blocks searched once ("24x24": 24 blocks of 24 nodes), and the
+//       same search block by block: its time and predicted step.
 
 #include "harness.hpp"
 
@@ -57,6 +59,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -369,9 +372,22 @@ void search_case(const xshard::communicator& c, const xshard::bench::options& o,
     xshard::program_strategy found;
     const auto t = xshard::bench::compare(
         c, o, [&] { found = xshard::search_program(p, shape, options); }, [&] { (void)trace(); });
-    const std::string extra = "\"nodes\": " + std::to_string(p.nodes().size()) +
-                              ", \"predicted_step_seconds\": " + std::to_string(found.seconds) +
-                              ", \"branched\": " + std::to_string(found.branched);
+    // The same search block by block (repeated blocks not shared), timed once.
+    auto apart = options;
+    apart.share_repeated_blocks = false;
+    const auto start = std::chrono::steady_clock::now();
+    const auto each = xshard::search_program(p, shape, apart);
+    const double each_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::string runs;
+    for (const auto& r : found.repeated)
+        runs += (runs.empty() ? "" : " ") + std::to_string(r.count) + "x" + std::to_string(r.nodes);
+    const std::string extra =
+        "\"nodes\": " + std::to_string(p.nodes().size()) +
+        ", \"predicted_step_seconds\": " + std::to_string(found.seconds) +
+        ", \"branched\": " + std::to_string(found.branched) + ", \"repeated_blocks\": \"" + runs +
+        "\", \"block_by_block_search_seconds\": " + std::to_string(each_seconds) +
+        ", \"block_by_block_predicted_step_seconds\": " + std::to_string(each.seconds);
     xshard::bench::report(c, name, 0, "trace", t, extra);
 }
 

@@ -613,6 +613,90 @@ TEST(program_search, a_memory_cap_keeps_the_strategy_within_it_or_raises_with_th
                  xshard::error);
 }
 
+TEST(program_search, find_repeated_blocks_finds_the_runs_of_identical_blocks) {
+    using xshard::detail::find_repeated_blocks;
+    auto runs = [](std::vector<std::size_t> s) {
+        std::string t;
+        for (const auto& r : find_repeated_blocks(s))
+            t += std::to_string(r.count) + "x" + std::to_string(r.nodes) + "@" +
+                 std::to_string(r.first) + " ";
+        return t;
+    };
+    EXPECT_EQ(runs({0, 1, 2, 1, 2, 1, 2, 3}), "3x2@1 ");
+    EXPECT_EQ(runs({5, 5, 5}), "3x1@0 ");
+    EXPECT_EQ(runs({1, 2, 3}), "");
+    EXPECT_EQ(runs({0, 1, 0, 1, 2, 2}), "2x2@0 2x1@4 ");
+    EXPECT_EQ(runs({7, 1, 2, 1, 2, 1, 2, 1, 2}), "4x2@1 "); // not 2 x (1, 2, 1, 2)
+    EXPECT_EQ(runs({}), "");
+}
+
+/// A layer, three identical residual blocks (h + relu(h w_b)), a head and the loss.
+xshard::program repeated_network() {
+    return xshard::trace(
+        [&](traced_tensor x, traced_tensor y) {
+            auto h = ops::matmul(
+                x, xshard::param("in", {features, features}, xshard::initializer::normal(0, 0.3)));
+            for (int b = 0; b < 3; ++b) {
+                xshard::name_scope scope("block" + std::to_string(b));
+                auto w =
+                    xshard::param("w", {features, features}, xshard::initializer::normal(0, 0.3));
+                h = h + ops::relu(ops::matmul(h, w));
+            }
+            auto head =
+                xshard::param("head", {features, classes}, xshard::initializer::normal(0, 0.3));
+            return ops::mean<0>(ops::cross_entropy(ops::matmul(h, head), y));
+        },
+        xshard::input<double>("x", {batch, features}), xshard::input<std::int64_t>("y", {batch}));
+}
+
+TEST(program_search, repeated_blocks_are_searched_once_and_laid_out_alike) {
+    const auto p = repeated_network();
+    for (const auto& mesh : {shape_of({"x"}, {4}), shape_of({"dp", "tp"}, {2, 2})}) {
+        const xshard::program_search_options o{.keep_annotations = false};
+        xshard::detail::program_costs costs(p, mesh, o);
+        ASSERT_EQ(costs.repeated().size(), 1u);
+        const auto run = costs.repeated()[0];
+        EXPECT_EQ(run.count, 3u);
+        EXPECT_EQ(run.nodes, 3u); // matmul, relu, add
+        EXPECT_EQ(run.first_name, "block0.matmul");
+        const auto found = xshard::search_program(p, mesh, o);
+        for (std::size_t b = 1; b < run.count; ++b)
+            for (std::size_t j = 0; j < run.nodes; ++j)
+                EXPECT_EQ(found.nodes[run.first + b * run.nodes + j].layouts.operands,
+                          found.nodes[run.first + j].layouts.operands)
+                    << found.nodes[run.first + b * run.nodes + j].node;
+        // The minimum over strategies that lay the blocks out alike, by brute force over them.
+        const auto tied =
+            xshard::detail::tie(costs.problem(), costs.memory(), costs.representatives());
+        EXPECT_EQ(tied.problem.unary.size(), p.nodes().size() - 6);
+        const double expected = brute_force(tied.problem);
+        EXPECT_NEAR(found.seconds, expected, 1e-9 * expected) << mesh.to_string();
+        // Searched block by block, a strategy is never slower.
+        auto apart = o;
+        apart.share_repeated_blocks = false;
+        const auto each = xshard::search_program(p, mesh, apart);
+        EXPECT_TRUE(each.repeated.empty());
+        EXPECT_LE(each.seconds, found.seconds * (1 + 1e-12));
+        EXPECT_NE(found.explain().find("3 repeated blocks of 3 nodes from block0.matmul, searched "
+                                       "once"),
+                  std::string::npos);
+        expect_compile_lays_out(p, found, mesh);
+        if (world().rank() == 0)
+            std::printf("repeated blocks on mesh(%s): %.4g s searched once, %.4g s block by "
+                        "block\n",
+                        mesh.to_string().c_str(), found.seconds, each.seconds);
+    }
+    // Laid out so on the run's mesh, it trains like one rank.
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    const auto reference = train(repeated_network(), one, true);
+    const mesh_t mesh(world(), {1, world().size()});
+    auto net = repeated_network();
+    xshard::search_program(net, mesh.shape(), {.keep_annotations = false}).apply(net);
+    const auto losses = train(net, mesh, true);
+    for (std::size_t s = 0; s < losses.size(); ++s)
+        EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s;
+}
+
 TEST(program_search,
      recursive_programming_on_a_residual_network_dry_run_then_trained_like_one_rank) {
     const int p = world().size();

@@ -20,6 +20,13 @@
 /// than three neighbours the search branches on one node's ways. Chains, branches, residual
 /// joins and shared weights eliminate without branching.
 ///
+/// Repeated blocks are searched once: runs of consecutive identical blocks of nodes (the
+/// layers of a transformer or a ResNet stage: the same primitives, attributes, shapes, and
+/// operands from the same relative places) are laid out alike. Each node's ways are those of
+/// its counterpart in the run's first block, and the search minimises over one variable per
+/// counterpart class, its costs summed over the blocks (so an exact minimum is the minimum
+/// over strategies that lay the blocks out alike).
+///
 /// A cap on the bytes per rank (`memory_per_rank`: weights with their gradients and optimizer
 /// state, and the activations) is a constraint the ways' bytes add up to. Where the fastest
 /// strategy exceeds it, Lagrangian relaxation prices each byte and bisects the price, and the
@@ -81,6 +88,17 @@ struct program_search_options {
     /// every node's results (kept for the backward pass). The search keeps within it, and
     /// raises when no strategy fits.
     double memory_per_rank = std::numeric_limits<double>::infinity();
+    /// Repeated blocks searched once: runs of consecutive identical blocks of nodes (24
+    /// transformer layers) are laid out alike, each node as its counterpart in the run's
+    /// first block, and the search chooses for one block (see the file comment).
+    bool share_repeated_blocks = true;
+};
+
+/// A run of identical blocks of consecutive nodes: `count` blocks of `nodes` nodes each, from
+/// the node at `first` (in the program's order).
+struct repeated_block {
+    std::size_t first = 0, nodes = 0, count = 0;
+    std::string first_name; ///< the first block's first node
 };
 
 /// One node's part of a searched strategy.
@@ -120,6 +138,9 @@ struct program_strategy {
     double lower_bound = 0;
     /// How many nodes the search branched on (0 for series-parallel graphs).
     std::size_t branched = 0;
+    /// The runs of repeated blocks laid out alike (program_search_options::
+    /// share_repeated_blocks).
+    std::vector<repeated_block> repeated;
 
     /// The predicted bytes per rank: weights, gradients, optimizer state and activations.
     std::size_t memory_bytes() const noexcept { return weight_bytes + activation_bytes; }
@@ -142,6 +163,9 @@ struct program_strategy {
                         " per step predicted; per rank " + std::to_string(weight_bytes) +
                         " bytes of weights, gradients and optimizer state, " +
                         std::to_string(activation_bytes) + " bytes of activations\n";
+        for (const auto& r : repeated)
+            s += "  " + std::to_string(r.count) + " repeated blocks of " + std::to_string(r.nodes) +
+                 " nodes from " + r.first_name + ", searched once\n";
         if (memory_cap != std::numeric_limits<double>::infinity()) {
             char cap[32];
             std::snprintf(cap, sizeof cap, "%.0f", memory_cap);
@@ -634,6 +658,82 @@ minimize_within(const cost_problem& p, const std::vector<std::vector<double>>& f
     return best;
 }
 
+/// A cost_problem whose variables of one class take the same value: one variable per class,
+/// its own costs and figure the sum of its members', an edge within a class its diagonal.
+/// `representative[v]` names v's class by one member, with v's values.
+struct tied_problem {
+    cost_problem problem;
+    std::vector<std::vector<double>> figure;
+    std::vector<std::size_t> variable; ///< each original variable's in `problem`
+
+    /// The original problem's pick of a pick of this one.
+    std::vector<std::size_t> expand(const std::vector<std::size_t>& pick) const {
+        std::vector<std::size_t> all(variable.size());
+        for (std::size_t v = 0; v < variable.size(); ++v)
+            all[v] = pick[variable[v]];
+        return all;
+    }
+};
+
+inline tied_problem tie(const cost_problem& p, const std::vector<std::vector<double>>& figure,
+                        const std::vector<std::size_t>& representative) {
+    tied_problem t;
+    std::map<std::size_t, std::size_t> index;
+    t.variable.resize(p.unary.size());
+    for (std::size_t v = 0; v < p.unary.size(); ++v) {
+        const auto [it, fresh] = index.emplace(representative[v], index.size());
+        t.variable[v] = it->second;
+        if (fresh) {
+            t.problem.unary.emplace_back(p.unary[v].size(), 0.0);
+            t.figure.emplace_back(p.unary[v].size(), 0.0);
+        }
+        for (std::size_t c = 0; c < p.unary[v].size(); ++c) {
+            t.problem.unary[it->second].at(c) += p.unary[v][c];
+            t.figure[it->second].at(c) += figure[v][c];
+        }
+    }
+    for (const auto& e : p.edges) {
+        const auto a = t.variable[e.a], b = t.variable[e.b];
+        if (a == b) {
+            const std::size_t k = p.unary[e.b].size();
+            for (std::size_t c = 0; c < k; ++c)
+                t.problem.unary[a][c] += e.cost[c * k + c];
+        } else {
+            t.problem.edges.push_back({a, b, e.cost});
+        }
+    }
+    return t;
+}
+
+/// The runs of consecutive identical blocks in a sequence of signatures: at each place the
+/// run covering the most, of the shortest block among equals, then on after it.
+inline std::vector<repeated_block> find_repeated_blocks(const std::vector<std::size_t>& signature) {
+    const std::size_t n = signature.size();
+    auto same = [&](std::size_t a, std::size_t b, std::size_t length) {
+        return std::equal(signature.begin() + std::ptrdiff_t(a),
+                          signature.begin() + std::ptrdiff_t(a + length),
+                          signature.begin() + std::ptrdiff_t(b));
+    };
+    std::vector<repeated_block> runs;
+    for (std::size_t s = 0; s < n;) {
+        repeated_block best;
+        for (std::size_t length = 1; s + 2 * length <= n; ++length) {
+            std::size_t count = 1;
+            while (s + (count + 1) * length <= n && same(s, s + count * length, length))
+                ++count;
+            if (count > 1 && count * length > best.count * best.nodes)
+                best = {s, length, count, {}};
+        }
+        if (best.count > 1) {
+            runs.push_back(best);
+            s += best.count * best.nodes;
+        } else {
+            ++s;
+        }
+    }
+    return runs;
+}
+
 /// One way a node can run: the layouts it asks of its operands, the rule's answer, its
 /// compute in seconds (forward and backward), and its results' bytes on the rank holding
 /// the most.
@@ -697,8 +797,14 @@ public:
                               : batch_layout(values[id].shape.size(), dataset);
         }
         mark_gradients();
-        for (const auto& n : p.nodes())
-            ways_.push_back(ways_of(n));
+        representative_.resize(p.nodes().size());
+        for (std::size_t k = 0; k < representative_.size(); ++k)
+            representative_[k] = k;
+        if (o.share_repeated_blocks)
+            share_repeated_blocks();
+        for (std::size_t k = 0; k < p.nodes().size(); ++k)
+            ways_.push_back(representative_[k] == k ? ways_of(p.nodes()[k])
+                                                    : ways_[representative_[k]]);
         problem_.unary.resize(ways_.size());
         memory_.resize(ways_.size());
         for (std::size_t k = 0; k < ways_.size(); ++k)
@@ -710,6 +816,11 @@ public:
     }
 
     const cost_problem& problem() const noexcept { return problem_; }
+    /// Each node's counterpart in the first block of its run of repeated blocks (itself
+    /// outside such runs, or without share_repeated_blocks): they run alike.
+    const std::vector<std::size_t>& representatives() const noexcept { return representative_; }
+    /// The runs of repeated blocks.
+    const std::vector<repeated_block>& repeated() const noexcept { return repeated_; }
     /// Each way's bytes per rank: its results (kept for the backward pass), and the weights
     /// it is the first to read with their gradients and optimizer state.
     const std::vector<std::vector<double>>& memory() const noexcept { return memory_; }
@@ -749,11 +860,72 @@ public:
         }
         for (std::size_t k = 0; k < ways_.size(); ++k)
             s.activation_bytes += ways_[k][pick[k]].result_bytes;
+        s.repeated = repeated_;
         return s;
     }
 
 private:
     static constexpr std::size_t npos = std::size_t(-1);
+
+    /// Finds the runs of repeated blocks: nodes alike in their primitive, attributes,
+    /// annotation, operands' and results' shapes and types, and in where their operands come
+    /// from (a node so many places before, a weight used here first or so many nodes after
+    /// its first use, an input), so that counterparts have the same ways.
+    void share_repeated_blocks() {
+        const auto& nodes = p_.nodes();
+        std::map<std::size_t, std::size_t> first_reader;
+        std::map<std::string, std::size_t> interned;
+        std::vector<std::size_t> signature;
+        auto shape_of = [](const program_value& v) {
+            std::string t = std::string(to_string(v.type)) + "[";
+            for (auto d : v.shape)
+                t += std::to_string(d) + ",";
+            return t + "]";
+        };
+        for (std::size_t k = 0; k < nodes.size(); ++k) {
+            const auto& n = nodes[k];
+            std::string sig = n.op + "|";
+            if (n.custom) {
+                char address[32];
+                std::snprintf(address, sizeof address, "%p",
+                              static_cast<const void*>(n.custom.get()));
+                sig += address;
+            }
+            for (auto i : n.attributes.ints)
+                sig += std::to_string(i) + ",";
+            sig += "|";
+            for (auto r : n.attributes.reals) {
+                char real[32];
+                std::snprintf(real, sizeof real, "%a,", r);
+                sig += real;
+            }
+            if (annotated(n) || (o_.keep_annotations && !n.annotation.out_layouts.empty()))
+                sig += "|" + n.annotation.to_string();
+            for (auto id : n.operands) {
+                const auto& v = p_.value(id);
+                sig += "|" + shape_of(v);
+                if (v.kind == value_kind::input) {
+                    sig += "input " + v.name;
+                } else if (v.kind == value_kind::weight) {
+                    const auto [it, first] = first_reader.emplace(id, k);
+                    sig += first ? "weight" : "weight read " + std::to_string(k - it->second);
+                } else {
+                    sig +=
+                        "node " + std::to_string(k - v.node) + ":" + std::to_string(v.result_index);
+                }
+            }
+            for (auto id : n.results)
+                sig += "|" + shape_of(p_.value(id)) + (gradient_[id] ? "g" : "");
+            signature.push_back(interned.emplace(std::move(sig), interned.size()).first->second);
+        }
+        repeated_ = find_repeated_blocks(signature);
+        for (auto& r : repeated_) {
+            r.first_name = nodes[r.first].name;
+            for (std::size_t b = 1; b < r.count; ++b)
+                for (std::size_t j = 0; j < r.nodes; ++j)
+                    representative_[r.first + b * r.nodes + j] = r.first + j;
+        }
+    }
 
     /// A weight's bytes on the rank holding the most, laid out `l`, with its gradient and
     /// optimizer state.
@@ -1095,6 +1267,8 @@ private:
     std::map<std::size_t, std::pair<std::size_t, std::size_t>> first_use_;
     std::vector<std::vector<double>> sync_;
     std::vector<std::vector<double>> memory_;
+    std::vector<std::size_t> representative_;
+    std::vector<repeated_block> repeated_;
     mutable std::map<std::size_t, redistribution_pricer> pricers_;
     mutable std::map<std::tuple<std::string, std::string, value_shape, dtype>, double> prices_;
 };
@@ -1111,15 +1285,15 @@ inline program_strategy search_program(const program& p, const mesh_shape& mesh,
         throw error("xshard: search: memory_per_rank must be a byte count, not " +
                     std::to_string(options.memory_per_rank));
     detail::program_costs costs(p, mesh, options);
-    const auto found =
-        detail::minimize_within(costs.problem(), costs.memory(), options.memory_per_rank);
+    const auto tied = detail::tie(costs.problem(), costs.memory(), costs.representatives());
+    const auto found = detail::minimize_within(tied.problem, tied.figure, options.memory_per_rank);
     if (!found)
         throw error("xshard: search: no strategy fits " +
                     std::to_string(std::uint64_t(options.memory_per_rank)) +
                     " bytes per rank on mesh(" + mesh.to_string() + "): the least is " +
-                    std::to_string(std::uint64_t(detail::least_figure(costs.memory()))) +
+                    std::to_string(std::uint64_t(detail::least_figure(tied.figure))) +
                     " bytes (weights, gradients, optimizer state and activations)");
-    auto s = costs.strategy(found->pick, found->branched);
+    auto s = costs.strategy(tied.expand(found->pick), found->branched);
     s.memory_cap = options.memory_per_rank;
     s.lower_bound = found->bound;
     return s;
