@@ -15,6 +15,10 @@
 // (sharding_propagation), --memory-per-rank caps the bytes per rank, and --save writes a
 // program strategy file.
 //
+//   xshard-plan diff a.json b.json
+//
+// diff prints the nodes two program strategy files lay out differently (exit 1 when some do).
+//
 // Bad input gives one line on stderr and exit status 2.
 #pragma once
 
@@ -28,11 +32,13 @@
 
 #include "plan_cli.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace xshard_plan {
@@ -157,6 +163,40 @@ inline int search_program_file(const std::string& path, const std::string& mesh_
         std::printf("saved the program strategy file %s\n", save.c_str());
     }
     return 0;
+}
+
+/// `xshard-plan diff A B` (argv[0] is "diff"): each program strategy file's mesh and predicted
+/// step, then the nodes the two lay out differently. Exits 0 when they lay every node out
+/// alike, 1 when they differ (as diff does), 2 on bad input.
+inline int plan_diff(int argc, char** argv) {
+    CLI::App app{"xshard-plan diff: the nodes two program strategy files lay out differently"};
+    std::string first, second;
+    app.add_option("first", first, "a program strategy file (xshard-plan search --save)")
+        ->required();
+    app.add_option("second", second, "another")->required();
+    if (const auto status = parse_arguments(app, argc, argv))
+        return *status;
+    try {
+        const auto a = xshard::load_program_strategy(first);
+        const auto b = xshard::load_program_strategy(second);
+        for (const auto& [path, s] : {std::pair{&first, &a}, std::pair{&second, &b}})
+            std::printf("%s: mesh(%s), %zu nodes, %s per step predicted\n", path->c_str(),
+                        s->mesh.to_string().c_str(), s->nodes.size(),
+                        xshard::program_strategy::seconds_text(s->seconds).c_str());
+        if (!(a.mesh == b.mesh))
+            std::printf("the meshes differ\n");
+        const auto d = a.diff(b);
+        std::fputs(d.c_str(), stdout);
+        const auto lines = std::size_t(std::count(d.begin(), d.end(), '\n'));
+        if (lines == 0) {
+            std::printf("every node laid out alike\n");
+            return 0;
+        }
+        std::printf("%zu node%s differ\n", lines, lines == 1 ? "" : "s");
+        return 1;
+    } catch (const std::exception& e) {
+        return report_failure(e);
+    }
 }
 
 /// `xshard-plan search ...` (argv[0] is "search"): returns the exit status.

@@ -6,6 +6,7 @@
 //   xshard-plan --mesh dp=auto,mp=8 --ranks 16384 --shape 65536,8192 --from "[dp,mp]" --to "[mp,-]"
 //   xshard-plan pipeline --stages 4 --micro-batches 8 --schedule 1f1b   (plan_pipeline.hpp)
 //   xshard-plan search --model mlp:784,512,512,10 --batch 64 --ranks 16384   (plan_search.hpp)
+//   xshard-plan diff a.json b.json   (two program strategy files; plan_search.hpp)
 //
 // Bad input gives one line on stderr and exit status 2.
 
@@ -173,6 +174,8 @@ int main(int argc, char** argv) {
         return xshard_plan::plan_pipeline(argc - 1, argv + 1);
     if (argc > 1 && std::string(argv[1]) == "search")
         return xshard_plan::plan_search(argc - 1, argv + 1);
+    if (argc > 1 && std::string(argv[1]) == "diff")
+        return xshard_plan::plan_diff(argc - 1, argv + 1);
     CLI::App app{"xshard-plan: the redistribution plan between two layouts, with its cost"};
     std::string mesh_text, shape_text, dtype = "f64", from_text, to_text;
     int ranks = 0, rank = 0;

@@ -210,13 +210,14 @@ struct program_strategy {
         return s;
     }
 
+    /// "in [dp, -], [-, tp] out [dp, tp]" (without "out" when the results are not known, as
+    /// in a strategy read from a file).
     static std::string choice_text(const layout_choice& c) {
         std::string s = "in ";
         for (std::size_t i = 0; i < c.operands.size(); ++i)
             s += (i ? ", " : "") + c.operands[i].to_string();
-        s += " out ";
         for (std::size_t i = 0; i < c.results.size(); ++i)
-            s += (i ? ", " : "") + c.results[i].to_string();
+            s += (i ? ", " : " out ") + c.results[i].to_string();
         return s;
     }
 
