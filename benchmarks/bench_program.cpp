@@ -41,6 +41,13 @@
 //       tracing the program ("trace"). Extra fields: nodes, the predicted step, branched,
 //       the runs of repeated blocks searched once ("24x24": 24 blocks of 24 nodes), and the
 //       same search block by block: its time and predicted step.
+//   searched_{mlp,transformer,resnet18}_program_<p>: a training step (forward, backward,
+//       gradient all-reduce) of a loss program laid out by the search (every node, on the
+//       machine measured by measure_machine, the better of mesh (p, 1) and (1, p)) against
+//       the best hand strategy measured: data parallel, or Megatron's annotations on mesh
+//       (1, p) (the MLP 1024 -> 4096 -> 1024 of batch 64 and the transformer block above;
+//       ResNet-18 on 32 images of 32 x 32 has data parallelism only). Extra fields: the
+//       mesh searched, each hand strategy's seconds, and predicted / measured steps.
 
 #include "harness.hpp"
 
@@ -51,6 +58,7 @@
 #include <xshard/models/transformer.hpp>
 #include <xshard/nn/blocks.hpp>
 #include <xshard/nn/resnet.hpp>
+#include <xshard/search/calibrate.hpp>
 #include <xshard/search/program_search.hpp>
 #include <xshard/train/gradients.hpp>
 
@@ -60,7 +68,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -415,6 +425,156 @@ void search_cases(const xshard::bench::options& o) {
     });
 }
 
+/// One training step of a loss program: forward, backward, the gradients' all-reduce.
+template <class Net, class X, class Y>
+void train_step(Net& net, const X& x, const Y& y) {
+    net.train_step(x, y);
+    auto grads = xshard::gradients_of(net);
+    xshard::synchronize_gradients(net, grads);
+    xshard::for_each_weight(net, [](const std::string&, auto& w) { w.zero_grad(); });
+}
+
+/// The predicted step of `p` laid out as compile lays it out on `shape` (every node pinned).
+double predicted_step(xshard::program p, const xshard::mesh_shape& shape,
+                      const xshard::machine_model& machine) {
+    const auto laid = xshard::assign_layouts(p, shape);
+    for (std::size_t k = 0; k < laid.nodes.size(); ++k) {
+        auto& a = p.node(p.nodes()[k].name).annotation;
+        a.in_strategies.clear();
+        a.in_layouts = laid.nodes[k].operands;
+    }
+    return xshard::search_program(p, shape, {.machine = machine}).seconds;
+}
+
+/// The search's strategy against the best hand strategy, both measured: data parallel (`p`
+/// on mesh (p, 1)) and, with `megatron`, `p`'s tensor-parallel annotations on mesh (1, p). The
+/// search (every node, on the machine measured) runs for both mesh shapes and the lower
+/// prediction is compiled. x's rows and y split over dp.
+template <class T, std::size_t N>
+void searched_case(const xshard::bench::options& o, const std::string& name,
+                   const xshard::program& p, bool megatron, const xt::xtensor<T, N>& x,
+                   const xt::xtensor<std::int64_t, 1>& y) {
+    const auto& world = xshard::communicator::world();
+    const int ranks = world.size();
+    if (!o.wants(name))
+        return;
+    megatron = megatron && ranks > 1;
+    const auto machine = xshard::measure_machine<T>(world);
+    const mesh_t dp(world, {ranks, 1}), tp(world, {1, ranks});
+    std::optional<xshard::program_strategy> found;
+    const mesh_t* chosen = &dp;
+    for (const mesh_t* m : {&dp, &tp}) {
+        auto f =
+            xshard::search_program(p, m->shape(), {.machine = machine, .keep_annotations = false});
+        if (!found || f.seconds < found->seconds) {
+            found = std::move(f);
+            chosen = m;
+        }
+    }
+    auto searched_program = p;
+    found->apply(searched_program);
+    const std::string rows = N == 2 ? "[dp, -]" : "[dp, -, -, -]";
+    auto inputs = [&](const mesh_t& m) {
+        return std::pair{
+            xshard::distribute<xshard::dynamic_layout(N)>(m, x, xshard::layout::parse(rows)),
+            xshard::distribute<xshard::dynamic_layout(1)>(m, y, "[dp]")};
+    };
+    auto by_dp = xshard::compile<T>(p, dp, {.seed = 1});
+    auto searched = xshard::compile<T>(searched_program, *chosen, {.seed = 1});
+    const auto dp_in = inputs(dp), searched_in = inputs(*chosen), tp_in = inputs(tp);
+    double dp_seconds = 0, megatron_seconds = INFINITY;
+    std::optional<xshard::compiled_program<T, mesh_t>> by_tp;
+    if (megatron) {
+        by_tp.emplace(p, tp, xshard::compile_options{.seed = 1});
+        const auto hand = xshard::bench::compare(
+            world, o, [&] { train_step(by_dp, dp_in.first, dp_in.second); },
+            [&] { train_step(*by_tp, tp_in.first, tp_in.second); });
+        dp_seconds = hand.seconds;
+        megatron_seconds = hand.baseline_seconds;
+    }
+    const bool dp_best = dp_seconds <= megatron_seconds;
+    const auto t = xshard::bench::compare(
+        world, o, [&] { train_step(searched, searched_in.first, searched_in.second); },
+        [&] {
+            if (dp_best)
+                train_step(by_dp, dp_in.first, dp_in.second);
+            else
+                train_step(*by_tp, tp_in.first, tp_in.second);
+        });
+    if (!megatron)
+        dp_seconds = t.baseline_seconds;
+    const double dp_predicted = predicted_step(p, dp.shape(), machine);
+    std::string extra =
+        "\"searched_mesh\": \"" + chosen->shape().to_string() +
+        "\", \"dp_seconds\": " + std::to_string(dp_seconds) +
+        ", \"predicted_over_measured\": " + std::to_string(found->seconds / t.seconds) +
+        ", \"dp_predicted_over_measured\": " + std::to_string(dp_predicted / dp_seconds);
+    if (megatron)
+        extra += ", \"megatron_seconds\": " + std::to_string(megatron_seconds) +
+                 ", \"megatron_predicted_over_measured\": " +
+                 std::to_string(predicted_step(p, tp.shape(), machine) / megatron_seconds);
+    xshard::bench::report(world, name, x.size() * sizeof(T),
+                          dp_best ? "best_hand_dp" : "best_hand_megatron", t, extra);
+}
+
+void searched_cases(const xshard::bench::options& o) {
+    const std::size_t ranks = std::size_t(xshard::communicator::world().size());
+    std::mt19937 engine(5);
+    // The MLP of bench_training (1024 -> 4096 -> 1024, relu, batch 64) with a loss over its
+    // 1024 outputs; Megatron's split (w1 by columns, w2 by rows) annotated over tp.
+    {
+        const std::size_t batch = 64, width = 1024, wide = 4096;
+        auto p = xshard::trace(
+            [&](xshard::traced_tensor in, xshard::traced_tensor labels) {
+                auto h = ops::relu(ops::matmul(in, xshard::param("w1", {width, wide})));
+                h = ops::matmul(h, xshard::param("w2", {wide, width}));
+                return ops::mean<0>(ops::cross_entropy(h, labels));
+            },
+            xshard::input<float>("x", {batch, width}), xshard::input<std::int64_t>("y", {batch}));
+        p.node("matmul").annotation.in_layouts = {xshard::layout::parse("[dp, -]"),
+                                                  xshard::layout::parse("[-, tp]")};
+        p.node("matmul_1").annotation.in_layouts = {xshard::layout::parse("[dp, tp]"),
+                                                    xshard::layout::parse("[tp, -]")};
+        const xt::xtensor<float, 2> x = xt::random::randn<float>({batch, width}, 0.f, 1.f, engine);
+        const xt::xtensor<std::int64_t, 1> y =
+            xt::random::randint<std::int64_t>({batch}, 0, std::int64_t(width), engine);
+        searched_case(o, "searched_mlp_program_" + std::to_string(ranks), p, true, x, y);
+    }
+    // The transformer block of transformer_case (Megatron's annotations over tp) with a loss
+    // over its features.
+    if (heads % ranks == 0) {
+        const std::size_t tokens = (o.quick ? 1 : sequences) * sequence;
+        auto p = xshard::trace(
+            [&](xshard::traced_tensor in, xshard::traced_tensor labels) {
+                return ops::mean<0>(ops::cross_entropy(
+                    xshard::models::transformer_block(in, block_options()), labels));
+            },
+            xshard::input<float>("x", {tokens, features}),
+            xshard::input<std::int64_t>("y", {tokens}));
+        const xt::xtensor<float, 2> x =
+            xt::random::randn<float>({tokens, features}, 0.f, 1.f, engine);
+        const xt::xtensor<std::int64_t, 1> y =
+            xt::random::randint<std::int64_t>({tokens}, 0, std::int64_t(features), engine);
+        searched_case(o, "searched_transformer_program_" + std::to_string(ranks), p, true, x, y);
+    }
+    // ResNet-18 on 32 images of 32 x 32 (10 classes): data parallel is the hand strategy.
+    {
+        const std::size_t images = o.quick ? 8 : 32, side = o.quick ? 16 : 32;
+        auto p = xshard::trace(
+            [&](xshard::traced_tensor in, xshard::traced_tensor labels) {
+                return ops::mean<0>(ops::cross_entropy(
+                    xshard::models::resnet(in, xshard::models::resnet18_depths, 10), labels));
+            },
+            xshard::input<float>("x", {images, 3, side, side}),
+            xshard::input<std::int64_t>("y", {images}));
+        const xt::xtensor<float, 4> x = xt::random::rand<float>(
+            std::array<std::size_t, 4>{images, 3, side, side}, -1.f, 1.f, engine);
+        const xt::xtensor<std::int64_t, 1> y =
+            xt::random::randint<std::int64_t>({images}, 0, 10, engine);
+        searched_case(o, "searched_resnet18_program_" + std::to_string(ranks), p, false, x, y);
+    }
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -434,6 +594,7 @@ int main(int argc, char** argv) {
         sharded_weights_case(o);
         resnet50_compile_case(data, o);
         dispatch_case(mesh, o);
+        searched_cases(o);
         if (xshard::communicator::world().rank() == 0)
             search_cases(o);
         return 0;
