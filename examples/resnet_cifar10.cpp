@@ -147,10 +147,14 @@ nn::tensor<T, mesh_t, 4> image_batch(const mesh_t& mesh, const X& x2, std::size_
                                     std::move(img), l4);
 }
 
-/// Saves the weights and the optimizer's state after `step` when --checkpoint-every says so.
+/// After optimizer step `step`: the LossMonitor line, and the weights and the optimizer's
+/// state saved when --checkpoint-every says so.
 template <class P, class Optimizer>
-void checkpoint_if_due(const options& o, const mesh_t& mesh, int step, P& params,
-                       Optimizer& optimizer) {
+void step_done(const options& o, const mesh_t& mesh, std::uint64_t epoch, int step, double loss,
+               P& params, Optimizer& optimizer) {
+    if (mesh.rank() == 0)
+        std::printf("epoch: %llu step: %d, loss %.15g\n",
+                    static_cast<unsigned long long>(epoch + 1), step, loss);
     if (o.checkpoint_every <= 0 || step % o.checkpoint_every != 0)
         return;
     const auto path = o.checkpoint_dir + "/resnet" + std::to_string(o.depth) + "-" +
@@ -161,6 +165,15 @@ void checkpoint_if_due(const options& o, const mesh_t& mesh, int step, P& params
                             optimizer.state_of(params));
     if (mesh.rank() == 0)
         std::printf("saved %s\n", path.c_str());
+}
+
+/// The run's closing line: steps and seconds since `start`.
+inline void training_done(const mesh_t& mesh, int steps,
+                          std::chrono::steady_clock::time_point start) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (mesh.rank() == 0)
+        std::printf("%d steps in %.2f s\n", steps, seconds);
 }
 
 /// The search modes: ResNet and the tutorial's loss as one traced program, laid out by
@@ -209,18 +222,11 @@ int train_program(const options& o, const mesh_t& mesh, const Samples& samples) 
             xshard::synchronize_gradients(net, grads);
             optimizer.step(net);
             xshard::for_each_weight(net, [](const std::string&, auto& w) { w.zero_grad(); });
-            ++step;
-            if (mesh.rank() == 0)
-                std::printf("epoch: %llu step: %d, loss %.15g\n",
-                            static_cast<unsigned long long>(epoch + 1), step, loss);
-            checkpoint_if_due(o, mesh, step, net, optimizer);
+            step_done(o, mesh, epoch, ++step, loss, net, optimizer);
             if (step >= o.steps)
                 break;
         }
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (mesh.rank() == 0)
-        std::printf("%d steps in %.2f s\n", step, seconds);
+    training_done(mesh, step, start);
     return 0;
 }
 
@@ -376,20 +382,13 @@ int train(const options& o) {
                     optimizer.step(params);
                 }
                 xshard::for_each_weight(params, [](const std::string&, auto& w) { w.zero_grad(); });
-                ++step;
-                if (mesh.rank() == 0)
-                    std::printf("epoch: %llu step: %d, loss %.15g\n",
-                                static_cast<unsigned long long>(epoch + 1), step, double(loss_sum));
+                step_done(o, mesh, epoch, ++step, double(loss_sum), params, optimizer);
                 loss_sum = 0;
-                checkpoint_if_due(o, mesh, step, params, optimizer);
                 if (step >= o.steps)
                     break;
             }
         }
-        const double seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (mesh.rank() == 0)
-            std::printf("%d steps in %.2f s\n", step, seconds);
+        training_done(mesh, step, start);
         return 0;
     };
     return o.depth == 18 ? run(nn::resnet18<T>(mesh, 10, ro)) : run(nn::resnet50<T>(mesh, 10, ro));

@@ -41,18 +41,29 @@ using xshard::testing::world;
 namespace ops = xshard::ops;
 using mesh_t = xshard::mesh<"dp", "tp">;
 
-/// The minimum of `p` by trying every combination.
-double brute_force(const xshard::detail::cost_problem& p) {
+/// The least cost of `p` among picks whose `figure` is at most `cap` (every pick without a
+/// figure), by trying every combination (infinity when none is).
+double brute_force_within(const xshard::detail::cost_problem& p,
+                          const std::vector<std::vector<double>>& figure, double cap) {
     std::vector<std::size_t> pick(p.unary.size(), 0);
     double best = INFINITY;
     while (true) {
-        best = std::min(best, p.total(pick));
+        double f = 0;
+        for (std::size_t v = 0; v < figure.size(); ++v)
+            f += figure[v][pick[v]];
+        if (f <= cap)
+            best = std::min(best, p.total(pick));
         std::size_t i = 0;
         while (i < pick.size() && ++pick[i] == p.unary[i].size())
             pick[i++] = 0;
         if (i == pick.size())
             return best;
     }
+}
+
+/// The minimum of `p` by trying every combination.
+double brute_force(const xshard::detail::cost_problem& p) {
+    return brute_force_within(p, {}, INFINITY);
 }
 
 double combinations(const xshard::detail::cost_problem& p) {
@@ -124,26 +135,6 @@ TEST(cost_minimizer, beyond_its_branch_budget_still_gives_a_consistent_answer) {
     const auto s = m.solve();
     EXPECT_NEAR(p.total(s.pick), s.cost, 1e-9 * s.cost);
     EXPECT_GE(s.cost, brute_force(p) - 1e-9);
-}
-
-/// The least cost of `p` among picks whose `figure` is at most `cap`, by trying every
-/// combination (infinity when none is).
-double brute_force_within(const xshard::detail::cost_problem& p,
-                          const std::vector<std::vector<double>>& figure, double cap) {
-    std::vector<std::size_t> pick(p.unary.size(), 0);
-    double best = INFINITY;
-    while (true) {
-        double f = 0;
-        for (std::size_t v = 0; v < pick.size(); ++v)
-            f += figure[v][pick[v]];
-        if (f <= cap)
-            best = std::min(best, p.total(pick));
-        std::size_t i = 0;
-        while (i < pick.size() && ++pick[i] == p.unary[i].size())
-            pick[i++] = 0;
-        if (i == pick.size())
-            return best;
-    }
 }
 
 TEST(cost_minimizer, within_a_cap_its_bound_and_its_pick_enclose_the_brute_force_minimum) {
