@@ -239,6 +239,9 @@ int train(const options& o) {
         throw xshard::error("resnet_cifar10: --mode takes data_parallel, semi_auto, hybrid, "
                             "spatial, recursive_programming or sharding_propagation, not " +
                             o.mode);
+    if (o.explain && !searched)
+        throw xshard::error("resnet_cifar10: --explain is for the search modes "
+                            "(recursive_programming, sharding_propagation)");
     if (o.depth != 18 && o.depth != 50)
         throw xshard::error("resnet_cifar10: --depth takes 18 or 50");
     if (o.image_size == 0 || o.image_size > 32 || o.grad_accumulation < 1)

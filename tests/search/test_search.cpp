@@ -619,6 +619,16 @@ TEST(searched_mlp, engines_price_with_the_machine_measured_or_set) {
     auto bad = measured;
     bad.memory_bandwidth = 0;
     xshard::testing::expect_error([&] { unpriced.set_machine_model(bad); }, "must be positive");
+    // max_device_memory reaches the engine: a cap no strategy fits raises on every rank,
+    // naming the least; a cap every strategy fits gives the plan without one.
+    mlp_t capped(m, widths, rows, 5);
+    auto_parallel<mlp_t, mesh_t> tight(capped, m, "recursive_programming");
+    tight.max_device_memory(16);
+    xshard::testing::expect_error([&] { tight.compile(); }, "fits 16 bytes per rank; the least is");
+    xshard::testing::expect_error([&] { tight.max_device_memory(-1); }, "must be positive");
+    const auto roomy =
+        run_strategy_engine(model, m.shape(), m.comm(), false, {}, {}, measured, {}, 1e12);
+    EXPECT_EQ(roomy.step_seconds, fast_plan.step_seconds);
 }
 
 // --- the searched transformer: any chain the search can choose trains as one rank ---------------

@@ -659,9 +659,7 @@ minimize_within(const cost_problem& p, const std::vector<std::vector<double>>& f
     return best;
 }
 
-/// A cost_problem whose variables of one class take the same value: one variable per class,
-/// its own costs and figure the sum of its members', an edge within a class its diagonal.
-/// `representative[v]` names v's class by one member, with v's values.
+/// A cost_problem whose variables of one class take the same value (tie).
 struct tied_problem {
     cost_problem problem;
     std::vector<std::vector<double>> figure;
@@ -676,6 +674,10 @@ struct tied_problem {
     }
 };
 
+/// `p` and its `figure` with the variables of each class tied: one variable per class, its
+/// own costs and figure the sums of its members', an edge within a class its diagonal, an
+/// edge between classes kept (parallel ones add up). `representative[v]` names v's class by
+/// one member, whose values are v's.
 inline tied_problem tie(const cost_problem& p, const std::vector<std::vector<double>>& figure,
                         const std::vector<std::size_t>& representative) {
     tied_problem t;
@@ -1279,7 +1281,8 @@ private:
 /// Searches a strategy for every node of `p` on a mesh of shape `mesh` (see the file
 /// comment); no MPI, so a single process searches for a mesh of any size. Throws
 /// xshard::error naming the node when an annotation kept cannot run on the mesh, or a node
-/// has no way to run on it.
+/// has no way to run on it; and naming the least bytes per rank when no strategy fits
+/// `memory_per_rank`.
 inline program_strategy search_program(const program& p, const mesh_shape& mesh,
                                        const program_search_options& options = {}) {
     if (!(options.memory_per_rank >= 0))
