@@ -98,6 +98,12 @@ struct op_rules {
     double (*flops)(const op_attributes&, std::span<const shard_type> operands,
                     std::span<const shard_type> results) = nullptr;
 
+    /// How many times the forward and backward passes together stream the operands and the
+    /// results through memory: the search prices their bytes times this at the machine's
+    /// memory bandwidth. An elementwise operation reads and writes them once forward and
+    /// about twice backward (3); one that takes statistics first streams them more often.
+    double passes = 3;
+
     /// Which operands (bit i) and results (bit 16 + i) the VJP reads: what the forward pass
     /// keeps for the backward pass.
     std::uint32_t saves = 0;

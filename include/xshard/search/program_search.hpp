@@ -8,8 +8,8 @@
 /// layouts of its operands that its primitive's sharding rule accepts (each mesh axis on at
 /// most one dimension of an operand), with the operands' and results' layouts the rule
 /// gives. A way costs its compute, forward and backward (the primitive's FLOPs at the GEMM
-/// speed, the bytes it touches at the memory bandwidth), and the gradient synchronisation of
-/// the weights it is the first to read. Each edge of the graph (a value from the node that
+/// speed, the bytes it streams, `op_rules::passes` times, at the memory bandwidth), and the
+/// gradient synchronisation of the weights it is the first to read. Each edge of the graph (a value from the node that
 /// writes it to a node that reads it) costs the redistribution of the value forward and of
 /// its cotangent backward, priced by the redistribution planner's own route
 /// (search/redistribution_pricer.hpp). The step's predicted time is the sum.
@@ -1002,11 +1002,16 @@ private:
             w.result_bytes += volume(res.back().local) * element_bytes(v.type);
             bytes += double(volume(res.back().local) * element_bytes(v.type));
         }
-        double flops = 0;
-        if (!n.custom && rules_named(n.op).flops)
-            flops = rules_named(n.op).flops(n.attributes, ops, res);
-        // The backward pass does about twice the forward's work.
-        w.compute = 3 * (flops / o_.machine.gemm_flops + bytes / o_.machine.memory_bandwidth);
+        double flops = 0, passes = 3;
+        if (!n.custom) {
+            const auto& rules = rules_named(n.op);
+            if (rules.flops)
+                flops = rules.flops(n.attributes, ops, res);
+            passes = rules.passes;
+        }
+        // The backward pass does about twice the forward's arithmetic.
+        w.compute =
+            3 * flops / o_.machine.gemm_flops + passes * bytes / o_.machine.memory_bandwidth;
         return w;
     }
 

@@ -11,7 +11,10 @@
 /// dimensions an operand broadcasts (each rank's sum is its term of the operand's cotangent,
 /// which is laid out as the dual of the operand's layout).
 
+#include <xshard/comm/combine.hpp>
 #include <xshard/graph/primitive.hpp>
+
+#include <xsimd/xsimd.hpp>
 
 #include <algorithm>
 #include <array>
@@ -21,6 +24,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace xshard::detail {
@@ -123,6 +127,30 @@ struct broadcast_walk {
                 step *= e;
             }
         }
+        // Dimension d merges into d + 1 where every operand steps across it as one run (the
+        // same shapes make one run of every element).
+        std::size_t kept = rank == 0 ? 0 : rank - 1;
+        for (std::size_t d = rank - 1; d-- > 0;) {
+            bool merges = true;
+            for (std::size_t k = 0; k < K; ++k)
+                merges = merges && stride[k][d] == stride[k][kept] * extent[kept];
+            if (merges) {
+                extent[kept] *= extent[d];
+                continue;
+            }
+            --kept;
+            extent[kept] = extent[d];
+            for (std::size_t k = 0; k < K; ++k)
+                stride[k][kept] = stride[k][d];
+        }
+        // Dimensions kept..rank-1 remain: move them to the front.
+        const std::size_t left = rank - kept;
+        for (std::size_t d = 0; d < left && kept > 0; ++d) {
+            extent[d] = extent[kept + d];
+            for (std::size_t k = 0; k < K; ++k)
+                stride[k][d] = stride[k][kept + d];
+        }
+        rank = left;
     }
 
     std::size_t step(std::size_t k) const { return rank == 0 ? 0 : stride[k][rank - 1]; }
@@ -157,7 +185,95 @@ struct broadcast_walk {
     }
 };
 
-/// out = f(a, b) elementwise with broadcasting.
+/// One input of `map_run`: element j is `p[j * step]`, step 1 (contiguous) or 0 (one value
+/// broadcast).
+template <class T>
+struct lane {
+    const T* p;
+    std::size_t step;
+};
+
+/// `a` where `c` holds, else `b`: a select for xsimd's batches, a conditional for scalars.
+template <class C, class V>
+V choose(const C& c, const V& a, const V& b) {
+    if constexpr (std::is_same_v<C, bool>)
+        return c ? a : b;
+    else
+        return xsimd::select(c, a, b);
+}
+
+/// out[j] = f(in[j]...) for j < n, or out[j] += f(in[j]...) with `add`. `f` is generic: it
+/// takes and returns T or xsimd::batch<T> alike (xsimd's functions and `choose`), so that
+/// float and double run in the widest vectors the build targets and without branches (a
+/// data-dependent branch per element costs more than the arithmetic). The last partial batch
+/// runs through a staging batch too, so every element takes the same arithmetic wherever a
+/// shard boundary puts it.
+template <class T, class F, class... L>
+void map_run(T* out, std::size_t n, bool add, const F& f, const L&... in) {
+    if constexpr (simd_floating<T>) {
+        using batch = xsimd::batch<T>;
+        constexpr std::size_t w = batch::size;
+        std::size_t j = 0;
+        for (const std::size_t end = n - n % w; j < end; j += w) {
+            auto load = [j](const lane<T>& l) {
+                return l.step ? batch::load_unaligned(l.p + j) : batch(*l.p);
+            };
+            batch r = f(load(in)...);
+            if (add)
+                r += batch::load_unaligned(out + j);
+            r.store_unaligned(out + j);
+        }
+        if (j == n)
+            return;
+        const std::size_t rest = n - j;
+        auto staged = [j, rest](const lane<T>& l) {
+            alignas(batch::arch_type::alignment()) std::array<T, w> v{};
+            for (std::size_t k = 0; k < rest; ++k)
+                v[k] = l.p[(j + k) * l.step];
+            return batch::load_aligned(v.data());
+        };
+        alignas(batch::arch_type::alignment()) std::array<T, w> r{};
+        f(staged(in)...).store_aligned(r.data());
+        for (std::size_t k = 0; k < rest; ++k)
+            out[j + k] = add ? out[j + k] + r[k] : r[k];
+    } else {
+        for (std::size_t j = 0; j < n; ++j) {
+            const T r = f(in.p[j * in.step]...);
+            out[j] = add ? out[j] + r : r;
+        }
+    }
+}
+
+/// The sum of f(in[j]...) over j < n, `f` as map_run takes it: in batches of T for float and
+/// double (then a scalar tail, f of T), else in scalars.
+template <class T, class F, class... L>
+T run_sum(std::size_t n, const F& f, const L&... in) {
+    std::size_t j = 0;
+    T sum = T(0);
+    if constexpr (simd_floating<T>) {
+        using batch = xsimd::batch<T>;
+        constexpr std::size_t w = batch::size;
+        auto at = [&f, &in...](std::size_t k) {
+            auto load = [k](const lane<T>& l) {
+                return l.step ? batch::load_unaligned(l.p + k) : batch(*l.p);
+            };
+            return f(load(in)...);
+        };
+        // Four accumulators, so that the additions do not wait on each other.
+        batch acc[4] = {batch(T(0)), batch(T(0)), batch(T(0)), batch(T(0))};
+        for (const std::size_t end = n - n % (4 * w); j < end; j += 4 * w)
+            for (std::size_t u = 0; u < 4; ++u)
+                acc[u] += at(j + u * w);
+        for (const std::size_t end = n - n % w; j < end; j += w)
+            acc[0] += at(j);
+        sum = xsimd::hadd((acc[0] + acc[1]) + (acc[2] + acc[3]));
+    }
+    for (; j < n; ++j)
+        sum += f(in.p[j * in.step]...);
+    return sum;
+}
+
+/// out = f(a, b) elementwise with broadcasting (`f` as map_run takes it).
 template <class T, class F>
 void binary_forward(const forward_args& x, F f) {
     const auto& s = x.shards;
@@ -167,13 +283,13 @@ void binary_forward(const forward_args& x, F f) {
     const broadcast_walk<2> w(s.results[0].local, {&s.operands[0].local, &s.operands[1].local});
     const std::size_t sa = w.step(0), sb = w.step(1);
     w.run([&](std::size_t o, const auto& at, std::size_t n) {
-        for (std::size_t j = 0; j < n; ++j)
-            y[o + j] = f(a[at[0] + j * sa], b[at[1] + j * sb]);
+        map_run<T>(y + o, n, false, f, lane<T>{a + at[0], sa}, lane<T>{b + at[1], sb});
     });
 }
 
 /// Operand `i`'s cotangent: g(dy, a, b) summed over the dimensions operand i broadcasts,
-/// written or added (`accumulate`). Operands the VJP did not save read as zero.
+/// written or added (`accumulate`). Operands the VJP did not save are never read (`g` does
+/// not use them).
 template <class T, class G>
 void binary_vjp_operand(const vjp_args& x, std::size_t i, G g) {
     T* d = static_cast<T*>(x.operand_cotangents[i]);
@@ -183,16 +299,26 @@ void binary_vjp_operand(const vjp_args& x, std::size_t i, G g) {
     const T* dy = static_cast<const T*>(x.result_cotangents[0]);
     const T* a = static_cast<const T*>(x.operands[0]);
     const T* b = static_cast<const T*>(x.operands[1]);
-    if (!x.accumulate[i])
+    // An operand that broadcasts nothing takes each of its elements once: written directly.
+    const bool whole = s.operands[i].count() == s.results[0].count();
+    const bool add = x.accumulate[i] || !whole;
+    if (!x.accumulate[i] && (!whole || !dy))
         std::fill_n(d, s.operands[i].count(), T(0));
     if (!dy)
         return;
     const broadcast_walk<2> w(s.results[0].local, {&s.operands[0].local, &s.operands[1].local});
     const std::size_t sa = w.step(0), sb = w.step(1), sd = w.step(i);
     w.run([&](std::size_t o, const auto& at, std::size_t n) {
-        T* out = d + at[i];
+        const lane<T> la{a ? a + at[0] : dy + o, a ? sa : 1},
+            lb{b ? b + at[1] : dy + o, b ? sb : 1}, ldy{dy + o, 1};
+        if (sd == 1) {
+            map_run<T>(d + at[i], n, add, g, ldy, la, lb);
+            return;
+        }
+        T sum = T(0); // operand i broadcasts along the run: its one element takes the sum
         for (std::size_t j = 0; j < n; ++j)
-            out[j * sd] += g(dy[o + j], a ? a[at[0] + j * sa] : T(0), b ? b[at[1] + j * sb] : T(0));
+            sum += g(dy[o + j], la.p[j * la.step], lb.p[j * lb.step]);
+        d[at[i]] += sum;
     });
 }
 
@@ -202,17 +328,15 @@ void binary_vjp(const vjp_args& x, GA ga, GB gb) {
     binary_vjp_operand<T>(x, 1, gb);
 }
 
-/// y = f(x) elementwise.
+/// y = f(x) elementwise (`f` as map_run takes it).
 template <class T, class F>
 void unary_forward(const forward_args& x, F f) {
-    const T* a = static_cast<const T*>(x.operands[0]);
-    T* y = static_cast<T*>(x.results[0]);
-    const std::size_t n = x.shards.results[0].count();
-    for (std::size_t i = 0; i < n; ++i)
-        y[i] = f(a[i]);
+    map_run<T>(static_cast<T*>(x.results[0]), x.shards.results[0].count(), false, f,
+               lane<T>{static_cast<const T*>(x.operands[0]), 1});
 }
 
-/// dx = g(dy, x, y) elementwise, written or added.
+/// dx = g(dy, x, y) elementwise, written or added. What the VJP did not save is never read
+/// (`g` does not use it).
 template <class T, class G>
 void unary_vjp(const vjp_args& v, G g) {
     T* dx = static_cast<T*>(v.operand_cotangents[0]);
@@ -227,12 +351,8 @@ void unary_vjp(const vjp_args& v, G g) {
             std::fill_n(dx, n, T(0));
         return;
     }
-    if (v.accumulate[0])
-        for (std::size_t i = 0; i < n; ++i)
-            dx[i] += g(dy[i], x ? x[i] : T(0), y ? y[i] : T(0));
-    else
-        for (std::size_t i = 0; i < n; ++i)
-            dx[i] = g(dy[i], x ? x[i] : T(0), y ? y[i] : T(0));
+    map_run<T>(dx, n, v.accumulate[0], g, lane<T>{dy, 1}, lane<T>{x ? x : dy, 1},
+               lane<T>{y ? y : dy, 1});
 }
 
 /// The rules of a binary elementwise primitive.
@@ -302,112 +422,161 @@ T scalar_attribute(const node_shards& s) {
     return T(s.node->attributes.reals.at(0));
 }
 
+/// `value` in the type of `x`: a T, or a batch of T with every lane `value`.
+template <class T, class V>
+V like(const V&, double value) {
+    return V(T(value));
+}
+
+/// The cotangent passed through unchanged (the VJP of add, and of sub's first operand).
+inline constexpr auto pass_cotangent = [](auto g, auto, auto) {
+    return g;
+};
+
+// The kernels below are generic lambdas of T or xsimd::batch<T> (map_run's `f`): `like` makes
+// their constants and `choose` their branch-free conditionals.
+
 template <class T>
 void register_binary(auto&& add) {
     using A = const forward_args&;
     using V = const vjp_args&;
     add(primitive<T>{&add_rules,
-                     [](A x) { binary_forward<T>(x, [](T a, T b) { return a + b; }); },
+                     [](A x) { binary_forward<T>(x, [](auto a, auto b) { return a + b; }); },
                      [](V v) {
-                         binary_vjp<T>(
-                             v, [](T g, T, T) { return g; }, [](T g, T, T) { return g; });
+                         binary_vjp<T>(v, pass_cotangent, pass_cotangent);
                      }});
     add(primitive<T>{&sub_rules,
-                     [](A x) { binary_forward<T>(x, [](T a, T b) { return a - b; }); },
+                     [](A x) { binary_forward<T>(x, [](auto a, auto b) { return a - b; }); },
                      [](V v) {
-                         binary_vjp<T>(
-                             v, [](T g, T, T) { return g; }, [](T g, T, T) { return -g; });
+                         binary_vjp<T>(v, pass_cotangent, [](auto g, auto, auto) { return -g; });
                      }});
     add(primitive<T>{&mul_rules,
-                     [](A x) { binary_forward<T>(x, [](T a, T b) { return a * b; }); },
+                     [](A x) { binary_forward<T>(x, [](auto a, auto b) { return a * b; }); },
                      [](V v) {
                          binary_vjp<T>(
-                             v, [](T g, T, T b) { return g * b; },
-                             [](T g, T a, T) { return g * a; });
+                             v, [](auto g, auto, auto b) { return g * b; },
+                             [](auto g, auto a, auto) { return g * a; });
                      }});
     add(primitive<T>{&div_rules,
-                     [](A x) { binary_forward<T>(x, [](T a, T b) { return a / b; }); },
+                     [](A x) { binary_forward<T>(x, [](auto a, auto b) { return a / b; }); },
                      [](V v) {
                          binary_vjp<T>(
-                             v, [](T g, T, T b) { return g / b; },
-                             [](T g, T a, T b) { return -g * a / (b * b); });
+                             v, [](auto g, auto, auto b) { return g / b; },
+                             [](auto g, auto a, auto b) { return -g * a / (b * b); });
                      }});
-    add(primitive<T>{&maximum_rules,
-                     [](A x) { binary_forward<T>(x, [](T a, T b) { return a >= b ? a : b; }); },
-                     [](V v) {
-                         binary_vjp<T>(
-                             v, [](T g, T a, T b) { return a >= b ? g : T(0); },
-                             [](T g, T a, T b) { return a >= b ? T(0) : g; });
-                     }});
-    add(primitive<T>{&minimum_rules,
-                     [](A x) { binary_forward<T>(x, [](T a, T b) { return a <= b ? a : b; }); },
-                     [](V v) {
-                         binary_vjp<T>(
-                             v, [](T g, T a, T b) { return a <= b ? g : T(0); },
-                             [](T g, T a, T b) { return a <= b ? T(0) : g; });
-                     }});
+    add(primitive<T>{
+        &maximum_rules,
+        [](A x) { binary_forward<T>(x, [](auto a, auto b) { return choose(a >= b, a, b); }); },
+        [](V v) {
+            binary_vjp<T>(
+                v, [](auto g, auto a, auto b) { return choose(a >= b, g, like<T>(g, 0)); },
+                [](auto g, auto a, auto b) { return choose(a >= b, like<T>(g, 0), g); });
+        }});
+    add(primitive<T>{
+        &minimum_rules,
+        [](A x) { binary_forward<T>(x, [](auto a, auto b) { return choose(a <= b, a, b); }); },
+        [](V v) {
+            binary_vjp<T>(
+                v, [](auto g, auto a, auto b) { return choose(a <= b, g, like<T>(g, 0)); },
+                [](auto g, auto a, auto b) { return choose(a <= b, like<T>(g, 0), g); });
+        }});
 }
 
 template <class T>
 void register_unary(auto&& add) {
     using A = const forward_args&;
     using V = const vjp_args&;
-    add(primitive<T>{&neg_rules, [](A x) { unary_forward<T>(x, [](T a) { return -a; }); },
-                     [](V v) { unary_vjp<T>(v, [](T g, T, T) { return -g; }); }});
+    add(primitive<T>{&neg_rules, [](A x) { unary_forward<T>(x, [](auto a) { return -a; }); },
+                     [](V v) {
+                         unary_vjp<T>(v, [](auto g, auto, auto) { return -g; });
+                     }});
     add(primitive<T>{&relu_rules,
-                     [](A x) { unary_forward<T>(x, [](T a) { return a > T(0) ? a : T(0); }); },
-                     [](V v) { unary_vjp<T>(v, [](T g, T, T y) { return y > T(0) ? g : T(0); }); }});
+                     [](A x) {
+                         unary_forward<T>(
+                             x, [](auto a) { return choose(a > like<T>(a, 0), a, like<T>(a, 0)); });
+                     },
+                     [](V v) {
+                         unary_vjp<T>(v, [](auto g, auto, auto y) {
+                             return choose(y > like<T>(y, 0), g, like<T>(g, 0));
+                         });
+                     }});
     add(primitive<T>{
         &gelu_rules,
         [](A x) {
-            unary_forward<T>(x, [](T a) {
-                return T(0.5) * a * (T(1) + std::erf(a / std::sqrt(T(2))));
+            unary_forward<T>(x, [](auto a) {
+                return like<T>(a, 0.5) * a *
+                       (like<T>(a, 1) + xsimd::erf(a * like<T>(a, std::numbers::sqrt2 / 2)));
             });
         },
         [](V v) {
-            unary_vjp<T>(v, [](T g, T a, T) {
-                const T cdf = T(0.5) * (T(1) + std::erf(a / std::sqrt(T(2))));
-                const T pdf = std::exp(T(-0.5) * a * a) / std::sqrt(T(2) * std::numbers::pi_v<T>);
+            unary_vjp<T>(v, [](auto g, auto a, auto) {
+                const auto cdf =
+                    like<T>(a, 0.5) *
+                    (like<T>(a, 1) + xsimd::erf(a * like<T>(a, std::numbers::sqrt2 / 2)));
+                const auto pdf = xsimd::exp(like<T>(a, -0.5) * a * a) *
+                                 like<T>(a, std::numbers::inv_sqrtpi / std::numbers::sqrt2);
                 return g * (cdf + a * pdf);
             });
         }});
-    add(primitive<T>{&exp_rules, [](A x) { unary_forward<T>(x, [](T a) { return std::exp(a); }); },
-                     [](V v) { unary_vjp<T>(v, [](T g, T, T y) { return g * y; }); }});
-    add(primitive<T>{&log_rules, [](A x) { unary_forward<T>(x, [](T a) { return std::log(a); }); },
-                     [](V v) { unary_vjp<T>(v, [](T g, T a, T) { return g / a; }); }});
-    add(primitive<T>{&tanh_rules,
-                     [](A x) { unary_forward<T>(x, [](T a) { return std::tanh(a); }); },
-                     [](V v) { unary_vjp<T>(v, [](T g, T, T y) { return g * (T(1) - y * y); }); }});
-    add(primitive<T>{
-        &sigmoid_rules,
-        [](A x) { unary_forward<T>(x, [](T a) { return T(1) / (T(1) + std::exp(-a)); }); },
-        [](V v) { unary_vjp<T>(v, [](T g, T, T y) { return g * y * (T(1) - y); }); }});
-    add(primitive<T>{&abs_rules, [](A x) { unary_forward<T>(x, [](T a) { return std::abs(a); }); },
+    add(primitive<T>{&exp_rules,
+                     [](A x) { unary_forward<T>(x, [](auto a) { return xsimd::exp(a); }); },
                      [](V v) {
-                         unary_vjp<T>(v, [](T g, T a, T) {
-                             return a > T(0) ? g : a < T(0) ? -g : T(0);
-                         });
+                         unary_vjp<T>(v, [](auto g, auto, auto y) { return g * y; });
                      }});
-    add(primitive<T>{&sqrt_rules,
-                     [](A x) { unary_forward<T>(x, [](T a) { return std::sqrt(a); }); },
-                     [](V v) { unary_vjp<T>(v, [](T g, T, T y) { return g / (T(2) * y); }); }});
-    add(primitive<T>{&square_rules, [](A x) { unary_forward<T>(x, [](T a) { return a * a; }); },
-                     [](V v) { unary_vjp<T>(v, [](T g, T a, T) { return T(2) * a * g; }); }});
-    add(primitive<T>{&scale_rules,
+    add(primitive<T>{&log_rules,
+                     [](A x) { unary_forward<T>(x, [](auto a) { return xsimd::log(a); }); },
+                     [](V v) {
+                         unary_vjp<T>(v, [](auto g, auto a, auto) { return g / a; });
+                     }});
+    add(primitive<T>{
+        &tanh_rules, [](A x) { unary_forward<T>(x, [](auto a) { return xsimd::tanh(a); }); },
+        [](V v) {
+            unary_vjp<T>(v, [](auto g, auto, auto y) { return g * (like<T>(y, 1) - y * y); });
+        }});
+    add(primitive<T>{&sigmoid_rules,
                      [](A x) {
-                         const T c = scalar_attribute<T>(x.shards);
-                         unary_forward<T>(x, [c](T a) { return c * a; });
+                         unary_forward<T>(x, [](auto a) {
+                             return like<T>(a, 1) / (like<T>(a, 1) + xsimd::exp(-a));
+                         });
                      },
                      [](V v) {
-                         const T c = scalar_attribute<T>(v.shards);
-                         unary_vjp<T>(v, [c](T g, T, T) { return c * g; });
+                         unary_vjp<T>(
+                             v, [](auto g, auto, auto y) { return g * y * (like<T>(y, 1) - y); });
+                     }});
+    add(primitive<T>{
+        &abs_rules, [](A x) { unary_forward<T>(x, [](auto a) { return xsimd::abs(a); }); },
+        [](V v) {
+            unary_vjp<T>(v, [](auto g, auto a, auto) {
+                return choose(a > like<T>(a, 0), g, choose(a < like<T>(a, 0), -g, like<T>(g, 0)));
+            });
+        }});
+    add(primitive<T>{
+        &sqrt_rules, [](A x) { unary_forward<T>(x, [](auto a) { return xsimd::sqrt(a); }); },
+        [](V v) {
+            unary_vjp<T>(v, [](auto g, auto, auto y) { return g / (like<T>(y, 2) * y); });
+        }});
+    add(primitive<T>{&square_rules, [](A x) { unary_forward<T>(x, [](auto a) { return a * a; }); },
+                     [](V v) {
+                         unary_vjp<T>(v,
+                                      [](auto g, auto a, auto) { return like<T>(a, 2) * a * g; });
+                     }});
+    add(primitive<T>{&scale_rules,
+                     [](A x) {
+                         const T k = scalar_attribute<T>(x.shards);
+                         unary_forward<T>(x, [k](auto a) { return decltype(a)(k) * a; });
+                     },
+                     [](V v) {
+                         const T k = scalar_attribute<T>(v.shards);
+                         unary_vjp<T>(v, [k](auto g, auto, auto) { return decltype(g)(k) * g; });
                      }});
     add(primitive<T>{&add_scalar_rules,
                      [](A x) {
-                         const T c = scalar_attribute<T>(x.shards);
-                         unary_forward<T>(x, [c](T a) { return a + c; });
+                         const T k = scalar_attribute<T>(x.shards);
+                         unary_forward<T>(x, [k](auto a) { return a + decltype(a)(k); });
                      },
-                     [](V v) { unary_vjp<T>(v, [](T g, T, T) { return g; }); }});
+                     [](V v) {
+                         unary_vjp<T>(v, [](auto g, auto, auto) { return g; });
+                     }});
 }
 
 template <class T>

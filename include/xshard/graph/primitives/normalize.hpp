@@ -30,6 +30,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace xshard::detail {
@@ -316,34 +317,63 @@ struct channel_geometry {
     }
 };
 
-template <class T, class F>
-std::vector<T> channel_sums(const node_shards& s, const channel_geometry& g, F f) {
+/// The sums over this rank's block, per channel, of f(lanes...) (map_run's `f`) where
+/// `lanes(e)` gives the lanes of the contiguous run of hw elements that starts at element e.
+template <class T, class F, class Lanes>
+std::vector<T> local_channel_sums(const channel_geometry& g, const F& f, const Lanes& lanes) {
     std::vector<T> sums(g.c, T(0));
     for (std::size_t i = 0; i < g.n; ++i)
         for (std::size_t ch = 0; ch < g.c; ++ch)
-            for (std::size_t k = 0; k < g.hw; ++k)
-                sums[ch] += f((i * g.c + ch) * g.hw + k, ch);
-    const auto axes = s.operands[0].l.split_axes(0, s.mesh->shape);
-    if (!axes.empty() && g.c > 0)
-        allreduce(s.mesh->group(axes), std::span(sums), reduction::sum);
+            sums[ch] += std::apply([&](const auto&... l) { return run_sum<T>(g.hw, f, l...); },
+                                   lanes((i * g.c + ch) * g.hw, ch));
     return sums;
 }
 
-/// The mean and 1 / sqrt(var + eps) per channel of the whole batch.
+/// `sums` summed over the ranks that split the batch: the whole batch's (one all-reduce).
+template <class T>
+void batch_total(const node_shards& s, std::vector<T>& sums) {
+    const auto axes = s.operands[0].l.split_axes(0, s.mesh->shape);
+    if (!axes.empty() && !sums.empty())
+        allreduce(s.mesh->group(axes), std::span(sums), reduction::sum);
+}
+
+/// The mean and 1 / sqrt(var + eps) per channel of the whole batch (two passes: the mean,
+/// then the squared deviations from it).
 template <class T>
 std::pair<std::vector<T>, std::vector<T>> batch_moments(const node_shards& s, const T* a) {
     const channel_geometry g(s.operands[0].local);
     const double count = double(s.operands[0].global[0]) * double(g.hw);
-    auto mean = channel_sums<T>(s, g, [&](std::size_t k, std::size_t) { return a[k]; });
+    auto mean = local_channel_sums<T>(
+        g, [](auto x) { return x; },
+        [&](std::size_t e, std::size_t) {
+            return std::tuple{lane<T>{a + e, 1}};
+        });
+    batch_total(s, mean);
     for (auto& m : mean)
         m = T(double(m) / count);
-    auto var = channel_sums<T>(s, g, [&](std::size_t k, std::size_t ch) {
-        return (a[k] - mean[ch]) * (a[k] - mean[ch]);
-    });
+    auto var = local_channel_sums<T>(
+        g, [](auto x, auto m) { return (x - m) * (x - m); },
+        [&](std::size_t e, std::size_t ch) {
+            return std::tuple{lane<T>{a + e, 1}, lane<T>{&mean[ch], 0}};
+        });
+    batch_total(s, var);
     const T eps = norm_eps<T>(s);
     for (auto& v : var)
         v = T(1) / std::sqrt(T(double(v) / count) + eps);
     return {std::move(mean), std::move(var)};
+}
+
+/// y = x scale + shift per channel, over this rank's block.
+template <class T>
+void channel_affine(const channel_geometry& g, const T* x, T* y, const std::vector<T>& scale,
+                    const std::vector<T>& shift) {
+    for (std::size_t i = 0; i < g.n; ++i)
+        for (std::size_t ch = 0; ch < g.c; ++ch) {
+            const std::size_t e = (i * g.c + ch) * g.hw;
+            map_run<T>(
+                y + e, g.hw, false, [](auto v, auto a, auto b) { return v * a + b; },
+                lane<T>{x + e, 1}, lane<T>{&scale[ch], 0}, lane<T>{&shift[ch], 0});
+        }
 }
 
 template <class T>
@@ -353,19 +383,19 @@ void batch_norm_forward(const forward_args& x) {
     const T* a = static_cast<const T*>(x.operands[0]);
     const T* gamma = x.operands.size() > 1 ? static_cast<const T*>(x.operands[1]) : nullptr;
     const T* beta = x.operands.size() > 2 ? static_cast<const T*>(x.operands[2]) : nullptr;
-    T* y = static_cast<T*>(x.results[0]);
-    const auto [mean, inv] = batch_moments<T>(s, a);
-    for (std::size_t i = 0; i < g.n; ++i)
-        for (std::size_t ch = 0; ch < g.c; ++ch)
-            for (std::size_t k = 0; k < g.hw; ++k) {
-                const std::size_t e = (i * g.c + ch) * g.hw + k;
-                const T h = (a[e] - mean[ch]) * inv[ch];
-                y[e] = gamma ? h * gamma[ch] + beta[ch] : h;
-            }
+    auto [scale, shift] = batch_moments<T>(s, a);
+    // (a - mean) inv gamma + beta = a scale + shift
+    for (std::size_t ch = 0; ch < g.c; ++ch) {
+        const T mean = scale[ch], k = gamma ? shift[ch] * gamma[ch] : shift[ch];
+        scale[ch] = k;
+        shift[ch] = (beta ? beta[ch] : T(0)) - mean * k;
+    }
+    channel_affine(g, a, static_cast<T*>(x.results[0]), scale, shift);
 }
 
-/// dx = inv (g - mean(g) - h mean(g h)) per channel over the whole batch (g = dy gamma);
-/// dgamma = sum dy h and dbeta = sum dy over this rank's block (its terms).
+/// With h = (x - mean) inv and g = dy gamma: dx = inv (g - mean(g) - h mean(g h)) per channel
+/// over the whole batch, dgamma = sum dy h and dbeta = sum dy over this rank's block (its
+/// terms). One pass sums dy and dy (x - mean) per channel, one writes dx.
 template <class T>
 void batch_norm_vjp(const vjp_args& v) {
     const auto& s = v.shards;
@@ -377,37 +407,62 @@ void batch_norm_vjp(const vjp_args& v) {
     T* dx = static_cast<T*>(v.operand_cotangents[0]);
     T* dgamma = affine ? static_cast<T*>(v.operand_cotangents[1]) : nullptr;
     T* dbeta = affine ? static_cast<T*>(v.operand_cotangents[2]) : nullptr;
-    const auto [mean, inv] = batch_moments<T>(s, a);
-    auto h = [&](std::size_t e, std::size_t ch) { return (a[e] - mean[ch]) * inv[ch]; };
-    auto gy = [&](std::size_t e, std::size_t ch) {
-        return dy ? (gamma ? dy[e] * gamma[ch] : dy[e]) : T(0);
-    };
     if (dgamma && !v.accumulate[1])
         std::fill_n(dgamma, g.c, T(0));
     if (dbeta && !v.accumulate[2])
         std::fill_n(dbeta, g.c, T(0));
-    for (std::size_t i = 0; i < g.n && dy; ++i)
-        for (std::size_t ch = 0; ch < g.c; ++ch)
-            for (std::size_t k = 0; k < g.hw; ++k) {
-                const std::size_t e = (i * g.c + ch) * g.hw + k;
-                if (dgamma)
-                    dgamma[ch] += dy[e] * h(e, ch);
-                if (dbeta)
-                    dbeta[ch] += dy[e];
-            }
+    if (!dy && !dx)
+        return;
+    const auto [mean, inv] = batch_moments<T>(s, a);
+    // Per channel of this rank's block: sum dy, then sum dy (x - mean); zero without dy.
+    std::vector<T> sums(2 * g.c, T(0));
+    if (dy) {
+        const auto dys = local_channel_sums<T>(
+            g, [](auto d) { return d; },
+            [&](std::size_t e, std::size_t) {
+                return std::tuple{lane<T>{dy + e, 1}};
+            });
+        const auto dyc = local_channel_sums<T>(
+            g, [](auto d, auto x, auto m) { return d * (x - m); },
+            [&](std::size_t e, std::size_t ch) {
+                return std::tuple{lane<T>{dy + e, 1}, lane<T>{a + e, 1}, lane<T>{&mean[ch], 0}};
+            });
+        for (std::size_t ch = 0; ch < g.c; ++ch) {
+            sums[ch] = dys[ch];
+            sums[g.c + ch] = dyc[ch] * inv[ch]; // sum dy h
+            if (dgamma)
+                dgamma[ch] += sums[g.c + ch];
+            if (dbeta)
+                dbeta[ch] += dys[ch];
+        }
+    }
     if (!dx)
         return;
+    batch_total(s, sums); // the whole batch's sum g and sum g h, over gamma
     const double count = double(s.operands[0].global[0]) * double(g.hw);
-    auto mg = channel_sums<T>(s, g, gy);
-    auto mgh = channel_sums<T>(s, g, [&](std::size_t e, std::size_t ch) { return gy(e, ch) * h(e, ch); });
+    // dx = dy k + x b + c per channel: k = inv gamma, b = -inv gamma mean(dy h) inv, and
+    // c = -inv gamma mean(dy) - mean b.
+    std::vector<T> k(g.c), b(g.c), c(g.c);
+    for (std::size_t ch = 0; ch < g.c; ++ch) {
+        const T ig = gamma ? inv[ch] * gamma[ch] : inv[ch];
+        k[ch] = ig;
+        b[ch] = -ig * T(double(sums[g.c + ch]) / count) * inv[ch];
+        c[ch] = -ig * T(double(sums[ch]) / count) - mean[ch] * b[ch];
+    }
     for (std::size_t i = 0; i < g.n; ++i)
-        for (std::size_t ch = 0; ch < g.c; ++ch)
-            for (std::size_t k = 0; k < g.hw; ++k) {
-                const std::size_t e = (i * g.c + ch) * g.hw + k;
-                const T d = inv[ch] * (gy(e, ch) - T(double(mg[ch]) / count) -
-                                       h(e, ch) * T(double(mgh[ch]) / count));
-                dx[e] = v.accumulate[0] ? dx[e] + d : d;
+        for (std::size_t ch = 0; ch < g.c; ++ch) {
+            const std::size_t e = (i * g.c + ch) * g.hw;
+            if (!dy) {
+                if (!v.accumulate[0])
+                    std::fill_n(dx + e, g.hw, T(0));
+                continue;
             }
+            map_run<T>(
+                dx + e, g.hw, v.accumulate[0],
+                [](auto d, auto x, auto kk, auto bb, auto cc) { return d * kk + x * bb + cc; },
+                lane<T>{dy + e, 1}, lane<T>{a + e, 1}, lane<T>{&k[ch], 0}, lane<T>{&b[ch], 0},
+                lane<T>{&c[ch], 0});
+        }
 }
 
 inline constexpr op_rules batch_norm_rules{.name = "batch_norm",
@@ -416,6 +471,9 @@ inline constexpr op_rules batch_norm_rules{.name = "batch_norm",
                                            .batched = first_batched,
                                            .resolve = resolve_each,
                                            .flops = per_element_flops,
+                                           // forward: the mean, the deviations, y; backward:
+                                           // the statistics again, two sums, dx
+                                           .passes = 6,
                                            .saves = saves_operand(0) | saves_operand(1)};
 
 // Cross-entropy.
