@@ -20,6 +20,7 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <numbers>
 #include <span>
 #include <stdexcept>
@@ -271,6 +272,29 @@ T run_sum(std::size_t n, const F& f, const L&... in) {
     for (; j < n; ++j)
         sum += f(in.p[j * in.step]...);
     return sum;
+}
+
+/// The largest of p[0..n) (-infinity when n is 0), in batches of T for float and double.
+template <class T>
+T run_max(const T* p, std::size_t n) {
+    std::size_t j = 0;
+    T m = -std::numeric_limits<T>::infinity();
+    if constexpr (simd_floating<T>) {
+        using batch = xsimd::batch<T>;
+        constexpr std::size_t w = batch::size;
+        if (n >= w) {
+            batch acc = batch::load_unaligned(p);
+            for (j = w; j + w <= n; j += w)
+                acc = xsimd::max(acc, batch::load_unaligned(p + j));
+            alignas(batch::arch_type::alignment()) std::array<T, w> v{};
+            acc.store_aligned(v.data());
+            for (const T x : v)
+                m = x > m ? x : m;
+        }
+    }
+    for (; j < n; ++j)
+        m = p[j] > m ? p[j] : m;
+    return m;
 }
 
 /// out = f(a, b) elementwise with broadcasting (`f` as map_run takes it).

@@ -88,12 +88,35 @@ void softmax_forward(const forward_args& x) {
     const T* a = static_cast<const T*>(x.operands[0]);
     T* y = static_cast<T*>(x.results[0]);
     // Causal: row o is position o % rows of its matrix, and sees positions up to it.
-    const std::size_t rows = s.operands[0].rank() >= 2 ? s.operands[0].local[s.operands[0].rank() - 2] : 1;
+    const std::size_t rows =
+        s.operands[0].rank() >= 2 ? s.operands[0].local[s.operands[0].rank() - 2] : 1;
     const bool mask = causal(s.node->attributes) && !Log;
     for (std::size_t o = 0; o < g.outer; ++o)
         for (std::size_t i = 0; i < g.inner; ++i) {
             const std::size_t base = o * g.n * g.inner + i;
             const std::size_t seen = mask ? std::min(g.n, o % rows + 1) : g.n;
+            if (g.inner == 1) { // a contiguous row: in batches
+                const T* row = a + base;
+                T* out = y + base;
+                const T m = run_max(row, seen);
+                const lane<T> lx{row, 1}, lm{&m, 0};
+                if constexpr (Log) {
+                    const T lse = m + std::log(run_sum<T>(
+                                          seen, [](auto v, auto mm) { return xsimd::exp(v - mm); },
+                                          lx, lm));
+                    map_run<T>(out, seen, false, [](auto v, auto l) { return v - l; }, lx,
+                               lane<T>{&lse, 0});
+                } else {
+                    map_run<T>(out, seen, false, [](auto v, auto mm) { return xsimd::exp(v - mm); },
+                               lx, lm);
+                    const T inv = T(1) / run_sum<T>(seen, [](auto v) { return v; },
+                                                    lane<T>{out, 1});
+                    map_run<T>(out, seen, false, [](auto v, auto k) { return v * k; },
+                               lane<T>{out, 1}, lane<T>{&inv, 0});
+                }
+                std::fill(out + seen, out + g.n, T(0));
+                continue;
+            }
             T m = -std::numeric_limits<T>::infinity();
             for (std::size_t j = 0; j < seen; ++j)
                 m = std::max(m, a[base + j * g.inner]);
@@ -119,15 +142,35 @@ void softmax_vjp(const vjp_args& v) {
     const T* y = static_cast<const T*>(v.results[0]);
     const T* dy = static_cast<const T*>(v.result_cotangents[0]);
     const bool add = v.accumulate[0];
+    if (!dy) {
+        if (!add)
+            std::fill_n(dx, s.operands[0].count(), T(0));
+        return;
+    }
     for (std::size_t o = 0; o < g.outer; ++o)
         for (std::size_t i = 0; i < g.inner; ++i) {
             const std::size_t base = o * g.n * g.inner + i;
+            if (g.inner == 1) { // a contiguous row: in batches
+                const lane<T> ly{y + base, 1}, ld{dy + base, 1};
+                if constexpr (Log) {
+                    const T dot = run_sum<T>(g.n, [](auto d) { return d; }, ld);
+                    map_run<T>(dx + base, g.n, add,
+                               [](auto d, auto yy, auto k) { return d - xsimd::exp(yy) * k; }, ld,
+                               ly, lane<T>{&dot, 0});
+                } else {
+                    const T dot = run_sum<T>(g.n, [](auto d, auto yy) { return d * yy; }, ld, ly);
+                    map_run<T>(dx + base, g.n, add,
+                               [](auto d, auto yy, auto k) { return yy * (d - k); }, ld, ly,
+                               lane<T>{&dot, 0});
+                }
+                continue;
+            }
             T dot = 0;
-            for (std::size_t j = 0; j < g.n && dy; ++j)
+            for (std::size_t j = 0; j < g.n; ++j)
                 dot += dy[base + j * g.inner] * (Log ? T(1) : y[base + j * g.inner]);
             for (std::size_t j = 0; j < g.n; ++j) {
                 const std::size_t k = base + j * g.inner;
-                const T d = !dy ? T(0) : Log ? dy[k] - std::exp(y[k]) * dot : y[k] * (dy[k] - dot);
+                const T d = Log ? dy[k] - std::exp(y[k]) * dot : y[k] * (dy[k] - dot);
                 dx[k] = add ? dx[k] + d : d;
             }
         }
@@ -196,6 +239,16 @@ T norm_eps(const node_shards& s) {
     return T(s.node->attributes.reals.empty() ? 1e-5 : s.node->attributes.reals[0]);
 }
 
+/// The mean and 1 / sqrt(var + eps) of a row of n values.
+template <class T>
+std::pair<T, T> row_moments(const T* row, std::size_t n, T eps) {
+    const T mean = run_sum<T>(n, [](auto v) { return v; }, lane<T>{row, 1}) / T(n);
+    const T var = run_sum<T>(
+        n, [](auto v, auto m) { return (v - m) * (v - m); }, lane<T>{row, 1},
+        lane<T>{&mean, 0});
+    return {mean, T(1) / std::sqrt(var / T(n) + eps)};
+}
+
 template <class T>
 void layer_norm_forward(const forward_args& x) {
     const auto& s = x.shards;
@@ -207,17 +260,16 @@ void layer_norm_forward(const forward_args& x) {
     const T eps = norm_eps<T>(s);
     for (std::size_t r = 0; r < rows; ++r) {
         const T* row = a + r * n;
-        T mean = 0, var = 0;
-        for (std::size_t j = 0; j < n; ++j)
-            mean += row[j];
-        mean /= T(n);
-        for (std::size_t j = 0; j < n; ++j)
-            var += (row[j] - mean) * (row[j] - mean);
-        const T inv = T(1) / std::sqrt(var / T(n) + eps);
-        for (std::size_t j = 0; j < n; ++j) {
-            const T h = (row[j] - mean) * inv;
-            y[r * n + j] = gamma ? h * gamma[j] + beta[j] : h;
-        }
+        const auto [mean, inv] = row_moments(row, n, eps);
+        const lane<T> lx{row, 1}, lm{&mean, 0}, li{&inv, 0};
+        if (gamma)
+            map_run<T>(
+                y + r * n, n, false,
+                [](auto v, auto m, auto k, auto ga, auto be) { return (v - m) * k * ga + be; }, lx,
+                lm, li, lane<T>{gamma, 1}, lane<T>{beta, 1});
+        else
+            map_run<T>(y + r * n, n, false, [](auto v, auto m, auto k) { return (v - m) * k; },
+                       lx, lm, li);
     }
 }
 
@@ -243,36 +295,36 @@ void layer_norm_vjp(const vjp_args& v) {
         return;
     }
     const T eps = norm_eps<T>(s);
-    std::vector<T> h(n);
+    // Without gamma, g is dy: a lane of ones stands for gamma.
+    const T one = T(1);
+    const lane<T> lg = gamma ? lane<T>{gamma, 1} : lane<T>{&one, 0};
     for (std::size_t r = 0; r < rows; ++r) {
         const T* row = a + r * n;
-        const T* g = dy + r * n;
-        T mean = 0, var = 0;
-        for (std::size_t j = 0; j < n; ++j)
-            mean += row[j];
-        mean /= T(n);
-        for (std::size_t j = 0; j < n; ++j)
-            var += (row[j] - mean) * (row[j] - mean);
-        const T inv = T(1) / std::sqrt(var / T(n) + eps);
-        T mg = 0, mgh = 0;
-        for (std::size_t j = 0; j < n; ++j) {
-            h[j] = (row[j] - mean) * inv;
-            const T gj = gamma ? g[j] * gamma[j] : g[j];
-            mg += gj;
-            mgh += gj * h[j];
-            if (dgamma)
-                dgamma[j] += g[j] * h[j];
-            if (dbeta)
-                dbeta[j] += g[j];
-        }
-        mg /= T(n);
-        mgh /= T(n);
-        if (dx)
-            for (std::size_t j = 0; j < n; ++j) {
-                const T gj = gamma ? g[j] * gamma[j] : g[j];
-                const T d = inv * (gj - mg - h[j] * mgh);
-                dx[r * n + j] = v.accumulate[0] ? dx[r * n + j] + d : d;
-            }
+        const auto [mean, inv] = row_moments(row, n, eps);
+        const lane<T> lx{row, 1}, ld{dy + r * n, 1}, lm{&mean, 0}, li{&inv, 0};
+        const auto h = [](auto v, auto m, auto k) { return (v - m) * k; };
+        if (dgamma)
+            map_run<T>(
+                dgamma, n, true, [h](auto d, auto v, auto m, auto k) { return d * h(v, m, k); },
+                ld, lx, lm, li);
+        if (dbeta)
+            map_run<T>(dbeta, n, true, [](auto d) { return d; }, ld);
+        if (!dx)
+            continue;
+        const T mg = run_sum<T>(n, [](auto d, auto ga) { return d * ga; }, ld, lg) / T(n);
+        const T mgh = run_sum<T>(
+                          n,
+                          [h](auto d, auto ga, auto v, auto m, auto k) {
+                              return d * ga * h(v, m, k);
+                          },
+                          ld, lg, lx, lm, li) /
+                      T(n);
+        map_run<T>(
+            dx + r * n, n, v.accumulate[0],
+            [h](auto d, auto ga, auto v, auto m, auto k, auto a1, auto a2) {
+                return k * (d * ga - a1 - h(v, m, k) * a2);
+            },
+            ld, lg, lx, lm, li, lane<T>{&mg, 0}, lane<T>{&mgh, 0});
     }
 }
 
@@ -505,6 +557,14 @@ inline bool both_batched(const op_attributes&, std::span<const operand_type> ops
     return !ops[i].is_weight;
 }
 
+/// sum exp(row[j] - max) over a row of n values.
+template <class T>
+T exp_sum(const T* row, std::size_t n) {
+    const T m = run_max(row, n);
+    return run_sum<T>(
+        n, [](auto v, auto mm) { return xsimd::exp(v - mm); }, lane<T>{row, 1}, lane<T>{&m, 0});
+}
+
 template <class T>
 void cross_entropy_forward(const forward_args& x) {
     const auto& s = x.shards;
@@ -521,13 +581,7 @@ void cross_entropy_forward(const forward_args& x) {
     agree_on_error(s.mesh->group(s.mesh->shape.all_axes()), bad);
     for (std::size_t r = 0; r < rows; ++r) {
         const T* row = a + r * c;
-        T m = -std::numeric_limits<T>::infinity();
-        for (std::size_t j = 0; j < c; ++j)
-            m = std::max(m, row[j]);
-        T sum = 0;
-        for (std::size_t j = 0; j < c; ++j)
-            sum += std::exp(row[j] - m);
-        y[r] = std::log(sum) + m - row[labels[r]];
+        y[r] = std::log(exp_sum(row, c)) + run_max(row, c) - row[labels[r]];
     }
 }
 
@@ -543,19 +597,18 @@ void cross_entropy_vjp(const vjp_args& v) {
     const auto* labels = static_cast<const std::int64_t*>(v.operands[1]);
     const T* dy = static_cast<const T*>(v.result_cotangents[0]);
     const bool add = v.accumulate[0];
+    if (!dy) {
+        if (!add)
+            std::fill_n(dx, rows * c, T(0));
+        return;
+    }
     for (std::size_t r = 0; r < rows; ++r) {
         const T* row = a + r * c;
-        T m = -std::numeric_limits<T>::infinity();
-        for (std::size_t j = 0; j < c; ++j)
-            m = std::max(m, row[j]);
-        T sum = 0;
-        for (std::size_t j = 0; j < c; ++j)
-            sum += std::exp(row[j] - m);
-        for (std::size_t j = 0; j < c; ++j) {
-            const T p = std::exp(row[j] - m) / sum - (std::int64_t(j) == labels[r] ? T(1) : T(0));
-            const T d = dy ? dy[r] * p : T(0);
-            dx[r * c + j] = add ? dx[r * c + j] + d : d;
-        }
+        const T m = run_max(row, c), k = dy[r] / exp_sum(row, c);
+        map_run<T>(
+            dx + r * c, c, add, [](auto v, auto mm, auto kk) { return kk * xsimd::exp(v - mm); },
+            lane<T>{row, 1}, lane<T>{&m, 0}, lane<T>{&k, 0});
+        dx[r * c + std::size_t(labels[r])] -= dy[r];
     }
 }
 
