@@ -86,6 +86,24 @@ TEST(graph, every_primitive_against_central_differences_on_every_mesh) {
     binary("div", ops::div, [](const array& a, const array& b) { return a / b; }, true);
     binary("maximum", ops::maximum, [](const array& a, const array& b) { return xt::maximum(a, b); });
     binary("minimum", ops::minimum, [](const array& a, const array& b) { return xt::minimum(a, b); });
+    // Scalars (one run of one element), and a scalar broadcast against a vector.
+    cases.push_back({"binary of scalars",
+                     {{6}, {4}},
+                     [](const V& w, const M&) {
+                         const auto s0 = ops::sum<0>(w[0]);
+                         return ops::mul(w[0], ops::add(ops::mul(s0, ops::sum<0>(w[1])), s0));
+                     },
+                     [](const A& w) {
+                         const double s0 = xt::sum(w[0])();
+                         return array(w[0] * (s0 * xt::sum(w[1])() + s0));
+                     }});
+    cases.push_back(
+        {"a scalar broadcast",
+         {{6}, {4}},
+         [](const V& w, const M&) { return ops::maximum(ops::mul(w[0], ops::sum<0>(w[1])), w[0]); },
+         [](const A& w) {
+             return array(xt::maximum(w[0] * xt::sum(w[1])(), w[0]));
+         }});
     auto unary = [&](std::string name, auto op, auto ref, bool positive = false) {
         cases.push_back({name,
                          {{5, 6}},

@@ -130,7 +130,9 @@ struct broadcast_walk {
         }
         // Dimension d merges into d + 1 where every operand steps across it as one run (the
         // same shapes make one run of every element).
-        std::size_t kept = rank == 0 ? 0 : rank - 1;
+        if (rank < 2)
+            return;
+        std::size_t kept = rank - 1;
         for (std::size_t d = rank - 1; d-- > 0;) {
             bool merges = true;
             for (std::size_t k = 0; k < K; ++k)
@@ -146,7 +148,7 @@ struct broadcast_walk {
         }
         // Dimensions kept..rank-1 remain: move them to the front.
         const std::size_t left = rank - kept;
-        for (std::size_t d = 0; d < left && kept > 0; ++d) {
+        for (std::size_t d = 0; d < left; ++d) {
             extent[d] = extent[kept + d];
             for (std::size_t k = 0; k < K; ++k)
                 stride[k][d] = stride[k][kept + d];
@@ -339,10 +341,10 @@ void binary_vjp_operand(const vjp_args& x, std::size_t i, G g) {
             map_run<T>(d + at[i], n, add, g, ldy, la, lb);
             return;
         }
-        T sum = T(0); // operand i broadcasts along the run: its one element takes the sum
+        T sum = T(0); // operand i broadcasts along the run (or is a scalar): one element
         for (std::size_t j = 0; j < n; ++j)
             sum += g(dy[o + j], la.p[j * la.step], lb.p[j * lb.step]);
-        d[at[i]] += sum;
+        d[at[i]] = add ? d[at[i]] + sum : sum;
     });
 }
 
