@@ -17,7 +17,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -254,6 +257,69 @@ TEST(graph, convolutions_and_poolings_against_central_differences_on_every_mesh)
                          return array(2.0 * conv_ref(w[0], w[1], pad1, 1) +
                                       pool_ref(w[0], p, true) + pool_ref(w[0], p, false));
                      }});
+    // Height and width split (spatial parallelism): halos over the bands' edges. On every
+    // mesh of up to 8 ranks the bands are at least as thick as the halos.
+    cases.push_back(
+        {"conv2d split by height and width, stride (2, 1), asymmetric padding",
+         {{2, 2, 16, 12}, {3, 2, 3, 3}},
+         [](const V& w, const M&) {
+             return ops::conv2d
+                 .with({.stride = {2, 1}, .padding = ops::window_padding::sides(1, 1, 0, 1)})
+                 .shard({lay("[-, -, dp, mp]"), lay("[-, -, -, -]")})(w[0], w[1]);
+         },
+         [](const A& w) {
+             return conv_ref(w[0], w[1], {.sh = 2, .top = 1, .bottom = 1, .right = 1}, 1);
+         }});
+    cases.push_back({"conv2d split by height and output channels, dilation 2",
+                     {{2, 2, 16, 6}, {4, 2, 3, 3}},
+                     [](const V& w, const M&) {
+                         return ops::conv2d.with({.padding = 2, .dilation = 2})
+                             .shard({lay("[-, -, dp, -]"), lay("[mp, -, -, -]")})(w[0], w[1]);
+                     },
+                     [](const A& w) {
+                         return conv_ref(
+                             w[0], w[1],
+                             {.top = 2, .bottom = 2, .left = 2, .right = 2, .dh = 2, .dw = 2}, 1);
+                     }});
+    cases.push_back(
+        {"max_pool2d split by height and width, kernel 3 stride 2 padding 1",
+         {{2, 2, 16, 16}},
+         [](const V& w, const M&) {
+             return ops::max_pool2d.with({.kernel = 3, .stride = 2, .padding = 1})
+                 .shard({lay("[-, -, mp, dp]")})(w[0]);
+         },
+         [](const A& w) {
+             return pool_ref(
+                 w[0],
+                 {.kh = 3, .kw = 3, .sh = 2, .sw = 2, .top = 1, .bottom = 1, .left = 1, .right = 1},
+                 true);
+         }});
+    cases.push_back(
+        {"conv2d, max_pool2d and avg_pool2d of one input split by height and width "
+         "(the halos' cotangents add)",
+         {{2, 2, 16, 16}, {2, 2, 3, 3}},
+         [](const V& w, const M&) {
+             const auto s = lay("[-, -, dp, mp]");
+             const ops::pool2d_options o{.kernel = 3, .stride = 1, .padding = 1};
+             return ops::conv2d.with({.padding = 1}).shard({s, lay("[-, -, -, -]")})(w[0], w[1]) +
+                    ops::max_pool2d.with(o).shard({s})(w[0]) +
+                    ops::avg_pool2d.with(o).shard({s})(w[0]);
+         },
+         [pad1](const A& w) {
+             window p = pad1;
+             p.kh = p.kw = 3;
+             return array(conv_ref(w[0], w[1], pad1, 1) + pool_ref(w[0], p, true) +
+                          pool_ref(w[0], p, false));
+         }});
+    cases.push_back({"batch_norm2d split by height and width",
+                     {{2, 3, 8, 8}, {3}, {3}},
+                     [](const V& w, const M&) {
+                         return ops::batch_norm(ops::neg.shard({lay("[-, -, dp, mp]")})(w[0]), w[1],
+                                                w[2]);
+                     },
+                     [](const A& w) {
+                         return batch_norm2d_ref(-w[0], w[1], w[2]);
+                     }});
     // batch_norm2d: batch_norm on [N, C, H, W], gamma and beta split with the channels.
     cases.push_back({"batch_norm2d split over the batch",
                      {{4, 3, 2, 2}, {3}, {3}},
@@ -348,11 +414,31 @@ TEST(graph, the_rules_give_the_layouts_each_primitive_runs_with) {
     const auto resolved = xshard::detail::rules_named("conv2d").resolve(s, m);
     EXPECT_EQ(resolved[0], lay("[dp, mp, -, -]"));
     EXPECT_EQ(resolved[1], lay("[-, mp, -, -]"));
-    // Poolings keep the batch's and the channels' splits and gather height and width.
+    // Height and width stay split where halos serve the bands, and the weight's channels use
+    // other axes.
+    c = run("conv2d", conv, {x, w}, {lay("[-, -, dp, mp]"), lay("[-, -, -, -]")});
+    EXPECT_EQ(c.operands[0], lay("[-, -, dp, mp]"));
+    EXPECT_EQ(c.results[0], lay("[-, -, dp, mp]"));
+    c = run("conv2d", conv, {x, w}, {lay("[-, -, dp, -]"), lay("[mp, -, -, -]")});
+    EXPECT_EQ(c.results[0], lay("[-, mp, dp, -]"));
+    // A band thinner than the halo: height is taken whole.
+    const xshard::operand_type thin{{8, 4, 4, 6}};
+    c = run("conv2d", ops::conv2d_options{.padding = 2, .dilation = 2}.attributes(), {thin, w},
+            {lay("[-, -, mp, -]"), lay("[-, -, -, -]")});
+    EXPECT_EQ(c.operands[0], lay("[-, -, -, -]"));
+    // Poolings keep the batch's, the channels' and (halos serving) the spatial splits.
     c = run("max_pool2d", ops::pool2d_options{}.attributes(), {x}, {lay("[dp, mp, -, -]")});
     EXPECT_EQ(c.results[0], lay("[dp, mp, -, -]"));
     c = run("avg_pool2d", ops::pool2d_options{}.attributes(), {x}, {lay("[-, dp, mp, -]")});
-    EXPECT_EQ(c.operands[0], lay("[-, dp, -, -]"));
+    EXPECT_EQ(c.operands[0], lay("[-, dp, mp, -]"));
+    c = run("max_pool2d", ops::pool2d_options{.kernel = 2}.attributes(), {thin},
+            {lay("[-, -, mp, dp]")});
+    EXPECT_EQ(c.operands[0], lay("[-, -, -, -]"));
+    // batch_norm keeps every split; gamma and beta follow the channels.
+    c = run("batch_norm", {{}, {1e-5}},
+            {x, {{4}, xshard::dtype::f64, true}, {{4}, xshard::dtype::f64, true}},
+            {lay("[dp, -, mp, -]"), lay("[-]"), lay("[-]")});
+    EXPECT_EQ(c.results[0], lay("[dp, -, mp, -]"));
     // embedding: the table split by rows gives a pending sum; it gives up the ids' axes.
     const xshard::operand_type ids{{8, 5}, xshard::dtype::i64},
         table{{10, 6}, xshard::dtype::f64, true};
@@ -391,6 +477,68 @@ TEST(graph, integer_inputs_never_get_a_cotangent) {
         EXPECT_LT(max_error(gradient_of(net, "table"), dtable), 1e-12) << net.describe();
         xshard::testing::expect_error([&] { (void)net.input_gradient<1>(1); },
                                       "no gradient of input 1");
+    });
+}
+
+/// A small convnet whose windows and normalisation are annotated `s` (height over dp, width
+/// over mp): conv - batch norm - relu - max-pool - conv - global average - fc - cross-entropy,
+/// on 4 images of 16 x 16.
+xshard::program spatial_convnet() {
+    return xshard::trace(
+        [](traced_tensor x, traced_tensor labels) {
+            const auto s = lay("[-, -, dp, mp]"), whole = lay("[-, -, -, -]");
+            auto h = ops::conv2d.with({.padding = 1})
+                         .shard({s, whole})(x, xshard::param("conv1.weight", {4, 3, 3, 3}));
+            h = trace_call("batch_norm", xshard::op_attributes{{}, {1e-5}},
+                           xshard::op_annotation{{}, {s, lay("[-]"), lay("[-]")}, {}}, h,
+                           xshard::param("bn.gamma", {4}, xshard::initializer::constant(1)),
+                           xshard::param("bn.beta", {4}, xshard::initializer::zeros()));
+            h = ops::relu.shard({s})(h);
+            h = ops::max_pool2d.with({.kernel = 3, .stride = 2, .padding = 1}).shard({s})(h);
+            h = ops::conv2d.with({.padding = 1})
+                    .shard({s, whole})(h, xshard::param("conv2.weight", {5, 4, 3, 3}));
+            auto logits =
+                ops::matmul(ops::global_avg_pool2d(h), xshard::param("fc.weight", {5, 3}));
+            return ops::mean_all(ops::cross_entropy(logits, labels));
+        },
+        xshard::input<double>("x", {4, 3, 16, 16}), xshard::input<std::int64_t>("labels", {4}));
+}
+
+TEST(graph, a_convnet_split_by_height_and_width_trains_like_one_rank) {
+    // Every mesh of up to 8 ranks gives bands at least as thick as the halos, so every window
+    // keeps the spatial split, exchanges halos, and the step equals one rank's.
+    std::mt19937 engine(5);
+    const array x = xt::random::randn<double>({4, 3, 16, 16}, 0.0, 1.0, engine);
+    const xt::xarray<std::int64_t> labels = {2, 0, 1, 2};
+    auto step = [&](const mesh_t& mesh) {
+        auto net = xshard::compile<double>(spatial_convnet(), mesh, {.seed = 3});
+        const double loss = net.train_step(dist<4>(mesh, x, "[dp, -, -, -]"),
+                                           dist<1, std::int64_t>(mesh, labels, "[-]"));
+        std::map<std::string, array> grads;
+        for (const auto* name :
+             {"conv1.weight", "bn.gamma", "bn.beta", "conv2.weight", "fc.weight"})
+            grads[name] = gradient_of(net, name);
+        return std::tuple{loss, grads, std::move(net)};
+    };
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    const auto [loss1, grads1, net1] = step(one);
+    for_each_2d_mesh([&](const mesh_t& mesh) {
+        const auto [loss, grads, net] = step(mesh);
+        const std::string where = "on mesh(" + mesh.shape().to_string() + ")\n" + net.describe();
+        EXPECT_NEAR(loss, loss1, 1e-12) << where;
+        for (const auto& [name, g] : grads)
+            EXPECT_LT(max_error(g, grads1.at(name)), 1e-12) << name << " " << where;
+        const auto& nodes = net.source().nodes();
+        for (std::size_t i = 0; i < nodes.size(); ++i) {
+            if (nodes[i].op == "conv2d" || nodes[i].op == "max_pool2d" ||
+                nodes[i].op == "batch_norm") {
+                EXPECT_EQ(net.layouts().nodes[i].results[0], lay("[-, -, dp, mp]"))
+                    << nodes[i].name << " " << where;
+            }
+        }
+        if (world().size() > 1) {
+            EXPECT_NE(net.describe().find("halos send"), std::string::npos) << where;
+        }
     });
 }
 

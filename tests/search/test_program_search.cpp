@@ -273,6 +273,59 @@ TEST(program_search, finds_the_minimum_over_every_combination_of_small_programs)
     EXPECT_GE(programs, 4);
 }
 
+/// One image of 8 channels, 32 x 32: conv - batch norm - relu - conv - global average - fc.
+xshard::program one_image_convnet() {
+    return xshard::trace(
+        [](traced_tensor x) {
+            auto h = ops::conv2d(x, xshard::param("conv1.weight", {8, 8, 3, 3}), {.padding = 1});
+            h = ops::relu(
+                ops::batch_norm(h, xshard::param("bn.gamma", {8}, xshard::initializer::constant(1)),
+                                xshard::param("bn.beta", {8}, xshard::initializer::zeros())));
+            h = ops::conv2d(h, xshard::param("conv2.weight", {8, 8, 3, 3}), {.padding = 1});
+            return ops::sum_all(
+                ops::matmul(ops::global_avg_pool2d(h), xshard::param("fc.weight", {8, 3})));
+        },
+        xshard::input<double>("x", {1, 8, 32, 32}));
+}
+
+TEST(program_search, a_single_large_image_is_split_by_height_and_width) {
+    // A batch of one image cannot be split, and split channels gather or sum the activations
+    // at every convolution: the search splits the image into bands and pays their halos.
+    const auto p = one_image_convnet();
+    for (const auto& mesh : {shape_of({"x"}, {4}), shape_of({"dp", "tp"}, {2, 2})}) {
+        const auto found = xshard::search_program(p, mesh, {.keep_annotations = false});
+        std::size_t spatial = 0;
+        for (const auto& n : found.nodes)
+            if (n.op == "conv2d" &&
+                (n.layouts.operands[0].is_split(2) || n.layouts.operands[0].is_split(3)))
+                ++spatial;
+        EXPECT_EQ(spatial, 2u) << found.explain();
+        expect_compile_lays_out(p, found, mesh);
+    }
+    // On this run's ranks the searched program's step equals one rank's.
+    const int ranks = world().size();
+    const mesh_t one(xshard::communicator::self(), {1, 1}), mesh(world(), {1, ranks});
+    std::mt19937 engine(6);
+    const xt::xtensor<double, 4> x = xt::random::randn<double>({1, 8, 32, 32}, 0.0, 1.0, engine);
+    auto alone = xshard::compile<double>(p, one, {.seed = 2});
+    const double expected =
+        alone.train_step(xshard::distribute<xshard::dynamic_layout(4)>(one, x, "[-, -, -, -]"));
+    auto searched = p;
+    const auto found = xshard::search_program(searched, mesh.shape(), {.keep_annotations = false});
+    found.apply(searched);
+    auto net = xshard::compile<double>(searched, mesh, {.seed = 2});
+    const double loss =
+        net.train_step(xshard::distribute<xshard::dynamic_layout(4)>(mesh, x, "[-, -, -, -]"));
+    EXPECT_NEAR(loss, expected, 1e-10 * std::abs(expected)) << found.explain();
+    std::map<std::string, xt::xarray<double>> want;
+    xshard::for_each_weight(
+        alone, [&](const std::string& name, auto& w) { want[name] = xshard::gather_all(w.grad); });
+    xshard::for_each_weight(net, [&](const std::string& name, auto& w) {
+        const xt::xarray<double> g = xshard::gather_all(w.grad);
+        EXPECT_LT(double(xt::amax(xt::abs(g - want.at(name)))()), 1e-10) << name;
+    });
+}
+
 TEST(program_search, an_annotation_kept_cannot_run_on_the_mesh_raises_naming_the_node) {
     const auto p = parallel_network(std::vector<xshard::strategy>{{1, 1}, {1, 3}});
     try {

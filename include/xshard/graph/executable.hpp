@@ -290,12 +290,14 @@ public:
         return D(detail::unchecked, s_->mesh, g, std::move(local), sl.shard.l);
     }
 
-    /// The listing: every node with its operands' and results' layouts, then every
-    /// redistribution with its steps and bytes per rank.
+    /// The listing: every node with its operands' and results' layouts (and the bytes its
+    /// halos send, over a split height or width), then every redistribution with its steps
+    /// and bytes per rank.
     std::string describe() const { return s_->describe(); }
 
     /// What this rank holds: parameter, gradient and optimizer-state bytes (per state slot),
-    /// the arena (peak activations and cotangents), and the bytes each redistribution sends.
+    /// the arena (peak activations and cotangents), and the bytes each redistribution and the
+    /// halos send.
     std::string report() const { return s_->report(); }
 
     /// Bytes of this rank's arena: every activation, cotangent and redistributed copy at
@@ -401,11 +403,14 @@ private:
                 if (n.custom && !customs.back())
                     throw error("xshard: compile: the custom node " + n.name +
                                 " was made for another element type or mesh type");
-                // Scratch that lives with the program (a max-pool's argmax indices).
+                // Scratch and state that live with the program (a max-pool's argmax
+                // indices, a window's halo plan).
                 const auto* k = prims.back();
+                auto& shards = sched.nodes[prims.size() - 1];
                 if (k && k->scratch_bytes)
-                    sched.nodes[prims.size() - 1].scratch.resize(
-                        k->scratch_bytes(sched.nodes[prims.size() - 1]));
+                    shards.scratch.resize(k->scratch_bytes(shards));
+                if (k && k->prepare)
+                    k->prepare(shards);
             }
             for (const auto& m : sched.moves) {
                 const auto& from = sched.slots[m.from].shard;
@@ -721,6 +726,9 @@ private:
                     out += (k ? ", " : "") + c.results[k].to_string();
                 if (!n.annotation.empty())
                     out += "   shard " + n.annotation.to_string();
+                if (sched.nodes[i].kernel_bytes > 0)
+                    out += "   halos send " + std::to_string(sched.nodes[i].kernel_bytes) +
+                           " bytes per rank";
                 out += "\n";
             }
             for (std::size_t m = 0; m < moves.size(); ++m) {
@@ -757,6 +765,16 @@ private:
                           "forward, %zu backward per step\n",
                           params, params, params, sched.arena_bytes, sent_fwd, sent_bwd);
             out += line;
+            std::size_t halos = 0;
+            for (const auto& n : sched.nodes)
+                halos += n.kernel_bytes;
+            if (halos > 0) {
+                std::snprintf(line, sizeof line,
+                              "  halos (split heights and widths) send %zu bytes per forward pass "
+                              "and up to twice that backward\n",
+                              halos);
+                out += line;
+            }
             std::size_t kernels = 0, again = 0, resent = 0;
             for (const auto& st : sched.backward) {
                 kernels += st.kind == detail::program_step_kind::kernel ? 1 : 0;

@@ -22,10 +22,12 @@
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/partition.hpp>
 #include <xshard/graph/program.hpp>
+#include <xshard/redistribute/cost_model.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -104,6 +106,13 @@ struct op_rules {
     /// about twice backward (3); one that takes statistics first streams them more often.
     double passes = 3;
 
+    /// Seconds of the messages the kernels themselves send in a training step (forward and
+    /// backward), beyond the redistributions on the node's edges: a window's halo exchanges
+    /// over a split height or width, say. None by default.
+    double (*kernel_seconds)(const op_attributes&, std::span<const shard_type> operands,
+                             std::span<const shard_type> results, const mesh_shape&,
+                             const cost_model&) = nullptr;
+
     /// Which operands (bit i) and results (bit 16 + i) the VJP reads: what the forward pass
     /// keeps for the backward pass.
     std::uint32_t saves = 0;
@@ -153,6 +162,12 @@ struct node_shards {
     /// Per-node scratch that lives as long as the compiled program (argmax indices of a
     /// max-pool, the statistics of a norm): bytes, sized by `primitive::scratch_bytes`.
     mutable std::vector<std::byte> scratch;
+    /// What a primitive prepares for the node at compile time and its kernels use at every run
+    /// (`primitive::prepare`: a window's halo plan), or null.
+    std::shared_ptr<void> state;
+    /// Bytes this rank's forward kernel sends itself (a window's halos; `prepare` sets it),
+    /// for the program's report.
+    std::size_t kernel_bytes = 0;
 
     /// The communicator over the axes that split dimension `d` of operand `i`.
     const communicator& group_of_operand(std::size_t i, std::size_t d) const {
@@ -195,6 +210,9 @@ struct primitive {
     void (*vjp)(const vjp_args&) = nullptr;
     /// Bytes of scratch per node (see node_shards::scratch); none by default.
     std::size_t (*scratch_bytes)(const node_shards&) = nullptr;
+    /// Builds the node's `state` once, when the program is compiled (none by default). It
+    /// runs on every rank alike and sends no message; it throws xshard::error alike.
+    void (*prepare)(node_shards&) = nullptr;
 };
 
 namespace detail {

@@ -51,6 +51,15 @@ constexpr std::string_view to_string(dtype t) {
     return t == dtype::f32 ? "f32" : t == dtype::f64 ? "f64" : "i64";
 }
 
+namespace detail {
+
+/// Bytes of one element of `t`.
+inline std::size_t element_bytes(dtype t) {
+    return t == dtype::f32 ? 4 : 8;
+}
+
+} // namespace detail
+
 /// The global shape of a program value.
 using value_shape = std::vector<std::size_t>;
 

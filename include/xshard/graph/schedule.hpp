@@ -48,9 +48,6 @@ namespace xshard::detail {
 
 inline constexpr std::size_t no_slot = std::numeric_limits<std::size_t>::max();
 
-/// Bytes of one element of `t`.
-inline std::size_t element_bytes(dtype t) { return t == dtype::f32 ? 4 : 8; }
-
 /// Where a slot's bytes are.
 enum class buffer_home : std::uint8_t { arena, input, weight, weight_gradient };
 

@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <concepts>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -261,6 +262,17 @@ std::vector<step_geometry<N>> halo_geometry(const layout& l, const mesh_shape& m
     return steps;
 }
 
+/// What a halo plan reads of a mesh: its shape, this rank's number and coordinates, and the
+/// communicators of its groups of axes. Every `mesh_type` has them; so can a view of a mesh
+/// that knows no axis names at compile time (a compiled program's, graph/primitive.hpp).
+template <class M>
+concept halo_mesh = requires(const M& m, axis_set a) {
+    { m.shape() } -> std::convertible_to<const mesh_shape&>;
+    { m.rank() } -> std::convertible_to<int>;
+    { m.coords() } -> std::convertible_to<mesh_coords>;
+    { m.sub(a) } -> std::convertible_to<const communicator&>;
+};
+
 /// A halo exchange of a tensor of element type T and rank N: built once (geometry, checks,
 /// MPI datatypes, buffers), run many times (`forward`, `adjoint`: post the messages and copy;
 /// nothing allocated). Construction communicates nothing and throws `xshard::error` alike on
@@ -276,7 +288,7 @@ class halo_plan {
 public:
     using shape_type = std::array<std::size_t, N>;
 
-    template <mesh_type Mesh>
+    template <halo_mesh Mesh>
     halo_plan(const Mesh& mesh, const shape_type& shape, const layout& l, const windowed_dims& dims,
               const cost_model& model = {})
         : mesh_(mesh.shape())
@@ -411,7 +423,7 @@ private:
         message_batch messages;
     };
 
-    template <mesh_type Mesh>
+    template <halo_mesh Mesh>
     compiled_step compile(const Mesh& mesh, step_geometry<N> g) {
         const communicator& comm = mesh.sub(g.group);
         compiled_step s{std::move(g), comm, {}, {}, {}, {}};

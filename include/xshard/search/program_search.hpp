@@ -8,8 +8,10 @@
 /// layouts of its operands that its primitive's sharding rule accepts (each mesh axis on at
 /// most one dimension of an operand), with the operands' and results' layouts the rule
 /// gives. A way costs its compute, forward and backward (the primitive's FLOPs at the GEMM
-/// speed, the bytes it streams, `op_rules::passes` times, at the memory bandwidth), and the
-/// gradient synchronisation of the weights it is the first to read. Each edge of the graph (a value from the node that
+/// speed, the bytes it streams, `op_rules::passes` times, at the memory bandwidth, and the
+/// messages its kernels send themselves, `op_rules::kernel_seconds`: a window's halos over a
+/// split height or width), and the gradient synchronisation of the weights it is the first
+/// to read. Each edge of the graph (a value from the node that
 /// writes it to a node that reads it) costs the redistribution of the value forward and of
 /// its cotangent backward, priced by the redistribution planner's own route
 /// (search/redistribution_pricer.hpp). The step's predicted time is the sum.
@@ -112,7 +114,8 @@ struct node_strategy {
     std::vector<layout> out_layouts;
     bool annotated = false; ///< kept from an annotation (sharding propagation)
     std::size_t ways = 0;   ///< how many ways the node could run
-    /// Seconds per step: its compute (forward and backward), the redistributions into it
+    /// Seconds per step: its compute (forward and backward, with the messages its kernels
+    /// send themselves, such as halos), the redistributions into it
     /// (forward, and their cotangents backward), and its weights' gradient synchronisation.
     double compute = 0, communication = 0, gradient_sync = 0;
     /// The best other way with every other node as chosen (within the memory cap), and the
@@ -1002,16 +1005,18 @@ private:
             w.result_bytes += volume(res.back().local) * element_bytes(v.type);
             bytes += double(volume(res.back().local) * element_bytes(v.type));
         }
-        double flops = 0, passes = 3;
+        double flops = 0, passes = 3, messages = 0;
         if (!n.custom) {
             const auto& rules = rules_named(n.op);
             if (rules.flops)
                 flops = rules.flops(n.attributes, ops, res);
             passes = rules.passes;
+            if (rules.kernel_seconds)
+                messages = rules.kernel_seconds(n.attributes, ops, res, mesh_, o_.machine.links);
         }
         // The backward pass does about twice the forward's arithmetic.
-        w.compute =
-            3 * flops / o_.machine.gemm_flops + passes * bytes / o_.machine.memory_bandwidth;
+        w.compute = 3 * flops / o_.machine.gemm_flops +
+                    passes * bytes / o_.machine.memory_bandwidth + messages;
         return w;
     }
 

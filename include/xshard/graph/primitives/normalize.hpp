@@ -11,9 +11,9 @@
 ///    label, [B].
 ///
 /// Sharding: the normalised dimension is whole (softmax, layer norm, the cross-entropy's
-/// classes); other dimensions keep their splits. batch_norm keeps a split batch (its
-/// statistics are all-reduced over the batch's axes: the whole batch's, as on one rank) and a
-/// split channel dimension (gamma and beta split alike); its spatial dimensions are whole.
+/// classes); other dimensions keep their splits. batch_norm keeps every split: of the batch
+/// and of the spatial dimensions (its statistics are all-reduced over their axes: the whole
+/// batch's, as on one rank) and of the channels (gamma and beta split alike).
 /// VJPs are local, but batch_norm's, which all-reduces two sums per channel.
 
 #include <xshard/comm/agree.hpp>
@@ -345,9 +345,7 @@ inline std::vector<result_spec> infer_batch_norm(const op_attributes& at,
 
 inline layout_choice batch_norm_layouts(const op_attributes&, std::span<const operand_type> ops,
                                         std::vector<layout> asked, const mesh_shape&) {
-    layout l = whole_terms(asked[0]);
-    for (std::size_t d = 2; d < l.rank(); ++d)
-        l.dims[d] = {};
+    const layout l = whole_terms(asked[0]);
     layout_choice c{{l}, {l}};
     for (std::size_t i = 1; i < ops.size(); ++i) {
         layout p = layout::replicated(1);
@@ -381,12 +379,26 @@ std::vector<T> local_channel_sums(const channel_geometry& g, const F& f, const L
     return sums;
 }
 
-/// `sums` summed over the ranks that split the batch: the whole batch's (one all-reduce).
+/// `sums` summed over the ranks that split the batch or the dimensions after the channels
+/// (height and width): the whole batch's (one all-reduce).
 template <class T>
 void batch_total(const node_shards& s, std::vector<T>& sums) {
-    const auto axes = s.operands[0].l.split_axes(0, s.mesh->shape);
+    const auto& x = s.operands[0];
+    axis_set axes = x.l.split_axes(0, s.mesh->shape);
+    for (std::size_t d = 2; d < x.rank(); ++d)
+        axes = axes | x.l.split_axes(d, s.mesh->shape);
     if (!axes.empty() && !sums.empty())
         allreduce(s.mesh->group(axes), std::span(sums), reduction::sum);
+}
+
+/// How many values each channel's statistics are over: the whole batch's.
+inline double statistics_count(const node_shards& s) {
+    const auto& global = s.operands[0].global;
+    double count = 1;
+    for (std::size_t d = 0; d < global.size(); ++d)
+        if (d != 1)
+            count *= double(global[d]);
+    return count;
 }
 
 /// The mean and 1 / sqrt(var + eps) per channel of the whole batch (two passes: the mean,
@@ -394,7 +406,7 @@ void batch_total(const node_shards& s, std::vector<T>& sums) {
 template <class T>
 std::pair<std::vector<T>, std::vector<T>> batch_moments(const node_shards& s, const T* a) {
     const channel_geometry g(s.operands[0].local);
-    const double count = double(s.operands[0].global[0]) * double(g.hw);
+    const double count = statistics_count(s);
     auto mean = local_channel_sums<T>(
         g, [](auto x) { return x; },
         [&](std::size_t e, std::size_t) {
@@ -491,7 +503,7 @@ void batch_norm_vjp(const vjp_args& v) {
     if (!dx)
         return;
     batch_total(s, sums); // the whole batch's sum g and sum g h, over gamma
-    const double count = double(s.operands[0].global[0]) * double(g.hw);
+    const double count = statistics_count(s);
     // dx = dy k + x b + c per channel: k = inv gamma, b = -inv gamma mean(dy h) inv, and
     // c = -inv gamma mean(dy) - mean b.
     std::vector<T> k(g.c), b(g.c), c(g.c);
