@@ -48,6 +48,12 @@
 //       (1, p) (the MLP 1024 -> 4096 -> 1024 of batch 64 and the transformer block above;
 //       ResNet-18 on 32 images of 32 x 32 has data parallelism only). Extra fields: the
 //       mesh searched, each hand strategy's seconds, and predicted / measured steps.
+//   searched_resnet18_one_image_<p>: the same training step of ResNet-18 on one image of
+//       224 x 224, laid out by the search over p ranks (a batch of one splits nowhere: the
+//       search splits the images' height and width into bands with halos, or their
+//       channels), against the one-rank step of the same program ("one_rank", every rank
+//       running it at once). Extra fields: the convolutions split by height or width, and
+//       predicted / measured.
 
 #include "harness.hpp"
 
@@ -575,6 +581,50 @@ void searched_cases(const xshard::bench::options& o) {
     }
 }
 
+void one_image_case(const xshard::bench::options& o) {
+    const auto& world = xshard::communicator::world();
+    const int ranks = world.size();
+    const std::string name = "searched_resnet18_one_image_" + std::to_string(ranks);
+    if (!o.wants(name))
+        return;
+    const std::size_t side = o.quick ? 64 : 224;
+    const auto p = xshard::trace(
+        [&](xshard::traced_tensor in, xshard::traced_tensor labels) {
+            return ops::mean<0>(ops::cross_entropy(
+                xshard::models::resnet(in, xshard::models::resnet18_depths, 10), labels));
+        },
+        xshard::input<float>("x", {1, 3, side, side}), xshard::input<std::int64_t>("y", {1}));
+    const auto machine = xshard::measure_machine<float>(world);
+    const mesh_t mesh(world, {1, ranks}), one(xshard::communicator::self(), {1, 1});
+    const auto found =
+        xshard::search_program(p, mesh.shape(), {.machine = machine, .keep_annotations = false});
+    std::size_t spatial = 0;
+    for (const auto& n : found.nodes)
+        if (n.op == "conv2d" &&
+            (n.layouts.operands[0].is_split(2) || n.layouts.operands[0].is_split(3)))
+            ++spatial;
+    auto searched_program = p;
+    found.apply(searched_program);
+    auto searched = xshard::compile<float>(searched_program, mesh, {.seed = 1});
+    auto alone = xshard::compile<float>(p, one, {.seed = 1});
+    std::mt19937 engine(9);
+    const xt::xtensor<float, 4> x =
+        xt::random::rand<float>(std::array<std::size_t, 4>{1, 3, side, side}, -1.f, 1.f, engine);
+    const xt::xtensor<std::int64_t, 1> y = {3};
+    auto inputs = [&](const mesh_t& m) {
+        return std::pair{xshard::distribute<xshard::dynamic_layout(4)>(m, x, "[-, -, -, -]"),
+                         xshard::distribute<xshard::dynamic_layout(1)>(m, y, "[-]")};
+    };
+    const auto in = inputs(mesh), in_one = inputs(one);
+    const auto t = xshard::bench::compare(
+        world, o, [&] { train_step(searched, in.first, in.second); },
+        [&] { train_step(alone, in_one.first, in_one.second); });
+    xshard::bench::report(
+        world, name, x.size() * sizeof(float), "one_rank", t,
+        "\"spatial_convs\": " + std::to_string(spatial) +
+            ", \"predicted_over_measured\": " + std::to_string(found.seconds / t.seconds));
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -595,6 +645,7 @@ int main(int argc, char** argv) {
         resnet50_compile_case(data, o);
         dispatch_case(mesh, o);
         searched_cases(o);
+        one_image_case(o);
         if (xshard::communicator::world().rank() == 0)
             search_cases(o);
         return 0;
