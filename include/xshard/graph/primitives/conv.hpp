@@ -253,11 +253,15 @@ inline layout_choice conv2d_layouts(const op_attributes& at, std::span<const ope
         x.dims[1] = w.dims[0] = w.dims[1] = {};
     // Height and width stay split where halos serve them and the weight's channels use
     // other axes; otherwise they are taken whole.
-    if (!halos_serve(x, ops[0].shape, conv_windows(conv_geometry(at, ops[0].shape, ops[1].shape)),
-                     mesh) ||
-        conv2d_rule(x, w, groups).problem == conv_problem::axis_conflict)
-        x.dims[2] = x.dims[3] = {};
-    const auto r = conv2d_rule(x, w, groups);
+    auto r = conv2d_rule(x, w, groups);
+    if (!x.dims[2].empty() || !x.dims[3].empty()) {
+        if (r.problem == conv_problem::axis_conflict ||
+            !halos_serve(x, ops[0].shape,
+                         conv_windows(conv_geometry(at, ops[0].shape, ops[1].shape)), mesh)) {
+            x.dims[2] = x.dims[3] = {};
+            r = conv2d_rule(x, w, groups);
+        }
+    }
     // The input takes the weight's input-channel split (a mismatch is an edge's move).
     if (r.problem != conv_problem::none && r.problem != conv_problem::channel_mismatch) {
         try {
