@@ -153,7 +153,7 @@ struct layout {
     constexpr axis_set split_axes(std::size_t d, const mesh_shape& mesh) const {
         axis_set s;
         for (const auto& a : dims[d])
-            s = s.with(mesh.index(a.view()));
+            s = s.with(mesh.index(a));
         return s;
     }
 
@@ -169,7 +169,7 @@ struct layout {
     constexpr axis_set partial_axes(const mesh_shape& mesh) const {
         axis_set s;
         for (const auto& a : partial)
-            s = s.with(mesh.index(a.view()));
+            s = s.with(mesh.index(a));
         return s;
     }
 
@@ -188,7 +188,7 @@ struct layout {
     constexpr int block_index(std::size_t d, const mesh_shape& mesh, const mesh_coords& c) const {
         int b = 0;
         for (const auto& a : dims[d]) {
-            const auto i = mesh.index(a.view());
+            const auto i = mesh.index(a);
             b = b * mesh.sizes[i] + c[i];
         }
         return b;
@@ -386,3 +386,30 @@ constexpr layout layout::parse(std::string_view text) {
 }
 
 } // namespace xshard
+
+/// Hashes layouts consistently with `==`: the partial axes in any order, the reduction only
+/// where some axis is partial.
+template <>
+struct std::hash<xshard::layout> {
+    std::size_t operator()(const xshard::layout& l) const noexcept {
+        const auto name = [](const xshard::axis_name& a) {
+            return std::hash<std::string_view>{}(a.view());
+        };
+        std::size_t h = l.dynamic ? 0x9e3779b97f4a7c15ULL : 0;
+        const auto mix = [&](std::size_t x) {
+            h ^= x + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+        };
+        for (const auto& d : l.dims) {
+            mix(d.size());
+            for (const auto& a : d)
+                mix(name(a));
+        }
+        std::size_t partial = 0; // commutative: partial axes in any order
+        for (const auto& a : l.partial)
+            partial += name(a);
+        mix(partial);
+        if (!l.partial.empty())
+            mix(std::size_t(l.op));
+        return h;
+    }
+};

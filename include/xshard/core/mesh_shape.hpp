@@ -7,6 +7,7 @@
 #include <xshard/core/axis.hpp>
 #include <xshard/core/static_vector.hpp>
 
+#include <concepts>
 #include <cstddef>
 #include <limits>
 #include <optional>
@@ -153,6 +154,15 @@ struct mesh_shape {
             return *i;
         throw std::invalid_argument("xshard: the mesh " + to_string() + " has no axis '" +
                                     std::string(name) + "'");
+    }
+
+    /// `index` of an axis name held as one: the whole names compare, without measuring them.
+    template <std::same_as<axis_name> A>
+    constexpr std::size_t index(const A& name) const {
+        for (std::size_t i = 0; i < names.size(); ++i)
+            if (names[i] == name)
+                return i;
+        return index(name.view());
     }
 
     /// The size of the axis called `name`.

@@ -101,7 +101,7 @@ std::vector<int> ranks_holding(const layout& l, const mesh_shape& mesh,
         const auto& axes = l.axes(d);
         auto block = block_holding(shape[d], std::size_t(l.split_count(d, mesh)), index[d]);
         for (std::size_t j = axes.size(); j-- > 0;) {
-            const auto a = mesh.index(axes[j].view());
+            const auto a = mesh.index(axes[j]);
             c[a] = int(block % std::size_t(mesh.sizes[a]));
             block /= std::size_t(mesh.sizes[a]);
         }

@@ -701,7 +701,7 @@ private:
 
         static bool holds_term(const layout& l, const mesh_shape& ms, const mesh_coords& c) {
             for (const auto& a : l.partial)
-                if (c[ms.index(a.view())] != 0)
+                if (c[ms.index(a)] != 0)
                     return false;
             return true;
         }

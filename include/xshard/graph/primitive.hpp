@@ -249,7 +249,7 @@ inline layout cotangent_layout(const layout& l, const mesh_shape& mesh) {
     layout out = d;
     out.partial.clear();
     for (const auto& a : d.partial)
-        if (mesh.sizes[mesh.index(a.view())] > 1)
+        if (mesh.sizes[mesh.index(a)] > 1)
             out.partial.push_back(a);
     if (out.partial.empty())
         out.op = reduction::sum;

@@ -59,7 +59,7 @@ public:
         whole.partial.clear();
         const auto& ms = dy_in.mesh().shape();
         for (const auto& a : dy_in.layout().partial)
-            if (!spatial_axes_.contains(ms.index(a.view())))
+            if (!spatial_axes_.contains(ms.index(a)))
                 whole.partial.push_back(a);
         if (whole.partial.empty())
             whole.op = reduction::sum;

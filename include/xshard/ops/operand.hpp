@@ -102,7 +102,7 @@ auto prepare(const D& t, const layout& to, bool may_redistribute, const char* op
             const auto c = mesh.coords(t.mesh().rank());
             for (const auto& a : to.partial)
                 if (!from.partial.contains(a))
-                    term = term && c[mesh.index(a.view())] == 0;
+                    term = term && c[mesh.index(a)] == 0;
         }
         if (!term)
             p.owned.fill(T{});

@@ -29,7 +29,7 @@ inline layout without_unit_sums(const layout& l, const mesh_shape& mesh) {
     layout out = l;
     out.partial.clear();
     for (const auto& a : l.partial)
-        if (mesh.sizes[mesh.index(a.view())] > 1)
+        if (mesh.sizes[mesh.index(a)] > 1)
             out.partial.push_back(a);
     if (out.partial.empty())
         out.op = reduction::sum;

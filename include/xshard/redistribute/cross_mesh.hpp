@@ -278,7 +278,7 @@ private:
             return true;
         const auto c = dst_.shape.coords(j);
         for (const auto& a : to_.partial)
-            if (c[dst_.shape.index(a.view())] != 0)
+            if (c[dst_.shape.index(a)] != 0)
                 return false;
         return true;
     }

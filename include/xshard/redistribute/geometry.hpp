@@ -11,6 +11,7 @@
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/partition.hpp>
+#include <xshard/core/static_vector.hpp>
 #include <xshard/redistribute/copy.hpp>
 #include <xshard/redistribute/cost_model.hpp>
 #include <xshard/redistribute/planner.hpp>
@@ -131,7 +132,7 @@ step_geometry<N> geometry_of(const step& s, const mesh_shape& mesh,
         const auto c = mesh.coords(rank);
         if (s.to.op == reduction::sum)
             for (const auto& a : s.axes)
-                g.holds_term = g.holds_term && c[mesh.index(a.view())] == 0;
+                g.holds_term = g.holds_term && c[mesh.index(a)] == 0;
         break;
     }
     case step_kind::reduce_scatter: {
@@ -340,45 +341,94 @@ plan_summary summarize(const step_list& steps, const mesh_shape& mesh,
     return p;
 }
 
-/// The candidate a plan runs: the cheapest valid one for the slowest rank among those
-/// whose peak extra memory stays within one destination block (the cheapest valid one if
-/// none does). Every rank computes the same choice from the same data. Returns its index
-/// in `c.paths`.
-template <std::size_t N>
-std::size_t choose_candidate(const plan_candidates& c, const mesh_shape& mesh,
-                             const std::array<std::size_t, N>& shape, std::size_t element,
-                             const cost_model& model, const reduce_tuning& tuning = {}) {
-    // Price on every rank of small meshes, on a sample of large ones.
+/// What a candidate costs on a set of ranks: the slowest rank's seconds for the whole
+/// candidate, the sum over its steps of the slowest rank's seconds for that step (a route's
+/// price, route.hpp), whether it is valid on every rank, and whether every rank's peak extra
+/// memory stays within its destination block (or 64 KiB).
+struct candidate_price {
+    double slowest_rank = 0;
+    double step_by_step = 0;
+    bool valid = true;
+    bool fits = true;
+};
+
+namespace detail {
+
+/// The ranks `choose_candidate` prices on: every rank of a mesh of at most 256, else a
+/// stride of 64 ranks.
+inline std::vector<int> candidate_ranks(const mesh_shape& mesh) {
     std::vector<int> ranks;
     const int p = mesh.size();
     const int stride = p <= 256 ? 1 : p / 64;
     for (long long r = 0; r < p; r += stride) // long long: r + stride may pass INT_MAX
         ranks.push_back(int(r));
+    return ranks;
+}
+
+} // namespace detail
+
+/// The prices of `c`'s candidates on `ranks`, one `summarize` per candidate and rank.
+template <std::size_t N>
+static_vector<candidate_price, 3>
+price_candidates(const plan_candidates& c, const mesh_shape& mesh,
+                 const std::array<std::size_t, N>& shape, std::size_t element,
+                 const std::vector<int>& ranks, const cost_model& model,
+                 const reduce_tuning& tuning = {}) {
+    static_vector<candidate_price, 3> prices;
+    std::vector<double> step_worst;
+    for (const auto& path : c.paths) {
+        candidate_price price;
+        step_worst.assign(path.size(), 0);
+        for (int r : ranks) {
+            const auto s = summarize(path, mesh, shape, element, r, model, tuning);
+            price.valid = price.valid && s.valid;
+            price.fits = price.fits &&
+                         s.peak_extra_bytes <= std::max(s.destination_bytes, std::size_t(1) << 16);
+            price.slowest_rank = std::max(price.slowest_rank, s.seconds);
+            for (std::size_t k = 0; k < s.steps.size(); ++k)
+                step_worst[k] = std::max(step_worst[k], s.steps[k].seconds);
+        }
+        for (const double w : step_worst)
+            price.step_by_step += w;
+        prices.push_back(price);
+    }
+    return prices;
+}
+
+/// The candidate a plan runs, given its candidates' prices: the cheapest valid one for the
+/// slowest rank among those that fit (the cheapest valid one if none does). Returns its
+/// index; throws `error` if none is valid.
+inline std::size_t pick_candidate(const static_vector<candidate_price, 3>& prices) {
     std::size_t best = 0;
     bool best_fits = false;
     double best_seconds = std::numeric_limits<double>::infinity();
-    for (std::size_t i = 0; i < c.paths.size(); ++i) {
-        double worst = 0;
-        bool valid = true, fits = true;
-        for (int r : ranks) {
-            const auto s = summarize(c.paths[i], mesh, shape, element, r, model, tuning);
-            valid = valid && s.valid;
-            fits =
-                fits && s.peak_extra_bytes <= std::max(s.destination_bytes, std::size_t(1) << 16);
-            worst = std::max(worst, s.seconds);
-        }
-        if (!valid)
+    for (std::size_t i = 0; i < prices.size(); ++i) {
+        const auto& p = prices[i];
+        if (!p.valid)
             continue;
-        const bool better = (fits && !best_fits) || (fits == best_fits && worst < best_seconds);
+        const bool better =
+            (p.fits && !best_fits) || (p.fits == best_fits && p.slowest_rank < best_seconds);
         if (better) {
             best = i;
-            best_fits = fits;
-            best_seconds = worst;
+            best_fits = p.fits;
+            best_seconds = p.slowest_rank;
         }
     }
-    if (best_seconds == std::numeric_limits<double>::infinity() && !c.paths.empty())
+    if (best_seconds == std::numeric_limits<double>::infinity() && !prices.empty())
         throw error("xshard: no valid redistribution plan (a bug)");
     return best;
+}
+
+/// The candidate a plan runs: the cheapest valid one for the slowest rank among those
+/// whose peak extra memory stays within one destination block (the cheapest valid one if
+/// none does), priced on `detail::candidate_ranks`. Every rank computes the same choice
+/// from the same data. Returns its index in `c.paths`.
+template <std::size_t N>
+std::size_t choose_candidate(const plan_candidates& c, const mesh_shape& mesh,
+                             const std::array<std::size_t, N>& shape, std::size_t element,
+                             const cost_model& model, const reduce_tuning& tuning = {}) {
+    return pick_candidate(
+        price_candidates(c, mesh, shape, element, detail::candidate_ranks(mesh), model, tuning));
 }
 
 /// Prints a plan summary: one line per step (name, communicator, bytes, memory, time).

@@ -104,12 +104,8 @@ inline std::vector<int> corner_ranks(const mesh_shape& mesh) {
 /// The ranks a plan is priced on: every rank of a mesh of at most 256; on larger ones a stride
 /// of 64 ranks (choose_candidate's) and the corner ranks. Every rank works out the same list.
 inline std::vector<int> priced_ranks(const mesh_shape& mesh) {
-    std::vector<int> ranks;
-    const int p = mesh.size();
-    const int stride = p <= 256 ? 1 : p / 64;
-    for (long long r = 0; r < p; r += stride) // long long: r + stride may pass INT_MAX
-        ranks.push_back(int(r));
-    if (p <= 256)
+    auto ranks = candidate_ranks(mesh);
+    if (mesh.size() <= 256)
         return ranks;
     const auto corners = corner_ranks(mesh);
     ranks.insert(ranks.end(), corners.begin(), corners.end());
@@ -343,7 +339,7 @@ struct arc_prices {
 };
 
 /// The arc prices of `graph` for a tensor of global `shape` and `element` bytes on `mesh`,
-/// priced on `ranks` under `model` and `tuning`. Cached per thread (at most 32 tensors; the
+/// priced on `ranks` under `model` and `tuning`. Cached per thread (at most 128 tensors; the
 /// least recently used go first).
 template <std::size_t N>
 arc_prices& arc_prices_of(const std::shared_ptr<const route_graph>& graph, const mesh_shape& mesh,
@@ -368,7 +364,7 @@ arc_prices& arc_prices_of(const std::shared_ptr<const route_graph>& graph, const
         std::rotate(hit, hit + 1, cache.end());
         return *cache.back().second;
     }
-    if (cache.size() == 32)
+    if (cache.size() == 128)
         cache.erase(cache.begin());
     auto prices = std::make_unique<arc_prices>();
     prices->out.resize(graph->out.size());
@@ -584,12 +580,20 @@ priced_route choose_route(const plan_candidates& c, const mesh_shape& mesh,
         return choose_route(r, reduced, shape, element, model, tuning, priced);
     }
     const auto ranks = priced.empty() ? detail::priced_ranks(mesh) : priced;
-    const auto pick = choose_candidate(c, mesh, shape, element, model, tuning);
-    auto best = price_route(c.paths[pick], mesh, shape, element, ranks, model, tuning);
-    for (const auto& path : c.paths) {
-        const auto p = price_route(path, mesh, shape, element, ranks, model, tuning);
+    // The candidates are priced once on choose_candidate's ranks; where those are the ranks
+    // priced here (every mesh of at most 256 ranks), the same summaries give the routes'.
+    const auto chosen_on = detail::candidate_ranks(mesh);
+    const auto prices = price_candidates(c, mesh, shape, element, chosen_on, model, tuning);
+    const auto priced_path = [&](std::size_t i) {
+        if (ranks == chosen_on)
+            return priced_route{c.paths[i], prices[i].step_by_step, prices[i].valid};
+        return price_route(c.paths[i], mesh, shape, element, ranks, model, tuning);
+    };
+    auto best = priced_path(pick_candidate(prices));
+    for (std::size_t i = 0; i < c.paths.size(); ++i) {
+        auto p = priced_path(i);
         if (p.valid && detail::preferred(p, best))
-            best = p;
+            best = std::move(p);
     }
     const auto route = cheapest_route(c.from, c.to, mesh, shape, element, model, tuning,
                                       best.seconds * (1 + 1e-12), ranks);

@@ -89,7 +89,7 @@ constexpr std::size_t saturating_add(std::size_t a, std::size_t b) {
 inline axis_set axes_of(const mesh_shape& mesh, const dim_axes& names) {
     axis_set s;
     for (const auto& a : names)
-        s = s.with(mesh.index(a.view()));
+        s = s.with(mesh.index(a));
     return s;
 }
 
@@ -158,7 +158,7 @@ inline block_digits digits_of(const layout& l, std::size_t d, const mesh_shape& 
                               const mesh_coords& c, axis_set group) {
     block_digits b;
     for (const auto& a : l.axes(d)) {
-        const auto i = mesh.index(a.view());
+        const auto i = mesh.index(a);
         b.radix.push_back(std::size_t(mesh.sizes[i]));
         b.fixed.push_back(group.contains(i) ? block_digits::free : std::size_t(c[i]));
     }
@@ -313,7 +313,7 @@ step_traffic<N> traffic_of(const step& s, const mesh_shape& mesh,
         t.kept = t.out_block;
         if (s.to.op == reduction::sum)
             for (const auto& a : s.axes)
-                t.holds_term = t.holds_term && c[mesh.index(a.view())] == 0;
+                t.holds_term = t.holds_term && c[mesh.index(a)] == 0;
         break;
     case step_kind::reduce_scatter: {
         // Every member's piece (its destination block) goes to that member, whole.

@@ -65,6 +65,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -1089,7 +1090,7 @@ private:
     double price(const layout& from, const layout& to, const value_shape& shape, dtype t) const {
         if (from == to)
             return 0;
-        auto key = std::make_tuple(from.to_string(), to.to_string(), shape, t);
+        price_key key{from, to, shape, t};
         if (auto it = prices_.find(key); it != prices_.end())
             return it->second;
         auto it = pricers_.find(element_bytes(t));
@@ -1108,8 +1109,7 @@ private:
     static double priced(const redistribution_pricer& pricer, const layout& from, const layout& to,
                          const value_shape& shape, std::index_sequence<N...>) {
         double s = 0;
-        ((shape.size() == N ? (s = pricer.direct(from, to, to_array<N>(shape)).seconds, 0) : 0),
-         ...);
+        ((shape.size() == N ? (s = pricer.seconds(from, to, to_array<N>(shape)), 0) : 0), ...);
         return s;
     }
 
@@ -1283,7 +1283,22 @@ private:
     std::vector<std::size_t> representative_;
     std::vector<repeated_block> repeated_;
     mutable std::map<std::size_t, redistribution_pricer> pricers_;
-    mutable std::map<std::tuple<std::string, std::string, value_shape, dtype>, double> prices_;
+    /// A redistribution the search has priced: its layouts, the value's shape and type.
+    struct price_key {
+        layout from, to;
+        value_shape shape;
+        dtype type;
+        bool operator==(const price_key&) const = default;
+    };
+    struct price_key_hash {
+        std::size_t operator()(const price_key& k) const noexcept {
+            std::size_t h = std::hash<layout>{}(k.from) * 31 + std::hash<layout>{}(k.to);
+            for (const auto e : k.shape)
+                h = h * 1000003 + e;
+            return h * 7 + std::size_t(k.type);
+        }
+    };
+    mutable std::unordered_map<price_key, double, price_key_hash> prices_;
 };
 
 } // namespace detail

@@ -51,6 +51,18 @@ public:
         return price_of(planned(from, to, shape), shape);
     }
 
+    /// The seconds of `direct` without its bytes: the price `choose_route` computes as it
+    /// chooses, so nothing is priced twice.
+    template <std::size_t N>
+    double seconds(const layout& from, const layout& to,
+                   const std::array<std::size_t, N>& shape) const {
+        if (from == to)
+            return 0;
+        return choose_route(plan_redistribution(from, to), mesh_, shape, element_, model_, {},
+                            ranks_)
+            .seconds;
+    }
+
     /// The steps of the planner's route `from` -> `to`.
     template <std::size_t N>
     step_list planned(const layout& from, const layout& to,

@@ -33,7 +33,7 @@ inline bool holds_term(const layout& l, const mesh_shape& mesh, const mesh_coord
     if (l.op != reduction::sum)
         return true;
     for (const auto& a : l.partial)
-        if (c[mesh.index(a.view())] != 0)
+        if (c[mesh.index(a)] != 0)
             return false;
     return true;
 }
