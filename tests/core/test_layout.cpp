@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <functional>
 #include <set>
 #include <string>
 
@@ -120,6 +121,29 @@ TEST(layout, notation_round_trips_for_every_layout) {
     }
     EXPECT_EQ(layout("[(dp,mp), -] partial(sum: sp, tp)").to_string(),
               "[(dp,mp), -] partial(sum: sp, tp)");
+}
+
+TEST(layout, equal_layouts_hash_alike_and_the_hash_tells_most_apart) {
+    const std::hash<layout> hash;
+    EXPECT_EQ(hash(layout("[dp, -] partial(sum: sp, tp)")),
+              hash(layout("[dp, -] partial(sum: tp, sp)")));
+    EXPECT_EQ(hash(layout("[dp, -]")), hash(layout::parse("[dp, -]")));
+    // The reduction counts only where some axis is partial, as for ==.
+    layout a("[dp, -]"), b("[dp, -]");
+    b.op = xshard::reduction::max;
+    ASSERT_EQ(a, b);
+    EXPECT_EQ(hash(a), hash(b));
+    // Every layout of rank 0 to 3 on a mesh of three axes (456): equal hashes are rare.
+    const auto m = mesh_shape::parse("a=2,b=2,c=2");
+    std::set<std::size_t> hashes;
+    std::size_t layouts = 0;
+    for (std::size_t rank = 0; rank <= 3; ++rank)
+        for (const auto& l : xshard::testing::all_layouts(m, rank, true)) {
+            hashes.insert(hash(l));
+            ++layouts;
+        }
+    EXPECT_GT(layouts, 400u);
+    EXPECT_GE(hashes.size() * 100, layouts * 99) << hashes.size() << " of " << layouts;
 }
 
 TEST(layout, malformed_notation_is_rejected_with_a_reason) {
