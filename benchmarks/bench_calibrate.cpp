@@ -1,8 +1,9 @@
 // Calibrates the cost model of redistribution plans on this machine, at the world size it
 // runs on. For each kind of step it times a plan at a tiny and a large size (one JSON line
 // each: measured seconds against the default model's prediction, ratio = measured /
-// predicted), fits latency and bandwidth from the two, and prints the fitted cost_model on
-// stderr, ready to paste into include/xshard/redistribute/cost_model.hpp. The message links
+// predicted), fits latency and bandwidth from the two (xshard::calibrate_links, which
+// measure_machine runs too), and prints the fitted cost_model on stderr, ready to paste into
+// include/xshard/redistribute/cost_model.hpp. The message links
 // are timed with the shared-memory transport off; the `shared_memory` link (when the ranks
 // share a node) with it on. The all_reduce link is MPI_Allreduce's (the pairwise all-reduce
 // is priced by the reduce_scatter and all_gather links); the reduce_scatter link is the
@@ -19,6 +20,7 @@
 #include "harness.hpp"
 
 #include <xshard/core.hpp>
+#include <xshard/search/calibrate.hpp>
 #include <xshard/tensor.hpp>
 
 #include <cstdio>
@@ -29,114 +31,53 @@
 namespace bench = xshard::bench;
 using mesh_1d = xshard::mesh<"x">;
 
-namespace {
-
-struct measured {
-    double seconds;
-    xshard::plan_summary summary;
-    std::size_t global_bytes;
-};
-
-template <xshard::layout From, xshard::layout To>
-measured time_plan(const mesh_1d& m, const bench::options& o, std::size_t elements,
-                   const xshard::cost_model& model = {}, const xshard::reduce_tuning& tuning = {
-                       .shared_memory_min_bytes = SIZE_MAX}) {
-    std::array<std::size_t, From.rank()> shape{};
-    shape.fill(1);
-    shape[0] = std::size_t(m.size());
-    shape[From.rank() - 1] *= elements / std::size_t(m.size()); // rank 1: elements; rank 2: p x n/p
-    auto src = xshard::full<double, From>(m, shape, 1.0);
-    auto plan = xshard::make_redistribution<To>(src, To, model, tuning);
-    auto dst = plan(src);
-    std::vector<double> t;
-    for (int r = 0; r < o.reps; ++r)
-        t.push_back(bench::time_batch(
-            m.comm(), [&] { plan.execute_unchecked(src, dst); }, elements < 1024 ? 200 : 1));
-    return {bench::median(t), plan.plan().summary(), src.size() * sizeof(double)};
-}
-
-} // namespace
-
 int main(int argc, char** argv) {
     xshard::environment env(argc, argv);
     const auto o = bench::options::parse(argc, argv);
     const mesh_1d m({xshard::auto_size});
     const std::size_t small = std::size_t(m.size()), large = o.quick ? 1u << 16 : 8u << 20;
 
-    // Local copies: the `copy` term.
-    std::vector<char> a(large * 8, 1), b(large * 8);
-    std::vector<double> ct;
-    for (int r = 0; r < o.reps; ++r)
-        ct.push_back(bench::time_batch(
-            m.comm(), [&] { std::memcpy(b.data(), a.data(), a.size()); }, 1));
-    xshard::cost_model fitted;
-    fitted.copy = bench::median(ct) / double(a.size());
-
-    auto fit = [&](const char* name, xshard::link_cost& into, const measured& tiny,
-                   const measured& big) {
-        for (const auto* x : {&tiny, &big})
-            bench::report(m.comm(), std::string("calibrate_") + name, x->global_bytes, "cost_model",
-                          {x->seconds, x->summary.seconds});
-        // t = alpha * messages + beta * bytes + copy * copied, from the two sizes.
-        auto terms = [](const measured& x) {
-            std::size_t messages = 0, bytes = 0, copied = 0;
-            for (const auto& s : x.summary.steps) {
-                messages += s.messages;
-                bytes += std::max(s.bytes_sent, s.bytes_received);
-                copied += s.bytes_copied;
-            }
-            return std::array<double, 3>{double(messages), double(bytes), double(copied)};
+    // The message links (xshard::calibrate_links: the fastest of o.reps runs each).
+    const auto links =
+        xshard::calibrate_links(m.comm(), {}, {.elements = large, .repeats = std::max(o.reps, 1)});
+    for (const auto& x : links.points)
+        bench::report(m.comm(), "calibrate_" + x.kind, x.bytes, "cost_model",
+                      {x.seconds, x.predicted});
+    xshard::cost_model fitted = links.links;
+    // The shared-memory path (when the ranks share a node): one all-to-all step, tiny and
+    // large, through the windows; alpha per step, beta per byte staged or read.
+    const auto node = xshard::cost_model{}.on_node(m.comm());
+    if (node.node_local) {
+        const xshard::reduce_tuning shared{.shared_memory_min_bytes = 0};
+        const auto timed = [&](std::size_t n) {
+            return xshard::detail::time_link_plan<"[x, -]", "[-, x]">(m, n, node, shared,
+                                                                      std::max(o.reps, 1));
         };
-        const auto t0 = terms(tiny), t1 = terms(big);
-        const double rest0 = tiny.seconds - fitted.copy * t0[2];
-        const double rest1 = big.seconds - fitted.copy * t1[2];
-        into.alpha = t0[0] > 0 ? std::max(0.0, rest0 / t0[0]) : into.alpha;
-        into.beta = t1[1] > 0 ? std::max(0.0, (rest1 - into.alpha * t1[0]) / t1[1]) : into.beta;
-    };
-    fit("all_gather", fitted.all_gather, time_plan<"[x]", "[-]">(m, o, small),
-        time_plan<"[x]", "[-]">(m, o, large));
-    fit("all_to_all", fitted.all_to_all, time_plan<"[x, -]", "[-, x]">(m, o, small),
-        time_plan<"[x, -]", "[-, x]">(m, o, large));
-    // exchange: the same movement as all_to_all, named by the planner when several axes move;
-    // on a 1-D mesh it is priced like all_to_all.
-    fitted.exchange = fitted.all_to_all;
+        const auto tiny = timed(small), big = timed(large);
+        for (const auto* x : {&tiny, &big})
+            bench::report(m.comm(), "calibrate_shared_memory", x->bytes, "cost_model",
+                          {x->seconds, x->plan.seconds});
+        auto bytes_copied = [](const xshard::plan_summary& x, bool moved) {
+            std::size_t n = 0;
+            for (const auto& s : x.steps)
+                n += moved ? std::max(s.bytes_sent, s.bytes_received) : s.bytes_copied;
+            return double(n);
+        };
+        const double steps = double(big.plan.steps.size());
+        fitted.shared_memory.alpha =
+            std::max(0.0, (tiny.seconds - fitted.copy * bytes_copied(tiny.plan, false)) /
+                              double(tiny.plan.steps.size()));
+        fitted.shared_memory.beta =
+            std::max(0.0, (big.seconds - fitted.copy * bytes_copied(big.plan, false) -
+                           fitted.shared_memory.alpha * steps) /
+                              bytes_copied(big.plan, true));
+    }
     const xshard::reduce_tuning pairwise{.min_piece_bytes = 0,
                                          .shared_memory_min_bytes = SIZE_MAX,
                                          .reduce_scatter_min_piece_bytes = 0};
     const xshard::reduce_tuning through_mpi{.min_piece_bytes = SIZE_MAX,
                                             .shared_memory_min_bytes = SIZE_MAX,
                                             .reduce_scatter_min_piece_bytes = SIZE_MAX};
-    fit("reduce_scatter", fitted.reduce_scatter,
-        time_plan<"[-] partial(sum: x)", "[x]">(m, o, small, {}, pairwise),
-        time_plan<"[-] partial(sum: x)", "[x]">(m, o, large, {}, pairwise));
-    fit("all_reduce", fitted.all_reduce,
-        time_plan<"[-] partial(sum: x)", "[-]">(m, o, small, {}, through_mpi),
-        time_plan<"[-] partial(sum: x)", "[-]">(m, o, large, {}, through_mpi));
-    // The shared-memory path (when the ranks share a node): one all-to-all step, tiny and
-    // large, through the windows; alpha per step, beta per byte staged or read.
-    const auto node = xshard::cost_model{}.on_node(m.comm());
-    if (node.node_local) {
-        const xshard::reduce_tuning shared{.shared_memory_min_bytes = 0};
-        const auto tiny = time_plan<"[x, -]", "[-, x]">(m, o, small, node, shared);
-        const auto big = time_plan<"[x, -]", "[-, x]">(m, o, large, node, shared);
-        for (const auto* x : {&tiny, &big})
-            bench::report(m.comm(), "calibrate_shared_memory", x->global_bytes, "cost_model",
-                          {x->seconds, x->summary.seconds});
-        auto bytes_copied = [](const measured& x, bool moved) {
-            std::size_t n = 0;
-            for (const auto& s : x.summary.steps)
-                n += moved ? std::max(s.bytes_sent, s.bytes_received) : s.bytes_copied;
-            return double(n);
-        };
-        const double steps = double(big.summary.steps.size());
-        fitted.shared_memory.alpha =
-            std::max(0.0, (tiny.seconds - fitted.copy * bytes_copied(tiny, false)) /
-                              double(tiny.summary.steps.size()));
-        fitted.shared_memory.beta =
-            std::max(0.0, (big.seconds - fitted.copy * bytes_copied(big, false) -
-                           fitted.shared_memory.alpha * steps) /
-                              bytes_copied(big, true));
-    }
     // The crossovers: per piece size, each reduction through the pairwise path against MPI.
     auto crossover = [&]<xshard::layout To>(const char* name) {
         std::vector<std::size_t> pieces;

@@ -631,6 +631,45 @@ TEST(searched_mlp, engines_price_with_the_machine_measured_or_set) {
     EXPECT_EQ(roomy.step_seconds, fast_plan.step_seconds);
 }
 
+TEST(machine, links_are_fitted_on_the_ranks_and_agree) {
+    const auto m = world_meshes().back();
+    const cost_model base{};
+    const auto fit = calibrate_links(m.comm(), base, {.elements = 1 << 14, .repeats = 2});
+    // measure_machine asked not to fit them keeps the links it is given.
+    const auto kept = measure_machine<double>(
+        m.comm(), {}, {.rows = 8, .in = 16, .out = 16, .elements = 1 << 10, .fit_links = false});
+    EXPECT_EQ(kept.links, base);
+    if (m.size() == 1) { // nothing moves on one rank
+        EXPECT_EQ(fit.links, base);
+        EXPECT_TRUE(fit.points.empty());
+        return;
+    }
+    // A tiny and a large plan per kind, timed and priced.
+    ASSERT_EQ(fit.points.size(), 8u);
+    for (const auto& x : fit.points) {
+        EXPECT_TRUE(std::isfinite(x.seconds) && x.seconds > 0) << x.kind;
+        EXPECT_TRUE(std::isfinite(x.predicted) && x.predicted > 0) << x.kind;
+        EXPECT_GT(x.bytes, 0u) << x.kind;
+    }
+    EXPECT_LT(fit.points[0].bytes, fit.points[1].bytes);
+    // Finite, non-negative, and the same on every rank.
+    const auto& l = fit.links;
+    std::vector<double> v{l.copy};
+    for (const auto* c :
+         {&l.all_gather, &l.all_to_all, &l.exchange, &l.reduce_scatter, &l.all_reduce}) {
+        v.push_back(c->alpha);
+        v.push_back(c->beta);
+    }
+    for (double x : v)
+        EXPECT_TRUE(std::isfinite(x) && x >= 0) << x;
+    EXPECT_GT(l.copy, 0);
+    std::vector<double> low = v, high = v;
+    xshard::mpi::allreduce(m.comm(), std::span(low), reduction::min);
+    xshard::mpi::allreduce(m.comm(), std::span(high), reduction::max);
+    EXPECT_EQ(low, high) << "a fitted link differs between ranks";
+    EXPECT_EQ(l.exchange, l.all_to_all);
+}
+
 // --- the searched transformer: any chain the search can choose trains as one rank ---------------
 
 using transformer_t = searched_transformer<double, mesh_t>;

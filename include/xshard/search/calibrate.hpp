@@ -1,31 +1,39 @@
 #pragma once
 /// \file
-/// The machine figures the strategy search prices computation with, measured on the ranks
-/// that will run: one rank's GEMM speed (`machine_model::gemm_flops`) and the memory
-/// bandwidth of its elementwise work (`memory_bandwidth`). Every rank measures at the same
-/// time, since ranks of a node share its memory bandwidth when they train, and the slowest
-/// rank's figures are kept, the same on every rank. The links (alpha and beta per mesh axis)
-/// are bench_calibrate's.
+/// The machine figures the strategy search prices with, measured on the ranks that will run:
+/// one rank's GEMM speed (`machine_model::gemm_flops`), the memory bandwidth of its
+/// elementwise work (`memory_bandwidth`) and the alpha-beta links of the redistribution steps
+/// (`links`, `calibrate_links`). Every rank measures at the same time, since ranks of a node
+/// share its memory bandwidth when they train, and the slowest rank's figures are kept, the
+/// same on every rank.
 ///
 ///     auto machine = xshard::measure_machine<double>(mesh.comm());
 ///     net.set_machine_model(machine); // auto_parallel: what its engines price with
 ///
 /// The defaults of machine_model are guesses; a machine's measured figures can differ from
 /// them several times over, and so would every predicted step time (benchmarks/README.md,
-/// "Strategy search", gives figures).
+/// "Strategy search", gives figures). The links are fitted over all the communicator's ranks
+/// at once; links of their own for some mesh axes (`cost_model::axis_links`, say an axis
+/// across nodes) stay as given.
 
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
+#include <xshard/core/mesh.hpp>
 #include <xshard/ops/matmul.hpp>
 #include <xshard/optim/optimizers.hpp>
+#include <xshard/redistribute/redistribute.hpp>
 #include <xshard/search/machine_model.hpp>
+#include <xshard/tensor/distribute.hpp>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
+#include <cstring>
 #include <limits>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace xshard {
@@ -80,6 +88,147 @@ double measure_update_bandwidth(std::size_t n, int repeats = 3) {
     return 6.0 * double(n) * double(sizeof(T)) / std::max(s, 1e-9);
 }
 
+/// What `calibrate_links` times: per kind of step, a plan over all the communicator's ranks
+/// of a tensor of one double per rank (its latency) and one of `elements` doubles (its
+/// bandwidth), each the fastest of `repeats` runs.
+struct link_sample {
+    std::size_t elements = std::size_t(1) << 20; // 8 MiB
+    int repeats = 3;
+};
+
+/// One plan `calibrate_links` timed: the kind of its step, the tensor's bytes, the seconds
+/// measured (the slowest rank's) and those the model it started from predicts.
+struct link_point {
+    std::string kind;
+    std::size_t bytes = 0;
+    double seconds = 0;
+    double predicted = 0;
+};
+
+/// The links fitted by `calibrate_links`, and what they were fitted on.
+struct link_fit {
+    cost_model links;
+    std::vector<link_point> points;
+};
+
+namespace detail {
+
+/// Seconds of one call of `f` for the slowest rank of `c`: the fastest of `repeats` runs of
+/// `calls` calls, each run started together (a barrier). Collective over `c`.
+template <class F>
+double slowest_rank_seconds(const communicator& c, int repeats, int calls, F&& f) {
+    double best = std::numeric_limits<double>::infinity();
+    for (int r = 0; r < repeats; ++r) {
+        barrier(c);
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < calls; ++i)
+            f();
+        double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls;
+        allreduce(c, std::span(&s, 1), reduction::max);
+        best = std::min(best, s);
+    }
+    return best;
+}
+
+/// A timed redistribution plan: the slowest rank's seconds, the plan's summary on this rank
+/// (its messages, bytes and copies, and the model's prediction) and the tensor's bytes.
+struct timed_plan {
+    double seconds = 0;
+    plan_summary plan;
+    std::size_t bytes = 0;
+};
+
+/// A redistribution plan From -> To of about `elements` doubles over the one axis of `m`,
+/// built under `model` and `tuning`, and timed.
+template <layout From, layout To>
+timed_plan time_link_plan(const mesh<"x">& m, std::size_t elements, const cost_model& model,
+                          const reduce_tuning& tuning, int repeats) {
+    std::array<std::size_t, From.rank()> shape{};
+    shape.fill(1);
+    shape[0] = std::size_t(m.size());
+    // A multiple of p per rank, so that every rank's blocks, messages and copies are alike
+    // (and so the fit made from them).
+    const std::size_t p = std::size_t(m.size());
+    shape[From.rank() - 1] *= std::max<std::size_t>(1, elements / (p * p)) * p;
+    auto src = full<double, From>(m, shape, 1.0);
+    auto plan = make_redistribution<To>(src, To, model, tuning);
+    auto dst = plan(src);
+    const int calls = elements < 1024 ? 50 : 1;
+    const double s =
+        slowest_rank_seconds(m.comm(), repeats, calls, [&] { plan.execute_unchecked(src, dst); });
+    return {s, plan.plan().summary(), src.size() * sizeof(double)};
+}
+
+} // namespace detail
+
+/// `base` with its links fitted on the ranks of `c` (see `link_sample`): the local copy's
+/// seconds per byte from a memcpy; then per kind of step (all_gather, all_to_all and
+/// exchange, reduce_scatter through the pairwise algorithm, all_reduce through MPI) alpha
+/// from the tiny plan and beta from the large one, after alpha and the copies. The same on
+/// every rank. On one rank nothing moves: `base` as it is. Collective over `c`.
+inline link_fit calibrate_links(const communicator& c, const cost_model& base = {},
+                                const link_sample& sample = {}) {
+    link_fit fit{base, {}};
+    if (c.size() == 1)
+        return fit;
+    const mesh<"x"> m(c, {c.size()});
+    const int repeats = std::max(1, sample.repeats);
+    const std::size_t tiny = std::size_t(m.size()), large = std::max(sample.elements, tiny);
+    std::vector<char> a(large * sizeof(double), 1), b(a.size());
+    fit.links.copy = detail::slowest_rank_seconds(
+                         c, repeats, 1, [&] { std::memcpy(b.data(), a.data(), a.size()); }) /
+                     double(a.size());
+    const auto fit_kind = [&](const char* kind, link_cost& into, const auto& timed) {
+        const detail::timed_plan small = timed(tiny), big = timed(large);
+        // t = alpha * messages + beta * bytes + copy * copied, from the two sizes.
+        const auto terms = [](const plan_summary& p) {
+            std::array<double, 3> t{};
+            for (const auto& s : p.steps) {
+                t[0] += double(s.messages);
+                t[1] += double(std::max(s.bytes_sent, s.bytes_received));
+                t[2] += double(s.bytes_copied);
+            }
+            return t;
+        };
+        const auto t0 = terms(small.plan), t1 = terms(big.plan);
+        if (t0[0] > 0)
+            into.alpha = std::max(0.0, (small.seconds - fit.links.copy * t0[2]) / t0[0]);
+        if (t1[1] > 0)
+            into.beta =
+                std::max(0.0, (big.seconds - fit.links.copy * t1[2] - into.alpha * t1[0]) / t1[1]);
+        for (const auto* x : {&small, &big})
+            fit.points.push_back({kind, x->bytes, x->seconds, x->plan.seconds});
+    };
+    const reduce_tuning messages{.shared_memory_min_bytes = SIZE_MAX};
+    const reduce_tuning pairwise{.min_piece_bytes = 0,
+                                 .shared_memory_min_bytes = SIZE_MAX,
+                                 .reduce_scatter_min_piece_bytes = 0};
+    const reduce_tuning through_mpi{.min_piece_bytes = SIZE_MAX,
+                                    .shared_memory_min_bytes = SIZE_MAX,
+                                    .reduce_scatter_min_piece_bytes = SIZE_MAX};
+    fit_kind("all_gather", fit.links.all_gather, [&](std::size_t n) {
+        return detail::time_link_plan<"[x]", "[-]">(m, n, base, messages, repeats);
+    });
+    fit_kind("all_to_all", fit.links.all_to_all, [&](std::size_t n) {
+        return detail::time_link_plan<"[x, -]", "[-, x]">(m, n, base, messages, repeats);
+    });
+    // exchange: the same movement as all_to_all, named by the planner when several axes move.
+    fit.links.exchange = fit.links.all_to_all;
+    fit_kind("reduce_scatter", fit.links.reduce_scatter, [&](std::size_t n) {
+        return detail::time_link_plan<"[-] partial(sum: x)", "[x]">(m, n, base, pairwise, repeats);
+    });
+    // MPI_Allreduce runs below the pairwise algorithm's pieces only (reduce_tuning's
+    // min_piece_bytes per member): its bandwidth is fitted at that size, not above it.
+    const std::size_t mpi_largest = std::clamp(
+        reduce_tuning{}.min_piece_bytes / sizeof(double) * std::size_t(m.size()), tiny, large);
+    fit_kind("all_reduce", fit.links.all_reduce, [&](std::size_t n) {
+        return detail::time_link_plan<"[-] partial(sum: x)", "[-]">(m, std::min(n, mpi_largest),
+                                                                    base, through_mpi, repeats);
+    });
+    return fit;
+}
+
 /// The sizes measure_machine measures at: a GEMM of [rows, in] x [in, out] (by default a
 /// batch of 64 through a 1024 x 4096 layer, about 0.5 GFLOP) and an update of `elements`
 /// (by default 2^21: 48 MiB of doubles in three arrays, past a 32 MiB cache).
@@ -87,11 +236,15 @@ struct machine_sample {
     std::size_t rows = 64, in = 1024, out = 4096;
     std::size_t elements = std::size_t(1) << 21;
     int repeats = 3;
+    /// Whether to fit the links too (`calibrate_links`, at `links`' sizes).
+    bool fit_links = true;
+    link_sample links = {};
 };
 
 /// `base` with the GEMM speed and the memory bandwidth of the ranks of `c` measured on T, each
-/// the slowest rank's (the same on every rank), and its element size set to T's. Collective
-/// over `c`: every rank measures at once, then one all-reduce of two doubles.
+/// the slowest rank's (the same on every rank), its element size set to T's, and its links
+/// fitted on `c`'s ranks (`calibrate_links`; unless `sample.fit_links` is false). Collective
+/// over `c`: every rank measures at once.
 template <class T>
 machine_model measure_machine(const communicator& c, machine_model base = {},
                               const machine_sample& sample = {}) {
@@ -102,6 +255,8 @@ machine_model measure_machine(const communicator& c, machine_model base = {},
     base.gemm_flops = figures[0];
     base.memory_bandwidth = figures[1];
     base.element = sizeof(T);
+    if (sample.fit_links)
+        base.links = calibrate_links(c, base.links, sample.links).links;
     return base;
 }
 
