@@ -199,8 +199,12 @@ private:
                                    o_.dilation, o_.groups);
     }
 
+    /// The windows along height and width: they depend on the kernel, stride, dilation and
+    /// padding only, not on the image.
     windowed_dims windows() const {
-        return nchw_windows(w_.value.shape()[2], o_.stride, o_.dilation, o_.padding);
+        return ops::windows_of(local_conv_geometry({}, ops::nchw_shape(w_.value.shape()), o_.stride,
+                                                   ops::padding2d::uniform(o_.padding), o_.dilation,
+                                                   o_.groups));
     }
 
     template <class Y>

@@ -36,20 +36,6 @@ inline bool splits_image(const layout& l) {
     return l.rank() == 4 && (l.is_split(2) || l.is_split(3));
 }
 
-/// The windows of a square 2-D window (convolution, pooling) on NCHW: dimensions 2 and 3.
-inline windowed_dims nchw_windows(std::size_t kernel, std::size_t stride, std::size_t dilation,
-                                  std::size_t padding) {
-    const sliding_window w{.kernel = kernel,
-                           .stride = stride,
-                           .dilation = dilation,
-                           .pad_before = padding,
-                           .pad_after = padding};
-    windowed_dims dims;
-    dims.push_back({2, w});
-    dims.push_back({3, w});
-    return dims;
-}
-
 /// A layer's halo exchange kept across steps: see the file comment.
 template <class T, mesh_type Mesh>
 class kept_halo {
@@ -66,8 +52,8 @@ public:
     kept_halo(kept_halo&&) noexcept = default;
     kept_halo& operator=(kept_halo&&) noexcept = default;
 
-    /// `x`'s extended band along `windows` (nchw_windows of the layer). Collective over the
-    /// mesh (see spatial_op::exchange); plans first when `x` does not fit the kept plan.
+    /// `x`'s extended band along `windows` (ops::windows_of the layer's geometry). Collective over
+    /// the mesh (see spatial_op::exchange); plans first when `x` does not fit the kept plan.
     const local_type& band(const tensor_type& x, const windowed_dims& windows) {
         const profile_scope timed(step_part::halo);
         if (!op_ || !op_->fits(x))

@@ -56,9 +56,7 @@ public:
         auto global = pool_geometry(ops::nchw_shape(xs), o_);
         global.check(Max ? "max_pool2d" : "avg_pool2d");
         spatial_ = splits_image(x.layout());
-        const auto& xl =
-            spatial_ ? halo_.band(x, nchw_windows(o_.kernel, global.stride_h, 1, o_.padding))
-                     : x.local();
+        const auto& xl = spatial_ ? halo_.band(x, ops::windows_of(global)) : x.local();
         g_ = pool_geometry(ops::nchw_shape(xl.shape()), o_);
         if (spatial_)
             g_.pad = halo_.padding();

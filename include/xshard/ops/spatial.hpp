@@ -64,6 +64,20 @@ std::string local_shape_problem(const X& got, const std::array<std::size_t, N>& 
 
 namespace ops {
 
+/// The windows of a 2-D window geometry on NCHW (`conv2d_geometry`, `pool2d_geometry`): height
+/// (dimension 2) and width (3), with the geometry's kernel, stride, padding and dilation (1
+/// where it has none).
+template <class G>
+windowed_dims windows_of(const G& g) {
+    std::size_t dilation_h = 1, dilation_w = 1;
+    if constexpr (requires { g.dilation_h; }) {
+        dilation_h = g.dilation_h;
+        dilation_w = g.dilation_w;
+    }
+    return {{2, {g.kernel_h, g.stride_h, dilation_h, g.pad.top, g.pad.bottom}},
+            {3, {g.kernel_w, g.stride_w, dilation_w, g.pad.left, g.pad.right}}};
+}
+
 /// What a local windowed function gets besides its band: where the band sits in the global
 /// input, the output block it must return (global coordinates; its extents are the shape to
 /// return), and per dimension the padding its window applies before and after the band (the

@@ -43,6 +43,7 @@
 #include <xshard/graph/primitives/elementwise.hpp>
 #include <xshard/ops/conv_kernels.hpp>
 #include <xshard/ops/conv_rule.hpp>
+#include <xshard/ops/spatial.hpp>
 #include <xshard/redistribute/halo.hpp>
 
 #include <algorithm>
@@ -97,13 +98,6 @@ struct mesh_view_ref {
     const mesh_coords& coords() const { return view->coords; }
     const communicator& sub(axis_set a) const { return view->group(a); }
 };
-
-/// A window geometry's windows along height (dimension 2) and width (3).
-template <class G>
-windowed_dims windows_of(const G& g, std::size_t dilation_h, std::size_t dilation_w) {
-    return {{2, {g.kernel_h, g.stride_h, dilation_h, g.pad.top, g.pad.bottom}},
-            {3, {g.kernel_w, g.stride_w, dilation_w, g.pad.left, g.pad.right}}};
-}
 
 /// Those of `all` whose dimension `x` splits over more than one rank.
 inline windowed_dims split_windows(const windowed_dims& all, const layout& x,
@@ -241,7 +235,7 @@ inline std::vector<result_spec> infer_conv2d(const op_attributes& at,
 }
 
 inline windowed_dims conv_windows(const ops::conv2d_geometry& g) {
-    return windows_of(g, g.dilation_h, g.dilation_w);
+    return ops::windows_of(g);
 }
 
 inline layout_choice conv2d_layouts(const op_attributes& at, std::span<const operand_type> ops,
@@ -470,7 +464,7 @@ inline std::vector<result_spec> infer_pool2d(const op_attributes& at,
 }
 
 inline windowed_dims pool_windows(const ops::pool2d_geometry& g) {
-    return windows_of(g, 1, 1);
+    return ops::windows_of(g);
 }
 
 /// Height and width stay split where halos serve them, and are taken whole otherwise.
