@@ -387,10 +387,12 @@ constexpr layout layout::parse(std::string_view text) {
 
 } // namespace xshard
 
+namespace std {
+
 /// Hashes layouts consistently with `==`: the partial axes in any order, the reduction only
 /// where some axis is partial.
 template <>
-struct std::hash<xshard::layout> {
+struct hash<xshard::layout> {
     std::size_t operator()(const xshard::layout& l) const noexcept {
         const auto name = [](const xshard::axis_name& a) {
             return std::hash<std::string_view>{}(a.view());
@@ -413,3 +415,5 @@ struct std::hash<xshard::layout> {
         return h;
     }
 };
+
+} // namespace std
