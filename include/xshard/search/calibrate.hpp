@@ -88,8 +88,8 @@ double measure_update_bandwidth(std::size_t n, int repeats = 3) {
     return 6.0 * double(n) * double(sizeof(T)) / std::max(s, 1e-9);
 }
 
-/// What `calibrate_links` times: per kind of step, a plan over all the communicator's ranks
-/// of a tensor of one double per rank (its latency) and one of `elements` doubles (its
+/// What `calibrate_links` times: per kind of step, a plan over all the communicator's p ranks
+/// of a tensor of p doubles per rank (its latency) and one of about `elements` doubles (its
 /// bandwidth), each the fastest of `repeats` runs.
 struct link_sample {
     std::size_t elements = std::size_t(1) << 20; // 8 MiB
