@@ -47,7 +47,11 @@
 //       the best hand strategy measured: data parallel, or Megatron's annotations on mesh
 //       (1, p) (the MLP 1024 -> 4096 -> 1024 of batch 64 and the transformer block above;
 //       ResNet-18 on 32 images of 32 x 32 has data parallelism only). Extra fields: the
-//       mesh searched, each hand strategy's seconds, and predicted / measured steps.
+//       mesh searched, each hand strategy's seconds, and predicted / measured steps; then
+//       the search again on the primitives' factors fitted on a profiled step of the first
+//       strategy (calibrate_ops): its mesh, its step over the best hand strategy's, and its
+//       predicted / measured step. With --profile, both strategies' steps per primitive,
+//       measured against predicted (stderr).
 //   searched_resnet18_one_image_<p>: the same training step of ResNet-18 on one image of
 //       224 x 224, laid out by the search over p ranks (a batch of one splits nowhere: the
 //       search splits the images' height and width into bands with halos, or their
@@ -73,9 +77,11 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -440,6 +446,46 @@ void train_step(Net& net, const X& x, const Y& y) {
     xshard::for_each_weight(net, [](const std::string&, auto& w) { w.zero_grad(); });
 }
 
+/// With --profile: per primitive, this rank's measured milliseconds per step of `net` (its
+/// profile, graph/profile.hpp) against the search's prices in `predicted`, on stderr
+/// (rank 0): where the cost model errs.
+template <class Net>
+void print_profile(const xshard::bench::options& o, const std::string& name, const Net& net,
+                   const xshard::program_strategy& predicted) {
+    if (!o.profile)
+        return;
+    const auto& measured = net.profile();
+    if (xshard::communicator::world().rank() != 0)
+        return;
+    // Per primitive: measured compute, predicted compute, measured and predicted
+    // redistributions, milliseconds per step.
+    std::map<std::string, std::array<double, 4>> ops;
+    const double steps = double(std::max<std::size_t>(measured.forward_passes, 1));
+    for (const auto& n : measured.nodes) {
+        ops[n.op][0] += 1e3 * (n.forward + n.backward) / steps;
+        ops[n.op][2] += 1e3 * n.redistribution / steps;
+    }
+    double sync = 0;
+    for (const auto& n : predicted.nodes) {
+        ops[n.op][1] += 1e3 * n.compute;
+        ops[n.op][3] += 1e3 * n.communication;
+        sync += 1e3 * n.gradient_sync;
+    }
+    std::fprintf(stderr,
+                 "%s on mesh(%s), ms per step: compute measured / predicted, "
+                 "redistribution measured / predicted\n",
+                 name.c_str(), predicted.mesh.to_string().c_str());
+    std::array<double, 4> total{};
+    for (const auto& [op, t] : ops) {
+        std::fprintf(stderr, "  %-22s %8.3f / %8.3f  %8.3f / %8.3f\n", op.c_str(), t[0], t[1], t[2],
+                     t[3]);
+        for (int k = 0; k < 4; ++k)
+            total[k] += t[k];
+    }
+    std::fprintf(stderr, "  %-22s %8.3f / %8.3f  %8.3f / %8.3f; gradient sync predicted %.3f\n",
+                 "all", total[0], total[1], total[2], total[3], sync);
+}
+
 /// The predicted step of `p` laid out as compile lays it out on `shape` (every node pinned).
 double predicted_step(xshard::program p, const xshard::mesh_shape& shape,
                       const xshard::machine_model& machine) {
@@ -467,18 +513,23 @@ void searched_case(const xshard::bench::options& o, const std::string& name,
     megatron = megatron && ranks > 1;
     const auto machine = xshard::measure_machine<T>(world);
     const mesh_t dp(world, {ranks, 1}), tp(world, {1, ranks});
-    std::optional<xshard::program_strategy> found;
-    const mesh_t* chosen = &dp;
-    for (const mesh_t* m : {&dp, &tp}) {
-        auto f =
-            xshard::search_program(p, m->shape(), {.machine = machine, .keep_annotations = false});
-        if (!found || f.seconds < found->seconds) {
-            found = std::move(f);
-            chosen = m;
+    // The search on both mesh shapes: the strategy of the lower prediction, and its mesh.
+    auto search = [&](const xshard::machine_model& m) {
+        std::optional<xshard::program_strategy> found;
+        const mesh_t* chosen = &dp;
+        for (const mesh_t* mesh : {&dp, &tp}) {
+            auto f =
+                xshard::search_program(p, mesh->shape(), {.machine = m, .keep_annotations = false});
+            if (!found || f.seconds < found->seconds) {
+                found = std::move(f);
+                chosen = mesh;
+            }
         }
-    }
+        return std::pair{std::move(*found), chosen};
+    };
+    auto [found, chosen] = search(machine);
     auto searched_program = p;
-    found->apply(searched_program);
+    found.apply(searched_program);
     const std::string rows = N == 2 ? "[dp, -]" : "[dp, -, -, -]";
     auto inputs = [&](const mesh_t& m) {
         return std::pair{
@@ -509,12 +560,42 @@ void searched_case(const xshard::bench::options& o, const std::string& name,
         });
     if (!megatron)
         dp_seconds = t.baseline_seconds;
+    // The search again, on the primitives' factors fitted on a profiled step of the first
+    // strategy (calibrate_ops), its strategy measured against the same best hand strategy.
+    searched.profile_steps();
+    for (int r = 0; r < o.reps; ++r)
+        train_step(searched, searched_in.first, searched_in.second);
+    print_profile(o, name, searched, found);
+    const auto fitted = xshard::calibrate_ops(world, machine, searched.profile(), found);
+    auto [second, refit_mesh] = search(fitted);
+    auto refit_program = p;
+    second.apply(refit_program);
+    auto refit = xshard::compile<T>(refit_program, *refit_mesh, {.seed = 1});
+    const auto refit_in = inputs(*refit_mesh);
+    const auto c = xshard::bench::compare(
+        world, o, [&] { train_step(refit, refit_in.first, refit_in.second); },
+        [&] {
+            if (dp_best)
+                train_step(by_dp, dp_in.first, dp_in.second);
+            else
+                train_step(*by_tp, tp_in.first, tp_in.second);
+        });
+    if (o.profile) {
+        refit.profile_steps();
+        for (int r = 0; r < o.reps; ++r)
+            train_step(refit, refit_in.first, refit_in.second);
+        print_profile(o, name + " (calibrated)", refit, second);
+    }
     const double dp_predicted = predicted_step(p, dp.shape(), machine);
     std::string extra =
         "\"searched_mesh\": \"" + chosen->shape().to_string() +
         "\", \"dp_seconds\": " + std::to_string(dp_seconds) +
-        ", \"predicted_over_measured\": " + std::to_string(found->seconds / t.seconds) +
+        ", \"predicted_over_measured\": " + std::to_string(found.seconds / t.seconds) +
         ", \"dp_predicted_over_measured\": " + std::to_string(dp_predicted / dp_seconds);
+    extra +=
+        ", \"calibrated_mesh\": \"" + refit_mesh->shape().to_string() +
+        "\", \"calibrated_over_best_hand\": " + std::to_string(c.seconds / c.baseline_seconds) +
+        ", \"calibrated_predicted_over_measured\": " + std::to_string(second.seconds / c.seconds);
     if (megatron)
         extra += ", \"megatron_seconds\": " + std::to_string(megatron_seconds) +
                  ", \"megatron_predicted_over_measured\": " +

@@ -27,6 +27,8 @@ namespace xshard::bench {
 struct options {
     int reps = 7;
     bool quick = false;
+    /// Programs' cases also print their step node by node (stderr, rank 0).
+    bool profile = false;
     std::string filter;
 
     static options parse(int argc, char** argv) {
@@ -37,10 +39,13 @@ struct options {
                 o.quick = true;
             else if (arg == "--reps" && i + 1 < argc)
                 o.reps = std::max(1, std::atoi(argv[++i]));
+            else if (arg == "--profile")
+                o.profile = true;
             else if (arg == "--filter" && i + 1 < argc)
                 o.filter = argv[++i];
             else {
-                std::fprintf(stderr, "usage: %s [--reps N] [--filter S] [--quick]\n", argv[0]);
+                std::fprintf(stderr, "usage: %s [--reps N] [--filter S] [--quick] [--profile]\n",
+                             argv[0]);
                 std::exit(2);
             }
         }

@@ -14,6 +14,7 @@
 #include <xshard/graph/primitives/normalize.hpp>
 #include <xshard/graph/primitives/reduce.hpp>
 #include <xshard/graph/primitives/shape.hpp>
+#include <xshard/graph/profile.hpp>
 #include <xshard/graph/program.hpp>
 #include <xshard/graph/registry.hpp>
 #include <xshard/graph/schedule.hpp>

@@ -25,6 +25,7 @@
 #include <xtensor/xmath.hpp>
 #include <xtensor/xrandom.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -167,6 +168,66 @@ TEST(programs, residual_mlp_trains_on_every_mesh_like_one_rank) {
         const auto losses = train(mesh);
         for (std::size_t s = 0; s < losses.size(); ++s)
             EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s << " on dp " << dp;
+    });
+}
+
+TEST(programs, a_profiled_step_times_every_node_and_changes_no_result) {
+    std::mt19937 engine(3);
+    const xt::xtensor<double, 2> x = xt::random::rand<double>({batch, features}, -1.0, 1.0, engine);
+    const xt::xtensor<std::int64_t, 1> y =
+        xt::random::randint<std::int64_t>({batch}, 0, classes, engine);
+    for_each_dp_mesh([&](const mesh_t& mesh, int dp) {
+        auto net = xshard::compile<double>(residual_mlp(mesh), mesh, {.seed = 4});
+        auto plain = xshard::compile<double>(residual_mlp(mesh), mesh, {.seed = 4});
+        const auto xs = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[dp, -]");
+        const auto ys = xshard::distribute<xshard::dynamic_layout(1)>(mesh, y, "[dp]");
+        EXPECT_TRUE(net.profile().nodes.empty());
+        net.profile_steps();
+        const auto t0 = std::chrono::steady_clock::now();
+        double loss = 0, expected = 0;
+        for (int s = 0; s < 3; ++s)
+            loss = net.train_step(xs, ys);
+        const double wall =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        for (int s = 0; s < 3; ++s)
+            expected = plain.train_step(xs, ys);
+        // The same loss and gradients as without profiling, and as xtensor's.
+        EXPECT_EQ(loss, expected) << "dp " << dp;
+        EXPECT_NEAR(loss,
+                    residual_mlp_loss(weights_of(net, false), xt::xarray<double>(x),
+                                      xt::xarray<std::int64_t>(y)),
+                    1e-12);
+        const auto g = weights_of(net, true), g_plain = weights_of(plain, true);
+        for (const auto& [name, value] : g)
+            EXPECT_EQ(value, g_plain.at(name)) << name << " on dp " << dp;
+        // Every node timed in each pass, within the passes' wall time.
+        const auto& prof = net.profile();
+        EXPECT_EQ(prof.forward_passes, 3u);
+        EXPECT_EQ(prof.backward_passes, 3u);
+        ASSERT_EQ(prof.nodes.size(), net.source().nodes().size());
+        double backward = 0;
+        for (std::size_t k = 0; k < prof.nodes.size(); ++k) {
+            EXPECT_EQ(prof.nodes[k].node, net.source().nodes()[k].name);
+            EXPECT_EQ(prof.nodes[k].op, net.source().nodes()[k].op);
+            EXPECT_GT(prof.nodes[k].forward, 0) << prof.nodes[k].node;
+            backward += prof.nodes[k].backward;
+        }
+        EXPECT_GT(backward, 0);
+        EXPECT_LE(prof.seconds(), wall);
+        double by_op = 0;
+        for (const auto& o : prof.by_op())
+            by_op += o.seconds();
+        EXPECT_NEAR(by_op, prof.seconds(), 1e-12);
+        const auto text = prof.report(2);
+        EXPECT_NE(text.find("summed per primitive"), std::string::npos) << text;
+        EXPECT_NE(text.find("swish"), std::string::npos) << text;
+        // Stopped, it counts nothing more; started again, it starts from zero.
+        net.profile_steps(false);
+        (void)net.train_step(xs, ys);
+        EXPECT_EQ(net.profile().forward_passes, 3u);
+        net.profile_steps();
+        EXPECT_EQ(net.profile().forward_passes, 0u);
+        EXPECT_EQ(net.profile().seconds(), 0.0);
     });
 }
 

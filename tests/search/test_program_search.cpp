@@ -10,6 +10,7 @@
 #include <xshard/io/strategy_file.hpp>
 #include <xshard/nn/embedding.hpp>
 #include <xshard/optim/optimizers.hpp>
+#include <xshard/search/calibrate.hpp>
 #include <xshard/search/program_file.hpp>
 #include <xshard/search/program_search.hpp>
 #include <xshard/search/program_strategy_file.hpp>
@@ -334,6 +335,54 @@ TEST(program_search, an_annotation_kept_cannot_run_on_the_mesh_raises_naming_the
     } catch (const xshard::error& e) {
         EXPECT_NE(std::string(e.what()).find("matmul"), std::string::npos) << e.what();
     }
+}
+
+TEST(program_search, calibrate_ops_prices_each_primitive_as_the_slowest_rank_ran_it) {
+    const int p = world().size();
+    const mesh_t mesh(world(), {1, p});
+    const auto traced = residual_network();
+    const xshard::machine_model base{};
+    const auto found = xshard::search_program(traced, mesh.shape(), {.machine = base});
+    // A profile of two steps in which every node took (rank + 2) times its price, a quarter
+    // forward; the redistributions' seconds are not the primitives'.
+    const double mine = world().rank() + 2, slowest = p + 1;
+    auto profile_of = [&](const xshard::program_strategy& s, double factor) {
+        xshard::program_profile prof;
+        prof.forward_passes = prof.backward_passes = 2;
+        for (const auto& n : s.nodes)
+            prof.nodes.push_back(
+                {n.node, n.op, 0.5 * factor * n.compute, 1.5 * factor * n.compute, 7.0});
+        return prof;
+    };
+    const auto fitted = xshard::calibrate_ops(world(), base, profile_of(found, mine), found);
+    std::size_t priced = 0;
+    for (const auto& n : found.nodes)
+        if (n.compute > 0) {
+            ++priced;
+            EXPECT_NEAR(fitted.scale_of(n.op), slowest, 1e-9 * slowest) << n.node;
+        }
+    EXPECT_GE(priced, 4u);
+    // The same strategy priced again: each node's compute is the slowest rank's.
+    auto pinned = traced;
+    found.apply(pinned);
+    const auto again = xshard::search_program(pinned, mesh.shape(), {.machine = fitted});
+    ASSERT_EQ(again.nodes.size(), found.nodes.size());
+    for (std::size_t k = 0; k < found.nodes.size(); ++k)
+        EXPECT_NEAR(again.nodes[k].compute, slowest * found.nodes[k].compute,
+                    1e-9 * slowest * found.nodes[k].compute + 1e-300)
+            << found.nodes[k].node;
+    // A step that ran as priced keeps the factors it was priced with.
+    const auto kept = xshard::calibrate_ops(world(), fitted, profile_of(again, 1.0), again);
+    for (const auto& [op, f] : fitted.op_scale)
+        EXPECT_NEAR(kept.scale_of(op), f, 1e-9 * f) << op;
+    // A profile without a step, on one rank or on all, raises on every rank.
+    auto empty = profile_of(found, mine);
+    if (world().rank() == p - 1)
+        empty.forward_passes = 0;
+    EXPECT_THROW((void)xshard::calibrate_ops(world(), base, empty, found), xshard::error);
+    auto missing = profile_of(found, mine);
+    missing.nodes.pop_back();
+    EXPECT_THROW((void)xshard::calibrate_ops(world(), base, missing, found), xshard::error);
 }
 
 /// Trains `p` on `mesh` for a few steps with SGD; returns the losses.

@@ -52,6 +52,7 @@
 #include <xshard/train/norms.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
@@ -383,15 +384,20 @@ public:
     }
     /// The machine the engines (recursive_programming, sharding_propagation) price with:
     /// search/machine_model.hpp's defaults until set; `measure_machine<T>(comm)`
-    /// (search/calibrate.hpp) measures the ranks'. Positive GEMM speed, memory bandwidth and
-    /// element size, else xshard::error on every rank. Agreed over the mesh.
+    /// (search/calibrate.hpp) measures the ranks', and `calibrate_ops` fits its primitives'
+    /// factors on a profiled step. Positive GEMM speed, memory bandwidth, element size and
+    /// factors, else xshard::error on every rank. Agreed over the mesh.
     void set_machine_model(const machine_model& m) {
+        bool factors = true;
+        for (const auto& [op, f] : m.op_scale)
+            factors = factors && f > 0 && std::isfinite(f);
         agree(m.gemm_flops > 0 && m.memory_bandwidth > 0 && m.element > 0 &&
-                      m.optimizer_states >= 0
+                      m.optimizer_states >= 0 && factors
                   ? std::nullopt
                   : std::optional<std::string>(
-                        "xshard: set_machine_model: the GEMM speed, memory bandwidth and element "
-                        "size must be positive and the optimizer states not negative"));
+                        "xshard: set_machine_model: the GEMM speed, memory bandwidth, element "
+                        "size and primitives' factors must be positive and the optimizer states "
+                        "not negative"));
         machine_ = m;
     }
     const machine_model& machine() const noexcept { return machine_; }

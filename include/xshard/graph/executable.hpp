@@ -26,6 +26,7 @@
 #include <xshard/graph/custom.hpp>
 #include <xshard/graph/layouts.hpp>
 #include <xshard/graph/primitive.hpp>
+#include <xshard/graph/profile.hpp>
 #include <xshard/graph/program.hpp>
 #include <xshard/graph/registry.hpp>
 #include <xshard/graph/schedule.hpp>
@@ -35,6 +36,7 @@
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/tensor/dtensor.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -300,6 +302,15 @@ public:
     /// halos send.
     std::string report() const { return s_->report(); }
 
+    /// Starts timing every step of the passes that follow, node by node, from zero (`on`),
+    /// or stops it. Each step then reads the clock twice (tens of nanoseconds). Local: no
+    /// communication.
+    void profile_steps(bool on = true) { s_->profile_steps(on); }
+
+    /// The seconds per node since `profile_steps()` (graph/profile.hpp); empty when it was
+    /// never called.
+    const program_profile& profile() const noexcept { return s_->prof; }
+
     /// Bytes of this rank's arena: every activation, cotangent and redistributed copy at
     /// their peak.
     std::size_t arena_bytes() const noexcept { return s_->sched.arena_bytes; }
@@ -378,6 +389,10 @@ private:
         std::vector<staging> input_staging;
         std::vector<const void*> seeds;
         staging seed_staging;
+        // Profiling (profile_steps): per forward and backward step, the node it is charged to.
+        bool profiling = false;
+        program_profile prof;
+        std::vector<std::size_t> fwd_owner, bwd_owner;
 
         state(program p, const Mesh& m, compile_options o)
             : prog(std::move(p))
@@ -614,15 +629,73 @@ private:
 
         void run_forward() {
             bind_weights();
-            for (std::size_t i = 0; i < sched.forward.size(); ++i)
-                run_step(sched.forward[i], fwd_ptrs[i]);
+            run_steps(sched.forward, fwd_ptrs, fwd_owner, &node_time::forward);
+            prof.forward_passes += profiling;
         }
 
         void run_backward() {
             bind_weights();
             bind_gradients();
-            for (std::size_t i = 0; i < sched.backward.size(); ++i)
-                run_step(sched.backward[i], bwd_ptrs[i]);
+            run_steps(sched.backward, bwd_ptrs, bwd_owner, &node_time::backward);
+            prof.backward_passes += profiling;
+        }
+
+        void run_steps(const std::vector<detail::program_step>& steps,
+                       std::vector<detail::step_pointers>& ptrs,
+                       const std::vector<std::size_t>& owner, double node_time::*pass) {
+            if (!profiling) {
+                for (std::size_t i = 0; i < steps.size(); ++i)
+                    run_step(steps[i], ptrs[i]);
+                return;
+            }
+            using clock = std::chrono::steady_clock;
+            for (std::size_t i = 0; i < steps.size(); ++i) {
+                const auto t0 = clock::now();
+                run_step(steps[i], ptrs[i]);
+                const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+                const auto kind = steps[i].kind;
+                auto& n = prof.nodes[owner[i]];
+                if (kind == detail::program_step_kind::kernel ||
+                    kind == detail::program_step_kind::vjp)
+                    n.*pass += dt;
+                else
+                    n.redistribution += dt;
+            }
+        }
+
+        void profile_steps(bool on) {
+            profiling = on && !prog.nodes().empty();
+            if (!profiling)
+                return;
+            prof = {};
+            for (const auto& n : prog.nodes())
+                prof.nodes.push_back({n.name, n.op, 0, 0, 0});
+            fwd_owner = step_owners(sched.forward, false);
+            bwd_owner = step_owners(sched.backward, true);
+        }
+
+        // The node each step is charged to (graph/profile.hpp): its own for a kernel or a
+        // VJP; for a redistribution, the next kernel in the forward pass and the VJP before
+        // it in the backward pass, else the nearest on the other side.
+        static std::vector<std::size_t> step_owners(const std::vector<detail::program_step>& steps,
+                                                    bool backward) {
+            const std::size_t none = std::size_t(-1);
+            std::vector<std::size_t> before(steps.size(), none), after(steps.size(), none);
+            const auto computes = [&](std::size_t i) {
+                return steps[i].kind == detail::program_step_kind::kernel ||
+                       steps[i].kind == detail::program_step_kind::vjp;
+            };
+            for (std::size_t i = 0, last = none; i < steps.size(); ++i)
+                before[i] = last = computes(i) ? steps[i].node : last;
+            for (std::size_t i = steps.size(), next = none; i-- > 0;)
+                after[i] = next = computes(i) ? steps[i].node : next;
+            std::vector<std::size_t> owner(steps.size(), 0);
+            for (std::size_t i = 0; i < steps.size(); ++i) {
+                const auto first = backward ? before[i] : after[i];
+                const auto second = backward ? after[i] : before[i];
+                owner[i] = first != none ? first : second != none ? second : 0;
+            }
+            return owner;
         }
 
         void run_step(const detail::program_step& st, detail::step_pointers& p) {

@@ -15,14 +15,26 @@
 /// "Strategy search", gives figures). The links are fitted over all the communicator's ranks
 /// at once; links of their own for some mesh axes (`cost_model::axis_links`, say an axis
 /// across nodes) stay as given.
+///
+/// What one GEMM and one update do not show (a kernel's own efficiency on its shapes, the
+/// ranks' contention for a node's memory), a profiled step of the program shows:
+/// `calibrate_ops` fits a factor per primitive from it, for the search to price with.
+///
+///     net.profile_steps();                 // a compiled program (graph/profile.hpp)
+///     for (int i = 0; i < 5; ++i) train_step(net);
+///     machine = xshard::calibrate_ops(mesh.comm(), machine, net.profile(), found);
+///     found = xshard::search_program(traced, mesh.shape(), {.machine = machine});
 
+#include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/core/mesh.hpp>
+#include <xshard/graph/profile.hpp>
 #include <xshard/ops/matmul.hpp>
 #include <xshard/optim/optimizers.hpp>
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/search/machine_model.hpp>
+#include <xshard/search/program_search.hpp>
 #include <xshard/tensor/distribute.hpp>
 
 #include <algorithm>
@@ -31,6 +43,7 @@
 #include <cstddef>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <span>
 #include <string>
 #include <utility>
@@ -257,6 +270,54 @@ machine_model measure_machine(const communicator& c, machine_model base = {},
     base.element = sizeof(T);
     if (sample.fit_links)
         base.links = calibrate_links(c, base.links, sample.links).links;
+    return base;
+}
+
+/// `base` with the factors of the primitives (`machine_model::op_scale`) fitted on a profiled
+/// step: `measured` is the profile (graph/profile.hpp) of a program compiled with the strategy
+/// `priced`, which the search found with `base`. Per primitive, the seconds its nodes'
+/// kernels and VJPs took per step, on the slowest rank, over the compute `priced` gave them,
+/// times the factor they were priced with; the redistributions and the gradient
+/// synchronisation keep their prices (the links). A primitive priced at no time keeps its
+/// factor. Then the search prices this program, and programs of the same shapes, as they run
+/// on these ranks. Raises xshard::error on every rank when `measured` holds no pass of
+/// `priced`'s nodes. Collective over `c`: one all-reduce.
+inline machine_model calibrate_ops(const communicator& c, machine_model base,
+                                   const program_profile& measured,
+                                   const program_strategy& priced) {
+    std::map<std::string, double> seconds_of;
+    for (const auto& n : measured.nodes)
+        seconds_of[n.node] = n.forward + n.backward;
+    // Per primitive, in name order (the same on every rank): measured seconds per step,
+    // priced seconds.
+    std::map<std::string, std::array<double, 2>> ops;
+    bool fits = measured.forward_passes > 0;
+    for (const auto& n : priced.nodes) {
+        const auto it = seconds_of.find(n.node);
+        fits = fits && it != seconds_of.end();
+        auto& op = ops[n.op];
+        if (it != seconds_of.end())
+            op[0] += it->second / double(std::max<std::size_t>(measured.forward_passes, 1));
+        op[1] += n.compute;
+    }
+    const auto counts = value_ranges<1>(c, {ops.size()});
+    agree_on_error(
+        c, fits && counts[0].agrees()
+               ? std::nullopt
+               : std::optional<std::string>(
+                     "xshard: calibrate_ops: the profile holds no step of the strategy's "
+                     "program on every rank (profile_steps, then run a step, on the program "
+                     "compiled with it)"));
+    std::vector<double> slowest;
+    for (const auto& [name, t] : ops)
+        slowest.push_back(t[0]);
+    allreduce(c, std::span(slowest), reduction::max);
+    std::size_t k = 0;
+    for (const auto& [name, t] : ops) {
+        const double was = base.scale_of(name), now = slowest[k++];
+        if (t[1] > 0 && now > 0)
+            base.set_scale_of(name, was * now / t[1]);
+    }
     return base;
 }
 

@@ -2,19 +2,25 @@
 /// \file
 /// The machine the strategy search prices with (MindSpore's auto-parallel cost model's
 /// figures): the alpha-beta links of the redistribution planner, one rank's GEMM speed and
-/// memory bandwidth, the element size, the optimizer's state and hsdp's threshold. The
-/// defaults are guesses; search/calibrate.hpp measures the ranks that will run
-/// (benchmarks/README.md gives the figures measured against these defaults).
+/// memory bandwidth, the element size, the optimizer's state, hsdp's threshold and a factor
+/// per primitive fitted on a profiled step. The defaults are guesses; search/calibrate.hpp
+/// measures the ranks that will run (benchmarks/README.md gives the figures measured against
+/// these defaults).
 
 #include <xshard/redistribute/cost_model.hpp>
 
 #include <cstddef>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 namespace xshard {
 
 /// What the search prices with: the alpha-beta links of the redistribution planner
 /// (`cost_model`, per kind or per mesh axis), the GEMM speed and memory bandwidth of one rank,
-/// the element size, the optimizer's state per weight element and the hsdp threshold.
+/// the element size, the optimizer's state per weight element, the hsdp threshold, and the
+/// factors of primitives' prices fitted on a profiled step.
 struct machine_model {
     cost_model links{};
     /// FLOP/s of one rank's GEMM (measure_machine measures it: OpenBLAS, one core).
@@ -34,6 +40,30 @@ struct machine_model {
     /// 16-core Xeon with ResNet-18 (benchmarks/README.md): the sharded step took 1.07-1.09x
     /// the all-reduce's at 2 ranks, 1.01-1.03x at 4, 0.96-1.00x at 8 and 0.88-0.93x at 16.
     int sharded_update_min_ranks = 8;
+    /// Per primitive (by name): its measured compute over its price, which multiplies the
+    /// price of its nodes in the search on programs; 1 for a primitive not named.
+    /// `calibrate_ops` (search/calibrate.hpp) fits them from a profiled step of the program
+    /// itself, on the ranks that run it: what one GEMM and one update cannot show (a kernel's
+    /// own efficiency on its shapes, the ranks' contention).
+    std::vector<std::pair<std::string, double>> op_scale{};
+
+    /// The factor of primitive `op`'s price.
+    double scale_of(std::string_view op) const {
+        for (const auto& [name, f] : op_scale)
+            if (name == op)
+                return f;
+        return 1.0;
+    }
+
+    /// Sets the factor of primitive `op`'s price.
+    void set_scale_of(std::string_view op, double factor) {
+        for (auto& [name, f] : op_scale)
+            if (name == op) {
+                f = factor;
+                return;
+            }
+        op_scale.emplace_back(std::string(op), factor);
+    }
 };
 
 } // namespace xshard

@@ -10,7 +10,8 @@
 /// gives. A way costs its compute, forward and backward (the primitive's FLOPs at the GEMM
 /// speed, the bytes it streams, `op_rules::passes` times, at the memory bandwidth, and the
 /// messages its kernels send themselves, `op_rules::kernel_seconds`: a window's halos over a
-/// split height or width), and the gradient synchronisation of the weights it is the first
+/// split height or width), times the machine's factor for its primitive
+/// (`machine_model::op_scale`), and the gradient synchronisation of the weights it is the first
 /// to read. Each edge of the graph (a value from the node that
 /// writes it to a node that reads it) costs the redistribution of the value forward and of
 /// its cotangent backward, priced by the redistribution planner's own route
@@ -1018,6 +1019,7 @@ private:
         // The backward pass does about twice the forward's arithmetic.
         w.compute = 3 * flops / o_.machine.gemm_flops +
                     passes * bytes / o_.machine.memory_bandwidth + messages;
+        w.compute *= o_.machine.scale_of(n.op);
         return w;
     }
 
