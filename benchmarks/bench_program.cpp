@@ -567,14 +567,14 @@ void searched_case(const xshard::bench::options& o, const std::string& name,
         megatron_seconds = hand.baseline_seconds;
     }
     const bool dp_best = dp_seconds <= megatron_seconds;
+    const auto best_hand = [&] {
+        if (dp_best)
+            train_step(by_dp, dp_in.first, dp_in.second);
+        else
+            train_step(*by_tp, tp_in.first, tp_in.second);
+    };
     const auto t = xshard::bench::compare(
-        world, o, [&] { train_step(searched, searched_in.first, searched_in.second); },
-        [&] {
-            if (dp_best)
-                train_step(by_dp, dp_in.first, dp_in.second);
-            else
-                train_step(*by_tp, tp_in.first, tp_in.second);
-        });
+        world, o, [&] { train_step(searched, searched_in.first, searched_in.second); }, best_hand);
     if (!megatron)
         dp_seconds = t.baseline_seconds;
     // The search again, on the primitives' factors fitted on a profiled step of the first
@@ -587,13 +587,7 @@ void searched_case(const xshard::bench::options& o, const std::string& name,
     auto refit = xshard::compile<T>(refit_program, *refit_mesh, {.seed = 1});
     const auto refit_in = inputs(*refit_mesh);
     const auto c = xshard::bench::compare(
-        world, o, [&] { train_step(refit, refit_in.first, refit_in.second); },
-        [&] {
-            if (dp_best)
-                train_step(by_dp, dp_in.first, dp_in.second);
-            else
-                train_step(*by_tp, tp_in.first, tp_in.second);
-        });
+        world, o, [&] { train_step(refit, refit_in.first, refit_in.second); }, best_hand);
     if (o.profile) {
         refit.profile_steps();
         for (int r = 0; r < o.reps; ++r)
