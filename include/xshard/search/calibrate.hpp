@@ -281,7 +281,7 @@ machine_model measure_machine(const communicator& c, machine_model base = {},
 /// synchronisation keep their prices (the links). A primitive priced at no time keeps its
 /// factor. Then the search prices this program, and programs of the same shapes, as they run
 /// on these ranks. Raises xshard::error on every rank when `measured` holds no pass of
-/// `priced`'s nodes. Collective over `c`: one all-reduce.
+/// `priced`'s nodes. Collective over `c`: three all-reduces of a few numbers.
 inline machine_model calibrate_ops(const communicator& c, machine_model base,
                                    const program_profile& measured,
                                    const program_strategy& priced) {
