@@ -25,8 +25,8 @@
 //       of each beyond its weights and gradients (peak resident set during two steps,
 //       after malloc_trim) and their ratio (the target: <= 1.05); the step timed again
 //       after that ("warm_heap_": the layers' allocations then reuse the heap); and with
-//       every residual block recomputed, its step time against the plain program's and
-//       its arena's ratio.
+//       the stem and every residual block recomputed, its step time against the plain
+//       program's and its arena's ratio.
 //   trace_compile_resnet50_<p>: tracing and compiling ResNet-50 (32 images of 224 x 224,
 //       1000 classes, f32) data parallel over p ranks, against tracing alone ("trace").
 //   dispatch_per_node: a forward pass of a program of 256 scale nodes on one element, per
@@ -271,7 +271,8 @@ void resnet_case(const mesh_t& mesh, const xshard::bench::options& o) {
             return xshard::models::resnet(in, xshard::models::resnet18_depths, classes);
         },
         xshard::input<float>("x", {images, 3, side, side}));
-    std::vector<std::string> blocks;
+    // The stem (a run of nodes: conv1, bn1, the relu, the pooling) and each residual block.
+    std::vector<std::string> blocks = {"conv1..max_pool2d"};
     for (int l = 1; l <= 4; ++l)
         for (int b = 0; b < 2; ++b)
             blocks.push_back("layer" + std::to_string(l) + "." + std::to_string(b));

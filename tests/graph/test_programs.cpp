@@ -529,12 +529,44 @@ TEST(programs, recomputed_custom_nodes_and_shared_weights_give_the_same_gradient
     }
 }
 
+TEST(programs, a_recomputed_run_of_nodes_gives_the_same_gradients) {
+    std::mt19937 engine(15);
+    const xt::xtensor<double, 2> x = xt::random::rand<double>({batch, features}, -1.0, 1.0, engine);
+    const xt::xtensor<std::int64_t, 1> y =
+        xt::random::randint<std::int64_t>({batch}, 0, classes, engine);
+    const int p = world().size();
+    for (const int dp : {1, p}) {
+        const mesh_t mesh(world(), {dp, p / dp});
+        const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[dp, -]");
+        const auto dy = xshard::distribute<xshard::dynamic_layout(1)>(mesh, y, "[dp]");
+        auto plain = xshard::compile<double>(residual_mlp(mesh), mesh, {.seed = 4});
+        // One run from the relu through the scope "again" (relu, the skip's add, the custom
+        // node, again.matmul), and a run of one node.
+        auto run = xshard::compile<double>(residual_mlp(mesh), mesh,
+                                           {.seed = 4, .recompute = {"relu..again", "add_1..add_1"}});
+        EXPECT_NE(run.report().find("recomputed in the backward pass"), std::string::npos);
+        EXPECT_EQ(plain.train_step(dx, dy), run.train_step(dx, dy));
+        const auto g = weights_of(plain, true), h = weights_of(run, true);
+        for (const auto& [name, v] : g)
+            EXPECT_LT(double(xt::amax(xt::abs(h.at(name) - v))()), 1e-14)
+                << name << " on dp " << dp;
+    }
+}
+
 TEST(programs, a_recomputed_scope_that_names_no_node_raises) {
     const mesh_t mesh(world(), {world().size(), 1});
     for (const std::string scope : {"nowhere", "agai", "again.matmul.x"})
         xshard::testing::expect_error(
             [&] { xshard::compile<double>(residual_mlp(mesh), mesh, {.recompute = {scope}}); },
             "recompute names the scope '" + scope + "', which holds no node");
+    const std::vector<std::pair<std::string, std::string>> runs = {
+        {"nowhere..again", "'nowhere' holds no node"},
+        {"relu..nowhere", "'nowhere' holds no node"},
+        {"again..relu", "'relu' ends before 'again' begins"}};
+    for (const auto& [run, why] : runs)
+        xshard::testing::expect_error(
+            [&] { xshard::compile<double>(residual_mlp(mesh), mesh, {.recompute = {run}}); },
+            "recompute names the run '" + run + "', but " + why);
 }
 
 // --- shard() with a backward pass -------------------------------------------------------------

@@ -67,8 +67,10 @@ struct compile_options {
     /// `Cell.recompute()`, PyTorch's `checkpoint`): the `name_scope`s, by dotted name
     /// ("block0", "backbone.layer1"), whose nodes keep nothing from the forward pass. Their
     /// forward steps run again just before their VJPs, so the arena holds one scope's
-    /// activations at a time, for one more forward pass of each scope. The gradients are the
-    /// same. A scope that names no node raises.
+    /// activations at a time, for one more forward pass of each scope. An entry "a..b" is a
+    /// run recomputed as one: the nodes from the first of scope (or node) a to the last of
+    /// b, in the program's order ("conv1..max_pool2d": a stem outside every scope). The
+    /// gradients are the same. An entry that names no node raises.
     std::vector<std::string> recompute = {};
 };
 

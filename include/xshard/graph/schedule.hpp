@@ -126,8 +126,9 @@ inline shard_type local_shard_of(const value_shape& global, const layout& l, dty
 
 class schedule_builder {
 public:
-    /// `recompute`: the scopes (node-name prefixes) recomputed in the backward pass; throws
-    /// xshard::error naming a scope that holds no node. `regather`: weights' gathers run
+    /// `recompute`: the scopes (node-name prefixes), and runs of nodes from one scope to
+    /// another ("a..b"), recomputed in the backward pass; throws xshard::error naming an
+    /// entry that holds no node. `regather`: weights' gathers run
     /// again before the VJPs that read them.
     schedule_builder(const program& p, const program_layouts& lay, const mesh_view& mesh,
                      bool input_gradients, const std::vector<std::string>& recompute = {},
@@ -190,29 +191,57 @@ private:
                (node.size() == scope.size() || node[scope.size()] == '.');
     }
 
-    /// Each node's segment: its scope is the shortest recomputed scope it lies in, and a new
-    /// segment begins where the scope changes.
-    void find_segments(const std::vector<std::string>& scopes) {
-        segment_.assign(p_.nodes().size(), no_slot);
-        std::vector<bool> used(scopes.size(), false);
+    /// Each node's segment: its entry is the first run ("a..b") it lies in, else the shortest
+    /// recomputed scope it lies in, and a new segment begins where the entry changes.
+    void find_segments(const std::vector<std::string>& entries) {
+        const auto& nodes = p_.nodes();
+        segment_.assign(nodes.size(), no_slot);
+        // Per run entry: the nodes [first of scope a, last of scope b].
+        std::vector<std::pair<std::size_t, std::size_t>> runs(entries.size(), {no_slot, no_slot});
+        for (std::size_t k = 0; k < entries.size(); ++k) {
+            const auto dots = entries[k].find("..");
+            if (dots == std::string::npos)
+                continue;
+            const std::string a = entries[k].substr(0, dots), b = entries[k].substr(dots + 2);
+            for (std::size_t i = 0; i < nodes.size(); ++i) {
+                if (runs[k].first == no_slot && in_scope(nodes[i].name, a))
+                    runs[k].first = i;
+                if (in_scope(nodes[i].name, b))
+                    runs[k].second = i;
+            }
+            if (runs[k].first == no_slot || runs[k].second == no_slot ||
+                runs[k].second < runs[k].first)
+                throw error("xshard: compile: recompute names the run '" + entries[k] +
+                            "', but " +
+                            (runs[k].first == no_slot    ? "'" + a + "' holds no node"
+                             : runs[k].second == no_slot ? "'" + b + "' holds no node"
+                                                         : "'" + b + "' ends before '" + a +
+                                                               "' begins") +
+                            " of the program");
+        }
+        std::vector<bool> used(entries.size(), false);
         std::size_t previous = no_slot;
-        for (std::size_t i = 0; i < p_.nodes().size(); ++i) {
-            std::size_t scope = no_slot;
-            for (std::size_t k = 0; k < scopes.size(); ++k)
-                if (in_scope(p_.nodes()[i].name, scopes[k]) &&
-                    (scope == no_slot || scopes[k].size() < scopes[scope].size()))
-                    scope = k;
-            if (scope != no_slot) {
-                used[scope] = true;
-                if (scope != previous)
+        for (std::size_t i = 0; i < nodes.size(); ++i) {
+            std::size_t entry = no_slot;
+            for (std::size_t k = 0; k < entries.size() && entry == no_slot; ++k)
+                if (runs[k].first != no_slot && runs[k].first <= i && i <= runs[k].second)
+                    entry = k;
+            const bool in_run = entry != no_slot;
+            for (std::size_t k = 0; k < entries.size() && !in_run; ++k)
+                if (runs[k].first == no_slot && in_scope(nodes[i].name, entries[k]) &&
+                    (entry == no_slot || entries[k].size() < entries[entry].size()))
+                    entry = k;
+            if (entry != no_slot) {
+                used[entry] = true;
+                if (entry != previous)
                     segments_.emplace_back();
                 segment_[i] = segments_.size() - 1;
             }
-            previous = scope;
+            previous = entry;
         }
-        for (std::size_t k = 0; k < scopes.size(); ++k)
+        for (std::size_t k = 0; k < entries.size(); ++k)
             if (!used[k])
-                throw error("xshard: compile: recompute names the scope '" + scopes[k] +
+                throw error("xshard: compile: recompute names the scope '" + entries[k] +
                             "', which holds no node of the program");
     }
 
