@@ -567,6 +567,11 @@ TEST(programs, a_recomputed_scope_that_names_no_node_raises) {
         xshard::testing::expect_error(
             [&] { xshard::compile<double>(residual_mlp(mesh), mesh, {.recompute = {run}}); },
             "recompute names the run '" + run + "', but " + why);
+    xshard::testing::expect_error(
+        [&] {
+            xshard::compile<double>(residual_mlp(mesh), mesh, {.recompute = {"relu..again", "swish"}});
+        },
+        "recompute names the scope 'swish', whose nodes all lie in a run it also names");
 }
 
 // --- shard() with a backward pass -------------------------------------------------------------

@@ -240,9 +240,14 @@ private:
             previous = entry;
         }
         for (std::size_t k = 0; k < entries.size(); ++k)
-            if (!used[k])
-                throw error("xshard: compile: recompute names the scope '" + entries[k] +
-                            "', which holds no node of the program");
+            if (!used[k]) {
+                const bool held = std::any_of(nodes.begin(), nodes.end(), [&](const auto& n) {
+                    return in_scope(n.name, entries[k]);
+                });
+                throw error("xshard: compile: recompute names the scope '" + entries[k] + "', " +
+                            (held ? "whose nodes all lie in a run it also names"
+                                  : "which holds no node of the program"));
+            }
     }
 
     /// What the VJPs of a segment's kernels read (see add_vjp's saves).
