@@ -507,7 +507,7 @@ TEST(programs, recomputed_scopes_give_the_same_gradients_in_a_smaller_arena) {
     }
 }
 
-TEST(programs, recomputed_custom_nodes_and_shared_weights_give_the_same_gradients) {
+TEST(programs, recomputed_custom_nodes_shared_weights_and_runs_give_the_same_gradients) {
     std::mt19937 engine(14);
     const xt::xtensor<double, 2> x = xt::random::rand<double>({batch, features}, -1.0, 1.0, engine);
     const xt::xtensor<std::int64_t, 1> y =
@@ -518,38 +518,22 @@ TEST(programs, recomputed_custom_nodes_and_shared_weights_give_the_same_gradient
         const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[dp, -]");
         const auto dy = xshard::distribute<xshard::dynamic_layout(1)>(mesh, y, "[dp]");
         auto plain = xshard::compile<double>(residual_mlp(mesh), mesh, {.seed = 4});
-        // The custom node, the scope reading the shared weight, and the head (the loss).
-        auto again = xshard::compile<double>(residual_mlp(mesh), mesh,
-                                             {.seed = 4, .recompute = {"swish", "again"}});
-        EXPECT_EQ(plain.train_step(dx, dy), again.train_step(dx, dy));
-        const auto g = weights_of(plain, true), h = weights_of(again, true);
-        for (const auto& [name, v] : g)
-            EXPECT_LT(double(xt::amax(xt::abs(h.at(name) - v))()), 1e-14)
-                << name << " on dp " << dp;
-    }
-}
-
-TEST(programs, a_recomputed_run_of_nodes_gives_the_same_gradients) {
-    std::mt19937 engine(15);
-    const xt::xtensor<double, 2> x = xt::random::rand<double>({batch, features}, -1.0, 1.0, engine);
-    const xt::xtensor<std::int64_t, 1> y =
-        xt::random::randint<std::int64_t>({batch}, 0, classes, engine);
-    const int p = world().size();
-    for (const int dp : {1, p}) {
-        const mesh_t mesh(world(), {dp, p / dp});
-        const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[dp, -]");
-        const auto dy = xshard::distribute<xshard::dynamic_layout(1)>(mesh, y, "[dp]");
-        auto plain = xshard::compile<double>(residual_mlp(mesh), mesh, {.seed = 4});
-        // One run from the relu through the scope "again" (relu, the skip's add, the custom
-        // node, again.matmul), and a run of one node.
-        auto run = xshard::compile<double>(residual_mlp(mesh), mesh,
-                                           {.seed = 4, .recompute = {"relu..again", "add_1..add_1"}});
-        EXPECT_NE(run.report().find("recomputed in the backward pass"), std::string::npos);
-        EXPECT_EQ(plain.train_step(dx, dy), run.train_step(dx, dy));
-        const auto g = weights_of(plain, true), h = weights_of(run, true);
-        for (const auto& [name, v] : g)
-            EXPECT_LT(double(xt::amax(xt::abs(h.at(name) - v))()), 1e-14)
-                << name << " on dp " << dp;
+        const double loss = plain.train_step(dx, dy);
+        const auto g = weights_of(plain, true);
+        // The custom node and the scope reading the shared weight; then one run from the relu
+        // through the scope "again" (the skip's add, the custom node, again.matmul) and a run
+        // of one node.
+        for (const auto& recompute : std::vector<std::vector<std::string>>{
+                 {"swish", "again"}, {"relu..again", "add_1..add_1"}}) {
+            auto again = xshard::compile<double>(residual_mlp(mesh), mesh,
+                                                 {.seed = 4, .recompute = recompute});
+            EXPECT_NE(again.report().find("recomputed in the backward pass"), std::string::npos);
+            EXPECT_EQ(loss, again.train_step(dx, dy));
+            const auto h = weights_of(again, true);
+            for (const auto& [name, v] : g)
+                EXPECT_LT(double(xt::amax(xt::abs(h.at(name) - v))()), 1e-14)
+                    << name << " on dp " << dp << ", recomputing " << recompute.front();
+        }
     }
 }
 
