@@ -16,8 +16,10 @@
 #include <xshard/graph/primitives/shape.hpp>
 #include <xshard/graph/profile.hpp>
 #include <xshard/graph/program.hpp>
+#include <xshard/graph/program_chain.hpp>
 #include <xshard/graph/registry.hpp>
 #include <xshard/graph/schedule.hpp>
+#include <xshard/graph/split.hpp>
 #include <xshard/graph/trace.hpp>
 #include <xshard/ops/conv.hpp>
 #include <xshard/ops/elementwise.hpp>

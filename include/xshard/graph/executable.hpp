@@ -165,7 +165,9 @@ struct step_pointers {
 } // namespace detail
 
 /// A program compiled onto a mesh of type Mesh with floating element type T (see the file
-/// comment). Movable, not copyable.
+/// comment). Movable and copyable: a copy is the same program compiled again on the same mesh
+/// (no message), with copies of the weights and an arena of its own, so copies can hold the
+/// activations of different batches at once (a pipeline's micro-batches in flight).
 template <class T, mesh_type Mesh>
 class compiled_program {
 public:
@@ -183,6 +185,27 @@ public:
         : s_(std::make_unique<state>(std::move(p), mesh, std::move(options))) {
         s_->build();
     }
+
+    /// A copy (see the class comment). A program with custom-VJP nodes raises: their layers
+    /// keep activations and weights themselves, which a copy would share.
+    compiled_program(const compiled_program& o)
+        : s_(std::make_unique<state>(o.s_->prog, o.s_->mesh, o.s_->options)) {
+        for (const auto& n : o.s_->prog.nodes())
+            if (n.custom)
+                throw error("xshard: compiled_program: the program holds the custom-VJP node " +
+                            n.name +
+                            ", whose layer keeps its activations and weights itself; "
+                            "a copy of the program would share them");
+        s_->build(&o.s_->weights);
+        s_->profile_steps(o.s_->profiling);
+    }
+    compiled_program(compiled_program&&) noexcept = default;
+    compiled_program& operator=(const compiled_program& o) {
+        if (this != &o)
+            *this = compiled_program(o);
+        return *this;
+    }
+    compiled_program& operator=(compiled_program&&) noexcept = default;
 
     /// The program as traced.
     const program& source() const noexcept { return s_->prog; }
@@ -407,7 +430,9 @@ private:
             view.group = [mp](axis_set axes) -> const communicator& { return mp->sub(axes); };
         }
 
-        void build() {
+        /// Lays out, schedules and plans the program, and makes its weights: drawn, or copies
+        /// of `weights_from` (another compilation's of the same program).
+        void build(const std::deque<any_weight>* weights_from = nullptr) {
             check_types();
             lay = assign_layouts(prog, view.shape, options.layouts);
             sched = detail::schedule_builder(prog, lay, view, options.input_gradients,
@@ -437,7 +462,10 @@ private:
                                                                       from.l, to.l)
                                     : detail::make_move<T>(mesh, view, from.global, from.l, to.l));
             }
-            make_weights();
+            if (weights_from)
+                weights = *weights_from;
+            else
+                make_weights();
             // Left uninitialised: pages are touched (and faulted in) only where slots are used.
             arena = std::make_unique_for_overwrite<std::byte[]>(sched.arena_bytes + 64);
             std::byte* base = arena.get();

@@ -1,0 +1,258 @@
+// Pipelines of programs: a traced network cut into its modules (graph/split.hpp) and run as a
+// chain of layers (graph/program_chain.hpp) through the pipeline runtime. For every mesh
+// pp x dp x tp of the world (pp up to 4) and every schedule, one step's loss and every
+// gradient equal the whole program's on one rank (1e-12). A compiled program's copies hold
+// their own activations. Cuts that do not fit raise one sentence naming what crosses them.
+
+#include <xshard/graph.hpp>
+#include <xshard/nn/embedding.hpp>
+#include <xshard/pipeline/pipeline.hpp>
+#include <xshard/tensor/distribute.hpp>
+#include <xshard/tensor/gather.hpp>
+
+#include "expect_error.hpp"
+#include "mpi_test.hpp"
+
+#include <gtest/gtest.h>
+#include <xtensor/xrandom.hpp>
+
+#include <array>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+namespace chain_case { // apart from the other files of this unity build
+
+using xshard::traced_tensor;
+using xshard::testing::expect_error;
+using xshard::testing::world;
+namespace ops = xshard::ops;
+namespace pp = xshard::pipeline;
+using stage_mesh_t = xshard::mesh<"dp", "tp">;
+using full_mesh_t = xshard::mesh<"pp", "dp", "tp">;
+using chain_t = xshard::program_chain<double, stage_mesh_t>;
+using X = chain_t::tensor_type;
+constexpr std::size_t features = 6, hidden = 8, classes = 5;
+
+/// Five modules: fc0 (matmul, bias, relu), block1 (a skip connection inside its scope), fc2
+/// (its matmul split over tp by its annotation when tp > 1), a gelu outside every scope, and
+/// head. `rows` rows of input.
+xshard::program network(std::size_t rows, int tp) {
+    return xshard::trace(
+        [&](traced_tensor x) {
+            {
+                xshard::name_scope s("fc0");
+                auto w = xshard::param("weight", {features, hidden},
+                                       xshard::initializer::normal(0, 0.4));
+                auto b = xshard::param("bias", {hidden}, xshard::initializer::uniform(-0.1, 0.1));
+                x = ops::relu(ops::matmul(x, w) + b);
+            }
+            {
+                xshard::name_scope s("block1");
+                auto w =
+                    xshard::param("weight", {hidden, hidden}, xshard::initializer::normal(0, 0.4));
+                x = x + ops::relu(ops::matmul(x, w));
+            }
+            {
+                xshard::name_scope s("fc2");
+                auto w =
+                    xshard::param("weight", {hidden, hidden}, xshard::initializer::normal(0, 0.4));
+                x = tp > 1 ? ops::matmul.shard({{1, 1}, {1, tp}})(x, w) : ops::matmul(x, w);
+            }
+            x = ops::gelu(x);
+            xshard::name_scope s("head");
+            return ops::matmul(
+                x, xshard::param("weight", {hidden, classes}, xshard::initializer::normal(0, 0.4)));
+        },
+        xshard::input<double>("x", {rows, features}));
+}
+
+struct batch {
+    xt::xtensor<double, 2> x;
+    xt::xtensor<std::int64_t, 1> y;
+};
+
+batch make_batch(std::size_t rows, unsigned seed) {
+    std::mt19937 e(seed);
+    batch b{xt::random::rand<double>({rows, features}, -1.0, 1.0, e), {}};
+    b.y = xt::xtensor<std::int64_t, 1>::from_shape({rows});
+    for (auto& v : b.y)
+        v = std::int64_t(e() % classes);
+    return b;
+}
+
+/// The whole program on one rank: the loss of the batch and every gradient by name.
+std::pair<double, std::map<std::string, xt::xarray<double>>> one_rank(const batch& b) {
+    const stage_mesh_t one(xshard::communicator::self(), {1, 1});
+    auto net = xshard::compile<double>(network(b.x.shape()[0], 1), one, {.seed = 7});
+    xshard::nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+    const double value =
+        loss.forward(net.forward(xshard::distribute<xshard::dynamic_layout(2)>(one, b.x, "[-, -]")),
+                     xshard::distribute<xshard::dynamic_layout(1)>(one, b.y, "[-]"));
+    net.backward(loss.backward());
+    std::map<std::string, xt::xarray<double>> grads;
+    xshard::for_each_weight(net, [&](const std::string& name, auto& w) {
+        grads[name] = xshard::gather_all(xshard::ops::resolve(w.grad));
+    });
+    return {value, grads};
+}
+
+TEST(program_chain, a_pipelined_program_equals_the_whole_program_on_one_rank) {
+    const int n = world().size();
+    for (int p = 1; p <= 4; ++p)
+        for (int tp = 1; tp <= 2; ++tp) {
+            if (n % (p * tp) != 0)
+                continue;
+            const int dp = n / (p * tp);
+            const full_mesh_t mesh({p, dp, tp});
+            const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+            const int m = 2 * p; // a multiple of p, for the interleaved schedule
+            // Each rank's rows cut into m equal micro-batches: a program takes one shape.
+            const std::size_t micro_rows = std::size_t(3 * dp);
+            const auto b = make_batch(micro_rows * std::size_t(m), 11);
+            const auto [expected_loss, expected] = one_rank(b);
+            const auto x =
+                xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x, "[dp, -]");
+            const auto y = xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y, "[dp]");
+            std::vector<std::pair<pp::schedule_kind, int>> runs{
+                {pp::schedule_kind::gpipe, 1},
+                {pp::schedule_kind::one_f_one_b, 1},
+                {pp::schedule_kind::zero_bubble, 1}};
+            if (2 * p <= 5)
+                runs.emplace_back(pp::schedule_kind::interleaved, 2);
+            for (const auto& [kind, v] : runs) {
+                const std::string where = "mesh pp=" + std::to_string(p) +
+                                          " dp=" + std::to_string(dp) +
+                                          " tp=" + std::to_string(tp) + ", " +
+                                          std::string(pp::name(kind)) + " v=" + std::to_string(v);
+                chain_t chain(network(micro_rows, tp), stage_mesh, {.seed = 7});
+                ASSERT_EQ(chain.layers().size(), 5u);
+                xshard::nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+                pp::pipeline<chain_t, X> pipe(mesh, "pp", stage_mesh, chain,
+                                              {.micro_batches = m,
+                                               .scheduler = kind,
+                                               .virtual_stages = v,
+                                               .output_broadcast = true});
+                const double value = pipe.step(x, y, loss);
+                pipe.synchronize_gradients();
+                EXPECT_NEAR(value, expected_loss, 1e-12) << where;
+                int checked = 0;
+                xshard::for_each_weight(pipe.local_parameters(), [&](const std::string& name,
+                                                                     auto& w) {
+                    const xt::xarray<double> g = xshard::gather_all(xshard::ops::resolve(w.grad));
+                    ASSERT_TRUE(expected.count(name)) << name << ", " << where;
+                    EXPECT_TRUE(xt::allclose(g, expected.at(name), 1e-12, 1e-12))
+                        << name << ", " << where;
+                    ++checked;
+                });
+                int total = checked;
+                xshard::mpi::allreduce(mesh.sub<"pp">(), std::span(&total, 1),
+                                       xshard::reduction::sum);
+                EXPECT_EQ(total, int(expected.size())) << where;
+            }
+        }
+}
+
+TEST(program_chain, a_chain_without_a_pipeline_and_a_copied_program_keep_their_own_activations) {
+    const int n = world().size();
+    const stage_mesh_t mesh({n, 1});
+    const std::size_t rows = std::size_t(2 * n + 1);
+    const auto b1 = make_batch(rows, 3), b2 = make_batch(rows, 4);
+    const auto x1 = xshard::distribute<xshard::dynamic_layout(2)>(mesh, b1.x, "[dp, -]");
+    const auto x2 = xshard::distribute<xshard::dynamic_layout(2)>(mesh, b2.x, "[dp, -]");
+    auto whole =
+        xshard::compile<double>(network(rows, 1), mesh, {.seed = 7, .input_gradients = true});
+    const auto y1 = whole.forward(x1);
+    whole.backward(y1); // dy = y: a cotangent that differs per batch
+    const xt::xarray<double> dx1 = xshard::gather_all(whole.input_gradient<2>(0));
+    std::map<std::string, xt::xarray<double>> g1;
+    xshard::for_each_weight(whole, [&](const std::string& name, auto& w) {
+        g1[name] = xshard::gather_all(xshard::ops::resolve(w.grad));
+        w.zero_grad();
+    });
+    // The chain: the same output, input cotangent and gradients.
+    chain_t chain(network(rows, 1), mesh, {.seed = 7, .input_gradients = true});
+    const auto cy = chain.forward(x1);
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(cy), xshard::gather_all(y1), 1e-13, 1e-13));
+    const auto cdx = chain.backward(cy);
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(cdx), dx1, 1e-12, 1e-12));
+    std::size_t seen = 0;
+    xshard::for_each_weight(chain, [&](const std::string& name, auto& w) {
+        ASSERT_TRUE(g1.count(name)) << name;
+        EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::resolve(w.grad)), g1.at(name),
+                                 1e-12, 1e-12))
+            << name;
+        ++seen;
+    });
+    EXPECT_EQ(seen, g1.size());
+    // A copy runs another batch between the original's forward and backward passes: the
+    // original's backward still sees its own batch.
+    whole.forward(x1);
+    auto copy = whole;
+    const auto y2 = copy.forward(x2);
+    copy.backward(y2);
+    whole.backward(y1);
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(whole.input_gradient<2>(0)), dx1, 1e-13, 1e-13));
+    xshard::for_each_weight(whole, [&](const std::string& name, auto& w) {
+        EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::resolve(w.grad)), g1.at(name),
+                                 1e-13, 1e-13))
+            << name;
+    });
+}
+
+TEST(program_chain, cuts_that_do_not_fit_raise_naming_what_crosses_them) {
+    const auto x = xshard::input<double>("x", {4, features});
+    auto scoped = [](const char* name, traced_tensor h, const char* weight) {
+        xshard::name_scope s(name);
+        return ops::matmul(h, xshard::param(weight, {features, features}));
+    };
+    // A skip connection from fc0's output into fc2, over fc1.
+    const auto skip = xshard::trace(
+        [&](traced_tensor h) {
+            auto a = scoped("fc0", h, "w");
+            auto c = scoped("fc1", a, "w");
+            xshard::name_scope s("fc2");
+            return c + a;
+        },
+        x);
+    expect_error([&] { (void)xshard::split_modules(skip); },
+                 "fc2 reads fc0.matmul, fc1.matmul, but a module reads one tensor");
+    // A weight declared outside the module that uses it.
+    const auto outside = xshard::trace(
+        [&](traced_tensor h) {
+            auto w = xshard::param("w", {features, features});
+            xshard::name_scope s("fc0");
+            return ops::matmul(h, w);
+        },
+        x);
+    expect_error([&] { (void)xshard::split_modules(outside); },
+                 "the weight w of fc0 is not named inside it");
+    // A scope entered twice.
+    const auto twice = xshard::trace(
+        [&](traced_tensor h) {
+            h = scoped("fc0", h, "w");
+            h = scoped("fc1", h, "w");
+            return scoped("fc0", h, "v");
+        },
+        x);
+    expect_error([&] { (void)xshard::split_modules(twice); },
+                 "the nodes of fc0 are not consecutive");
+    // A tensor of another rank between modules.
+    const stage_mesh_t mesh({world().size(), 1});
+    const auto reduced = xshard::trace(
+        [&](traced_tensor h) {
+            h = scoped("fc0", h, "w");
+            xshard::name_scope s("sum");
+            return ops::sum<1>(h);
+        },
+        x);
+    expect_error([&] { chain_t c(reduced, mesh); },
+                 "the output of sum is f64(4,), but the chain's tensors are f64 of rank 2");
+    expect_error([&] { chain_t c(network(4, 1), mesh, {.recompute = {"fc0..head"}}); },
+                 "the recomputed run fc0..head spans the modules fc0 and head");
+}
+
+} // namespace chain_case
+} // namespace
