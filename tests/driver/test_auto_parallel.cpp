@@ -721,6 +721,89 @@ TEST(model_driver, pipeline_stages_equal_one_rank) {
     }
 }
 
+/// A traced network cut into modules fc0, fc1 (a skip connection inside) and head, for
+/// batches of `batch_rows` rows (graph/program_chain.hpp).
+using chain_t = xshard::program_chain<double, mesh_t>;
+xshard::program chain_network(std::size_t batch_rows) {
+    namespace ops = xshard::ops;
+    return xshard::trace(
+        [](xshard::traced_tensor x) {
+            const auto normal = xshard::initializer::normal(0, 0.3);
+            {
+                xshard::name_scope s("fc0");
+                x = ops::relu(ops::matmul(x, xshard::param("weight", {features, hidden}, normal)) +
+                              xshard::param("bias", {hidden}));
+            }
+            {
+                xshard::name_scope s("fc1");
+                x = x + ops::gelu(ops::matmul(x, xshard::param("weight", {hidden, hidden}, normal)));
+            }
+            xshard::name_scope s("head");
+            return ops::matmul(x, xshard::param("weight", {hidden, features}, normal));
+        },
+        xshard::input<double>("x", {batch_rows, features}));
+}
+
+/// The driver's 2 epochs of 4 steps and an eval on the program chain, through a pipeline over
+/// axis pp of `full` with 2 micro-batches (none for pp 1), hsdp at `level` per stage when one
+/// is given;
+/// the weights read after every stage has shared its own.
+record drive_chain(const pp_mesh_t& full, const char* level) {
+    const int p = full.axis_size<"pp">();
+    const auto stage = xshard::pipeline::stage_mesh_of<mesh_t>(full);
+    chain_t chain(chain_network(p > 1 ? rows / 2 : rows), stage, {.seed = 3});
+    xshard::auto_parallel<chain_t, pp_mesh_t> c(chain, full);
+    c.pipeline(p);
+    if (*level)
+        c.hsdp(-1, 0, level);
+    optim::momentum opt({.lr = 0.1, .momentum = 0.9});
+    nn::parallel_cross_entropy<double, mesh_t> loss;
+    xshard::model trainer(c, loss, opt, {.micro_batches = p > 1 ? 2 : 1});
+    record r;
+    r.losses = trainer.train(2, epochs_of_batches{&stage, 4});
+    const auto e = trainer.eval(std::vector{batch(stage, 8), batch(stage, 9)});
+    r.losses.push_back(e.loss);
+    r.losses.push_back(e.accuracy);
+    trainer.share_stage_weights();
+    xshard::for_each_weight(chain, [&](const std::string&, auto& w) {
+        r.weights.push_back(xshard::gather_all(w.value));
+    });
+    return r;
+}
+
+/// A program's pipeline through the driver: a traced network, no hand-written backward, cut
+/// into stages at its modules, trains and evaluates like the same chain on one rank, at pp 2
+/// and 3, with and without hsdp levels 1 and 3 per stage. A compiled program itself is
+/// refused, with the chain named.
+TEST(model_driver, a_program_chain_trains_through_a_pipeline_like_one_rank) {
+    const auto serial = drive_chain(pp_mesh_t(xshard::communicator::self(), {1, 1, 1}), "");
+    const auto w = world();
+    std::vector<pp_mesh_t> meshes;
+    if (w.size() % 2 == 0)
+        meshes.push_back(pp_mesh_t(w, {2, w.size() / 2, 1}));
+    if (w.size() % 4 == 0)
+        meshes.push_back(pp_mesh_t(w, {2, w.size() / 4, 2}));
+    if (w.size() % 3 == 0)
+        meshes.push_back(pp_mesh_t(w, {3, w.size() / 3, 1}));
+    for (const auto& full : meshes) {
+        expect_same(drive_chain(full, ""), serial, where(full));
+        for (const char* level : {"level1", "level3"})
+            expect_same(drive_chain(full, level), serial,
+                        where(full) + " hsdp " + level + " per stage");
+    }
+    if (w.size() % 2 == 0) {
+        const pp_mesh_t full(w, {2, w.size() / 2, 1});
+        const auto stage = xshard::pipeline::stage_mesh_of<mesh_t>(full);
+        auto net = xshard::compile<double>(chain_network(rows), stage);
+        xshard::auto_parallel c(net, full);
+        c.pipeline(2);
+        optim::sgd opt({.lr = 0.1});
+        nn::parallel_cross_entropy<double, mesh_t> loss;
+        expect_error([&] { xshard::model(c, loss, opt); }, "make the program an "
+                                                           "xshard::program_chain");
+    }
+}
+
 TEST(model_driver, gradient_accumulation_equals_the_large_batch_step) {
     // K slices of each rank's rows, one reduction and one update: the same losses and weights
     // as the step of the whole batch, to 1e-12; with hsdp (level3 gathering once around the

@@ -135,12 +135,13 @@ concept auto_parallel_configuration = requires(P& p) {
 namespace detail {
 
 /// The samples among `logits` (rows x classes) whose largest logit is at their label, over
-/// the mesh: the classes are all-gathered over the axes that split them (a redistribution;
-/// nothing when they are whole), each row is counted by one rank of the ranks that hold it,
-/// and the counts are summed (one all-reduce of one integer).
+/// the mesh: the logits are laid out with their rows split like the labels' and their classes
+/// whole (a redistribution; nothing when they are so already), each row is counted by one
+/// rank of the ranks that hold it, and the counts are summed (one all-reduce of one integer).
 template <distributed_tensor L, distributed_tensor Y>
 std::int64_t correct_predictions(const L& logits, const Y& labels) {
     layout whole = logits.layout();
+    whole.dims[0] = labels.layout().dims[0];
     whole.dims[1] = {};
     whole.partial = {};
     const auto rows = redistribute<dynamic_layout(2)>(logits, whole);
@@ -172,7 +173,7 @@ public:
     using network_type = std::remove_cvref_t<decltype(std::declval<Parallel&>().model())>;
     /// Whether pipeline(stages > 1) can run the network: any model of layers, and of the
     /// searched models those whose operators are its modules (searched_chain); not a
-    /// compiled program, whose nodes are not layers.
+    /// compiled program, whose nodes are not layers (an xshard::program_chain is one).
     static constexpr bool pipelinable =
         (!strategy_searchable<network_type> || searched_chain<network_type>) &&
         !detail::is_compiled_program<network_type>;
@@ -191,7 +192,8 @@ public:
         else if (stages > 1 && detail::is_compiled_program<network_type>)
             problem = "xshard: model: pipeline(" + std::to_string(stages) +
                       ") is not supported for a compiled program: the pipeline cuts a chain of "
-                      "layers; use pipeline(1)";
+                      "layers; make the program an xshard::program_chain (its modules are "
+                      "layers), or use pipeline(1)";
         else if (stages > 1 && !pipelinable)
             problem = "xshard: model: pipeline(" + std::to_string(stages) +
                       ") is not supported for this searched model: the search cuts a "

@@ -44,6 +44,7 @@
 #include <xshard/pipeline/step_batch.hpp>
 #include <xshard/pipeline/step_transfers.hpp>
 #include <xshard/pipeline/topology.hpp>
+#include <xshard/redistribute/redistribute.hpp>
 #include <xshard/train/gradients.hpp>
 
 #include <cstddef>
@@ -242,7 +243,7 @@ private:
         std::optional<X> out;
         agreed_alike(world_, [&] {
             if (stage() == last_rank)
-                out = join_micro_batches(outputs, blocks);
+                out = join_micro_batches(rows_joinable(std::move(outputs), blocks), blocks);
         });
         if (broadcast)
             broadcast_output(out, last_rank);
@@ -287,6 +288,21 @@ private:
         xshard::detail::close_scope(world_, abandoned, outcome, w.origin(), failure.value_or(""),
                                     nullptr, fail, stage);
         done(w, batch);
+    }
+
+    /// `outputs`, each with its rows gathered whole where they are split otherwise than the
+    /// batch's `blocks` (a compiled program splits them over every axis of the dataset), so
+    /// that they join (join_micro_batches). Collective over the stage mesh.
+    static std::vector<X> rows_joinable(std::vector<X> outputs, std::size_t blocks) {
+        for (auto& o : outputs) {
+            const auto split = std::size_t(o.layout().split_count(0, o.mesh().shape()));
+            if (split == blocks || split == 1)
+                continue;
+            layout whole = o.layout();
+            whole.dims[0] = {};
+            o = redistribute<X::static_layout>(o, whole);
+        }
+        return outputs;
     }
 
     /// Sends `out` (the output, on the last stage's ranks) to the corresponding ranks of the
