@@ -59,9 +59,8 @@ tensor swish_backward(const tensor& x, const tensor& dy) {
 
 /// The network: h = relu(x W1) + x; h = swish(h); z = h W1 (W1 again); logits = z W2 + b;
 /// the mean cross-entropy. On `mesh` for the custom op's kernels.
-xshard::program residual_mlp(const mesh_t& mesh) {
-    return xshard::trace(
-        [&](traced_tensor x, traced_tensor y) {
+auto residual_mlp_fn(const mesh_t& mesh) {
+    return [&mesh](traced_tensor x, traced_tensor y) {
             auto w1 = xshard::param("w1", {features, features}, xshard::initializer::normal(0, 0.4));
             auto h = ops::relu(ops::matmul(x, w1)) + x; // the skip connection
             h = xshard::custom_vjp<double>(mesh, "swish", h, swish, swish_backward);
@@ -73,9 +72,11 @@ xshard::program residual_mlp(const mesh_t& mesh) {
             auto w2 = xshard::param("head.w2", {features, classes}, xshard::initializer::normal(0, 0.4));
             auto b = xshard::param("head.b", {classes}, xshard::initializer::uniform(-0.1, 0.1));
             return ops::mean<0>(ops::cross_entropy(ops::matmul(z, w2) + b, y));
-        },
-        xshard::input<double>("x", {batch, features}),
-        xshard::input<std::int64_t>("y", {batch}));
+    };
+}
+xshard::program residual_mlp(const mesh_t& mesh) {
+    return xshard::trace(residual_mlp_fn(mesh), xshard::input<double>("x", {batch, features}),
+                         xshard::input<std::int64_t>("y", {batch}));
 }
 
 /// The same network in xtensor.
@@ -87,7 +88,8 @@ double residual_mlp_loss(const std::map<std::string, array>& w, const array& x,
     const array z = xt::linalg::dot(h, w.at("w1"));
     const array logits = xt::linalg::dot(z, w.at("head.w2")) + w.at("head.b");
     double loss = 0;
-    for (std::size_t i = 0; i < batch; ++i) {
+    const std::size_t rows = x.shape()[0];
+    for (std::size_t i = 0; i < rows; ++i) {
         double m = -1e300, s = 0;
         for (std::size_t j = 0; j < classes; ++j)
             m = std::max(m, logits(i, j));
@@ -95,7 +97,7 @@ double residual_mlp_loss(const std::map<std::string, array>& w, const array& x,
             s += std::exp(logits(i, j) - m);
         loss += std::log(s) + m - logits(i, std::size_t(y(i)));
     }
-    return loss / double(batch);
+    return loss / double(rows);
 }
 
 std::map<std::string, array> weights_of(xshard::compiled_program<double, mesh_t>& net,
@@ -169,6 +171,58 @@ TEST(programs, residual_mlp_trains_on_every_mesh_like_one_rank) {
         for (std::size_t s = 0; s < losses.size(); ++s)
             EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s << " on dp " << dp;
     });
+}
+
+/// A program compiled from its function takes batches of any size: each new size is traced
+/// and compiled once, the weights (the same objects) move to it, and every loss equals the
+/// serial xtensor network's on the same weights; the gradients of the traced size equal the
+/// program compiled for it alone. A function whose weights change with the shape raises.
+TEST(programs, a_program_compiled_from_its_function_takes_batches_of_any_size) {
+    for_each_dp_mesh([&](const mesh_t& mesh, int dp) {
+        auto net = xshard::compile<double>(residual_mlp_fn(mesh), mesh, {.seed = 4},
+                                           xshard::input<double>("x", {batch, features}),
+                                           xshard::input<std::int64_t>("y", {batch}));
+        auto plain = xshard::compile<double>(residual_mlp(mesh), mesh, {.seed = 4});
+        std::vector<const void*> addresses;
+        xshard::for_each_weight(net, [&](const std::string&, auto& w) { addresses.push_back(&w); });
+        std::mt19937 engine(5);
+        for (const std::size_t rows : {batch, std::size_t(5), batch, std::size_t(9), std::size_t(5)}) {
+            const xt::xtensor<double, 2> x = xt::random::rand<double>({rows, features}, -1.0, 1.0, engine);
+            const xt::xtensor<std::int64_t, 1> y =
+                xt::random::randint<std::int64_t>({rows}, 0, classes, engine);
+            const auto w = weights_of(net, false);
+            const auto dx = xshard::distribute<xshard::dynamic_layout(2)>(mesh, x, "[dp, -]");
+            const auto dy = xshard::distribute<xshard::dynamic_layout(1)>(mesh, y, "[dp]");
+            EXPECT_NEAR(net.train_step(dx, dy), residual_mlp_loss(w, x, y), 1e-12)
+                << rows << " rows on dp " << dp;
+            EXPECT_EQ(net.input_shapes()[0], (xshard::value_shape{rows, features}));
+            if (rows == batch) {
+                plain.train_step(dx, dy);
+                const auto expected = weights_of(plain, true);
+                for (const auto& [name, g] : weights_of(net, true))
+                    EXPECT_TRUE(xt::allclose(g, expected.at(name), 1e-13, 1e-13))
+                        << name << " on dp " << dp;
+                xshard::for_each_weight(plain, [](const std::string&, auto& v) { v.zero_grad(); });
+            }
+            xshard::for_each_weight(net, [](const std::string&, auto& v) { v.zero_grad(); });
+        }
+        EXPECT_EQ(net.other_shapes(), 2u);
+        std::size_t i = 0;
+        xshard::for_each_weight(net, [&](const std::string& name, auto& w) {
+            EXPECT_EQ(addresses[i++], static_cast<const void*>(&w)) << name;
+        });
+    });
+    const mesh_t mesh(world(), {world().size(), 1});
+    auto grows = xshard::compile<double>(
+        [](traced_tensor x) {
+            return ops::mul(x, xshard::param("scale", {x.shape()[0], features}));
+        },
+        mesh, {}, xshard::input<double>("x", {4, features}));
+    const xt::xtensor<double, 2> five = xt::ones<double>({std::size_t(5), features});
+    xshard::testing::expect_error(
+        [&] { grows.run(xshard::distribute<xshard::dynamic_layout(2)>(mesh, five, "[dp, -]")); },
+        "the program traced for input shapes (5, 6) has other weights or weight layouts than "
+        "the one for (4, 6)");
 }
 
 TEST(programs, a_profiled_step_times_every_node_and_changes_no_result) {

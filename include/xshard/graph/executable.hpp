@@ -168,6 +168,13 @@ struct step_pointers {
 /// comment). Movable and copyable: a copy is the same program compiled again on the same mesh
 /// (no message), with copies of the weights and an arena of its own, so copies can hold the
 /// activations of different batches at once (a pipeline's micro-batches in flight).
+///
+/// Compiled from the traced function itself (`compile<T>(fn, mesh, options, inputs...)`), it
+/// runs on inputs of any shape: a forward pass on shapes it has not seen traces `fn` again for
+/// them and compiles that program (once per shape, kept), with the current program's
+/// annotations by node name and the same options, and the weights move over to it (the same
+/// objects: nothing holding a weight notices). Every other method speaks of the program of the
+/// last forward pass's shapes.
 template <class T, mesh_type Mesh>
 class compiled_program {
 public:
@@ -198,6 +205,7 @@ public:
                             "a copy of the program would share them");
         s_->build(&o.s_->weights);
         s_->profile_steps(o.s_->profiling);
+        retrace_ = o.retrace_;
     }
     compiled_program(compiled_program&&) noexcept = default;
     compiled_program& operator=(const compiled_program& o) {
@@ -222,9 +230,30 @@ public:
     /// Collective. Read the outputs with `output` / `scalar_output`.
     template <distributed_tensor... D>
     void run(const D&... inputs) {
+        if (retrace_)
+            take_shapes({value_shape(inputs.shape().begin(), inputs.shape().end())...});
         s_->bind_inputs(inputs...);
         s_->run_forward();
     }
+
+    /// Makes the program remember `retrace` (the traced function, on input specs of other
+    /// shapes), so that forward passes take inputs of any shape (see the class comment);
+    /// `compile<T>(fn, mesh, options, inputs...)` sets it.
+    void retrace_with(std::function<program(const std::vector<input_spec>&)> retrace) {
+        retrace_ = std::make_shared<const std::function<program(const std::vector<input_spec>&)>>(
+            std::move(retrace));
+        others_.clear();
+    }
+
+    /// The input shapes the program is compiled for now, and how many other shapes it has
+    /// kept compiled.
+    std::vector<value_shape> input_shapes() const {
+        std::vector<value_shape> out;
+        for (auto id : s_->prog.inputs())
+            out.push_back(s_->prog.value(id).shape);
+        return out;
+    }
+    std::size_t other_shapes() const noexcept { return others_.size(); }
 
     /// The forward pass on `inputs`, returning the first output (of rank N): what the
     /// training driver calls.
@@ -360,6 +389,7 @@ public:
     /// raises on every rank before anything changes. Collective over the mesh.
     void recompile(program p, compile_options o) {
         compiled_program next(std::move(p), mesh(), std::move(o));
+        next.retrace_ = retrace_; // other shapes compile again with the new annotations
         using any_value =
             std::variant<dtensor<T, Mesh, dynamic_layout(1)>, dtensor<T, Mesh, dynamic_layout(2)>,
                          dtensor<T, Mesh, dynamic_layout(3)>, dtensor<T, Mesh, dynamic_layout(4)>>;
@@ -430,9 +460,10 @@ private:
             view.group = [mp](axis_set axes) -> const communicator& { return mp->sub(axes); };
         }
 
-        /// Lays out, schedules and plans the program, and makes its weights: drawn, or copies
-        /// of `weights_from` (another compilation's of the same program).
-        void build(const std::deque<any_weight>* weights_from = nullptr) {
+        /// Lays out, schedules and plans the program, and makes its weights: drawn, copies of
+        /// `weights_from` (another compilation's of the same program), or none (`draw`
+        /// false: another compilation's move in).
+        void build(const std::deque<any_weight>* weights_from = nullptr, bool draw = true) {
             check_types();
             lay = assign_layouts(prog, view.shape, options.layouts);
             sched = detail::schedule_builder(prog, lay, view, options.input_gradients,
@@ -464,7 +495,7 @@ private:
             }
             if (weights_from)
                 weights = *weights_from;
-            else
+            else if (draw)
                 make_weights();
             // Left uninitialised: pages are touched (and faulted in) only where slots are used.
             arena = std::make_unique_for_overwrite<std::byte[]>(sched.arena_bytes + 64);
@@ -904,7 +935,65 @@ private:
         }
     };
 
+    /// Makes the program of input shapes `shapes` the current one (see the class comment):
+    /// kept, or traced and compiled now; the weights move to it. Input counts that differ are
+    /// left to bind_inputs to report.
+    void take_shapes(std::vector<value_shape> shapes) {
+        const auto& inputs = s_->prog.inputs();
+        if (shapes.size() != inputs.size() || shapes == input_shapes())
+            return;
+        std::unique_ptr<state> next;
+        if (const auto it = others_.find(shapes); it != others_.end()) {
+            next = std::move(it->second);
+            others_.erase(it);
+        } else {
+            std::vector<input_spec> specs;
+            for (std::size_t i = 0; i < inputs.size(); ++i)
+                specs.push_back({s_->prog.value(inputs[i]).name, shapes[i],
+                                 s_->prog.value(inputs[i]).type});
+            program p = (*retrace_)(specs);
+            std::map<std::string, const op_annotation*> annotated;
+            for (const auto& n : s_->prog.nodes())
+                if (!n.annotation.empty())
+                    annotated.emplace(n.name, &n.annotation);
+            for (const auto& n : p.nodes())
+                if (const auto it = annotated.find(n.name);
+                    it != annotated.end() && n.annotation.empty())
+                    p.node(n.name).annotation = *it->second;
+            next = std::make_unique<state>(std::move(p), s_->mesh, s_->options);
+            next->build(nullptr, false);
+            bool alike = next->prog.weights().size() == s_->weights.size();
+            for (std::size_t i = 0; alike && i < s_->weights.size(); ++i) {
+                const auto& a = s_->sched.slots[s_->sched.weight_slot[i]].shard;
+                const auto& b = next->sched.slots[next->sched.weight_slot[i]].shard;
+                alike = next->weight_name(i) == s_->weight_name(i) && a.global == b.global &&
+                        a.l == b.l;
+            }
+            if (!alike)
+                throw error("xshard: compiled_program: the program traced for input shapes " +
+                            shapes_text(shapes) + " has other weights or weight layouts than "
+                            "the one for " + shapes_text(input_shapes()));
+        }
+        next->weights = std::move(s_->weights); // the same objects: a deque moves its blocks
+        s_->weights.clear();
+        next->profile_steps(s_->profiling);
+        auto kept = input_shapes();
+        others_.emplace(std::move(kept), std::move(s_));
+        s_ = std::move(next);
+    }
+
+    static std::string shapes_text(const std::vector<value_shape>& shapes) {
+        std::string out;
+        for (const auto& s : shapes)
+            out += (out.empty() ? "" : ", ") + shape_text(s);
+        return out;
+    }
+
     std::unique_ptr<state> s_;
+    /// The traced function, for inputs of other shapes (null: one shape), and the programs
+    /// compiled for the other shapes seen, without weights.
+    std::shared_ptr<const std::function<program(const std::vector<input_spec>&)>> retrace_;
+    std::map<std::vector<value_shape>, std::unique_ptr<state>> others_;
 };
 
 namespace detail {
@@ -921,6 +1010,24 @@ constexpr bool is_compiled_program<compiled_program<T, Mesh>> = true;
 template <class T, mesh_type Mesh>
 compiled_program<T, Mesh> compile(program p, const Mesh& mesh, compile_options options = {}) {
     return compiled_program<T, Mesh>(std::move(p), mesh, std::move(options));
+}
+
+/// Traces `fn` on `inputs` (graph/trace.hpp) and compiles the program onto `mesh` for element
+/// type T, remembering `fn`: forward passes then take inputs of any shape, each new shape
+/// traced and compiled once (see compiled_program). `fn` is kept (copied).
+template <class T, mesh_type Mesh, class F, class... In>
+    requires(std::is_same_v<In, input_spec> && ...)
+compiled_program<T, Mesh> compile(F fn, const Mesh& mesh, compile_options options,
+                                  const In&... inputs) {
+    auto retrace = [fn](const std::vector<input_spec>& specs) {
+        return [&]<std::size_t... I>(std::index_sequence<I...>) {
+            return trace(fn, specs[I]...);
+        }(std::index_sequence_for<In...>{});
+    };
+    compiled_program<T, Mesh> out(retrace(std::vector<input_spec>{inputs...}), mesh,
+                                  std::move(options));
+    out.retrace_with(std::move(retrace));
+    return out;
 }
 
 } // namespace xshard

@@ -16,7 +16,8 @@
 /// the same scope is "dense1.matmul_1"). `param` declares a weight, a named input of the
 /// program with an initializer; declaring the same name again returns the same weight (a
 /// shared weight). Control flow in the callable runs as C++ runs it, so a program is one
-/// path through it: trace again for other input shapes.
+/// path through it: trace again for other input shapes (`compile<T>(fn, mesh, options,
+/// inputs...)`, graph/executable.hpp, does so by itself).
 ///
 /// Misuse raises xshard::error with one sentence naming the node: operands whose shapes do
 /// not fit, a strategy for the wrong number of operands or dimensions. (Whether a strategy
