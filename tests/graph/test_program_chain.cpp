@@ -38,10 +38,9 @@ constexpr std::size_t features = 6, hidden = 8, classes = 5;
 
 /// Five modules: fc0 (matmul, bias, relu), block1 (a skip connection inside its scope), fc2
 /// (its matmul split over tp by its annotation when tp > 1), a gelu outside every scope, and
-/// head. `rows` rows of input.
-xshard::program network(std::size_t rows, int tp) {
-    return xshard::trace(
-        [&](traced_tensor x) {
+/// head.
+auto network_fn(int tp) {
+    return [tp](traced_tensor x) {
             {
                 xshard::name_scope s("fc0");
                 auto w = xshard::param("weight", {features, hidden},
@@ -65,8 +64,10 @@ xshard::program network(std::size_t rows, int tp) {
             xshard::name_scope s("head");
             return ops::matmul(
                 x, xshard::param("weight", {hidden, classes}, xshard::initializer::normal(0, 0.4)));
-        },
-        xshard::input<double>("x", {rows, features}));
+        };
+}
+xshard::program network(std::size_t rows, int tp) {
+    return xshard::trace(network_fn(tp), xshard::input<double>("x", {rows, features}));
 }
 
 struct batch {
@@ -109,8 +110,9 @@ TEST(program_chain, a_pipelined_program_equals_the_whole_program_on_one_rank) {
             const full_mesh_t mesh({p, dp, tp});
             const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
             const int m = 2 * p; // a multiple of p, for the interleaved schedule
-            // Each rank's rows cut into m equal micro-batches: a program takes one shape.
-            const std::size_t micro_rows = std::size_t(3 * dp);
+            // Uneven blocks and micro-batches: the chain, made from the function, traces
+            // each micro-batch's shape once.
+            const std::size_t micro_rows = std::size_t(2 * dp * tp + 1);
             const auto b = make_batch(micro_rows * std::size_t(m), 11);
             const auto [expected_loss, expected] = one_rank(b);
             const auto x =
@@ -127,7 +129,8 @@ TEST(program_chain, a_pipelined_program_equals_the_whole_program_on_one_rank) {
                                           " dp=" + std::to_string(dp) +
                                           " tp=" + std::to_string(tp) + ", " +
                                           std::string(pp::name(kind)) + " v=" + std::to_string(v);
-                chain_t chain(network(micro_rows, tp), stage_mesh, {.seed = 7});
+                chain_t chain(network_fn(tp), stage_mesh, {.seed = 7},
+                              xshard::input<double>("x", {micro_rows, features}));
                 ASSERT_EQ(chain.layers().size(), 5u);
                 xshard::nn::parallel_cross_entropy<double, stage_mesh_t> loss;
                 pp::pipeline<chain_t, X> pipe(mesh, "pp", stage_mesh, chain,

@@ -12,7 +12,7 @@
 ///         }
 ///         return x;
 ///     };
-///     xshard::program_chain<double, stage_mesh_t> chain(xshard::trace(net, x_spec), stage_mesh);
+///     xshard::program_chain<double, stage_mesh_t> chain(net, stage_mesh, {.seed = 1}, x_spec);
 ///     xshard::pipeline::pipeline<decltype(chain), decltype(chain)::tensor_type> pipe(
 ///         mesh, "pp", stage_mesh, chain, {.micro_batches = 8, .stage_config = {{"block4", 1}}});
 ///
@@ -28,11 +28,13 @@
 #include <xshard/comm/error.hpp>
 #include <xshard/graph/executable.hpp>
 #include <xshard/graph/split.hpp>
+#include <xshard/graph/trace.hpp>
 #include <xshard/tensor/dtensor.hpp>
 
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -136,6 +138,32 @@ public:
             layers_.emplace_back(modules[m].name,
                                  compiled_program<T, Mesh>(std::move(body), mesh, std::move(o)));
         }
+    }
+
+    /// Traces `fn` on `input` and cuts and compiles the program as above, keeping `fn`: a
+    /// module then runs on a tensor with another number of rows (dimension 0, the batch: a
+    /// last batch, or a pipeline's uneven micro-batches) by tracing `fn` again for that many
+    /// rows and compiling its piece, once per shape (compiled_program's retracing). `fn` is
+    /// kept (copied).
+    template <class F>
+        requires std::is_invocable_v<const F&, traced_tensor>
+    program_chain(F fn, const Mesh& mesh, const compile_options& options, input_spec input)
+        : program_chain(trace(fn, input), mesh, options) {
+        const auto modules_for = [fn, input](std::size_t rows) {
+            auto in = input;
+            in.shape[0] = rows;
+            return split_modules(trace(fn, in));
+        };
+        for (std::size_t i = 0; i < layers_.size(); ++i)
+            layers_[i].program().retrace_with(
+                [modules_for, i, name = layers_[i].name()](const std::vector<input_spec>& specs) {
+                    const auto rows = specs.at(0).shape.empty() ? 0 : specs[0].shape[0];
+                    auto modules = modules_for(rows);
+                    if (i >= modules.size() || modules[i].name != name)
+                        throw error("xshard: program_chain: traced for " + std::to_string(rows) +
+                                    " rows, the program has other modules than " + name);
+                    return std::move(modules[i].body);
+                });
     }
 
     /// The forward pass of every module in turn.
