@@ -15,13 +15,12 @@
 //   mpirun -n 4 build/examples/auto_parallel --mnist DIR        # DIR/train-images-idx3-ubyte ...
 //   mpirun -n 4 build/examples/auto_parallel --mode recursive_programming [--measure-machine]
 //
-// The search modes (recursive_programming, sharding_propagation) need a model whose operator
-// strategies are set at run time: there the network is the same chain as a searched_mlp
-// (xshard/models/searched_mlp.hpp: linear1 784x512 without bias as MatMulCell, relu, linear2
-// 512x512, relu, linear3 512x10, drawn from the same seeds, so its losses equal the
-// semi_auto network's), laid out by the engine in compile(), which searches with the
-// pipeline's stages and micro-batches: the driver cuts the chain where the search's plan does
-// (printed with the strategies).
+// The search modes (recursive_programming, sharding_propagation) search the network as the
+// user writes it: a traced function (`traced_network`, no hand-written backward), cut at its
+// scopes into the same modules (an xshard::program_chain, which the pipeline cuts by the same
+// stage_config). compile() searches its whole program on the stage mesh for one micro-batch
+// and compiles each module with the layouts found (printed). Its weights start as the layer
+// network's (copied by name), so its losses equal the semi_auto network's.
 //
 // The MindSpore original, for comparison:
 //   net_with_loss = Pipeline(nn.WithLossCell(net, loss_fn), 4, stage_config={...})
@@ -34,10 +33,12 @@
 #include <xshard/auto_parallel.hpp>
 #include <xshard/core.hpp>
 #include <xshard/data.hpp>
-#include <xshard/models.hpp>
+#include <xshard/graph.hpp>
 #include <xshard/nn.hpp>
 #include <xshard/pipeline.hpp>
 #include <xshard/search.hpp>
+#include <xshard/tensor/distribute.hpp>
+#include <xshard/tensor/gather.hpp>
 #include <xshard/train.hpp>
 
 #include "mnist_like.hpp"
@@ -108,6 +109,40 @@ struct network {
         visit("layer3", n.layer3);
     }
 };
+
+/// The same network as a traced function: each scope a module of the chain, named as the
+/// layers are (MatMulCell has no bias; flatten is the identity, and no node).
+auto traced_network(xshard::traced_tensor x) {
+    namespace ops = xshard::ops;
+    const auto dense = [&](const char* name, std::size_t in, std::size_t out, bool bias) {
+        xshard::name_scope s(name);
+        auto y = ops::matmul(x, xshard::param("weight", {in, out}));
+        return bias ? y + xshard::param("bias", {out}) : y;
+    };
+    const auto relu = [&](const char* name) {
+        xshard::name_scope s(name);
+        return ops::relu(x);
+    };
+    x = dense("layer1", 28 * 28, 512, false);
+    x = relu("relu1");
+    x = dense("layer2", 512, 512, true);
+    x = relu("relu2");
+    return dense("layer3", 512, 10, true);
+}
+
+/// Gives every weight of `to` the value of the weight of `from` with its name (collective).
+template <class From, class To>
+void copy_weights(From& from, To& to) {
+    std::map<std::string, xt::xarray<T>> values;
+    xshard::for_each_weight(from, [&](const std::string& name, auto& w) {
+        values[name] = xshard::gather_all(w.value);
+    });
+    xshard::for_each_weight(to, [&](const std::string& name, auto& w) {
+        using D = std::remove_cvref_t<decltype(w.value)>;
+        w.value = xshard::distribute<D::static_layout>(w.value.mesh(), values.at(name),
+                                                       w.value.layout());
+    });
+}
 
 int run(int argc, char** argv) {
     CLI::App app("MindSpore's AutoParallel example with xshard::auto_parallel");
@@ -205,26 +240,15 @@ int run(int argc, char** argv) {
         xshard::optim::sgd optimizer({.lr = lr});
         nn::parallel_cross_entropy<T, stage_mesh_t> loss_fn;
         xshard::trainer_options cell{.micro_batches = 4};
-        if (pp_size == 2 && !searched)
-            cell.stage_config = {{"flatten", 0}, {"layer1", 0}, {"relu1", 0},
-                                 {"layer2", 1},  {"relu2", 1},  {"layer3", 1}};
+        if (pp_size == 2) {
+            cell.stage_config = {{"layer1", 0}, {"relu1", 0}, {"layer2", 1}, {"relu2", 1},
+                                 {"layer3", 1}};
+            if (!searched)
+                cell.stage_config["flatten"] = 0;
+        }
         xshard::trainer model(parallel_net, loss_fn, optimizer, cell); // compile(): the files
-        if constexpr (xshard::strategy_searchable<std::remove_cvref_t<decltype(net)>>)
-            if (mesh.rank() == 0) {
-                std::printf("%s strategy (in/weight/out):", mode.c_str());
-                for (const auto& c : net.choices())
-                    std::printf(" %s/%s/%s", std::string(xshard::to_string(c.in)).c_str(),
-                                std::string(xshard::to_string(c.weight)).c_str(),
-                                std::string(xshard::to_string(c.out)).c_str());
-                std::printf("\n");
-                if (pp_size > 1) { // the stage of each operator, where the pipeline cuts
-                    std::printf("%s stages:", mode.c_str());
-                    const auto& plan = *parallel_net.searched_plan();
-                    for (std::size_t i = 0; i < plan.stage_of.size(); ++i)
-                        std::printf(" %s %d", net.spec().ops[i].name.c_str(), plan.stage_of[i]);
-                    std::printf("\n");
-                }
-            }
+        if (const auto& found = parallel_net.searched_program(); found && mesh.rank() == 0)
+            std::printf("%s", found->explain().c_str());
         const auto data_mesh = stage_mesh.with_dataset_strategy(parallel_net.dataset_mode());
         const data::loader dataset(data_mesh, train,
                                    {.batch_size = 32,
@@ -252,8 +276,13 @@ int run(int argc, char** argv) {
                         metrics.samples, metrics.loss, 100 * metrics.accuracy);
     };
     if (searched) {
-        xshard::searched_mlp<T, stage_mesh_t> net(stage_mesh, {28 * 28, 512, 512, 10}, 32, 1,
-                                                  {.without_bias = {1}});
+        // Traced for one micro-batch of the batch of 32 (any other row count is traced when
+        // met: a last batch, the held-out batches).
+        const std::size_t rows = pp_size > 1 ? 32 / 4 : 32;
+        xshard::program_chain<T, stage_mesh_t> net(traced_network, stage_mesh, {.seed = 1},
+                                                   xshard::input<T>("x", {rows, 28 * 28}));
+        network layers(stage_mesh);
+        copy_weights(layers, net);
         train_with(net);
     } else {
         network net(stage_mesh);

@@ -748,11 +748,11 @@ xshard::program chain_network(std::size_t batch_rows) {
 /// axis pp of `full` with 2 micro-batches (none for pp 1), hsdp at `level` per stage when one
 /// is given;
 /// the weights read after every stage has shared its own.
-record drive_chain(const pp_mesh_t& full, const char* level) {
+record drive_chain(const pp_mesh_t& full, const char* level, const char* mode = "semi_auto") {
     const int p = full.axis_size<"pp">();
     const auto stage = xshard::pipeline::stage_mesh_of<mesh_t>(full);
     chain_t chain(chain_network(p > 1 ? rows / 2 : rows), stage, {.seed = 3});
-    xshard::auto_parallel<chain_t, pp_mesh_t> c(chain, full);
+    xshard::auto_parallel<chain_t, pp_mesh_t> c(chain, full, mode);
     c.pipeline(p);
     if (*level)
         c.hsdp(-1, 0, level);
@@ -773,8 +773,8 @@ record drive_chain(const pp_mesh_t& full, const char* level) {
 
 /// A program's pipeline through the driver: a traced network, no hand-written backward, cut
 /// into stages at its modules, trains and evaluates like the same chain on one rank, at pp 2
-/// and 3, with and without hsdp levels 1 and 3 per stage. A compiled program itself is
-/// refused, with the chain named.
+/// and 3, with and without hsdp levels 1 and 3 per stage, and laid out by the search modes. A
+/// compiled program itself is refused, with the chain named.
 TEST(model_driver, a_program_chain_trains_through_a_pipeline_like_one_rank) {
     const auto serial = drive_chain(pp_mesh_t(xshard::communicator::self(), {1, 1, 1}), "");
     const auto w = world();
@@ -790,6 +790,9 @@ TEST(model_driver, a_program_chain_trains_through_a_pipeline_like_one_rank) {
         for (const char* level : {"level1", "level3"})
             expect_same(drive_chain(full, level), serial,
                         where(full) + " hsdp " + level + " per stage");
+        // The search on the chain's whole program, on the stage mesh.
+        for (const char* mode : {"recursive_programming", "sharding_propagation"})
+            expect_same(drive_chain(full, "", mode), serial, where(full) + " " + mode);
     }
     if (w.size() % 2 == 0) {
         const pp_mesh_t full(w, {2, w.size() / 2, 1});

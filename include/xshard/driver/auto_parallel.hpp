@@ -21,7 +21,8 @@
 /// sharding_propagation and recursive_programming run their engines in `compile()`: on a
 /// compiled program (graph/executable.hpp) the search on programs
 /// (search/program_search.hpp), which then compiles the program again with the layouts
-/// found; on a model whose strategies are set at run time (models/searched_mlp.hpp,
+/// found; on a program chain (graph/program_chain.hpp) the same search of its whole program
+/// on the chain's mesh (a pipeline's stage mesh), each module then compiled again; on a model whose strategies are set at run time (models/searched_mlp.hpp,
 /// models/searched_transformer.hpp) search/strategy_engine.hpp. On any other model they raise.
 /// A dataset strategy of layouts or strategies lays a compiled program's inputs out, in
 /// order: `compile()` compiles it again with them (its weights keeping their values)
@@ -35,6 +36,7 @@
 #include <xshard/core/strategy.hpp>
 #include <xshard/driver/gradient_path.hpp>
 #include <xshard/graph/executable.hpp>
+#include <xshard/graph/program_chain.hpp>
 #include <xshard/io/group_file.hpp>
 #include <xshard/io/strategy_file.hpp>
 #include <xshard/param/initializer.hpp>
@@ -565,12 +567,12 @@ public:
     void compile(int micro_batches = 1) const {
         std::optional<std::string> problem;
         if (mode_ != parallel_mode::semi_auto && !strategy_searchable<Model> &&
-            !detail::is_compiled_program<Model>)
+            !detail::is_compiled_program<Model> && !detail::is_program_chain<Model>)
             problem = "xshard: auto_parallel: parallel_mode " + std::string(to_string(mode_)) +
                       " is not available for this model: the engines search a program "
-                      "(xshard::compile) or a model made for it (xshard::searched_mlp, "
-                      "xshard::searched_transformer); a model whose layers carry their layouts "
-                      "in their types runs semi_auto";
+                      "(xshard::compile, xshard::program_chain) or a model made for it "
+                      "(xshard::searched_mlp, xshard::searched_transformer); a model whose "
+                      "layers carry their layouts in their types runs semi_auto";
         else
             problem = pipeline_problem();
         agree(problem);
@@ -588,6 +590,9 @@ public:
                 search_program_model();
             else
                 lay_program_out();
+        } else if constexpr (detail::is_program_chain<Model>) {
+            if (mode_ != parallel_mode::semi_auto)
+                search_program_model();
         } else if (!planned_.empty()) {
             agreed(mesh_.comm(), [&] { lay_out_parameters(*model_, planned_); });
         }
@@ -703,21 +708,30 @@ private:
         agreed(mesh_.comm(), [&] { net.recompile(net.source(), std::move(o)); });
     }
 
-    /// The parallel mode's search on a compiled program: the operator strategy file (when
+    /// The parallel mode's search on a compiled program or a program chain (its whole
+    /// program, on its mesh, with its options): the operator strategy file (when
     /// set) pins its nodes, the search (keeping annotations in sharding_propagation) fills
     /// in the rest, rank 0 saves the strategy when asked, and the program is compiled again
     /// with the layouts found, keeping the weights' values (compiled_program::recompile). Every
     /// rank searches the same program alike; a failure on any rank raises on every rank.
     void search_program_model() const {
         auto& net = *model_;
+        // A program chain lives on its own mesh (a pipeline's stage mesh) with its options.
+        const auto options = [&] {
+            if constexpr (detail::is_program_chain<Model>)
+                return net.options();
+            else
+                return program_options();
+        }();
+        const auto& shape = net.mesh().shape();
         program_plan_ = agreed(mesh_.comm(), [&] {
             program p = net.source();
             if (!load_operator_strategy_.empty())
-                load_program_strategy(load_operator_strategy_, mesh_.shape()).apply(p);
+                load_program_strategy(load_operator_strategy_, shape).apply(p);
             auto found =
-                search_program(p, mesh_.shape(),
+                search_program(p, shape,
                                {.machine = machine_,
-                                .layouts = program_options().layouts,
+                                .layouts = options.layouts,
                                 .keep_annotations = mode_ == parallel_mode::sharding_propagation,
                                 .input_gradients = net.options().input_gradients,
                                 .memory_per_rank = max_device_memory_});
@@ -729,7 +743,7 @@ private:
         });
         program p = net.source();
         program_plan_->apply(p);
-        agreed(mesh_.comm(), [&] { net.recompile(std::move(p), program_options()); });
+        agreed(mesh_.comm(), [&] { net.recompile(std::move(p), options); });
     }
 
     std::optional<std::string> path_problem(std::string_view method, const std::string& path,

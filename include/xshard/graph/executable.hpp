@@ -154,6 +154,16 @@ inline void* bound_pointer(const void* p) {
     return p ? const_cast<void*>(p) : static_cast<void*>(empty);
 }
 
+/// `y`, its pending sums resolved (redistributed to its layout without them).
+template <distributed_tensor D>
+D without_pending_sums(D y) {
+    if (y.layout().partial.empty())
+        return y;
+    layout whole = y.layout();
+    whole.partial = {};
+    return redistribute<D::static_layout>(y, whole);
+}
+
 /// What a step's kernel call reads and writes, filled from the pointer table at each run.
 struct step_pointers {
     std::vector<const void*> operands, results, result_cotangents;
@@ -255,12 +265,13 @@ public:
     }
     std::size_t other_shapes() const noexcept { return others_.size(); }
 
-    /// The forward pass on `inputs`, returning the first output (of rank N): what the
-    /// training driver calls.
+    /// The forward pass on `inputs`, returning the first output (of rank 2) with its pending
+    /// sums resolved (an all-reduce where the program keeps it partial: a loss reads whole
+    /// values): what the training driver calls.
     template <distributed_tensor... D>
     dtensor<T, Mesh, dynamic_layout(2)> forward(const D&... inputs) {
         run(inputs...);
-        return output<2>(0);
+        return detail::without_pending_sums(output<2>(0));
     }
 
     /// The forward pass of a program whose first output is a scalar (a loss): its value,

@@ -52,12 +52,13 @@ public:
         : name_(std::move(name))
         , net_(std::move(net)) {}
 
-    /// The module's forward pass on `x`; returns its output.
+    /// The module's forward pass on `x`; returns its output, its pending sums resolved (the
+    /// next module, a pipeline's transfer or the loss reads whole values).
     tensor_type forward(const tensor_type& x) {
         input_.reset();
         input_.emplace(x);
         net_.run(*input_);
-        return net_.template output<N>(0);
+        return detail::without_pending_sums(net_.template output<N>(0));
     }
 
     /// The backward pass of the last forward pass, seeded with `dy`: adds the weights'
@@ -107,36 +108,16 @@ public:
     /// dataset axes, the input's layout for the first module, the weight layouts and shard
     /// axes of each module's weights; a recomputed scope or run for the module holding it.
     /// Collective over the mesh; what does not fit raises xshard::error on every rank alike.
-    program_chain(const program& p, const Mesh& mesh, const compile_options& options = {}) {
+    program_chain(const program& p, const Mesh& mesh, const compile_options& options = {})
+        : source_(p)
+        , options_(options) {
         auto modules = split_modules(p);
-        std::vector<std::vector<std::string>> recompute(modules.size());
-        for (const auto& entry : options.recompute)
-            recompute[module_of(modules, entry)].push_back(entry);
+        auto per_module = recomputed_per_module(modules, options);
         for (std::size_t m = 0; m < modules.size(); ++m) {
-            auto& body = modules[m].body;
-            check_rank(modules[m].name, body, body.inputs()[0], "input");
-            check_rank(modules[m].name, body, body.outputs()[0], "output");
-            compile_options o;
-            o.seed = options.seed;
-            o.input_gradients = m > 0 || options.input_gradients;
-            o.layouts.dataset_axes = options.layouts.dataset_axes;
-            o.layouts.weight_shard_axes = options.layouts.weight_shard_axes;
-            const auto& input = body.value(body.inputs()[0]).name;
-            if (m == 0) {
-                o.layouts.input_layouts = options.layouts.input_layouts;
-            } else {
-                const auto& before = layers_.back().program();
-                const auto& kept = before.layouts().values[before.source().outputs()[0]];
-                if (kept.partial.empty())
-                    o.layouts.input_layouts[input] = kept;
-            }
-            for (auto id : body.weights())
-                if (const auto it = options.layouts.weight_layouts.find(body.value(id).name);
-                    it != options.layouts.weight_layouts.end())
-                    o.layouts.weight_layouts.insert(*it);
-            o.recompute = std::move(recompute[m]);
-            layers_.emplace_back(modules[m].name,
-                                 compiled_program<T, Mesh>(std::move(body), mesh, std::move(o)));
+            auto o = module_options(modules, m, std::move(per_module[m]),
+                                    m ? &layers_[m - 1].program() : nullptr);
+            layers_.emplace_back(modules[m].name, compiled_program<T, Mesh>(
+                                                      std::move(modules[m].body), mesh, std::move(o)));
         }
     }
 
@@ -183,6 +164,47 @@ public:
         return g;
     }
 
+    /// Cuts `p` (this chain's program, or it annotated: program_strategy::apply) into the same
+    /// modules and compiles each again with `options` (compiled_program::recompile: the weights
+    /// keep their values, redistributed where their layouts change). What the search on
+    /// programs and the training driver call. Collective over the mesh; a program cut into
+    /// other modules raises.
+    void recompile(const program& p, const compile_options& options) {
+        auto modules = split_modules(p);
+        bool same = modules.size() == layers_.size();
+        for (std::size_t m = 0; same && m < modules.size(); ++m)
+            same = modules[m].name == layers_[m].name();
+        if (!same)
+            throw error("xshard: program_chain: recompile: the program's modules are not the "
+                        "chain's");
+        const auto keep = options_;
+        options_ = options;
+        try {
+            // Every module compiled first, so that one that does not fit changes nothing.
+            const auto per_module = recomputed_per_module(modules, options);
+            std::vector<compiled_program<T, Mesh>> trial;
+            trial.reserve(modules.size());
+            for (std::size_t m = 0; m < modules.size(); ++m)
+                trial.emplace_back(modules[m].body, mesh(),
+                                   module_options(modules, m, per_module[m],
+                                                  m ? &trial[m - 1] : nullptr));
+            for (std::size_t m = 0; m < modules.size(); ++m)
+                layers_[m].program().recompile(
+                    std::move(modules[m].body),
+                    module_options(modules, m, per_module[m],
+                                   m ? &layers_[m - 1].program() : nullptr));
+        } catch (...) {
+            options_ = keep;
+            throw;
+        }
+        source_ = p;
+    }
+
+    /// The whole program (as traced, or as last recompiled), the options, and the mesh.
+    const program& source() const noexcept { return source_; }
+    const compile_options& options() const noexcept { return options_; }
+    const Mesh& mesh() const { return layers_.front().program().mesh(); }
+
     /// The modules, in order.
     std::vector<layer_type>& layers() noexcept { return layers_; }
     const std::vector<layer_type>& layers() const noexcept { return layers_; }
@@ -194,6 +216,45 @@ public:
     }
 
 private:
+    /// The recomputed scopes and runs of `options`, per module.
+    static std::vector<std::vector<std::string>>
+    recomputed_per_module(const std::vector<program_module>& modules,
+                          const compile_options& options) {
+        std::vector<std::vector<std::string>> out(modules.size());
+        for (const auto& entry : options.recompute)
+            out[module_of(modules, entry)].push_back(entry);
+        return out;
+    }
+
+    /// The options of module `m` (see the constructor), `before` the module before it
+    /// compiled: its input in the layout that one keeps it in, unless a pending sum.
+    compile_options module_options(const std::vector<program_module>& modules, std::size_t m,
+                                   std::vector<std::string> recompute,
+                                   const compiled_program<T, Mesh>* before) const {
+        const auto& body = modules[m].body;
+        check_rank(modules[m].name, body, body.inputs()[0], "input");
+        check_rank(modules[m].name, body, body.outputs()[0], "output");
+        compile_options o;
+        o.seed = options_.seed;
+        o.input_gradients = m > 0 || options_.input_gradients;
+        o.layouts.dataset_axes = options_.layouts.dataset_axes;
+        o.layouts.weight_shard_axes = options_.layouts.weight_shard_axes;
+        const auto& input = body.value(body.inputs()[0]).name;
+        if (!before) {
+            o.layouts.input_layouts = options_.layouts.input_layouts;
+        } else {
+            const auto& kept = before->layouts().values[before->source().outputs()[0]];
+            if (kept.partial.empty())
+                o.layouts.input_layouts[input] = kept;
+        }
+        for (auto id : body.weights())
+            if (const auto it = options_.layouts.weight_layouts.find(body.value(id).name);
+                it != options_.layouts.weight_layouts.end())
+                o.layouts.weight_layouts.insert(*it);
+        o.recompute = std::move(recompute);
+        return o;
+    }
+
     /// The module a recomputed scope or run "a..b" lies in; raises when it names none, or
     /// when a run spans modules.
     static std::size_t module_of(const std::vector<program_module>& modules,
@@ -224,7 +285,19 @@ private:
                         " of rank " + std::to_string(N));
     }
 
+    program source_;
+    compile_options options_;
     std::vector<layer_type> layers_;
 };
+
+namespace detail {
+
+/// Whether M is a program chain.
+template <class M>
+constexpr bool is_program_chain = false;
+template <class T, class Mesh, std::size_t N>
+constexpr bool is_program_chain<program_chain<T, Mesh, N>> = true;
+
+} // namespace detail
 
 } // namespace xshard
