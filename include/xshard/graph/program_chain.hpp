@@ -31,6 +31,7 @@
 #include <xshard/graph/trace.hpp>
 #include <xshard/tensor/dtensor.hpp>
 
+#include <array>
 #include <cstddef>
 #include <optional>
 #include <string>
