@@ -562,22 +562,15 @@ TEST(model_driver, unsupported_configurations_raise_on_every_rank) {
 using pp_mesh_t = xshard::mesh<"pp", "dp", "tp">;
 using pp_config_t = xshard::auto_parallel<model_t, pp_mesh_t>;
 
-/// The driver's 2 epochs of 4 steps through a pipeline over axis pp of `full`, with
-/// `micro` micro-batches, configured by `configure`, then an eval (through the pipeline)
-/// whose loss and accuracy follow the training losses; the weights read after every stage
-/// has shared its own (share_stage_weights).
-template <class Configure>
-record drive_pipeline(const pp_mesh_t& full, Configure&& configure, int micro, int accumulate = 1) {
-    const auto stage = xshard::pipeline::stage_mesh_of<mesh_t>(full);
-    auto model = make_model(stage);
-    pp_config_t c(model, full);
-    c.pipeline(full.axis_size<"pp">());
-    configure(c);
+/// The driver's 2 epochs of 4 steps (Momentum) on `model` as `c` configures it, then an eval
+/// whose loss and accuracy follow the training losses; the weights read after every stage has
+/// shared its own (share_stage_weights).
+template <class Config, class Model>
+record train_and_eval(Config& c, Model& model, const mesh_t& stage, xshard::trainer_options o) {
     optim::momentum opt({.lr = 0.1, .momentum = 0.9});
     nn::parallel_cross_entropy<double, mesh_t> loss;
-    xshard::model trainer(c, loss, opt,
-                          {.micro_batches = micro, .gradient_accumulation = accumulate});
-    EXPECT_EQ(trainer.pipelined(), full.axis_size<"pp">() > 1);
+    xshard::model trainer(c, loss, opt, std::move(o));
+    EXPECT_EQ(trainer.pipelined(), c.pipeline_settings().stages > 1);
     record r;
     r.losses = trainer.train(2, epochs_of_batches{&stage, 4});
     // The eval's loss and accuracy join the losses (compared with a one-rank eval).
@@ -589,6 +582,21 @@ record drive_pipeline(const pp_mesh_t& full, Configure&& configure, int micro, i
         r.weights.push_back(xshard::gather_all(w.value));
     });
     return r;
+}
+
+/// The driver's 2 epochs of 4 steps through a pipeline over axis pp of `full`, with
+/// `micro` micro-batches, configured by `configure`, then an eval (through the pipeline)
+/// whose loss and accuracy follow the training losses; the weights read after every stage
+/// has shared its own (share_stage_weights).
+template <class Configure>
+record drive_pipeline(const pp_mesh_t& full, Configure&& configure, int micro, int accumulate = 1) {
+    const auto stage = xshard::pipeline::stage_mesh_of<mesh_t>(full);
+    auto model = make_model(stage);
+    pp_config_t c(model, full);
+    c.pipeline(full.axis_size<"pp">());
+    configure(c);
+    return train_and_eval(c, model, stage,
+                          {.micro_batches = micro, .gradient_accumulation = accumulate});
 }
 
 /// What a model answers after one training step: eval's loss and accuracy, predict's output
@@ -756,19 +764,7 @@ record drive_chain(const pp_mesh_t& full, const char* level, const char* mode = 
     c.pipeline(p);
     if (*level)
         c.hsdp(-1, 0, level);
-    optim::momentum opt({.lr = 0.1, .momentum = 0.9});
-    nn::parallel_cross_entropy<double, mesh_t> loss;
-    xshard::model trainer(c, loss, opt, {.micro_batches = p > 1 ? 2 : 1});
-    record r;
-    r.losses = trainer.train(2, epochs_of_batches{&stage, 4});
-    const auto e = trainer.eval(std::vector{batch(stage, 8), batch(stage, 9)});
-    r.losses.push_back(e.loss);
-    r.losses.push_back(e.accuracy);
-    trainer.share_stage_weights();
-    xshard::for_each_weight(chain, [&](const std::string&, auto& w) {
-        r.weights.push_back(xshard::gather_all(w.value));
-    });
-    return r;
+    return train_and_eval(c, chain, stage, {.micro_batches = p > 1 ? 2 : 1});
 }
 
 /// A program's pipeline through the driver: a traced network, no hand-written backward, cut

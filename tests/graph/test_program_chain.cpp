@@ -11,6 +11,7 @@
 #include <xshard/tensor/gather.hpp>
 
 #include "expect_error.hpp"
+#include "labelled_batch.hpp"
 #include "mpi_test.hpp"
 
 #include <gtest/gtest.h>
@@ -70,18 +71,10 @@ xshard::program network(std::size_t rows, int tp) {
     return xshard::trace(network_fn(tp), xshard::input<double>("x", {rows, features}));
 }
 
-struct batch {
-    xt::xtensor<double, 2> x;
-    xt::xtensor<std::int64_t, 1> y;
-};
+using batch = xshard::testing::labelled_batch;
 
 batch make_batch(std::size_t rows, unsigned seed) {
-    std::mt19937 e(seed);
-    batch b{xt::random::rand<double>({rows, features}, -1.0, 1.0, e), {}};
-    b.y = xt::xtensor<std::int64_t, 1>::from_shape({rows});
-    for (auto& v : b.y)
-        v = std::int64_t(e() % classes);
-    return b;
+    return xshard::testing::random_labelled_batch(rows, features, classes, seed);
 }
 
 /// The whole program on one rank: the loss of the batch and every gradient by name.

@@ -15,6 +15,7 @@
 #include <xshard/train/hsdp.hpp>
 
 #include "expect_error.hpp"
+#include "labelled_batch.hpp"
 #include "mpi_test.hpp"
 
 #include <gtest/gtest.h>
@@ -57,18 +58,10 @@ auto make_model(const stage_mesh_t& m) {
                           nn::column_parallel_linear<T, stage_mesh_t>(m, 10, classes, 5));
 }
 
-struct batch {
-    xt::xtensor<double, 2> x;
-    xt::xtensor<std::int64_t, 1> y;
-};
+using batch = xshard::testing::labelled_batch;
 
 batch make_batch(std::size_t rows, unsigned seed) {
-    std::mt19937 e(seed);
-    batch b{xt::random::rand<double>({rows, features}, -1.0, 1.0, e), {}};
-    b.y = xt::xtensor<std::int64_t, 1>::from_shape({rows});
-    for (auto& v : b.y)
-        v = std::int64_t(e() % classes);
-    return b;
+    return xshard::testing::random_labelled_batch(rows, features, classes, seed);
 }
 
 /// The one-rank step: its loss and every gradient by name.
