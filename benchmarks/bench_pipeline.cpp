@@ -13,8 +13,13 @@
 // Each line has `bubble_measured` (the idle share of the step on the pipeline's ranks,
 // measured: 1 - time computing / step time, mean over the ranks) next to `bubble_predicted`
 // (the schedule table's, pipeline/analysis.hpp).
+//   program_chain_pp2_m8_1f1b  the same MLP written as a traced function (no hand-written
+//                            backward), an xshard::program_chain of the same seven modules,
+//                            pipelined alike; against baseline "layers_pp2_m8_1f1b", the
+//                            hand-written layers' pipelined step in the same run.
 
 #include <xshard/comm/environment.hpp>
+#include <xshard/graph.hpp>
 #include <xshard/nn/activation.hpp>
 #include <xshard/nn/embedding.hpp>
 #include <xshard/nn/linear.hpp>
@@ -88,17 +93,39 @@ struct one_rank {
     }
 };
 
-/// The pipelined step.
+/// The same MLP as a traced function: seven modules, named as the sequential's, with the
+/// layers' biases and exact gelu.
+auto traced_mlp(const sizes& s) {
+    return [s](xshard::traced_tensor x) {
+        namespace ops = xshard::ops;
+        for (int i = 0; i < 7; ++i) {
+            xshard::name_scope scope(std::to_string(i));
+            if (i % 2) {
+                x = ops::gelu(x);
+                continue;
+            }
+            const std::size_t in = i % 4 ? s.hidden : s.features;
+            const std::size_t out = i % 4 ? s.features : s.hidden;
+            x = ops::matmul(x, xshard::param("weight", {in, out})) + xshard::param("bias", {out});
+        }
+        return x;
+    };
+}
+using chain_t = xshard::program_chain<T, stage_mesh_t>;
+
+/// The pipelined step of `Model` (the layers, or the program chain).
+template <class Model>
 struct pipelined {
     stage_mesh_t mesh;
-    model_t model;
+    Model model;
     data batch;
     nn::parallel_cross_entropy<T, stage_mesh_t> loss;
     xshard::optim::momentum optimizer{{.lr = 1e-3, .momentum = 0.9}};
-    pp::pipeline<model_t, X> pipe;
-    pipelined(const full_mesh_t& full, const sizes& s, pp::schedule_kind kind, int v)
+    pp::pipeline<Model, X> pipe;
+    template <class Make>
+    pipelined(const full_mesh_t& full, const sizes& s, pp::schedule_kind kind, int v, Make make)
         : mesh(pp::stage_mesh_of<stage_mesh_t>(full))
-        , model(make_model(mesh, s))
+        , model(make(mesh))
         , batch(mesh, s)
         , pipe(full, "pp", mesh, model,
                {.micro_batches = 8, .scheduler = kind, .virtual_stages = v}) {}
@@ -141,7 +168,8 @@ int main(int argc, char** argv) {
     for (const auto& k : cases) {
         if (!o.wants(k.name))
             continue;
-        pipelined ours(full, s, k.kind, k.v);
+        pipelined<model_t> ours(full, s, k.kind, k.v,
+                                [&](const stage_mesh_t& m) { return make_model(m, s); });
         const auto t = bench::compare(
             c, o, [&] { ours.step(); },
             [&] {
@@ -161,6 +189,23 @@ int main(int argc, char** argv) {
                         "\"ratio\": %.4f, \"bubble_measured\": %.4f, \"bubble_predicted\": %.4f}\n",
                         k.name, c.size(), bytes, t.seconds, t.baseline_seconds,
                         t.seconds / t.baseline_seconds, measured, ours.pipe.predicted().bubble());
+            std::fflush(stdout);
+        }
+    }
+    if (o.wants("program_chain_pp2_m8_1f1b")) {
+        const auto kind = pp::schedule_kind::one_f_one_b;
+        pipelined<model_t> layers(full, s, kind, 1,
+                                  [&](const stage_mesh_t& m) { return make_model(m, s); });
+        pipelined<chain_t> chain(full, s, kind, 1, [&](const stage_mesh_t& m) {
+            return chain_t(traced_mlp(s), m, {.seed = 1},
+                           xshard::input<T>("x", {s.batch / 8, s.features}));
+        });
+        const auto t = bench::compare(c, o, [&] { chain.step(); }, [&] { layers.step(); });
+        if (c.rank() == 0) {
+            std::printf("{\"name\": \"program_chain_pp2_m8_1f1b\", \"ranks\": %d, \"seconds\": "
+                        "%.6g, \"baseline\": \"layers_pp2_m8_1f1b\", \"baseline_seconds\": %.6g, "
+                        "\"ratio\": %.4f}\n",
+                        c.size(), t.seconds, t.baseline_seconds, t.seconds / t.baseline_seconds);
             std::fflush(stdout);
         }
     }
