@@ -1806,6 +1806,27 @@ TEST(auto_parallel, a_parameter_strategy_file_lays_the_model_out) {
         EXPECT_EQ(w.grad.layout(), w.term_layout()) << name << " " << where(m);
         EXPECT_TRUE(xt::all(xt::equal(w.grad.local(), 0.0))) << name;
     }
+    // A program chain is compiled again with the file's layouts, its weights' values kept.
+    {
+        const mesh_t dp(world(), {world().size(), 1});
+        chain_t laid(chain_network(rows), dp,
+                     {.seed = 3, .layouts = {.weight_layouts = {{"fc1.weight", layout::parse("[dp, -]")}}}});
+        const std::string chain_path = scratch("planned_chain.json");
+        xshard::save_strategy_file(chain_path, laid);
+        chain_t chain(chain_network(rows), dp, {.seed = 3});
+        xshard::auto_parallel<chain_t, mesh_t> cc(chain, dp);
+        cc.load_param_strategy_file(chain_path);
+        cc.compile();
+        EXPECT_EQ(xshard::layouts_of(chain), xshard::layouts_of(laid)) << where(dp);
+        std::vector<xt::xarray<double>> values;
+        xshard::for_each_weight(laid, [&](const std::string&, auto& w) {
+            values.push_back(xshard::gather_all(w.value));
+        });
+        std::size_t i = 0;
+        xshard::for_each_weight(chain, [&](const std::string& name, auto& w) {
+            EXPECT_EQ(xshard::gather_all(w.value), values.at(i++)) << name;
+        });
+    }
     // A parameter the model lacks, another shape: raised on every rank, nothing moved.
     auto other = make("[-, -]", "[-, -]", "c");
     xshard::auto_parallel<weights, mesh_t> d(other, m);

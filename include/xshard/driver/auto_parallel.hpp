@@ -22,8 +22,11 @@
 /// compiled program (graph/executable.hpp) the search on programs
 /// (search/program_search.hpp), which then compiles the program again with the layouts
 /// found; on a program chain (graph/program_chain.hpp) the same search of its whole program
-/// on the chain's mesh (a pipeline's stage mesh), each module then compiled again; on a model whose strategies are set at run time (models/searched_mlp.hpp,
+/// on the chain's mesh (a pipeline's stage mesh), each module then compiled again; on a model
+/// whose strategies are set at run time (models/searched_mlp.hpp,
 /// models/searched_transformer.hpp) search/strategy_engine.hpp. On any other model they raise.
+/// A parameter strategy file lays a compiled program's or a program chain's weights out by
+/// compiling it again with the file's layouts.
 /// A dataset strategy of layouts or strategies lays a compiled program's inputs out, in
 /// order: `compile()` compiles it again with them (its weights keeping their values)
 /// unless they are its inputs' layouts already, and the search keeps them. The training
@@ -593,6 +596,8 @@ public:
         } else if constexpr (detail::is_program_chain<Model>) {
             if (mode_ != parallel_mode::semi_auto)
                 search_program_model();
+            else if (!planned_.empty())
+                agreed(mesh_.comm(), [&] { model_->recompile(model_->source(), chain_options()); });
         } else if (!planned_.empty()) {
             agreed(mesh_.comm(), [&] { lay_out_parameters(*model_, planned_); });
         }
@@ -694,6 +699,15 @@ private:
         return o;
     }
 
+    /// A program chain's options (it lives on its own mesh, a pipeline's stage mesh, with
+    /// its own inputs' layouts), with the parameter strategy file's weight layouts.
+    compile_options chain_options() const {
+        auto o = model_->options();
+        for (const auto& [name, l] : planned_)
+            o.layouts.weight_layouts[name] = l;
+        return o;
+    }
+
     /// semi_auto on a compiled program: compiles it again with program_options() where the
     /// dataset strategy or the parameter strategy file changes its inputs' or weights'
     /// layouts, keeping the weights' values (compiled_program::recompile). Raises on every
@@ -719,7 +733,7 @@ private:
         // A program chain lives on its own mesh (a pipeline's stage mesh) with its options.
         const auto options = [&] {
             if constexpr (detail::is_program_chain<Model>)
-                return net.options();
+                return chain_options();
             else
                 return program_options();
         }();
