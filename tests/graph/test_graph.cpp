@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <xtensor-blas/xlinalg.hpp>
 #include <xtensor/xarray.hpp>
+#include <xtensor/xbuilder.hpp>
 #include <xtensor/xmath.hpp>
 #include <xtensor/xrandom.hpp>
 #include <xtensor/xview.hpp>
@@ -33,7 +34,9 @@ namespace {
 
 using namespace graph_test;
 
-array relu(const array& x) { return xt::maximum(x, 0.0); }
+array relu(const array& x) {
+    return xt::maximum(x, 0.0);
+}
 
 array matmul(const array& a, const array& b) {
     if (a.dimension() == 2)
@@ -57,8 +60,8 @@ array softmax_rows(const array& x, bool log) {
         for (std::size_t j = 0; j < n; ++j)
             s += std::exp(x.flat(r * n + j) - m);
         for (std::size_t j = 0; j < n; ++j)
-            out.flat(r * n + j) = log ? x.flat(r * n + j) - m - std::log(s)
-                                      : std::exp(x.flat(r * n + j) - m) / s;
+            out.flat(r * n + j) =
+                log ? x.flat(r * n + j) - m - std::log(s) : std::exp(x.flat(r * n + j) - m) / s;
     }
     return out;
 }
@@ -74,18 +77,23 @@ TEST(graph, every_primitive_against_central_differences_on_every_mesh) {
                          [op](const V& w, const M&) {
                              return op.shard({lay("[dp, mp]"), lay("[mp]")})(w[0], w[1]);
                          },
-                         [ref](const A& w) { return array(ref(w[0], w[1])); }, positive});
+                         [ref](const A& w) { return array(ref(w[0], w[1])); },
+                         positive});
         cases.push_back({name + " data parallel",
                          {{6, 4}, {6, 4}},
                          [op](const V& w, const M&) { return op(w[0], w[1]); },
-                         [ref](const A& w) { return array(ref(w[0], w[1])); }, positive});
+                         [ref](const A& w) { return array(ref(w[0], w[1])); },
+                         positive});
     };
     binary("add", ops::add, [](const array& a, const array& b) { return a + b; });
     binary("sub", ops::sub, [](const array& a, const array& b) { return a - b; });
     binary("mul", ops::mul, [](const array& a, const array& b) { return a * b; });
-    binary("div", ops::div, [](const array& a, const array& b) { return a / b; }, true);
-    binary("maximum", ops::maximum, [](const array& a, const array& b) { return xt::maximum(a, b); });
-    binary("minimum", ops::minimum, [](const array& a, const array& b) { return xt::minimum(a, b); });
+    binary(
+        "div", ops::div, [](const array& a, const array& b) { return a / b; }, true);
+    binary("maximum", ops::maximum,
+           [](const array& a, const array& b) { return xt::maximum(a, b); });
+    binary("minimum", ops::minimum,
+           [](const array& a, const array& b) { return xt::minimum(a, b); });
     // Scalars (one run of one element), and a scalar broadcast against a vector.
     cases.push_back({"binary of scalars",
                      {{6}, {4}},
@@ -108,24 +116,28 @@ TEST(graph, every_primitive_against_central_differences_on_every_mesh) {
         cases.push_back({name,
                          {{5, 6}},
                          [op](const V& w, const M&) { return op.shard({lay("[mp, dp]")})(w[0]); },
-                         [ref](const A& w) { return array(ref(w[0])); }, positive});
+                         [ref](const A& w) { return array(ref(w[0])); },
+                         positive});
     };
     unary("neg", ops::neg, [](const array& x) { return -x; });
     unary("relu", ops::relu, [](const array& x) { return relu(x); });
-    unary("gelu", ops::gelu, [](const array& x) {
-        return 0.5 * x * (1.0 + xt::erf(x / std::sqrt(2.0)));
-    });
+    unary("gelu", ops::gelu,
+          [](const array& x) { return 0.5 * x * (1.0 + xt::erf(x / std::sqrt(2.0))); });
     unary("exp", ops::exp, [](const array& x) { return xt::exp(x); });
-    unary("log", ops::log, [](const array& x) { return xt::log(x); }, true);
+    unary(
+        "log", ops::log, [](const array& x) { return xt::log(x); }, true);
     unary("tanh", ops::tanh, [](const array& x) { return xt::tanh(x); });
     unary("sigmoid", ops::sigmoid, [](const array& x) { return 1.0 / (1.0 + xt::exp(-x)); });
     unary("abs", ops::abs, [](const array& x) { return xt::abs(x); });
-    unary("sqrt", ops::sqrt, [](const array& x) { return xt::sqrt(x); }, true);
+    unary(
+        "sqrt", ops::sqrt, [](const array& x) { return xt::sqrt(x); }, true);
     unary("square", ops::square, [](const array& x) { return x * x; });
     cases.push_back({"scale and add_scalar",
                      {{4, 3}},
                      [](const V& w, const M&) { return 3.0 * w[0] + 2.0 - w[0] / 4.0; },
-                     [](const A& w) { return array(3.0 * w[0] + 2.0 - w[0] / 4.0); }});
+                     [](const A& w) {
+                         return array(3.0 * w[0] + 2.0 - w[0] / 4.0);
+                     }});
     // Matrix products, with each strategy that fits: split rows, contraction, columns.
     for (const char* s : {"", "rows", "contraction", "columns", "all"}) {
         const std::string which = s;
@@ -143,17 +155,27 @@ TEST(graph, every_primitive_against_central_differences_on_every_mesh) {
                                  return ops::matmul.shard({{dp, mp}, {mp, 1}})(w[0], w[1]);
                              return ops::matmul(w[0], w[1]);
                          },
-                         [](const A& w) { return matmul(w[0], w[1]); }});
+                         [](const A& w) {
+                             return matmul(w[0], w[1]);
+                         }});
     }
-    cases.push_back({"batched matmul", {{4, 3, 5}, {4, 5, 2}},
-                     [](const V& w, const M&) {
-                         return ops::matmul.shard({lay("[dp, -, mp]"), lay("[dp, mp, -]")})(w[0], w[1]);
-                     },
-                     [](const A& w) { return matmul(w[0], w[1]); }});
-    cases.push_back({"batched matmul with a shared [k, n]", {{4, 3, 5}, {5, 2}},
+    cases.push_back(
+        {"batched matmul",
+         {{4, 3, 5}, {4, 5, 2}},
+         [](const V& w, const M&) {
+             return ops::matmul.shard({lay("[dp, -, mp]"), lay("[dp, mp, -]")})(w[0], w[1]);
+         },
+         [](const A& w) {
+             return matmul(w[0], w[1]);
+         }});
+    cases.push_back({"batched matmul with a shared [k, n]",
+                     {{4, 3, 5}, {5, 2}},
                      [](const V& w, const M&) { return ops::matmul(w[0], w[1]); },
-                     [](const A& w) { return matmul(w[0], w[1]); }});
-    cases.push_back({"matmul with transposed operands", {{5, 6}, {4, 5}},
+                     [](const A& w) {
+                         return matmul(w[0], w[1]);
+                     }});
+    cases.push_back({"matmul with transposed operands",
+                     {{5, 6}, {4, 5}},
                      [](const V& w, const M&) {
                          return trace_call("matmul", xshard::op_attributes{{1, 1}, {}},
                                            xshard::op_annotation{}, w[0], w[1]);
@@ -162,36 +184,59 @@ TEST(graph, every_primitive_against_central_differences_on_every_mesh) {
                          return array(xt::linalg::dot(xt::transpose(w[0]), xt::transpose(w[1])));
                      }});
     // Reductions: along a split dimension (a pending sum resolved on the edge), keepdims.
-    cases.push_back({"sum along a split dimension", {{6, 4}},
+    cases.push_back({"sum along a split dimension",
+                     {{6, 4}},
                      [](const V& w, const M&) {
                          return ops::sum<0>(ops::relu.shard({lay("[(dp,mp), -]")})(w[0]));
                      },
-                     [](const A& w) { return array(xt::sum(relu(w[0]), {0})); }});
-    cases.push_back({"mean keepdims", {{6, 4}},
+                     [](const A& w) {
+                         return array(xt::sum(relu(w[0]), {0}));
+                     }});
+    cases.push_back({"mean keepdims",
+                     {{6, 4}},
                      [](const V& w, const M&) { return ops::mean<1, true>(w[0]); },
-                     [](const A& w) { return array(xt::mean(w[0], {1}, xt::keep_dims)); }});
-    cases.push_back({"max", {{6, 4}},
+                     [](const A& w) {
+                         return array(xt::mean(w[0], {1}, xt::keep_dims));
+                     }});
+    cases.push_back({"max",
+                     {{6, 4}},
                      [](const V& w, const M&) { return ops::max<1>(w[0]); },
-                     [](const A& w) { return array(xt::amax(w[0], {1})); }});
-    cases.push_back({"min", {{6, 4}},
+                     [](const A& w) {
+                         return array(xt::amax(w[0], {1}));
+                     }});
+    cases.push_back({"min",
+                     {{6, 4}},
                      [](const V& w, const M&) { return ops::min<0>(w[0]); },
-                     [](const A& w) { return array(xt::amin(w[0], {0})); }});
-    cases.push_back({"mean of everything", {{6, 4}},
+                     [](const A& w) {
+                         return array(xt::amin(w[0], {0}));
+                     }});
+    cases.push_back({"mean of everything",
+                     {{6, 4}},
                      [](const V& w, const M&) {
-                         return ops::reshape(ops::mean_all(ops::relu.shard({lay("[dp, mp]")})(w[0])),
-                                             std::array<std::size_t, 1>{1});
+                         return ops::reshape(
+                             ops::mean_all(ops::relu.shard({lay("[dp, mp]")})(w[0])),
+                             std::array<std::size_t, 1>{1});
                      },
-                     [](const A& w) { return array(xt::reshape_view(array(xt::mean(relu(w[0]))), {1})); }});
+                     [](const A& w) {
+                         return array(xt::reshape_view(array(xt::mean(relu(w[0]))), {1}));
+                     }});
     // Normalisations.
-    cases.push_back({"softmax", {{6, 5}},
+    cases.push_back({"softmax",
+                     {{6, 5}},
                      [](const V& w, const M&) {
                          return ops::softmax<1>(ops::relu.shard({lay("[dp, mp]")})(w[0]));
                      },
-                     [](const A& w) { return softmax_rows(relu(w[0]), false); }});
-    cases.push_back({"log_softmax", {{6, 5}},
+                     [](const A& w) {
+                         return softmax_rows(relu(w[0]), false);
+                     }});
+    cases.push_back({"log_softmax",
+                     {{6, 5}},
                      [](const V& w, const M&) { return ops::log_softmax<1>(w[0]); },
-                     [](const A& w) { return softmax_rows(w[0], true); }});
-    cases.push_back({"layer_norm with gamma and beta", {{6, 5}, {5}, {5}},
+                     [](const A& w) {
+                         return softmax_rows(w[0], true);
+                     }});
+    cases.push_back({"layer_norm with gamma and beta",
+                     {{6, 5}, {5}, {5}},
                      [](const V& w, const M&) { return ops::layer_norm(w[0], w[1], w[2]); },
                      [](const A& w) {
                          const array mu = xt::mean(w[0], {1}, xt::keep_dims);
@@ -203,7 +248,8 @@ TEST(graph, every_primitive_against_central_differences_on_every_mesh) {
         const array var = xt::mean(xt::square(w[0] - mu), {0}, xt::keep_dims);
         return array((w[0] - mu) / xt::sqrt(var + 1e-5) * w[1] + w[2]);
     };
-    cases.push_back({"batch_norm split over the batch", {{8, 3}, {3}, {3}},
+    cases.push_back({"batch_norm split over the batch",
+                     {{8, 3}, {3}, {3}},
                      [](const V& w, const M&) {
                          return ops::batch_norm(ops::relu.shard({lay("[(dp,mp), -]")})(w[0]) + w[0],
                                                 w[1], w[2]);
@@ -211,25 +257,53 @@ TEST(graph, every_primitive_against_central_differences_on_every_mesh) {
                      [batch_norm_ref](const A& w) {
                          return batch_norm_ref({relu(w[0]) + w[0], w[1], w[2]});
                      }});
-    cases.push_back({"batch_norm split over the channels", {{8, 4}, {4}, {4}},
+    cases.push_back({"batch_norm split over the channels",
+                     {{8, 4}, {4}, {4}},
                      [](const V& w, const M&) {
                          return trace_call("batch_norm", xshard::op_attributes{{}, {1e-5}},
-                                           xshard::op_annotation{{}, {lay("[dp, mp]"), lay("[mp]"),
-                                                                      lay("[mp]")}, {}},
+                                           xshard::op_annotation{
+                                               {}, {lay("[dp, mp]"), lay("[mp]"), lay("[mp]")}, {}},
                                            w[0], w[1], w[2]);
                      },
                      batch_norm_ref});
     // Shapes.
-    cases.push_back({"transpose", {{3, 4, 5}},
+    cases.push_back({"transpose",
+                     {{3, 4, 5}},
                      [](const V& w, const M&) {
-                         return ops::transpose<2, 0, 1>(ops::relu.shard({lay("[dp, mp, -]")})(w[0]));
+                         return ops::transpose<2, 0, 1>(
+                             ops::relu.shard({lay("[dp, mp, -]")})(w[0]));
                      },
-                     [](const A& w) { return array(xt::transpose(relu(w[0]), {2, 0, 1})); }});
-    cases.push_back({"flatten and reshape", {{6, 2, 3}},
+                     [](const A& w) {
+                         return array(xt::transpose(relu(w[0]), {2, 0, 1}));
+                     }});
+    cases.push_back({"flatten and reshape",
+                     {{6, 2, 3}},
                      [](const V& w, const M&) {
                          return ops::reshape(ops::flatten(w[0]), std::array<std::size_t, 2>{3, 12});
                      },
-                     [](const A& w) { return array(xt::reshape_view(w[0], {3, 12})); }});
+                     [](const A& w) {
+                         return array(xt::reshape_view(w[0], {3, 12}));
+                     }});
+    cases.push_back({"concat of split operands, one of them twice",
+                     {{6, 4}, {6, 3}},
+                     [](const V& w, const M&) {
+                         const auto a = ops::relu.shard({lay("[dp, mp]")})(w[0]);
+                         const auto b = ops::relu.shard({lay("[mp, dp]")})(w[1]);
+                         return ops::concat(1, a, b, a);
+                     },
+                     [](const A& w) {
+                         return array(
+                             xt::concatenate(xt::xtuple(relu(w[0]), relu(w[1]), relu(w[0])), 1));
+                     }});
+    cases.push_back({"concat along the batch and slice",
+                     {{2, 3, 4}, {3, 3, 4}},
+                     [](const V& w, const M&) {
+                         return ops::slice(ops::concat(0, w[0], ops::relu(w[1])), 1, 1, 3);
+                     },
+                     [](const A& w) {
+                         const array c = xt::concatenate(xt::xtuple(w[0], relu(w[1])), 0);
+                         return array(xt::view(c, xt::all(), xt::range(1, 3), xt::all()));
+                     }});
     for (const auto& c : cases) {
         SCOPED_TRACE(c.name);
         check_op(c);
@@ -315,7 +389,8 @@ TEST(graph, document_mlp_trains_with_its_strategies_like_serial_xtensor) {
             for (auto& [name, v] : w)
                 v -= 0.5 * ref.grads.at(name);
             for (const auto& [name, v] : w)
-                EXPECT_LT(max_error(value_of(net, name), v), 1e-10) << name << " after step " << step;
+                EXPECT_LT(max_error(value_of(net, name), v), 1e-10)
+                    << name << " after step " << step;
         }
     });
 }
@@ -324,10 +399,12 @@ TEST(graph, document_mlp_trains_with_its_strategies_like_serial_xtensor) {
 
 TEST(graph, misuse_raises_one_sentence_naming_the_node_on_every_rank) {
     auto p = mlp_program(8, 1, 1);
-    xshard::testing::expect_error([&] { p.node("matmul_9"); },
-                                                 "no node is named 'matmul_9'");
-    xshard::testing::expect_error([&] { p.shard("relu", {{2, 1, 1}}); },
-                                                 "node relu (relu): the strategy (2, 1, 1)");
+    xshard::testing::expect_error([&] { p.node("matmul_9"); }, "no node is named 'matmul_9'");
+    xshard::testing::expect_error(
+        [&] {
+            p.shard("relu", {{2, 1, 1}});
+        },
+        "node relu (relu): the strategy (2, 1, 1)");
     xshard::testing::expect_error(
         [&] {
             xshard::trace([](traced_tensor x) { return ops::matmul(x, x); },
@@ -339,8 +416,8 @@ TEST(graph, misuse_raises_one_sentence_naming_the_node_on_every_rank) {
         // A strategy needing more blocks than the mesh has ranks.
         auto q = mlp_program(8, 1, 1);
         q.shard("relu", {{3 * world().size(), 1}});
-        xshard::testing::expect_error(
-            [&] { xshard::compile<double>(q, mesh); }, "compile: node relu (relu)");
+        xshard::testing::expect_error([&] { xshard::compile<double>(q, mesh); },
+                                      "compile: node relu (relu)");
     }
     auto net = xshard::compile<double>(mlp_program(8, 1, 1), mesh);
     const array x = xt::zeros<double>({std::size_t(4), std::size_t(24)});

@@ -1,8 +1,10 @@
 // Pipelines of programs: a traced network cut into its modules (graph/split.hpp) and run as a
 // chain of layers (graph/program_chain.hpp) through the pipeline runtime. For every mesh
 // pp x dp x tp of the world (pp up to 4) and every schedule, one step's loss and every
-// gradient equal the whole program's on one rank (1e-12). A compiled program's copies hold
-// their own activations. Cuts that do not fit raise one sentence naming what crosses them.
+// gradient, and the pipelined inference's output, equal the whole program's on one rank
+// (1e-12), with residuals and the input crossing the cuts. A compiled program's copies hold their
+// own activations. Several tensors at a cut are packed into one. Cuts that do not fit raise one
+// sentence naming what crosses them.
 
 #include <xshard/graph.hpp>
 #include <xshard/nn/embedding.hpp>
@@ -39,36 +41,46 @@ constexpr std::size_t features = 6, hidden = 8, classes = 5;
 
 /// Five modules: fc0 (matmul, bias, relu), block1 (a skip connection inside its scope), fc2
 /// (its matmul split over tp by its annotation when tp > 1), a gelu outside every scope, and
-/// head.
-auto network_fn(int tp) {
-    return [tp](traced_tensor x) {
-            {
-                xshard::name_scope s("fc0");
-                auto w = xshard::param("weight", {features, hidden},
-                                       xshard::initializer::normal(0, 0.4));
-                auto b = xshard::param("bias", {hidden}, xshard::initializer::uniform(-0.1, 0.1));
-                x = ops::relu(ops::matmul(x, w) + b);
-            }
-            {
-                xshard::name_scope s("block1");
-                auto w =
-                    xshard::param("weight", {hidden, hidden}, xshard::initializer::normal(0, 0.4));
-                x = x + ops::relu(ops::matmul(x, w));
-            }
-            {
-                xshard::name_scope s("fc2");
-                auto w =
-                    xshard::param("weight", {hidden, hidden}, xshard::initializer::normal(0, 0.4));
-                x = tp > 1 ? ops::matmul.shard({{1, 1}, {1, tp}})(x, w) : ops::matmul(x, w);
-            }
-            x = ops::gelu(x);
-            xshard::name_scope s("head");
-            return ops::matmul(
-                x, xshard::param("weight", {hidden, classes}, xshard::initializer::normal(0, 0.4)));
-        };
+/// head. With `residual`, tensors cross cuts besides the one each module passes on: fc2 also
+/// passes on its result as [rows, 2, hidden / 2], and head adds fc0's result and that, and
+/// reads the program's input again, so fc0's result and the input cross every later cut.
+auto network_fn(int tp, bool residual = false) {
+    return [tp, residual](traced_tensor x) {
+        const auto in = x;
+        const std::size_t rows = x.shape()[0];
+        traced_tensor a = x, folded = x;
+        {
+            xshard::name_scope s("fc0");
+            auto w =
+                xshard::param("weight", {features, hidden}, xshard::initializer::normal(0, 0.4));
+            auto b = xshard::param("bias", {hidden}, xshard::initializer::uniform(-0.1, 0.1));
+            x = a = ops::relu(ops::matmul(x, w) + b);
+        }
+        {
+            xshard::name_scope s("block1");
+            auto w = xshard::param("weight", {hidden, hidden}, xshard::initializer::normal(0, 0.4));
+            x = x + ops::relu(ops::matmul(x, w));
+        }
+        {
+            xshard::name_scope s("fc2");
+            auto w = xshard::param("weight", {hidden, hidden}, xshard::initializer::normal(0, 0.4));
+            x = tp > 1 ? ops::matmul.shard({{1, 1}, {1, tp}})(x, w) : ops::matmul(x, w);
+            if (residual)
+                folded = ops::reshape(x, std::array<std::size_t, 3>{rows, 2, hidden / 2});
+        }
+        x = ops::gelu(x);
+        xshard::name_scope s("head");
+        if (residual) {
+            x = x + a + ops::reshape(folded, std::array<std::size_t, 2>{rows, hidden});
+            x = x + ops::matmul(in, xshard::param("skip", {features, hidden},
+                                                  xshard::initializer::normal(0, 0.4)));
+        }
+        return ops::matmul(
+            x, xshard::param("weight", {hidden, classes}, xshard::initializer::normal(0, 0.4)));
+    };
 }
-xshard::program network(std::size_t rows, int tp) {
-    return xshard::trace(network_fn(tp), xshard::input<double>("x", {rows, features}));
+xshard::program network(std::size_t rows, int tp, bool residual = false) {
+    return xshard::trace(network_fn(tp, residual), xshard::input<double>("x", {rows, features}));
 }
 
 using batch = xshard::testing::labelled_batch;
@@ -77,20 +89,26 @@ batch make_batch(std::size_t rows, unsigned seed) {
     return xshard::testing::random_labelled_batch(rows, features, classes, seed);
 }
 
-/// The whole program on one rank: the loss of the batch and every gradient by name.
-std::pair<double, std::map<std::string, xt::xarray<double>>> one_rank(const batch& b) {
+/// The whole program on one rank: the loss of the batch, every gradient by name and the
+/// output.
+struct reference {
+    double loss;
+    std::map<std::string, xt::xarray<double>> grads;
+    xt::xarray<double> output;
+};
+reference one_rank(const batch& b, bool residual) {
     const stage_mesh_t one(xshard::communicator::self(), {1, 1});
-    auto net = xshard::compile<double>(network(b.x.shape()[0], 1), one, {.seed = 7});
+    auto net = xshard::compile<double>(network(b.x.shape()[0], 1, residual), one, {.seed = 7});
     xshard::nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+    const auto out = net.forward(xshard::distribute<xshard::dynamic_layout(2)>(one, b.x, "[-, -]"));
     const double value =
-        loss.forward(net.forward(xshard::distribute<xshard::dynamic_layout(2)>(one, b.x, "[-, -]")),
-                     xshard::distribute<xshard::dynamic_layout(1)>(one, b.y, "[-]"));
+        loss.forward(out, xshard::distribute<xshard::dynamic_layout(1)>(one, b.y, "[-]"));
     net.backward(loss.backward());
     std::map<std::string, xt::xarray<double>> grads;
     xshard::for_each_weight(net, [&](const std::string& name, auto& w) {
         grads[name] = xshard::gather_all(xshard::ops::resolve(w.grad));
     });
-    return {value, grads};
+    return {value, grads, xshard::gather_all(out)};
 }
 
 TEST(program_chain, a_pipelined_program_equals_the_whole_program_on_one_rank) {
@@ -107,7 +125,8 @@ TEST(program_chain, a_pipelined_program_equals_the_whole_program_on_one_rank) {
             // each micro-batch's shape once.
             const std::size_t micro_rows = std::size_t(2 * dp * tp + 1);
             const auto b = make_batch(micro_rows * std::size_t(m), 11);
-            const auto [expected_loss, expected] = one_rank(b);
+            // Tensors besides the one each module passes on cross the cuts.
+            const auto [expected_loss, expected, expected_output] = one_rank(b, true);
             const auto x =
                 xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x, "[dp, -]");
             const auto y = xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y, "[dp]");
@@ -122,7 +141,7 @@ TEST(program_chain, a_pipelined_program_equals_the_whole_program_on_one_rank) {
                                           " dp=" + std::to_string(dp) +
                                           " tp=" + std::to_string(tp) + ", " +
                                           std::string(pp::name(kind)) + " v=" + std::to_string(v);
-                chain_t chain(network_fn(tp), stage_mesh, {.seed = 7},
+                chain_t chain(network_fn(tp, true), stage_mesh, {.seed = 7},
                               xshard::input<double>("x", {micro_rows, features}));
                 ASSERT_EQ(chain.layers().size(), 5u);
                 xshard::nn::parallel_cross_entropy<double, stage_mesh_t> loss;
@@ -147,6 +166,12 @@ TEST(program_chain, a_pipelined_program_equals_the_whole_program_on_one_rank) {
                 xshard::mpi::allreduce(mesh.sub<"pp">(), std::span(&total, 1),
                                        xshard::reduction::sum);
                 EXPECT_EQ(total, int(expected.size())) << where;
+                // Pipelined inference: the last stage's output, broadcast to every stage.
+                const auto predicted = pipe.predict(x);
+                ASSERT_TRUE(predicted.has_value()) << where;
+                EXPECT_TRUE(
+                    xt::allclose(xshard::gather_all(*predicted), expected_output, 1e-12, 1e-12))
+                    << where;
             }
         }
 }
@@ -168,21 +193,36 @@ TEST(program_chain, a_chain_without_a_pipeline_and_a_copied_program_keep_their_o
         g1[name] = xshard::gather_all(xshard::ops::resolve(w.grad));
         w.zero_grad();
     });
-    // The chain: the same output, input cotangent and gradients.
-    chain_t chain(network(rows, 1), mesh, {.seed = 7, .input_gradients = true});
-    const auto cy = chain.forward(x1);
-    EXPECT_TRUE(xt::allclose(xshard::gather_all(cy), xshard::gather_all(y1), 1e-13, 1e-13));
-    const auto cdx = chain.backward(cy);
-    EXPECT_TRUE(xt::allclose(xshard::gather_all(cdx), dx1, 1e-12, 1e-12));
-    std::size_t seen = 0;
-    xshard::for_each_weight(chain, [&](const std::string& name, auto& w) {
-        ASSERT_TRUE(g1.count(name)) << name;
-        EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::resolve(w.grad)), g1.at(name),
-                                 1e-12, 1e-12))
-            << name;
-        ++seen;
-    });
-    EXPECT_EQ(seen, g1.size());
+    // The chain: the same output, input cotangent and gradients; so too where tensors besides
+    // the one each module passes on cross the cuts (the input's cotangent then also comes
+    // through the cuts).
+    for (const bool residual : {false, true}) {
+        auto reference = xshard::compile<double>(network(rows, 1, residual), mesh,
+                                                 {.seed = 7, .input_gradients = true});
+        const auto ry = reference.forward(x1);
+        reference.backward(ry);
+        chain_t chain(network(rows, 1, residual), mesh, {.seed = 7, .input_gradients = true});
+        const auto cy = chain.forward(x1);
+        EXPECT_TRUE(xt::allclose(xshard::gather_all(cy), xshard::gather_all(ry), 1e-13, 1e-13))
+            << residual;
+        const auto cdx = chain.backward(cy);
+        EXPECT_TRUE(xt::allclose(xshard::gather_all(cdx),
+                                 xshard::gather_all(reference.input_gradient<2>(0)), 1e-12, 1e-12))
+            << residual;
+        std::map<std::string, xt::xarray<double>> rg;
+        xshard::for_each_weight(reference, [&](const std::string& name, auto& w) {
+            rg[name] = xshard::gather_all(xshard::ops::resolve(w.grad));
+        });
+        std::size_t seen = 0;
+        xshard::for_each_weight(chain, [&](const std::string& name, auto& w) {
+            ASSERT_TRUE(rg.count(name)) << name;
+            EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::resolve(w.grad)), rg.at(name),
+                                     1e-12, 1e-12))
+                << name << " " << residual;
+            ++seen;
+        });
+        EXPECT_EQ(seen, rg.size());
+    }
     // A copy runs another batch between the original's forward and backward passes: the
     // original's backward still sees its own batch.
     whole.forward(x1);
@@ -204,7 +244,8 @@ TEST(program_chain, cuts_that_do_not_fit_raise_naming_what_crosses_them) {
         xshard::name_scope s(name);
         return ops::matmul(h, xshard::param(weight, {features, features}));
     };
-    // A skip connection from fc0's output into fc2, over fc1.
+    // A skip connection from fc0's output into fc2, over fc1: the cut into fc2 carries both,
+    // packed side by side.
     const auto skip = xshard::trace(
         [&](traced_tensor h) {
             auto a = scoped("fc0", h, "w");
@@ -213,8 +254,29 @@ TEST(program_chain, cuts_that_do_not_fit_raise_naming_what_crosses_them) {
             return c + a;
         },
         x);
-    expect_error([&] { (void)xshard::split_modules(skip); },
-                 "fc2 reads fc0.matmul, fc1.matmul, but a module reads one tensor");
+    const auto modules = xshard::split_modules(skip);
+    ASSERT_EQ(modules.size(), 3u);
+    const auto& into_fc2 = modules[2].body;
+    EXPECT_EQ(into_fc2.value(into_fc2.inputs()[0]).shape, (xshard::value_shape{4, 2 * features}));
+    EXPECT_EQ(modules[1].body.value(modules[1].body.outputs()[0]).shape,
+              (xshard::value_shape{4, 2 * features}));
+    EXPECT_EQ(modules[1].body.nodes().back().name, "fc1.cut_out.concat");
+    // Tensors of other rows at one cut.
+    const auto turned = xshard::trace(
+        [&](traced_tensor h) {
+            traced_tensor a = h, t = h;
+            {
+                xshard::name_scope s("fc0");
+                a = ops::matmul(h, xshard::param("w", {features, features}));
+                t = ops::transpose<1, 0>(ops::matmul(h, xshard::param("v", {features, 3})));
+            }
+            xshard::name_scope s("fc1");
+            return ops::matmul(t, a);
+        },
+        x);
+    expect_error([&] { (void)xshard::split_modules(turned); },
+                 "the cut between fc0 and fc1 carries fc0.matmul, fc0.transpose, packed into one "
+                 "tensor only when they have the same rows");
     // A weight declared outside the module that uses it.
     const auto outside = xshard::trace(
         [&](traced_tensor h) {

@@ -8,17 +8,26 @@
 ///
 /// A module's program keeps the nodes' names and the weights' full names and initializers,
 /// so its weights are drawn with the values the whole program's would have. A cut carries
-/// one tensor: the program's one input enters the first module, each module's one result
-/// used later enters the next, and the last module's is the program's one output. What does
-/// not fit raises xshard::error naming the modules and values: a skip connection across a
-/// cut, a weight used by two modules, a scope whose nodes are not consecutive.
+/// what is made before it and read after it: the program's input enters the first module,
+/// and the last module gives the program's one output. One tensor crosses a cut as it is.
+/// Several (a skip connection across the cut, a residual that a later module adds) are packed
+/// into one: each tensor's rows flattened, the tensors side by side ("concat" of the module
+/// before, node "<module>.cut_out.concat"), and sliced apart and reshaped back in the module
+/// after ("<module>.cut_in.slice_<k>"). So a pipeline still passes one tensor between
+/// stages, split into micro-batches by its rows. What does not fit raises xshard::error
+/// naming the modules and values: tensors of other rows or element types at one cut, a weight
+/// used by two modules, a scope whose nodes are not consecutive.
 
 #include <xshard/comm/error.hpp>
+#include <xshard/core/volume.hpp>
 #include <xshard/graph/program.hpp>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,14 +55,102 @@ inline std::string value_names(const program& p, const std::set<std::size_t>& id
     return out;
 }
 
-/// The module's program: nodes [first, last) of `p` reading `input` (a value of `p`), with
-/// `output` its output.
-inline program module_program(const program& p, std::size_t first, std::size_t last,
-                              std::size_t input, std::size_t output) {
+/// The elements of one row (dimension 0) of a tensor of shape `s`.
+inline std::size_t row_width(const value_shape& s) {
+    return volume(std::span(s).subspan(1));
+}
+
+/// A node of operation `op` named `name`, with integer attributes `ints`, reading `operands`.
+inline program_node cut_node(std::string op, std::string name, std::vector<std::int64_t> ints,
+                             std::vector<std::size_t> operands) {
+    program_node n;
+    n.op = std::move(op);
+    n.name = std::move(name);
+    n.attributes.ints = std::move(ints);
+    n.operands = std::move(operands);
+    return n;
+}
+
+/// The nodes that unpack a cut's packed tensor `packed` (a value of `out`) into the values
+/// `carried` of `p`: each its columns of the packed rows, reshaped back to its shape. Their
+/// ids in `out` go into `id`.
+inline void unpack_cut(const program& p, program& out, const std::string& module,
+                       std::size_t packed, const std::vector<std::size_t>& carried,
+                       std::map<std::size_t, std::size_t>& id) {
+    std::size_t at = 0;
+    for (std::size_t k = 0; k < carried.size(); ++k) {
+        const auto& v = p.value(carried[k]);
+        const std::size_t width = row_width(v.shape);
+        auto piece = out.value(packed).shape;
+        piece[1] = width;
+        auto n = out.add_node(cut_node("slice", module + ".cut_in.slice_" + std::to_string(k),
+                                       {1, std::int64_t(at), std::int64_t(at + width)}, {packed}),
+                              {{piece, v.type}});
+        auto got = out.nodes()[n].results[0];
+        if (piece != v.shape) {
+            n = out.add_node(cut_node("reshape", module + ".cut_in.reshape_" + std::to_string(k),
+                                      {v.shape.begin(), v.shape.end()}, {got}),
+                             {{v.shape, v.type}});
+            got = out.nodes()[n].results[0];
+        }
+        id[carried[k]] = got;
+        at += width;
+    }
+}
+
+/// The node that packs `values` (of `out`) into one tensor of rank `rank`: each value's rows
+/// flattened, the values side by side ([rows, width0 + width1 + ..., 1, ...]). Returns its id.
+inline std::size_t pack_cut(program& out, const std::string& module,
+                            const std::vector<std::size_t>& values, std::size_t rank) {
+    std::vector<std::size_t> pieces;
+    value_shape packed(rank, 1);
+    packed[0] = out.value(values[0]).shape[0];
+    packed[1] = 0;
+    for (std::size_t k = 0; k < values.size(); ++k) {
+        const auto& v = out.value(values[k]);
+        value_shape piece(rank, 1);
+        piece[0] = v.shape[0];
+        piece[1] = row_width(v.shape);
+        packed[1] += piece[1];
+        if (piece == v.shape) {
+            pieces.push_back(values[k]);
+            continue;
+        }
+        const auto type = v.type;
+        const auto n =
+            out.add_node(cut_node("reshape", module + ".cut_out.reshape_" + std::to_string(k),
+                                  {piece.begin(), piece.end()}, {values[k]}),
+                         {{piece, type}});
+        pieces.push_back(out.nodes()[n].results[0]);
+    }
+    const auto type = out.value(values[0]).type;
+    const auto n =
+        out.add_node(cut_node("concat", module + ".cut_out.concat", {1}, pieces), {{packed, type}});
+    return out.nodes()[n].results[0];
+}
+
+/// The module's program: nodes [first, last) of `p` reading `inputs` (values of `p`), with
+/// `outputs` its outputs. One value crosses a cut as it is; several are packed into one
+/// tensor of rank `rank` (pack_cut) and unpacked on the other side (unpack_cut).
+inline program module_program(const program& p, const std::string& module, std::size_t first,
+                              std::size_t last, const std::vector<std::size_t>& inputs,
+                              const std::vector<std::size_t>& outputs, std::size_t rank) {
     program out;
     std::map<std::size_t, std::size_t> id; // value of p -> value of out
-    const auto& in = p.value(input);
-    id[input] = out.add_argument(value_kind::input, p.value_name(input), in.shape, in.type);
+    if (inputs.size() == 1) {
+        const auto& in = p.value(inputs[0]);
+        id[inputs[0]] =
+            out.add_argument(value_kind::input, p.value_name(inputs[0]), in.shape, in.type);
+    } else {
+        value_shape packed(rank, 1);
+        packed[0] = p.value(inputs[0]).shape[0];
+        packed[1] = 0;
+        for (auto v : inputs)
+            packed[1] += row_width(p.value(v).shape);
+        const auto arg = out.add_argument(value_kind::input, module + ".cut_in", packed,
+                                          p.value(inputs[0]).type);
+        unpack_cut(p, out, module, arg, inputs, id);
+    }
     for (std::size_t n = first; n < last; ++n)
         for (auto v : p.nodes()[n].operands)
             if (p.value(v).kind == value_kind::weight && !id.count(v)) {
@@ -73,7 +170,14 @@ inline program module_program(const program& p, std::size_t first, std::size_t l
         for (std::size_t r = 0; r < old.size(); ++r)
             id[old[r]] = out.nodes()[k].results[r];
     }
-    out.add_output(id.at(output));
+    if (outputs.size() == 1) {
+        out.add_output(id.at(outputs[0]));
+    } else {
+        std::vector<std::size_t> mine;
+        for (auto v : outputs)
+            mine.push_back(id.at(v));
+        out.add_output(pack_cut(out, module, mine, rank));
+    }
     return out;
 }
 
@@ -107,9 +211,16 @@ inline std::vector<program_module> split_modules(const program& p) {
     for (std::size_t m = 0; m < ranges.size(); ++m)
         for (std::size_t n = ranges[m].second.first; n < ranges[m].second.second; ++n)
             module_of_node[n] = m;
-    // The module of each value's producer, and the modules that read it.
+    const auto& result = p.value(p.outputs()[0]);
+    if (result.kind != value_kind::result)
+        throw error("xshard: program modules: the program's output " + result.name +
+                    " is not computed by a node");
+    // Each tensor's producing module (the input's is "before the first", 0 here, modules
+    // counted from 1) and the last module that reads it (the output's: after the last).
+    const std::size_t count = ranges.size();
+    std::map<std::size_t, std::pair<std::size_t, std::size_t>> span; // value -> (made, last read)
+    span[p.inputs()[0]] = {0, 0};
     std::map<std::size_t, std::size_t> weight_user;
-    std::vector<std::set<std::size_t>> reads(ranges.size()), passes(ranges.size());
     for (std::size_t n = 0; n < p.nodes().size(); ++n) {
         const auto m = module_of_node[n];
         for (auto v : p.nodes()[n].operands) {
@@ -122,35 +233,40 @@ inline std::vector<program_module> split_modules(const program& p) {
                                 "; a weight belongs to one module");
                 continue;
             }
-            const std::size_t from =
-                val.kind == value_kind::input ? ranges.size() : module_of_node[val.node];
-            if (from != m) {
-                reads[m].insert(v);
-                if (from < ranges.size())
-                    passes[from].insert(v);
-            }
+            auto& s = span[v];
+            s.second = std::max(s.second, m + 1);
+        }
+        for (auto r : p.nodes()[n].results)
+            span[r] = {m + 1, m + 1};
+    }
+    span[p.outputs()[0]].second = count + 1;
+    // What crosses cut c (into module c): made before module c, read from module c on.
+    std::vector<std::vector<std::size_t>> cut(count + 1);
+    for (const auto& [v, s] : span)
+        for (std::size_t c = s.first; c < s.second && c <= count; ++c)
+            cut[c].push_back(v);
+    const auto rank = p.value(p.inputs()[0]).shape.size();
+    for (std::size_t c = 1; c < count; ++c) {
+        if (cut[c].empty())
+            throw error("xshard: program modules: " + ranges[c].first + " reads nothing that " +
+                        ranges[c - 1].first + " or a module before it makes");
+        const auto& first = p.value(cut[c].front());
+        for (auto v : cut[c]) {
+            const auto& val = p.value(v);
+            if (cut[c].size() > 1 && (rank < 2 || val.shape.empty() ||
+                                      val.shape[0] != first.shape[0] || val.type != first.type))
+                throw error(
+                    "xshard: program modules: the cut between " + ranges[c - 1].first + " and " +
+                    ranges[c].first + " carries " +
+                    detail::value_names(p, std::set<std::size_t>(cut[c].begin(), cut[c].end())) +
+                    ", packed into one tensor only when they have the same rows "
+                    "(dimension 0), the same element type and the input has two "
+                    "dimensions or more");
         }
     }
-    const auto& result = p.value(p.outputs()[0]);
-    if (result.kind != value_kind::result)
-        throw error("xshard: program modules: the program's output " + result.name +
-                    " is not computed by a node");
-    passes[module_of_node[result.node]].insert(p.outputs()[0]);
     std::vector<program_module> out;
-    for (std::size_t m = 0; m < ranges.size(); ++m) {
+    for (std::size_t m = 0; m < count; ++m) {
         const auto& name = ranges[m].first;
-        const std::size_t input = m == 0 ? p.inputs()[0] : *passes[m - 1].begin();
-        if (reads[m].size() > 1 || (reads[m].size() == 1 && *reads[m].begin() != input))
-            throw error(
-                "xshard: program modules: " + name + " reads " + detail::value_names(p, reads[m]) +
-                ", but a module reads one tensor: " +
-                (m == 0 ? "the program's input" : "what " + ranges[m - 1].first + " passes on") +
-                " (put a skip connection inside one scope)");
-        if (passes[m].size() != 1)
-            throw error("xshard: program modules: " + name + " passes on " +
-                        detail::value_names(p, passes[m]) +
-                        ", but a module passes one tensor to the next" +
-                        (m + 1 == ranges.size() ? " (the program's output)" : ""));
         for (std::size_t n = ranges[m].second.first; n < ranges[m].second.second; ++n)
             for (auto v : p.nodes()[n].operands)
                 if (p.value(v).kind == value_kind::weight &&
@@ -161,8 +277,9 @@ inline std::vector<program_module> split_modules(const program& p) {
                                 "name_scope(\"" +
                                 name + "\"))");
         out.push_back(
-            {name, detail::module_program(p, ranges[m].second.first, ranges[m].second.second, input,
-                                          *passes[m].begin())});
+            {name, detail::module_program(p, name, ranges[m].second.first, ranges[m].second.second,
+                                          m == 0 ? std::vector<std::size_t>{p.inputs()[0]} : cut[m],
+                                          m + 1 == count ? p.outputs() : cut[m + 1], rank)});
     }
     return out;
 }

@@ -145,9 +145,15 @@ auto reshape(const A& a, const std::array<std::size_t, M>& shape) {
 /// with stride 1 along one dimension).
 template <traced_operand A>
 auto slice(const A& a, std::int64_t dim, std::size_t begin, std::size_t end) {
-    return trace_call("slice",
-                      op_attributes{{dim, std::int64_t(begin), std::int64_t(end)}, {}},
+    return trace_call("slice", op_attributes{{dim, std::int64_t(begin), std::int64_t(end)}, {}},
                       op_annotation{}, a);
+}
+
+/// Traced tensors one after another along dimension `dim` (MindSpore's Concat(axis)): the
+/// same element type and extents in every other dimension.
+template <traced_operand A, traced_operand... Rest>
+auto concat(std::int64_t dim, const A& first, const Rest&... rest) {
+    return trace_call("concat", op_attributes{{dim}, {}}, op_annotation{}, first, rest...);
 }
 
 /// A traced tensor [d0, d1, ...] as [d0, d1 * ...] (MindSpore's Flatten).

@@ -8,10 +8,10 @@
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/datatype.hpp>
+#include <xshard/comm/float16.hpp>
 #include <xshard/core/axis.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/partition.hpp>
-#include <xshard/comm/float16.hpp>
 #include <xshard/core/volume.hpp>
 #include <xshard/param/tensor_record.hpp>
 #include <xshard/param/traversal.hpp>
@@ -67,8 +67,9 @@ struct fusion_threshold {
             for (std::size_t k = 0; k < indices.size(); ++k)
                 if (indices[k] == 0 || indices[k] >= n || (k > 0 && indices[k] <= indices[k - 1]))
                     return "xshard: comm_fusion: index mode needs strictly increasing parameter "
-                           "indices in (0, " + std::to_string(n) + "), not " +
-                           std::to_string(indices[k]) + " at position " + std::to_string(k);
+                           "indices in (0, " +
+                           std::to_string(n) + "), not " + std::to_string(indices[k]) +
+                           " at position " + std::to_string(k);
         return std::nullopt;
     }
 };
@@ -119,11 +120,11 @@ std::vector<param_ref> param_refs(C& c, const layout_dict* layouts = nullptr) {
         refs.push_back(std::move(r));
     });
     if (layouts && found != layouts->size() && !refs.empty()) {
-        for (const auto& [name, l] : *layouts)
+        for (const auto& entry : *layouts)
             if (std::none_of(refs.begin(), refs.end(),
-                             [&](const auto& r) { return r.name == name; })) {
-                refs.back().problem = "xshard: the layout dictionary names parameter '" + name +
-                                      "', which the container does not have";
+                             [&](const auto& r) { return r.name == entry.first; })) {
+                refs.back().problem = "xshard: the layout dictionary names parameter '" +
+                                      entry.first + "', which the container does not have";
                 break;
             }
     }

@@ -1,15 +1,18 @@
 #pragma once
 /// \file
 /// Shape primitives: transpose (attributes ints = the permutation: result dimension d is
-/// operand dimension perm[d]), reshape (ints = the new shape; flatten is a reshape) and slice
-/// (ints = {dim, begin, end}).
+/// operand dimension perm[d]), reshape (ints = the new shape; flatten is a reshape), slice
+/// (ints = {dim, begin, end}) and concat (ints = {dim}: its operands one after another along
+/// dimension dim).
 ///
 /// Sharding: transpose permutes the layout with the dimensions (a local permutation of the
 /// block). reshape keeps the split of an operand dimension where a result dimension starts at
 /// the same element stride and both extents divide by the split count (then every rank's block
 /// is the same elements in the same order: [T, 3F] [dp, tp] -> [B, S, H, 3d] [dp, -, tp, -]);
-/// other splits are gathered first. slice takes its dimension whole. VJPs are the inverse
-/// permutation, the reshape back, and the cotangent placed in the slice (zeros elsewhere).
+/// other splits are gathered first. slice and concat take their dimension whole (every operand
+/// of concat laid out alike). VJPs are the inverse permutation, the reshape back, the
+/// cotangent placed in the slice (zeros elsewhere), and each operand's slice of the concat's
+/// cotangent.
 
 #include <xshard/graph/primitive.hpp>
 #include <xshard/graph/primitives/elementwise.hpp>
@@ -273,6 +276,93 @@ void slice_vjp(const vjp_args& v) {
     });
 }
 
+// Concat.
+
+inline std::size_t concat_dim(const op_attributes& at, std::size_t rank) {
+    if (at.ints.size() != 1)
+        throw std::invalid_argument("concat takes {dim}");
+    std::int64_t d = at.ints[0];
+    if (d < 0)
+        d += std::int64_t(rank);
+    if (d < 0 || std::size_t(d) >= rank)
+        throw std::invalid_argument("concat: dimension " + std::to_string(at.ints[0]) +
+                                    " of operands of " + std::to_string(rank) + " dimensions");
+    return std::size_t(d);
+}
+
+inline std::vector<result_spec> infer_concat(const op_attributes& at,
+                                             std::span<const operand_type> ops) {
+    if (ops.empty())
+        throw std::invalid_argument("concat takes one operand or more");
+    const auto d = concat_dim(at, ops[0].shape.size());
+    value_shape out = ops[0].shape;
+    out[d] = 0;
+    for (const auto& o : ops) {
+        auto same = o.shape;
+        if (same.size() == out.size())
+            same[d] = 0;
+        if (same != out || o.type != ops[0].type)
+            throw std::invalid_argument("concat along dimension " + std::to_string(d) + ": " +
+                                        shape_text(o.shape) + " does not fit " +
+                                        shape_text(ops[0].shape) +
+                                        " (the same element type and extents elsewhere)");
+    }
+    for (const auto& o : ops)
+        out[d] += o.shape[d];
+    return {{out, ops[0].type}};
+}
+
+inline layout_choice concat_layouts(const op_attributes& at, std::span<const operand_type> ops,
+                                    std::vector<layout> asked, const mesh_shape&) {
+    layout l = whole_terms(asked[0]);
+    l.dims[concat_dim(at, ops[0].shape.size())] = {};
+    return {std::vector<layout>(ops.size(), l), {l}};
+}
+
+inline bool concat_batched(const op_attributes& at, std::span<const operand_type> ops,
+                           std::size_t i) {
+    return !ops[i].is_weight && ops[i].shape.size() > 1 && concat_dim(at, ops[i].shape.size()) != 0;
+}
+
+/// Calls f(operand, operand offset, result offset, n) for each contiguous run of each operand
+/// in the result.
+template <class F>
+void concat_runs(const node_shards& s, F f) {
+    const auto d = concat_dim(s.node->attributes, s.results[0].rank());
+    const rows_around out(s.results[0].local, d);
+    std::size_t at = 0;
+    for (std::size_t k = 0; k < s.operands.size(); ++k) {
+        const rows_around in(s.operands[k].local, d);
+        for (std::size_t o = 0; o < in.outer; ++o)
+            f(k, o * in.n * in.inner, (o * out.n + at) * out.inner, in.n * in.inner);
+        at += in.n;
+    }
+}
+
+template <class T>
+void concat_forward(const forward_args& x) {
+    T* y = static_cast<T*>(x.results[0]);
+    concat_runs(x.shards, [&](std::size_t k, std::size_t from, std::size_t to, std::size_t n) {
+        std::copy_n(static_cast<const T*>(x.operands[k]) + from, n, y + to);
+    });
+}
+
+template <class T>
+void concat_vjp(const vjp_args& v) {
+    const T* dy = static_cast<const T*>(v.result_cotangents[0]);
+    for (std::size_t k = 0; k < v.operand_cotangents.size(); ++k)
+        if (v.operand_cotangents[k] && !v.accumulate[k])
+            std::fill_n(static_cast<T*>(v.operand_cotangents[k]), v.shards.operands[k].count(),
+                        T(0));
+    if (!dy)
+        return;
+    concat_runs(v.shards, [&](std::size_t k, std::size_t to, std::size_t from, std::size_t n) {
+        if (T* dx = static_cast<T*>(v.operand_cotangents[k]))
+            for (std::size_t i = 0; i < n; ++i)
+                dx[to + i] += dy[from + i];
+    });
+}
+
 inline double no_flops(const op_attributes&, std::span<const shard_type>,
                        std::span<const shard_type>) {
     return 0;
@@ -304,8 +394,18 @@ inline constexpr op_rules slice_rules{.name = "slice",
                                       .saves = 0,
                                       .follows = true};
 
+inline constexpr op_rules concat_rules{.name = "concat",
+                                       .infer = infer_concat,
+                                       .rule = concat_layouts,
+                                       .batched = concat_batched,
+                                       .resolve = resolve_each,
+                                       .flops = no_flops,
+                                       .saves = 0,
+                                       .follows = true};
+
 template <class T>
 void register_shape(auto&& add) {
+    add(primitive<T>{&concat_rules, concat_forward<T>, concat_vjp<T>});
     add(primitive<T>{&slice_rules, slice_forward<T>, slice_vjp<T>});
     add(primitive<T>{&transpose_rules, transpose_forward<T>, transpose_vjp<T>});
     add(primitive<T>{&reshape_rules, copy_forward<T>, copy_vjp<T>});
