@@ -9,14 +9,17 @@
 //   mpirun -n 4 build/examples/train_transformer --mode recursive_programming
 //
 // --mode recursive_programming or sharding_propagation (MindSpore's parallel modes): the same
-// decoder without learned positions, as an xshard::searched_transformer whose per-operator
-// strategies the engine searches in compile() (xshard::auto_parallel; printed), trained by
-// the driver (xshard::trainer) with AdamW at a constant rate. Its losses too are the same on
-// every mesh (ctest compares them).
+// decoder without learned positions, written as a traced function (xshard::models::
+// transformer_block, no hand-written backward) and compiled onto the mesh; compile() searches
+// every node's strategy (xshard::auto_parallel; the choices printed, with why), keeping the
+// blocks' Megatron annotations under sharding_propagation, and the driver (xshard::trainer)
+// trains it with AdamW at a constant rate. Its losses too are the same on every mesh (ctest
+// compares them).
 #include <xshard/auto_parallel.hpp>
 #include <xshard/core.hpp>
 #include <xshard/data.hpp>
-#include <xshard/models.hpp>
+#include <xshard/graph.hpp>
+#include <xshard/models/transformer.hpp>
 #include <xshard/nn.hpp>
 #include <xshard/tensor.hpp>
 #include <xshard/train.hpp>
@@ -54,8 +57,7 @@ public:
     nn::tensor<T, mesh_2d> backward(const nn::tensor<T, mesh_2d>& dy) {
         auto& grad = table_.terms().local();
         for (std::size_t r = 0; r < dy.local().shape()[0]; ++r)
-            xt::row(grad, std::ptrdiff_t(r % sequence)) +=
-                xt::row(dy.local(), std::ptrdiff_t(r));
+            xt::row(grad, std::ptrdiff_t(r % sequence)) += xt::row(dy.local(), std::ptrdiff_t(r));
         return dy;
     }
     friend void visit_parameters(positions& p, auto&& visit) { visit("table", p.table_); }
@@ -154,30 +156,53 @@ void train_steps(const mesh_2d& mesh, const Loader& batches, std::int64_t steps,
                     mean(losses.begin()), n, mean(losses.end() - long(n)));
 }
 
+/// The decoder of the searched modes as a traced function of the token ids (no learned
+/// positions): the embedding, the blocks (models::transformer_block, the same computation as
+/// nn::transformer_block), a final norm and the head. With `annotate`, the blocks carry
+/// Megatron's strategies over "tp" (what MindSpore users write before sharding propagation);
+/// without, the search decides every node.
+auto decoder(bool annotate) {
+    return [annotate](xshard::traced_tensor ids) {
+        namespace ops = xshard::ops;
+        const auto normal = xshard::initializer::normal(0, 0.02);
+        xshard::traced_tensor h = ids;
+        {
+            xshard::name_scope s("tokens");
+            h = ops::embedding(ids, xshard::param("table", {vocabulary, features}, normal));
+        }
+        for (std::size_t l = 0; l < layers; ++l) {
+            xshard::name_scope s("blocks." + std::to_string(l));
+            h = xshard::models::transformer_block(h, {.features = features,
+                                                      .heads = heads,
+                                                      .sequence = sequence,
+                                                      .tensor_axis = annotate ? "tp" : ""});
+        }
+        {
+            xshard::name_scope s("norm");
+            h = ops::layer_norm(
+                h, xshard::param("gamma", {features}, xshard::initializer::constant(1)),
+                xshard::param("beta", {features}, xshard::initializer::zeros()));
+        }
+        xshard::name_scope s("head");
+        return ops::matmul(h, xshard::param("weight", {features, vocabulary}, normal));
+    };
+}
+
 /// --mode recursive_programming or sharding_propagation (see the file comment).
 template <class Loader>
 int run_searched(const mesh_2d& mesh, const Loader& batches, std::int64_t steps,
                  const std::string& mode) {
-    using searched_t = xshard::searched_transformer<T, mesh_2d>;
-    searched_t net(mesh,
-                   {.layers = layers, .hidden = features, .heads = heads, .sequence = sequence,
-                    .vocabulary = vocabulary},
-                   8, 1);
+    // Traced for a batch of 8 windows; a smaller last batch is traced again for its rows.
+    auto net = xshard::compile<T>(decoder(mode == "sharding_propagation"), mesh, {.seed = 1},
+                                  xshard::input<std::int64_t>("ids", {8 * sequence}));
     xshard::auto_parallel parallel_net(net, mesh, mode); // raises for an unknown mode
     nn::parallel_cross_entropy<T, mesh_2d> loss;
     xshard::optim::adamw optimizer({.lr = 3e-3, .weight_decay = 0.01});
     xshard::trainer trainer(parallel_net, loss, optimizer); // compile(): the search
-    if (mesh.rank() == 0) {
-        std::printf("train_transformer %s on mesh(%s), operator strategies (in / weight / out):\n",
-                    mode.c_str(), mesh.shape().to_string().c_str());
-        for (std::size_t i = 0; i < net.choices().size(); ++i) {
-            const auto& c = net.choices()[i];
-            std::printf("  %-18s %-14s %-10s %s\n", net.spec().ops[i].name.c_str(),
-                        std::string(xshard::to_string(c.in)).c_str(),
-                        std::string(xshard::to_string(c.weight)).c_str(),
-                        std::string(xshard::to_string(c.out)).c_str());
-        }
-    }
+    if (mesh.rank() == 0)
+        std::printf("train_transformer %s on mesh(%s):\n%s", mode.c_str(),
+                    mesh.shape().to_string().c_str(),
+                    parallel_net.searched_program()->explain().c_str());
     train_steps(mesh, batches, steps, [&](const windows_t& windows) {
         const auto [ids, targets] = tokens_of(windows);
         return trainer.train_step(ids, targets);
