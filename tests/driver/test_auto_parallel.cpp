@@ -803,6 +803,95 @@ TEST(model_driver, a_program_chain_trains_through_a_pipeline_like_one_rank) {
     }
 }
 
+/// A traced network whose weights and arithmetic lie apart: fc (two matmuls, most of the
+/// weights), mix1 and mix2 (each mixes every feature of a row into every other through the
+/// row's outer product, softmax(x x^T / 4) x plus a bias: most of the arithmetic, few
+/// weights) and head.
+xshard::program mixing_network(std::size_t batch_rows) {
+    namespace ops = xshard::ops;
+    return xshard::trace(
+        [](xshard::traced_tensor x) {
+            const auto normal = xshard::initializer::normal(0, 0.3);
+            {
+                xshard::name_scope s("fc");
+                x = ops::relu(ops::matmul(x, xshard::param("in", {features, hidden}, normal)));
+                x = ops::matmul(x, xshard::param("weight", {hidden, hidden}, normal));
+            }
+            for (const char* name : {"mix1", "mix2"}) {
+                xshard::name_scope s(name);
+                const std::size_t n = x.shape()[0];
+                const auto column = ops::reshape(x, std::array<std::size_t, 3>{n, hidden, 1});
+                const auto row = ops::reshape(x, std::array<std::size_t, 3>{n, 1, hidden});
+                const auto scores = 0.25 * ops::matmul(column, row);
+                x = ops::reshape(ops::matmul(ops::softmax<2>(scores), column),
+                                 std::array<std::size_t, 2>{n, hidden}) +
+                    xshard::param("bias", {hidden});
+            }
+            xshard::name_scope s("head");
+            return ops::matmul(x, xshard::param("weight", {hidden, features}, normal));
+        },
+        xshard::input<double>("x", {batch_rows, features}));
+}
+
+/// Under a pipeline the search cuts a program chain where the seconds it predicts for the
+/// modules balance, not where their weights do: at pp 2 fc and mix1 on the first stage (by
+/// weights fc alone would be), at pp 3 the balanced cut of the predicted seconds; the
+/// training follows one rank's.
+TEST(model_driver, the_search_cuts_a_program_chain_where_its_predicted_seconds_balance) {
+    const auto drive = [](const pp_mesh_t& full, const char* mode,
+                          std::vector<std::size_t>* starts, std::vector<double>* seconds) {
+        const int p = full.axis_size<"pp">();
+        const auto stage = xshard::pipeline::stage_mesh_of<mesh_t>(full);
+        chain_t chain(mixing_network(p > 1 ? rows / 2 : rows), stage, {.seed = 5});
+        xshard::auto_parallel<chain_t, pp_mesh_t> c(chain, full, mode);
+        c.pipeline(p);
+        auto r = train_and_eval(c, chain, stage, {.micro_batches = p > 1 ? 2 : 1});
+        if (starts) {
+            *starts = c.searched_stage_starts();
+            std::map<std::string, double> by_module;
+            for (const auto& n : c.searched_program()->nodes)
+                by_module[n.node.substr(0, n.node.find('.'))] +=
+                    n.compute + n.communication + n.gradient_sync;
+            for (const auto& l : chain.layers())
+                seconds->push_back(by_module[l.name()]);
+        }
+        return r;
+    };
+    const auto serial = drive(pp_mesh_t(xshard::communicator::self(), {1, 1, 1}), "semi_auto",
+                              nullptr, nullptr);
+    const auto w = world();
+    for (int p : {2, 3}) {
+        if (w.size() % p != 0)
+            continue;
+        const pp_mesh_t full(w, {p, w.size() / p, 1});
+        std::vector<std::size_t> starts;
+        std::vector<double> seconds;
+        expect_same(drive(full, "recursive_programming", &starts, &seconds), serial,
+                    where(full) + " recursive_programming");
+        ASSERT_EQ(seconds.size(), 4u);
+        const auto stage = xshard::pipeline::stages_by_cost({"fc", "mix1", "mix2", "head"},
+                                                            seconds, p);
+        std::vector<std::size_t> balanced;
+        for (std::size_t i = 1; i < stage.size(); ++i)
+            if (stage[i] != stage[i - 1])
+                balanced.push_back(i);
+        EXPECT_EQ(starts, balanced) << where(full);
+        if (p == 2) {
+            EXPECT_EQ(starts, std::vector<std::size_t>{2}) << where(full);
+        }
+    }
+    // semi_auto prices nothing: the pipeline balances the weights.
+    if (w.size() % 2 == 0) {
+        const pp_mesh_t full(w, {2, w.size() / 2, 1});
+        const auto stage = xshard::pipeline::stage_mesh_of<mesh_t>(full);
+        chain_t chain(mixing_network(rows / 2), stage, {.seed = 5});
+        xshard::auto_parallel<chain_t, pp_mesh_t> c(chain, full);
+        c.pipeline(2);
+        c.compile(2);
+        EXPECT_TRUE(c.searched_stage_starts().empty());
+    }
+}
+
 TEST(model_driver, gradient_accumulation_equals_the_large_batch_step) {
     // K slices of each rank's rows, one reduction and one update: the same losses and weights
     // as the step of the whole batch, to 1e-12; with hsdp (level3 gathering once around the

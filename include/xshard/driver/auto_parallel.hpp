@@ -40,12 +40,14 @@
 #include <xshard/driver/gradient_path.hpp>
 #include <xshard/graph/executable.hpp>
 #include <xshard/graph/program_chain.hpp>
+#include <xshard/graph/split.hpp>
 #include <xshard/io/group_file.hpp>
 #include <xshard/io/strategy_file.hpp>
 #include <xshard/param/initializer.hpp>
 #include <xshard/param/traversal.hpp>
 #include <xshard/pipeline/action.hpp>
 #include <xshard/pipeline/pipeline.hpp>
+#include <xshard/pipeline/stages.hpp>
 #include <xshard/search/machine_model.hpp>
 #include <xshard/search/program_search.hpp>
 #include <xshard/search/program_strategy_file.hpp>
@@ -501,6 +503,14 @@ public:
     const std::optional<program_strategy>& searched_program() const noexcept {
         return program_plan_;
     }
+    /// Where the search cuts a program chain into pipeline stages (the index of the first
+    /// module of stages 1, 2, ...): the modules balanced by the seconds the search predicts
+    /// for their nodes (compute, the redistributions into them and their weights' gradient
+    /// synchronisation), at the last compile() under pipeline(stages > 1) in
+    /// sharding_propagation or recursive_programming; empty otherwise. The training driver
+    /// cuts the chain there unless its stage_config says otherwise or the schedule
+    /// interleaves.
+    const std::vector<std::size_t>& searched_stage_starts() const noexcept { return stage_starts_; }
     /// The pipeline runtime's options for `micro_batches` micro-batches and the module ->
     /// stage assignment `stage_config` (MindSpore's Pipeline stage_config): the configured
     /// scheduler, output_broadcast, and interleave as the interleaved schedule with the
@@ -579,6 +589,7 @@ public:
         else
             problem = pipeline_problem();
         agree(problem);
+        stage_starts_.clear();
         if constexpr (strategy_searchable<Model>) // the engines (search/strategy_engine.hpp)
             if (mode_ != parallel_mode::semi_auto)
                 plan_ = run_strategy_engine(
@@ -758,6 +769,34 @@ private:
         program p = net.source();
         program_plan_->apply(p);
         agreed(mesh_.comm(), [&] { net.recompile(std::move(p), options); });
+        if constexpr (detail::is_program_chain<Model>)
+            stage_starts_ = pipeline_.stages > 1 ? priced_stage_starts(net, *program_plan_)
+                                                 : std::vector<std::size_t>{};
+    }
+
+    /// The chain's modules cut into the pipeline's stages balanced by the seconds `plan`
+    /// predicts for each module's nodes (pipeline::stages_by_cost): the index of the first
+    /// module of stages 1, 2, ...; empty when the chain has fewer modules than stages (the
+    /// pipeline then raises, naming them).
+    std::vector<std::size_t> priced_stage_starts(const Model& chain,
+                                                 const program_strategy& plan) const {
+        std::map<std::string, double> seconds;
+        for (const auto& n : plan.nodes)
+            seconds[detail::top_scope(n.node)] += n.compute + n.communication + n.gradient_sync;
+        std::vector<std::string> names;
+        std::vector<double> cost;
+        for (const auto& l : chain.layers()) {
+            names.push_back(l.name());
+            cost.push_back(seconds[l.name()]);
+        }
+        std::vector<std::size_t> starts;
+        if (names.size() < std::size_t(pipeline_.stages))
+            return starts;
+        const auto stage = xshard::pipeline::stages_by_cost(names, cost, pipeline_.stages);
+        for (std::size_t i = 1; i < stage.size(); ++i)
+            if (stage[i] != stage[i - 1])
+                starts.push_back(i);
+        return starts;
     }
 
     std::optional<std::string> path_problem(std::string_view method, const std::string& path,
@@ -807,9 +846,10 @@ private:
     bool only_trainable_ = true;
     std::string group_file_;
     std::optional<deferred_init_options> no_init_;
-    mutable bool initialized_ = false; // compile() initialises once
-    mutable std::optional<searched_strategy> plan_; // compile()'s engine's
+    mutable bool initialized_ = false;                     // compile() initialises once
+    mutable std::optional<searched_strategy> plan_;        // compile()'s engine's
     mutable std::optional<program_strategy> program_plan_; // compile()'s search on a program
+    mutable std::vector<std::size_t> stage_starts_;        // the chain's cut the search priced
     mutable layout_dict planned_; // compile()'s layouts from the parameter strategy file
 };
 

@@ -54,7 +54,9 @@
 /// pipeline axis so that every rank's callbacks see it. `eval` and `predict` run through the
 /// pipeline too, each stage with its own weights only. A searched model whose operators are
 /// its modules (searched_mlp) is searched with the pipeline's stages and micro-batches, and
-/// cut where the search's plan cuts it (unless stage_config is given).
+/// cut where the search's plan cuts it; a program chain searched in sharding_propagation or
+/// recursive_programming is cut with its modules balanced by the seconds the search predicts
+/// for them (auto_parallel::searched_stage_starts); either unless stage_config is given.
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
@@ -175,8 +177,8 @@ public:
     /// searched models those whose operators are its modules (searched_chain); not a
     /// compiled program, whose nodes are not layers (an xshard::program_chain is one).
     static constexpr bool pipelinable =
-        (!strategy_searchable<network_type> || searched_chain<network_type>) &&
-        !detail::is_compiled_program<network_type>;
+        (!strategy_searchable<network_type> ||
+         searched_chain<network_type>)&&!detail::is_compiled_program<network_type>;
 
     trainer(Parallel& net, Loss& loss, Optimizer& optimizer, trainer_options options = {})
         : net_(&net)
@@ -657,6 +659,11 @@ private:
             if (const auto& plan = m.net_->searched_plan();
                 plan && o.stage_config.empty() && o.virtual_stages == 1)
                 o.stage_starts = plan->stage_starts();
+            // So is a program chain: its modules balanced by the search's predicted seconds.
+            if (o.stage_config.empty() && o.virtual_stages == 1)
+                if constexpr (requires { m.net_->searched_stage_starts(); })
+                    if (!m.net_->searched_stage_starts().empty())
+                        o.stage_starts = m.net_->searched_stage_starts();
             return o;
         }
 

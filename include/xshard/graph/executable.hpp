@@ -399,7 +399,14 @@ public:
     /// start as zero terms and optimizer state is made again. A layout that does not fit
     /// raises on every rank before anything changes. Collective over the mesh.
     void recompile(program p, compile_options o) {
-        compiled_program next(std::move(p), mesh(), std::move(o));
+        replace(compiled_program(std::move(p), mesh(), std::move(o)));
+    }
+
+    /// Becomes `next` (a program compiled on this mesh: this one compiled otherwise, say),
+    /// giving each of its weights that this one has by name this one's value, as `recompile`
+    /// does; what compiles several programs before it commits to any compiles each once so.
+    /// Collective over the mesh.
+    void replace(compiled_program next) {
         next.retrace_ = retrace_; // other shapes compile again with the new annotations
         using any_value =
             std::variant<dtensor<T, Mesh, dynamic_layout(1)>, dtensor<T, Mesh, dynamic_layout(2)>,
@@ -425,11 +432,11 @@ public:
             std::visit([&](auto& w) { visit(c.s_->weight_name(i), w); }, c.s_->weights[i]);
         for (std::size_t n = 0; n < c.s_->customs.size(); ++n)
             if (c.s_->customs[n])
-                c.s_->customs[n]->visit_weights(
-                    [&](const std::string& name, weight_ref<T, Mesh> w) {
-                        std::visit([&](auto* p) { visit(c.s_->prog.nodes()[n].name + "." + name, *p); },
-                                   w);
-                    });
+                c.s_->customs[n]->visit_weights([&](const std::string& name,
+                                                    weight_ref<T, Mesh> w) {
+                    std::visit([&](auto* p) { visit(c.s_->prog.nodes()[n].name + "." + name, *p); },
+                               w);
+                });
     }
 
 private:
@@ -468,7 +475,9 @@ private:
             view.rank = mesh.rank();
             view.coords = mesh.coords();
             const Mesh* mp = &mesh;
-            view.group = [mp](axis_set axes) -> const communicator& { return mp->sub(axes); };
+            view.group = [mp](axis_set axes) -> const communicator& {
+                return mp->sub(axes);
+            };
         }
 
         /// Lays out, schedules and plans the program, and makes its weights: drawn, copies of
@@ -499,10 +508,10 @@ private:
             for (const auto& m : sched.moves) {
                 const auto& from = sched.slots[m.from].shard;
                 const auto& to = sched.slots[m.to].shard;
-                moves.push_back(from.type == dtype::i64
-                                    ? detail::make_move<std::int64_t>(mesh, view, from.global,
-                                                                      from.l, to.l)
-                                    : detail::make_move<T>(mesh, view, from.global, from.l, to.l));
+                moves.push_back(
+                    from.type == dtype::i64
+                        ? detail::make_move<std::int64_t>(mesh, view, from.global, from.l, to.l)
+                        : detail::make_move<T>(mesh, view, from.global, from.l, to.l));
             }
             if (weights_from)
                 weights = *weights_from;
@@ -530,7 +539,8 @@ private:
                                 ") but is compiled for " + std::string(to_string(dtype_for<T>())));
         }
 
-        std::vector<detail::step_pointers> pointers_for(const std::vector<detail::program_step>& steps) {
+        std::vector<detail::step_pointers>
+        pointers_for(const std::vector<detail::program_step>& steps) {
             std::vector<detail::step_pointers> out(steps.size());
             for (std::size_t i = 0; i < steps.size(); ++i) {
                 const auto& st = steps[i];
@@ -607,8 +617,8 @@ private:
             const auto& sl = sched.slots[sched.input_slot[i]];
             const auto& v = prog.value(prog.inputs()[i]);
             const bool integer = v.type == dtype::i64;
-            const bool fits = integer ? std::is_integral_v<E> && sizeof(E) == 8
-                                      : std::is_same_v<E, T>;
+            const bool fits =
+                integer ? std::is_integral_v<E> && sizeof(E) == 8 : std::is_same_v<E, T>;
             value_shape shape(x.shape().begin(), x.shape().end());
             if (!fits || shape != v.shape)
                 throw error("xshard: compiled_program: input " + v.name + " takes " +
@@ -657,7 +667,8 @@ private:
         void check_weight(std::size_t i, const layout& l, std::size_t sl) const {
             if (!(l == sched.slots[sl].shard.l))
                 throw error("xshard: compiled_program: the weight " + weight_name(i) +
-                            " is laid out " + l.to_string() + " but the program was compiled with " +
+                            " is laid out " + l.to_string() +
+                            " but the program was compiled with " +
                             sched.slots[sl].shard.l.to_string());
         }
 
@@ -810,14 +821,15 @@ private:
             const auto& sl = sched.slots[c];
             T* out = static_cast<T*>(ptr[c]);
             const std::size_t n = sl.shard.count();
-            const T* given = st.output < seeds.size() ? static_cast<const T*>(seeds[st.output])
-                                                      : nullptr;
+            const T* given =
+                st.output < seeds.size() ? static_cast<const T*>(seeds[st.output]) : nullptr;
             if (!given && sl.shard.rank() != 0)
                 throw error("xshard: compiled_program::backward: output " +
                             std::to_string(st.output) + " " + shape_text(sl.shard.global) +
                             " is not a scalar: pass its cotangent to backward(dy)");
             for (std::size_t k = 0; k < n; ++k) {
-                T v = given ? given[k] : (holds_term(sl.shard.l, view.shape, view.coords) ? T(1) : T(0));
+                T v = given ? given[k]
+                            : (holds_term(sl.shard.l, view.shape, view.coords) ? T(1) : T(0));
                 out[k] = st.accumulate[0] ? out[k] + v : v;
             }
         }
@@ -836,8 +848,8 @@ private:
                                               ? nullptr
                                               : ptr[st.operand_cotangents[k]];
             const std::span<const bool> acc(p.accumulate.get(), p.accumulate_count);
-            const vjp_args args{sched.nodes[st.node], p.operands,          p.results,
-                                p.result_cotangents,     p.operand_cotangents, acc};
+            const vjp_args args{sched.nodes[st.node], p.operands,           p.results,
+                                p.result_cotangents,  p.operand_cotangents, acc};
             if (customs[st.node])
                 customs[st.node]->vjp(args);
             else
@@ -880,8 +892,8 @@ private:
                 const auto& req = sched.moves[m];
                 out += std::string(req.adjoint ? "backward " : "forward ") + "redistribution of " +
                        prog.value_name(sched.slots[req.from].value) +
-                       (req.adjoint ? " (cotangent)" : "") + ": " +
-                       moves[m].from.to_string() + " -> " + moves[m].to.to_string() + ", sends " +
+                       (req.adjoint ? " (cotangent)" : "") + ": " + moves[m].from.to_string() +
+                       " -> " + moves[m].to.to_string() + ", sends " +
                        std::to_string(moves[m].summary.bytes_sent()) + " bytes per rank\n";
             }
             return out;
@@ -890,8 +902,7 @@ private:
         std::string report() const {
             std::size_t params = 0;
             for (const auto& w : weights)
-                std::visit([&](const auto& x) { params += x.value.local().size() * sizeof(T); },
-                           w);
+                std::visit([&](const auto& x) { params += x.value.local().size() * sizeof(T); }, w);
             std::size_t sent_fwd = 0, sent_bwd = 0;
             for (std::size_t m = 0; m < moves.size(); ++m)
                 (sched.moves[m].adjoint ? sent_bwd : sent_fwd) += moves[m].summary.bytes_sent();
@@ -960,8 +971,8 @@ private:
         } else {
             std::vector<input_spec> specs;
             for (std::size_t i = 0; i < inputs.size(); ++i)
-                specs.push_back({s_->prog.value(inputs[i]).name, shapes[i],
-                                 s_->prog.value(inputs[i]).type});
+                specs.push_back(
+                    {s_->prog.value(inputs[i]).name, shapes[i], s_->prog.value(inputs[i]).type});
             program p = (*retrace_)(specs);
             std::map<std::string, const op_annotation*> annotated;
             for (const auto& n : s_->prog.nodes())
@@ -982,8 +993,10 @@ private:
             }
             if (!alike)
                 throw error("xshard: compiled_program: the program traced for input shapes " +
-                            shapes_text(shapes) + " has other weights or weight layouts than "
-                            "the one for " + shapes_text(input_shapes()));
+                            shapes_text(shapes) +
+                            " has other weights or weight layouts than "
+                            "the one for " +
+                            shapes_text(input_shapes()));
         }
         next->weights = std::move(s_->weights); // the same objects: a deque moves its blocks
         s_->weights.clear();
@@ -1027,13 +1040,13 @@ compiled_program<T, Mesh> compile(program p, const Mesh& mesh, compile_options o
 /// type T, remembering `fn`: forward passes then take inputs of any shape, each new shape
 /// traced and compiled once (see compiled_program). `fn` is kept (copied).
 template <class T, mesh_type Mesh, class F, class... In>
-    requires(std::is_same_v<In, input_spec> && ...)
-compiled_program<T, Mesh> compile(F fn, const Mesh& mesh, compile_options options,
-                                  const In&... inputs) {
+requires(std::is_same_v<In, input_spec>&&...) compiled_program<T, Mesh> compile(
+    F fn, const Mesh& mesh, compile_options options, const In&... inputs) {
     auto retrace = [fn](const std::vector<input_spec>& specs) {
         return [&]<std::size_t... I>(std::index_sequence<I...>) {
             return trace(fn, specs[I]...);
-        }(std::index_sequence_for<In...>{});
+        }
+        (std::index_sequence_for<In...>{});
     };
     compiled_program<T, Mesh> out(retrace(std::vector<input_spec>{inputs...}), mesh,
                                   std::move(options));

@@ -117,8 +117,9 @@ public:
         for (std::size_t m = 0; m < modules.size(); ++m) {
             auto o = module_options(modules, m, std::move(per_module[m]),
                                     m ? &layers_[m - 1].program() : nullptr);
-            layers_.emplace_back(modules[m].name, compiled_program<T, Mesh>(
-                                                      std::move(modules[m].body), mesh, std::move(o)));
+            layers_.emplace_back(
+                modules[m].name,
+                compiled_program<T, Mesh>(std::move(modules[m].body), mesh, std::move(o)));
         }
     }
 
@@ -128,7 +129,7 @@ public:
     /// rows and compiling its piece, once per shape (compiled_program's retracing). `fn` is
     /// kept (copied).
     template <class F>
-        requires std::is_invocable_v<const F&, traced_tensor>
+    requires std::is_invocable_v<const F&, traced_tensor>
     program_chain(F fn, const Mesh& mesh, const compile_options& options, input_spec input)
         : program_chain(trace(fn, input), mesh, options) {
         const auto modules_for = [fn, input](std::size_t rows) {
@@ -186,14 +187,11 @@ public:
             std::vector<compiled_program<T, Mesh>> trial;
             trial.reserve(modules.size());
             for (std::size_t m = 0; m < modules.size(); ++m)
-                trial.emplace_back(modules[m].body, mesh(),
-                                   module_options(modules, m, per_module[m],
-                                                  m ? &trial[m - 1] : nullptr));
+                trial.emplace_back(
+                    modules[m].body, mesh(),
+                    module_options(modules, m, per_module[m], m ? &trial[m - 1] : nullptr));
             for (std::size_t m = 0; m < modules.size(); ++m)
-                layers_[m].program().recompile(
-                    std::move(modules[m].body),
-                    module_options(modules, m, per_module[m],
-                                   m ? &layers_[m - 1].program() : nullptr));
+                layers_[m].program().replace(std::move(trial[m]));
         } catch (...) {
             options_ = keep;
             throw;

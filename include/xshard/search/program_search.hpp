@@ -853,7 +853,10 @@ public:
             ns.ways = ways_[k].size();
             ns.compute = w.compute;
             ns.gradient_sync = sync_[k].empty() ? 0 : sync_[k][pick[k]];
-            ns.communication = problem_.unary[k][pick[k]] - ns.compute - ns.gradient_sync;
+            // What the node's own price holds beyond compute and synchronisation (rounding
+            // leaves a few ulps where that is nothing: 0).
+            ns.communication =
+                std::max(0.0, problem_.unary[k][pick[k]] - ns.compute - ns.gradient_sync);
             for (const auto& e : problem_.edges)
                 if (e.b == k)
                     ns.communication += e.cost[pick[e.a] * ways_[k].size() + pick[k]];
