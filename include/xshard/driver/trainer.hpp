@@ -177,8 +177,8 @@ public:
     /// searched models those whose operators are its modules (searched_chain); not a
     /// compiled program, whose nodes are not layers (an xshard::program_chain is one).
     static constexpr bool pipelinable =
-        (!strategy_searchable<network_type> ||
-         searched_chain<network_type>)&&!detail::is_compiled_program<network_type>;
+        (!strategy_searchable<network_type> || searched_chain<network_type>) &&
+        !detail::is_compiled_program<network_type>;
 
     trainer(Parallel& net, Loss& loss, Optimizer& optimizer, trainer_options options = {})
         : net_(&net)

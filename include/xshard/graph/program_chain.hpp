@@ -129,7 +129,7 @@ public:
     /// rows and compiling its piece, once per shape (compiled_program's retracing). `fn` is
     /// kept (copied).
     template <class F>
-    requires std::is_invocable_v<const F&, traced_tensor>
+        requires std::is_invocable_v<const F&, traced_tensor>
     program_chain(F fn, const Mesh& mesh, const compile_options& options, input_spec input)
         : program_chain(trace(fn, input), mesh, options) {
         const auto modules_for = [fn, input](std::size_t rows) {
