@@ -64,7 +64,7 @@ floors = {
     "shard": "shard() and shard_local()",
     "graph": "programs: tracing, one description per primitive, compiling onto a mesh",
     "search": "strategy search: cost model, calibration, sharding propagation, recursive programming",
-    "models": "ready networks: programs, and the searched models",
+    "models": "ready networks: ResNet and the transformer block as programs",
     "driver": "AutoParallel's configuration, the training driver and its callbacks",
 }
 

@@ -227,9 +227,9 @@ inline int plan_search(int argc, char** argv) {
     app.add_option("--level", level, "objective: 0 least communication, 1 least memory, 2 fastest")
         ->excludes(program_option);
     app.add_option("--dtype", dtype, "element type: f16 bf16 f32 f64")->excludes(program_option);
-    app.add_option("--gemm-flops", gemm, "GEMM speed per rank, FLOP/s (bench_search measures it)");
+    app.add_option("--gemm-flops", gemm, "GEMM speed per rank, FLOP/s (measure_machine's)");
     app.add_option("--memory-bandwidth", bandwidth,
-                   "elementwise work per rank, bytes/s read and written (bench_search measures it)");
+                   "elementwise work per rank, bytes/s read and written (measure_machine's)");
     app.add_option("--axis-link", links, "a mesh axis' link: axis=alpha,beta (repeatable)");
     app.add_option("--save", save, "write the chosen strategies as an operator strategy file");
     if (const auto status = parse_arguments(app, argc, argv))

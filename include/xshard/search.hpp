@@ -21,4 +21,3 @@
 #include <xshard/search/search_result.hpp>
 #include <xshard/search/searched_strategy.hpp>
 #include <xshard/search/sharding_propagation.hpp>
-#include <xshard/search/strategy_engine.hpp>

@@ -18,7 +18,7 @@
 /// | `xshard/search.hpp`         | cost model, calibration, strategy search and propagation    |
 /// | `xshard/auto_parallel.hpp`  | MindSpore's `AutoParallel` and the training driver          |
 /// | `xshard/graph.hpp`          | programs: traced graphs, autodiff, compiled onto a mesh     |
-/// | `xshard/models.hpp`         | ResNet, the searched MLP and transformer, model programs    |
+/// | `xshard/models.hpp`         | ResNet, the transformer block and ResNet as programs        |
 
 #include <xshard/auto_parallel.hpp>
 #include <xshard/conv.hpp>

@@ -887,7 +887,7 @@ TEST(model_driver, the_search_cuts_a_program_chain_where_its_predicted_seconds_b
         chain_t chain(mixing_network(rows / 2), stage, {.seed = 5});
         xshard::auto_parallel<chain_t, pp_mesh_t> c(chain, full);
         c.pipeline(2);
-        c.compile(2);
+        c.compile();
         EXPECT_TRUE(c.searched_stage_starts().empty());
     }
 }

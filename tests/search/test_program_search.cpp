@@ -23,12 +23,15 @@
 #include <gtest/gtest.h>
 #include <xtensor/xrandom.hpp>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -561,6 +564,63 @@ std::string scratch(const std::string& name) {
         std::string(XSHARD_SEARCH_SCRATCH) + "/programs_np" + std::to_string(world().size());
     std::filesystem::create_directories(dir);
     return dir + "/" + name;
+}
+
+TEST(program_search, the_driver_searches_on_the_machine_measured_or_set) {
+    // measure_machine: positive, finite figures, the same on every rank (the slowest rank's).
+    const auto measured = xshard::measure_machine<double>(
+        world(), {}, {.rows = 32, .in = 128, .out = 256, .elements = 1 << 16, .repeats = 2});
+    EXPECT_EQ(measured.element, sizeof(double));
+    for (double v : {measured.gemm_flops, measured.memory_bandwidth}) {
+        EXPECT_TRUE(std::isfinite(v) && v > 0) << v;
+        std::array<double, 2> range{v, -v};
+        xshard::mpi::allreduce(world(), std::span(range), xshard::reduction::min);
+        EXPECT_EQ(range[0], -range[1]) << "a figure differs between ranks";
+    }
+    // The driver searches on the machine it is set to: with GEMMs and memory 1000x slower,
+    // the strategy it chooses computes 1000x longer than the same strategy priced on the
+    // measured machine (this program has no kernel priced otherwise), and the operator
+    // strategy file it saves predicts what its search did.
+    auto slow = measured;
+    slow.gemm_flops /= 1000;
+    slow.memory_bandwidth /= 1000;
+    const mesh_t mesh(world(), {1, world().size()});
+    const auto path = scratch("priced.json");
+    auto net = xshard::compile<double>(parallel_logits(), mesh, {.seed = 3});
+    std::optional<xshard::program_strategy> chosen;
+    drive(
+        net, mesh, "sharding_propagation",
+        [&](auto& c) {
+            c.set_machine_model(slow);
+            EXPECT_EQ(c.machine().gemm_flops, slow.gemm_flops);
+            c.save_operator_strategy_file(path);
+        },
+        [&](const auto& c) { chosen = c.searched_program(); });
+    ASSERT_TRUE(chosen);
+    EXPECT_NEAR(xshard::load_program_strategy(path, mesh.shape()).seconds, chosen->seconds,
+                1e-9 * chosen->seconds);
+    auto pinned = parallel_logits();
+    chosen->apply(pinned);
+    const auto fast = xshard::search_program(pinned, mesh.shape(),
+                                             {.machine = measured, .keep_annotations = true});
+    const auto compute = [](const xshard::program_strategy& s) {
+        double c = 0;
+        for (const auto& n : s.nodes)
+            c += n.compute;
+        return c;
+    };
+    ASSERT_EQ(fast.nodes.size(), chosen->nodes.size());
+    for (std::size_t i = 0; i < fast.nodes.size(); ++i)
+        EXPECT_EQ(fast.nodes[i].layouts.operands, chosen->nodes[i].layouts.operands)
+            << fast.nodes[i].node;
+    EXPECT_GT(compute(fast), 0);
+    EXPECT_NEAR(compute(*chosen), 1000 * compute(fast), 1e-9 * compute(*chosen));
+    // A machine that cannot be priced raises on every rank.
+    auto bad = measured;
+    bad.memory_bandwidth = 0;
+    auto other = xshard::compile<double>(parallel_logits(), mesh, {.seed = 3});
+    xshard::auto_parallel unpriced(other, mesh, "recursive_programming");
+    EXPECT_THROW(unpriced.set_machine_model(bad), xshard::error);
 }
 
 TEST(program_search, a_parameter_strategy_file_lays_the_program_weights_out) {

@@ -22,9 +22,8 @@
 /// compiled program (graph/executable.hpp) the search on programs
 /// (search/program_search.hpp), which then compiles the program again with the layouts
 /// found; on a program chain (graph/program_chain.hpp) the same search of its whole program
-/// on the chain's mesh (a pipeline's stage mesh), each module then compiled again; on a model
-/// whose strategies are set at run time (models/searched_mlp.hpp,
-/// models/searched_transformer.hpp) search/strategy_engine.hpp. On any other model they raise.
+/// on the chain's mesh (a pipeline's stage mesh), each module then compiled again. On any
+/// other model they raise.
 /// A parameter strategy file lays a compiled program's or a program chain's weights out by
 /// compiling it again with the file's layouts.
 /// A dataset strategy of layouts or strategies lays a compiled program's inputs out, in
@@ -51,8 +50,6 @@
 #include <xshard/search/machine_model.hpp>
 #include <xshard/search/program_search.hpp>
 #include <xshard/search/program_strategy_file.hpp>
-#include <xshard/search/searched_strategy.hpp>
-#include <xshard/search/strategy_engine.hpp>
 #include <xshard/train/gradients.hpp>
 #include <xshard/train/hsdp.hpp>
 #include <xshard/train/lay_out.hpp>
@@ -495,9 +492,6 @@ public:
     }
 
     const pipeline_config& pipeline_settings() const noexcept { return pipeline_; }
-    /// The searched strategy the parallel mode's engine applied at the last compile() (none in
-    /// semi_auto).
-    const std::optional<searched_strategy>& searched_plan() const noexcept { return plan_; }
     /// The strategy the search on programs found at the last compile() of a compiled program
     /// in sharding_propagation or recursive_programming (none otherwise).
     const std::optional<program_strategy>& searched_program() const noexcept {
@@ -570,34 +564,23 @@ public:
     }
 
     /// MindSpore's graph compilation: raises on every rank for a setting whose mechanism
-    /// xshard lacks (see the file comment), runs the parallel mode's engine (its plan kept:
-    /// searched_plan), lays the parameters out by the loaded parameter strategy file and a
-    /// program's inputs by the dataset strategy, initialises the weights the first time when
-    /// no_init_parameters_in_compile was called, then saves the parameter strategy file and
-    /// the group file when set. `micro_batches`: what a step of a pipeline (pipeline(stages >
-    /// 1)) splits its batch into, which the engines price (the driver passes its own).
-    /// Collective over the mesh.
-    void compile(int micro_batches = 1) const {
+    /// xshard lacks (see the file comment), runs the parallel mode's search on a program (its
+    /// strategy kept: searched_program), lays the parameters out by the loaded parameter
+    /// strategy file and a program's inputs by the dataset strategy, initialises the weights
+    /// the first time when no_init_parameters_in_compile was called, then saves the parameter
+    /// strategy file and the group file when set. Collective over the mesh.
+    void compile() const {
         std::optional<std::string> problem;
-        if (mode_ != parallel_mode::semi_auto && !strategy_searchable<Model> &&
-            !detail::is_compiled_program<Model> && !detail::is_program_chain<Model>)
+        if (mode_ != parallel_mode::semi_auto && !detail::is_compiled_program<Model> &&
+            !detail::is_program_chain<Model>)
             problem = "xshard: auto_parallel: parallel_mode " + std::string(to_string(mode_)) +
                       " is not available for this model: the engines search a program "
-                      "(xshard::compile, xshard::program_chain) or a model made for it "
-                      "(xshard::searched_mlp, xshard::searched_transformer); a model whose "
-                      "layers carry their layouts in their types runs semi_auto";
+                      "(xshard::compile, xshard::program_chain); a model whose layers carry "
+                      "their layouts in their types runs semi_auto";
         else
             problem = pipeline_problem();
         agree(problem);
         stage_starts_.clear();
-        if constexpr (strategy_searchable<Model>) // the engines (search/strategy_engine.hpp)
-            if (mode_ != parallel_mode::semi_auto)
-                plan_ = run_strategy_engine(
-                    *model_, mesh_.shape(), mesh_.comm(),
-                    mode_ == parallel_mode::sharding_propagation, load_operator_strategy_,
-                    save_operator_strategy_, machine_,
-                    {pipeline_.stages, pipeline_.stages > 1 ? micro_batches : 1},
-                    max_device_memory_);
         planned_ = planned_layouts();
         if constexpr (detail::is_compiled_program<Model>) {
             if (mode_ != parallel_mode::semi_auto)
@@ -673,11 +656,6 @@ private:
         });
         std::optional<std::string> problem;
         const std::string what = "xshard: load_param_strategy_file: '" + load_param_strategy_ + "'";
-        if constexpr (strategy_searchable<Model>)
-            if (!file.parameters.empty())
-                problem = what + " lays out a model whose operators' strategies lay its "
-                                 "weights out; load its strategies with "
-                                 "load_operator_strategy_file";
         for (const auto& e : file.parameters) {
             const auto it = shapes.find(e.name);
             if (problem)
@@ -847,7 +825,6 @@ private:
     std::string group_file_;
     std::optional<deferred_init_options> no_init_;
     mutable bool initialized_ = false;                     // compile() initialises once
-    mutable std::optional<searched_strategy> plan_;        // compile()'s engine's
     mutable std::optional<program_strategy> program_plan_; // compile()'s search on a program
     mutable std::vector<std::size_t> stage_starts_;        // the chain's cut the search priced
     mutable layout_dict planned_; // compile()'s layouts from the parameter strategy file

@@ -52,11 +52,10 @@
 /// stage's data-parallel copies (PipelineGradReducer; under hsdp the stage's optimizer
 /// sharding) and updates the stage's own parameters; the loss is broadcast over the
 /// pipeline axis so that every rank's callbacks see it. `eval` and `predict` run through the
-/// pipeline too, each stage with its own weights only. A searched model whose operators are
-/// its modules (searched_mlp) is searched with the pipeline's stages and micro-batches, and
-/// cut where the search's plan cuts it; a program chain searched in sharding_propagation or
-/// recursive_programming is cut with its modules balanced by the seconds the search predicts
-/// for them (auto_parallel::searched_stage_starts); either unless stage_config is given.
+/// pipeline too, each stage with its own weights only. A program chain searched in
+/// sharding_propagation or recursive_programming is cut with its modules balanced by the
+/// seconds the search predicts for them (auto_parallel::searched_stage_starts), unless
+/// stage_config is given.
 
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
@@ -70,7 +69,6 @@
 #include <xshard/pipeline/checkpoint.hpp>
 #include <xshard/pipeline/pipeline.hpp>
 #include <xshard/redistribute/redistribute.hpp>
-#include <xshard/search/strategy_engine.hpp>
 #include <xshard/train/gradients.hpp>
 #include <xshard/train/hsdp.hpp>
 
@@ -173,12 +171,9 @@ template <auto_parallel_configuration Parallel, class Loss, class Optimizer>
 class trainer {
 public:
     using network_type = std::remove_cvref_t<decltype(std::declval<Parallel&>().model())>;
-    /// Whether pipeline(stages > 1) can run the network: any model of layers, and of the
-    /// searched models those whose operators are its modules (searched_chain); not a
-    /// compiled program, whose nodes are not layers (an xshard::program_chain is one).
-    static constexpr bool pipelinable =
-        (!strategy_searchable<network_type> || searched_chain<network_type>) &&
-        !detail::is_compiled_program<network_type>;
+    /// Whether pipeline(stages > 1) can run the network: any model of layers; not a compiled
+    /// program, whose nodes are not layers (an xshard::program_chain is one).
+    static constexpr bool pipelinable = !detail::is_compiled_program<network_type>;
 
     trainer(Parallel& net, Loss& loss, Optimizer& optimizer, trainer_options options = {})
         : net_(&net)
@@ -196,13 +191,6 @@ public:
                       ") is not supported for a compiled program: the pipeline cuts a chain of "
                       "layers; make the program an xshard::program_chain (its modules are "
                       "layers), or use pipeline(1)";
-        else if (stages > 1 && !pipelinable)
-            problem = "xshard: model: pipeline(" + std::to_string(stages) +
-                      ") is not supported for this searched model: the search cuts a "
-                      "pipeline between operators, which must then be the model's modules "
-                      "(a searched_chain, such as searched_mlp; searched_transformer is not "
-                      "one: its residuals cross its operators and its embedding takes ids); "
-                      "use pipeline(1)";
         else if (stages > 1) {
             const auto& ms = net.mesh().shape();
             std::size_t a = ms.ndim();
@@ -221,7 +209,7 @@ public:
                 pipeline_axis_ = a;
         }
         agree_on_error(net.mesh().comm(), problem);
-        net.compile(micro_batches());
+        net.compile();
         if (!net.loss_repeated_mean())
             seed_scale_ = net.loss_repetitions(options_.pipeline_axis);
         if (pipelined())
@@ -653,13 +641,9 @@ private:
         static xshard::pipeline::pipeline_options options_of(const trainer& m) {
             auto o = m.net_->pipeline_options(m.micro_batches(), m.options_.stage_config);
             o.output_broadcast = true; // every rank's callbacks see the loss
-            // A searched model is cut where the search priced the cut (its operators are the
-            // modules), unless the user's stage_config says otherwise or the schedule
+            // A searched program chain is cut with its modules balanced by the search's
+            // predicted seconds, unless the user's stage_config says otherwise or the schedule
             // interleaves (virtual stages the search does not price).
-            if (const auto& plan = m.net_->searched_plan();
-                plan && o.stage_config.empty() && o.virtual_stages == 1)
-                o.stage_starts = plan->stage_starts();
-            // So is a program chain: its modules balanced by the search's predicted seconds.
             if (o.stage_config.empty() && o.virtual_stages == 1)
                 if constexpr (requires { m.net_->searched_stage_starts(); })
                     if (!m.net_->searched_stage_starts().empty())

@@ -1,9 +1,10 @@
 #pragma once
 /// \file
-/// Operator strategy files (MindSpore's save/load_operator_strategy_file): the strategies the
-/// search (recursive_programming) or propagation (sharding_propagation) chose, per operator,
-/// with the degrees they were chosen for (search/operator_strategy.hpp makes the contents from
-/// a searched strategy). JSON, version 1:
+/// Operator strategy files of described networks (search/network_spec.hpp): the strategies
+/// the search (recursive_programming) or propagation (sharding_propagation) chose, per
+/// operator, with the degrees they were chosen for (search/operator_strategy.hpp makes the
+/// contents from a searched strategy; `xshard-plan search --model` writes them). A program's
+/// are program strategy files (search/program_strategy_file.hpp). JSON, version 1:
 ///
 ///     {
 ///       "format": "xshard-operator-strategy", "version": 1,

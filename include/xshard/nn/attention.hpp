@@ -11,7 +11,7 @@
 /// the data axis' size) and the heads over the tensor axis (`heads` a multiple of its size).
 /// The QKV weight's columns are grouped by head (q, k, v of head 0, then of head 1, ...), so
 /// that a block of columns holds whole heads. A causal mask hides later positions.
-/// `attention_heads` is the local core (also run by models/searched_transformer.hpp).
+/// `attention_heads` is the local core.
 
 #include <xshard/nn/linear.hpp>
 

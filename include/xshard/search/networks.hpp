@@ -1,8 +1,8 @@
 #pragma once
 /// \file
 /// The search's descriptions of two networks (search/network_spec.hpp): an MLP and a
-/// GPT-style decoder, the chains that models/searched_mlp.hpp and
-/// models/searched_transformer.hpp run.
+/// GPT-style decoder, for dry runs of the chain search at any rank count (`xshard-plan search
+/// --model`). A network that trains is a program (graph/, search/program_search.hpp).
 ///
 ///     auto net = xshard::mlp_network({784, 512, 512, 10}, 64);   // linear1, relu1, ...
 

@@ -2,8 +2,7 @@
 /// \file
 /// The strategies an operator of the search's chain admits (search/network_spec.hpp,
 /// core/op_choice.hpp): per input split, the weight splits it can run with and the layout its
-/// output has before its redistribution. The cost model prices only these
-/// (search/cost.hpp), and the searched models refuse any other (models/searched_model.hpp).
+/// output has before its redistribution. The cost model prices only these (search/cost.hpp).
 
 #include <xshard/core/layout.hpp>
 #include <xshard/core/op_choice.hpp>

@@ -1,8 +1,7 @@
 #pragma once
 /// \file
-/// A searched strategy as the contents of an operator strategy file
-/// (io/operator_strategy_file.hpp): what the engines save (search/strategy_engine.hpp) and
-/// `xshard-plan search --save` writes.
+/// A searched strategy of a described network as the contents of an operator strategy file
+/// (io/operator_strategy_file.hpp): what `xshard-plan search --model ... --save` writes.
 ///
 ///     xshard::save_operator_strategy(path, xshard::make_operator_strategy(net, *r.best));
 
