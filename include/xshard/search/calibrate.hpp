@@ -244,10 +244,13 @@ inline link_fit calibrate_links(const communicator& c, const cost_model& base = 
 
 /// The sizes measure_machine measures at: a GEMM of [rows, in] x [in, out] (by default a
 /// batch of 64 through a 1024 x 4096 layer, about 0.5 GFLOP) and an update of `elements`
-/// (by default 2^21: 48 MiB of doubles in three arrays, past a 32 MiB cache).
+/// (by default 2^23: three arrays of 96 MiB of floats or 192 MiB of doubles, several times
+/// a server's last-level cache, so that the bandwidth is the memory's and not the cache's:
+/// at 2^21 floats a 32 MiB cache holds the arrays and the bandwidth measures twice the
+/// memory's).
 struct machine_sample {
     std::size_t rows = 64, in = 1024, out = 4096;
-    std::size_t elements = std::size_t(1) << 21;
+    std::size_t elements = std::size_t(1) << 23;
     int repeats = 3;
     /// Whether to fit the links too (`calibrate_links`, at `links`' sizes).
     bool fit_links = true;

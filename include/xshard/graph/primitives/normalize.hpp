@@ -367,15 +367,66 @@ struct channel_geometry {
     }
 };
 
-/// The sums over this rank's block, per channel, of f(lanes...) (map_run's `f`) where
-/// `lanes(e)` gives the lanes of the contiguous run of hw elements that starts at element e.
-template <class T, class F, class Lanes>
-std::vector<T> local_channel_sums(const channel_geometry& g, const F& f, const Lanes& lanes) {
-    std::vector<T> sums(g.c, T(0));
-    for (std::size_t i = 0; i < g.n; ++i)
+/// Runs of hw elements shorter than this are taken image by image: a call per run then
+/// costs more than its arithmetic (a [N, 512, 1, 1] batch norm is a call per element).
+inline constexpr std::size_t short_channel_run = 32;
+
+/// Calls run(e, n, coefficients...) so that its calls cover this rank's block once, element
+/// e to e + n, with each of the per-channel vectors `coefs` as a lane of n values: per run of
+/// hw elements (a channel of an image) with the channel's values broadcast, or, for runs
+/// shorter than short_channel_run, per image (c hw elements) with the vectors expanded to
+/// one value per element, once.
+template <class T, class Run, class... V>
+void channel_runs(const channel_geometry& g, const Run& run, const V&... coefs) {
+    if (g.hw >= short_channel_run) {
+        for (std::size_t i = 0; i < g.n; ++i)
+            for (std::size_t ch = 0; ch < g.c; ++ch)
+                run((i * g.c + ch) * g.hw, g.hw, lane<T>{&coefs[ch], 0}...);
+        return;
+    }
+    [[maybe_unused]] const auto expand = [&g](const std::vector<T>& v) {
+        std::vector<T> e(g.c * g.hw);
         for (std::size_t ch = 0; ch < g.c; ++ch)
-            sums[ch] += std::apply([&](const auto&... l) { return run_sum<T>(g.hw, f, l...); },
-                                   lanes((i * g.c + ch) * g.hw, ch));
+            std::fill_n(e.begin() + std::ptrdiff_t(ch * g.hw), g.hw, v[ch]);
+        return e;
+    };
+    const std::tuple expanded{expand(coefs)...};
+    for (std::size_t i = 0; i < g.n; ++i)
+        std::apply(
+            [&](const auto&... e) {
+                run(i * g.c * g.hw, g.c * g.hw, lane<T>{e.data(), 1}...);
+            },
+            expanded);
+}
+
+/// The sums over this rank's block, per channel, of f(data..., coefficients...) (map_run's
+/// `f`): `data(e)` gives the lanes of the elements from e on, `coefs` are per-channel vectors
+/// (channel_runs). Short runs add into one sum per element of an image, then per channel.
+template <class T, class F, class Data, class... V>
+std::vector<T> local_channel_sums(const channel_geometry& g, const F& f, const Data& data,
+                                  const V&... coefs) {
+    std::vector<T> sums(g.c, T(0));
+    if (g.hw >= short_channel_run) {
+        channel_runs<T>(
+            g,
+            [&](std::size_t e, std::size_t n, const auto&... k) {
+                sums[(e / g.hw) % g.c] += std::apply(
+                    [&](const auto&... d) { return run_sum<T>(n, f, d..., k...); }, data(e));
+            },
+            coefs...);
+        return sums;
+    }
+    std::vector<T> each(g.c * g.hw, T(0));
+    channel_runs<T>(
+        g,
+        [&](std::size_t e, std::size_t n, const auto&... k) {
+            std::apply([&](const auto&... d) { map_run<T>(each.data(), n, true, f, d..., k...); },
+                       data(e));
+        },
+        coefs...);
+    for (std::size_t ch = 0; ch < g.c; ++ch)
+        for (std::size_t k = 0; k < g.hw; ++k)
+            sums[ch] += each[ch * g.hw + k];
     return sums;
 }
 
@@ -407,19 +458,16 @@ template <class T>
 std::pair<std::vector<T>, std::vector<T>> batch_moments(const node_shards& s, const T* a) {
     const channel_geometry g(s.operands[0].local);
     const double count = statistics_count(s);
+    const auto from = [a](std::size_t e) {
+        return std::tuple{lane<T>{a + e, 1}};
+    };
     auto mean = local_channel_sums<T>(
-        g, [](auto x) { return x; },
-        [&](std::size_t e, std::size_t) {
-            return std::tuple{lane<T>{a + e, 1}};
-        });
+        g, [](auto x) { return x; }, from);
     batch_total(s, mean);
     for (auto& m : mean)
         m = T(double(m) / count);
     auto var = local_channel_sums<T>(
-        g, [](auto x, auto m) { return (x - m) * (x - m); },
-        [&](std::size_t e, std::size_t ch) {
-            return std::tuple{lane<T>{a + e, 1}, lane<T>{&mean[ch], 0}};
-        });
+        g, [](auto x, auto m) { return (x - m) * (x - m); }, from, mean);
     batch_total(s, var);
     const T eps = norm_eps<T>(s);
     for (auto& v : var)
@@ -431,13 +479,27 @@ std::pair<std::vector<T>, std::vector<T>> batch_moments(const node_shards& s, co
 template <class T>
 void channel_affine(const channel_geometry& g, const T* x, T* y, const std::vector<T>& scale,
                     const std::vector<T>& shift) {
-    for (std::size_t i = 0; i < g.n; ++i)
-        for (std::size_t ch = 0; ch < g.c; ++ch) {
-            const std::size_t e = (i * g.c + ch) * g.hw;
+    channel_runs<T>(
+        g,
+        [&](std::size_t e, std::size_t n, const auto& a, const auto& b) {
             map_run<T>(
-                y + e, g.hw, false, [](auto v, auto a, auto b) { return v * a + b; },
-                lane<T>{x + e, 1}, lane<T>{&scale[ch], 0}, lane<T>{&shift[ch], 0});
-        }
+                y + e, n, false, [](auto v, auto k, auto m) { return v * k + m; },
+                lane<T>{x + e, 1}, a, b);
+        },
+        scale, shift);
+}
+
+/// A batch-norm node keeps the forward pass's mean and 1 / sqrt(var + eps) per channel in its
+/// scratch (2 c values of T) for the backward pass, which then neither streams x for them
+/// again nor all-reduces them again.
+template <class T>
+std::size_t batch_norm_scratch(const node_shards& s) {
+    return 2 * channel_geometry(s.operands[0].local).c * sizeof(T);
+}
+
+template <class T>
+T* batch_statistics(const node_shards& s) {
+    return reinterpret_cast<T*>(s.scratch.data());
 }
 
 template <class T>
@@ -448,6 +510,8 @@ void batch_norm_forward(const forward_args& x) {
     const T* gamma = x.operands.size() > 1 ? static_cast<const T*>(x.operands[1]) : nullptr;
     const T* beta = x.operands.size() > 2 ? static_cast<const T*>(x.operands[2]) : nullptr;
     auto [scale, shift] = batch_moments<T>(s, a);
+    std::copy(scale.begin(), scale.end(), batch_statistics<T>(s));
+    std::copy(shift.begin(), shift.end(), batch_statistics<T>(s) + g.c);
     // (a - mean) inv gamma + beta = a scale + shift
     for (std::size_t ch = 0; ch < g.c; ++ch) {
         const T mean = scale[ch], k = gamma ? shift[ch] * gamma[ch] : shift[ch];
@@ -477,20 +541,23 @@ void batch_norm_vjp(const vjp_args& v) {
         std::fill_n(dbeta, g.c, T(0));
     if (!dy && !dx)
         return;
-    const auto [mean, inv] = batch_moments<T>(s, a);
+    // The forward pass's statistics (batch_norm_scratch).
+    const T* kept = batch_statistics<T>(s);
+    const std::vector<T> mean(kept, kept + g.c), inv(kept + g.c, kept + 2 * g.c);
     // Per channel of this rank's block: sum dy, then sum dy (x - mean); zero without dy.
     std::vector<T> sums(2 * g.c, T(0));
     if (dy) {
         const auto dys = local_channel_sums<T>(
             g, [](auto d) { return d; },
-            [&](std::size_t e, std::size_t) {
+            [dy](std::size_t e) {
                 return std::tuple{lane<T>{dy + e, 1}};
             });
         const auto dyc = local_channel_sums<T>(
             g, [](auto d, auto x, auto m) { return d * (x - m); },
-            [&](std::size_t e, std::size_t ch) {
-                return std::tuple{lane<T>{dy + e, 1}, lane<T>{a + e, 1}, lane<T>{&mean[ch], 0}};
-            });
+            [dy, a](std::size_t e) {
+                return std::tuple{lane<T>{dy + e, 1}, lane<T>{a + e, 1}};
+            },
+            mean);
         for (std::size_t ch = 0; ch < g.c; ++ch) {
             sums[ch] = dys[ch];
             sums[g.c + ch] = dyc[ch] * inv[ch]; // sum dy h
@@ -513,20 +580,20 @@ void batch_norm_vjp(const vjp_args& v) {
         b[ch] = -ig * T(double(sums[g.c + ch]) / count) * inv[ch];
         c[ch] = -ig * T(double(sums[ch]) / count) - mean[ch] * b[ch];
     }
-    for (std::size_t i = 0; i < g.n; ++i)
-        for (std::size_t ch = 0; ch < g.c; ++ch) {
-            const std::size_t e = (i * g.c + ch) * g.hw;
-            if (!dy) {
-                if (!v.accumulate[0])
-                    std::fill_n(dx + e, g.hw, T(0));
-                continue;
-            }
+    if (!dy) {
+        if (!v.accumulate[0])
+            std::fill_n(dx, g.n * g.c * g.hw, T(0));
+        return;
+    }
+    channel_runs<T>(
+        g,
+        [&](std::size_t e, std::size_t n, const auto& kk, const auto& bb, const auto& cc) {
             map_run<T>(
-                dx + e, g.hw, v.accumulate[0],
-                [](auto d, auto x, auto kk, auto bb, auto cc) { return d * kk + x * bb + cc; },
-                lane<T>{dy + e, 1}, lane<T>{a + e, 1}, lane<T>{&k[ch], 0}, lane<T>{&b[ch], 0},
-                lane<T>{&c[ch], 0});
-        }
+                dx + e, n, v.accumulate[0],
+                [](auto d, auto x, auto k1, auto b1, auto c1) { return d * k1 + x * b1 + c1; },
+                lane<T>{dy + e, 1}, lane<T>{a + e, 1}, kk, bb, cc);
+        },
+        k, b, c);
 }
 
 inline constexpr op_rules batch_norm_rules{.name = "batch_norm",
@@ -536,8 +603,8 @@ inline constexpr op_rules batch_norm_rules{.name = "batch_norm",
                                            .resolve = resolve_each,
                                            .flops = per_element_flops,
                                            // forward: the mean, the deviations, y; backward:
-                                           // the statistics again, two sums, dx
-                                           .passes = 6,
+                                           // two sums, dx (the statistics kept)
+                                           .passes = 5,
                                            .saves = saves_operand(0) | saves_operand(1)};
 
 // Cross-entropy.
@@ -637,7 +704,8 @@ void register_normalize(auto&& add) {
     add(primitive<T>{&softmax_rules, softmax_forward<T, false>, softmax_vjp<T, false>});
     add(primitive<T>{&log_softmax_rules, softmax_forward<T, true>, softmax_vjp<T, true>});
     add(primitive<T>{&layer_norm_rules, layer_norm_forward<T>, layer_norm_vjp<T>});
-    add(primitive<T>{&batch_norm_rules, batch_norm_forward<T>, batch_norm_vjp<T>});
+    add(primitive<T>{&batch_norm_rules, batch_norm_forward<T>, batch_norm_vjp<T>,
+                     batch_norm_scratch<T>});
     add(primitive<T>{&cross_entropy_rules, cross_entropy_forward<T>, cross_entropy_vjp<T>});
 }
 
