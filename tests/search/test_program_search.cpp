@@ -709,7 +709,8 @@ TEST(program_search, a_memory_cap_keeps_the_strategy_within_it_or_raises_with_th
         const xshard::program_search_options free{.keep_annotations = false};
         xshard::detail::program_costs costs(p, mesh, free);
         const auto fastest = xshard::search_program(p, mesh, free);
-        EXPECT_EQ(fastest.lower_bound, fastest.seconds);
+        // The same terms, summed in another order.
+        EXPECT_NEAR(fastest.lower_bound, fastest.seconds, 1e-12 * fastest.seconds);
         const double least = xshard::detail::least_figure(costs.memory());
         ASSERT_LT(least, double(fastest.memory_bytes())) << mesh.to_string();
         for (double share : {0.0, 0.5}) {

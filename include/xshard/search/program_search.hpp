@@ -8,9 +8,10 @@
 /// layouts of its operands that its primitive's sharding rule accepts (each mesh axis on at
 /// most one dimension of an operand), with the operands' and results' layouts the rule
 /// gives. A way costs its compute, forward and backward (the primitive's FLOPs at the GEMM
-/// speed, the bytes it streams, `op_rules::passes` times, at the memory bandwidth, and the
-/// messages its kernels send themselves, `op_rules::kernel_seconds`: a window's halos over a
-/// split height or width), times the machine's factor for its primitive
+/// speed, forward and twice again backward when every operand takes a cotangent, in
+/// proportion to those that do otherwise; the bytes it streams, `op_rules::passes` times, at the
+/// memory bandwidth, and the messages its kernels send themselves, `op_rules::kernel_seconds`: a
+/// window's halos over a split height or width), times the machine's factor for its primitive
 /// (`machine_model::op_scale`), and the gradient synchronisation of the weights it is the first
 /// to read. Each edge of the graph (a value from the node that
 /// writes it to a node that reads it) costs the redistribution of the value forward and of
@@ -1019,8 +1020,17 @@ private:
             if (rules.kernel_seconds)
                 messages = rules.kernel_seconds(n.attributes, ops, res, mesh_, o_.machine.links);
         }
-        // The backward pass does about twice the forward's arithmetic.
-        w.compute = 3 * flops / o_.machine.gemm_flops +
+        // The backward pass does about twice the forward's arithmetic when every floating
+        // operand takes a cotangent (a matmul's two products), in proportion otherwise: a
+        // first layer's input takes none, and a node that no cotangent reaches runs no VJP.
+        double floating = 0, cotangents = 0;
+        for (auto id : n.operands)
+            if (p_.value(id).type != dtype::i64) {
+                floating += 1;
+                cotangents += gradient_[id] ? 1 : 0;
+            }
+        const double backward = floating > 0 ? 2 * cotangents / floating : 0;
+        w.compute = (1 + backward) * flops / o_.machine.gemm_flops +
                     passes * bytes / o_.machine.memory_bandwidth + messages;
         w.compute *= o_.machine.scale_of(n.op);
         return w;
