@@ -1022,12 +1022,16 @@ private:
         }
         // The backward pass does about twice the forward's arithmetic when every floating
         // operand takes a cotangent (a matmul's two products), in proportion otherwise: a
-        // first layer's input takes none, and a node that no cotangent reaches runs no VJP.
+        // first layer's input takes none, and a node that no cotangent reaches (none of its
+        // results takes one) runs no VJP.
+        bool reached = false;
+        for (auto id : n.results)
+            reached = reached || gradient_[id];
         double floating = 0, cotangents = 0;
         for (auto id : n.operands)
             if (p_.value(id).type != dtype::i64) {
                 floating += 1;
-                cotangents += gradient_[id] ? 1 : 0;
+                cotangents += reached && gradient_[id] ? 1 : 0;
             }
         const double backward = floating > 0 ? 2 * cotangents / floating : 0;
         w.compute = (1 + backward) * flops / o_.machine.gemm_flops +
