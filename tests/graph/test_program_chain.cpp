@@ -2,12 +2,15 @@
 // chain of layers (graph/program_chain.hpp) through the pipeline runtime. For every mesh
 // pp x dp x tp of the world (pp up to 4) and every schedule, one step's loss and every
 // gradient, and the pipelined inference's output, equal the whole program's on one rank
-// (1e-12), with residuals and the input crossing the cuts. A compiled program's copies hold their
-// own activations. Several tensors at a cut are packed into one. Cuts that do not fit raise one
+// (1e-12), with residuals and the input crossing the cuts, and with custom-VJP nodes (a user's
+// function, a layer of xshard::nn) in the modules. A compiled program's copies hold their own
+// activations, and their own copies of the custom nodes' layers. Several tensors at a cut are
+// packed into one. Cuts that do not fit raise one
 // sentence naming what crosses them.
 
 #include <xshard/graph.hpp>
 #include <xshard/nn/embedding.hpp>
+#include <xshard/nn/linear.hpp>
 #include <xshard/pipeline/pipeline.hpp>
 #include <xshard/tensor/distribute.hpp>
 #include <xshard/tensor/gather.hpp>
@@ -310,6 +313,180 @@ TEST(program_chain, cuts_that_do_not_fit_raise_naming_what_crosses_them) {
                  "the output of sum is f64(4,), but the chain's tensors are f64 of rank 2");
     expect_error([&] { chain_t c(network(4, 1), mesh, {.recompute = {"fc0..head"}}); },
                  "the recomputed run fc0..head spans the modules fc0 and head");
+}
+
+/// softsign(x) = x / (1 + |x|) and its derivative 1 / (1 + |x|)^2: a user's custom-VJP op.
+X softsign(const X& x) {
+    X y = x;
+    y.local() = x.local() / (1.0 + xt::abs(x.local()));
+    return y;
+}
+X softsign_backward(const X& x, const X& dy) {
+    X dx = dy;
+    dx.local() = dy.local() / xt::square(1.0 + xt::abs(x.local()));
+    return dx;
+}
+
+using linear_t = xshard::nn::column_parallel_linear<double, stage_mesh_t>;
+
+/// Four modules, two of them custom-VJP nodes: fc0 (matmul, bias, relu), act (softsign, the
+/// user's function), up (a column-parallel linear layer of xshard::nn, its features split
+/// over tp, then gelu) and head.
+auto custom_network_fn(const stage_mesh_t& mesh, linear_t& up) {
+    return [&mesh, &up](traced_tensor x) {
+        {
+            xshard::name_scope s("fc0");
+            auto w =
+                xshard::param("weight", {features, hidden}, xshard::initializer::normal(0, 0.4));
+            auto b = xshard::param("bias", {hidden}, xshard::initializer::uniform(-0.1, 0.1));
+            x = ops::relu(ops::matmul(x, w) + b);
+        }
+        {
+            xshard::name_scope s("act");
+            x = xshard::custom_vjp<double>(mesh, "softsign", x, softsign, softsign_backward);
+        }
+        {
+            xshard::name_scope s("up");
+            x = ops::gelu(
+                xshard::apply_layer(up, mesh, "linear", x, hidden, xshard::features_split("tp")));
+        }
+        xshard::name_scope s("head");
+        return ops::matmul(
+            x, xshard::param("weight", {hidden, classes}, xshard::initializer::normal(0, 0.4)));
+    };
+}
+
+/// Every weight's gradient, by name, whole.
+template <class Model>
+std::map<std::string, xt::xarray<double>> gradients_of(Model& model) {
+    std::map<std::string, xt::xarray<double>> grads;
+    xshard::for_each_weight(model, [&](const std::string& name, auto& w) {
+        grads[name] = xshard::gather_all(xshard::ops::resolve(w.grad));
+    });
+    return grads;
+}
+
+TEST(program_chain, a_pipelined_chain_of_custom_vjp_nodes_equals_one_rank) {
+    const int n = world().size();
+    // 4 micro-batches of n rows: whole on every mesh pp x dp x tp of the world.
+    const auto rows = std::size_t(4 * n);
+    const auto b = make_batch(rows, 17);
+    // One rank, the whole program.
+    const stage_mesh_t one(xshard::communicator::self(), {1, 1});
+    linear_t one_up(one, hidden, hidden, 5);
+    auto whole = xshard::compile<double>(
+        xshard::trace(custom_network_fn(one, one_up), xshard::input<double>("x", {rows, features})),
+        one, {.seed = 7});
+    xshard::nn::parallel_cross_entropy<double, stage_mesh_t> one_loss;
+    const auto out =
+        whole.forward(xshard::distribute<xshard::dynamic_layout(2)>(one, b.x, "[-, -]"));
+    const double expected_loss =
+        one_loss.forward(out, xshard::distribute<xshard::dynamic_layout(1)>(one, b.y, "[-]"));
+    whole.backward(one_loss.backward());
+    const auto expected = gradients_of(whole);
+    ASSERT_TRUE(expected.count("up.linear.weight"));
+    for (int p = 1; p <= 4; ++p)
+        for (int tp = 1; tp <= 2; ++tp) {
+            if (n % (p * tp) != 0)
+                continue;
+            const int dp = n / (p * tp);
+            const full_mesh_t mesh({p, dp, tp});
+            const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
+            const auto x =
+                xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x, "[dp, -]");
+            const auto y = xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y, "[dp]");
+            // Several micro-batches in flight on a stage, each in a slot (a copy of its module
+            // and of the module's layers). 1F1B and zero-bubble also run the backward passes
+            // of slots out of order.
+            for (const auto kind : {pp::schedule_kind::gpipe, pp::schedule_kind::one_f_one_b,
+                                    pp::schedule_kind::zero_bubble}) {
+                const std::string where =
+                    "mesh pp=" + std::to_string(p) + " dp=" + std::to_string(dp) +
+                    " tp=" + std::to_string(tp) + ", " + std::string(pp::name(kind));
+                linear_t up(stage_mesh, hidden, hidden, 5);
+                chain_t chain(custom_network_fn(stage_mesh, up), stage_mesh, {.seed = 7},
+                              xshard::input<double>("x", {std::size_t(n), features}));
+                ASSERT_EQ(chain.layers().size(), 4u);
+                xshard::nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+                pp::pipeline<chain_t, X> pipe(
+                    mesh, "pp", stage_mesh, chain,
+                    {.micro_batches = 4, .scheduler = kind, .output_broadcast = true});
+                EXPECT_NEAR(pipe.step(x, y, loss), expected_loss, 1e-12) << where;
+                pipe.synchronize_gradients();
+                int checked = 0;
+                for (const auto& [name, g] : gradients_of(pipe.local_parameters())) {
+                    ASSERT_TRUE(expected.count(name)) << name << ", " << where;
+                    EXPECT_TRUE(xt::allclose(g, expected.at(name), 1e-12, 1e-12))
+                        << name << ", " << where;
+                    ++checked;
+                }
+                xshard::mpi::allreduce(mesh.sub<"pp">(), std::span(&checked, 1),
+                                       xshard::reduction::sum);
+                EXPECT_EQ(checked, int(expected.size())) << where;
+            }
+        }
+}
+
+/// A layer that cannot be copied (the identity), for the copy's refusal.
+template <class T, xshard::mesh_type Mesh>
+struct pinned_layer {
+    pinned_layer() = default;
+    pinned_layer(const pinned_layer&) = delete;
+    xshard::nn::tensor<T, Mesh> forward(const xshard::nn::tensor<T, Mesh>& x) { return x; }
+    xshard::nn::tensor<T, Mesh> backward(const xshard::nn::tensor<T, Mesh>& dy) { return dy; }
+    friend void visit_parameters(pinned_layer&, auto&&) {}
+};
+
+TEST(program_chain, a_copied_program_runs_copies_of_its_custom_nodes_layers) {
+    const int n = world().size();
+    const stage_mesh_t mesh({n, 1});
+    const std::size_t rows = std::size_t(2 * n + 1);
+    const auto b1 = make_batch(rows, 3), b2 = make_batch(rows, 4);
+    const auto x1 = xshard::distribute<xshard::dynamic_layout(2)>(mesh, b1.x, "[dp, -]");
+    const auto x2 = xshard::distribute<xshard::dynamic_layout(2)>(mesh, b2.x, "[dp, -]");
+    linear_t up(mesh, hidden, hidden, 5);
+    auto whole = xshard::compile<double>(
+        xshard::trace(custom_network_fn(mesh, up), xshard::input<double>("x", {rows, features})),
+        mesh, {.seed = 7, .input_gradients = true});
+    const auto y1 = whole.forward(x1);
+    const xt::xarray<double> out1 = xshard::gather_all(y1);
+    whole.backward(y1); // dy = y: a cotangent that differs per batch
+    const xt::xarray<double> dx1 = xshard::gather_all(whole.input_gradient<2>(0));
+    const auto g1 = gradients_of(whole);
+    xshard::for_each_weight(whole, [](const std::string&, auto& w) { w.zero_grad(); });
+    // A copy runs another batch between the original's forward and backward passes: the
+    // original's layers (softsign's kept input, the linear layer's) still hold its own batch.
+    whole.forward(x1);
+    auto copy = whole;
+    const auto y2 = copy.forward(x2);
+    copy.backward(y2);
+    whole.backward(y1);
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(whole.input_gradient<2>(0)), dx1, 1e-13, 1e-13));
+    for (const auto& [name, g] : gradients_of(whole))
+        EXPECT_TRUE(xt::allclose(g, g1.at(name), 1e-13, 1e-13)) << name;
+    // The copy's layer holds copies of the weights: zeroing them leaves the original as it was.
+    int zeroed = 0;
+    xshard::for_each_weight(copy, [&](const std::string& name, auto& w) {
+        if (name.starts_with("up.linear.")) {
+            w.value.local().fill(0.0);
+            ++zeroed;
+        }
+    });
+    EXPECT_EQ(zeroed, 2); // weight and bias
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(whole.forward(x1)), out1, 1e-13, 1e-13));
+    EXPECT_FALSE(xt::allclose(xshard::gather_all(copy.forward(x1)), out1, 1e-6, 1e-6));
+    // A layer that cannot be copied: the copy raises naming the node.
+    pinned_layer<double, stage_mesh_t> pinned;
+    auto fixed = xshard::compile<double>(
+        xshard::trace(
+            [&](traced_tensor h) {
+                h = xshard::apply_layer(pinned, mesh, "pinned", h, features);
+                return ops::matmul(h, xshard::param("w", {features, classes}));
+            },
+            xshard::input<double>("x", {rows, features})),
+        mesh, {.seed = 7});
+    expect_error([&] { auto c = fixed; },
+                 "the custom node pinned runs a layer that cannot be copied");
 }
 
 } // namespace chain_case

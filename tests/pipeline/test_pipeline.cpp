@@ -782,6 +782,18 @@ TEST(pipeline, boundary_misuse_raises_on_every_rank) {
         expect_error([&] { pipe.step(x, y, loss); },
                      "rows cut as " + std::to_string(n) + " row blocks");
     }
+    // One row per block in two micro-batches: the second would hold no row. Every rank
+    // raises.
+    {
+        pipe_t pipe(mesh, "pp", stage_mesh, model, {.micro_batches = 2});
+        nn::parallel_cross_entropy<double, stage_mesh_t> loss;
+        const auto b = make_batch(std::size_t(world / 2), 2);
+        const auto x = xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x,
+                                                                     nn::make_layout({"dp", ""}));
+        const auto y =
+            xshard::distribute<xshard::dynamic_layout(1)>(stage_mesh, b.y, nn::make_layout({"dp"}));
+        expect_error([&] { pipe.step(x, y, loss); }, "does not cut into 2 micro-batches");
+    }
 }
 
 TEST(pipeline, second_step_reuses_slots_and_accumulates) {

@@ -7,7 +7,7 @@
 ///
 ///     nn::column_parallel_linear<double, mesh_t> up(mesh, 512, 2048, seed);
 ///     auto net = [&](xshard::traced_tensor x) {
-///         auto h = xshard::apply_layer(up, "up", x, xshard::features_split("tp"));
+///         auto h = xshard::apply_layer(up, mesh, "up", x, 2048, xshard::features_split("tp"));
 ///         return xshard::ops::relu(h);
 ///     };
 ///
@@ -16,7 +16,8 @@
 /// features whole). The layer's weights are the compiled program's weights too (named
 /// "<name>.<weight>"), so optimizers, gradient synchronisation and checkpoints see them.
 /// A layer node belongs to the layer's mesh and element type: compiling its program onto
-/// another raises.
+/// another raises. A copy of a compiled program (a pipeline's activation slot) runs its own
+/// copy of each node's layer: copies of the weights and room for its own activations.
 
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
@@ -33,6 +34,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -55,10 +57,14 @@ struct custom_kernels : custom_op_base {
     /// Calls `f(name, weight)` for each weight the operation holds.
     virtual void visit_weights(
         const std::function<void(const std::string&, weight_ref<T, Mesh>)>& f) const = 0;
+    /// The same operation with a state of its own: a copy of its layer (weights, kept
+    /// activations). Throws xshard::error naming `node` when the layer cannot be copied.
+    virtual std::shared_ptr<const custom_kernels> clone(const std::string& node) const = 0;
 };
 
 /// The layout of a custom node's result from its operand's: the rows as they are split, the
-/// last dimension whole (`features_whole`) or split over an axis (`features_split`).
+/// last dimension whole (`features_whole`) or split over an axis (`features_split`: the
+/// operand's rows are then whole along that axis, as a column-parallel layer reads them).
 struct custom_layout {
     std::string feature_axis; ///< "" for whole
 };
@@ -97,15 +103,21 @@ void store_shard(const D& t, void* out, std::size_t count, bool add) {
 }
 
 /// A layer of xshard/nn/ (forward(x), backward(dy), visit_parameters) as a custom node of
-/// rank-N operand and result.
+/// rank-N operand and result: the user's layer (which outlives the program), or one the node
+/// owns (a custom_vjp's functions, a clone's copy).
 template <class Layer, class T, mesh_type Mesh, std::size_t N>
-class layer_node : public custom_kernels<T, Mesh> {
+class layer_node final : public custom_kernels<T, Mesh> {
 public:
     layer_node(Layer& layer, const Mesh& mesh, std::size_t out_features, custom_layout out)
         : layer_(&layer)
         , mesh_(mesh)
         , out_features_(out_features)
         , out_(std::move(out)) {}
+    layer_node(std::shared_ptr<Layer> owned, const Mesh& mesh, std::size_t out_features,
+               custom_layout out)
+        : layer_node(*owned, mesh, out_features, std::move(out)) {
+        owned_ = std::move(owned);
+    }
 
     std::vector<result_spec> infer(std::span<const operand_type> ops) const override {
         if (ops.size() != 1 || ops[0].shape.size() != N || ops[0].type != dtype_for<T>())
@@ -120,13 +132,23 @@ public:
                        const mesh_shape& mesh) const override {
         layout in = whole_terms(asked[0]);
         in.dims[N - 1] = {};
-        layout out = in;
         if (!out_.feature_axis.empty()) {
             if (!mesh.find(out_.feature_axis))
                 throw std::invalid_argument("the feature axis '" + out_.feature_axis +
                                             "' is not an axis of mesh(" + mesh.to_string() + ")");
-            out.dims[N - 1] = {axis_name(out_.feature_axis)};
+            // The layer splits its features over the axis, so its rows are whole there.
+            const axis_name feature(out_.feature_axis);
+            for (std::size_t d = 0; d + 1 < N; ++d) {
+                dim_axes kept;
+                for (const auto& a : in.dims[d])
+                    if (!(a == feature))
+                        kept.push_back(a);
+                in.dims[d] = kept;
+            }
         }
+        layout out = in;
+        if (!out_.feature_axis.empty())
+            out.dims[N - 1] = {axis_name(out_.feature_axis)};
         return {{in}, {out}};
     }
 
@@ -162,6 +184,16 @@ public:
         });
     }
 
+    std::shared_ptr<const custom_kernels<T, Mesh>> clone(const std::string& node) const override {
+        if constexpr (std::is_copy_constructible_v<Layer>)
+            return std::make_shared<layer_node>(std::make_shared<Layer>(*layer_), mesh_,
+                                                out_features_, out_);
+        else
+            throw error("xshard: the custom node " + node +
+                        " runs a layer that cannot be copied, so a copy of its program (a "
+                        "pipeline's activation slot) cannot hold activations of its own");
+    }
+
 private:
     void check_mesh(const node_shards& s) const {
         if (!(mesh_.shape() == s.mesh->shape) || mesh_.rank() != s.mesh->rank)
@@ -170,6 +202,7 @@ private:
     }
 
     Layer* layer_;
+    std::shared_ptr<Layer> owned_;
     Mesh mesh_;
     std::size_t out_features_;
     custom_layout out_;
@@ -220,15 +253,10 @@ traced_tensor custom_vjp(const Mesh& mesh, std::string_view name, const traced_t
                          Forward forward, Backward backward, std::size_t out_features = 0,
                          custom_layout out = features_whole()) {
     using L = detail::function_layer<T, Mesh, N, Forward, Backward>;
-    struct owned final : detail::layer_node<L, T, Mesh, N> {
-        L layer;
-        owned(L l, const Mesh& m, std::size_t features, custom_layout o)
-            : detail::layer_node<L, T, Mesh, N>(layer, m, features, std::move(o))
-            , layer(std::move(l)) {}
-    };
     const std::size_t features = out_features ? out_features : x.shape().back();
-    auto node = std::make_shared<owned>(L{std::move(forward), std::move(backward), std::nullopt},
-                                        mesh, features, std::move(out));
+    auto node = std::make_shared<detail::layer_node<L, T, Mesh, N>>(
+        std::make_shared<L>(L{std::move(forward), std::move(backward), std::nullopt}), mesh,
+        features, std::move(out));
     return traced_tensor::record(name, {}, {}, {x}, std::move(node)).front();
 }
 

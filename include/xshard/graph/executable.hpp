@@ -203,16 +203,11 @@ public:
         s_->build();
     }
 
-    /// A copy (see the class comment). A program with custom-VJP nodes raises: their layers
-    /// keep activations and weights themselves, which a copy would share.
+    /// A copy (see the class comment). Each custom-VJP node runs a copy of its layer
+    /// (custom_kernels::clone: copies of its weights, its activations apart); a layer that
+    /// cannot be copied raises naming the node.
     compiled_program(const compiled_program& o)
-        : s_(std::make_unique<state>(o.s_->prog, o.s_->mesh, o.s_->options)) {
-        for (const auto& n : o.s_->prog.nodes())
-            if (n.custom)
-                throw error("xshard: compiled_program: the program holds the custom-VJP node " +
-                            n.name +
-                            ", whose layer keeps its activations and weights itself; "
-                            "a copy of the program would share them");
+        : s_(std::make_unique<state>(with_cloned_customs(o.s_->prog), o.s_->mesh, o.s_->options)) {
         s_->build(&o.s_->weights);
         s_->profile_steps(o.s_->profiling);
         retrace_ = o.retrace_;
@@ -974,14 +969,19 @@ private:
                 specs.push_back(
                     {s_->prog.value(inputs[i]).name, shapes[i], s_->prog.value(inputs[i]).type});
             program p = (*retrace_)(specs);
-            std::map<std::string, const op_annotation*> annotated;
+            // The annotations carry over by node name, and so do the custom nodes' operations:
+            // their layers' weights stay the same objects, as the program's weights do.
+            std::map<std::string, const program_node*> current;
             for (const auto& n : s_->prog.nodes())
-                if (!n.annotation.empty())
-                    annotated.emplace(n.name, &n.annotation);
+                current.emplace(n.name, &n);
             for (const auto& n : p.nodes())
-                if (const auto it = annotated.find(n.name);
-                    it != annotated.end() && n.annotation.empty())
-                    p.node(n.name).annotation = *it->second;
+                if (const auto it = current.find(n.name); it != current.end()) {
+                    auto& to = p.node(n.name);
+                    if (n.annotation.empty())
+                        to.annotation = it->second->annotation;
+                    if (n.custom && it->second->custom)
+                        to.custom = it->second->custom;
+                }
             next = std::make_unique<state>(std::move(p), s_->mesh, s_->options);
             next->build(nullptr, false);
             bool alike = next->prog.weights().size() == s_->weights.size();
@@ -1004,6 +1004,17 @@ private:
         auto kept = input_shapes();
         others_.emplace(std::move(kept), std::move(s_));
         s_ = std::move(next);
+    }
+
+    /// `p` with each custom node's operation cloned (custom_kernels::clone).
+    static program with_cloned_customs(program p) {
+        for (const auto& n : p.nodes())
+            if (n.custom) {
+                const auto* k = dynamic_cast<const custom_kernels<T, Mesh>*>(n.custom.get());
+                if (k)
+                    p.node(n.name).custom = k->clone(n.name);
+            }
+        return p;
     }
 
     static std::string shapes_text(const std::vector<value_shape>& shapes) {

@@ -23,10 +23,11 @@
 namespace xshard::pipeline {
 
 /// The global rows of each micro-batch when a batch of `rows` rows split into `blocks` row
-/// blocks is cut into `m` micro-batches (see the file comment); empty when the chunks of some
-/// micro-batch do not form the block partition a distributed tensor's rows must have (never
-/// so when `rows` is a multiple of blocks x m). Throws `xshard::error` (every rank alike: it
-/// depends on sizes only) when m < 1.
+/// blocks is cut into `m` micro-batches (see the file comment); empty when some micro-batch
+/// would hold no row (a loss over no rows has no mean) or its chunks do not form the block
+/// partition a distributed tensor's rows must have (never so when `rows` is a nonzero
+/// multiple of blocks x m). Throws `xshard::error` (every rank alike: it depends on sizes
+/// only) when m < 1.
 inline std::vector<std::size_t> micro_batch_rows(std::size_t rows, std::size_t blocks, int m) {
     if (m < 1)
         throw error("xshard: a batch needs at least one micro-batch, not " + std::to_string(m));
@@ -35,6 +36,8 @@ inline std::vector<std::size_t> micro_batch_rows(std::size_t rows, std::size_t b
     for (std::size_t i = 0; i < mm; ++i) {
         for (std::size_t b = 0; b < blocks; ++b)
             out[i] += block_extent(block_extent(rows, blocks, b), mm, i);
+        if (out[i] == 0)
+            return {};
         for (std::size_t b = 0; b < blocks; ++b)
             if (block_extent(block_extent(rows, blocks, b), mm, i) !=
                 block_extent(out[i], blocks, b))
