@@ -1,7 +1,8 @@
 // Programs of convolutional networks and lookups: conv2d, max_pool2d, avg_pool2d, global
 // average pooling, batch_norm on [N, C, H, W] and embedding, each against a serial reference
 // written here with plain loops (never the kernels under test), its gradients against
-// central differences of that reference, on every dp x mp mesh of the world.
+// central differences of that reference, on every dp x mp mesh of the world. A convnet split
+// by height and width trains like one rank, also with its batch norm recomputed.
 
 #include <xshard/graph.hpp>
 
@@ -510,8 +511,9 @@ TEST(graph, a_convnet_split_by_height_and_width_trains_like_one_rank) {
     std::mt19937 engine(5);
     const array x = xt::random::randn<double>({4, 3, 16, 16}, 0.0, 1.0, engine);
     const xt::xarray<std::int64_t> labels = {2, 0, 1, 2};
-    auto step = [&](const mesh_t& mesh) {
-        auto net = xshard::compile<double>(spatial_convnet(), mesh, {.seed = 3});
+    auto step = [&](const mesh_t& mesh, std::vector<std::string> recompute = {}) {
+        auto net = xshard::compile<double>(spatial_convnet(), mesh,
+                                           {.seed = 3, .recompute = std::move(recompute)});
         const double loss = net.train_step(dist<4>(mesh, x, "[dp, -, -, -]"),
                                            dist<1, std::int64_t>(mesh, labels, "[-]"));
         std::map<std::string, array> grads;
@@ -539,6 +541,13 @@ TEST(graph, a_convnet_split_by_height_and_width_trains_like_one_rank) {
         if (world().size() > 1) {
             EXPECT_NE(net.describe().find("halos send"), std::string::npos) << where;
         }
+        // Batch norm, relu and max-pool recomputed in the backward pass: the batch norm's
+        // statistics, kept for its backward pass, are those of the recomputed forward.
+        const auto [again_loss, again, again_net] = step(mesh, {"batch_norm..max_pool2d"});
+        EXPECT_NE(again_net.report().find("recomputed in the backward pass"), std::string::npos);
+        EXPECT_NEAR(again_loss, loss1, 1e-12) << where;
+        for (const auto& [name, g] : again)
+            EXPECT_LT(max_error(g, grads1.at(name)), 1e-12) << name << ", recomputed " << where;
     });
 }
 

@@ -384,7 +384,7 @@ void channel_runs(const channel_geometry& g, const Run& run, const V&... coefs) 
                 run((i * g.c + ch) * g.hw, g.hw, lane<T>{&coefs[ch], 0}...);
         return;
     }
-    [[maybe_unused]] const auto expand = [&g](const std::vector<T>& v) {
+    [[maybe_unused]] const auto expand = [&g](std::span<const T> v) {
         std::vector<T> e(g.c * g.hw);
         for (std::size_t ch = 0; ch < g.c; ++ch)
             std::fill_n(e.begin() + std::ptrdiff_t(ch * g.hw), g.hw, v[ch]);
@@ -543,7 +543,7 @@ void batch_norm_vjp(const vjp_args& v) {
         return;
     // The forward pass's statistics (batch_norm_scratch).
     const T* kept = batch_statistics<T>(s);
-    const std::vector<T> mean(kept, kept + g.c), inv(kept + g.c, kept + 2 * g.c);
+    const std::span<const T> mean(kept, g.c), inv(kept + g.c, g.c);
     // Per channel of this rank's block: sum dy, then sum dy (x - mean); zero without dy.
     std::vector<T> sums(2 * g.c, T(0));
     if (dy) {
