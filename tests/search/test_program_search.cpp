@@ -490,6 +490,69 @@ std::vector<double> drive(xshard::compiled_program<double, mesh_t>& net, const m
     return drive(net, mesh, mode, configure, [](const auto&) {});
 }
 
+/// The elements of a distributed tensor's global shape.
+template <class D>
+std::size_t global_size(const D& t) {
+    std::size_t n = 1;
+    for (auto e : t.shape())
+        n *= e;
+    return n;
+}
+
+/// hsdp level3 on a compiled program runs inside the program: each weight of at least the
+/// threshold is kept split over every mesh axis it does not use and gathered at its use
+/// (ZeRO-3), and the driver trains like one rank. Below the threshold, or under
+/// gradients_mean, the weight stays whole (the sharding gathers around the passes).
+TEST(program_search, hsdp_level3_keeps_a_program_s_weights_split_and_gathers_each_at_its_use) {
+    const mesh_t one(xshard::communicator::self(), {1, 1});
+    auto alone = xshard::compile<double>(parallel_logits(), one, {.seed = 3});
+    const auto reference = drive(alone, one, "semi_auto", [](auto&) {});
+    const int n = world().size();
+    std::vector<mesh_t> meshes{mesh_t(world(), {n, 1}), mesh_t(world(), {1, n})};
+    if (n % 2 == 0 && n > 2)
+        meshes.push_back(mesh_t(world(), {n / 2, 2}));
+    for (const auto& mesh : meshes) {
+        const std::string where = "mesh(" + mesh.shape().to_string() + ")";
+        // fc1 holds 16 x 10 doubles, 1.25 KB: split at a threshold of 1 KB, whole at 2 KB.
+        for (const std::int64_t kb : {1, 2}) {
+            auto net = xshard::compile<double>(parallel_logits(), mesh, {.seed = 3});
+            const auto losses =
+                drive(net, mesh, "semi_auto", [&](auto& c) { c.hsdp(-1, kb, "level3"); });
+            ASSERT_EQ(losses.size(), reference.size());
+            for (std::size_t s = 0; s < losses.size(); ++s)
+                EXPECT_NEAR(losses[s], reference[s], 1e-10) << "step " << s << " " << where;
+            const bool split = kb == 1 && n > 1;
+            xshard::for_each_weight(net, [&](const std::string& name, auto& w) {
+                const auto axes = w.value.layout().split_axes(mesh.shape());
+                EXPECT_EQ(w.value.local().size() < global_size(w.value), split)
+                    << name << " laid out " << w.value.layout().to_string() << ", " << where;
+                for (std::size_t a = 0; a < mesh.shape().ndim(); ++a)
+                    if (mesh.shape().sizes[a] > 1) {
+                        EXPECT_EQ(axes.contains(a), split) << name << " " << where;
+                    }
+            });
+            EXPECT_EQ(net.describe().find("forward redistribution of fc1") != std::string::npos,
+                      split)
+                << where << "\n"
+                << net.describe();
+        }
+        // gradients_mean: the weight stays whole, the step as with the mean alone.
+        auto mean_net = xshard::compile<double>(parallel_logits(), mesh, {.seed = 3});
+        const auto mean_losses = drive(mean_net, mesh, "semi_auto", [](auto& c) {
+            c.hsdp(-1, 0, "level3");
+            c.enable_gradients_mean();
+        });
+        auto plain_mean = xshard::compile<double>(parallel_logits(), mesh, {.seed = 3});
+        const auto expected =
+            drive(plain_mean, mesh, "semi_auto", [](auto& c) { c.enable_gradients_mean(); });
+        for (std::size_t s = 0; s < expected.size(); ++s)
+            EXPECT_NEAR(mean_losses[s], expected[s], 1e-10) << "step " << s << " " << where;
+        xshard::for_each_weight(mean_net, [&](const std::string& name, auto& w) {
+            EXPECT_EQ(w.value.local().size(), global_size(w.value)) << name << " " << where;
+        });
+    }
+}
+
 TEST(program_search, the_driver_searches_within_max_device_memory_and_trains_like_one_rank) {
     const mesh_t one(xshard::communicator::self(), {1, 1});
     auto alone = xshard::compile<double>(parallel_logits(), one, {.seed = 3});

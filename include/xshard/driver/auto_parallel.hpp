@@ -676,8 +676,10 @@ private:
 
     /// The compiled program's options with the dataset strategy's layouts for its inputs
     /// (the first input's for the program's first input, and so on; a program that takes
-    /// fewer inputs leaves the rest, the labels, to the loss) and the parameter strategy
-    /// file's for its weights.
+    /// fewer inputs leaves the rest, the labels, to the loss), the parameter strategy file's
+    /// for its weights, and, where program_shards_weights(), every weight of at least hsdp's
+    /// threshold kept split over every mesh axis it does not use
+    /// (layout_options::weight_shard_axes).
     compile_options program_options() const {
         auto o = model_->options();
         const auto& prog = model_->source();
@@ -685,7 +687,25 @@ private:
             o.layouts.input_layouts[prog.value(prog.inputs()[i]).name] = input_layouts_[i];
         for (const auto& [name, l] : planned_)
             o.layouts.weight_layouts[name] = l;
+        if (program_shards_weights()) {
+            o.layouts.weight_shard_axes.clear();
+            for (const auto& a : mesh_.shape().names)
+                o.layouts.weight_shard_axes.emplace_back(a.view());
+            o.layouts.weight_shard_min_bytes = std::size_t(hsdp_->threshold) * 1024U;
+        }
         return o;
+    }
+
+    /// Whether hsdp level3 runs inside the compiled program: its weights kept split over
+    /// every axis of their data-parallel group (shard_size -1), each gathered just before
+    /// each use and its gradient reduce-scattered by the program's backward pass, so that a
+    /// step holds one gathered weight at a time where the sharding (one unit) gathers all of
+    /// them before the forward pass. Not under gradients_mean: the program's gradients are
+    /// the sums, which the mean divides by the copies the weight would have had.
+    bool program_shards_weights() const noexcept {
+        return detail::is_compiled_program<Model> && hsdp_ &&
+               hsdp_->optimizer_level == optimizer_level::level3 && hsdp_->shard_size == -1 &&
+               !gradients_.mean;
     }
 
     /// A program chain's options (it lives on its own mesh, a pipeline's stage mesh, with
@@ -698,14 +718,16 @@ private:
     }
 
     /// semi_auto on a compiled program: compiles it again with program_options() where the
-    /// dataset strategy or the parameter strategy file changes its inputs' or weights'
-    /// layouts, keeping the weights' values (compiled_program::recompile). Raises on every
+    /// dataset strategy, the parameter strategy file or hsdp level3 changes its inputs' or
+    /// weights' layouts, keeping the weights' values (compiled_program::recompile). Raises on every
     /// rank where a layout does not fit.
     void lay_program_out() const {
         auto o = program_options();
         const auto& was = model_->options().layouts;
         if (o.layouts.input_layouts == was.input_layouts &&
-            o.layouts.weight_layouts == was.weight_layouts)
+            o.layouts.weight_layouts == was.weight_layouts &&
+            o.layouts.weight_shard_axes == was.weight_shard_axes &&
+            o.layouts.weight_shard_min_bytes == was.weight_shard_min_bytes)
             return;
         auto& net = *model_;
         agreed(mesh_.comm(), [&] { net.recompile(net.source(), std::move(o)); });

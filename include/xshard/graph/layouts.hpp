@@ -49,6 +49,9 @@ struct layout_options {
     /// its share. The schedule gathers a weight just before each use and again before its
     /// VJP, and the adjoint of the gather reduce-scatters its gradient.
     std::vector<std::string> weight_shard_axes = {};
+    /// Weights of fewer global bytes (shape x element size) than this are not split over
+    /// weight_shard_axes (hsdp's threshold).
+    std::size_t weight_shard_min_bytes = 0;
 };
 
 /// Where every value of a program lives on a mesh and how every node runs.
@@ -89,7 +92,8 @@ inline dim_axes dataset_axes_of(const layout_options& o, const mesh_shape& mesh)
 /// Each weight's layout with the asked axes it does not use added (hsdp level 3; see
 /// layout_options::weight_shard_axes). Axes of one rank add nothing.
 inline void shard_weights(const program& p, const mesh_shape& mesh,
-                          const std::vector<std::string>& names, std::vector<layout>& values) {
+                          const std::vector<std::string>& names, std::size_t min_bytes,
+                          std::vector<layout>& values) {
     axis_set asked;
     for (const auto& a : names) {
         const auto i = mesh.find(a);
@@ -100,8 +104,13 @@ inline void shard_weights(const program& p, const mesh_shape& mesh,
             asked = asked.with(*i);
     }
     for (auto id : p.weights()) {
-        const auto& shape = p.value(id).shape;
-        values[id] = sharded_layout(values[id], mesh, shape, asked - values[id].split_axes(mesh));
+        const auto& v = p.value(id);
+        std::size_t elements = 1;
+        for (auto e : v.shape)
+            elements *= e;
+        if (double(elements) * double(element_bytes(v.type)) < double(min_bytes))
+            continue;
+        values[id] = sharded_layout(values[id], mesh, v.shape, asked - values[id].split_axes(mesh));
     }
 }
 
@@ -262,7 +271,8 @@ inline program_layouts assign_layouts(const program& p, const mesh_shape& mesh,
     for (auto id : p.weights())
         if (!placed[id])
             out.values[id] = layout::replicated(values[id].shape.size());
-    detail::shard_weights(p, mesh, options.weight_shard_axes, out.values);
+    detail::shard_weights(p, mesh, options.weight_shard_axes, options.weight_shard_min_bytes,
+                          out.values);
     return out;
 }
 

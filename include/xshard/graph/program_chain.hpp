@@ -238,6 +238,7 @@ private:
         o.input_gradients = m > 0 || options_.input_gradients;
         o.layouts.dataset_axes = options_.layouts.dataset_axes;
         o.layouts.weight_shard_axes = options_.layouts.weight_shard_axes;
+        o.layouts.weight_shard_min_bytes = options_.layouts.weight_shard_min_bytes;
         const auto& input = body.value(body.inputs()[0]).name;
         if (!before) {
             o.layouts.input_layouts = options_.layouts.input_layouts;
