@@ -114,14 +114,37 @@ reference one_rank(const batch& b, bool residual) {
     return {value, grads, xshard::gather_all(out)};
 }
 
-TEST(program_chain, a_pipelined_program_equals_the_whole_program_on_one_rank) {
+/// Calls f(mesh, p, dp, tp) for every mesh pp x dp x tp of the world with pp from 1 to 4 and
+/// tp 1 or 2.
+template <class F>
+void for_each_pipeline_mesh(F&& f) {
     const int n = world().size();
     for (int p = 1; p <= 4; ++p)
-        for (int tp = 1; tp <= 2; ++tp) {
-            if (n % (p * tp) != 0)
-                continue;
-            const int dp = n / (p * tp);
-            const full_mesh_t mesh({p, dp, tp});
+        for (int tp = 1; tp <= 2; ++tp)
+            if (n % (p * tp) == 0)
+                f(full_mesh_t({p, n / (p * tp), tp}), p, n / (p * tp), tp);
+}
+
+/// Every gradient of this stage's weights `params` equals `expected`'s of its name (1e-12),
+/// and the stages together check every name of `expected`.
+template <class Params>
+void expect_stage_gradients(Params&& params,
+                            const std::map<std::string, xt::xarray<double>>& expected,
+                            const full_mesh_t& mesh, const std::string& where) {
+    int checked = 0;
+    xshard::for_each_weight(params, [&](const std::string& name, auto& w) {
+        const xt::xarray<double> g = xshard::gather_all(xshard::ops::resolve(w.grad));
+        ASSERT_TRUE(expected.count(name)) << name << ", " << where;
+        EXPECT_TRUE(xt::allclose(g, expected.at(name), 1e-12, 1e-12)) << name << ", " << where;
+        ++checked;
+    });
+    xshard::mpi::allreduce(mesh.sub<"pp">(), std::span(&checked, 1), xshard::reduction::sum);
+    EXPECT_EQ(checked, int(expected.size())) << where;
+}
+
+TEST(program_chain, a_pipelined_program_equals_the_whole_program_on_one_rank) {
+    for_each_pipeline_mesh(
+        [](const full_mesh_t& mesh, int p, int dp, int tp) {
             const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
             const int m = 2 * p; // a multiple of p, for the interleaved schedule
             // Uneven blocks and micro-batches: the chain, made from the function, traces
@@ -156,19 +179,7 @@ TEST(program_chain, a_pipelined_program_equals_the_whole_program_on_one_rank) {
                 const double value = pipe.step(x, y, loss);
                 pipe.synchronize_gradients();
                 EXPECT_NEAR(value, expected_loss, 1e-12) << where;
-                int checked = 0;
-                xshard::for_each_weight(pipe.local_parameters(), [&](const std::string& name,
-                                                                     auto& w) {
-                    const xt::xarray<double> g = xshard::gather_all(xshard::ops::resolve(w.grad));
-                    ASSERT_TRUE(expected.count(name)) << name << ", " << where;
-                    EXPECT_TRUE(xt::allclose(g, expected.at(name), 1e-12, 1e-12))
-                        << name << ", " << where;
-                    ++checked;
-                });
-                int total = checked;
-                xshard::mpi::allreduce(mesh.sub<"pp">(), std::span(&total, 1),
-                                       xshard::reduction::sum);
-                EXPECT_EQ(total, int(expected.size())) << where;
+                expect_stage_gradients(pipe.local_parameters(), expected, mesh, where);
                 // Pipelined inference: the last stage's output, broadcast to every stage.
                 const auto predicted = pipe.predict(x);
                 ASSERT_TRUE(predicted.has_value()) << where;
@@ -176,26 +187,56 @@ TEST(program_chain, a_pipelined_program_equals_the_whole_program_on_one_rank) {
                     xt::allclose(xshard::gather_all(*predicted), expected_output, 1e-12, 1e-12))
                     << where;
             }
-        }
+        });
+}
+
+/// Every weight's gradient, by name, whole.
+template <class Model>
+std::map<std::string, xt::xarray<double>> gradients_of(Model& model) {
+    std::map<std::string, xt::xarray<double>> grads;
+    xshard::for_each_weight(model, [&](const std::string& name, auto& w) {
+        grads[name] = xshard::gather_all(xshard::ops::resolve(w.grad));
+    });
+    return grads;
+}
+
+/// A copy of `net` runs batch x2 between `net`'s forward and backward passes of x1 (each
+/// seeded with its output): `net`'s input cotangent and gradients are still those of x1
+/// alone, its activations (and its custom nodes' layers') its own. Returns the copy.
+xshard::compiled_program<double, stage_mesh_t>
+expect_a_copy_keeps_its_own_activations(xshard::compiled_program<double, stage_mesh_t>& net,
+                                        const X& x1, const X& x2) {
+    const auto zero = [](const std::string&, auto& w) {
+        w.zero_grad();
+    };
+    xshard::for_each_weight(net, zero);
+    const auto y1 = net.forward(x1);
+    net.backward(y1); // dy = y: a cotangent that differs per batch
+    const xt::xarray<double> dx1 = xshard::gather_all(net.input_gradient<2>(0));
+    const auto g1 = gradients_of(net);
+    xshard::for_each_weight(net, zero);
+    net.forward(x1);
+    auto copy = net;
+    copy.backward(copy.forward(x2));
+    net.backward(y1);
+    EXPECT_TRUE(xt::allclose(xshard::gather_all(net.input_gradient<2>(0)), dx1, 1e-13, 1e-13));
+    for (const auto& [name, grad] : gradients_of(net))
+        EXPECT_TRUE(xt::allclose(grad, g1.at(name), 1e-13, 1e-13)) << name;
+    return copy;
+}
+
+/// Two batches of 2n + 1 rows (blocks of uneven rows over n ranks) laid out [dp, -] on
+/// `mesh` (n, 1): their rows and the two tensors.
+std::tuple<std::size_t, X, X> two_batches(const stage_mesh_t& mesh) {
+    const auto rows = std::size_t(2 * mesh.size() + 1);
+    return {rows,
+            xshard::distribute<xshard::dynamic_layout(2)>(mesh, make_batch(rows, 3).x, "[dp, -]"),
+            xshard::distribute<xshard::dynamic_layout(2)>(mesh, make_batch(rows, 4).x, "[dp, -]")};
 }
 
 TEST(program_chain, a_chain_without_a_pipeline_and_a_copied_program_keep_their_own_activations) {
-    const int n = world().size();
-    const stage_mesh_t mesh({n, 1});
-    const std::size_t rows = std::size_t(2 * n + 1);
-    const auto b1 = make_batch(rows, 3), b2 = make_batch(rows, 4);
-    const auto x1 = xshard::distribute<xshard::dynamic_layout(2)>(mesh, b1.x, "[dp, -]");
-    const auto x2 = xshard::distribute<xshard::dynamic_layout(2)>(mesh, b2.x, "[dp, -]");
-    auto whole =
-        xshard::compile<double>(network(rows, 1), mesh, {.seed = 7, .input_gradients = true});
-    const auto y1 = whole.forward(x1);
-    whole.backward(y1); // dy = y: a cotangent that differs per batch
-    const xt::xarray<double> dx1 = xshard::gather_all(whole.input_gradient<2>(0));
-    std::map<std::string, xt::xarray<double>> g1;
-    xshard::for_each_weight(whole, [&](const std::string& name, auto& w) {
-        g1[name] = xshard::gather_all(xshard::ops::resolve(w.grad));
-        w.zero_grad();
-    });
+    const stage_mesh_t mesh({world().size(), 1});
+    const auto [rows, x1, x2] = two_batches(mesh);
     // The chain: the same output, input cotangent and gradients; so too where tensors besides
     // the one each module passes on cross the cuts (the input's cotangent then also comes
     // through the cuts).
@@ -226,19 +267,10 @@ TEST(program_chain, a_chain_without_a_pipeline_and_a_copied_program_keep_their_o
         });
         EXPECT_EQ(seen, rg.size());
     }
-    // A copy runs another batch between the original's forward and backward passes: the
-    // original's backward still sees its own batch.
-    whole.forward(x1);
-    auto copy = whole;
-    const auto y2 = copy.forward(x2);
-    copy.backward(y2);
-    whole.backward(y1);
-    EXPECT_TRUE(xt::allclose(xshard::gather_all(whole.input_gradient<2>(0)), dx1, 1e-13, 1e-13));
-    xshard::for_each_weight(whole, [&](const std::string& name, auto& w) {
-        EXPECT_TRUE(xt::allclose(xshard::gather_all(xshard::ops::resolve(w.grad)), g1.at(name),
-                                 1e-13, 1e-13))
-            << name;
-    });
+    // A copy runs another batch between the original's forward and backward passes.
+    auto whole =
+        xshard::compile<double>(network(rows, 1), mesh, {.seed = 7, .input_gradients = true});
+    (void)expect_a_copy_keeps_its_own_activations(whole, x1, x2);
 }
 
 TEST(program_chain, cuts_that_do_not_fit_raise_naming_what_crosses_them) {
@@ -356,16 +388,6 @@ auto custom_network_fn(const stage_mesh_t& mesh, linear_t& up) {
     };
 }
 
-/// Every weight's gradient, by name, whole.
-template <class Model>
-std::map<std::string, xt::xarray<double>> gradients_of(Model& model) {
-    std::map<std::string, xt::xarray<double>> grads;
-    xshard::for_each_weight(model, [&](const std::string& name, auto& w) {
-        grads[name] = xshard::gather_all(xshard::ops::resolve(w.grad));
-    });
-    return grads;
-}
-
 TEST(program_chain, a_pipelined_chain_of_custom_vjp_nodes_equals_one_rank) {
     const int n = world().size();
     // 4 micro-batches of n rows: whole on every mesh pp x dp x tp of the world.
@@ -385,12 +407,8 @@ TEST(program_chain, a_pipelined_chain_of_custom_vjp_nodes_equals_one_rank) {
     whole.backward(one_loss.backward());
     const auto expected = gradients_of(whole);
     ASSERT_TRUE(expected.count("up.linear.weight"));
-    for (int p = 1; p <= 4; ++p)
-        for (int tp = 1; tp <= 2; ++tp) {
-            if (n % (p * tp) != 0)
-                continue;
-            const int dp = n / (p * tp);
-            const full_mesh_t mesh({p, dp, tp});
+    for_each_pipeline_mesh(
+        [&](const full_mesh_t& mesh, int p, int dp, int tp) {
             const auto stage_mesh = pp::stage_mesh_of<stage_mesh_t>(mesh);
             const auto x =
                 xshard::distribute<xshard::dynamic_layout(2)>(stage_mesh, b.x, "[dp, -]");
@@ -413,18 +431,9 @@ TEST(program_chain, a_pipelined_chain_of_custom_vjp_nodes_equals_one_rank) {
                     {.micro_batches = 4, .scheduler = kind, .output_broadcast = true});
                 EXPECT_NEAR(pipe.step(x, y, loss), expected_loss, 1e-12) << where;
                 pipe.synchronize_gradients();
-                int checked = 0;
-                for (const auto& [name, g] : gradients_of(pipe.local_parameters())) {
-                    ASSERT_TRUE(expected.count(name)) << name << ", " << where;
-                    EXPECT_TRUE(xt::allclose(g, expected.at(name), 1e-12, 1e-12))
-                        << name << ", " << where;
-                    ++checked;
-                }
-                xshard::mpi::allreduce(mesh.sub<"pp">(), std::span(&checked, 1),
-                                       xshard::reduction::sum);
-                EXPECT_EQ(checked, int(expected.size())) << where;
+                expect_stage_gradients(pipe.local_parameters(), expected, mesh, where);
             }
-        }
+        });
 }
 
 /// A layer that cannot be copied (the identity), for the copy's refusal.
@@ -438,32 +447,16 @@ struct pinned_layer {
 };
 
 TEST(program_chain, a_copied_program_runs_copies_of_its_custom_nodes_layers) {
-    const int n = world().size();
-    const stage_mesh_t mesh({n, 1});
-    const std::size_t rows = std::size_t(2 * n + 1);
-    const auto b1 = make_batch(rows, 3), b2 = make_batch(rows, 4);
-    const auto x1 = xshard::distribute<xshard::dynamic_layout(2)>(mesh, b1.x, "[dp, -]");
-    const auto x2 = xshard::distribute<xshard::dynamic_layout(2)>(mesh, b2.x, "[dp, -]");
+    const stage_mesh_t mesh({world().size(), 1});
+    const auto [rows, x1, x2] = two_batches(mesh);
     linear_t up(mesh, hidden, hidden, 5);
     auto whole = xshard::compile<double>(
         xshard::trace(custom_network_fn(mesh, up), xshard::input<double>("x", {rows, features})),
         mesh, {.seed = 7, .input_gradients = true});
-    const auto y1 = whole.forward(x1);
-    const xt::xarray<double> out1 = xshard::gather_all(y1);
-    whole.backward(y1); // dy = y: a cotangent that differs per batch
-    const xt::xarray<double> dx1 = xshard::gather_all(whole.input_gradient<2>(0));
-    const auto g1 = gradients_of(whole);
-    xshard::for_each_weight(whole, [](const std::string&, auto& w) { w.zero_grad(); });
+    const xt::xarray<double> out1 = xshard::gather_all(whole.forward(x1));
     // A copy runs another batch between the original's forward and backward passes: the
     // original's layers (softsign's kept input, the linear layer's) still hold its own batch.
-    whole.forward(x1);
-    auto copy = whole;
-    const auto y2 = copy.forward(x2);
-    copy.backward(y2);
-    whole.backward(y1);
-    EXPECT_TRUE(xt::allclose(xshard::gather_all(whole.input_gradient<2>(0)), dx1, 1e-13, 1e-13));
-    for (const auto& [name, g] : gradients_of(whole))
-        EXPECT_TRUE(xt::allclose(g, g1.at(name), 1e-13, 1e-13)) << name;
+    auto copy = expect_a_copy_keeps_its_own_activations(whole, x1, x2);
     // The copy's layer holds copies of the weights: zeroing them leaves the original as it was.
     int zeroed = 0;
     xshard::for_each_weight(copy, [&](const std::string& name, auto& w) {
