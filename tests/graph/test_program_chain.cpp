@@ -5,8 +5,7 @@
 // (1e-12), with residuals and the input crossing the cuts, and with custom-VJP nodes (a user's
 // function, a layer of xshard::nn) in the modules. A compiled program's copies hold their own
 // activations, and their own copies of the custom nodes' layers. Several tensors at a cut are
-// packed into one. Cuts that do not fit raise one
-// sentence naming what crosses them.
+// packed into one. Cuts that do not fit raise one sentence naming what crosses them.
 
 #include <xshard/graph.hpp>
 #include <xshard/nn/embedding.hpp>
