@@ -17,6 +17,7 @@
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/sharded_layout.hpp>
+#include <xshard/core/volume.hpp>
 #include <xshard/graph/primitive.hpp>
 #include <xshard/graph/program.hpp>
 #include <xshard/graph/registry.hpp>
@@ -105,10 +106,7 @@ inline void shard_weights(const program& p, const mesh_shape& mesh,
     }
     for (auto id : p.weights()) {
         const auto& v = p.value(id);
-        std::size_t elements = 1;
-        for (auto e : v.shape)
-            elements *= e;
-        if (double(elements) * double(element_bytes(v.type)) < double(min_bytes))
+        if (double(volume(v.shape)) * double(element_bytes(v.type)) < double(min_bytes))
             continue;
         values[id] = sharded_layout(values[id], mesh, v.shape, asked - values[id].split_axes(mesh));
     }
