@@ -136,6 +136,14 @@ TEST(kernels, convolution_matches_direct_loops_and_its_adjoints) {
         make(3, 4, 9, 8, 6, 3, 2, 2, {2, 0, 1, 0}, 2)); // asymmetric: a band's halo side
     cases.push_back(make(2, 4, 5, 5, 4, 1, 1, 1, {}, 4));
     cases.push_back(make(1, 2, 8, 8, 3, 4, 3, 1, {0, 3, 2, 1}, 1));
+    // ResNet's late stages: a 1 x 1 plane under a padded 3 x 3 window (most taps read only
+    // padding), and more images than im2col's adjoint takes at a time.
+    cases.push_back(make(11, 3, 1, 1, 4, 3, 1, 1, ops::padding2d::uniform(1), 1));
+    cases.push_back(make(10, 2, 2, 3, 3, 3, 1, 1, ops::padding2d::uniform(1), 1));
+    // Stride and dilation along the width too, and padding wider than the kernel reaches.
+    auto wide = make(9, 2, 6, 7, 3, 3, 2, 1, {1, 0, 3, 2}, 1);
+    wide.kernel_w = 3, wide.stride_w = 2, wide.dilation_w = 2;
+    cases.push_back(wide);
     for (const auto& g : cases) {
         g.check();
         const auto x = random_vector(xshard::volume(g.input_shape()), 1);

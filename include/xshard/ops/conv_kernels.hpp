@@ -155,66 +155,89 @@ T* scratch(std::size_t n, int slot = 0) {
     return b.data();
 }
 
-/// col [C * kh * kw, oh * ow] (rows `ld` apart) from one image's channels x [C, H, W] (zeros in the
-/// padding).
+/// Where one kernel tap reads along a dimension: output index i reads input i * stride +
+/// offset, inside the input for i in [first, last).
+struct tap_range {
+    std::ptrdiff_t offset = 0;
+    std::size_t first = 0, last = 0;
+};
+
+/// Where tap k of a window reads along a dimension of `in` inputs and `out` outputs.
+inline tap_range tap_of(std::size_t k, std::size_t dilation, std::size_t pad, std::size_t stride,
+                        std::size_t in, std::size_t out) {
+    tap_range t;
+    t.offset = std::ptrdiff_t(k * dilation) - std::ptrdiff_t(pad);
+    // The first i with i * stride + offset >= bound.
+    auto from = [&](std::ptrdiff_t bound) {
+        const std::ptrdiff_t need = bound - t.offset;
+        return need <= 0 ? std::size_t(0)
+                         : std::min(out, (std::size_t(need) + stride - 1) / stride);
+    };
+    t.first = from(0);
+    t.last = std::max(t.first, from(std::ptrdiff_t(in)));
+    return t;
+}
+
+/// The batch's columns: col [C * kh * kw, batch * oh * ow] (rows `ld` apart, image n at
+/// column n * oh * ow) from the channels [C, H, W] of each image of x, images `image` elements
+/// apart (zeros in the padding). A tap that reads padding has its row zeroed in one fill and
+/// the rest copied, so that small planes (ResNet's late stages: 4 x 4 down to 1 x 1, where
+/// most taps read padding) cost a copy per image and row, not a test per element.
 template <class T>
-void im2col(const T* x, std::size_t channels, const conv2d_geometry& g, T* col, std::size_t ld) {
-    const std::size_t oh = g.out_h(), ow = g.out_w(), H = g.in_h, W = g.in_w;
+void im2col(const T* x, std::size_t batch, std::size_t image, std::size_t channels,
+            const conv2d_geometry& g, T* col, std::size_t ld) {
+    const std::size_t oh = g.out_h(), ow = g.out_w(), H = g.in_h, W = g.in_w, hw = oh * ow;
     for (std::size_t c = 0; c < channels; ++c)
         for (std::size_t ki = 0; ki < g.kernel_h; ++ki)
             for (std::size_t kj = 0; kj < g.kernel_w; ++kj) {
+                const auto r = tap_of(ki, g.dilation_h, g.pad.top, g.stride_h, H, oh);
+                const auto s = tap_of(kj, g.dilation_w, g.pad.left, g.stride_w, W, ow);
                 T* row = col + ((c * g.kernel_h + ki) * g.kernel_w + kj) * ld;
-                const T* plane = x + c * H * W;
-                for (std::size_t i = 0; i < oh; ++i) {
-                    // input row = i * stride + ki * dilation - top
-                    const std::ptrdiff_t r = std::ptrdiff_t(i * g.stride_h + ki * g.dilation_h) -
-                                             std::ptrdiff_t(g.pad.top);
-                    T* out = row + i * ow;
-                    if (r < 0 || r >= std::ptrdiff_t(H)) {
-                        std::fill_n(out, ow, T(0));
-                        continue;
-                    }
-                    const T* in = plane + std::size_t(r) * W;
-                    const std::ptrdiff_t c0 =
-                        std::ptrdiff_t(kj * g.dilation_w) - std::ptrdiff_t(g.pad.left);
-                    if (g.stride_w == 1 && c0 >= 0 &&
-                        c0 + std::ptrdiff_t(ow) <= std::ptrdiff_t(W)) {
-                        std::copy_n(in + c0, ow, out);
-                        continue;
-                    }
-                    for (std::size_t j = 0; j < ow; ++j) {
-                        const std::ptrdiff_t s = std::ptrdiff_t(j * g.stride_w) + c0;
-                        out[j] = (s < 0 || s >= std::ptrdiff_t(W)) ? T(0) : in[s];
+                if (r.first > 0 || r.last < oh || s.first > 0 || s.last < ow)
+                    std::fill_n(row, batch * hw, T(0));
+                if (r.first == r.last || s.first == s.last)
+                    continue;
+                for (std::size_t n = 0; n < batch; ++n) {
+                    const T* plane = x + n * image + c * H * W;
+                    for (std::size_t i = r.first; i < r.last; ++i) {
+                        const T* in =
+                            plane + std::size_t(std::ptrdiff_t(i * g.stride_h) + r.offset) * W;
+                        T* o = row + n * hw + i * ow;
+                        for (std::size_t j = s.first; j < s.last; ++j)
+                            o[j] = in[std::ptrdiff_t(j * g.stride_w) + s.offset];
                     }
                 }
             }
 }
 
-/// The adjoint of im2col: adds col [C * kh * kw, oh * ow] into dx [C, H, W].
+/// The adjoint of im2col: adds col [C * kh * kw, batch * oh * ow] into the channels
+/// [C, H, W] of each image of dx, images `image` elements apart. A few images at a time, so
+/// that their planes stay in cache while the taps add into them, and the columns are read in
+/// runs of images (a whole channel's images at once would map to one cache set where an
+/// image is a multiple of 4 KiB).
 template <class T>
-void col2im(const T* col, std::size_t channels, const conv2d_geometry& g, T* dx, std::size_t ld) {
-    const std::size_t oh = g.out_h(), ow = g.out_w(), H = g.in_h, W = g.in_w;
-    for (std::size_t c = 0; c < channels; ++c)
-        for (std::size_t ki = 0; ki < g.kernel_h; ++ki)
-            for (std::size_t kj = 0; kj < g.kernel_w; ++kj) {
-                const T* row = col + ((c * g.kernel_h + ki) * g.kernel_w + kj) * ld;
-                T* plane = dx + c * H * W;
-                for (std::size_t i = 0; i < oh; ++i) {
-                    const std::ptrdiff_t r = std::ptrdiff_t(i * g.stride_h + ki * g.dilation_h) -
-                                             std::ptrdiff_t(g.pad.top);
-                    if (r < 0 || r >= std::ptrdiff_t(H))
-                        continue;
-                    T* out = plane + std::size_t(r) * W;
-                    const T* in = row + i * ow;
-                    const std::ptrdiff_t c0 =
-                        std::ptrdiff_t(kj * g.dilation_w) - std::ptrdiff_t(g.pad.left);
-                    for (std::size_t j = 0; j < ow; ++j) {
-                        const std::ptrdiff_t s = std::ptrdiff_t(j * g.stride_w) + c0;
-                        if (s >= 0 && s < std::ptrdiff_t(W))
-                            out[s] += in[j];
+void col2im(const T* col, std::size_t batch, std::size_t image, std::size_t channels,
+            const conv2d_geometry& g, T* dx, std::size_t ld) {
+    constexpr std::size_t block = 8;
+    const std::size_t oh = g.out_h(), ow = g.out_w(), H = g.in_h, W = g.in_w, hw = oh * ow;
+    for (std::size_t n0 = 0; n0 < batch; n0 += block)
+        for (std::size_t c = 0; c < channels; ++c)
+            for (std::size_t ki = 0; ki < g.kernel_h; ++ki)
+                for (std::size_t kj = 0; kj < g.kernel_w; ++kj) {
+                    const auto r = tap_of(ki, g.dilation_h, g.pad.top, g.stride_h, H, oh);
+                    const auto s = tap_of(kj, g.dilation_w, g.pad.left, g.stride_w, W, ow);
+                    const T* row = col + ((c * g.kernel_h + ki) * g.kernel_w + kj) * ld;
+                    for (std::size_t n = n0; n < std::min(batch, n0 + block); ++n) {
+                        T* plane = dx + n * image + c * H * W;
+                        for (std::size_t i = r.first; i < r.last; ++i) {
+                            T* out =
+                                plane + std::size_t(std::ptrdiff_t(i * g.stride_h) + r.offset) * W;
+                            const T* from = row + n * hw + i * ow;
+                            for (std::size_t j = s.first; j < s.last; ++j)
+                                out[std::ptrdiff_t(j * g.stride_w) + s.offset] += from[j];
+                        }
                     }
                 }
-            }
 }
 
 // The whole batch in one GEMM per group: columns [k, batch * hw] (image n at column n * hw),
@@ -245,8 +268,7 @@ void gemm_conv_forward(const T* x, const T* w, T* y, const conv2d_geometry& g) {
     T* col = scratch<T>(checked_mul(k, nhw), 0);
     T* out = scratch<T>(checked_mul(og, nhw), 1);
     for (std::size_t gi = 0; gi < g.groups; ++gi) {
-        for (std::size_t n = 0; n < g.batch; ++n)
-            im2col(x + (n * g.in_channels + gi * cg) * in_plane, cg, g, col + n * hw, nhw);
+        im2col(x + gi * cg * in_plane, g.batch, g.in_channels * in_plane, cg, g, col, nhw);
         xshard::detail::gemm(false, false, og, nhw, k, w + gi * og * k, k, col, nhw, false, out,
                              nhw);
         from_rows(out, g.batch, g.out_channels * hw, og, hw, y + gi * og * hw);
@@ -266,8 +288,7 @@ void gemm_conv_backward_input(const T* dy, const T* w, T* dx, const conv2d_geome
         // dcol [k, nhw] = W_g^T [k, og] dy_g [og, nhw]
         xshard::detail::gemm(true, false, k, nhw, og, w + gi * og * k, k, rows, nhw, false, col,
                              nhw);
-        for (std::size_t n = 0; n < g.batch; ++n)
-            col2im(col + n * hw, cg, g, dx + (n * g.in_channels + gi * cg) * in_plane, nhw);
+        col2im(col, g.batch, g.in_channels * in_plane, cg, g, dx + gi * cg * in_plane, nhw);
     }
 }
 
@@ -280,8 +301,7 @@ void gemm_conv_backward_weight(const T* x, const T* dy, T* dw, const conv2d_geom
     T* col = scratch<T>(checked_mul(k, nhw), 0);
     T* rows = scratch<T>(checked_mul(og, nhw), 1);
     for (std::size_t gi = 0; gi < g.groups; ++gi) {
-        for (std::size_t n = 0; n < g.batch; ++n)
-            im2col(x + (n * g.in_channels + gi * cg) * in_plane, cg, g, col + n * hw, nhw);
+        im2col(x + gi * cg * in_plane, g.batch, g.in_channels * in_plane, cg, g, col, nhw);
         to_rows(dy + gi * og * hw, g.batch, g.out_channels * hw, og, hw, rows);
         // dW_g [og, k] (+)= dy_g [og, nhw] col^T [nhw, k]
         xshard::detail::gemm(false, true, og, k, nhw, rows, nhw, col, nhw, accumulate,
