@@ -42,9 +42,9 @@
 //       the runs of repeated blocks searched once ("24x24": 24 blocks of 24 nodes), and the
 //       same search block by block: its time and predicted step.
 //   searched_{mlp,transformer,resnet18}_program_<p>: a training step (forward, backward,
-//       gradient all-reduce) of a loss program laid out by the search (every node, on the
-//       machine measured by measure_machine, the better of mesh (p, 1) and (1, p)) against
-//       the best hand strategy measured: data parallel, or Megatron's annotations on mesh
+//       gradient all-reduce, Momentum's update) of a loss program laid out by the search (every
+//       node, on the machine measured by measure_machine, the better of mesh (p, 1) and (1, p))
+//       against the best hand strategy measured: data parallel, or Megatron's annotations on mesh
 //       (1, p) (the MLP 1024 -> 4096 -> 1024 of batch 64 and the transformer block above;
 //       ResNet-18 on 32 images of 32 x 32 has data parallelism only). Extra fields: the
 //       mesh searched, each hand strategy's seconds, and predicted / measured steps; then
@@ -69,6 +69,7 @@
 #include <xshard/models/transformer.hpp>
 #include <xshard/nn/blocks.hpp>
 #include <xshard/nn/resnet.hpp>
+#include <xshard/optim/optimizers.hpp>
 #include <xshard/search/calibrate.hpp>
 #include <xshard/search/program_search.hpp>
 #include <xshard/train/gradients.hpp>
@@ -439,13 +440,26 @@ void search_cases(const xshard::bench::options& o) {
     });
 }
 
-/// One training step of a loss program: forward, backward, the gradients' all-reduce.
+/// One training step of a loss program: forward, backward, the gradients' all-reduce,
+/// Momentum's update (one optimizer state: `search_machine`) and the gradients' zeroing. The
+/// optimizer keeps its state in the weights, so one serves every program of a type.
 template <class Net, class X, class Y>
 void train_step(Net& net, const X& x, const Y& y) {
+    static xshard::optim::momentum optimizer{{.lr = 1e-4, .momentum = 0.9}};
     net.train_step(x, y);
     auto grads = xshard::gradients_of(net);
     xshard::synchronize_gradients(net, grads);
+    optimizer.step(net);
     xshard::for_each_weight(net, [](const std::string&, auto& w) { w.zero_grad(); });
+}
+
+/// The machine the searched cases price with: measured, with train_step's one optimizer
+/// state per weight.
+template <class T>
+xshard::machine_model search_machine(const xshard::communicator& world) {
+    auto machine = xshard::measure_machine<T>(world);
+    machine.optimizer_states = 1;
+    return machine;
 }
 
 /// With --profile: per primitive, this rank's measured milliseconds per step (`measured`, a
@@ -529,7 +543,7 @@ void searched_case(const xshard::bench::options& o, const std::string& name,
     if (!o.wants(name))
         return;
     megatron = megatron && ranks > 1;
-    const auto machine = xshard::measure_machine<T>(world);
+    const auto machine = search_machine<T>(world);
     const mesh_t dp(world, {ranks, 1}), tp(world, {1, ranks});
     // The search on both mesh shapes: the strategy of the lower prediction, and its mesh.
     auto search = [&](const xshard::machine_model& m) {
@@ -684,7 +698,7 @@ void one_image_case(const xshard::bench::options& o) {
                 xshard::models::resnet(in, xshard::models::resnet18_depths, 10), labels));
         },
         xshard::input<float>("x", {1, 3, side, side}), xshard::input<std::int64_t>("y", {1}));
-    const auto machine = xshard::measure_machine<float>(world);
+    const auto machine = search_machine<float>(world);
     const mesh_t mesh(world, {1, ranks}), one(xshard::communicator::self(), {1, 1});
     const auto found =
         xshard::search_program(p, mesh.shape(), {.machine = machine, .keep_annotations = false});

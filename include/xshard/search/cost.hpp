@@ -218,11 +218,8 @@ inline void price_parameter(op_cost& r, const layout& wl, const std::vector<std:
     const double state = states * (sharded ? shard_bytes : bytes);
     r.weight_memory += std::size_t(bytes + grad + state);
     const auto sync = gradient_sync_price(wl, sharded, shape, hsdp_level, pricer);
-    // The update reads and writes the (sharded) weight and each state slot and reads the
-    // gradient; zero_grad writes the gradient: memory-bound work per step.
-    r.synchronization +=
-        sync.seconds +
-        ((2 + 2 * states) * (sharded ? shard_bytes : bytes) + 2 * grad) / m.memory_bandwidth;
+    // The update of the (sharded) weight and the gradient's zeroing.
+    r.synchronization += sync.seconds + m.update_seconds(sharded ? shard_bytes : bytes, grad);
     r.sync_bytes += sync.bytes;
 }
 

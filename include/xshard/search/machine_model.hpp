@@ -47,6 +47,13 @@ struct machine_model {
     /// own efficiency on its shapes, the ranks' contention).
     std::vector<std::pair<std::string, double>> op_scale{};
 
+    /// Seconds of one weight's update and its gradient's zeroing, memory-bound work each step:
+    /// the update reads and writes the weight's `weight_bytes` and each optimizer state of
+    /// that size and reads the gradient's `gradient_bytes`; the zeroing writes them.
+    double update_seconds(double weight_bytes, double gradient_bytes) const {
+        return ((2 + 2 * optimizer_states) * weight_bytes + 2 * gradient_bytes) / memory_bandwidth;
+    }
+
     /// The factor of primitive `op`'s price.
     double scale_of(std::string_view op) const {
         for (const auto& [name, f] : op_scale)

@@ -12,11 +12,11 @@
 /// proportion to those that do otherwise; the bytes it streams, `op_rules::passes` times, at the
 /// memory bandwidth, and the messages its kernels send themselves, `op_rules::kernel_seconds`: a
 /// window's halos over a split height or width), times the machine's factor for its primitive
-/// (`machine_model::op_scale`), and the gradient synchronisation of the weights it is the first
-/// to read. Each edge of the graph (a value from the node that
-/// writes it to a node that reads it) costs the redistribution of the value forward and of
-/// its cotangent backward, priced by the redistribution planner's own route
-/// (search/redistribution_pricer.hpp). The step's predicted time is the sum.
+/// (`machine_model::op_scale`), and the gradient synchronisation and update of the weights it
+/// is the first to read (the update and the gradients' zeroing at the memory bandwidth). Each edge
+/// of the graph (a value from the node that writes it to a node that reads it) costs the
+/// redistribution of the value forward and of its cotangent backward, priced by the redistribution
+/// planner's own route (search/redistribution_pricer.hpp). The step's predicted time is the sum.
 ///
 /// The minimum over every combination is found exactly: nodes are eliminated one by one as
 /// MindSpore's recursive programming does (a node with one neighbour folds into it, a node
@@ -119,7 +119,8 @@ struct node_strategy {
     std::size_t ways = 0;   ///< how many ways the node could run
     /// Seconds per step: its compute (forward and backward, with the messages its kernels
     /// send themselves, such as halos), the redistributions into it
-    /// (forward, and their cotangents backward), and its weights' gradient synchronisation.
+    /// (forward, and their cotangents backward), and its weights' gradient synchronisation
+    /// and update (with the gradients' zeroing, `machine_model::update_seconds`).
     double compute = 0, communication = 0, gradient_sync = 0;
     /// The best other way with every other node as chosen (within the memory cap), and the
     /// seconds it loses by (none when the node has no other such way).
@@ -183,8 +184,9 @@ struct program_strategy {
         for (const auto& n : nodes) {
             s += "  " + n.node + " (" + n.op + ")" + (n.annotated ? " annotated" : "") + ": " +
                  choice_text(n.layouts) + "\n    compute " + seconds_text(n.compute) +
-                 ", communication " + seconds_text(n.communication) + ", gradient sync " +
-                 seconds_text(n.gradient_sync) + "; " + std::to_string(n.ways) + " ways";
+                 ", communication " + seconds_text(n.communication) +
+                 ", gradient sync and update " + seconds_text(n.gradient_sync) + "; " +
+                 std::to_string(n.ways) + " ways";
             if (n.runner_up)
                 s += "; runner-up " + choice_text(*n.runner_up) + " loses " +
                      seconds_text(n.runner_up_loss);
@@ -942,8 +944,12 @@ private:
     /// A weight's bytes on the rank holding the most, laid out `l`, with its gradient and
     /// optimizer state.
     std::size_t weight_bytes(const program_value& v, const layout& l) const {
-        return volume(largest_shard(v.shape, l, v.type, mesh_).local) * element_bytes(v.type) *
-               std::size_t(2 + o_.machine.optimizer_states);
+        return local_bytes(v, l) * std::size_t(2 + o_.machine.optimizer_states);
+    }
+
+    /// A weight's bytes on the rank holding the most, laid out `l`.
+    std::size_t local_bytes(const program_value& v, const layout& l) const {
+        return volume(largest_shard(v.shape, l, v.type, mesh_).local) * element_bytes(v.type);
     }
 
     /// Whether node n keeps the operands' layouts of its annotation.
@@ -1198,7 +1204,7 @@ private:
     }
 
     /// Node k reads weight `id` as operand i: the first use lays the weight out and pays its
-    /// gradient synchronisation; a later use reads it from there.
+    /// gradient synchronisation and its update; a later use reads it from there.
     void add_weight_use(std::size_t k, std::size_t i, std::size_t id) {
         auto first = first_use_.find(id);
         if (first == first_use_.end()) {
@@ -1208,7 +1214,9 @@ private:
                 sync_[k].assign(ways_[k].size(), 0.0);
             for (std::size_t c = 0; c < ways_[k].size(); ++c) {
                 const auto w = whole_terms(ways_[k][c].choice.operands[i]);
-                const double s = price(cotangent_layout(w, mesh_), w, v.shape, v.type);
+                const double local = double(local_bytes(v, w));
+                const double s = price(cotangent_layout(w, mesh_), w, v.shape, v.type) +
+                                 o_.machine.update_seconds(local, local);
                 sync_[k][c] += s;
                 problem_.unary[k][c] += s;
                 memory_[k][c] += double(weight_bytes(v, w));
