@@ -106,6 +106,12 @@ struct op_rules {
     /// about twice backward (3); one that takes statistics first streams them more often.
     double passes = 3;
 
+    /// Bytes the kernels stream in a training step beyond the operands and the results (a
+    /// convolution's im2col columns): the search prices them at the memory bandwidth. None
+    /// by default.
+    double (*scratch_traffic)(const op_attributes&, std::span<const shard_type> operands,
+                              std::span<const shard_type> results) = nullptr;
+
     /// Seconds of the messages the kernels themselves send in a training step (forward and
     /// backward), beyond the redistributions on the node's edges: a window's halo exchanges
     /// over a split height or width, say. None by default.

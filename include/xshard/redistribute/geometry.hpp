@@ -221,6 +221,16 @@ constexpr std::size_t all_reduce_bytes(std::size_t n, std::size_t p) {
 
 } // namespace detail
 
+/// Seconds of MPI_Allreduce of `bytes` bytes over the ranks of `group` (`p` of them) with a
+/// latency-optimal algorithm (recursive doubling, or halving and doubling): 2 ceil(log2 p)
+/// rounds, 2 (p-1) / p of the bytes each way; the all_reduce link (or the group's own).
+inline double mpi_all_reduce_seconds(const cost_model& model, const mesh_shape& mesh,
+                                     axis_set group, std::size_t p, std::size_t bytes) {
+    return p > 1 ? model.seconds(step_kind::all_reduce, mesh, group, 2 * detail::ceil_log2(p),
+                                 detail::all_reduce_bytes(bytes, p), 0)
+                 : 0.0;
+}
+
 /// The cost of one step for one rank, under `model` (through shared memory when `shared`).
 template <std::size_t N>
 step_summary summarize(const step_traffic<N>& t, const mesh_shape& mesh, std::size_t element,
@@ -284,9 +294,7 @@ step_summary summarize(const step_traffic<N>& t, const mesh_shape& mesh, std::si
         // prefers the two steps to the one all-reduce.
         const std::size_t count = t.in_block.size(), n = count * element;
         const std::size_t mine = block_extent(count, p, std::size_t(t.group_rank)) * element;
-        const double latency_optimal =
-            model.seconds(step_kind::all_reduce, mesh, t.group, 2 * detail::ceil_log2(p),
-                          detail::all_reduce_bytes(n, p), 0);
+        const double latency_optimal = mpi_all_reduce_seconds(model, mesh, t.group, p, n);
         const double pairwise =
             model.seconds(step_kind::reduce_scatter, mesh, t.group,
                           tuning.pairwise_reduce_scatter(count, p, element) ? p - 1

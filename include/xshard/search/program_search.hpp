@@ -9,8 +9,9 @@
 /// most one dimension of an operand), with the operands' and results' layouts the rule
 /// gives. A way costs its compute, forward and backward (the primitive's FLOPs at the GEMM
 /// speed, forward and twice again backward when every operand takes a cotangent, in
-/// proportion to those that do otherwise; the bytes it streams, `op_rules::passes` times, at the
-/// memory bandwidth, and the messages its kernels send themselves, `op_rules::kernel_seconds`: a
+/// proportion to those that do otherwise; the bytes it streams, `op_rules::passes` times, and
+/// its kernels' own (`op_rules::scratch_traffic`: im2col's columns) at the memory bandwidth,
+/// and the messages its kernels send themselves, `op_rules::kernel_seconds`: a
 /// window's halos over a split height or width), times the machine's factor for its primitive
 /// (`machine_model::op_scale`), and the gradient synchronisation and update of the weights it
 /// is the first to read (the update and the gradients' zeroing at the memory bandwidth). Each edge
@@ -1017,12 +1018,14 @@ private:
             w.result_bytes += volume(res.back().local) * element_bytes(v.type);
             bytes += double(volume(res.back().local) * element_bytes(v.type));
         }
-        double flops = 0, passes = 3, messages = 0;
+        double flops = 0, passes = 3, scratch = 0, messages = 0;
         if (!n.custom) {
             const auto& rules = rules_named(n.op);
             if (rules.flops)
                 flops = rules.flops(n.attributes, ops, res);
             passes = rules.passes;
+            if (rules.scratch_traffic)
+                scratch = rules.scratch_traffic(n.attributes, ops, res);
             if (rules.kernel_seconds)
                 messages = rules.kernel_seconds(n.attributes, ops, res, mesh_, o_.machine.links);
         }
@@ -1041,7 +1044,7 @@ private:
             }
         const double backward = floating > 0 ? 2 * cotangents / floating : 0;
         w.compute = (1 + backward) * flops / o_.machine.gemm_flops +
-                    passes * bytes / o_.machine.memory_bandwidth + messages;
+                    (passes * bytes + scratch) / o_.machine.memory_bandwidth + messages;
         w.compute *= o_.machine.scale_of(n.op);
         return w;
     }

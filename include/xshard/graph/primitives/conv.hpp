@@ -308,6 +308,19 @@ inline double conv2d_flops(const op_attributes&, std::span<const shard_type> ops
     return 2.0 * double(results[0].count()) * double(w[1]) * double(w[2]) * double(w[3]);
 }
 
+/// im2col's columns, where the kernels run im2col and a GEMM (double, or float planes under
+/// oneDNN's threshold): written and read forward, again for the weights' gradient, and
+/// written by the GEMM and read by col2im for the input's.
+inline double conv2d_columns_bytes(const op_attributes& at, std::span<const shard_type> ops,
+                                   std::span<const shard_type>) {
+    const auto g = conv_geometry(at, ops[0].local, ops[1].local);
+    const std::size_t plane = g.out_h() * g.out_w();
+    if (ops[0].type == dtype::f32 && plane >= ops::conv_detail::onednn_min_plane)
+        return 0;
+    const double rows = double(g.in_channels) * double(g.kernel_h) * double(g.kernel_w);
+    return 6 * rows * double(g.batch) * double(plane) * double(element_bytes(ops[0].type));
+}
+
 /// The halo forward, and backward the band again (for the weight's gradient) and the adjoint.
 inline double conv2d_halo_seconds(const op_attributes& at, std::span<const shard_type> ops,
                                   std::span<const shard_type>, const mesh_shape& mesh,
@@ -322,6 +335,7 @@ inline constexpr op_rules conv2d_rules{.name = "conv2d",
                                        .batched = conv2d_batched,
                                        .resolve = conv2d_resolve,
                                        .flops = conv2d_flops,
+                                       .scratch_traffic = conv2d_columns_bytes,
                                        .kernel_seconds = conv2d_halo_seconds,
                                        .saves = saves_operand(0) | saves_operand(1)};
 

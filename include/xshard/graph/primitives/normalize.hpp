@@ -20,6 +20,7 @@
 #include <xshard/comm/collectives.hpp>
 #include <xshard/graph/primitive.hpp>
 #include <xshard/graph/primitives/elementwise.hpp>
+#include <xshard/redistribute/geometry.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -430,16 +431,34 @@ std::vector<T> local_channel_sums(const channel_geometry& g, const F& f, const D
     return sums;
 }
 
-/// `sums` summed over the ranks that split the batch or the dimensions after the channels
-/// (height and width): the whole batch's (one all-reduce).
+/// The mesh axes that split x's batch or its dimensions after the channels (height and
+/// width): those its statistics are summed over.
+inline axis_set statistics_axes(const shard_type& x, const mesh_shape& mesh) {
+    axis_set axes = x.l.split_axes(0, mesh);
+    for (std::size_t d = 2; d < x.rank(); ++d)
+        axes = axes | x.l.split_axes(d, mesh);
+    return axes;
+}
+
+/// `sums` summed over the ranks of `statistics_axes`: the whole batch's (one all-reduce).
 template <class T>
 void batch_total(const node_shards& s, std::vector<T>& sums) {
-    const auto& x = s.operands[0];
-    axis_set axes = x.l.split_axes(0, s.mesh->shape);
-    for (std::size_t d = 2; d < x.rank(); ++d)
-        axes = axes | x.l.split_axes(d, s.mesh->shape);
+    const axis_set axes = statistics_axes(s.operands[0], s.mesh->shape);
     if (!axes.empty() && !sums.empty())
         allreduce(s.mesh->group(axes), std::span(sums), reduction::sum);
+}
+
+/// Seconds of a batch norm node's all-reduces in a training step (`op_rules::kernel_seconds`):
+/// the mean and the variance forward (c values each), the two sums backward (2c values).
+inline double batch_norm_seconds(const op_attributes&, std::span<const shard_type> ops,
+                                 std::span<const shard_type>, const mesh_shape& mesh,
+                                 const cost_model& model) {
+    const auto& x = ops[0];
+    const axis_set axes = statistics_axes(x, mesh);
+    const auto p = std::size_t(mesh.group_size(axes));
+    const std::size_t c = x.local[1] * element_bytes(x.type);
+    return 2 * mpi_all_reduce_seconds(model, mesh, axes, p, c) +
+           mpi_all_reduce_seconds(model, mesh, axes, p, 2 * c);
 }
 
 /// How many values each channel's statistics are over: the whole batch's.
@@ -605,6 +624,7 @@ inline constexpr op_rules batch_norm_rules{.name = "batch_norm",
                                            // forward: the mean, the deviations, y; backward:
                                            // two sums, dx (the statistics kept)
                                            .passes = 5,
+                                           .kernel_seconds = batch_norm_seconds,
                                            .saves = saves_operand(0) | saves_operand(1)};
 
 // Cross-entropy.
