@@ -53,31 +53,36 @@ namespace xshard {
 
 namespace detail {
 
-/// Seconds of the fastest of `repeats` calls of `f`.
+/// Seconds of a typical call of `f`: the median of `repeats` calls after an untimed one (the
+/// first call faults the pages in and sets the library's buffers up). The median, not the
+/// fastest, since the search predicts a typical step: on a machine that other work shares,
+/// the fastest call sees an idle machine that the steps do not.
 template <class F>
-double fastest_of(int repeats, F&& f) {
-    double best = std::numeric_limits<double>::infinity();
-    for (int r = 0; r < repeats; ++r) {
+double typical_of(int repeats, F&& f) {
+    f();
+    std::vector<double> times;
+    for (int r = 0; r < std::max(repeats, 1); ++r) {
         const auto t0 = std::chrono::steady_clock::now();
         f();
-        best = std::min(
-            best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        times.push_back(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-    return best;
+    std::nth_element(times.begin(), times.begin() + std::ptrdiff_t(times.size() / 2), times.end());
+    return times[times.size() / 2];
 }
 
 } // namespace detail
 
-/// FLOP/s of this rank's GEMM of T: the fastest of `repeats` [rows, in] x [in, out] products.
-/// No communication.
+/// FLOP/s of this rank's GEMM of T: a typical one of `repeats` [rows, in] x [in, out] products
+/// (`detail::typical_of`). No communication.
 template <class T>
-double measure_gemm_flops(std::size_t rows, std::size_t in, std::size_t out, int repeats = 3) {
+double measure_gemm_flops(std::size_t rows, std::size_t in, std::size_t out, int repeats = 5) {
     std::vector<T> a(rows * in), b(in * out), c(rows * out);
     for (std::size_t i = 0; i < a.size(); ++i)
         a[i] = T(double(i % 17) / 17 - 0.5);
     for (std::size_t i = 0; i < b.size(); ++i)
         b[i] = T(double(i % 13) / 13 - 0.5);
-    const double s = detail::fastest_of(repeats, [&] {
+    const double s = detail::typical_of(repeats, [&] {
         detail::gemm(false, false, rows, out, in, a.data(), in, b.data(), out, false, c.data(),
                      out);
     });
@@ -87,11 +92,11 @@ double measure_gemm_flops(std::size_t rows, std::size_t in, std::size_t out, int
 /// Bytes/s of this rank's elementwise work as the cost model counts it: Momentum's update of
 /// `n` elements of T as the optimizer runs it (optim's `momentum_pass`: reads the weight, the
 /// gradient and the velocity, writes the weight and the velocity) and the gradient's zeroing,
-/// six passes over `n` elements; the fastest of `repeats`. No communication.
+/// six passes over `n` elements; a typical one of `repeats`. No communication.
 template <class T>
-double measure_update_bandwidth(std::size_t n, int repeats = 3) {
+double measure_update_bandwidth(std::size_t n, int repeats = 5) {
     std::vector<T> w(n, T(1)), g(n, T(0.5)), v(n, T(0.25));
-    const double s = detail::fastest_of(repeats, [&] {
+    const double s = detail::typical_of(repeats, [&] {
         detail::momentum_pass(w.data(), v.data(), g.data(), n, T(0.9), T(1e-3), false);
         std::fill(g.begin(), g.end(), T(0));
     });
@@ -247,11 +252,11 @@ inline link_fit calibrate_links(const communicator& c, const cost_model& base = 
 /// (by default 2^23: three arrays of 96 MiB of floats or 192 MiB of doubles, several times
 /// a server's last-level cache, so that the bandwidth is the memory's and not the cache's:
 /// at 2^21 floats a 32 MiB cache holds the arrays and the bandwidth measures twice the
-/// memory's).
+/// memory's), each the median of `repeats` calls after an untimed one.
 struct machine_sample {
     std::size_t rows = 64, in = 1024, out = 4096;
     std::size_t elements = std::size_t(1) << 23;
-    int repeats = 3;
+    int repeats = 5;
     /// Whether to fit the links too (`calibrate_links`, at `links`' sizes).
     bool fit_links = true;
     link_sample links = {};
