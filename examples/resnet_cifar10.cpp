@@ -319,6 +319,7 @@ int train(const options& o) {
         for (std::uint64_t epoch = 0; step < o.steps; ++epoch) {
             for (auto&& [x2, y] : batches.epoch(epoch)) {
                 auto x = image_batch<T>(mesh, x2, S);
+                const std::size_t rows = x2.shape()[0];
                 if (spatial) {
                     // Each mp rank keeps its band of rows: a slice, no message.
                     auto band = x.layout();
@@ -335,8 +336,7 @@ int train(const options& o) {
                         auto pl = feats->layout();
                         pl.dims[1] = head.value.layout().dims[1];
                         const nn::tensor<T, mesh_t> partial(xshard::detail::unchecked, mesh,
-                                                            {x2.shape()[0], classes},
-                                                            std::move(part), pl);
+                                                            {rows, classes}, std::move(part), pl);
                         return xshard::redistribute<xshard::dynamic_layout(2)>(partial,
                                                                                feats->layout());
                     }

@@ -163,7 +163,7 @@ int print_plan(const xshard::mesh_shape& mesh, const std::vector<std::size_t>& e
 template <std::size_t... I>
 int dispatch(std::size_t n, std::index_sequence<I...>, auto&&... args) {
     int rc = 0;
-    ((n == I ? (rc = print_plan<I>(args...), true) : false) || ...);
+    (void)((n == I ? (rc = print_plan<I>(args...), true) : false) || ...);
     return rc;
 }
 

@@ -336,9 +336,7 @@ public:
                 auto&& [x, y] = batch;
                 const double l = train_step(x, y);
                 losses.push_back(l);
-                std::size_t samples = 0;
-                if constexpr (requires { x.shape()[0]; })
-                    samples = std::size_t(x.shape()[0]);
+                const std::size_t samples = rows_of(x);
                 for (auto& c : callbacks)
                     if (c.on_step)
                         c.on_step({e, s, l, samples, std::int64_t(steps_)});
@@ -601,6 +599,15 @@ private:
             return xshard::load_checkpoint(path, net, optimizer_->state_of(net), all);
         else
             return xshard::load_checkpoint(path, net, std::tuple<>{}, all);
+    }
+
+    /// The rows of a batch that has a shape (the samples a step's callback reports), else 0.
+    template <class X>
+    static std::size_t rows_of(const X& x) {
+        if constexpr (requires { x.shape()[0]; })
+            return std::size_t(x.shape()[0]);
+        else
+            return 0;
     }
 
     template <class Dataset>

@@ -172,6 +172,8 @@ void for_each_weight(C&& c, F&& f) {
 template <class C>
 struct gradients_of {
     C& container;
+    explicit gradients_of(C& c)
+        : container(c) {}
     friend void visit_parameters(gradients_of& g, auto&& visit) {
         for_each_weight(g.container,
                         [&](const std::string& name, auto& w) { visit(name, w.grad); });

@@ -1195,7 +1195,7 @@ private:
                 } else if (v.kind == value_kind::weight) {
                     add_weight_use(k, i, id);
                 } else {
-                    const auto [u, j] = producer_[id];
+                    const std::size_t u = producer_[id].first, j = producer_[id].second;
                     add_value_edge(
                         id, u, k, [&](std::size_t iu) -> const layout& { return kept(u, iu, j); },
                         [&](std::size_t ik) -> const layout& {
@@ -1226,7 +1226,7 @@ private:
             }
             return;
         }
-        const auto [f, fi] = first->second;
+        const std::size_t f = first->second.first, fi = first->second.second;
         auto weight = [&](std::size_t c) {
             return whole_terms(ways_[f][c].choice.operands[fi]);
         };
@@ -1259,14 +1259,15 @@ private:
             }
             return std::make_pair(std::move(layouts), std::move(index));
         };
-        const auto [sources, source_of] = distinct(ways_[a].size(), from);
-        const auto [targets, target_of] = distinct(ways_[b].size(), to);
-        std::vector<double> prices(sources.size() * targets.size());
-        for (std::size_t s = 0; s < sources.size(); ++s)
-            for (std::size_t t = 0; t < targets.size(); ++t)
-                prices[s * targets.size() + t] = edge_price(id, sources[s], targets[t]);
+        const auto sources = distinct(ways_[a].size(), from);
+        const auto targets = distinct(ways_[b].size(), to);
+        const std::size_t columns = targets.first.size();
+        std::vector<double> prices(sources.first.size() * columns);
+        for (std::size_t s = 0; s < sources.first.size(); ++s)
+            for (std::size_t t = 0; t < columns; ++t)
+                prices[s * columns + t] = edge_price(id, sources.first[s], targets.first[t]);
         add_pair(a, b, [&](std::size_t ia, std::size_t ib) {
-            return prices[source_of[ia] * targets.size() + target_of[ib]];
+            return prices[sources.second[ia] * columns + targets.second[ib]];
         });
     }
 

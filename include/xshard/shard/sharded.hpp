@@ -111,7 +111,7 @@ private:
         const call_mesh cm = make_call_mesh();
         std::optional<detail::plan_use> use;
         if (plan_)
-            use.emplace(*plan_);
+            use.emplace(detail::plan_use{*plan_, {}});
         detail::plan_use* plan = use ? &*use : nullptr;
         // The prepared inputs, held by reference where nothing changes, by value otherwise.
         std::tuple<decltype(detail::shard_input(mesh_, cm, std::forward<Args>(args),
