@@ -114,7 +114,8 @@ struct op_rules {
 
     /// Seconds of the messages the kernels themselves send in a training step (forward and
     /// backward), beyond the redistributions on the node's edges: a window's halo exchanges
-    /// over a split height or width, say. None by default.
+    /// over a split height or width, batch norm's all-reduces of its statistics. None by
+    /// default.
     double (*kernel_seconds)(const op_attributes&, std::span<const shard_type> operands,
                              std::span<const shard_type> results, const mesh_shape&,
                              const cost_model&) = nullptr;

@@ -4,20 +4,20 @@
 /// `recursive_programming` modes for any traced network (graph/trace.hpp), in one process,
 /// without MPI, for a mesh of any axes and size (a dry run).
 ///
-/// Every node of the program is a variable whose values are the ways it can run: the
-/// layouts of its operands that its primitive's sharding rule accepts (each mesh axis on at
-/// most one dimension of an operand), with the operands' and results' layouts the rule
-/// gives. A way costs its compute, forward and backward (the primitive's FLOPs at the GEMM
-/// speed, forward and twice again backward when every operand takes a cotangent, in
-/// proportion to those that do otherwise; the bytes it streams, `op_rules::passes` times, and
-/// its kernels' own (`op_rules::scratch_traffic`: im2col's columns) at the memory bandwidth,
-/// and the messages its kernels send themselves, `op_rules::kernel_seconds`: a
-/// window's halos over a split height or width), times the machine's factor for its primitive
-/// (`machine_model::op_scale`), and the gradient synchronisation and update of the weights it
-/// is the first to read (the update and the gradients' zeroing at the memory bandwidth). Each edge
-/// of the graph (a value from the node that writes it to a node that reads it) costs the
-/// redistribution of the value forward and of its cotangent backward, priced by the redistribution
-/// planner's own route (search/redistribution_pricer.hpp). The step's predicted time is the sum.
+/// Every node of the program is a variable whose values are the ways it can run: the layouts of its
+/// operands that its primitive's sharding rule accepts (each mesh axis on at most one dimension of
+/// an operand), with the operands' and results' layouts the rule gives. A way costs its compute,
+/// forward and backward (the primitive's FLOPs at the GEMM speed, forward and twice again backward
+/// when every operand takes a cotangent, in proportion to those that do otherwise; the bytes it
+/// streams, `op_rules::passes` times, and its kernels' own (`op_rules::scratch_traffic`: im2col's
+/// columns) at the memory bandwidth, and the messages its kernels send themselves,
+/// `op_rules::kernel_seconds`: a window's halos over a split height or width, batch norm's
+/// all-reduces), times the machine's factor for its primitive (`machine_model::op_scale`), and the
+/// gradient synchronisation and update of the weights it is the first to read (the update and the
+/// gradients' zeroing at the memory bandwidth). Each edge of the graph (a value from the node that
+/// writes it to a node that reads it) costs the redistribution of the value forward and of its
+/// cotangent backward, priced by the redistribution planner's own route
+/// (search/redistribution_pricer.hpp). The step's predicted time is the sum.
 ///
 /// The minimum over every combination is found exactly: nodes are eliminated one by one as
 /// MindSpore's recursive programming does (a node with one neighbour folds into it, a node

@@ -314,11 +314,12 @@ inline double conv2d_flops(const op_attributes&, std::span<const shard_type> ops
 inline double conv2d_columns_bytes(const op_attributes& at, std::span<const shard_type> ops,
                                    std::span<const shard_type>) {
     const auto g = conv_geometry(at, ops[0].local, ops[1].local);
-    const std::size_t plane = g.out_h() * g.out_w();
-    if (ops[0].type == dtype::f32 && plane >= ops::conv_detail::onednn_min_plane)
+    if (ops[0].type == dtype::f32 &&
+        ops::conv_detail::use_onednn<float>(ops::conv_backend::automatic, g))
         return 0;
     const double rows = double(g.in_channels) * double(g.kernel_h) * double(g.kernel_w);
-    return 6 * rows * double(g.batch) * double(plane) * double(element_bytes(ops[0].type));
+    return 6 * rows * double(g.batch) * double(g.out_h() * g.out_w()) *
+           double(element_bytes(ops[0].type));
 }
 
 /// The halo forward, and backward the band again (for the weight's gradient) and the adjoint.
