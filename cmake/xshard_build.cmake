@@ -1,6 +1,8 @@
 # Helpers for xshard's own tests, examples and benchmarks (not installed).
 
 find_package(GTest REQUIRED)
+# clang, where installed: the io fuzzer's libFuzzer build and the examples' clang check.
+find_program(XSHARD_CLANGXX NAMES clang++ clang++-19 clang++-16 clang++-15 clang++-14)
 
 # Warnings for xshard's own code (third-party headers come in as system includes).
 function(xshard_warnings target)
