@@ -130,6 +130,22 @@ TEST(gradients, sum_and_mean_over_the_redundant_copies) {
     });
 }
 
+TEST(gradients, a_gradient_type_that_cannot_be_summed_raises_on_every_rank) {
+    // int16 has an MPI datatype but no synchronisation path: the synchronizer knows the
+    // element types from the containers and every rank raises before any bucket runs.
+    for_each_mesh([](const auto& m) {
+        using M = std::remove_cvref_t<decltype(m)>;
+        using short_tensor = xshard::dtensor<std::int16_t, M, xshard::dynamic_layout(2)>;
+        const layout l = xshard::testing::all_layouts(m.shape(), 2, false).front();
+        std::map<std::string, short_tensor> params, grads;
+        params.emplace("w", filled<std::int16_t>(m, {4, 3}, l, start));
+        grads.emplace("w", filled<std::int16_t>(m, {4, 3}, l, start));
+        xshard::testing::expect_error(
+            [&] { xshard::gradient_synchronizer sync(params, grads); },
+            "gradients must be float, double, float16, bfloat16, int32 or int64");
+    });
+}
+
 TEST(gradients, a_kept_synchronizer_follows_gradients_whose_storage_was_replaced) {
     for_each_mesh([](const auto& m) {
         using M = std::remove_cvref_t<decltype(m)>;

@@ -25,6 +25,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -64,22 +65,8 @@ public:
         , stats_(std::make_unique<allocation_stats>())
         , reducer_(tuning_, stats_.get())
         , rank_(mesh.rank()) {
-        const auto path = choose_route(candidates, mesh_, shape, sizeof(T), model, tuning).steps;
-        summary_ = summarize(path, mesh_, shape, sizeof(T), mesh.rank(), model, tuning);
-        from_block_ = block_of(candidates.from, mesh_, shape, mesh.rank());
-        to_block_ = block_of(candidates.to, mesh_, shape, mesh.rank());
-        // Intermediate blocks alternate between two buffers: step i writes buffer i % 2
-        // while reading the other.
-        std::size_t sizes[2] = {0, 0};
-        for (std::size_t i = 0; i < path.size(); ++i) {
-            auto g = geometry_of(path[i], mesh_, shape, mesh.rank());
-            if (i + 1 < path.size())
-                sizes[i % 2] = std::max(sizes[i % 2], g.out_block.size());
-            steps_.push_back(compile(mesh, std::move(g), i + 1 == path.size()));
-        }
-        for (int b = 0; b < 2; ++b)
-            intermediate_[b].resize(sizes[b]);
-        identity_ = path.empty();
+        build(candidates, model, tuning,
+              [&mesh](axis_set axes) -> const communicator& { return mesh.sub(axes); });
     }
 
     redistribution_plan(redistribution_plan&&) noexcept = default;
@@ -196,11 +183,34 @@ private:
             s.messages = message_batch(); // the MPI path's slots are not needed
     }
 
-    template <mesh_type Mesh>
-    compiled_step compile(const Mesh& mesh, step_geometry<N> g, bool last) {
+    /// The constructor's work, for every mesh type alike: `sub` gives the communicator of
+    /// this rank's group along a set of the mesh's axes.
+    void build(const plan_candidates& candidates, const cost_model& model,
+               const reduce_tuning& tuning,
+               const std::function<const communicator&(axis_set)>& sub) {
+        const auto path = choose_route(candidates, mesh_, shape_, sizeof(T), model, tuning).steps;
+        summary_ = summarize(path, mesh_, shape_, sizeof(T), rank_, model, tuning);
+        from_block_ = block_of(candidates.from, mesh_, shape_, rank_);
+        to_block_ = block_of(candidates.to, mesh_, shape_, rank_);
+        // Intermediate blocks alternate between two buffers: step i writes buffer i % 2
+        // while reading the other.
+        std::size_t sizes[2] = {0, 0};
+        for (std::size_t i = 0; i < path.size(); ++i) {
+            auto g = geometry_of(path[i], mesh_, shape_, rank_);
+            if (i + 1 < path.size())
+                sizes[i % 2] = std::max(sizes[i % 2], g.out_block.size());
+            const communicator& comm = sub(g.group);
+            steps_.push_back(compile(comm, std::move(g), i + 1 == path.size()));
+        }
+        for (int b = 0; b < 2; ++b)
+            intermediate_[b].resize(sizes[b]);
+        identity_ = path.empty();
+    }
+
+    compiled_step compile(const communicator& comm, step_geometry<N> g, bool last) {
         compiled_step s{std::move(g), {}, {}, {}, {}, {}, false, {}, false, last, nullptr, false};
         const auto& geo = s.geo;
-        s.comm = mesh.sub(geo.group);
+        s.comm = comm;
         switch (geo.planned.kind) {
         case step_kind::all_reduce:
             reducer_.reserve_all_reduce(geo.in_block.size(), std::size_t(geo.group_size));

@@ -24,6 +24,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -79,6 +80,40 @@ namespace detail {
 /// One parameter's local shard, type-erased (param/tensor_record.hpp).
 using param_ref = tensor_record;
 
+/// Gives record `r`, of a tensor whose local shard has shape `local`, the layout that
+/// `layouts` names for it, if any (counted in `found`), and records what is wrong: a layout
+/// that does not fit the mesh or the tensor, or a shard that its layout does not give this
+/// rank. The part of param_refs that does not depend on the tensor's type.
+inline void take_layout(param_ref& r, const layout_dict* layouts,
+                        std::span<const std::size_t> local, std::size_t& found) {
+    layout l = r.lay;
+    if (layouts) {
+        if (const auto it = layouts->find(r.name); it != layouts->end()) {
+            ++found;
+            try {
+                it->second.validate(r.mesh);
+                if (it->second.rank() != r.shape.size())
+                    throw std::invalid_argument("xshard: the layout " + it->second.to_string() +
+                                                " has another rank than the tensor");
+                l = it->second;
+            } catch (const std::invalid_argument& e) {
+                r.problem = std::string(e.what()) + " (parameter '" + r.name + "')";
+            }
+        }
+    }
+    const auto coords = r.mesh.coords(r.mesh_rank);
+    bool given = local.size() == r.shape.size();
+    for (std::size_t d = 0; given && d < local.size(); ++d)
+        given = local[d] == block_extent(r.shape[d], std::size_t(l.split_count(d, r.mesh)),
+                                         std::size_t(l.block_index(d, r.mesh, coords)));
+    if (!given)
+        r.problem = "xshard: parameter '" + r.name + "' has a local shard of shape " +
+                    shape_string(local) + ", which its layout " + l.to_string() +
+                    " does not give rank " + std::to_string(r.mesh_rank);
+    r.lay = l;
+    r.replicated = l.replicated_axes(r.mesh);
+}
+
 /// The records of every parameter of a container (a tensor's mesh must outlive them). A
 /// parameter named in `layouts` takes its redundancy from that layout instead of its own; a
 /// name there that no parameter has, a layout that does not fit the mesh, or a shard whose
@@ -89,35 +124,11 @@ std::vector<param_ref> param_refs(C& c, const layout_dict* layouts = nullptr) {
     std::vector<param_ref> refs;
     std::size_t found = 0;
     for_each_parameter(c, [&](const std::string& name, auto& t) {
-        using D = std::remove_cvref_t<decltype(t)>;
-        const auto& mesh = t.mesh();
-        std::string problem;
-        layout l = t.layout();
-        if (layouts) {
-            if (const auto it = layouts->find(name); it != layouts->end()) {
-                ++found;
-                try {
-                    it->second.validate(mesh.shape());
-                    if (it->second.rank() != D::rank)
-                        throw std::invalid_argument("xshard: the layout " + it->second.to_string() +
-                                                    " has another rank than the tensor");
-                    l = it->second;
-                } catch (const std::invalid_argument& e) {
-                    problem = std::string(e.what()) + " (parameter '" + name + "')";
-                }
-            }
-        }
-        if (to_array<D::rank>(t.local().shape()) !=
-            block_of(l, mesh.shape(), t.shape(), mesh.rank()).extent)
-            problem = "xshard: parameter '" + name + "' has a local shard of shape " +
-                      shape_string(t.local().shape()) + ", which its layout " + l.to_string() +
-                      " does not give rank " + std::to_string(mesh.rank());
-        auto r = record_of(name, t);
-        r.lay = l;
-        r.replicated = l.replicated_axes(mesh.shape());
-        r.group = &mesh.sub(r.replicated);
-        r.problem = problem;
-        refs.push_back(std::move(r));
+        auto& r = refs.emplace_back(record_of(name, t));
+        const auto& shape = t.local().shape();
+        const std::vector<std::size_t> local(shape.begin(), shape.end());
+        take_layout(r, layouts, local, found);
+        r.group = &t.mesh().sub(r.replicated);
     });
     if (layouts && found != layouts->size() && !refs.empty()) {
         for (const auto& entry : *layouts)

@@ -89,25 +89,6 @@ struct gradient_options {
 
 namespace detail {
 
-/// Calls `f(T{})` for the element type `t` among those gradients may have.
-template <class F>
-void with_element_type(std::type_index t, F&& f) {
-    if (t == typeid(float))
-        f(float{});
-    else if (t == typeid(double))
-        f(double{});
-    else if (t == typeid(float16))
-        f(float16{});
-    else if (t == typeid(bfloat16))
-        f(bfloat16{});
-    else if (t == typeid(std::int32_t))
-        f(std::int32_t{});
-    else if (t == typeid(std::int64_t))
-        f(std::int64_t{});
-    else
-        throw error("xshard: gradients must be float, double, float16, bfloat16, int32 or int64");
-}
-
 /// What a bucket's all-reduce does to its sums (the `finish` of comm/node_reduce.hpp): divide
 /// them by the number of copies for a mean, nothing when `copies` is 1.
 struct divide_by {
@@ -161,14 +142,14 @@ public:
         refs_ = detail::param_refs(grads, &layouts);
         if (refs_.empty())
             return;
-        std::optional<std::string> problem = detail::first_problem(refs_);
-        const auto names = parameter_names(params, /*trainable_only=*/true);
-        if (!problem)
-            problem = options.fusion.allreduce.problem(refs_.size());
-        if (!problem && names != parameter_names(grads))
-            problem =
-                "xshard: synchronize_gradients: the gradients do not have the parameters' names";
-        agree_on_error(*refs_.front().mesh_comm, problem);
+        // Each gradient's typed steps, instantiated for the element types `grads` holds.
+        std::vector<const typed_steps*> steps;
+        for_each_parameter(grads, [&](const std::string&, auto& t) {
+            steps.push_back(steps_for<typename std::remove_cvref_t<decltype(t)>::value_type>(
+                options.fp32_communication));
+        });
+        const bool same_names =
+            parameter_names(params, /*trainable_only=*/true) == parameter_names(grads);
         // Summed, the gradients hold what their parameters' layouts say (unsummed, a weight's
         // gradient holds this rank's term, laid out as the dual: see param/weight.hpp).
         relabel_ = [&grads, layouts] {
@@ -196,43 +177,7 @@ public:
                 r.cdata = reinterpret_cast<const std::byte*>(local.data());
             });
         };
-        // Buckets in reverse order: the backward pass produces the last layers' gradients first.
-        std::vector<std::size_t> chosen;
-        for (std::size_t i = refs_.size(); i-- > 0;)
-            if (refs_[i].mesh.group_size(refs_[i].replicated) > 1)
-                chosen.push_back(i);
-        // index mode: the segment of the parameter's index is part of the key (buckets never
-        // cross a boundary); it is 0 in the other modes.
-        const auto& fusion = options.fusion.allreduce;
-        buckets_ = detail::make_buckets<std::tuple<std::size_t, std::uint32_t, std::type_index>>(
-            refs_, chosen, fusion.bytes(), [&](std::size_t i) {
-                return std::tuple(fusion.segment(i), refs_[i].replicated.bits, refs_[i].type);
-            });
-        bucket_of_.assign(refs_.size(), -1);
-        shared_.assign(buckets_.size(), 0);
-        finished_.assign(buckets_.size(), 0);
-        for (std::size_t k = 0; k < buckets_.size(); ++k) {
-            for (std::size_t i : buckets_[k].members)
-                bucket_of_[i] = int(k);
-            const auto& first = refs_[buckets_[k].members.front()];
-            const bool widen = options.fp32_communication && first.element == 2;
-            // Whether the bucket's group shares a node (collective over the group, the
-            // buckets in the same order on every member).
-            if (options.shared_memory)
-                with_wire(k, [&]<class Wire, class T>() {
-                    shared_[k] = reducer_for<Wire>().shares_node(*first.group);
-                });
-            // No buffer for a bucket reduced on its gradients: one parameter, or several
-            // through shared memory, in their own type.
-            const bool unpacked = !widen && (buckets_[k].members.size() == 1 || shared_[k]);
-            const std::size_t size = unpacked ? 0
-                                              : buckets_[k].bytes / first.element *
-                                                    (widen ? sizeof(float) : first.element);
-            buffers_.emplace_back(size);
-        }
-        waiting_.assign(buckets_.size(), 0);
-        started_.assign(buckets_.size(), 0);
-        requests_.resize(buckets_.size());
+        plan(std::move(steps), same_names);
     }
 
     /// Synchronises every gradient now (blocking).
@@ -287,18 +232,88 @@ public:
     }
 
 private:
-    /// Calls `f.template operator()<Wire, T>()` for bucket k's gradient type T and the type
-    /// Wire it is all-reduced in (T, or float for T 16-bit with fp32_communication).
-    template <class F>
-    void with_wire(std::size_t k, F&& f) {
-        detail::with_element_type(refs_[buckets_[k].members.front()].type, [&](auto zero) {
-            using T = decltype(zero);
-            if constexpr (sixteen_bit_float<T>) {
-                if (options_.fp32_communication)
-                    return f.template operator()<float, T>();
-            }
-            f.template operator()<T, T>();
-        });
+    /// The steps of a bucket of gradients of type T all-reduced in type Wire (T, or float for
+    /// T 16-bit with fp32_communication). Held by pointer, so that only the element types of
+    /// the container given to the constructor are instantiated.
+    struct typed_steps {
+        void (gradient_synchronizer::*reduce)(std::size_t, bool);
+        void (gradient_synchronizer::*unpack)(std::size_t);
+        bool (gradient_synchronizer::*shares_node)(const communicator&);
+    };
+
+    template <class Wire, class T>
+    static const typed_steps* steps_of() {
+        static constexpr typed_steps steps{&gradient_synchronizer::reduce<Wire, T>,
+                                           &gradient_synchronizer::unpack<Wire, T>,
+                                           &gradient_synchronizer::shares_node<Wire>};
+        return &steps;
+    }
+
+    /// The steps of gradients of type T; null for a type gradients cannot have.
+    template <class T>
+    static const typed_steps* steps_for(bool fp32_communication) {
+        if constexpr (sixteen_bit_float<T>)
+            return fp32_communication ? steps_of<float, T>() : steps_of<T, T>();
+        else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                           std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t>)
+            return steps_of<T, T>();
+        else
+            return nullptr;
+    }
+
+    template <class Wire>
+    bool shares_node(const communicator& group) {
+        return reducer_for<Wire>().shares_node(group);
+    }
+
+    /// The constructor's part that does not depend on the containers' types: checks (agreed
+    /// on every rank), the buckets, their paths and their buffers.
+    void plan(std::vector<const typed_steps*> steps, bool same_names) {
+        std::optional<std::string> problem = detail::first_problem(refs_);
+        if (!problem && std::find(steps.begin(), steps.end(), nullptr) != steps.end())
+            problem = "xshard: gradients must be float, double, float16, bfloat16, int32 or int64";
+        if (!problem)
+            problem = options_.fusion.allreduce.problem(refs_.size());
+        if (!problem && !same_names)
+            problem =
+                "xshard: synchronize_gradients: the gradients do not have the parameters' names";
+        agree_on_error(*refs_.front().mesh_comm, problem);
+        // Buckets in reverse order: the backward pass produces the last layers' gradients first.
+        std::vector<std::size_t> chosen;
+        for (std::size_t i = refs_.size(); i-- > 0;)
+            if (refs_[i].mesh.group_size(refs_[i].replicated) > 1)
+                chosen.push_back(i);
+        // index mode: the segment of the parameter's index is part of the key (buckets never
+        // cross a boundary); it is 0 in the other modes.
+        const auto& fusion = options_.fusion.allreduce;
+        buckets_ = detail::make_buckets<std::tuple<std::size_t, std::uint32_t, std::type_index>>(
+            refs_, chosen, fusion.bytes(), [&](std::size_t i) {
+                return std::tuple(fusion.segment(i), refs_[i].replicated.bits, refs_[i].type);
+            });
+        bucket_of_.assign(refs_.size(), -1);
+        shared_.assign(buckets_.size(), 0);
+        finished_.assign(buckets_.size(), 0);
+        for (std::size_t k = 0; k < buckets_.size(); ++k) {
+            for (std::size_t i : buckets_[k].members)
+                bucket_of_[i] = int(k);
+            const auto& first = refs_[buckets_[k].members.front()];
+            steps_.push_back(steps[buckets_[k].members.front()]);
+            const bool widen = options_.fp32_communication && first.element == 2;
+            // Whether the bucket's group shares a node (collective over the group, the
+            // buckets in the same order on every member).
+            if (options_.shared_memory)
+                shared_[k] = (this->*steps_[k]->shares_node)(*first.group);
+            // No buffer for a bucket reduced on its gradients: one parameter, or several
+            // through shared memory, in their own type.
+            const bool unpacked = !widen && (buckets_[k].members.size() == 1 || shared_[k]);
+            const std::size_t size = unpacked ? 0
+                                              : buckets_[k].bytes / first.element *
+                                                    (widen ? sizeof(float) : first.element);
+            buffers_.emplace_back(size);
+        }
+        waiting_.assign(buckets_.size(), 0);
+        started_.assign(buckets_.size(), 0);
+        requests_.resize(buckets_.size());
     }
 
     /// The finish of bucket k's all-reduce (the mean's division).
@@ -312,7 +327,7 @@ private:
         refresh_();
         waiting_[k] = buckets_[k].members.size();
         started_[k] = 1;
-        with_wire(k, [&]<class Wire, class T>() { reduce<Wire, T>(k, nonblocking); });
+        (this->*steps_[k]->reduce)(k, nonblocking);
     }
 
     /// All-reduces bucket k in type Wire: on the gradients themselves for a bucket of one
@@ -395,7 +410,7 @@ private:
         if (refresh_)
             refresh_();
         for (std::size_t k = 0; k < buckets_.size(); ++k) {
-            with_wire(k, [&]<class Wire, class T>() { unpack<Wire, T>(k); });
+            (this->*steps_[k]->unpack)(k);
             waiting_[k] = 0;
             started_[k] = 0;
         }
@@ -428,6 +443,7 @@ private:
     std::function<void()> relabel_; // the gradients' layouts once summed
     std::function<void()> refresh_; // the gradients' current addresses into refs_
     std::vector<detail::bucket> buckets_;
+    std::vector<const typed_steps*> steps_; // bucket k's typed steps
     std::vector<int> bucket_of_;
     // From node storage when it is open (else the heap): filled by packing.
     std::vector<std::vector<std::byte, detail::packing_allocator<std::byte>>> buffers_;

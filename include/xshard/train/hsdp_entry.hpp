@@ -22,8 +22,20 @@
 #include <string>
 #include <typeindex>
 #include <utility>
+#include <vector>
 
 namespace xshard::detail {
+
+struct hsdp_entry;
+struct hsdp_exchange;
+class hsdp_spaces;
+
+/// Plans one fused exchange of entries of element type T (defined in train/hsdp_exchange.hpp,
+/// which includes this header).
+template <class T>
+hsdp_exchange plan_hsdp_exchange_of(std::vector<hsdp_entry>& entries, const hsdp_spaces& spaces,
+                                    std::vector<std::size_t> members, bool gather, int tag,
+                                    bool release_buffers);
 
 /// One sharded weight's operations, type-erased.
 struct hsdp_entry {
@@ -43,6 +55,10 @@ struct hsdp_entry {
     std::function<const void*(bool)> source;
     std::function<void*(bool)> destination;
     std::type_index type = typeid(void);
+    /// plan_hsdp_exchange_of for the weight's element type: only the types of the weights
+    /// sharded are instantiated.
+    hsdp_exchange (*plan_exchange)(std::vector<hsdp_entry>&, const hsdp_spaces&,
+                                   std::vector<std::size_t>, bool, int, bool) = nullptr;
     std::size_t bytes = 0;
     bool reduced = false; ///< the shard's gradient holds this step's reduction
     /// Where the shard lives (train/hsdp_spaces.hpp): 0 the weights' mesh, s > 0 a copy mesh
@@ -233,6 +249,7 @@ hsdp_entry make_hsdp_entry(const std::string& name, W& w, const layout& sharded,
                             std::move(back), std::move(scatter));
     set_exchange_part(e, p, l);
     e.type = typeid(T);
+    e.plan_exchange = &plan_hsdp_exchange_of<T>;
     e.bytes = bytes;
     set_storage(e, p, value_extent, l.terms);
     return e;

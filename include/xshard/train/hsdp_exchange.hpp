@@ -9,7 +9,6 @@
 
 #include <xshard/redistribute/batch.hpp>
 #include <xshard/train/buckets.hpp>
-#include <xshard/train/gradients.hpp>
 #include <xshard/train/hsdp_entry.hpp>
 #include <xshard/train/hsdp_spaces.hpp>
 
@@ -37,52 +36,59 @@ struct hsdp_exchange {
 /// time, blocking, so one tag serves them all.
 inline constexpr int hsdp_bucket_tag = 7;
 
-/// One exchange of the weights `members` of `entries` (of one element type and one space of
+/// One exchange of the weights `members` of `entries` (of element type T and one space of
 /// `spaces`) on message tag `tag` (exchanges in flight at once use distinct tags): their
 /// all-gather (`gather`) or the reduce-scatter of their terms, which on a copy mesh ends
 /// with the sum over the copies. With `release_buffers` (level3, which holds memory only
 /// while in use) the staging buffers are freed after each exchange. `entries` must outlive
 /// the exchange, its elements kept in place.
-inline hsdp_exchange plan_hsdp_exchange(std::vector<hsdp_entry>& entries, const hsdp_spaces& spaces,
-                                        std::vector<std::size_t> members, bool gather, int tag,
-                                        bool release_buffers) {
+template <class T>
+hsdp_exchange plan_hsdp_exchange_of(std::vector<hsdp_entry>& entries, const hsdp_spaces& spaces,
+                                    std::vector<std::size_t> members, bool gather, int tag,
+                                    bool release_buffers) {
     hsdp_exchange f;
     f.members = std::move(members);
     const int space = entries[f.members.front()].space;
     std::vector<hsdp_entry>* list = &entries;
-    with_element_type(entries[f.members.front()].type, [&](auto zero) {
-        using T = decltype(zero);
-        auto plan =
-            std::make_shared<batch_redistribution_plan<T>>(spaces.comm(space), spaces.shape(space));
-        for (std::size_t i : f.members)
-            entries[i].add_to(plan.get(), gather);
-        f.start = [list, plan, members = f.members, gather, tag] {
-            std::vector<const T*> in;
-            std::vector<T*> dst;
-            for (std::size_t i : members) {
-                in.push_back(static_cast<const T*>((*list)[i].source(gather)));
-                dst.push_back(static_cast<T*>((*list)[i].destination(gather)));
-            }
-            plan->start(in, dst, tag);
-        };
-        f.finish = [list, plan, members = f.members, gather, release_buffers] {
-            plan->finish();
-            if (release_buffers)
-                plan->release_buffers();
-            if (!gather)
-                for (std::size_t i : members)
-                    if ((*list)[i].across_reduce)
-                        (*list)[i].across_reduce();
-        };
-        f.test = [plan] {
-            return plan->test();
-        };
-        f.run = [start = f.start, finish = f.finish] {
-            start();
-            finish();
-        };
-    });
+    auto plan =
+        std::make_shared<batch_redistribution_plan<T>>(spaces.comm(space), spaces.shape(space));
+    for (std::size_t i : f.members)
+        entries[i].add_to(plan.get(), gather);
+    f.start = [list, plan, members = f.members, gather, tag] {
+        std::vector<const T*> in;
+        std::vector<T*> dst;
+        for (std::size_t i : members) {
+            in.push_back(static_cast<const T*>((*list)[i].source(gather)));
+            dst.push_back(static_cast<T*>((*list)[i].destination(gather)));
+        }
+        plan->start(in, dst, tag);
+    };
+    f.finish = [list, plan, members = f.members, gather, release_buffers] {
+        plan->finish();
+        if (release_buffers)
+            plan->release_buffers();
+        if (!gather)
+            for (std::size_t i : members)
+                if ((*list)[i].across_reduce)
+                    (*list)[i].across_reduce();
+    };
+    f.test = [plan] {
+        return plan->test();
+    };
+    f.run = [start = f.start, finish = f.finish] {
+        start();
+        finish();
+    };
     return f;
+}
+
+/// One exchange of the weights `members` of `entries`, of one element type (see
+/// plan_hsdp_exchange_of, which each entry names for its own type).
+inline hsdp_exchange plan_hsdp_exchange(std::vector<hsdp_entry>& entries, const hsdp_spaces& spaces,
+                                        std::vector<std::size_t> members, bool gather, int tag,
+                                        bool release_buffers) {
+    const auto plan = entries[members.front()].plan_exchange;
+    return plan(entries, spaces, std::move(members), gather, tag, release_buffers);
 }
 
 /// Per element type and space, one exchange of `members` (see plan_hsdp_exchange), on tags
