@@ -207,13 +207,18 @@ inline scope_agreement agree_on_scope(const communicator& c, char mine, int my_o
     return std::move(out);
 }
 
-/// Opens a failure scope over `c` (see `run_agreed`): raises at once when `c` is broken,
+/// Opens a failure scope over `c` (see `run_scope`): raises at once when `c` is broken,
 /// and makes the agreement communicator while every rank is here.
 inline void open_scope(const communicator& c, std::string_view what) {
     require_whole(c, what);
     if (c.size() > 1)
         agreement_comm(c);
 }
+
+/// How a failure scope ends on failure, on every rank: throws, given the failing rank it
+/// reports (in MPI_COMM_WORLD), its message, and this rank's own exception or null.
+using scope_failure = void (*)(int origin, const std::string& message,
+                               std::exception_ptr failure);
 
 /// Closes a failure scope over `c` opened when this rank had given up `abandoned` waits: its
 /// `outcome` (a rank that failed first-hand has sent its notice already, to the members of
@@ -223,10 +228,9 @@ inline void open_scope(const communicator& c, std::string_view what) {
 /// rank gave up a wait, marks `c` and every communicator xshard owns broken (which ones the
 /// others gave up on, a rank cannot tell); and calls `fail(origin, text, failure)`, which
 /// throws.
-template <class Fail>
-void close_scope(const communicator& c, std::uint64_t abandoned, char outcome, int origin,
-                 const std::string& message, std::exception_ptr failure, Fail& fail,
-                 const communicator& told) {
+inline void close_scope(const communicator& c, std::uint64_t abandoned, char outcome, int origin,
+                        const std::string& message, std::exception_ptr failure,
+                        scope_failure fail, const communicator& told) {
     if (c.size() == 1) {
         if (failure)
             std::rethrow_exception(failure);
@@ -256,34 +260,24 @@ void close_scope(const communicator& c, std::uint64_t abandoned, char outcome, i
     fail(agreement.origin, agreement.message, failure);
 }
 
-/// Runs `f()` as a failure scope over `c` and agrees on whether it threw. A rank whose `f`
-/// throws (other than `peer_failure`, which says another rank failed) first sends its
-/// message to every other member (comm/watch.hpp), so that members waiting in a collective
-/// that rank will never reach raise `peer_failure`, and then joins the agreement, which runs
-/// on a communicator of its own. On failure every rank calls `fail(origin, text, failure)`
-/// (the failing rank reported, in MPI_COMM_WORLD, its message, this rank's own exception,
-/// or null where it raised none or a `peer_failure`), which throws; when some rank gave up a
-/// collective, every rank marks `c` broken first. Collective: one all-gather of one byte per rank
-/// (plus two broadcasts on failure, and the first time for `c`, one MPI_Comm_dup).
-template <class F, class Fail>
-decltype(auto) run_agreed(const communicator& c, F& f, Fail fail) {
-    using result_t = std::invoke_result_t<F&>;
-    using stored_t =
-        std::conditional_t<std::is_reference_v<result_t>,
-                           std::reference_wrapper<std::remove_reference_t<result_t>>, result_t>;
+/// Runs `body(state)` as a failure scope over `c` and agrees on whether it threw. A rank
+/// whose body throws (other than `peer_failure`, which says another rank failed) first sends
+/// its message to every other member (comm/watch.hpp), so that members waiting in a
+/// collective that rank will never reach raise `peer_failure`, and then joins the agreement,
+/// which runs on a communicator of its own. On failure every rank calls `fail` (see
+/// `scope_failure`; the exception is null where this rank raised none or a `peer_failure`),
+/// which throws; when some rank gave up a collective, every rank marks `c` broken first.
+/// The type-free part of `run_agreed`, compiled once whatever the callables.
+inline void run_scope(const communicator& c, void (*body)(void*), void* state,
+                      scope_failure fail) {
     open_scope(c, "an agreed call");
     const auto abandoned = watch().abandoned;
     std::exception_ptr failure;
     char outcome = 0;
     int origin = world_rank();
     std::string message;
-    [[maybe_unused]] std::optional<std::conditional_t<std::is_void_v<result_t>, nothing, stored_t>>
-        result;
     try {
-        if constexpr (std::is_void_v<result_t>)
-            f();
-        else
-            result.emplace(f());
+        body(state);
     } catch (const peer_failure& e) { // raised again below as every other rank raises
         outcome = scope_failed;
         origin = e.rank();
@@ -300,6 +294,26 @@ decltype(auto) run_agreed(const communicator& c, F& f, Fail fail) {
     if (outcome & scope_announced)
         announce_failure(c.native(), message);
     close_scope(c, abandoned, outcome, origin, message, failure, fail, c);
+}
+
+/// Runs `f()` as a failure scope over `c` (`run_scope`) and returns what it returned.
+/// Collective: one all-gather of one byte per rank (plus two broadcasts on failure, and the
+/// first time for `c`, one MPI_Comm_dup).
+template <class F>
+decltype(auto) run_agreed(const communicator& c, F& f, scope_failure fail) {
+    using result_t = std::invoke_result_t<F&>;
+    using stored_t =
+        std::conditional_t<std::is_reference_v<result_t>,
+                           std::reference_wrapper<std::remove_reference_t<result_t>>, result_t>;
+    [[maybe_unused]] std::optional<std::conditional_t<std::is_void_v<result_t>, nothing, stored_t>>
+        result;
+    auto call = [&] {
+        if constexpr (std::is_void_v<result_t>)
+            f();
+        else
+            result.emplace(f());
+    };
+    run_scope(c, [](void* p) { (*static_cast<decltype(call)*>(p))(); }, &call, fail);
     if constexpr (std::is_reference_v<result_t>)
         return static_cast<result_t>(result->get());
     else if constexpr (!std::is_void_v<result_t>)
@@ -309,26 +323,40 @@ decltype(auto) run_agreed(const communicator& c, F& f, Fail fail) {
 
 } // namespace detail
 
+namespace detail {
+
+/// How `agreed<Error>` ends a failed scope: a rank rethrows its own exception, the others
+/// throw `Error` naming the failing rank.
+template <class Error>
+[[noreturn]] void raise_agreed(int origin, const std::string& text, std::exception_ptr failure) {
+    if (failure)
+        std::rethrow_exception(failure);
+    if constexpr (std::is_same_v<Error, peer_failure>)
+        throw peer_failure(origin, text);
+    else
+        throw Error("xshard: rank " + std::to_string(origin) + " failed: " + text);
+}
+
+/// How `agreed_alike<Error>` ends a failed scope: every rank throws the same `Error`.
+template <class Error>
+[[noreturn]] void raise_alike(int, const std::string& text, std::exception_ptr) {
+    throw Error(text);
+}
+
+} // namespace detail
+
 /// Runs `f()` on every rank of `c` as a failure scope and agrees on the outcome before
 /// returning: when `f` throws on some ranks, each of them rethrows its own exception and
 /// every other rank throws `Error` (by default `peer_failure`) naming the failing rank (in
 /// MPI_COMM_WORLD) and its message; otherwise returns what `f` returned. A rank that fails
 /// while others wait in a collective it will not reach ends their wait (see
-/// `detail::run_agreed`); `c` and the communicators xshard owns are then broken on every
+/// `detail::run_scope`); `c` and the communicators xshard owns are then broken on every
 /// rank (`communicator::broken()`). Collective: one all-gather of one byte per rank (plus two
 /// broadcasts on failure).
 template <class Error = peer_failure, class F>
 requires std::invocable<F&>
 decltype(auto) agreed(const communicator& c, F&& f) {
-    return detail::run_agreed(
-        c, f, [](int origin, const std::string& text, std::exception_ptr failure) {
-            if (failure)
-                std::rethrow_exception(failure);
-            if constexpr (std::is_same_v<Error, peer_failure>)
-                throw peer_failure(origin, text);
-            else
-                throw Error("xshard: rank " + std::to_string(origin) + " failed: " + text);
-        });
+    return detail::run_agreed(c, f, &detail::raise_agreed<Error>);
 }
 
 /// `agreed`, but when `f` throws on some ranks every rank throws the same `Error` with the
@@ -337,9 +365,7 @@ decltype(auto) agreed(const communicator& c, F&& f) {
 template <class Error = error, class F>
     requires std::invocable<F&>
 decltype(auto) agreed_alike(const communicator& c, F&& f) {
-    return detail::run_agreed(c, f, [](int, const std::string& text, std::exception_ptr) {
-        throw Error(text);
-    });
+    return detail::run_agreed(c, f, &detail::raise_alike<Error>);
 }
 
 } // namespace xshard

@@ -423,18 +423,27 @@ public:
     /// The weights, by the program's names (parameter traversal, param/traversal.hpp), then
     /// those of its custom nodes ("<node>.<weight>").
     friend void visit_parameters(compiled_program& c, auto&& visit) {
-        for (std::size_t i = 0; i < c.s_->weights.size(); ++i)
-            std::visit([&](auto& w) { visit(c.s_->weight_name(i), w); }, c.s_->weights[i]);
-        for (std::size_t n = 0; n < c.s_->customs.size(); ++n)
-            if (c.s_->customs[n])
-                c.s_->customs[n]->visit_weights([&](const std::string& name,
-                                                    weight_ref<T, Mesh> w) {
-                    std::visit([&](auto* p) { visit(c.s_->prog.nodes()[n].name + "." + name, *p); },
-                               w);
-                });
+        for (const auto& [name, w] : c.named_weights())
+            std::visit([&](auto* p) { visit(name, *p); }, w);
     }
 
 private:
+    /// The weights `visit_parameters` visits, in its order, with their names: built once per
+    /// visit, so that a visitor is compiled once per weight type, not once more for the
+    /// custom nodes' weights.
+    std::vector<std::pair<std::string, weight_ref<T, Mesh>>> named_weights() {
+        std::vector<std::pair<std::string, weight_ref<T, Mesh>>> out;
+        for (std::size_t i = 0; i < s_->weights.size(); ++i)
+            std::visit([&](auto& w) { out.emplace_back(s_->weight_name(i), &w); }, s_->weights[i]);
+        for (std::size_t n = 0; n < s_->customs.size(); ++n)
+            if (s_->customs[n])
+                s_->customs[n]->visit_weights(
+                    [&](const std::string& name, weight_ref<T, Mesh> w) {
+                        out.emplace_back(s_->prog.nodes()[n].name + "." + name, w);
+                    });
+        return out;
+    }
+
     struct state {
         program prog;
         Mesh mesh;

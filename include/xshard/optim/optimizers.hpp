@@ -179,6 +179,21 @@ void require_complete_gradient(std::string_view who, const std::string& name, co
                     "; sum it over the weight's replicas (synchronize_gradients) before a step");
 }
 
+/// Throws: weight `name` has `held` state slots, not those of `slots` that `who` keeps.
+[[noreturn]] inline void throw_slot_count(std::string_view who,
+                                          std::span<const std::string_view> slots,
+                                          const std::string& name, std::size_t held) {
+    std::string kept;
+    for (auto s : slots)
+        kept += (kept.empty() ? "" : ", ") + std::string(s);
+    throw error("xshard: " + std::string(who) + ": weight '" + name + "' has " +
+                std::to_string(held) + " state slot(s) but " + std::string(who) + " keeps " +
+                std::to_string(slots.size()) +
+                (kept.empty() ? std::string() : " (" + kept + ")") +
+                "; another optimizer stepped it: xshard::optim::clear_state(model) drops "
+                "its state");
+}
+
 /// Gives weight `name` zero state slots, one per name in `slots`, if it has none; throws if
 /// it has another number of them or one unlike its value.
 template <class W>
@@ -196,17 +211,8 @@ void prepare_slots(std::string_view who, std::span<const std::string_view> slots
         }
         return;
     }
-    if (w.state.size() != slots.size()) {
-        std::string kept;
-        for (auto s : slots)
-            kept += (kept.empty() ? "" : ", ") + std::string(s);
-        throw error("xshard: " + std::string(who) + ": weight '" + name + "' has " +
-                    std::to_string(w.state.size()) + " state slot(s) but " + std::string(who) +
-                    " keeps " + std::to_string(slots.size()) +
-                    (kept.empty() ? std::string() : " (" + kept + ")") +
-                    "; another optimizer stepped it: xshard::optim::clear_state(model) drops "
-                    "its state");
-    }
+    if (w.state.size() != slots.size())
+        throw_slot_count(who, slots, name, w.state.size());
     for (std::size_t k = 0; k < slots.size(); ++k)
         require_like_value(who, name, "state slot '" + std::string(slots[k]) + "'", w.state[k],
                            w.value);

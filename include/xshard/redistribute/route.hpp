@@ -49,10 +49,12 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <queue>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -341,11 +343,10 @@ struct arc_prices {
 /// The arc prices of `graph` for a tensor of global `shape` and `element` bytes on `mesh`,
 /// priced on `ranks` under `model` and `tuning`. Cached per thread (at most 128 tensors; the
 /// least recently used go first).
-template <std::size_t N>
-arc_prices& arc_prices_of(const std::shared_ptr<const route_graph>& graph, const mesh_shape& mesh,
-                          const std::array<std::size_t, N>& shape, std::size_t element,
-                          const cost_model& model, const reduce_tuning& tuning,
-                          const std::vector<int>& ranks) {
+inline arc_prices& arc_prices_of(const std::shared_ptr<const route_graph>& graph,
+                                 const mesh_shape& mesh, std::span<const std::size_t> shape,
+                                 std::size_t element, const cost_model& model,
+                                 const reduce_tuning& tuning, const std::vector<int>& ranks) {
     struct key {
         std::shared_ptr<const route_graph> graph; // held, so that its address stays its own
         mesh_shape mesh;
@@ -455,16 +456,20 @@ priced_route price_route(const step_list& steps, const mesh_shape& mesh,
     return r;
 }
 
-/// The cheapest route `from` -> `to` (see the file comment): the shortest in the graph of
-/// single steps when the tensor has at most `max_route_layouts` layouts on the mesh, nullopt
-/// otherwise. Every rank computes the same route from the same data.
-template <std::size_t N>
-std::optional<priced_route>
-cheapest_route(const layout& from, const layout& to, const mesh_shape& mesh,
-               const std::array<std::size_t, N>& shape, std::size_t element,
-               const cost_model& model, const reduce_tuning& tuning = {},
-               double bound = std::numeric_limits<double>::infinity(),
-               const std::vector<int>& priced = {}) {
+namespace detail {
+
+/// How `shortest_route` prices a step: its price on the given ranks, or nullopt when some
+/// rank prices it at the limit or more, or finds it invalid (`price_step_below`).
+using step_pricer = std::function<std::optional<double>(const step&, const std::vector<int>& ranks,
+                                                         double limit)>;
+
+/// `cheapest_route` for a tensor of global `shape` whose steps `price` prices: the part that
+/// does not depend on the tensor's rank.
+inline std::optional<priced_route>
+shortest_route(const layout& from, const layout& to, const mesh_shape& mesh,
+               std::span<const std::size_t> shape, std::size_t element, const cost_model& model,
+               const reduce_tuning& tuning, double bound, const std::vector<int>& priced,
+               const step_pricer& price) {
     if (from == to)
         return priced_route{};
     static_vector<reduction, 2> ops;
@@ -473,11 +478,11 @@ cheapest_route(const layout& from, const layout& to, const mesh_shape& mesh,
             ops.push_back(l->op);
     if (ops.empty())
         ops.push_back(reduction::sum);
-    const auto graph = detail::route_graph_of(mesh, from.rank(), ops, max_route_layouts);
+    const auto graph = route_graph_of(mesh, from.rank(), ops, max_route_layouts);
     if (!graph)
         return std::nullopt;
     const auto& nodes = graph->nodes;
-    const auto a = detail::canonical(from, mesh), c = detail::canonical(to, mesh);
+    const auto a = canonical(from, mesh), c = canonical(to, mesh);
     const auto index = [&](const layout& l) {
         return std::size_t(std::find(nodes.begin(), nodes.end(), l) - nodes.begin());
     };
@@ -488,12 +493,12 @@ cheapest_route(const layout& from, const layout& to, const mesh_shape& mesh,
         priced_route r;
         return r;
     }
-    const auto ranks = priced.empty() ? detail::priced_ranks(mesh) : priced;
-    auto& prices = detail::arc_prices_of(graph, mesh, shape, element, model, tuning, ranks);
+    const auto ranks = priced.empty() ? priced_ranks(mesh) : priced;
+    auto& prices = arc_prices_of(graph, mesh, shape, element, model, tuning, ranks);
     const double inf = std::numeric_limits<double>::infinity();
     std::vector<double> dist(n, inf);
     std::vector<std::size_t> prev(n, n);
-    std::vector<const detail::route_graph::arc*> via(n, nullptr);
+    std::vector<const route_graph::arc*> via(n, nullptr);
     std::vector<bool> settled(n, false);
     using entry = std::pair<double, std::size_t>;
     std::priority_queue<entry, std::vector<entry>, std::greater<>> queue;
@@ -521,11 +526,10 @@ cheapest_route(const layout& from, const layout& to, const mesh_shape& mesh,
                 continue;
             std::optional<double> seconds = known.bound;
             if (!known.exact) {
-                seconds = price_step_below(graph->step_of(i, arc), mesh, shape, element, ranks,
-                                           model, tuning, limit);
+                seconds = price(graph->step_of(i, arc), ranks, limit);
                 // Without a price, the step costs at least `limit` (or is invalid).
-                known = seconds ? detail::arc_prices::known{*seconds, true}
-                                : detail::arc_prices::known{limit, false};
+                known = seconds ? arc_prices::known{*seconds, true}
+                                : arc_prices::known{limit, false};
                 if (!seconds)
                     continue;
             }
@@ -548,6 +552,25 @@ cheapest_route(const layout& from, const layout& to, const mesh_shape& mesh,
     r.steps[0].from = from;
     r.steps.back().to = to;
     return r;
+}
+
+} // namespace detail
+
+/// The cheapest route `from` -> `to` (see the file comment): the shortest in the graph of
+/// single steps when the tensor has at most `max_route_layouts` layouts on the mesh, nullopt
+/// otherwise. Every rank computes the same route from the same data.
+template <std::size_t N>
+std::optional<priced_route>
+cheapest_route(const layout& from, const layout& to, const mesh_shape& mesh,
+               const std::array<std::size_t, N>& shape, std::size_t element,
+               const cost_model& model, const reduce_tuning& tuning = {},
+               double bound = std::numeric_limits<double>::infinity(),
+               const std::vector<int>& priced = {}) {
+    return detail::shortest_route(
+        from, to, mesh, shape, element, model, tuning, bound, priced,
+        [&](const step& s, const std::vector<int>& ranks, double limit) {
+            return price_step_below(s, mesh, shape, element, ranks, model, tuning, limit);
+        });
 }
 
 /// The candidates a plan on `mesh` weighs for `from` -> `to`: `plan_redistribution`'s for the
