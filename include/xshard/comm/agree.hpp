@@ -321,10 +321,6 @@ decltype(auto) run_agreed(const communicator& c, F& f, scope_failure fail) {
                                              // deduce a reference to the local
 }
 
-} // namespace detail
-
-namespace detail {
-
 /// How `agreed<Error>` ends a failed scope: a rank rethrows its own exception, the others
 /// throw `Error` naming the failing rank.
 template <class Error>
