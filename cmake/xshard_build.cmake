@@ -11,7 +11,7 @@ endfunction()
 
 # GCC collects its garbage each time its heap doubles past 128 MiB, which xshard's template-heavy
 # units do many times over: starting at 1 GiB and growing by 400 % makes them compile faster
-# (train_mlp 33 -> 29 CPU s, auto_parallel 128 -> 100) for more memory per compile
+# (train_mlp 34 -> 31 CPU s, auto_parallel 131 -> 104) for more memory per compile
 # (train_mlp 1.5 -> 1.9 GB, auto_parallel 3.1 -> 4.9 GB). docs/installation.md gives users
 # the same flags.
 option(XSHARD_GCC_LARGE_HEAP "Give GCC a larger heap before it collects (faster compiles)" ON)
