@@ -423,8 +423,8 @@ public:
     /// The weights, by the program's names (parameter traversal, param/traversal.hpp), then
     /// those of its custom nodes ("<node>.<weight>").
     friend void visit_parameters(compiled_program& c, auto&& visit) {
-        for (const auto& [name, w] : c.named_weights())
-            std::visit([&](auto* p) { visit(name, *p); }, w);
+        for (const auto& named : c.named_weights())
+            std::visit([&](auto* p) { visit(named.first, *p); }, named.second);
     }
 
 private:
