@@ -47,7 +47,8 @@
 //       against the best hand strategy measured: data parallel, or Megatron's annotations on mesh
 //       (1, p) (the MLP 1024 -> 4096 -> 1024 of batch 64 and the transformer block above;
 //       ResNet-18 on 32 images of 32 x 32 has data parallelism only). Extra fields: the
-//       mesh searched, each hand strategy's seconds, and predicted / measured steps; then
+//       mesh searched, each hand strategy's seconds, predicted / measured steps and the
+//       machine measured (GEMM peak, half dimension, memory bandwidth); then
 //       the search again on the primitives' factors fitted on a profiled step of the first
 //       strategy (calibrate_ops): its mesh, its step over the best hand strategy's, and its
 //       predicted / measured step. With --profile, both strategies' steps per primitive,
@@ -56,8 +57,8 @@
 //       224 x 224, laid out by the search over p ranks (a batch of one splits nowhere: the
 //       search splits the images' height and width into bands with halos, or their
 //       channels), against the one-rank step of the same program ("one_rank", every rank
-//       running it at once). Extra fields: the convolutions split by height or width, and
-//       predicted / measured; then, as above, the search again on the primitives' factors
+//       running it at once). Extra fields: the convolutions split by height or width,
+//       predicted / measured and the machine; then, as above, the search again on the primitives' factors
 //       fitted on a profiled step: its step over one rank's, and its predicted / measured.
 
 #include "harness.hpp"
@@ -453,6 +454,14 @@ void train_step(Net& net, const X& x, const Y& y) {
     xshard::for_each_weight(net, [](const std::string&, auto& w) { w.zero_grad(); });
 }
 
+/// The machine's figures as JSON fields: the GEMM's peak, its half dimension and the memory
+/// bandwidth, per rank.
+std::string machine_fields(const xshard::machine_model& m) {
+    return "\"gemm_flops\": " + std::to_string(m.gemm_flops) +
+           ", \"gemm_half_dimension\": " + std::to_string(m.gemm_half_dimension) +
+           ", \"memory_bandwidth\": " + std::to_string(m.memory_bandwidth);
+}
+
 /// The machine the searched cases price with: measured, with train_step's one optimizer
 /// state per weight.
 template <class T>
@@ -614,7 +623,8 @@ void searched_case(const xshard::bench::options& o, const std::string& name,
         "\"searched_mesh\": \"" + chosen->shape().to_string() +
         "\", \"dp_seconds\": " + std::to_string(dp_seconds) +
         ", \"predicted_over_measured\": " + std::to_string(found.seconds / t.seconds) +
-        ", \"dp_predicted_over_measured\": " + std::to_string(dp_predicted / dp_seconds);
+        ", \"dp_predicted_over_measured\": " + std::to_string(dp_predicted / dp_seconds) +
+        ", " + machine_fields(machine);
     extra +=
         ", \"calibrated_mesh\": \"" + refit_mesh->shape().to_string() +
         "\", \"calibrated_over_best_hand\": " + std::to_string(c.seconds / c.baseline_seconds) +
@@ -738,7 +748,7 @@ void one_image_case(const xshard::bench::options& o) {
         world, name, x.size() * sizeof(float), "one_rank", t,
         "\"spatial_convs\": " + std::to_string(spatial) +
             ", \"predicted_over_measured\": " + std::to_string(found.seconds / t.seconds) +
-            ", \"calibrated_over_one_rank\": " + std::to_string(c.seconds / c.baseline_seconds) +
+            ", " + machine_fields(machine) + ", \"calibrated_over_one_rank\": " + std::to_string(c.seconds / c.baseline_seconds) +
             ", \"calibrated_predicted_over_measured\": " +
             std::to_string(second.seconds / c.seconds));
 }

@@ -231,8 +231,10 @@ int run(int argc, char** argv) {
         if (measure) {
             parallel_net.set_machine_model(xshard::measure_machine<T>(mesh.comm()));
             if (mesh.rank() == 0)
-                std::printf("measured machine: GEMM %.2f GFLOP/s, memory %.2f GB/s per rank\n",
+                std::printf("measured machine: GEMM %.2f GFLOP/s (half speed at %.0f), memory "
+                            "%.2f GB/s per rank\n",
                             parallel_net.machine().gemm_flops / 1e9,
+                            parallel_net.machine().gemm_half_dimension,
                             parallel_net.machine().memory_bandwidth / 1e9);
         }
 

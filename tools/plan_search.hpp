@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <stdexcept>
@@ -107,14 +108,20 @@ inline xshard::axis_link parse_axis_link(const std::string& text) {
     }
 }
 
-/// The machine model of the options --gemm-flops, --memory-bandwidth and --axis-link.
-inline xshard::machine_model machine_of(const CLI::App& app, double gemm, double bandwidth,
-                                        const std::vector<std::string>& links) {
+/// The machine model of the options --gemm-flops, --gemm-half-dimension, --memory-bandwidth
+/// and --axis-link.
+inline xshard::machine_model machine_of(const CLI::App& app, double gemm, double half,
+                                        double bandwidth, const std::vector<std::string>& links) {
     xshard::machine_model m;
     if (app.count("--gemm-flops")) {
         if (!(gemm > 0))
             throw usage_error("--gemm-flops must be positive");
         m.gemm_flops = gemm;
+    }
+    if (app.count("--gemm-half-dimension")) {
+        if (!(half >= 0) || !std::isfinite(half))
+            throw usage_error("--gemm-half-dimension must be a finite number, not negative");
+        m.gemm_half_dimension = half;
     }
     if (app.count("--memory-bandwidth")) {
         if (!(bandwidth > 0))
@@ -207,7 +214,7 @@ inline int plan_search(int argc, char** argv) {
     bool propagate = false;
     double memory_gib = 0;
     int level = 2;
-    double gemm = 0, bandwidth = 0;
+    double gemm = 0, half = 0, bandwidth = 0;
     std::vector<std::string> links;
     auto* model_option = app.add_option(
         "--model", model, "mlp:784,512,512,10 or transformer:layers,hidden,heads,seq,vocab");
@@ -227,6 +234,8 @@ inline int plan_search(int argc, char** argv) {
     app.add_option("--level", level, "objective: 0 least communication, 1 least memory, 2 fastest")
         ->excludes(program_option);
     app.add_option("--dtype", dtype, "element type: f16 bf16 f32 f64")->excludes(program_option);
+    app.add_option("--gemm-half-dimension", half,
+                   "the smallest GEMM dimension that runs at half that speed (measure_machine's)");
     app.add_option("--gemm-flops", gemm, "GEMM speed per rank, FLOP/s (measure_machine's)");
     app.add_option("--memory-bandwidth", bandwidth,
                    "elementwise work per rank, bytes/s read and written (measure_machine's)");
@@ -242,7 +251,7 @@ inline int plan_search(int argc, char** argv) {
                                            : std::numeric_limits<double>::infinity();
         if (!program_path.empty())
             return search_program_file(program_path, mesh_text, propagate, memory_per_rank, save,
-                                       machine_of(app, gemm, bandwidth, links));
+                                       machine_of(app, gemm, half, bandwidth, links));
         if (model.empty())
             throw usage_error("give --model (with --batch and --ranks) or --program (with --mesh)");
         for (const char* needed : {"--batch", "--ranks"})
@@ -267,7 +276,7 @@ inline int plan_search(int argc, char** argv) {
         else
             throw usage_error("--dtype must be f16, bf16, f32 or f64, not '" + dtype + "'");
         const auto element = o.machine.element;
-        o.machine = machine_of(app, gemm, bandwidth, links);
+        o.machine = machine_of(app, gemm, half, bandwidth, links);
         o.machine.element = element;
         const auto net = parse_model(model, std::size_t(batch));
         const auto start = std::chrono::steady_clock::now();

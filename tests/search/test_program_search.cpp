@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -632,9 +633,13 @@ std::string scratch(const std::string& name) {
 TEST(program_search, the_driver_searches_on_the_machine_measured_or_set) {
     // measure_machine: positive, finite figures, the same on every rank (the slowest rank's).
     const auto measured = xshard::measure_machine<double>(
-        world(), {}, {.rows = 32, .in = 128, .out = 256, .elements = 1 << 16, .repeats = 2});
+        world(), {},
+        {.rows = 32, .in = 128, .out = 256, .square = 128, .elements = 1 << 16, .repeats = 2});
     EXPECT_EQ(measured.element, sizeof(double));
-    for (double v : {measured.gemm_flops, measured.memory_bandwidth}) {
+    EXPECT_TRUE(std::isfinite(measured.gemm_half_dimension) && measured.gemm_half_dimension >= 0)
+        << measured.gemm_half_dimension;
+    for (double v :
+         {measured.gemm_flops, measured.memory_bandwidth, 1 + measured.gemm_half_dimension}) {
         EXPECT_TRUE(std::isfinite(v) && v > 0) << v;
         std::array<double, 2> range{v, -v};
         xshard::mpi::allreduce(world(), std::span(range), xshard::reduction::min);
@@ -679,11 +684,77 @@ TEST(program_search, the_driver_searches_on_the_machine_measured_or_set) {
     EXPECT_GT(compute(fast), 0);
     EXPECT_NEAR(compute(*chosen), 1000 * compute(fast), 1e-9 * compute(*chosen));
     // A machine that cannot be priced raises on every rank.
-    auto bad = measured;
-    bad.memory_bandwidth = 0;
     auto other = xshard::compile<double>(parallel_logits(), mesh, {.seed = 3});
     xshard::auto_parallel unpriced(other, mesh, "recursive_programming");
+    auto bad = measured;
+    bad.memory_bandwidth = 0;
     EXPECT_THROW(unpriced.set_machine_model(bad), xshard::error);
+    bad = measured;
+    bad.gemm_half_dimension = -1;
+    EXPECT_THROW(unpriced.set_machine_model(bad), xshard::error);
+    bad.gemm_half_dimension = std::numeric_limits<double>::infinity();
+    EXPECT_THROW(unpriced.set_machine_model(bad), xshard::error);
+}
+
+TEST(program_search, fit_gemm_recovers_the_peak_and_half_dimension_of_hockney_s_model) {
+    // Rates made by the model itself (peak 1e11, half dimension 30) are fitted back exactly.
+    const auto rate = [](double peak, double half, double d) { return peak / (1 + half / d); };
+    xshard::machine_model m;
+    xshard::fit_gemm(m, rate(1e11, 30, 64), 64, rate(1e11, 30, 512), 512);
+    EXPECT_NEAR(m.gemm_flops, 1e11, 1e-9 * 1e11);
+    EXPECT_NEAR(m.gemm_half_dimension, 30, 1e-9);
+    EXPECT_NEAR(m.gemm_seconds(2e9, 64), 2e9 / rate(1e11, 30, 64), 1e-12);
+    EXPECT_EQ(m.gemm_seconds(2e9), 2e9 / m.gemm_flops); // no GEMM: the peak
+    // A narrow GEMM no slower than the wide one: one speed, the wide one's.
+    xshard::fit_gemm(m, 9e10, 64, 8e10, 512);
+    EXPECT_EQ(m.gemm_flops, 8e10);
+    EXPECT_EQ(m.gemm_half_dimension, 0);
+    EXPECT_EQ(m.gemm_seconds(1e9, 8), 1e9 / 8e10);
+    // Samples of the same smallest dimension cannot tell a half dimension.
+    xshard::fit_gemm(m, 5e10, 512, 8e10, 512);
+    EXPECT_EQ(m.gemm_flops, 8e10);
+    EXPECT_EQ(m.gemm_half_dimension, 0);
+    // A narrow GEMM far slower: the peak at most twice the wide one's, the wide one kept.
+    xshard::fit_gemm(m, 1e9, 64, 8e10, 512);
+    EXPECT_NEAR(m.gemm_flops, 1.6e11, 1e-9 * 1.6e11);
+    EXPECT_NEAR(m.gemm_seconds(1e9, 512), 1e9 / 8e10, 1e-15);
+}
+
+TEST(program_search, a_gemm_is_priced_at_the_speed_of_its_smallest_dimension) {
+    // [8, 64] x [64, 32] on one rank: its smallest dimension is the 8 rows. The input takes no
+    // cotangent, so the node runs its product forward and once backward (the weight's).
+    auto p = xshard::trace(
+        [](traced_tensor x) { return ops::matmul(x, xshard::param("w", {64, 32})); },
+        xshard::input<double>("x", {8, 64}));
+    // And a convolution of 4 images of 6 x 6 with 3 channels into 16 through 3 x 3 windows:
+    // its GEMM is [16, 27] x [27, 4 * 4 * 4], smallest 16.
+    auto q = xshard::trace(
+        [](traced_tensor x) { return ops::conv2d(x, xshard::param("w", {16, 3, 3, 3})); },
+        xshard::input<double>("x", {4, 3, 6, 6}));
+    const auto one = shape_of({"x"}, {1});
+    const auto priced = [&](const xshard::program& net, double half) {
+        xshard::machine_model m;
+        m.element = sizeof(double);
+        m.gemm_half_dimension = half;
+        return xshard::search_program(net, one, {.machine = m}).nodes.at(0).compute;
+    };
+    const double peak = xshard::machine_model{}.gemm_flops;
+    EXPECT_NEAR(priced(p, 4) - priced(p, 0), 2 * (2.0 * 8 * 64 * 32) * (4.0 / 8) / peak, 1e-15);
+    EXPECT_NEAR(priced(q, 4) - priced(q, 0), 2 * (2.0 * 16 * 27 * 64) * (4.0 / 16) / peak,
+                1e-15);
+    // Split over two ranks' rows, the product's smallest dimension halves and its slowdown
+    // doubles: per rank, half the FLOPs at twice the slowdown.
+    const auto two = shape_of({"dp"}, {2});
+    xshard::machine_model m;
+    m.element = sizeof(double);
+    m.gemm_half_dimension = 4;
+    auto split = p;
+    split.node("matmul").annotation.in_layouts = {xshard::layout::parse("[dp, -]"),
+                                                  xshard::layout::parse("[-, -]")};
+    const double slowed = xshard::search_program(split, two, {.machine = m}).nodes.at(0).compute;
+    m.gemm_half_dimension = 0;
+    const double plain = xshard::search_program(split, two, {.machine = m}).nodes.at(0).compute;
+    EXPECT_NEAR(slowed - plain, 2 * (2.0 * 4 * 64 * 32) * (4.0 / 4) / peak, 1e-15);
 }
 
 TEST(program_search, a_parameter_strategy_file_lays_the_program_weights_out) {

@@ -195,6 +195,16 @@ TEST(search_cost, linear_layer_costs_by_hand) {
     ASSERT_TRUE(r.valid);
     EXPECT_GT(r.communication, 0);
     EXPECT_TRUE(same(r.compute, 3 * 2.0 * 32 * 256 * 10 / m.gemm_flops));
+    // GEMMs slow down on narrow shapes: the row-parallel layer's smallest dimension is its 10
+    // outputs, the column-parallel one's its 32 rows.
+    auto narrow = m;
+    narrow.gemm_half_dimension = 20;
+    EXPECT_TRUE(same(cost_of(op_spec{"l2", op_kind::linear, 512, 10, true, 1}, row, 64, 1, 0,
+                             narrow, p)
+                         .compute,
+                     3 * 2.0 * 32 * 256 * 10 * (1 + 20.0 / 10) / m.gemm_flops));
+    EXPECT_TRUE(same(cost_of(op, col, 64, 1, 0, narrow, p).compute,
+                     3 * 2.0 * 32 * 784 * 256 * (1 + 20.0 / 32) / m.gemm_flops));
     // Unsuited: a row-parallel weight on whole features.
     EXPECT_FALSE(cost_of(op, {activation_split::rows, weight_split::input, activation_split::rows},
                          64, 1, 0, m, p)
@@ -393,7 +403,8 @@ TEST(machine, links_are_fitted_on_the_ranks_and_agree) {
     const auto fit = calibrate_links(w, base, {.elements = 1 << 14, .repeats = 2});
     // measure_machine asked not to fit them keeps the links it is given.
     const auto kept = measure_machine<double>(
-        w, {}, {.rows = 8, .in = 16, .out = 16, .elements = 1 << 10, .fit_links = false});
+        w, {},
+        {.rows = 8, .in = 16, .out = 16, .square = 16, .elements = 1 << 10, .fit_links = false});
     EXPECT_EQ(kept.links, base);
     if (w.size() == 1) { // nothing moves on one rank
         EXPECT_EQ(fit.links, base);

@@ -390,18 +390,20 @@ public:
     /// search/machine_model.hpp's defaults until set; `measure_machine<T>(comm)`
     /// (search/calibrate.hpp) measures the ranks', and `calibrate_ops` fits its primitives'
     /// factors on a profiled step. Positive GEMM speed, memory bandwidth, element size and
-    /// factors, else xshard::error on every rank. Agreed over the mesh.
+    /// factors, and a GEMM half dimension that is finite and not negative, else xshard::error
+    /// on every rank. Agreed over the mesh.
     void set_machine_model(const machine_model& m) {
         bool factors = true;
         for (const auto& [op, f] : m.op_scale)
             factors = factors && f > 0 && std::isfinite(f);
         agree(m.gemm_flops > 0 && m.memory_bandwidth > 0 && m.element > 0 &&
-                      m.optimizer_states >= 0 && factors
+                      m.optimizer_states >= 0 && m.gemm_half_dimension >= 0 &&
+                      std::isfinite(m.gemm_half_dimension) && factors
                   ? std::nullopt
                   : std::optional<std::string>(
                         "xshard: set_machine_model: the GEMM speed, memory bandwidth, element "
-                        "size and primitives' factors must be positive and the optimizer states "
-                        "not negative"));
+                        "size and primitives' factors must be positive, and the optimizer states "
+                        "and the GEMM half dimension finite and not negative"));
         machine_ = m;
     }
     const machine_model& machine() const noexcept { return machine_; }

@@ -100,6 +100,12 @@ struct op_rules {
     double (*flops)(const op_attributes&, std::span<const shard_type> operands,
                     std::span<const shard_type> results) = nullptr;
 
+    /// The smallest of the m, n and k of the GEMMs the kernels run per rank (a convolution's
+    /// im2col GEMM, or the one a direct convolution amounts to), which sets their speed
+    /// (machine_model::gemm_seconds). None (the default): the arithmetic runs at the peak.
+    double (*gemm_dimension)(const op_attributes&, std::span<const shard_type> operands,
+                             std::span<const shard_type> results) = nullptr;
+
     /// How many times the forward and backward passes together stream the operands and the
     /// results through memory: the search prices their bytes times this at the machine's
     /// memory bandwidth. An elementwise operation reads and writes them once forward and

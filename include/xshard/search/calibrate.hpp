@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// The machine figures the strategy search prices with, measured on the ranks that will run:
-/// one rank's GEMM speed (`machine_model::gemm_flops`), the memory bandwidth of its
+/// one rank's GEMM speed (`machine_model::gemm_flops`, and `gemm_half_dimension`: how it falls
+/// on narrow shapes), the memory bandwidth of its
 /// elementwise work (`memory_bandwidth`) and the alpha-beta links of the redistribution steps
 /// (`links`, `calibrate_links`). Every rank measures at the same time, since ranks of a node
 /// share its memory bandwidth when they train, and the slowest rank's figures are kept, the
@@ -53,6 +54,12 @@ namespace xshard {
 
 namespace detail {
 
+/// The median of `v` (its upper middle element when even), non-empty.
+inline double median(std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+    return v[v.size() / 2];
+}
+
 /// Seconds of a typical call of `f`: the median of `repeats` calls after an untimed one (the
 /// first call faults the pages in and sets the library's buffers up). The median, not the
 /// fastest, since the search predicts a typical step: on a machine that other work shares,
@@ -67,8 +74,7 @@ double typical_of(int repeats, F&& f) {
         times.push_back(
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-    std::nth_element(times.begin(), times.begin() + std::ptrdiff_t(times.size() / 2), times.end());
-    return times[times.size() / 2];
+    return median(std::move(times));
 }
 
 } // namespace detail
@@ -247,34 +253,74 @@ inline link_fit calibrate_links(const communicator& c, const cost_model& base = 
     return fit;
 }
 
-/// The sizes measure_machine measures at: a GEMM of [rows, in] x [in, out] (by default a
-/// batch of 64 through a 1024 x 4096 layer, about 0.5 GFLOP) and an update of `elements`
+/// The sizes measure_machine measures at: a narrow GEMM of [rows, in] x [in, out] (by default
+/// a batch of 64 through a 1024 x 4096 layer, about 0.5 GFLOP), a square one of `square`
+/// (512: about 0.27 GFLOP), together the GEMM's peak and how its speed falls on narrow shapes
+/// (`fit_gemm`), and an update of `elements`
 /// (by default 2^23: three arrays of 96 MiB of floats or 192 MiB of doubles, several times
 /// a server's last-level cache, so that the bandwidth is the memory's and not the cache's:
 /// at 2^21 floats a 32 MiB cache holds the arrays and the bandwidth measures twice the
 /// memory's), each the median of `repeats` calls after an untimed one.
 struct machine_sample {
     std::size_t rows = 64, in = 1024, out = 4096;
+    std::size_t square = 512;
     std::size_t elements = std::size_t(1) << 23;
     int repeats = 5;
+    /// How many times the three are measured in turn; each figure is the median of its rounds,
+    /// so that a spell of other work on the machine slows one round of every figure, not
+    /// every call of one.
+    int rounds = 3;
     /// Whether to fit the links too (`calibrate_links`, at `links`' sizes).
     bool fit_links = true;
     link_sample links = {};
 };
 
-/// `base` with the GEMM speed and the memory bandwidth of the ranks of `c` measured on T, each
-/// the slowest rank's (the same on every rank), its element size set to T's, and its links
-/// fitted on `c`'s ranks (`calibrate_links`; unless `sample.fit_links` is false). Collective
-/// over `c`: every rank measures at once.
+/// `m` with its GEMM peak (`gemm_flops`) and half dimension (`gemm_half_dimension`) fitted on
+/// two GEMMs: one whose smallest dimension is `narrow_dimension` ran at `narrow` FLOP/s, one
+/// whose smallest is `wide_dimension` at `wide`. The model's 1 / speed = (1 + h / d) / peak is
+/// a line in 1 / d: the line through the two. A narrow GEMM no slower than the wide one (the
+/// library's speed does not fall there, or noise) fits h = 0 at the wide one's speed; the
+/// peak is at most twice the wide one's speed (the line then goes through the wide one).
+inline void fit_gemm(machine_model& m, double narrow, double narrow_dimension, double wide,
+                     double wide_dimension) {
+    m.gemm_flops = wide;
+    m.gemm_half_dimension = 0;
+    if (!(narrow > 0 && narrow < wide && narrow_dimension > 0 && narrow_dimension < wide_dimension))
+        return;
+    // 1 / speed = a + b / d, with a = 1 / peak and b = h / peak.
+    const double b = (1 / narrow - 1 / wide) / (1 / narrow_dimension - 1 / wide_dimension);
+    const double a = std::max(1 / wide - b / wide_dimension, 0.5 / wide);
+    m.gemm_flops = 1 / a;
+    m.gemm_half_dimension = (1 / wide - a) * wide_dimension / a;
+}
+
+/// `base` with the GEMM speed (`fit_gemm` on a narrow and a square GEMM) and the memory
+/// bandwidth of the ranks of `c` measured on T, each the median of `sample.rounds` and the
+/// slowest rank's (the same on every rank), its element size set to T's, and its links fitted on `c`'s ranks
+/// (`calibrate_links`; unless `sample.fit_links` is false). Collective over `c`: every rank
+/// measures at once.
 template <class T>
 machine_model measure_machine(const communicator& c, machine_model base = {},
                               const machine_sample& sample = {}) {
-    std::array<double, 2> figures{
-        measure_gemm_flops<T>(sample.rows, sample.in, sample.out, sample.repeats),
-        measure_update_bandwidth<T>(sample.elements, sample.repeats)};
+    // Each figure starts together on every rank (a barrier), so that the ranks run the same
+    // kind of work at once, as in a step, not one rank's GEMM beside another's update.
+    std::array<std::vector<double>, 3> rounds;
+    for (int r = 0; r < std::max(sample.rounds, 1); ++r) {
+        barrier(c);
+        rounds[0].push_back(
+            measure_gemm_flops<T>(sample.rows, sample.in, sample.out, sample.repeats));
+        barrier(c);
+        rounds[1].push_back(
+            measure_gemm_flops<T>(sample.square, sample.square, sample.square, sample.repeats));
+        barrier(c);
+        rounds[2].push_back(measure_update_bandwidth<T>(sample.elements, sample.repeats));
+    }
+    std::array<double, 3> figures{detail::median(rounds[0]), detail::median(rounds[1]),
+                                  detail::median(rounds[2])};
     allreduce(c, std::span(figures), reduction::min);
-    base.gemm_flops = figures[0];
-    base.memory_bandwidth = figures[1];
+    fit_gemm(base, figures[0], double(std::min({sample.rows, sample.in, sample.out})), figures[1],
+             double(sample.square));
+    base.memory_bandwidth = figures[2];
     base.element = sizeof(T);
     if (sample.fit_links)
         base.links = calibrate_links(c, base.links, sample.links).links;

@@ -5,8 +5,8 @@
 /// candidate strategy (core/op_choice.hpp), on a mesh of any size, computed in one process
 /// without MPI. A stage of the pipeline runs its operators on a mesh (dp, tp). An operator's
 /// costs per micro-batch and rank (`op_cost`):
-///  * compute: forward and backward FLOPs (3x the forward GEMMs) at `machine_model::
-///    gemm_flops`, elementwise work at `memory_bandwidth`;
+///  * compute: forward and backward FLOPs (3x the forward GEMMs) at the GEMM speed of their
+///    shapes (`machine_model::gemm_seconds`), elementwise work at `memory_bandwidth`;
 ///  * communication: the output's redistribution and its adjoint (the dual layouts, as
 ///    nn::kept_redistribution runs them), each priced by the redistribution planner's
 ///    candidates under the alpha-beta `cost_model` (search/redistribution_pricer.hpp); per
@@ -92,15 +92,18 @@ inline void price_compute(op_cost& r, const op_spec& op, weight_split w,
     case op_kind::linear: {
         const double k = w == weight_split::input ? double(largest_block(op.in, std::size_t(tp)))
                                                   : double(op.in);
-        r.compute = 3 * 2 * double(y[0]) * k * double(y[1]) / m.gemm_flops;
+        r.compute = m.gemm_seconds(3 * 2 * double(y[0]) * k * double(y[1]),
+                                   std::min({double(y[0]), k, double(y[1])}));
         r.activation_memory = std::size_t(x[0] * x[1] * m.element);
         break;
     }
     case op_kind::attention: {
-        // Scores q k^T and their use on v: 4 s^2 d per sample and head group, kept: q, k, v
-        // and the scores.
+        // Scores q k^T and their use on v: 4 s^2 d per sample and head group, products of
+        // [s, d / heads] and [d / heads, s], kept: q, k, v and the scores.
         const double rows = double(y[0]), width = double(y[1]);
-        r.compute = 3 * 4 * rows * double(seq) * width / m.gemm_flops;
+        r.compute = m.gemm_seconds(
+            3 * 4 * rows * double(seq) * width,
+            std::min(double(seq), double(op.out) / double(std::max<std::size_t>(op.heads, 1))));
         const double heads = double(op.heads) * width / double(op.out);
         r.activation_memory = std::size_t(double(x[0] * x[1]) * e + rows * double(seq) * heads * e);
         break;

@@ -1,11 +1,11 @@
 #pragma once
 /// \file
 /// The machine the strategy search prices with (MindSpore's auto-parallel cost model's
-/// figures): the alpha-beta links of the redistribution planner, one rank's GEMM speed and
-/// memory bandwidth, the element size, the optimizer's state, hsdp's threshold and a factor
-/// per primitive fitted on a profiled step. The defaults are guesses; search/calibrate.hpp
-/// measures the ranks that will run (benchmarks/README.md gives the figures measured against
-/// these defaults).
+/// figures): the alpha-beta links of the redistribution planner, one rank's GEMM speed (and
+/// how it falls on narrow shapes) and memory bandwidth, the element size, the optimizer's
+/// state, hsdp's threshold and a factor per primitive fitted on a profiled step. The defaults
+/// are guesses; search/calibrate.hpp measures the ranks that will run (benchmarks/README.md
+/// gives the figures measured against these defaults).
 
 #include <xshard/redistribute/cost_model.hpp>
 
@@ -23,8 +23,14 @@ namespace xshard {
 /// factors of primitives' prices fitted on a profiled step.
 struct machine_model {
     cost_model links{};
-    /// FLOP/s of one rank's GEMM (measure_machine measures it: OpenBLAS, one core).
+    /// FLOP/s of one rank's large GEMMs (measure_machine fits it: OpenBLAS, one core).
     double gemm_flops = 3.0e10;
+    /// The GEMM dimension at which a GEMM runs at half `gemm_flops` (Hockney's n-half): a
+    /// GEMM whose smallest of m, n and k is d runs at gemm_flops / (1 + gemm_half_dimension /
+    /// d), since packing and the kernels' edges cost per element of the operands, not per
+    /// multiply-add. measure_machine fits it from a narrow GEMM and a square one; 0 runs
+    /// every GEMM at `gemm_flops`.
+    double gemm_half_dimension = 0;
     /// Bytes/s of one rank's elementwise work (read and write).
     double memory_bandwidth = 5.4e9;
     /// Bytes per element of weights and activations.
@@ -46,6 +52,13 @@ struct machine_model {
     /// itself, on the ranks that run it: what one GEMM and one update cannot show (a kernel's
     /// own efficiency on its shapes, the ranks' contention).
     std::vector<std::pair<std::string, double>> op_scale{};
+
+    /// Seconds of `flops` of GEMM work whose smallest dimension is `smallest` (see
+    /// `gemm_half_dimension`); a `smallest` of 0 means arithmetic of no GEMM, at the peak.
+    double gemm_seconds(double flops, double smallest = 0) const {
+        const double slowdown = smallest > 0 ? 1 + gemm_half_dimension / smallest : 1;
+        return flops * slowdown / gemm_flops;
+    }
 
     /// Seconds of one weight's update and its gradient's zeroing, memory-bound work each step:
     /// the update reads and writes the weight's `weight_bytes` and each optimizer state of

@@ -1018,11 +1018,13 @@ private:
             w.result_bytes += volume(res.back().local) * element_bytes(v.type);
             bytes += double(volume(res.back().local) * element_bytes(v.type));
         }
-        double flops = 0, passes = 3, scratch = 0, messages = 0;
+        double flops = 0, smallest = 0, passes = 3, scratch = 0, messages = 0;
         if (!n.custom) {
             const auto& rules = rules_named(n.op);
             if (rules.flops)
                 flops = rules.flops(n.attributes, ops, res);
+            if (rules.gemm_dimension)
+                smallest = rules.gemm_dimension(n.attributes, ops, res);
             passes = rules.passes;
             if (rules.scratch_traffic)
                 scratch = rules.scratch_traffic(n.attributes, ops, res);
@@ -1043,7 +1045,7 @@ private:
                 cotangents += reached && gradient_[id] ? 1 : 0;
             }
         const double backward = floating > 0 ? 2 * cotangents / floating : 0;
-        w.compute = (1 + backward) * flops / o_.machine.gemm_flops +
+        w.compute = (1 + backward) * o_.machine.gemm_seconds(flops, smallest) +
                     (passes * bytes + scratch) / o_.machine.memory_bandwidth + messages;
         w.compute *= o_.machine.scale_of(n.op);
         return w;

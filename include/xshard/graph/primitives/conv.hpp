@@ -308,6 +308,19 @@ inline double conv2d_flops(const op_attributes&, std::span<const shard_type> ops
     return 2.0 * double(results[0].count()) * double(w[1]) * double(w[2]) * double(w[3]);
 }
 
+/// The smallest extent of the GEMM a convolution amounts to per group: its output channels,
+/// its input channels times the window, and the batch times the output plane (im2col's
+/// columns). The backward products multiply over the same three.
+inline double conv2d_gemm_dimension(const op_attributes& at, std::span<const shard_type> ops,
+                                    std::span<const shard_type>) {
+    const auto g = conv_geometry(at, ops[0].local, ops[1].local);
+    if (g.groups == 0)
+        return 0;
+    return double(
+        std::min({g.out_channels / g.groups, g.in_channels / g.groups * g.kernel_h * g.kernel_w,
+                  g.batch * g.out_h() * g.out_w()}));
+}
+
 /// im2col's columns, where the kernels run im2col and a GEMM (double, or float planes under
 /// oneDNN's threshold): written and read forward, again for the weights' gradient, and
 /// written by the GEMM and read by col2im for the input's.
@@ -336,6 +349,7 @@ inline constexpr op_rules conv2d_rules{.name = "conv2d",
                                        .batched = conv2d_batched,
                                        .resolve = conv2d_resolve,
                                        .flops = conv2d_flops,
+                                       .gemm_dimension = conv2d_gemm_dimension,
                                        .scratch_traffic = conv2d_columns_bytes,
                                        .kernel_seconds = conv2d_halo_seconds,
                                        .saves = saves_operand(0) | saves_operand(1)};

@@ -16,6 +16,7 @@
 #include <xshard/ops/matmul.hpp>
 #include <xshard/ops/rules.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <stdexcept>
@@ -121,12 +122,23 @@ inline double matmul_flops(const op_attributes& at, std::span<const shard_type> 
     return 2.0 * double(g.m) * double(g.n) * double(g.k) * double(g.batches);
 }
 
+/// The smallest of this rank's m, n and k: each of the forward and backward products
+/// multiplies over the same three extents.
+inline double matmul_gemm_dimension(const op_attributes& at, std::span<const shard_type> ops,
+                                    std::span<const shard_type>) {
+    node_shards s;
+    s.operands.assign(ops.begin(), ops.end());
+    const auto g = local_gemm(s, matmul_flags(at));
+    return double(std::min({g.m, g.n, g.k}));
+}
+
 inline constexpr op_rules matmul_rules{.name = "matmul",
                                        .infer = infer_matmul,
                                        .rule = matmul_layouts,
                                        .batched = matmul_batched,
                                        .resolve = matmul_resolve,
                                        .flops = matmul_flops,
+                                       .gemm_dimension = matmul_gemm_dimension,
                                        .saves = saves_operand(0) | saves_operand(1)};
 
 template <class T>
