@@ -58,8 +58,9 @@
 //       search splits the images' height and width into bands with halos, or their
 //       channels), against the one-rank step of the same program ("one_rank", every rank
 //       running it at once). Extra fields: the convolutions split by height or width,
-//       predicted / measured and the machine; then, as above, the search again on the primitives' factors
-//       fitted on a profiled step: its step over one rank's, and its predicted / measured.
+//       predicted / measured and the machine; then, as above, the search again on the
+//       primitives' factors fitted on a profiled step: its step over one rank's, and its
+//       predicted / measured.
 
 #include "harness.hpp"
 
@@ -746,9 +747,9 @@ void one_image_case(const xshard::bench::options& o) {
         [&] { train_step(alone, in_one.first, in_one.second); });
     xshard::bench::report(
         world, name, x.size() * sizeof(float), "one_rank", t,
-        "\"spatial_convs\": " + std::to_string(spatial) +
-            ", \"predicted_over_measured\": " + std::to_string(found.seconds / t.seconds) +
-            ", " + machine_fields(machine) + ", \"calibrated_over_one_rank\": " + std::to_string(c.seconds / c.baseline_seconds) +
+        "\"spatial_convs\": " + std::to_string(spatial) + ", \"predicted_over_measured\": " +
+            std::to_string(found.seconds / t.seconds) + ", " + machine_fields(machine) +
+            ", \"calibrated_over_one_rank\": " + std::to_string(c.seconds / c.baseline_seconds) +
             ", \"calibrated_predicted_over_measured\": " +
             std::to_string(second.seconds / c.seconds));
 }

@@ -2,9 +2,8 @@
 /// \file
 /// The machine figures the strategy search prices with, measured on the ranks that will run:
 /// one rank's GEMM speed (`machine_model::gemm_flops`, and `gemm_half_dimension`: how it falls
-/// on narrow shapes), the memory bandwidth of its
-/// elementwise work (`memory_bandwidth`) and the alpha-beta links of the redistribution steps
-/// (`links`, `calibrate_links`). Every rank measures at the same time, since ranks of a node
+/// on narrow shapes), the memory bandwidth of its elementwise work (`memory_bandwidth`) and
+/// the alpha-beta links of the redistribution steps (`links`, `calibrate_links`). Every rank measures at the same time, since ranks of a node
 /// share its memory bandwidth when they train, and the slowest rank's figures are kept, the
 /// same on every rank.
 ///
@@ -17,7 +16,7 @@
 /// at once; links of their own for some mesh axes (`cost_model::axis_links`, say an axis
 /// across nodes) stay as given.
 ///
-/// What one GEMM and one update do not show (a kernel's own efficiency on its shapes, the
+/// What two GEMMs and one update do not show (a kernel's own efficiency on its shapes, the
 /// ranks' contention for a node's memory), a profiled step of the program shows:
 /// `calibrate_ops` fits a factor per primitive from it, for the search to price with.
 ///
@@ -296,9 +295,9 @@ inline void fit_gemm(machine_model& m, double narrow, double narrow_dimension, d
 
 /// `base` with the GEMM speed (`fit_gemm` on a narrow and a square GEMM) and the memory
 /// bandwidth of the ranks of `c` measured on T, each the median of `sample.rounds` and the
-/// slowest rank's (the same on every rank), its element size set to T's, and its links fitted on `c`'s ranks
-/// (`calibrate_links`; unless `sample.fit_links` is false). Collective over `c`: every rank
-/// measures at once.
+/// slowest rank's (the same on every rank), its element size set to T's, and its links
+/// fitted on `c`'s ranks (`calibrate_links`; unless `sample.fit_links` is false). Collective
+/// over `c`: every rank measures at once.
 template <class T>
 machine_model measure_machine(const communicator& c, machine_model base = {},
                               const machine_sample& sample = {}) {

@@ -49,7 +49,7 @@ struct machine_model {
     /// Per primitive (by name): its measured compute over its price, which multiplies the
     /// price of its nodes in the search on programs; 1 for a primitive not named.
     /// `calibrate_ops` (search/calibrate.hpp) fits them from a profiled step of the program
-    /// itself, on the ranks that run it: what one GEMM and one update cannot show (a kernel's
+    /// itself, on the ranks that run it: what two GEMMs and one update cannot show (a kernel's
     /// own efficiency on its shapes, the ranks' contention).
     std::vector<std::pair<std::string, double>> op_scale{};
 
