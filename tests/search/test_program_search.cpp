@@ -638,8 +638,8 @@ TEST(program_search, the_driver_searches_on_the_machine_measured_or_set) {
     EXPECT_EQ(measured.element, sizeof(double));
     EXPECT_TRUE(std::isfinite(measured.gemm_half_dimension) && measured.gemm_half_dimension >= 0)
         << measured.gemm_half_dimension;
-    for (double v :
-         {measured.gemm_flops, measured.memory_bandwidth, 1 + measured.gemm_half_dimension}) {
+    for (double v : {measured.gemm_flops, measured.memory_bandwidth,
+                     1 + measured.gemm_half_dimension, measured.transcendental_seconds}) {
         EXPECT_TRUE(std::isfinite(v) && v > 0) << v;
         std::array<double, 2> range{v, -v};
         xshard::mpi::allreduce(world(), std::span(range), xshard::reduction::min);
@@ -694,6 +694,36 @@ TEST(program_search, the_driver_searches_on_the_machine_measured_or_set) {
     EXPECT_THROW(unpriced.set_machine_model(bad), xshard::error);
     bad.gemm_half_dimension = std::numeric_limits<double>::infinity();
     EXPECT_THROW(unpriced.set_machine_model(bad), xshard::error);
+    bad = measured;
+    bad.transcendental_seconds = 0;
+    EXPECT_THROW(unpriced.set_machine_model(bad), xshard::error);
+}
+
+TEST(program_search, transcendental_functions_are_priced_per_element) {
+    // gelu evaluates an erf forward and an erf and an exp backward per element; softmax an
+    // exp forward; relu none. Each node's price grows by that count times the elements
+    // times the machine's seconds per function, and nothing else changes.
+    auto p = xshard::trace(
+        [](traced_tensor x) {
+            auto h = ops::matmul(x, xshard::param("w", {64, 32}));
+            return ops::relu(ops::softmax<1>(ops::gelu(h)));
+        },
+        xshard::input<double>("x", {8, 64}));
+    const auto priced = [&](double seconds) {
+        xshard::machine_model m;
+        m.element = sizeof(double);
+        m.transcendental_seconds = seconds;
+        std::map<std::string, double> compute;
+        for (const auto& n : xshard::search_program(p, shape_of({"x"}, {1}), {.machine = m}).nodes)
+            compute[n.op] = n.compute;
+        return compute;
+    };
+    const auto fast = priced(1e-9), slow = priced(5e-9);
+    ASSERT_EQ(fast.size(), 4u);
+    EXPECT_NEAR(slow.at("gelu") - fast.at("gelu"), 3 * 8 * 32 * 4e-9, 1e-15);
+    EXPECT_NEAR(slow.at("softmax") - fast.at("softmax"), 1 * 8 * 32 * 4e-9, 1e-15);
+    EXPECT_EQ(slow.at("relu"), fast.at("relu"));
+    EXPECT_EQ(slow.at("matmul"), fast.at("matmul"));
 }
 
 TEST(program_search, fit_gemm_recovers_the_peak_and_half_dimension_of_hockney_s_model) {

@@ -389,21 +389,23 @@ public:
     /// The machine the engines (recursive_programming, sharding_propagation) price with:
     /// search/machine_model.hpp's defaults until set; `measure_machine<T>(comm)`
     /// (search/calibrate.hpp) measures the ranks', and `calibrate_ops` fits its primitives'
-    /// factors on a profiled step. Positive GEMM speed, memory bandwidth, element size and
-    /// factors, and a GEMM half dimension that is finite and not negative, else xshard::error
-    /// on every rank. Agreed over the mesh.
+    /// factors on a profiled step. Positive GEMM speed, memory bandwidth, element size,
+    /// transcendental functions' cost and factors, and a GEMM half dimension that is finite
+    /// and not negative, else xshard::error on every rank. Agreed over the mesh.
     void set_machine_model(const machine_model& m) {
         bool factors = true;
         for (const auto& [op, f] : m.op_scale)
             factors = factors && f > 0 && std::isfinite(f);
         agree(m.gemm_flops > 0 && m.memory_bandwidth > 0 && m.element > 0 &&
+                      m.transcendental_seconds > 0 && std::isfinite(m.transcendental_seconds) &&
                       m.optimizer_states >= 0 && m.gemm_half_dimension >= 0 &&
                       std::isfinite(m.gemm_half_dimension) && factors
                   ? std::nullopt
                   : std::optional<std::string>(
                         "xshard: set_machine_model: the GEMM speed, memory bandwidth, element "
-                        "size and primitives' factors must be positive, and the optimizer states "
-                        "and the GEMM half dimension finite and not negative"));
+                        "size, transcendental functions' cost and primitives' factors must be "
+                        "positive, and the optimizer states and the GEMM half dimension finite "
+                        "and not negative"));
         machine_ = m;
     }
     const machine_model& machine() const noexcept { return machine_; }

@@ -112,6 +112,12 @@ struct op_rules {
     /// about twice backward (3); one that takes statistics first streams them more often.
     double passes = 3;
 
+    /// Transcendental functions (exp, log, erf, tanh) the forward and backward kernels
+    /// evaluate together per element of the first operand (gelu: an erf forward, an erf and an
+    /// exp backward). Vector exp and erf take far longer than their arithmetic suggests: the
+    /// search prices each at the machine's `transcendental_seconds`. None by default.
+    double transcendentals = 0;
+
     /// Bytes the kernels stream in a training step beyond the operands and the results (a
     /// convolution's im2col columns): the search prices them at the memory bandwidth. None
     /// by default.

@@ -2,10 +2,11 @@
 /// \file
 /// The machine figures the strategy search prices with, measured on the ranks that will run:
 /// one rank's GEMM speed (`machine_model::gemm_flops`, and `gemm_half_dimension`: how it falls
-/// on narrow shapes), the memory bandwidth of its elementwise work (`memory_bandwidth`) and
-/// the alpha-beta links of the redistribution steps (`links`, `calibrate_links`). Every rank measures at the same time, since ranks of a node
-/// share its memory bandwidth when they train, and the slowest rank's figures are kept, the
-/// same on every rank.
+/// on narrow shapes), the memory bandwidth of its elementwise work (`memory_bandwidth`), the
+/// cost of its transcendental functions (`transcendental_seconds`) and the alpha-beta links of
+/// the redistribution steps (`links`, `calibrate_links`). Every rank measures at the same
+/// time, since ranks of a node share its memory bandwidth when they train, and the slowest
+/// rank's figures are kept, the same on every rank.
 ///
 ///     auto machine = xshard::measure_machine<double>(mesh.comm());
 ///     net.set_machine_model(machine); // auto_parallel: what its engines price with
@@ -36,6 +37,8 @@
 #include <xshard/search/machine_model.hpp>
 #include <xshard/search/program_search.hpp>
 #include <xshard/tensor/distribute.hpp>
+
+#include <xsimd/xsimd.hpp>
 
 #include <algorithm>
 #include <array>
@@ -92,6 +95,29 @@ double measure_gemm_flops(std::size_t rows, std::size_t in, std::size_t out, int
                      out);
     });
     return 2.0 * double(rows) * double(in) * double(out) / std::max(s, 1e-9);
+}
+
+/// Seconds per element of one transcendental function as the elementwise kernels run them, in
+/// xsimd's vectors of T: erf and exp over `n` elements (a block the cache holds), a typical
+/// one of `repeats` passes (`detail::typical_of`). No communication.
+template <class T>
+double measure_transcendental_seconds(std::size_t n, int repeats = 5) {
+    using batch = xsimd::batch<T>;
+    constexpr std::size_t lanes = batch::size;
+    n = std::max(n / lanes, std::size_t(1)) * lanes;
+    std::vector<T> x(n), y(n);
+    for (std::size_t i = 0; i < n; ++i)
+        x[i] = T(double(i % 97) / 97 * 4 - 2);
+    const double s = detail::typical_of(repeats, [&] {
+        for (std::size_t i = 0; i < n; i += lanes) {
+            const auto a = batch::load_unaligned(x.data() + i);
+            (xsimd::erf(a) + xsimd::exp(a)).store_unaligned(y.data() + i);
+        }
+    });
+    // The results are read below, so that the functions are not optimised away.
+    volatile T keep = y[n / 2];
+    (void)keep;
+    return s / (2.0 * double(n));
 }
 
 /// Bytes/s of this rank's elementwise work as the cost model counts it: Momentum's update of
@@ -264,8 +290,11 @@ struct machine_sample {
     std::size_t rows = 64, in = 1024, out = 4096;
     std::size_t square = 512;
     std::size_t elements = std::size_t(1) << 23;
+    /// Elements of the transcendental functions' sample (erf and exp; 2^14, a block the
+    /// cache holds, as the kernels' runs are).
+    std::size_t functions = std::size_t(1) << 14;
     int repeats = 5;
-    /// How many times the three are measured in turn; each figure is the median of its rounds,
+    /// How many times the four are measured in turn; each figure is the median of its rounds,
     /// so that a spell of other work on the machine slows one round of every figure, not
     /// every call of one.
     int rounds = 3;
@@ -293,17 +322,17 @@ inline void fit_gemm(machine_model& m, double narrow, double narrow_dimension, d
     m.gemm_half_dimension = (1 / wide - a) * wide_dimension / a;
 }
 
-/// `base` with the GEMM speed (`fit_gemm` on a narrow and a square GEMM) and the memory
-/// bandwidth of the ranks of `c` measured on T, each the median of `sample.rounds` and the
-/// slowest rank's (the same on every rank), its element size set to T's, and its links
-/// fitted on `c`'s ranks (`calibrate_links`; unless `sample.fit_links` is false). Collective
+/// `base` with the GEMM speed (`fit_gemm` on a narrow and a square GEMM), the memory
+/// bandwidth and the transcendental functions' cost of the ranks of `c` measured on T, each
+/// the median of `sample.rounds` and the slowest rank's (the same on every rank), its element
+/// size set to T's, and its links fitted on `c`'s ranks (`calibrate_links`; unless `sample.fit_links` is false). Collective
 /// over `c`: every rank measures at once.
 template <class T>
 machine_model measure_machine(const communicator& c, machine_model base = {},
                               const machine_sample& sample = {}) {
     // Each figure starts together on every rank (a barrier), so that the ranks run the same
     // kind of work at once, as in a step, not one rank's GEMM beside another's update.
-    std::array<std::vector<double>, 3> rounds;
+    std::array<std::vector<double>, 4> rounds;
     for (int r = 0; r < std::max(sample.rounds, 1); ++r) {
         barrier(c);
         rounds[0].push_back(
@@ -313,13 +342,18 @@ machine_model measure_machine(const communicator& c, machine_model base = {},
             measure_gemm_flops<T>(sample.square, sample.square, sample.square, sample.repeats));
         barrier(c);
         rounds[2].push_back(measure_update_bandwidth<T>(sample.elements, sample.repeats));
+        barrier(c);
+        // As a rate, so that the slowest rank's is the least, as the others.
+        rounds[3].push_back(1 /
+                            measure_transcendental_seconds<T>(sample.functions, sample.repeats));
     }
-    std::array<double, 3> figures{detail::median(rounds[0]), detail::median(rounds[1]),
-                                  detail::median(rounds[2])};
+    std::array<double, 4> figures{detail::median(rounds[0]), detail::median(rounds[1]),
+                                  detail::median(rounds[2]), detail::median(rounds[3])};
     allreduce(c, std::span(figures), reduction::min);
     fit_gemm(base, figures[0], double(std::min({sample.rows, sample.in, sample.out})), figures[1],
              double(sample.square));
     base.memory_bandwidth = figures[2];
+    base.transcendental_seconds = 1 / figures[3];
     base.element = sizeof(T);
     if (sample.fit_links)
         base.links = calibrate_links(c, base.links, sample.links).links;

@@ -2,10 +2,10 @@
 /// \file
 /// The machine the strategy search prices with (MindSpore's auto-parallel cost model's
 /// figures): the alpha-beta links of the redistribution planner, one rank's GEMM speed (and
-/// how it falls on narrow shapes) and memory bandwidth, the element size, the optimizer's
-/// state, hsdp's threshold and a factor per primitive fitted on a profiled step. The defaults
-/// are guesses; search/calibrate.hpp measures the ranks that will run (benchmarks/README.md
-/// gives the figures measured against these defaults).
+/// how it falls on narrow shapes), memory bandwidth and cost of transcendental functions, the
+/// element size, the optimizer's state, hsdp's threshold and a factor per primitive fitted on
+/// a profiled step. The defaults are guesses; search/calibrate.hpp measures the ranks that
+/// will run (benchmarks/README.md gives the figures measured against these defaults).
 
 #include <xshard/redistribute/cost_model.hpp>
 
@@ -33,6 +33,9 @@ struct machine_model {
     double gemm_half_dimension = 0;
     /// Bytes/s of one rank's elementwise work (read and write).
     double memory_bandwidth = 5.4e9;
+    /// Seconds of one transcendental function (exp, log, erf, tanh) per element, in the
+    /// elementwise kernels' vectors (measure_machine times erf and exp).
+    double transcendental_seconds = 2e-9;
     /// Bytes per element of weights and activations.
     std::size_t element = 4;
     /// Optimizer state, in weight-sized tensors (Adam: 2).

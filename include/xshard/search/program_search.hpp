@@ -1018,7 +1018,7 @@ private:
             w.result_bytes += volume(res.back().local) * element_bytes(v.type);
             bytes += double(volume(res.back().local) * element_bytes(v.type));
         }
-        double flops = 0, smallest = 0, passes = 3, scratch = 0, messages = 0;
+        double flops = 0, smallest = 0, passes = 3, scratch = 0, messages = 0, functions = 0;
         if (!n.custom) {
             const auto& rules = rules_named(n.op);
             if (rules.flops)
@@ -1026,6 +1026,8 @@ private:
             if (rules.gemm_dimension)
                 smallest = rules.gemm_dimension(n.attributes, ops, res);
             passes = rules.passes;
+            if (!ops.empty())
+                functions = rules.transcendentals * double(volume(ops[0].local));
             if (rules.scratch_traffic)
                 scratch = rules.scratch_traffic(n.attributes, ops, res);
             if (rules.kernel_seconds)
@@ -1046,7 +1048,8 @@ private:
             }
         const double backward = floating > 0 ? 2 * cotangents / floating : 0;
         w.compute = (1 + backward) * o_.machine.gemm_seconds(flops, smallest) +
-                    (passes * bytes + scratch) / o_.machine.memory_bandwidth + messages;
+                    (passes * bytes + scratch) / o_.machine.memory_bandwidth +
+                    functions * o_.machine.transcendental_seconds + messages;
         w.compute *= o_.machine.scale_of(n.op);
         return w;
     }

@@ -182,12 +182,14 @@ inline double per_element_flops(const op_attributes&, std::span<const shard_type
     return 5.0 * double(ops[0].count());
 }
 
+// An exp per element forward; log_softmax's backward pass another.
 inline constexpr op_rules softmax_rules{.name = "softmax",
                                         .infer = infer_softmax,
                                         .rule = softmax_layouts,
                                         .batched = first_batched,
                                         .resolve = resolve_each,
                                         .flops = per_element_flops,
+                                        .transcendentals = 1,
                                         .saves = saves_result(0)};
 inline constexpr op_rules log_softmax_rules{.name = "log_softmax",
                                             .infer = infer_softmax,
@@ -195,6 +197,7 @@ inline constexpr op_rules log_softmax_rules{.name = "log_softmax",
                                             .batched = first_batched,
                                             .resolve = resolve_each,
                                             .flops = per_element_flops,
+                                            .transcendentals = 2,
                                             .saves = saves_result(0)};
 
 // Layer norm.
@@ -717,6 +720,8 @@ inline constexpr op_rules cross_entropy_rules{.name = "cross_entropy",
                                               .batched = both_batched,
                                               .resolve = resolve_each,
                                               .flops = per_element_flops,
+                                              // an exp per logit each way
+                                              .transcendentals = 2,
                                               .saves = saves_operand(0) | saves_operand(1)};
 
 template <class T>
