@@ -325,8 +325,8 @@ inline void fit_gemm(machine_model& m, double narrow, double narrow_dimension, d
 /// `base` with the GEMM speed (`fit_gemm` on a narrow and a square GEMM), the memory
 /// bandwidth and the transcendental functions' cost of the ranks of `c` measured on T, each
 /// the median of `sample.rounds` and the slowest rank's (the same on every rank), its element
-/// size set to T's, and its links fitted on `c`'s ranks (`calibrate_links`; unless `sample.fit_links` is false). Collective
-/// over `c`: every rank measures at once.
+/// size set to T's, and its links fitted on `c`'s ranks (`calibrate_links`; unless
+/// `sample.fit_links` is false). Collective over `c`: every rank measures at once.
 template <class T>
 machine_model measure_machine(const communicator& c, machine_model base = {},
                               const machine_sample& sample = {}) {
