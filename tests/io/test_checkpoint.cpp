@@ -550,6 +550,33 @@ TEST(files, a_file_shrunk_under_a_mapping_is_an_io_error_and_other_sigbus_handle
     fs::remove(path);
 }
 
+TEST(files, a_pass_over_a_file_takes_the_faster_way_per_byte_after_timing_both) {
+    // Small pieces are not timed but still take turns (so a small file exercises both ways);
+    // timed pieces go to the way with fewer of them until each has its trials.
+    xshard::detail::read_chooser choice(2, 1000);
+    std::vector<bool> ways;
+    for (int i = 0; i < 4; ++i) {
+        ways.push_back(choice.map_next());
+        choice.took(ways.back(), 10, 1.0);
+    }
+    EXPECT_EQ(ways, (std::vector<bool>{true, false, true, false}));
+    choice.took(true, 1000, 1e-3); // mapped: 1 us per byte, then the copy's turns
+    EXPECT_FALSE(choice.map_next());
+    choice.took(false, 2000, 1e-3); // copied: 0.5 us per byte
+    EXPECT_TRUE(choice.map_next());
+    choice.took(true, 1000, 1e-3);
+    EXPECT_FALSE(choice.map_next());
+    choice.took(false, 2000, 1e-3);
+    EXPECT_FALSE(choice.map_next()) << "copying is faster per byte";
+    choice.took(true, 1 << 20, 1e-9); // past the trials: no longer timed
+    EXPECT_FALSE(choice.map_next());
+
+    xshard::detail::read_chooser mapping_wins(1, 1);
+    mapping_wins.took(true, 4000, 1e-3);
+    mapping_wins.took(false, 1000, 1e-3);
+    EXPECT_TRUE(mapping_wins.map_next()) << "mapping is faster per byte";
+}
+
 TEST(checkpoint, refuses_partial_tensors) {
     const auto w = world();
     const ckpt_mesh m(w, {1, w.size()});

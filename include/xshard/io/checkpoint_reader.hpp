@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -236,9 +237,11 @@ public:
     /// The checksum runs of share `part` of `parts` of the stored bytes of `tensors` that
     /// carry a checksum, the blocks numbered as pieces_to_verify numbers them: the stored
     /// regions of those tensors (in the order of the files and of their places in them) cut
-    /// into `parts` stretches of equal bytes, each read in order in reads of `buffer`'s size;
-    /// each block's runs in a read (a column split's rows) are checksummed there, while in
-    /// the cache, continuing the block's run of the read before.
+    /// into `parts` stretches of equal bytes, each read in order in pieces of `buffer`'s
+    /// size, each piece checksummed where a mapping of the file shows it or read into
+    /// `buffer`, whichever is faster here (read_chooser); the runs of a piece (a column
+    /// split's rows, the blocks taking turns) are checksummed in file order, each continuing
+    /// its block's run of the piece before.
     std::vector<detail::crc_run> checksum_share(const std::vector<const strategy_entry*>& tensors,
                                                 std::uint64_t part, std::uint64_t parts,
                                                 std::vector<std::byte>& buffer) const {
@@ -249,6 +252,7 @@ public:
             std::size_t next = 0;                                  ///< the first run not done
             std::uint64_t offset = 0;                              ///< the block's bytes before it
             std::size_t out = std::size_t(-1);                     ///< its last run in the result
+            bool parked = false; ///< its run goes on past the current read
         };
         std::map<region, std::vector<std::pair<const strategy_entry*, stored_block>>> regions;
         std::map<std::pair<const strategy_entry*, std::size_t>, std::uint64_t> keys;
@@ -269,6 +273,9 @@ public:
                             last = part + 1 == parts ? total : total / parts * (part + 1);
         std::vector<detail::crc_run> out;
         std::uint64_t counted = 0;
+        detail::read_chooser choice;
+        std::optional<detail::file_window> window;
+        int window_file = -1;
         for (const auto& [r, bs] : regions) {
             const auto& [file, begin, end] = r;
             const auto lo = std::max(first, counted), hi = std::min(last, counted + (end - begin));
@@ -284,29 +291,60 @@ public:
                 blocks_here.push_back(std::move(c));
             }
             const auto& f = open(file).first;
+            if (file != window_file) { // (the regions are in the order of the files)
+                window.reset();
+                window.emplace(f, PROT_READ);
+                window_file = file;
+            }
             for (auto at = a; at < z; at += buffer.size()) {
                 const auto n = std::min(buffer.size(), z - at);
-                f.read_at(buffer.data(), n, at);
+                const auto start = std::chrono::steady_clock::now();
+                const bool mapped = choice.map_next() && window->map(at, n);
+                if (!mapped)
+                    f.read_at(buffer.data(), n, at);
+                const std::byte* data = mapped ? window->at(at) : buffer.data();
+                // The CRC-32 of the file's bytes [s, t), continuing `crc`.
+                const auto crc_of = [&](std::size_t s, std::size_t t, std::uint32_t crc = 0) {
+                    if (mapped)
+                        window->access(
+                            [&] { crc = detail::crc32_of(data + (s - at), t - s, crc); }, "read");
+                    else
+                        crc = detail::crc32_of(data + (s - at), t - s, crc);
+                    return crc;
+                };
+                // The runs in file order (a column split's blocks take turns row by row),
+                // so that the reads of a mapping go forward; a run that goes on in the next
+                // read parks its block for the rest of this one.
                 for (auto& c : blocks_here)
-                    for (; c.next < c.runs.size() && c.runs[c.next].first < at + n;) {
-                        const auto [run_at, run_bytes] = c.runs[c.next];
-                        const auto s = std::max(run_at, at),
-                                   t = std::min(run_at + run_bytes, at + n);
-                        const auto where = c.offset + (s - run_at); // in the block
-                        if (c.out < out.size() && out[c.out].offset + out[c.out].length == where) {
-                            out[c.out].crc = detail::crc32_of(buffer.data() + (s - at), t - s,
-                                                              std::uint32_t(out[c.out].crc));
-                            out[c.out].length += t - s;
-                        } else {
-                            c.out = out.size();
-                            out.push_back({c.key, where, t - s,
-                                           detail::crc32_of(buffer.data() + (s - at), t - s)});
-                        }
-                        if (run_at + run_bytes > at + n)
-                            break; // the run goes on in the next read
-                        c.offset += run_bytes;
-                        ++c.next;
+                    c.parked = false;
+                for (;;) {
+                    cursor* c = nullptr; // the block whose next run here comes first
+                    for (auto& b : blocks_here)
+                        if (!b.parked && b.next < b.runs.size() && b.runs[b.next].first < at + n &&
+                            (!c || b.runs[b.next].first < c->runs[c->next].first))
+                            c = &b;
+                    if (!c)
+                        break;
+                    const auto [run_at, run_bytes] = c->runs[c->next];
+                    const auto s = std::max(run_at, at), t = std::min(run_at + run_bytes, at + n);
+                    const auto where = c->offset + (s - run_at); // in the block
+                    if (c->out < out.size() && out[c->out].offset + out[c->out].length == where) {
+                        out[c->out].crc = crc_of(s, t, std::uint32_t(out[c->out].crc));
+                        out[c->out].length += t - s;
+                    } else {
+                        c->out = out.size();
+                        out.push_back({c->key, where, t - s, crc_of(s, t)});
                     }
+                    if (run_at + run_bytes > at + n) {
+                        c->parked = true;
+                        continue;
+                    }
+                    c->offset += run_bytes;
+                    ++c->next;
+                }
+                choice.took(mapped, n,
+                            std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                                .count());
             }
         }
         return out;

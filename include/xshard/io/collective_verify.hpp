@@ -62,7 +62,7 @@ inline constexpr std::size_t verify_chunk = std::size_t(1) << 20;
 
 /// Checks every stored byte of `stored` in `r` against its CRC-32, each read once, by one
 /// rank of `c`: each rank a contiguous share of the stored bytes in the order of the files,
-/// balanced by bytes, read in that order in large reads (checkpoint_reader::checksum_share);
+/// balanced by bytes, read in that order in large pieces (checkpoint_reader::checksum_share);
 /// raises io_error on every rank naming the damaged tensors. Collective.
 inline void verify_shared(const communicator& c, const checkpoint_reader& r,
                           const std::vector<const strategy_entry*>& stored,

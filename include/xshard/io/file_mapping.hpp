@@ -174,4 +174,44 @@ private:
     std::size_t lo_ = 0, length_ = 0;
 };
 
+/// Chooses, for a pass over a file's bytes in many pieces, between reading them through a
+/// file_window (no copy) and pread into a buffer (a copy). Pieces of at least `least` bytes
+/// are timed (a mapping's system calls dwarf smaller ones) until each way has `trials` of
+/// them, the pieces taking the two ways in turn; then every piece takes the way with the
+/// fewer seconds per byte. Which wins depends on the kernel and on how the file came into the
+/// page cache: a mapping of large folios costs a fault per folio and then reads at the speed
+/// of memory; a file cached in 4 KiB pages (an older kernel, or pages stored through a
+/// mapping) costs a fault per page, and there pread wins.
+class read_chooser {
+public:
+    explicit read_chooser(int trials = 4, std::size_t least = std::size_t(256) << 10) noexcept
+        : trials_(trials)
+        , least_(least) {}
+
+    /// Whether the next piece goes through the mapping.
+    bool map_next() const noexcept {
+        if (timed_[0] < trials_ || timed_[1] < trials_)
+            return timed_[0] != timed_[1] ? timed_[1] < timed_[0] : pieces_ % 2 == 0;
+        return seconds_[1] * double(bytes_[0]) <= seconds_[0] * double(bytes_[1]);
+    }
+
+    /// Reports that a piece of `bytes` took `seconds`, through the mapping or not.
+    void took(bool mapped, std::size_t bytes, double seconds) noexcept {
+        ++pieces_;
+        if (bytes < least_ || (timed_[0] >= trials_ && timed_[1] >= trials_))
+            return;
+        ++timed_[mapped];
+        bytes_[mapped] += bytes;
+        seconds_[mapped] += seconds;
+    }
+
+private:
+    int trials_;
+    std::size_t least_;
+    std::size_t pieces_ = 0;
+    int timed_[2] = {0, 0};
+    std::size_t bytes_[2] = {0, 0};
+    double seconds_[2] = {0, 0};
+};
+
 } // namespace xshard::detail
