@@ -108,10 +108,11 @@ inline xshard::axis_link parse_axis_link(const std::string& text) {
     }
 }
 
-/// The machine model of the options --gemm-flops, --gemm-half-dimension, --memory-bandwidth
-/// and --axis-link.
+/// The machine model of the options --gemm-flops, --gemm-half-dimension, --memory-bandwidth,
+/// --transcendental-seconds and --axis-link.
 inline xshard::machine_model machine_of(const CLI::App& app, double gemm, double half,
-                                        double bandwidth, const std::vector<std::string>& links) {
+                                        double bandwidth, double functions,
+                                        const std::vector<std::string>& links) {
     xshard::machine_model m;
     if (app.count("--gemm-flops")) {
         if (!(gemm > 0))
@@ -127,6 +128,11 @@ inline xshard::machine_model machine_of(const CLI::App& app, double gemm, double
         if (!(bandwidth > 0))
             throw usage_error("--memory-bandwidth must be positive");
         m.memory_bandwidth = bandwidth;
+    }
+    if (app.count("--transcendental-seconds")) {
+        if (!(functions > 0) || !std::isfinite(functions))
+            throw usage_error("--transcendental-seconds must be a positive finite number");
+        m.transcendental_seconds = functions;
     }
     for (const auto& l : links)
         m.links.axis_links.push_back(parse_axis_link(l));
@@ -214,7 +220,7 @@ inline int plan_search(int argc, char** argv) {
     bool propagate = false;
     double memory_gib = 0;
     int level = 2;
-    double gemm = 0, half = 0, bandwidth = 0;
+    double gemm = 0, half = 0, bandwidth = 0, functions = 0;
     std::vector<std::string> links;
     auto* model_option = app.add_option(
         "--model", model, "mlp:784,512,512,10 or transformer:layers,hidden,heads,seq,vocab");
@@ -239,6 +245,8 @@ inline int plan_search(int argc, char** argv) {
     app.add_option("--gemm-flops", gemm, "GEMM speed per rank, FLOP/s (measure_machine's)");
     app.add_option("--memory-bandwidth", bandwidth,
                    "elementwise work per rank, bytes/s read and written (measure_machine's)");
+    app.add_option("--transcendental-seconds", functions,
+                   "seconds of an exp or erf per element (measure_machine's)");
     app.add_option("--axis-link", links, "a mesh axis' link: axis=alpha,beta (repeatable)");
     app.add_option("--save", save, "write the chosen strategies as an operator strategy file");
     if (const auto status = parse_arguments(app, argc, argv))
@@ -251,7 +259,7 @@ inline int plan_search(int argc, char** argv) {
                                            : std::numeric_limits<double>::infinity();
         if (!program_path.empty())
             return search_program_file(program_path, mesh_text, propagate, memory_per_rank, save,
-                                       machine_of(app, gemm, half, bandwidth, links));
+                                       machine_of(app, gemm, half, bandwidth, functions, links));
         if (model.empty())
             throw usage_error("give --model (with --batch and --ranks) or --program (with --mesh)");
         for (const char* needed : {"--batch", "--ranks"})
@@ -276,7 +284,7 @@ inline int plan_search(int argc, char** argv) {
         else
             throw usage_error("--dtype must be f16, bf16, f32 or f64, not '" + dtype + "'");
         const auto element = o.machine.element;
-        o.machine = machine_of(app, gemm, half, bandwidth, links);
+        o.machine = machine_of(app, gemm, half, bandwidth, functions, links);
         o.machine.element = element;
         const auto net = parse_model(model, std::size_t(batch));
         const auto start = std::chrono::steady_clock::now();

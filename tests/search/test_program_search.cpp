@@ -701,29 +701,39 @@ TEST(program_search, the_driver_searches_on_the_machine_measured_or_set) {
 
 TEST(program_search, transcendental_functions_are_priced_per_element) {
     // gelu evaluates an erf forward and an erf and an exp backward per element; softmax an
-    // exp forward; relu none. Each node's price grows by that count times the elements
-    // times the machine's seconds per function, and nothing else changes.
+    // exp forward; relu none; log_softmax an exp each way, but on the input (which depends on
+    // no weight) no cotangent reaches it, and it runs forward only. Each node's price grows by
+    // that count times the elements times the machine's seconds per function, and nothing
+    // else changes. Its memory traffic likewise: once forward, twice more backward.
     auto p = xshard::trace(
         [](traced_tensor x) {
-            auto h = ops::matmul(x, xshard::param("w", {64, 32}));
+            auto h = ops::matmul(ops::log_softmax<1>(x), xshard::param("w", {64, 32}));
             return ops::relu(ops::softmax<1>(ops::gelu(h)));
         },
         xshard::input<double>("x", {8, 64}));
-    const auto priced = [&](double seconds) {
+    const auto priced = [&](double seconds, double bandwidth) {
         xshard::machine_model m;
         m.element = sizeof(double);
         m.transcendental_seconds = seconds;
+        m.memory_bandwidth = bandwidth;
         std::map<std::string, double> compute;
         for (const auto& n : xshard::search_program(p, shape_of({"x"}, {1}), {.machine = m}).nodes)
             compute[n.op] = n.compute;
         return compute;
     };
-    const auto fast = priced(1e-9), slow = priced(5e-9);
-    ASSERT_EQ(fast.size(), 4u);
+    const auto fast = priced(1e-9, 1e10), slow = priced(5e-9, 1e10);
+    ASSERT_EQ(fast.size(), 5u);
     EXPECT_NEAR(slow.at("gelu") - fast.at("gelu"), 3 * 8 * 32 * 4e-9, 1e-15);
     EXPECT_NEAR(slow.at("softmax") - fast.at("softmax"), 1 * 8 * 32 * 4e-9, 1e-15);
+    EXPECT_NEAR(slow.at("log_softmax") - fast.at("log_softmax"), 1 * 8 * 64 * 4e-9, 1e-15);
     EXPECT_EQ(slow.at("relu"), fast.at("relu"));
     EXPECT_EQ(slow.at("matmul"), fast.at("matmul"));
+    // Half the bandwidth: each byte's time again. [8, 64] in and out, forward only; relu's
+    // [8, 32] in and out, three times.
+    const auto narrow = priced(1e-9, 5e9);
+    EXPECT_NEAR(narrow.at("log_softmax") - fast.at("log_softmax"), 1 * 2 * 8 * 64 * 8 / 1e10,
+                1e-15);
+    EXPECT_NEAR(narrow.at("relu") - fast.at("relu"), 3 * 2 * 8 * 32 * 8 / 1e10, 1e-15);
 }
 
 TEST(program_search, fit_gemm_recovers_the_peak_and_half_dimension_of_hockney_s_model) {

@@ -106,17 +106,20 @@ struct op_rules {
     double (*gemm_dimension)(const op_attributes&, std::span<const shard_type> operands,
                              std::span<const shard_type> results) = nullptr;
 
-    /// How many times the forward and backward passes together stream the operands and the
-    /// results through memory: the search prices their bytes times this at the machine's
-    /// memory bandwidth. An elementwise operation reads and writes them once forward and
-    /// about twice backward (3); one that takes statistics first streams them more often.
-    double passes = 3;
+    /// How many times the forward kernel streams the operands and the results through
+    /// memory, and the backward one (the VJP, which runs only where a cotangent reaches the
+    /// node): the search prices their bytes times these at the machine's memory bandwidth. An
+    /// elementwise operation reads and writes them once forward and about twice backward; one
+    /// that takes statistics first streams them more often.
+    double passes = 1;
+    double backward_passes = 2;
 
-    /// Transcendental functions (exp, log, erf, tanh) the forward and backward kernels
-    /// evaluate together per element of the first operand (gelu: an erf forward, an erf and an
-    /// exp backward). Vector exp and erf take far longer than their arithmetic suggests: the
+    /// Transcendental functions (exp, log, erf, tanh) the forward kernel evaluates per element
+    /// of the first operand, and the backward one (gelu: an erf forward, an erf and an exp
+    /// backward). Vector exp and erf take far longer than their arithmetic suggests: the
     /// search prices each at the machine's `transcendental_seconds`. None by default.
     double transcendentals = 0;
+    double backward_transcendentals = 0;
 
     /// Bytes the kernels stream in a training step beyond the operands and the results (a
     /// convolution's im2col columns): the search prices them at the memory bandwidth. None

@@ -1018,25 +1018,10 @@ private:
             w.result_bytes += volume(res.back().local) * element_bytes(v.type);
             bytes += double(volume(res.back().local) * element_bytes(v.type));
         }
-        double flops = 0, smallest = 0, passes = 3, scratch = 0, messages = 0, functions = 0;
-        if (!n.custom) {
-            const auto& rules = rules_named(n.op);
-            if (rules.flops)
-                flops = rules.flops(n.attributes, ops, res);
-            if (rules.gemm_dimension)
-                smallest = rules.gemm_dimension(n.attributes, ops, res);
-            passes = rules.passes;
-            if (!ops.empty())
-                functions = rules.transcendentals * double(volume(ops[0].local));
-            if (rules.scratch_traffic)
-                scratch = rules.scratch_traffic(n.attributes, ops, res);
-            if (rules.kernel_seconds)
-                messages = rules.kernel_seconds(n.attributes, ops, res, mesh_, o_.machine.links);
-        }
         // The backward pass does about twice the forward's arithmetic when every floating
         // operand takes a cotangent (a matmul's two products), in proportion otherwise: a
         // first layer's input takes none, and a node that no cotangent reaches (none of its
-        // results takes one) runs no VJP.
+        // results takes one) runs no VJP, so streams and evaluates nothing backward.
         bool reached = false;
         for (auto id : n.results)
             reached = reached || gradient_[id];
@@ -1047,6 +1032,24 @@ private:
                 cotangents += reached && gradient_[id] ? 1 : 0;
             }
         const double backward = floating > 0 ? 2 * cotangents / floating : 0;
+        double flops = 0, smallest = 0, passes = reached ? 3 : 1, scratch = 0, messages = 0,
+               functions = 0;
+        if (!n.custom) {
+            const auto& rules = rules_named(n.op);
+            if (rules.flops)
+                flops = rules.flops(n.attributes, ops, res);
+            if (rules.gemm_dimension)
+                smallest = rules.gemm_dimension(n.attributes, ops, res);
+            passes = rules.passes + (reached ? rules.backward_passes : 0);
+            if (!ops.empty())
+                functions =
+                    (rules.transcendentals + (reached ? rules.backward_transcendentals : 0)) *
+                    double(volume(ops[0].local));
+            if (rules.scratch_traffic)
+                scratch = rules.scratch_traffic(n.attributes, ops, res);
+            if (rules.kernel_seconds)
+                messages = rules.kernel_seconds(n.attributes, ops, res, mesh_, o_.machine.links);
+        }
         w.compute = (1 + backward) * o_.machine.gemm_seconds(flops, smallest) +
                     (passes * bytes + scratch) / o_.machine.memory_bandwidth +
                     functions * o_.machine.transcendental_seconds + messages;

@@ -412,7 +412,7 @@ inline bool first_batched(const op_attributes&, std::span<const operand_type> op
 
 /// The rules of a unary elementwise primitive.
 constexpr op_rules unary_rules(std::string_view name, std::uint32_t saves,
-                               double transcendentals = 0) {
+                               double transcendentals = 0, double backward_transcendentals = 0) {
     return {.name = name,
             .infer = infer_unary,
             .rule = same_layout_rule,
@@ -420,6 +420,7 @@ constexpr op_rules unary_rules(std::string_view name, std::uint32_t saves,
             .resolve = resolve_each,
             .flops = elementwise_flops,
             .transcendentals = transcendentals,
+            .backward_transcendentals = backward_transcendentals,
             .saves = saves};
 }
 
@@ -435,7 +436,7 @@ inline constexpr op_rules minimum_rules =
 inline constexpr op_rules neg_rules = unary_rules("neg", 0);
 inline constexpr op_rules relu_rules = unary_rules("relu", saves_result(0));
 // gelu: erf forward, erf and exp backward; the others one function forward, none backward.
-inline constexpr op_rules gelu_rules = unary_rules("gelu", saves_operand(0), 3);
+inline constexpr op_rules gelu_rules = unary_rules("gelu", saves_operand(0), 1, 2);
 inline constexpr op_rules exp_rules = unary_rules("exp", saves_result(0), 1);
 inline constexpr op_rules log_rules = unary_rules("log", saves_operand(0), 1);
 inline constexpr op_rules tanh_rules = unary_rules("tanh", saves_result(0), 1);

@@ -197,7 +197,8 @@ inline constexpr op_rules log_softmax_rules{.name = "log_softmax",
                                             .batched = first_batched,
                                             .resolve = resolve_each,
                                             .flops = per_element_flops,
-                                            .transcendentals = 2,
+                                            .transcendentals = 1,
+                                            .backward_transcendentals = 1,
                                             .saves = saves_result(0)};
 
 // Layer norm.
@@ -624,9 +625,11 @@ inline constexpr op_rules batch_norm_rules{.name = "batch_norm",
                                            .batched = first_batched,
                                            .resolve = resolve_each,
                                            .flops = per_element_flops,
-                                           // forward: the mean, the deviations, y; backward:
-                                           // two sums, dx (the statistics kept)
-                                           .passes = 5,
+                                           // forward: the mean and the deviations (x
+                                           // alone), y; backward: two sums, dx (the
+                                           // statistics kept)
+                                           .passes = 2,
+                                           .backward_passes = 3,
                                            .kernel_seconds = batch_norm_seconds,
                                            .saves = saves_operand(0) | saves_operand(1)};
 
@@ -721,7 +724,8 @@ inline constexpr op_rules cross_entropy_rules{.name = "cross_entropy",
                                               .resolve = resolve_each,
                                               .flops = per_element_flops,
                                               // an exp per logit each way
-                                              .transcendentals = 2,
+                                              .transcendentals = 1,
+                                              .backward_transcendentals = 1,
                                               .saves = saves_operand(0) | saves_operand(1)};
 
 template <class T>
