@@ -237,8 +237,9 @@ inline void read_stored(ckpt_model& m, const checkpoint_reader& r, const load_pl
 ///    load reads is opened and its header parsed (plan_load); the ranks check that they
 ///    opened one file, so a save renamed over the checkpoint meanwhile is never read.
 ///  * Then every stored block of the model's tensors is verified, each byte by one rank
-///    (verify_shared: a contiguous share of the files per rank, in large reads). A mismatch raises
-///    io_error on every rank, naming the damaged tensors, before anything is written.
+///    (verify_shared: a contiguous share of the files per rank, in large pieces, each read or
+///    seen through a mapping, whichever is faster). A mismatch raises io_error on every rank,
+///    naming the damaged tensors, before anything is written.
 ///  * Then each rank reads what it needs straight into the model: a stored block inside one
 ///    block of the load's layout whole, in short runs (a column split) from the node's
 ///    shared windows where the ranks share a node (read_together), any other in part.

@@ -1032,24 +1032,19 @@ private:
                 cotangents += reached && gradient_[id] ? 1 : 0;
             }
         const double backward = floating > 0 ? 2 * cotangents / floating : 0;
-        double flops = 0, smallest = 0, passes = reached ? 3 : 1, scratch = 0, messages = 0,
-               functions = 0;
-        if (!n.custom) {
-            const auto& rules = rules_named(n.op);
-            if (rules.flops)
-                flops = rules.flops(n.attributes, ops, res);
-            if (rules.gemm_dimension)
-                smallest = rules.gemm_dimension(n.attributes, ops, res);
-            passes = rules.passes + (reached ? rules.backward_passes : 0);
-            if (!ops.empty())
-                functions =
-                    (rules.transcendentals + (reached ? rules.backward_transcendentals : 0)) *
-                    double(volume(ops[0].local));
-            if (rules.scratch_traffic)
-                scratch = rules.scratch_traffic(n.attributes, ops, res);
-            if (rules.kernel_seconds)
-                messages = rules.kernel_seconds(n.attributes, ops, res, mesh_, o_.machine.links);
-        }
+        static constexpr op_rules custom_rules{}; // a custom node's: the defaults
+        const auto& rules = n.custom ? custom_rules : rules_named(n.op);
+        const auto& a = n.attributes;
+        const double flops = rules.flops ? rules.flops(a, ops, res) : 0;
+        const double smallest = rules.gemm_dimension ? rules.gemm_dimension(a, ops, res) : 0;
+        const double passes = rules.passes + (reached ? rules.backward_passes : 0);
+        const double functions =
+            ops.empty() ? 0
+                        : (rules.transcendentals + (reached ? rules.backward_transcendentals : 0)) *
+                              double(volume(ops[0].local));
+        const double scratch = rules.scratch_traffic ? rules.scratch_traffic(a, ops, res) : 0;
+        const double messages =
+            rules.kernel_seconds ? rules.kernel_seconds(a, ops, res, mesh_, o_.machine.links) : 0;
         w.compute = (1 + backward) * o_.machine.gemm_seconds(flops, smallest) +
                     (passes * bytes + scratch) / o_.machine.memory_bandwidth +
                     functions * o_.machine.transcendental_seconds + messages;
