@@ -61,13 +61,13 @@
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
-#include <xshard/core/partition.hpp>
 #include <xshard/driver/auto_parallel.hpp>
 #include <xshard/driver/callbacks.hpp>
 #include <xshard/graph/executable.hpp>
 #include <xshard/io/checkpoint.hpp>
 #include <xshard/param/traversal.hpp>
 #include <xshard/pipeline/checkpoint.hpp>
+#include <xshard/pipeline/micro_batch.hpp>
 #include <xshard/pipeline/pipeline.hpp>
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/train/gradients.hpp>
@@ -539,12 +539,9 @@ private:
                             std::to_string(bx) + " blocks and the labels' in " +
                             std::to_string(by) + " cannot be cut alike");
             const int k = options_.gradient_accumulation;
-            // The first block is the largest: fewer rows than slices leave a slice empty.
-            if (block_extent(x.shape()[0], blocks, 0) < std::size_t(k))
-                throw error("xshard: model: gradient_accumulation " + std::to_string(k) +
-                            " cuts a batch of " + std::to_string(x.shape()[0]) +
-                            " rows into empty slices; use at most " +
-                            std::to_string(x.shape()[0] / blocks) + " slices");
+            if (pipeline::micro_batch_rows(x.shape()[0], blocks, k).empty())
+                throw error("xshard: model: gradient_accumulation " + std::to_string(k) + ": " +
+                            pipeline::cut_failure(x.shape()[0], blocks, k));
             const auto xs = pipeline::split_micro_batches(x, k, blocks);
             const auto ys = pipeline::split_micro_batches(y, k, blocks);
             auto& net = net_->model();

@@ -423,23 +423,32 @@ public:
     /// The weights, by the program's names (parameter traversal, param/traversal.hpp), then
     /// those of its custom nodes ("<node>.<weight>").
     friend void visit_parameters(compiled_program& c, auto&& visit) {
-        for (const auto& named : c.named_weights())
-            std::visit([&](auto* p) { visit(named.first, *p); }, named.second);
+        const named_weights list = c.weights_by_name();
+        for (const auto& [name, ref] : list.refs)
+            std::visit([&](auto* p) { visit(*name, *p); }, ref);
     }
 
 private:
-    /// The weights `visit_parameters` visits, in its order, with their names: built once per
-    /// visit, so that a visitor is compiled once per weight type, not once more for the
-    /// custom nodes' weights.
-    std::vector<std::pair<std::string, weight_ref<T, Mesh>>> named_weights() {
-        std::vector<std::pair<std::string, weight_ref<T, Mesh>>> out;
+    /// The weights `visit_parameters` visits, in its order, with their names: the program's
+    /// own names, and the custom nodes' "<node>.<weight>" joined once per visit.
+    struct named_weights {
+        std::deque<std::string> joined;
+        std::vector<std::pair<const std::string*, weight_ref<T, Mesh>>> refs;
+    };
+
+    /// Built once per visit, so that a visitor is compiled once per weight type, not once
+    /// more for the custom nodes' weights.
+    named_weights weights_by_name() {
+        named_weights out;
         for (std::size_t i = 0; i < s_->weights.size(); ++i)
-            std::visit([&](auto& w) { out.emplace_back(s_->weight_name(i), &w); }, s_->weights[i]);
+            std::visit([&](auto& w) { out.refs.emplace_back(&s_->weight_name(i), &w); },
+                       s_->weights[i]);
         for (std::size_t n = 0; n < s_->customs.size(); ++n)
             if (s_->customs[n])
                 s_->customs[n]->visit_weights(
                     [&](const std::string& name, weight_ref<T, Mesh> w) {
-                        out.emplace_back(s_->prog.nodes()[n].name + "." + name, w);
+                        out.joined.push_back(s_->prog.nodes()[n].name + "." + name);
+                        out.refs.emplace_back(&out.joined.back(), w);
                     });
         return out;
     }

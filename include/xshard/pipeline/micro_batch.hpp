@@ -46,15 +46,21 @@ inline std::vector<std::size_t> micro_batch_rows(std::size_t rows, std::size_t b
     return out;
 }
 
+/// Why a batch of `rows` rows in `blocks` row blocks does not cut into `m` micro-batches
+/// (`micro_batch_rows` is empty), and the batch sizes that do.
+inline std::string cut_failure(std::size_t rows, std::size_t blocks, int m) {
+    return "a batch of " + std::to_string(rows) + " rows in " + std::to_string(blocks) +
+           " row blocks does not cut into " + std::to_string(m) +
+           " micro-batches laid out like it; use a batch size that is a multiple of " +
+           std::to_string(blocks * std::size_t(m));
+}
+
 /// `micro_batch_rows`, throwing `xshard::error` when the rows do not cut.
 inline std::vector<std::size_t> checked_micro_batch_rows(std::size_t rows, std::size_t blocks,
                                                          int m) {
     auto out = micro_batch_rows(rows, blocks, m);
     if (out.empty())
-        throw error("xshard: a batch of " + std::to_string(rows) + " rows in " +
-                    std::to_string(blocks) + " row blocks does not cut into " + std::to_string(m) +
-                    " micro-batches laid out like it; use a batch size that is a multiple of " +
-                    std::to_string(blocks * std::size_t(m)));
+        throw error("xshard: " + cut_failure(rows, blocks, m));
     return out;
 }
 

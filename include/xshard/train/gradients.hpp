@@ -249,16 +249,24 @@ private:
         return &steps;
     }
 
+    /// The element types a gradient may have, and their names for the message that refuses
+    /// any other.
+    template <class T>
+    static constexpr bool gradient_element =
+        sixteen_bit_float<T> || std::is_same_v<T, float> || std::is_same_v<T, double> ||
+        std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t>;
+    static constexpr const char* gradient_elements =
+        "xshard: gradients must be float, double, float16, bfloat16, int32 or int64";
+
     /// The steps of gradients of type T; null for a type gradients cannot have.
     template <class T>
     static const typed_steps* steps_for(bool fp32_communication) {
-        if constexpr (sixteen_bit_float<T>)
-            return fp32_communication ? steps_of<float, T>() : steps_of<T, T>();
-        else if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> ||
-                           std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t>)
-            return steps_of<T, T>();
-        else
+        if constexpr (!gradient_element<T>)
             return nullptr;
+        else if constexpr (sixteen_bit_float<T>)
+            return fp32_communication ? steps_of<float, T>() : steps_of<T, T>();
+        else
+            return steps_of<T, T>();
     }
 
     template <class Wire>
@@ -271,7 +279,7 @@ private:
     void plan(std::vector<const typed_steps*> steps, bool same_names) {
         std::optional<std::string> problem = detail::first_problem(refs_);
         if (!problem && std::find(steps.begin(), steps.end(), nullptr) != steps.end())
-            problem = "xshard: gradients must be float, double, float16, bfloat16, int32 or int64";
+            problem = gradient_elements;
         if (!problem)
             problem = options_.fusion.allreduce.problem(refs_.size());
         if (!problem && !same_names)
