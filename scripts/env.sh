@@ -24,6 +24,15 @@ if [ -z "${OPENBLAS_CORETYPE:-}" ] && [ -r "$cpuinfo" ]; then
   unset cpu_flags avx512 f
 fi
 unset cpuinfo
+# The heap on transparent huge pages: glibc 2.35 and later ask the kernel for them for the
+# memory malloc takes (glibc.malloc.hugetlb=1), where the kernel gives them only to memory
+# that asks ("madvise" in /sys/kernel/mm/transparent_hugepage/enabled). Steps that stream
+# through memory run faster (docs/developer/performance.md, "The heap"); an older glibc
+# ignores the tunable, and a hugetlb value set by the caller wins.
+case ":${GLIBC_TUNABLES:-}:" in
+  *:glibc.malloc.hugetlb=*) ;;
+  *) export GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1" ;;
+esac
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 launcher=()
 # ccache is optional (install_deps.sh installs it, but env.sh is sourced before that runs):

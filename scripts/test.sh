@@ -21,8 +21,11 @@ jobs=${XSHARD_JOBS:-$jobs}
 cpu_model=$(grep -m 1 '^model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//' || true)
 cpu_vector=$(grep -m 1 '^flags' /proc/cpuinfo 2>/dev/null | tr ' ' '\n' |
   grep -E '^(sse4_2|avx|avx2|fma|avx512[a-z]*)$' | paste -sd ' ' || true)
+# The kernel's transparent huge pages (always, madvise or never) and what glibc is told.
+thp=$(sed -n 's/.*\[\(.*\)\].*/\1/p' /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null || true)
 echo "test.sh: ${cpu_model:-unknown CPU}, $jobs jobs; vector extensions: ${cpu_vector:-none listed};" \
-  "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(OpenBLAS detects)}"
+  "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-(OpenBLAS detects)};" \
+  "transparent huge pages: ${thp:-unknown}, GLIBC_TUNABLES=${GLIBC_TUNABLES:-(unset)}"
 sanitize=false
 targets=()
 if [ "${1:-}" = --sanitize ]; then

@@ -32,7 +32,8 @@ enum class thread_level : int {
 ///
 /// It also has the heap keep freed blocks for reuse (`keep_freed_memory`, comm/heap.hpp),
 /// so that a training step's activations do not fault their pages in again every step; set
-/// `XSHARD_KEEP_FREED_MEMORY=0` to leave glibc's defaults.
+/// `XSHARD_KEEP_FREED_MEMORY=0` to leave glibc's defaults. Launched with
+/// `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, that heap is on transparent huge pages.
 ///
 /// When it initialises Open MPI it leaves out the AVX reduction component, which sums
 /// unsigned 8- and 16-bit integers with saturation in Open MPI 4.1 (set OMPI_MCA_op to
