@@ -3,9 +3,11 @@
 //   ok            returns 0 on every rank
 //   every_rank    throws xshard::error on every rank: rank 0 prints it, exit status 1
 //   std_error     throws std::invalid_argument on every rank (not an xshard::error): the same
-//   one_rank      the last rank throws std::runtime_error while the others wait in a
+//   one_rank [ms] the last rank throws std::runtime_error while the others wait in a
 //                 barrier (that would never end): it prints the message after its rank and
-//                 the job is aborted (a status that is not 0); one rank alone: as every_rank
+//                 the job is aborted (a status that is not 0) once report_errors has waited
+//                 ms milliseconds for the others (10 s by default); one rank alone: as
+//                 every_rank
 //   in_scope      inside a failure scope (`agreed`), the last rank throws between two
 //                 all-reduces: the others' second all-reduce ends with peer_failure, every
 //                 rank raises, and rank 0 prints the failing rank's message once (exit 1)
@@ -14,6 +16,7 @@
 #include <xshard/comm/environment.hpp>
 #include <xshard/comm/report_errors.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <span>
 #include <stdexcept>
@@ -22,6 +25,8 @@
 int main(int argc, char** argv) {
     xshard::environment env(argc, argv);
     const std::string mode = argc > 1 ? argv[1] : "";
+    const auto agreement = argc > 2 ? std::chrono::milliseconds(std::stol(argv[2]))
+                                    : xshard::failure_agreement_timeout;
     return xshard::report_errors([&] {
         const auto world = xshard::communicator::world();
         if (mode == "every_rank")
@@ -51,5 +56,5 @@ int main(int argc, char** argv) {
         if (world.rank() == 0)
             std::printf("report_errors: the program returned normally\n");
         return 0;
-    });
+    }, agreement);
 }

@@ -18,7 +18,8 @@
 
 namespace xshard {
 
-/// How long `report_errors` waits for the other ranks to fail too before it ends the job.
+/// How long `report_errors` waits by default for the other ranks to fail too before it ends
+/// the job.
 inline constexpr std::chrono::seconds failure_agreement_timeout{10};
 
 /// Runs `program()` and returns its exit code. An exception it throws (`xshard::error` or any
@@ -32,8 +33,10 @@ inline constexpr std::chrono::seconds failure_agreement_timeout{10};
 ///   each rank that raised prints its message after its rank, and the job is aborted
 ///   (MPI_Abort with code 1).
 /// Which it is, a barrier of the ranks that raised tells, on a communicator of the call's
-/// own, waited for up to `failure_agreement_timeout`. Collective over MPI_COMM_WORLD (one
-/// MPI_Comm_dup); call it inside the scope of an `environment`, on every rank:
+/// own, waited for up to `agreement` (`failure_agreement_timeout` by default: long enough for
+/// ranks that raise together but reach the barrier apart, on a loaded node). Collective over
+/// MPI_COMM_WORLD (one MPI_Comm_dup); call it inside the scope of an `environment`, on every
+/// rank:
 ///
 ///     int main(int argc, char** argv) {
 ///         xshard::environment env(argc, argv);
@@ -41,7 +44,8 @@ inline constexpr std::chrono::seconds failure_agreement_timeout{10};
 ///     }
 template <class F>
     requires std::invocable<F&> && std::convertible_to<std::invoke_result_t<F&>, int>
-int report_errors(F&& program) {
+int report_errors(F&& program,
+                  std::chrono::milliseconds agreement = failure_agreement_timeout) {
     const auto world = communicator::world();
     const auto failures = world.dup(); // the barrier below meets no collective of the program
     std::string message;
@@ -58,7 +62,7 @@ int report_errors(F&& program) {
     int done = 0;
     if (MPI_Ibarrier(failures.native(), &all) != MPI_SUCCESS)
         all = MPI_REQUEST_NULL;
-    const auto until = std::chrono::steady_clock::now() + failure_agreement_timeout;
+    const auto until = std::chrono::steady_clock::now() + agreement;
     while (all != MPI_REQUEST_NULL && !done && std::chrono::steady_clock::now() < until) {
         MPI_Test(&all, &done, MPI_STATUS_IGNORE);
         if (!done)
