@@ -424,8 +424,8 @@ public:
     /// those of its custom nodes ("<node>.<weight>").
     friend void visit_parameters(compiled_program& c, auto&& visit) {
         const named_weights list = c.weights_by_name();
-        for (const auto& [name, ref] : list.refs)
-            std::visit([&](auto* p) { visit(*name, *p); }, ref);
+        for (const auto& named : list.refs)
+            std::visit([&](auto* p) { visit(*named.first, *p); }, named.second);
     }
 
 private:
