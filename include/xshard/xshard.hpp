@@ -21,6 +21,7 @@
 /// | `xshard/models.hpp`         | ResNet, the transformer block and ResNet as programs        |
 
 #include <xshard/auto_parallel.hpp>
+#include <xshard/compiled.hpp>
 #include <xshard/conv.hpp>
 #include <xshard/core.hpp>
 #include <xshard/data.hpp>

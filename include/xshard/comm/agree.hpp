@@ -5,6 +5,7 @@
 /// collective, instead of leaving the others waiting in it. The one primitive every folder
 /// above comm/ uses for this.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
@@ -28,11 +29,7 @@ namespace xshard {
 
 /// The lowest rank of `c` whose `bad` is true, or -1 when no rank's is; every rank gets the
 /// same answer. Collective: one all-reduce of one int.
-inline int first_reporting_rank(const communicator& c, bool bad) {
-    int first = bad ? c.rank() : c.size();
-    allreduce(c, std::span(&first, 1), reduction::min);
-    return first == c.size() ? -1 : first;
-}
+XSHARD_DECL int first_reporting_rank(const communicator& c, bool bad);
 
 /// The least and the greatest of one value over the ranks of a communicator.
 struct value_range {
@@ -63,16 +60,8 @@ std::array<value_range, N> value_ranges(const communicator& c,
 namespace detail {
 
 /// Rank `first`'s `mine`, on every rank of `c` (two broadcasts: length, text).
-inline std::string message_from(const communicator& c, int first,
-                                const std::optional<std::string>& mine) {
-    unsigned long long length = c.rank() == first ? mine->size() : 0;
-    bcast(c, std::span(&length, 1), first);
-    std::string text(static_cast<std::size_t>(length), '\0');
-    if (c.rank() == first)
-        text = *mine;
-    bcast(c, std::span(text.data(), text.size()), first);
-    return text;
-}
+XSHARD_DECL std::string message_from(const communicator& c, int first,
+                                     const std::optional<std::string>& mine);
 
 /// Stands for the result of a callable that returns void.
 struct nothing {};
@@ -111,41 +100,7 @@ namespace detail {
 /// agreement (collective over `c`), kept as an attribute of `c` and freed with it (for
 /// MPI_COMM_WORLD, before MPI_Finalize). An agreement on `c` itself could meet a collective
 /// that a peer's failure left posted there.
-inline MPI_Comm agreement_comm(const communicator& c) {
-    static const int key = [] {
-        int k = MPI_KEYVAL_INVALID;
-        check_mpi(MPI_Comm_create_keyval(
-                      MPI_COMM_NULL_COPY_FN,
-                      [](MPI_Comm, int, void* value, void*) -> int {
-                          auto* twin = static_cast<MPI_Comm*>(value);
-                          int finalized = 0;
-                          MPI_Finalized(&finalized);
-                          if (!finalized && !is_broken(*twin)) // (see communicator's freer)
-                              MPI_Comm_free(twin);
-                          delete twin;
-                          return MPI_SUCCESS;
-                      },
-                      &k, nullptr),
-                  "MPI_Comm_create_keyval");
-        before_finalize([k] {
-            void* twin = nullptr;
-            int found = 0;
-            if (MPI_Comm_get_attr(MPI_COMM_WORLD, k, &twin, &found) == MPI_SUCCESS && found)
-                MPI_Comm_delete_attr(MPI_COMM_WORLD, k);
-        });
-        return k;
-    }();
-    void* value = nullptr;
-    int found = 0;
-    check_mpi(MPI_Comm_get_attr(c.native(), key, &value, &found), "MPI_Comm_get_attr");
-    if (found)
-        return *static_cast<MPI_Comm*>(value);
-    auto twin = std::make_unique<MPI_Comm>(MPI_COMM_NULL);
-    check_mpi(MPI_Comm_dup(c.native(), twin.get()), "MPI_Comm_dup");
-    check_mpi(MPI_Comm_set_errhandler(*twin, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-    check_mpi(MPI_Comm_set_attr(c.native(), key, twin.get()), "MPI_Comm_set_attr");
-    return *twin.release();
-}
+XSHARD_DECL MPI_Comm agreement_comm(const communicator& c);
 
 /// What one rank's run of a failure scope came to (bits).
 enum scope_outcome : char {
@@ -163,57 +118,12 @@ struct scope_agreement {
     std::string message;
 };
 
-inline scope_agreement agree_on_scope(const communicator& c, char mine, int my_origin,
-                                      const std::string& my_message) {
-    const MPI_Comm twin = agreement_comm(c);
-    // The buffers MPI writes into: left to MPI when a wait is given up (the watchdog).
-    struct buffers {
-        scope_agreement out;
-        long long head[2] = {0, 0};
-        char mine = 0;
-    };
-    auto b = std::make_unique<buffers>();
-    const auto wait = [&](MPI_Request& q, std::string_view what, std::size_t bytes) {
-        try {
-            watched_wait(std::span(&q, 1), what, twin, c.size(), bytes, {false, false});
-        } catch (...) {
-            (void)b.release();
-            throw;
-        }
-    };
-    auto& out = b->out;
-    out.outcomes.assign(std::size_t(c.size()), 0);
-    b->mine = mine;
-    MPI_Request q = MPI_REQUEST_NULL;
-    check_mpi(MPI_Iallgather(&b->mine, 1, MPI_CHAR, out.outcomes.data(), 1, MPI_CHAR, twin, &q),
-              "MPI_Iallgather");
-    wait(q, "agreement", out.outcomes.size());
-    int first = -1;
-    for (const char bit : {char(scope_announced), char(scope_failed)})
-        for (int r = 0; r < c.size() && first < 0; ++r)
-            if (out.outcomes[std::size_t(r)] & bit)
-                first = r;
-    if (first < 0)
-        return std::move(out);
-    b->head[0] = my_origin;
-    b->head[1] = (long long)my_message.size();
-    check_mpi(MPI_Ibcast(b->head, 2, MPI_LONG_LONG, first, twin, &q), "MPI_Ibcast");
-    wait(q, "agreement", sizeof b->head);
-    out.origin = int(b->head[0]);
-    out.message = c.rank() == first ? my_message : std::string(std::size_t(b->head[1]), '\0');
-    check_mpi(MPI_Ibcast(out.message.data(), int(b->head[1]), MPI_CHAR, first, twin, &q),
-              "MPI_Ibcast");
-    wait(q, "agreement", out.message.size());
-    return std::move(out);
-}
+XSHARD_DECL scope_agreement agree_on_scope(const communicator& c, char mine, int my_origin,
+                                           const std::string& my_message);
 
 /// Opens a failure scope over `c` (see `run_scope`): raises at once when `c` is broken,
 /// and makes the agreement communicator while every rank is here.
-inline void open_scope(const communicator& c, std::string_view what) {
-    require_whole(c, what);
-    if (c.size() > 1)
-        agreement_comm(c);
-}
+XSHARD_DECL void open_scope(const communicator& c, std::string_view what);
 
 /// How a failure scope ends on failure, on every rank: throws, given the failing rank it
 /// reports (in MPI_COMM_WORLD), its message, and this rank's own exception or null.
@@ -228,37 +138,9 @@ using scope_failure = void (*)(int origin, const std::string& message,
 /// rank gave up a wait, marks `c` and every communicator xshard owns broken (which ones the
 /// others gave up on, a rank cannot tell); and calls `fail(origin, text, failure)`, which
 /// throws.
-inline void close_scope(const communicator& c, std::uint64_t abandoned, char outcome, int origin,
-                        const std::string& message, std::exception_ptr failure,
-                        scope_failure fail, const communicator& told) {
-    if (c.size() == 1) {
-        if (failure)
-            std::rethrow_exception(failure);
-        if (outcome)
-            fail(origin, message, failure);
-        return;
-    }
-    if (watch().abandoned != abandoned)
-        outcome |= scope_abandoned;
-    const auto agreement = agree_on_scope(c, outcome, origin, message);
-    const auto& all = agreement.outcomes;
-    if (std::any_of(all.begin(), all.end(), [](char o) { return o & scope_abandoned; })) {
-        mark_broken(c.native());
-        mark_owned_broken();
-    }
-    if (agreement.origin < 0)
-        return;
-    const auto members = world_ranks(c.native());
-    const auto cell = told == c ? members : world_ranks(told.native());
-    for (int r = 0; r < c.size(); ++r) {
-        const int from = members[std::size_t(r)];
-        if ((all[std::size_t(r)] & scope_announced) && r != c.rank() &&
-            std::find(cell.begin(), cell.end(), from) != cell.end())
-            settle_notice(from);
-    }
-    forget_settled_failure();
-    fail(agreement.origin, agreement.message, failure);
-}
+XSHARD_DECL void close_scope(const communicator& c, std::uint64_t abandoned, char outcome,
+                             int origin, const std::string& message, std::exception_ptr failure,
+                             scope_failure fail, const communicator& told);
 
 /// Runs `body(state)` as a failure scope over `c` and agrees on whether it threw. A rank
 /// whose body throws (other than `peer_failure`, which says another rank failed) first sends
@@ -268,33 +150,8 @@ inline void close_scope(const communicator& c, std::uint64_t abandoned, char out
 /// `scope_failure`; the exception is null where this rank raised none or a `peer_failure`),
 /// which throws; when some rank gave up a collective, every rank marks `c` broken first.
 /// The type-free part of `run_agreed`, compiled once whatever the callables.
-inline void run_scope(const communicator& c, void (*body)(void*), void* state,
-                      scope_failure fail) {
-    open_scope(c, "an agreed call");
-    const auto abandoned = watch().abandoned;
-    std::exception_ptr failure;
-    char outcome = 0;
-    int origin = world_rank();
-    std::string message;
-    try {
-        body(state);
-    } catch (const peer_failure& e) { // raised again below as every other rank raises
-        outcome = scope_failed;
-        origin = e.rank();
-        message = e.message();
-    } catch (const std::exception& e) {
-        failure = std::current_exception();
-        outcome = scope_failed | scope_announced;
-        message = e.what();
-    } catch (...) {
-        failure = std::current_exception();
-        outcome = scope_failed | scope_announced;
-        message = "an exception not derived from std::exception";
-    }
-    if (outcome & scope_announced)
-        announce_failure(c.native(), message);
-    close_scope(c, abandoned, outcome, origin, message, failure, fail, c);
-}
+XSHARD_DECL void run_scope(const communicator& c, void (*body)(void*), void* state,
+                           scope_failure fail);
 
 /// Runs `f()` as a failure scope over `c` (`run_scope`) and returns what it returned.
 /// Collective: one all-gather of one byte per rank (plus two broadcasts on failure, and the
@@ -365,3 +222,7 @@ decltype(auto) agreed_alike(const communicator& c, F&& f) {
 }
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/comm/agree.ipp>
+#endif

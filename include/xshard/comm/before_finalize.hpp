@@ -9,6 +9,7 @@
 /// MPI deletes MPI_COMM_SELF's attributes first thing in MPI_Finalize; the hooks hang on one
 /// such attribute.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 
 #include <mpi.h>
@@ -28,28 +29,10 @@ inline std::vector<std::function<void()>>& finalize_hooks() {
 /// Runs `hook` at the start of MPI_Finalize (hooks run in the reverse order of their
 /// registration; one that throws is ignored: MPI is finalising). MPI must be initialised and
 /// not finalised. Not thread-safe.
-inline void before_finalize(std::function<void()> hook) {
-    auto& hooks = finalize_hooks();
-    if (hooks.empty()) {
-        int key = MPI_KEYVAL_INVALID;
-        check_mpi(MPI_Comm_create_keyval(
-                      MPI_COMM_NULL_COPY_FN,
-                      [](MPI_Comm, int, void*, void*) -> int {
-                          auto all = std::move(finalize_hooks());
-                          finalize_hooks().clear();
-                          for (auto it = all.rbegin(); it != all.rend(); ++it) {
-                              try {
-                                  (*it)();
-                              } catch (...) {
-                              }
-                          }
-                          return MPI_SUCCESS;
-                      },
-                      &key, nullptr),
-                  "MPI_Comm_create_keyval");
-        check_mpi(MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr), "MPI_Comm_set_attr");
-    }
-    hooks.push_back(std::move(hook));
-}
+XSHARD_DECL void before_finalize(std::function<void()> hook);
 
 } // namespace xshard::detail
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/comm/before_finalize.ipp>
+#endif

@@ -19,6 +19,7 @@
 /// reduce-scatter (p-1)/p·n bytes per rank, all-reduce 2(p-1)/p·n, broadcast n,
 /// all-to-all (p-1)/p·n.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/combine.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/datatype.hpp>
@@ -85,13 +86,7 @@ struct wire_type {
 
 /// `n` items of `element` as MPI's (count, datatype): (n, element) when n fits an int, else
 /// one item of a derived contiguous type of n elements.
-inline std::pair<int, wire_type> wire_count(std::size_t n, MPI_Datatype element) {
-    if (n <= static_cast<std::size_t>(INT_MAX))
-        return {static_cast<int>(n), wire_type{element, nullptr}};
-    auto owner =
-        std::make_shared<const derived_datatype>(derived_datatype::contiguous_large(n, element));
-    return {1, wire_type{owner->native(), owner}};
-}
+XSHARD_DECL std::pair<int, wire_type> wire_count(std::size_t n, MPI_Datatype element);
 
 /// `n` elements of T as MPI's (count, datatype).
 template <class T>
@@ -161,11 +156,7 @@ template <class B>
 std::size_t bytes_of(const B& buffer) {
     return std::ranges::size(buffer) * sizeof(buffer_value_t<B>);
 }
-inline std::size_t bytes_of(const mpi_buffer& buffer) {
-    int size = 0;
-    MPI_Type_size(buffer.type, &size);
-    return buffer.count * std::size_t(size);
-}
+XSHARD_DECL std::size_t bytes_of(const mpi_buffer& buffer);
 
 /// Runs a blocking collective on a tuple of arguments with its wait watched (see
 /// comm/watch.hpp): a watched nonblocking barrier, then the blocking call.
@@ -688,3 +679,7 @@ void sendrecv(const communicator& c, const S& send, int dest, R&& recv, int sour
 } // namespace mpi
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/comm/collectives.ipp>
+#endif

@@ -2,6 +2,7 @@
 /// \file
 /// An MPI communicator handle: owning (freed with the last copy) or borrowed.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 
 #include <mpi.h>
@@ -13,16 +14,7 @@ namespace xshard {
 namespace detail {
 
 /// The attribute that marks a communicator broken (made once per process; see `broken`).
-inline int broken_key() {
-    static const int key = [] {
-        int k = MPI_KEYVAL_INVALID;
-        check_mpi(
-            MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, MPI_COMM_NULL_DELETE_FN, &k, nullptr),
-            "MPI_Comm_create_keyval");
-        return k;
-    }();
-    return key;
-}
+XSHARD_DECL int broken_key();
 
 /// Marks `comm` broken: a collective on it was given up (see comm/watch.hpp).
 inline void mark_broken(MPI_Comm comm) {
@@ -45,12 +37,7 @@ inline void mark_owned_broken() {
 }
 
 /// Whether `comm` is marked broken.
-inline bool is_broken(MPI_Comm comm) {
-    void* value = nullptr;
-    int found = 0;
-    check_mpi(MPI_Comm_get_attr(comm, broken_key(), &value, &found), "MPI_Comm_get_attr");
-    return found != 0;
-}
+XSHARD_DECL bool is_broken(MPI_Comm comm);
 
 } // namespace detail
 
@@ -159,3 +146,7 @@ private:
 using mpi::communicator;
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/comm/communicator.ipp>
+#endif

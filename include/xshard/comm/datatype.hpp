@@ -16,6 +16,7 @@
 /// `derived_datatype` and return its handle from `get()`. Reductions (sum, max, ...)
 /// are defined only for arithmetic and complex types.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 
 #include <mpi.h>
@@ -83,11 +84,7 @@ MPI_Datatype datatype_of() noexcept {
 namespace detail {
 
 /// `n` as an MPI count, or throws `xshard::error` when it exceeds MPI's int limit.
-inline int to_int_count(std::size_t n) {
-    if (n > std::size_t(INT_MAX))
-        throw error("xshard: a count of " + std::to_string(n) + " exceeds MPI's int limit");
-    return int(n);
-}
+XSHARD_DECL int to_int_count(std::size_t n);
 
 template <class T>
 struct is_complex : std::false_type {};
@@ -223,3 +220,7 @@ struct bytes_datatype {
 };
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/comm/datatype.ipp>
+#endif

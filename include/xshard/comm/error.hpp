@@ -2,6 +2,8 @@
 /// \file
 /// xshard's exception types and the check that turns an MPI return code into one.
 
+#include <xshard/compiled.hpp>
+
 #include <mpi.h>
 
 #include <stdexcept>
@@ -98,17 +100,7 @@ private:
 namespace detail {
 
 /// This process's rank in MPI_COMM_WORLD, or -1 when MPI is not running.
-inline int world_rank() noexcept {
-    int initialized = 0;
-    int finalized = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    if (!initialized || finalized)
-        return -1;
-    int rank = -1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    return rank;
-}
+XSHARD_DECL int world_rank() noexcept;
 
 /// Throws mpi_error when `code` is not MPI_SUCCESS. Communicators xshard creates return
 /// errors (MPI_ERRORS_RETURN) instead of aborting, so this check sees them.
@@ -119,3 +111,7 @@ inline void check_mpi(int code, std::string_view operation) {
 
 } // namespace detail
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/comm/error.ipp>
+#endif

@@ -19,6 +19,8 @@
 /// 2 MiB rather than per 4 KiB. At 2 ranks of a 2-core AMD EPYC the MLP's and the transformer
 /// block's f32 steps of `bench_training` ran 11-14 % faster (docs/developer/performance.md).
 
+#include <xshard/compiled.hpp>
+
 #include <algorithm>
 #include <climits>
 #include <cstddef>
@@ -46,20 +48,8 @@ namespace detail {
 
 /// The value `tunables`, the text of GLIBC_TUNABLES ("name=value:name=value..."), gives
 /// `name` (the last, as glibc reads them); nothing when it does not set it.
-inline std::optional<std::string_view> tunable_value(std::string_view tunables,
-                                                     std::string_view name) noexcept {
-    std::optional<std::string_view> value;
-    for (;;) {
-        const auto end = tunables.find(':');
-        const auto item = tunables.substr(0, end);
-        const auto eq = item.find('=');
-        if (eq != std::string_view::npos && item.substr(0, eq) == name)
-            value = item.substr(eq + 1);
-        if (end == std::string_view::npos)
-            return value;
-        tunables.remove_prefix(end + 1);
-    }
-}
+XSHARD_DECL std::optional<std::string_view> tunable_value(std::string_view tunables,
+                                                          std::string_view name) noexcept;
 
 } // namespace detail
 
@@ -70,28 +60,7 @@ inline std::optional<std::string_view> tunable_value(std::string_view tunables,
 /// `glibc.malloc.mmap_threshold` or `glibc.malloc.trim_threshold` in `GLIBC_TUNABLES`).
 /// Other tunables combine with it: `glibc.malloc.hugetlb=1` puts the kept heap on
 /// transparent huge pages (see `heap_on_huge_pages`).
-inline bool keep_freed_memory(heap_options o = {}) noexcept {
-#if defined(__GLIBC__)
-    if (const char* v = std::getenv("XSHARD_KEEP_FREED_MEMORY"); v && std::string_view(v) == "0")
-        return false;
-    for (const char* user : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"})
-        if (std::getenv(user))
-            return false;
-    if (const char* t = std::getenv("GLIBC_TUNABLES"))
-        for (const char* user : {"glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold"})
-            if (detail::tunable_value(t, user))
-                return false;
-    auto as_int = [](std::size_t n) {
-        return int(std::min<std::size_t>(n, INT_MAX));
-    };
-    const bool mapped = mallopt(M_MMAP_THRESHOLD, as_int(o.mmap_threshold)) == 1;
-    const bool trimmed = mallopt(M_TRIM_THRESHOLD, as_int(o.trim_threshold)) == 1;
-    return mapped && trimmed;
-#else
-    (void)o;
-    return false;
-#endif
-}
+XSHARD_DECL bool keep_freed_memory(heap_options o = {}) noexcept;
 
 /// Whether the heap's memory comes in huge pages: glibc's malloc asks for them
 /// (`glibc.malloc.hugetlb` set to 1, transparent huge pages, or 2, the reserved pool, in
@@ -99,19 +68,10 @@ inline bool keep_freed_memory(heap_options o = {}) noexcept {
 /// every mapping (`always` in /sys/kernel/mm/transparent_hugepage/enabled). A step whose
 /// work streams through memory runs faster on them (fewer TLB misses, a fault per 2 MiB):
 /// docs/developer/performance.md.
-inline bool heap_on_huge_pages() noexcept {
-#if defined(__GLIBC__) && __GLIBC_PREREQ(2, 35)
-    if (const char* t = std::getenv("GLIBC_TUNABLES"))
-        if (const auto v = detail::tunable_value(t, "glibc.malloc.hugetlb"); v == "1" || v == "2")
-            return true;
-#endif
-    std::FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    if (!f)
-        return false;
-    char line[128] = {};
-    const bool read = std::fgets(line, sizeof line, f) != nullptr;
-    std::fclose(f);
-    return read && std::string_view(line).find("[always]") != std::string_view::npos;
-}
+XSHARD_DECL bool heap_on_huge_pages() noexcept;
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/comm/heap.ipp>
+#endif

@@ -3,6 +3,7 @@
 /// Which ranks of a communicator share a node (and so can read each other's memory through
 /// MPI-3 shared-memory windows), and whether xshard may use that.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
@@ -19,13 +20,7 @@ namespace xshard {
 /// environment variable XSHARD_SHARED_MEMORY is "0", "off" or "no" (a switch for runs that
 /// must take the MPI path, e.g. to compare the two). Local; see `node_group` for the agreed
 /// decision.
-inline bool shared_memory_allowed() noexcept {
-    const char* v = std::getenv("XSHARD_SHARED_MEMORY");
-    if (!v)
-        return true;
-    const std::string_view s(v);
-    return !(s == "0" || s == "off" || s == "no" || s == "false");
-}
+XSHARD_DECL bool shared_memory_allowed() noexcept;
 
 /// The members of a communicator that share this rank's node
 /// (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)), and whether the whole communicator is
@@ -59,3 +54,7 @@ private:
 };
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/comm/node.ipp>
+#endif

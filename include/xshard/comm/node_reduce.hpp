@@ -4,6 +4,7 @@
 /// others' summands in place, no message. Summands and results that lie in node storage
 /// (node_arena.hpp) are read where they are; the others are staged once into a window.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/combine.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/node_arena.hpp>
@@ -287,3 +288,13 @@ private:
 };
 
 } // namespace xshard
+
+#ifdef XSHARD_SEPARATE_COMPILATION
+namespace xshard {
+#define XSHARD_DETAIL_NODE_REDUCE(T)                                                               \
+    XSHARD_INSTANTIATE std::size_t node_all_reducer::all_reduce<T, detail::keep_result>(           \
+        const T*, T*, std::size_t, reduction, detail::keep_result);
+XSHARD_COMPILED_ELEMENTS(XSHARD_DETAIL_NODE_REDUCE)
+#undef XSHARD_DETAIL_NODE_REDUCE
+} // namespace xshard
+#endif

@@ -17,6 +17,7 @@
 /// instead (node_reduce.hpp): no message at all; buffers in node storage (node_arena.hpp)
 /// are read and written where they are, others are staged once into a window.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/combine.hpp>
@@ -377,3 +378,14 @@ private:
 };
 
 } // namespace xshard
+
+#ifdef XSHARD_SEPARATE_COMPILATION
+namespace xshard {
+#define XSHARD_DETAIL_REDUCER(T)                                                                   \
+    XSHARD_INSTANTIATE class reducer<T>;                                                           \
+    XSHARD_INSTANTIATE std::size_t reducer<T>::all_reduce<detail::keep_result>(                    \
+        const communicator&, const T*, T*, std::size_t, reduction, detail::keep_result);
+XSHARD_COMPILED_ELEMENTS(XSHARD_DETAIL_REDUCER)
+#undef XSHARD_DETAIL_REDUCER
+} // namespace xshard
+#endif

@@ -2,6 +2,7 @@
 /// \file
 /// A nonblocking operation in flight.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/watch.hpp>
@@ -86,21 +87,7 @@ private:
 };
 
 /// Waits for every request (watched, as `request::wait`).
-inline void wait_all(std::span<request> requests) {
-    std::vector<MPI_Request> handles;
-    handles.reserve(requests.size());
-    for (auto& r : requests)
-        handles.push_back(*r.native());
-    struct put_back { // the handles go back whether the wait returns or raises
-        std::span<request> to;
-        std::vector<MPI_Request>& from;
-        ~put_back() {
-            for (std::size_t i = 0; i < to.size(); ++i)
-                *to[i].native() = from[i];
-        }
-    } back{requests, handles};
-    detail::watched_wait(handles, "MPI_Waitall");
-}
+XSHARD_DECL void wait_all(std::span<request> requests);
 
 /// Point-to-point messages posted together and completed together (MPI_Waitall), each
 /// `count` items of an MPI datatype at a pointer: how plans exchange blocks. Its request
@@ -186,3 +173,7 @@ private:
 };
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/comm/request.ipp>
+#endif

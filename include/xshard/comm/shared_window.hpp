@@ -3,6 +3,7 @@
 /// An MPI-3 shared-memory window: memory every member of a one-node communicator can read
 /// and write with plain loads and stores.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
 
@@ -22,15 +23,7 @@ namespace detail {
 
 /// Whether this process may make a file of `bytes` in shared memory, with a MiB to spare: its
 /// file-size limit allows it and /dev/shm, where MPI makes shared windows, has the room.
-inline bool may_make_shared_file(std::size_t bytes) {
-    const std::size_t need = bytes + (std::size_t(1) << 20);
-    rlimit limit{};
-    if (::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
-        limit.rlim_cur < need)
-        return false;
-    struct statvfs fs {};
-    return ::statvfs("/dev/shm", &fs) != 0 || std::size_t(fs.f_bavail) * fs.f_frsize >= need;
-}
+XSHARD_DECL bool may_make_shared_file(std::size_t bytes);
 
 } // namespace detail
 
@@ -72,7 +65,8 @@ public:
         MPI_Info_create(&info);
         MPI_Info_set(info, "alloc_shared_noncontig", "true");
         void* base = nullptr;
-        const int code = MPI_Win_allocate_shared(MPI_Aint(bytes), 1, info, c.native(), &base, &win_);
+        const int code =
+            MPI_Win_allocate_shared(MPI_Aint(bytes), 1, info, c.native(), &base, &win_);
         MPI_Info_free(&info);
         detail::check_mpi(code, "MPI_Win_allocate_shared");
         MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN);
@@ -112,7 +106,9 @@ public:
     explicit operator bool() const noexcept { return win_ != MPI_WIN_NULL; }
 
     /// This member's segment.
-    std::byte* local() const noexcept { return bases_.empty() ? nullptr : bases_[std::size_t(rank_)]; }
+    std::byte* local() const noexcept {
+        return bases_.empty() ? nullptr : bases_[std::size_t(rank_)];
+    }
     /// Member q's segment, as mapped into this process.
     std::byte* segment(int q) const noexcept { return bases_[std::size_t(q)]; }
     /// The bytes of member q's segment.
@@ -149,3 +145,7 @@ private:
 };
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/comm/shared_window.ipp>
+#endif

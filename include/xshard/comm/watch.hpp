@@ -33,6 +33,7 @@
 /// Communicators made or duplicated by MPI_Comm_* calls (dup, split, shared windows) and
 /// MPI-IO are not watched.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/before_finalize.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
@@ -95,14 +96,7 @@ inline constexpr int query_tag = 2;  // the watchdog's "are you waiting?"
 inline constexpr int answer_tag = 3; // "yes"
 inline constexpr std::size_t recorder_size = 32;
 
-inline watch_settings settings_from_environment() {
-    watch_settings s;
-    if (const char* t = std::getenv("XSHARD_COLLECTIVE_TIMEOUT"); t && *t)
-        s.timeout = std::chrono::duration<double>(std::strtod(t, nullptr));
-    if (const char* a = std::getenv("XSHARD_ON_TIMEOUT"); a && std::string_view(a) == "abort")
-        s.action = on_timeout::abort;
-    return s;
-}
+XSHARD_DECL watch_settings settings_from_environment();
 
 /// This rank's watching: the notice communicator, the settings, the recorder, the notices
 /// consumed by waits and not yet settled by an agreement.
@@ -128,128 +122,30 @@ inline watch_state& watch() {
 
 /// Opens the notice communicator (collective over MPI_COMM_WORLD; once; freed at
 /// MPI_Finalize). Called by `environment`.
-inline void open_watch() {
-    auto& w = watch();
-    if (w.notices != MPI_COMM_NULL)
-        return;
-    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &w.notices), "MPI_Comm_dup");
-    check_mpi(MPI_Comm_set_errhandler(w.notices, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-    before_finalize([] {
-        auto& s = watch();
-        if (s.notices != MPI_COMM_NULL)
-            MPI_Comm_free(&s.notices);
-        s.notices = MPI_COMM_NULL;
-    });
-}
+XSHARD_DECL void open_watch();
 
 /// The world ranks of `comm`'s members, in its rank order.
-inline std::vector<int> world_ranks(MPI_Comm comm) {
-    MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
-    check_mpi(MPI_Comm_group(comm, &group), "MPI_Comm_group");
-    check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world), "MPI_Comm_group");
-    int n = 0;
-    MPI_Group_size(group, &n);
-    std::vector<int> mine(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
-    for (int i = 0; i < n; ++i)
-        mine[std::size_t(i)] = i;
-    const int code = MPI_Group_translate_ranks(group, n, mine.data(), world, out.data());
-    MPI_Group_free(&group);
-    MPI_Group_free(&world);
-    check_mpi(code, "MPI_Group_translate_ranks");
-    return out;
-}
+XSHARD_DECL std::vector<int> world_ranks(MPI_Comm comm);
 
 /// "0", "0,2", "0-3", "0-1,4-5": ranks in ascending order, runs as ranges.
-inline std::string rank_list(const std::vector<int>& ranks) {
-    std::string s;
-    for (std::size_t i = 0; i < ranks.size();) {
-        std::size_t j = i;
-        while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1)
-            ++j;
-        s += (s.empty() ? "" : ",") + std::to_string(ranks[i]);
-        if (j > i)
-            s += (j == i + 1 ? "," : "-") + std::to_string(ranks[j]);
-        i = j + 1;
-    }
-    return s;
-}
+XSHARD_DECL std::string rank_list(const std::vector<int>& ranks);
 
 /// Sends `message` to every other member of `comm` as a failure notice (nonblocking; the
 /// buffer is kept). Without a notice communicator (no `environment`), does nothing.
-inline void announce_failure(MPI_Comm comm, const std::string& message) {
-    auto& w = watch();
-    if (w.notices == MPI_COMM_NULL || comm == MPI_COMM_NULL)
-        return;
-    int me = -1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    const std::string& text = w.sent.emplace_back(message);
-    for (const int r : world_ranks(comm)) {
-        if (r == me)
-            continue;
-        MPI_Request q = MPI_REQUEST_NULL;
-        check_mpi(MPI_Isend(text.data(), int(std::min<std::size_t>(text.size(), 1 << 20)), MPI_CHAR,
-                            r, notice_tag, w.notices, &q),
-                  "MPI_Isend");
-        check_mpi(MPI_Request_free(&q), "MPI_Request_free");
-    }
-}
+XSHARD_DECL void announce_failure(MPI_Comm comm, const std::string& message);
 
 /// Receives the message that `Iprobe` found (`status`) on the notice communicator.
-inline std::string receive_notice(const MPI_Status& status) {
-    int length = 0;
-    MPI_Get_count(&status, MPI_CHAR, &length);
-    std::string text(std::size_t(length), '\0');
-    check_mpi(MPI_Recv(text.data(), length, MPI_CHAR, status.MPI_SOURCE, status.MPI_TAG,
-                       watch().notices, MPI_STATUS_IGNORE),
-              "MPI_Recv");
-    return text;
-}
+XSHARD_DECL std::string receive_notice(const MPI_Status& status);
 
 /// Consumes one failure notice from world rank `from` that no wait consumed (blocking: an
 /// agreement knows it was sent). How an agreement leaves no stale notice behind.
-inline void settle_notice(int from) {
-    auto& w = watch();
-    if (w.notices == MPI_COMM_NULL)
-        return;
-    if (auto it = w.credits.find(from); it != w.credits.end() && it->second > 0) {
-        --it->second;
-        return;
-    }
-    MPI_Status status;
-    check_mpi(MPI_Probe(from, notice_tag, w.notices, &status), "MPI_Probe");
-    receive_notice(status);
-}
+XSHARD_DECL void settle_notice(int from);
 
 /// Forgets the failure heard once an agreement has settled every notice received.
-inline void forget_settled_failure() {
-    auto& w = watch();
-    for (const auto& [rank, count] : w.credits)
-        if (count > 0)
-            return;
-    w.failure.reset();
-}
+XSHARD_DECL void forget_settled_failure();
 
 /// The flight recorder as text, oldest first.
-inline std::string flight_recorder_text() {
-    const auto& w = watch();
-    int me = -1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    std::string out = "xshard flight recorder, rank " + std::to_string(me) + ", last " +
-                      std::to_string(std::min<std::uint64_t>(w.next, recorder_size)) + " waits:\n";
-    const std::uint64_t first = w.next > recorder_size ? w.next - recorder_size : 0;
-    for (std::uint64_t i = first; i < w.next; ++i) {
-        const auto& e = w.ring[i % recorder_size];
-        char line[256];
-        static constexpr const char* states[] = {"waiting", "done", "abandoned"};
-        std::snprintf(
-            line, sizeof line, "  #%llu %.*s, %zu bytes, %d ranks (comm %#llx): %s after %.6f s\n",
-            static_cast<unsigned long long>(e.sequence), int(e.operation.size()),
-            e.operation.data(), e.bytes, e.members, static_cast<unsigned long long>(e.communicator),
-            states[int(e.status)], e.seconds);
-        out += line;
-    }
-    return out;
-}
+XSHARD_DECL std::string flight_recorder_text();
 
 /// One wait in progress: its flight recorder entry, its deadline, the notices it heeds.
 class wait_watch {
@@ -454,65 +350,18 @@ struct wait_kind {
 
 /// Waits for every one of `requests`, watched (see the file comment). An abandoned wait sets
 /// its requests to MPI_REQUEST_NULL before it raises.
-inline void watched_wait(std::span<MPI_Request> requests, std::string_view operation,
-                         MPI_Comm comm = MPI_COMM_NULL, int members = 0, std::size_t bytes = 0,
-                         wait_kind kind = {}) {
-    if (requests.empty())
-        return;
-    wait_watch w(operation, comm, members, bytes, kind.heed_notices, kind.point_to_point);
-    for (unsigned spin = 0;; ++spin) {
-        int done = 0;
-        check_mpi(MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE),
-                  operation);
-        if (done) {
-            w.done();
-            return;
-        }
-        w.check(requests, spin);
-    }
-}
+XSHARD_DECL void watched_wait(std::span<MPI_Request> requests, std::string_view operation,
+                              MPI_Comm comm = MPI_COMM_NULL, int members = 0, std::size_t bytes = 0,
+                              wait_kind kind = {});
 
 /// Waits for `requests` where raising is not possible (a destructor, perhaps while an
 /// exception unwinds): returns false, leaving them posted, when a wait has been given up
 /// since it began, once a failure notice has waited for the grace, or past the watchdog's
 /// timeout, instead of waiting for ever.
-inline bool finish_quietly(std::span<MPI_Request> requests) noexcept {
-    auto& w = watch();
-    const auto abandoned = w.abandoned;
-    const auto start = std::chrono::steady_clock::now();
-    std::optional<std::chrono::steady_clock::time_point> heard;
-    for (unsigned spin = 0;; ++spin) {
-        int done = 0;
-        if (MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE) !=
-            MPI_SUCCESS)
-            return false;
-        if (done)
-            return true;
-        const auto now = std::chrono::steady_clock::now();
-        int notice = 0;
-        if (w.notices != MPI_COMM_NULL)
-            MPI_Iprobe(MPI_ANY_SOURCE, notice_tag, w.notices, &notice, MPI_STATUS_IGNORE);
-        if ((notice || w.failure) && !heard)
-            heard = now;
-        const bool late = w.settings.timeout.count() > 0 && now - start > w.settings.timeout;
-        if (late || w.abandoned != abandoned || (heard && now - *heard > w.settings.notice_grace)) {
-            for (auto& q : requests)
-                q = MPI_REQUEST_NULL;
-            ++w.abandoned;
-            return false;
-        }
-        if (spin > 1000)
-            std::this_thread::yield();
-    }
-}
+XSHARD_DECL bool finish_quietly(std::span<MPI_Request> requests) noexcept;
 
 /// Raises at once when `c` is broken (see the file comment).
-inline void require_whole(const communicator& c, std::string_view operation) {
-    if (c.broken())
-        throw error("xshard: " + std::string(operation) +
-                    " on a communicator that abandoned a collective after a peer's failure: "
-                    "build a new mesh, or resume from a checkpoint");
-}
+XSHARD_DECL void require_whole(const communicator& c, std::string_view operation);
 
 } // namespace detail
 
@@ -527,13 +376,10 @@ inline void set_watch_settings(const watch_settings& s) {
 }
 
 /// This rank's last waits, oldest first (at most 32).
-inline std::vector<flight_entry> flight_recorder() {
-    const auto& w = detail::watch();
-    std::vector<flight_entry> out;
-    const std::uint64_t first = w.next > detail::recorder_size ? w.next - detail::recorder_size : 0;
-    for (std::uint64_t i = first; i < w.next; ++i)
-        out.push_back(w.ring[i % detail::recorder_size]);
-    return out;
-}
+XSHARD_DECL std::vector<flight_entry> flight_recorder();
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/comm/watch.ipp>
+#endif

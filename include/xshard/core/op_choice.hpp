@@ -13,6 +13,7 @@
 /// (`weight_split`) and the layout its output is redistributed to (MindSpore's in_strategy /
 /// out_strategy).
 
+#include <xshard/compiled.hpp>
 #include <xshard/core/layout.hpp>
 
 #include <array>
@@ -40,13 +41,7 @@ constexpr std::string_view to_string(activation_split a) {
 }
 
 /// The activation split written as `text` (as `to_string`), if it is one.
-inline std::optional<activation_split> parse_activation_split(std::string_view text) {
-    const auto l = layout::parse(text);
-    for (auto a : activation_splits)
-        if (layout::parse(to_string(a)) == l)
-            return a;
-    return std::nullopt;
-}
+XSHARD_DECL std::optional<activation_split> parse_activation_split(std::string_view text);
 
 /// How an operator splits its weight: not at all, by output features (MindSpore's
 /// ((dp, 1), (1, tp)), Megatron's column parallel), by input features (((dp, tp), (tp, 1)),
@@ -66,12 +61,7 @@ constexpr std::string_view to_string(weight_split w) {
 }
 
 /// The weight split written as `text` (as `to_string`), if it is one.
-inline std::optional<weight_split> parse_weight_split(std::string_view text) {
-    for (auto w : {weight_split::replicated, weight_split::output, weight_split::input})
-        if (text == to_string(w))
-            return w;
-    return std::nullopt;
-}
+XSHARD_DECL std::optional<weight_split> parse_weight_split(std::string_view text);
 
 /// An operator's strategy: the split it takes, how its weight is split, and the split its
 /// output is redistributed to.
@@ -88,18 +78,13 @@ inline layout activation_layout(activation_split a) {
 }
 
 /// The weight's layout [in, out] under `w` (an embedding's too), and its bias' [out].
-inline layout weight_layout(weight_split w) {
-    switch (w) {
-    case weight_split::output:
-        return layout::parse("[-, tp]");
-    case weight_split::input:
-        return layout::parse("[tp, -]");
-    default:
-        return layout::parse("[-, -]");
-    }
-}
+XSHARD_DECL layout weight_layout(weight_split w);
 inline layout bias_layout(weight_split w) {
     return layout::parse(w == weight_split::output ? "[tp]" : "[-]");
 }
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/core/op_choice.ipp>
+#endif

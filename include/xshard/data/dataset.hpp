@@ -9,6 +9,7 @@
 ///     example<T>                         ->  example_batch<T>: x (n, features), y (n)
 ///     xt::xtensor<V, 1> (token_window)   ->  xt::xtensor<V, 2> (n, length)
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
@@ -67,20 +68,8 @@ namespace detail {
 /// (0 when unknown): otherwise every rank throws, naming the sizes seen, since ranks that
 /// count different steps per epoch would call different collectives. Collective: one
 /// all-reduce of four integers.
-inline void check_dataset_agrees(const communicator& c, std::size_t samples, std::size_t width,
-                                 const char* who) {
-    const auto r = value_ranges<2>(c, {samples, width});
-    if (!r[0].agrees())
-        throw error(std::string("xshard: ") + who +
-                    ": the ranks hold datasets of different sizes (" + std::to_string(r[0].least) +
-                    " to " + std::to_string(r[0].most) +
-                    " samples); every rank must read the same dataset");
-    if (!r[1].agrees())
-        throw error(std::string("xshard: ") + who +
-                    ": the ranks hold samples of different widths (" + std::to_string(r[1].least) +
-                    " to " + std::to_string(r[1].most) +
-                    " values); every rank must read the same dataset");
-}
+XSHARD_DECL void check_dataset_agrees(const communicator& c, std::size_t samples, std::size_t width,
+                                      const char* who);
 
 template <class S>
 struct is_example : std::false_type {};
@@ -93,12 +82,7 @@ template <class V>
 struct is_vector_tensor<xt::xtensor<V, 1>> : std::bool_constant<ordered<V>> {};
 
 /// `n` as an index_type; throws when a dataset is too large for one.
-inline index_type checked_index(std::size_t n, const char* what) {
-    if (n > std::numeric_limits<index_type>::max())
-        throw error(std::string("xshard: ") + what + ": " + std::to_string(n) +
-                    " samples; the data views handle fewer than 2^32");
-    return index_type(n);
-}
+XSHARD_DECL index_type checked_index(std::size_t n, const char* what);
 
 } // namespace detail
 
@@ -199,3 +183,7 @@ private:
 inline constexpr collate_fn collate{};
 
 } // namespace xshard::data
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/data/dataset.ipp>
+#endif

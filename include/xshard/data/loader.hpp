@@ -29,6 +29,7 @@
 /// last, shorter batch (drop_remainder off) is dealt out the same way, which gives the
 /// first shards one row more than the others: the block partition of core/partition.hpp.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh.hpp>
@@ -130,11 +131,7 @@ std::size_t batch_width(const xt::xtensor<V, 2>& b) {
 }
 
 /// The identity order 0 .. n-1.
-inline std::vector<index_type> identity_order(std::size_t n) {
-    std::vector<index_type> order(checked_index(n, "loader"));
-    std::iota(order.begin(), order.end(), index_type{0});
-    return order;
-}
+XSHARD_DECL std::vector<index_type> identity_order(std::size_t n);
 
 } // namespace detail
 
@@ -428,3 +425,7 @@ template <mesh_type Mesh, class R>
 loader(const Mesh&, R&&, const loader_options&) -> loader<Mesh, detail::stored_view_t<R>>;
 
 } // namespace xshard::data
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/data/loader.ipp>
+#endif

@@ -6,6 +6,8 @@
 /// std::uniform_int_distribution, std::normal_distribution) are left out on purpose: their
 /// algorithms are implementation-defined, and every rank must draw the same numbers.
 
+#include <xshard/compiled.hpp>
+
 #include <cmath>
 #include <cstdint>
 #include <numbers>
@@ -15,22 +17,11 @@ namespace xshard::data {
 
 /// A std::mt19937_64 seeded from `seed` and `stream` (e.g. the epoch) through std::seed_seq.
 /// The same two numbers give the same engine on every rank and every platform.
-inline std::mt19937_64 seeded_engine(std::uint64_t seed, std::uint64_t stream) {
-    std::seed_seq seq{std::uint32_t(seed), std::uint32_t(seed >> 32), std::uint32_t(stream),
-                      std::uint32_t(stream >> 32)};
-    return std::mt19937_64(seq);
-}
+XSHARD_DECL std::mt19937_64 seeded_engine(std::uint64_t seed, std::uint64_t stream);
 
 /// A uniform integer in [0, bound), without modulo bias (draws below 2^64 mod bound are
 /// rejected). Precondition: bound > 0.
-inline std::uint64_t uniform_below(std::mt19937_64& engine, std::uint64_t bound) {
-    const std::uint64_t threshold = (0 - bound) % bound;
-    for (;;) {
-        const std::uint64_t x = engine();
-        if (x >= threshold)
-            return x % bound;
-    }
-}
+XSHARD_DECL std::uint64_t uniform_below(std::mt19937_64& engine, std::uint64_t bound);
 
 /// A uniform double in [0, 1) with 53 random bits.
 inline double uniform_unit(std::mt19937_64& engine) {
@@ -39,10 +30,10 @@ inline double uniform_unit(std::mt19937_64& engine) {
 
 /// A standard normal number (Box-Muller, one value per pair of uniforms). Bit-identical
 /// wherever std::log, std::sqrt and std::cos are (always across the ranks of one build).
-inline double standard_normal(std::mt19937_64& engine) {
-    const double u1 = 1.0 - uniform_unit(engine); // (0, 1]: the logarithm stays finite
-    const double u2 = uniform_unit(engine);
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-}
+XSHARD_DECL double standard_normal(std::mt19937_64& engine);
 
 } // namespace xshard::data
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/data/random.ipp>
+#endif

@@ -14,13 +14,14 @@
 /// for a pipeline (MindSpore's per-stage data loading), only the part its stage needs:
 /// `read_mnist(c, images, labels, {.images = ..., .labels = ...})` reads the images on the
 /// first stage, the labels on the last and nothing elsewhere, the sample count agreed over
-/// `c` from the ranks that read. The files are not compressed (gunzip them first). Malformed files raise xshard::error naming
-/// the file and what is wrong with it: wrong magic number, truncated or over-long data,
-/// image and label counts that differ, CIFAR-10 labels out of range. The overloads that take
-/// a communicator first raise on every rank of it when any rank's read fails, or when the
+/// `c` from the ranks that read. The files are not compressed (gunzip them first). Malformed files
+/// raise xshard::error naming the file and what is wrong with it: wrong magic number, truncated or
+/// over-long data, image and label counts that differ, CIFAR-10 labels out of range. The overloads
+/// that take a communicator first raise on every rank of it when any rank's read fails, or when the
 /// ranks read datasets of different sizes (each file is read per rank, so one rank can see
 /// another file or a damaged copy).
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
@@ -43,17 +44,8 @@ namespace xshard::data {
 namespace detail {
 
 /// The bytes of `file`; throws xshard::error (naming `reader`) if it cannot be read.
-inline std::vector<unsigned char> read_bytes(const std::filesystem::path& file,
-                                             const char* reader) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in)
-        throw error(std::string("xshard: ") + reader + ": cannot open " + file.string());
-    std::vector<unsigned char> bytes{std::istreambuf_iterator<char>(in),
-                                     std::istreambuf_iterator<char>()};
-    if (in.bad())
-        throw error(std::string("xshard: ") + reader + ": cannot read " + file.string());
-    return bytes;
-}
+XSHARD_DECL std::vector<unsigned char> read_bytes(const std::filesystem::path& file,
+                                                  const char* reader);
 
 /// The big-endian u32 at byte `at`.
 inline std::uint32_t big_endian_u32(const std::vector<unsigned char>& b, std::size_t at) {
@@ -68,39 +60,9 @@ struct idx_header {
     std::size_t data_offset = 0;
 };
 
-inline idx_header read_idx_header(const std::vector<unsigned char>& bytes,
-                                  const std::filesystem::path& file, std::uint32_t magic,
-                                  const char* what) {
-    const std::string name = "xshard: read_mnist: " + file.string();
-    if (bytes.size() >= 2 && bytes[0] == 0x1f && bytes[1] == 0x8b)
-        throw error(name + " is gzip-compressed; decompress it first");
-    const std::size_t ndim = magic & 0xff;
-    const std::size_t header = 4 + 4 * ndim;
-    if (bytes.size() < header)
-        throw error(name + " is truncated: " + std::to_string(bytes.size()) +
-                    " bytes, shorter than the " + std::to_string(header) + "-byte header of " +
-                    what);
-    if (const auto found = big_endian_u32(bytes, 0); found != magic)
-        throw error(name + " is not an IDX file of " + what + ": magic number " +
-                    std::to_string(found) + ", expected " + std::to_string(magic));
-    idx_header h{{}, header};
-    std::size_t expected = 1;
-    bool huge = false; // more bytes than a size_t counts: certainly truncated
-    for (std::size_t d = 0; d < ndim; ++d) {
-        h.dims.push_back(big_endian_u32(bytes, 4 + 4 * d));
-        if (h.dims.back() != 0 && expected > SIZE_MAX / h.dims.back())
-            huge = true;
-        else
-            expected *= h.dims.back();
-    }
-    const std::size_t held = bytes.size() - header;
-    if (huge || held != expected)
-        throw error(name + (huge || held < expected ? " is truncated" : " is too long") +
-                    ": its header announces " + std::to_string(h.dims[0]) + " " + what + " (" +
-                    (huge ? std::string("over 2^64") : std::to_string(expected)) +
-                    " bytes of data) but it holds " + std::to_string(held));
-    return h;
-}
+XSHARD_DECL idx_header read_idx_header(const std::vector<unsigned char>& bytes,
+                                       const std::filesystem::path& file, std::uint32_t magic,
+                                       const char* what);
 
 } // namespace detail
 
@@ -280,3 +242,7 @@ std::vector<example<T>> read_cifar10(const communicator& c, const std::filesyste
 }
 
 } // namespace xshard::data
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/data/readers.ipp>
+#endif

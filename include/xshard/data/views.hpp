@@ -15,6 +15,7 @@
 /// (each shard gets floor(n / num_shards)): no sample is seen twice in an epoch, and the
 /// at most num_shards - 1 dropped samples change with the shuffle from epoch to epoch.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/data/dataset.hpp>
 #include <xshard/data/random.hpp>
@@ -41,14 +42,8 @@ namespace xshard::data {
 
 /// The order of the samples of an epoch: a permutation of 0 .. n-1 by Fisher-Yates on
 /// `seeded_engine(seed, epoch)` (random.hpp). The same on every rank and every platform.
-inline std::vector<index_type> permutation(std::size_t n, std::uint64_t seed, std::uint64_t epoch) {
-    std::vector<index_type> order(detail::checked_index(n, "shuffle"));
-    std::iota(order.begin(), order.end(), index_type{0});
-    auto engine = seeded_engine(seed, epoch);
-    for (std::size_t i = n; i > 1; --i)
-        std::swap(order[i - 1], order[uniform_below(engine, i)]);
-    return order;
-}
+XSHARD_DECL std::vector<index_type> permutation(std::size_t n, std::uint64_t seed,
+                                                std::uint64_t epoch);
 
 namespace detail {
 
@@ -141,3 +136,7 @@ struct batch_fn {
 inline constexpr batch_fn batch{};
 
 } // namespace xshard::data
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/data/views.ipp>
+#endif

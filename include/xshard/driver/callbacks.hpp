@@ -8,6 +8,7 @@
 ///                              xshard::callbacks::model_checkpoint({.save_checkpoint_steps = 4,
 ///                                                                   .directory = "ckpt"})});
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
@@ -86,26 +87,8 @@ namespace callbacks {
 /// MindSpore's LossMonitor(per_print_times): a `loss_monitor` (train/monitor.hpp) reporting
 /// every `per_print_times` steps on rank 0 to `out` with `precision` significant digits (0
 /// raises, on every rank alike). No communication.
-inline callback loss_monitor(std::size_t per_print_times = 1, monitor_output out = stdout,
-                             int precision = 6) {
-    if (per_print_times == 0)
-        throw error("xshard: loss_monitor: per_print_times must be a positive integer, not 0");
-    auto monitor = std::make_shared<std::optional<xshard::loss_monitor>>();
-    return {.on_train_begin =
-                [=](const train_begin_info& t) {
-                    monitor->emplace(*t.comm,
-                                     loss_monitor_options{.steps_per_epoch = t.steps_per_epoch,
-                                                          .epochs = t.epochs,
-                                                          .print_every = per_print_times,
-                                                          .out = out,
-                                                          .precision = precision});
-                },
-            .on_step = [=](const step_info& s) { (*monitor)->step(s.loss, s.samples); },
-            .on_epoch_end =
-                [=](std::size_t) {
-                    (*monitor)->end_epoch();
-                }};
-}
+XSHARD_DECL callback loss_monitor(std::size_t per_print_times = 1, monitor_output out = stdout,
+                                  int precision = 6);
 
 /// MindSpore's ModelCheckpoint(prefix, directory, config): saves the parameters and the
 /// optimizer's state (an integrated checkpoint, or a per-rank one: `integrated_save`; either
@@ -114,60 +97,12 @@ inline callback loss_monitor(std::size_t per_print_times = 1, monitor_output out
 /// empty prefix or directory raises (on every rank alike). Each save is collective over the
 /// mesh (io/checkpoint.hpp's costs); creating the directory and removing an old checkpoint
 /// are agreed (a failure raises everywhere).
-inline callback model_checkpoint(checkpoint_config config = {}) {
-    if (config.save_checkpoint_steps == 0)
-        throw error("xshard: model_checkpoint: save_checkpoint_steps must be a positive "
-                    "integer, not 0");
-    if (config.prefix.empty() || config.directory.empty())
-        throw error("xshard: model_checkpoint: the prefix and the directory must not be empty");
-    struct state {
-        checkpoint_config config;
-        train_begin_info begin{};
-        std::deque<std::string> saved{};
-    };
-    auto s = std::make_shared<state>(state{std::move(config), {}, {}});
-    return {.on_train_begin =
-                [s](const train_begin_info& t) {
-                    s->begin = t;
-                    agreed<io_error>(*t.comm, [&] {
-                        std::error_code ec;
-                        std::filesystem::create_directories(s->config.directory, ec);
-                        if (ec)
-                            throw io_error("xshard: model_checkpoint: cannot create " +
-                                           s->config.directory + " on rank " +
-                                           std::to_string(t.comm->rank()) + ": " + ec.message());
-                    });
-                },
-            .on_step =
-                [s](const step_info& i) {
-                    if (i.global_step % std::int64_t(s->config.save_checkpoint_steps) != 0)
-                        return;
-                    const bool integrated = s->config.integrated_save;
-                    const std::string path = s->config.directory + "/" + s->config.prefix + "-" +
-                                             std::to_string(i.epoch + 1) + "_" +
-                                             std::to_string(i.global_step) +
-                                             (integrated ? ".safetensors" : "");
-                    s->begin.save_checkpoint(path, i.global_step,
-                                             integrated ? checkpoint_format::integrated
-                                                        : checkpoint_format::per_rank);
-                    s->saved.push_back(path);
-                    if (s->config.keep_checkpoint_max == 0 ||
-                        s->saved.size() <= s->config.keep_checkpoint_max)
-                        return;
-                    const std::string old = s->saved.front();
-                    s->saved.pop_front();
-                    const auto& comm = *s->begin.comm;
-                    agreed<io_error>(comm, [&] {
-                        std::error_code ec;
-                        if (comm.rank() == 0)
-                            std::filesystem::remove_all(old, ec);
-                        if (ec)
-                            throw io_error("xshard: model_checkpoint: cannot remove " + old + ": " +
-                                           ec.message());
-                    });
-                }};
-}
+XSHARD_DECL callback model_checkpoint(checkpoint_config config = {});
 
 } // namespace callbacks
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/driver/callbacks.ipp>
+#endif

@@ -21,6 +21,7 @@
 /// optimizer's state counted in weight-sized tensors. Every rank prices the same shapes and
 /// layouts with the same model, so every rank chooses alike, with no communication.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/float16.hpp>
 #include <xshard/core/layout.hpp>
@@ -64,15 +65,7 @@ constexpr std::string_view to_string(gradient_path p) {
 
 /// The path named `name` ("automatic", "all_reduce" or "sharded_update"); throws
 /// xshard::error naming the three otherwise.
-inline gradient_path parse_gradient_path(std::string_view name) {
-    for (auto p :
-         {gradient_path::automatic, gradient_path::all_reduce, gradient_path::sharded_update})
-        if (name == to_string(p))
-            return p;
-    throw error("xshard: gradient_path must be one of automatic, all_reduce, sharded_update, "
-                "not '" +
-                std::string(name) + "'");
-}
+XSHARD_DECL gradient_path parse_gradient_path(std::string_view name);
 
 /// The predicted seconds per step of each path's gradient synchronisation and update, and
 /// the largest data-parallel group (replicated mesh axes of more than one rank) of a weight.
@@ -138,10 +131,10 @@ bool shards_update(M& model, gradient_path path, const gradient_options& gradien
 
 /// The optimizer sharding of the sharded update: level2, MindSpore's default shard_size
 /// (the weight's whole data-parallel group) and the machine's threshold.
-inline hsdp_options sharded_update_options(const machine_model& machine) {
-    return {.shard_size = -1,
-            .threshold = std::int64_t(machine.hsdp_threshold_bytes / 1024),
-            .optimizer_level = optimizer_level::level2};
-}
+XSHARD_DECL hsdp_options sharded_update_options(const machine_model& machine);
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/driver/gradient_path.ipp>
+#endif

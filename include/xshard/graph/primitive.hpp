@@ -16,6 +16,7 @@
 /// a term). A VJP is linear in the cotangents, so each rank applies it to its own terms; the
 /// operand cotangents come out in the duals of the operands' layouts.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
@@ -240,52 +241,28 @@ struct primitive {
 namespace detail {
 
 /// Throws std::invalid_argument unless `n` operands came.
-inline void expect_operands(std::span<const operand_type> ops, std::size_t n,
-                            std::string_view what) {
-    if (ops.size() != n)
-        throw std::invalid_argument(std::string(what) + " takes " + std::to_string(n) +
-                                    " operand" + (n == 1 ? "" : "s") + ", not " +
-                                    std::to_string(ops.size()));
-}
+XSHARD_DECL void expect_operands(std::span<const operand_type> ops, std::size_t n,
+                                 std::string_view what);
 
 /// Throws std::invalid_argument unless operand `i` is floating.
-inline void expect_floating(std::span<const operand_type> ops, std::size_t i,
-                            std::string_view what) {
-    if (ops[i].type == dtype::i64)
-        throw std::invalid_argument(std::string(what) + ": operand " + std::to_string(i) +
-                                    " must be floating, not i64");
-}
+XSHARD_DECL void expect_floating(std::span<const operand_type> ops, std::size_t i,
+                                 std::string_view what);
 
 /// The layout without pending sums (what every operation reads: partial results are
 /// resolved on the edge before them).
-inline layout whole_terms(layout l) {
-    l.partial.clear();
-    l.op = reduction::sum;
-    return l;
-}
+XSHARD_DECL layout whole_terms(layout l);
 
 /// The cotangent layout of a value laid out as `l`: its dual without sums over axes of one
 /// rank.
-inline layout cotangent_layout(const layout& l, const mesh_shape& mesh) {
-    layout d = dual(l, mesh);
-    layout out = d;
-    out.partial.clear();
-    for (const auto& a : d.partial)
-        if (mesh.sizes[mesh.index(a)] > 1)
-            out.partial.push_back(a);
-    if (out.partial.empty())
-        out.op = reduction::sum;
-    return out;
-}
+XSHARD_DECL layout cotangent_layout(const layout& l, const mesh_shape& mesh);
 
 /// Each operand resolved alone (`resolve` of core/strategy.hpp).
-inline std::vector<layout> resolve_each(std::span<const strategy> s, const mesh_shape& mesh) {
-    std::vector<layout> out;
-    for (const auto& one : s)
-        out.push_back(resolve(one, mesh));
-    return out;
-}
+XSHARD_DECL std::vector<layout> resolve_each(std::span<const strategy> s, const mesh_shape& mesh);
 
 } // namespace detail
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/graph/primitive.ipp>
+#endif

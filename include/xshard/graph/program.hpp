@@ -11,6 +11,7 @@
 /// operand is computed before its use. A program holds shapes and no data: compiling it onto
 /// a mesh (graph/compile.hpp) gives every value a layout and makes it runnable.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/annotation.hpp>
 #include <xshard/core/layout.hpp>
@@ -64,12 +65,7 @@ inline std::size_t element_bytes(dtype t) {
 using value_shape = std::vector<std::size_t>;
 
 /// "(64, 784)".
-inline std::string shape_text(const value_shape& s) {
-    std::string t = "(";
-    for (std::size_t i = 0; i < s.size(); ++i)
-        t += (i ? ", " : "") + std::to_string(s[i]);
-    return t + (s.size() == 1 ? ",)" : ")");
-}
+XSHARD_DECL std::string shape_text(const value_shape& s);
 
 /// The user's own operation behind a custom-VJP node (graph/custom.hpp).
 struct custom_op_base;
@@ -202,7 +198,8 @@ public:
     }
 
     /// Adds a node with results of the given shapes and types; returns its index.
-    std::size_t add_node(program_node n, const std::vector<std::pair<value_shape, dtype>>& results) {
+    std::size_t add_node(program_node n,
+                         const std::vector<std::pair<value_shape, dtype>>& results) {
         const std::size_t index = nodes_.size();
         for (std::size_t i = 0; i < results.size(); ++i) {
             program_value v;
@@ -252,3 +249,7 @@ private:
 };
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/graph/program.ipp>
+#endif

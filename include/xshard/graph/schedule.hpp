@@ -29,6 +29,7 @@
 /// Inputs, weights and the weights' gradients are not in the arena: they are the caller's
 /// tensors.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/graph/layouts.hpp>
 #include <xshard/graph/primitive.hpp>
@@ -113,16 +114,8 @@ struct schedule {
 };
 
 /// The local shard of a value of `global` shape laid out as `l` on this rank.
-inline shard_type local_shard_of(const value_shape& global, const layout& l, dtype t,
-                           const mesh_view& mesh) {
-    shard_type s{global, l, value_shape(global.size()), t};
-    for (std::size_t d = 0; d < global.size(); ++d) {
-        const auto k = std::size_t(l.split_count(d, mesh.shape));
-        const auto i = std::size_t(l.block_index(d, mesh.shape, mesh.coords));
-        s.local[d] = block_extent(global[d], k, i);
-    }
-    return s;
-}
+XSHARD_DECL shard_type local_shard_of(const value_shape& global, const layout& l, dtype t,
+                                const mesh_view& mesh);
 
 class schedule_builder {
 public:
@@ -627,3 +620,7 @@ private:
 };
 
 } // namespace xshard::detail
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/graph/schedule.ipp>
+#endif

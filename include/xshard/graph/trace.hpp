@@ -23,6 +23,7 @@
 /// not fit, a strategy for the wrong number of operands or dimensions. (Whether a strategy
 /// fits a mesh is checked when the program is compiled onto one.)
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/annotation.hpp>
 #include <xshard/graph/program.hpp>
@@ -62,21 +63,10 @@ inline trace_state*& active_trace() {
     return state;
 }
 
-inline trace_state& current_trace(std::string_view what) {
-    auto* s = active_trace();
-    if (!s)
-        throw error("xshard: " + std::string(what) +
-                    " is called outside xshard::trace (it records into the program being traced)");
-    return *s;
-}
+XSHARD_DECL trace_state& current_trace(std::string_view what);
 
 /// "scope1.scope2.name".
-inline std::string scoped_name(const trace_state& s, std::string_view name) {
-    std::string out;
-    for (const auto& part : s.scopes)
-        out += part + ".";
-    return out + std::string(name);
-}
+XSHARD_DECL std::string scoped_name(const trace_state& s, std::string_view name);
 
 } // namespace detail
 
@@ -164,7 +154,8 @@ public:
         std::vector<result_spec> results;
         try {
             check_annotation(n, types);
-            results = custom ? custom->infer(types) : detail::rules_named(op).infer(n.attributes, types);
+            results =
+                custom ? custom->infer(types) : detail::rules_named(op).infer(n.attributes, types);
         } catch (const std::invalid_argument& e) {
             throw error("xshard: trace: node " + n.name + " (" + n.op + "): " + e.what());
         }
@@ -224,20 +215,8 @@ input_spec input(std::string name, value_shape shape) {
 /// `init` (param/initializer.hpp: the same values on any mesh), in the program being traced,
 /// and returns it; a name declared before returns that weight (its shape must agree). Its
 /// element type is the program's floating type (that of its first floating input).
-inline traced_tensor param(std::string_view name, value_shape shape,
-                           initializer init = initializer::he_uniform()) {
-    auto& s = detail::current_trace("xshard::param");
-    const std::string full = detail::scoped_name(s, name);
-    if (auto id = s.target->weight_named(full)) {
-        if (s.target->value(*id).shape != shape)
-            throw error("xshard: trace: the weight " + full + " is declared with shape " +
-                        shape_text(shape) + " after " + shape_text(s.target->value(*id).shape));
-        return traced_tensor(s.target, *id);
-    }
-    const auto id = s.target->add_argument(value_kind::weight, full, std::move(shape),
-                                           s.floating.value_or(dtype::f64), init);
-    return traced_tensor(s.target, id);
-}
+XSHARD_DECL traced_tensor param(std::string_view name, value_shape shape,
+                                initializer init = initializer::he_uniform());
 
 /// Names the nodes and weights recorded while it lives "name.…" (scopes nest), as a module
 /// path does: `{ xshard::name_scope s("layer1"); ... }`.
@@ -301,3 +280,7 @@ program trace(F&& fn, const In&... inputs) {
 }
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/graph/trace.ipp>
+#endif

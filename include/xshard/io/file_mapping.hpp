@@ -12,6 +12,7 @@
 /// window jumps back out of them. The accesses must own nothing (plain copies and checksums:
 /// a jump skips destructors).
 
+#include <xshard/compiled.hpp>
 #include <xshard/io/files.hpp>
 
 #include <setjmp.h>
@@ -52,22 +53,7 @@ inline fault_handlers& sigbus_handlers() {
 }
 
 /// SIGBUS: back out of the guarded access it hit, or on to the previous handler.
-inline void on_sigbus(int sig, siginfo_t* info, void* context) {
-    const auto* at = static_cast<const std::byte*>(info->si_addr);
-    if (fault_scope* s = guarded_access; s && at >= s->lo && at < s->hi) {
-        guarded_access = nullptr;
-        siglongjmp(s->jump, 1);
-    }
-    const auto& previous = sigbus_handlers().previous;
-    if (previous.sa_flags & SA_SIGINFO) {
-        previous.sa_sigaction(sig, info, context);
-    } else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
-        previous.sa_handler(sig);
-    } else {
-        // Returning retries the access, which now meets the default action.
-        ::signal(SIGBUS, SIG_DFL);
-    }
-}
+XSHARD_DECL void on_sigbus(int sig, siginfo_t* info, void* context);
 
 /// While alive, faults of `file_window::access` become io_errors (see the file comment).
 /// Installing and restoring the handler are two system calls; accesses under a live guard
@@ -215,3 +201,7 @@ private:
 };
 
 } // namespace xshard::detail
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/io/file_mapping.ipp>
+#endif

@@ -6,6 +6,7 @@
 /// checksums (zlib's, so that Python's `zlib.crc32` checks them too; libdeflate computes
 /// them, zlib combines them) that combine over pieces read by different ranks.
 
+#include <xshard/compiled.hpp>
 #include <xshard/core/partition.hpp>
 #include <xshard/core/volume.hpp>
 #include <xshard/io/safetensors.hpp>
@@ -222,21 +223,11 @@ private:
 };
 
 /// fsyncs the directory holding `path`, so that a rename there is durable.
-inline void sync_directory_of(const std::string& path) {
-    auto dir = std::filesystem::path(path).parent_path();
-    if (dir.empty())
-        dir = ".";
-    file d(dir.string(), O_RDONLY | O_DIRECTORY);
-    ::fsync(d.fd());
-}
+XSHARD_DECL void sync_directory_of(const std::string& path);
 
 /// Makes `from` (complete and synced) replace `to` atomically, durably. rename(2) replaces a
 /// symbolic link at `to` itself, never what it points to.
-inline void commit_rename(const std::string& from, const std::string& to) {
-    if (::rename(from.c_str(), to.c_str()) != 0)
-        io_fail("cannot rename " + from + " to", to);
-    sync_directory_of(to);
-}
+XSHARD_DECL void commit_rename(const std::string& from, const std::string& to);
 
 /// Unlinking or renaming over the last name of a file frees its blocks then, in time
 /// proportional to its size (benchmarks/README.md, Checkpoints), unless the file is still
@@ -246,49 +237,17 @@ inline void commit_rename(const std::string& from, const std::string& to) {
 ///
 /// `path` opened for reading if it is a regular file (never following a link, never
 /// blocking on a FIFO); nothing otherwise.
-inline std::optional<file> hold_open(const std::string& path) noexcept {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0)
-        return std::nullopt;
-    auto f = file::adopt(fd, path);
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-        return std::nullopt;
-    return f;
-}
+XSHARD_DECL std::optional<file> hold_open(const std::string& path) noexcept;
 
 /// Closes `files` on a thread of its own while the caller goes on (see hold_open), or at once
 /// if no thread can be started. Never throws.
-inline void close_in_background(std::vector<file> files) noexcept {
-    if (files.empty())
-        return;
-    try {
-        std::thread([held = std::move(files)] {}).detach(); // their destructors close them
-    } catch (...) {
-        // the lambda (and the files it holds) is destroyed here: closed now
-    }
-}
+XSHARD_DECL void close_in_background(std::vector<file> files) noexcept;
 
 /// Sixteen random hexadecimal digits, for names nobody can predict.
-inline std::string random_suffix() {
-    static thread_local std::mt19937_64 engine{std::random_device{}() ^
-                                               (std::uint64_t(::getpid()) << 32)};
-    char text[17];
-    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(engine()));
-    return text;
-}
+XSHARD_DECL std::string random_suffix();
 
 /// Creates the directories above `path` that do not exist yet.
-inline void create_parent_directories(const std::string& path) {
-    const auto dir = std::filesystem::path(path).parent_path();
-    if (dir.empty())
-        return;
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec)
-        throw io_error("xshard: cannot create the directory " + dir.string() + ": " +
-                       ec.message());
-}
+XSHARD_DECL void create_parent_directories(const std::string& path);
 
 /// Marks the temporary open in `f` as being written, for as long as it stays open: an
 /// exclusive flock, which the kernel drops when the process ends however it ends, so that a
@@ -299,108 +258,32 @@ inline void hold(const file& f) noexcept { ::flock(f.fd(), LOCK_EX | LOCK_NB); }
 /// A new file beside `path`, `<path>.tmp-<16 hexadecimal digits>`, created exclusively
 /// (O_EXCL: never an existing file, O_NOFOLLOW: never through a link) for writing, and held
 /// (see hold) while the returned object keeps it open.
-inline file create_temporary_file(const std::string& path) {
-    for (int attempt = 0;; ++attempt) {
-        const auto name = path + ".tmp-" + random_suffix();
-        const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                              0644);
-        if (fd >= 0) {
-            auto f = file::adopt(fd, name);
-            hold(f);
-            return f;
-        }
-        if (errno != EEXIST || attempt == 16)
-            io_fail("cannot create", name);
-    }
-}
+XSHARD_DECL file create_temporary_file(const std::string& path);
 
 /// A new directory beside `path`, `<path>.tmp-<6 characters>` (mkdtemp: created
 /// exclusively), open (its path() is its name) and held (see hold) while the returned object
 /// keeps it open.
-inline file create_temporary_directory(const std::string& path) {
-    std::string name = path + ".tmp-XXXXXX";
-    if (!::mkdtemp(name.data()))
-        io_fail("cannot create a directory like", name);
-    file dir(name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
-    hold(dir);
-    return dir;
-}
+XSHARD_DECL file create_temporary_directory(const std::string& path);
 
 /// Writes `bytes` to `path` durably and atomically (exclusive temporary, fsync, rename),
 /// creating the directories above it that do not exist yet.
-inline void write_file_atomically(const std::string& path, std::string_view bytes) {
-    create_parent_directories(path);
-    auto f = create_temporary_file(path);
-    try {
-        f.write_at(bytes.data(), bytes.size(), 0);
-        f.sync();
-        f.close();
-        commit_rename(f.path(), path);
-    } catch (...) {
-        ::unlink(f.path().c_str());
-        throw;
-    }
-}
+XSHARD_DECL void write_file_atomically(const std::string& path, std::string_view bytes);
 
 /// How many entries of the open directory `dir` have names that begin with `prefix`.
-inline std::size_t count_entries(const file& dir, std::string_view prefix) {
-    const int fd = ::openat(dir.fd(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    DIR* d = fd < 0 ? nullptr : ::fdopendir(fd);
-    if (!d) {
-        if (fd >= 0)
-            ::close(fd);
-        io_fail("cannot list", dir.path());
-    }
-    std::size_t n = 0;
-    errno = 0;
-    while (const ::dirent* e = ::readdir(d))
-        n += std::string_view(e->d_name).starts_with(prefix);
-    const int error = errno; // (readdir's end and its failure are both null)
-    ::closedir(d);
-    if (error != 0) {
-        errno = error;
-        io_fail("cannot list", dir.path());
-    }
-    return n;
-}
+XSHARD_DECL std::size_t count_entries(const file& dir, std::string_view prefix);
 
 /// The largest JSON file xshard reads whole (strategy files, checkpoint.json).
 inline constexpr std::size_t max_json_file_bytes = std::size_t(100) << 20;
 
 /// The whole of the small file `f` (at most `limit` bytes, else io_error).
-inline std::string read_file(const file& f, std::size_t limit = max_json_file_bytes) {
-    if (f.size() > limit)
-        throw io_error("xshard: " + f.path() + " is larger than " + std::to_string(limit) +
-                       " bytes; not reading it");
-    std::string s(f.size(), '\0');
-    f.read_at(s.data(), s.size(), 0);
-    return s;
-}
+XSHARD_DECL std::string read_file(const file& f, std::size_t limit = max_json_file_bytes);
 /// The whole of the small file at `path` (read_file of it).
 inline std::string read_file(const std::string& path, std::size_t limit = max_json_file_bytes) {
     return read_file(file(path, O_RDONLY), limit);
 }
 
 /// The header of the safetensors file `f`.
-inline safetensors_header read_header(const file& f) {
-    const std::size_t size = f.size();
-    std::string head(std::min<std::size_t>(size, 8), '\0');
-    f.read_at(head.data(), head.size(), 0);
-    if (head.size() == 8) {
-        std::uint64_t length = 0;
-        for (int i = 7; i >= 0; --i)
-            length = length << 8 | std::uint8_t(head[std::size_t(i)]);
-        if (length <= max_header_bytes && length <= size - 8) {
-            head.resize(8 + std::size_t(length));
-            f.read_at(head.data() + 8, std::size_t(length), 8);
-        }
-    }
-    try {
-        return parse_header(head, size);
-    } catch (const io_error& e) {
-        throw io_error(std::string(e.what()) + " (" + f.path() + ")");
-    }
-}
+XSHARD_DECL safetensors_header read_header(const file& f);
 
 /// The CRC-32 of `n` bytes (zlib's; computed by libdeflate, twice as fast), continuing `crc`.
 inline std::uint32_t crc32_of(const void* data, std::size_t n, std::uint32_t crc = 0) {
@@ -409,24 +292,11 @@ inline std::uint32_t crc32_of(const void* data, std::size_t n, std::uint32_t crc
 
 /// The CRC-32 of `n` bytes at `at` in `f` (continuing `crc`), read through `buffer` in
 /// pieces of at most 16 MiB.
-inline std::uint32_t crc_of_range(const file& f, std::size_t at, std::size_t n,
-                                  std::vector<std::byte>& buffer, std::uint32_t crc = 0) {
-    buffer.resize(std::max(buffer.size(), std::min<std::size_t>(n, std::size_t(16) << 20)));
-    for (std::size_t done = 0; done < n;) {
-        const auto k = std::min(buffer.size(), n - done);
-        f.read_at(buffer.data(), k, at + done);
-        crc = crc32_of(buffer.data(), k, crc);
-        done += k;
-    }
-    return crc;
-}
+XSHARD_DECL std::uint32_t crc_of_range(const file& f, std::size_t at, std::size_t n,
+                                       std::vector<std::byte>& buffer, std::uint32_t crc = 0);
 
 /// "0a1b2c3d".
-inline std::string crc_hex(std::uint32_t crc) {
-    char text[9];
-    std::snprintf(text, sizeof text, "%08x", crc);
-    return text;
-}
+XSHARD_DECL std::string crc_hex(std::uint32_t crc);
 
 /// A piece of a stored tensor whose checksum a rank computed: which tensor (an index agreed
 /// on by every rank), where in its bytes, how long, and the CRC of those bytes.
@@ -440,102 +310,27 @@ struct crc_run {
 /// The checksum of each tensor from runs that tile it exactly once (sorted here): the runs
 /// of a tensor must cover [0, size) without gap or overlap, else the tensor's checksum is
 /// reported missing (nullopt).
-inline std::vector<std::optional<std::uint32_t>>
-combine_runs(std::vector<crc_run> runs, const std::vector<std::uint64_t>& sizes) {
-    std::sort(runs.begin(), runs.end(), [](const auto& a, const auto& b) {
-        return std::tie(a.tensor, a.offset) < std::tie(b.tensor, b.offset);
-    });
-    std::vector<std::optional<std::uint32_t>> out(sizes.size());
-    std::vector<std::uint64_t> covered(sizes.size(), 0);
-    std::vector<bool> broken(sizes.size(), false);
-    std::vector<std::uint32_t> crc(sizes.size(), 0);
-    for (const auto& r : runs) {
-        const auto t = std::size_t(r.tensor);
-        if (t >= sizes.size() || r.offset != covered[t]) {
-            if (t < sizes.size())
-                broken[t] = true;
-            continue;
-        }
-        crc[t] = std::uint32_t(::crc32_combine(uLong(crc[t]), uLong(r.crc), z_off_t(r.length)));
-        covered[t] += r.length;
-    }
-    for (std::size_t t = 0; t < sizes.size(); ++t)
-        if (!broken[t] && covered[t] == sizes[t])
-            out[t] = crc[t];
-    return out;
-}
+XSHARD_DECL std::vector<std::optional<std::uint32_t>>
+combine_runs(std::vector<crc_run> runs, const std::vector<std::uint64_t>& sizes);
 
 /// The byte runs (offset in a row-major array of `shape` with `element`-byte elements, length)
 /// of `region`, in increasing order, whole trailing dimensions merged.
-inline std::vector<std::pair<std::size_t, std::size_t>>
+XSHARD_DECL std::vector<std::pair<std::size_t, std::size_t>>
 runs_of(const std::vector<std::size_t>& shape, const std::vector<std::size_t>& offset,
-        const std::vector<std::size_t>& extent, std::size_t element) {
-    const std::size_t n = shape.size();
-    std::vector<std::pair<std::size_t, std::size_t>> runs;
-    const std::size_t size = volume(extent);
-    if (size == 0)
-        return runs;
-    if (n == 0) {
-        runs.emplace_back(0, element);
-        return runs;
-    }
-    std::size_t inner = n - 1, run = extent[n - 1];
-    while (inner > 0 && extent[inner] == shape[inner]) {
-        --inner;
-        run *= extent[inner];
-    }
-    std::vector<std::size_t> stride(n, 1);
-    for (std::size_t d = n - 1; d-- > 0;)
-        stride[d] = stride[d + 1] * shape[d + 1];
-    std::vector<std::size_t> idx(inner, 0);
-    for (std::size_t k = 0; k < size / run; ++k) {
-        std::size_t at = 0;
-        for (std::size_t d = 0; d < n; ++d)
-            at += (offset[d] + (d < inner ? idx[d] : 0)) * stride[d];
-        runs.emplace_back(at * element, run * element);
-        for (std::size_t d = inner; d-- > 0;) {
-            if (++idx[d] < extent[d])
-                break;
-            idx[d] = 0;
-        }
-    }
-    return runs;
-}
+        const std::vector<std::size_t>& extent, std::size_t element);
 
 /// Box-to-box copy runs: for `region` (global coordinates), pairs of byte offsets in the source
 /// block (offset `so`, extent `se`) and destination block (`dof`, `de`) with the run length.
-inline std::vector<std::array<std::size_t, 3>>
+XSHARD_DECL std::vector<std::array<std::size_t, 3>>
 copy_runs(const std::vector<std::size_t>& ro, const std::vector<std::size_t>& re,
           const std::vector<std::size_t>& so, const std::vector<std::size_t>& se,
           const std::vector<std::size_t>& dof, const std::vector<std::size_t>& de,
-          std::size_t element) {
-    std::vector<std::size_t> rel_src(ro.size()), rel_dst(ro.size());
-    for (std::size_t d = 0; d < ro.size(); ++d) {
-        rel_src[d] = ro[d] - so[d];
-        rel_dst[d] = ro[d] - dof[d];
-    }
-    const auto src = runs_of(se, rel_src, re, element);
-    std::vector<std::array<std::size_t, 3>> out;
-    // The destination runs may be shorter (fewer whole dimensions): split source runs to them.
-    const auto dst = runs_of(de, rel_dst, re, element);
-    std::size_t i = 0, j = 0, si = 0, dj = 0;
-    while (i < src.size() && j < dst.size()) {
-        const std::size_t n = std::min(src[i].second - si, dst[j].second - dj);
-        out.push_back({src[i].first + si, dst[j].first + dj, n});
-        si += n;
-        dj += n;
-        if (si == src[i].second) {
-            ++i;
-            si = 0;
-        }
-        if (dj == dst[j].second) {
-            ++j;
-            dj = 0;
-        }
-    }
-    return out;
-}
+          std::size_t element);
 
 } // namespace detail
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/io/files.ipp>
+#endif

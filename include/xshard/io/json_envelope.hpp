@@ -13,6 +13,7 @@
 /// read through here, so every kind is checked alike: a file of another kind, of another
 /// version, or with a malformed mesh raises io_error naming the file and what is wrong.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/axis.hpp>
 #include <xshard/core/mesh_shape.hpp>
@@ -69,34 +70,7 @@ Json mesh_json(const mesh_shape& mesh) {
 /// Parses a mesh written by mesh_json strictly: lists of at most max_mesh_axes axis names
 /// (no name twice) and as many sizes, each an integer in [1, INT_MAX], whose product fits an
 /// int. Throws io_error naming what is wrong.
-inline mesh_shape parse_mesh(const nlohmann::json& mesh) {
-    if (!mesh.is_object())
-        throw io_error("xshard: a mesh is not an object");
-    const auto* axes = mesh.contains("axes") ? &mesh["axes"] : nullptr;
-    const auto* sizes = mesh.contains("sizes") ? &mesh["sizes"] : nullptr;
-    if (!axes || !sizes || !axes->is_array() || !sizes->is_array() ||
-        axes->size() != sizes->size() || axes->size() > max_mesh_axes)
-        throw io_error("xshard: the mesh needs lists of at most " + std::to_string(max_mesh_axes) +
-                       " axes and as many sizes");
-    static_vector<axis_name, max_mesh_axes> names;
-    static_vector<int, max_mesh_axes> counts;
-    std::size_t ranks = 1;
-    for (std::size_t i = 0; i < axes->size(); ++i) {
-        const auto& a = (*axes)[i];
-        if (!a.is_string() || !is_valid_axis_name(a.get<std::string>()))
-            throw io_error("xshard: mesh axis " + a.dump() + " is not an axis name");
-        names.push_back(axis_name(a.get<std::string>()));
-        counts.push_back(int(json_count((*sizes)[i], "a mesh size", 1, INT_MAX)));
-        ranks = checked_mul(ranks, std::size_t(counts.back()), "the mesh's size");
-    }
-    if (ranks > std::size_t(INT_MAX))
-        throw io_error("xshard: a mesh of " + std::to_string(ranks) + " ranks");
-    try {
-        return mesh_shape(names, counts);
-    } catch (const std::invalid_argument& e) {
-        throw io_error(e.what()); // (an axis named twice)
-    }
-}
+XSHARD_DECL mesh_shape parse_mesh(const nlohmann::json& mesh);
 
 /// Sets the envelope of a file of `kind` in `j`: "format" and "version", in that order (the
 /// mesh, where the kind has one, follows: write_envelope with a mesh).
@@ -129,31 +103,7 @@ struct json_document {
 /// integer equal to the kind's, and whose "mesh" parse_mesh reads (where the kind has one).
 /// Throws io_error "xshard: <what is wrong>"; run it under read_json_file, which names the
 /// file.
-inline json_document read_envelope(std::string_view text, const json_file_kind& kind) {
-    json_document doc;
-    try {
-        doc.json = parse_json(text);
-    } catch (const io_error& e) {
-        throw io_error("xshard: malformed " + std::string(kind.description) + ": " +
-                       std::string(without_prefix(e.what())));
-    }
-    const auto& j = doc.json;
-    if (!j.is_object() || !j.contains("format") || !j["format"].is_string() ||
-        j["format"].get<std::string>() != kind.format)
-        throw io_error("xshard: not an xshard " + std::string(kind.description) +
-                       " (no \"format\": \"" + std::string(kind.format) + "\")");
-    if (!j.contains("version") || !j["version"].is_number_integer() || j["version"] != kind.version)
-        throw io_error("xshard: " + std::string(kind.description) + " version " +
-                       (j.contains("version") ? j["version"].dump() : "(none)") +
-                       " is not supported (this xshard reads version " +
-                       std::to_string(kind.version) + ")");
-    if (kind.has_mesh) {
-        if (!j.contains("mesh"))
-            throw io_error("xshard: the " + std::string(kind.description) + " has no mesh");
-        doc.mesh = parse_mesh(j["mesh"]);
-    }
-    return doc;
-}
+XSHARD_DECL json_document read_envelope(std::string_view text, const json_file_kind& kind);
 
 /// `parse()`, the reading of a file of `kind` read from `path`, with its errors raised as
 /// io_error naming the file: "xshard: <path>: <what>" (with no path, "xshard: <what>"); an
@@ -176,3 +126,7 @@ auto read_json_file(const json_file_kind& kind, const std::string& path, F&& par
 } // namespace detail
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/io/json_envelope.ipp>
+#endif

@@ -23,6 +23,7 @@
 /// io/json_envelope.hpp's. Loading checks everything and raises io_error with the path and
 /// what is wrong.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/op_choice.hpp>
 #include <xshard/core/parallel_degrees.hpp>
@@ -149,15 +150,7 @@ private:
 
 /// Writes `s` to `path` atomically (io_error naming the path on failure). No communication:
 /// call it on one rank, or on every rank with distinct paths.
-inline void save_operator_strategy(const std::string& path, const operator_strategy& s) {
-    try {
-        detail::write_file_atomically(path, s.to_json());
-    } catch (const io_error&) {
-        throw;
-    } catch (const std::exception& e) {
-        throw io_error("xshard: cannot write the operator strategy file " + path + ": " + e.what());
-    }
-}
+XSHARD_DECL void save_operator_strategy(const std::string& path, const operator_strategy& s);
 
 /// Reads an operator strategy file (io_error naming the path when missing or malformed). No
 /// communication.
@@ -166,3 +159,7 @@ inline operator_strategy load_operator_strategy(const std::string& path) {
 }
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/io/operator_strategy_file.ipp>
+#endif

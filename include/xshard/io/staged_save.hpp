@@ -6,6 +6,7 @@
 /// beside it (a file, or a directory for the per-rank form), held while it is written, then
 /// put it in place (atomic_replace.hpp); a save that fails before that removes its temporary.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/io/atomic_replace.hpp>
@@ -27,22 +28,11 @@ enum class temporary_kind { file, directory };
 /// nothing or a checkpoint of xshard's (replaceable); creates the directories above it,
 /// removes the stale temporaries of killed saves beside it, and creates the temporary (a
 /// file open for writing, or a directory), held while the returned object keeps it open.
-inline file stage_temporary(const std::string& path, temporary_kind kind) {
-    replaceable(path);
-    create_parent_directories(path);
-    remove_stale_temporaries(path);
-    return kind == temporary_kind::file ? create_temporary_file(path)
-                                        : create_temporary_directory(path);
-}
+XSHARD_DECL file stage_temporary(const std::string& path, temporary_kind kind);
 
 /// Removes the temporary `tmp` of kind `kind` that a failed save left (for a directory, the
 /// checkpoint's files in it, then it). Never throws (it runs while an exception unwinds).
-inline void remove_temporary(const std::string& tmp, temporary_kind kind) noexcept {
-    if (kind == temporary_kind::file)
-        ::unlink(tmp.c_str());
-    else
-        remove_temporary_directory(tmp);
-}
+XSHARD_DECL void remove_temporary(const std::string& tmp, temporary_kind kind) noexcept;
 
 /// A save in one process: stage_temporary(path, kind), then `write(tmp)` with the temporary
 /// (open, held), which writes it and puts it in place (replace_checkpoint); if anything
@@ -87,3 +77,7 @@ void staged_save(const communicator& c, const std::string& path, temporary_kind 
 }
 
 } // namespace xshard::detail
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/io/staged_save.ipp>
+#endif

@@ -7,6 +7,7 @@
 /// `strategy.json` and `checkpoint.json`. The stored blocks of a tensor are the blocks of its
 /// layout's primary holders, so every process computes them from the strategy alone.
 
+#include <xshard/compiled.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/partition.hpp>
@@ -53,50 +54,14 @@ inline std::string rank_file(const std::string& dir, int rank) {
 
 /// True for the names of a per-rank checkpoint's files ("rank_3.safetensors", "strategy.json",
 /// "checkpoint.json", and the temporaries of the last two).
-inline bool checkpoint_file_name(const std::string& name) {
-    if (name == "strategy.json" || name == "checkpoint.json")
-        return true;
-    for (const char* json : {"strategy.json.tmp-", "checkpoint.json.tmp-"})
-        if (name.rfind(json, 0) == 0 && name.size() == std::strlen(json) + 16)
-            return true;
-    const std::string prefix = "rank_", suffix = ".safetensors";
-    if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
-        !name.ends_with(suffix))
-        return false;
-    const auto digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-    return digits.find_first_not_of("0123456789") == std::string::npos;
-}
+XSHARD_DECL bool checkpoint_file_name(const std::string& name);
 
 /// The stored blocks of a tensor of `shape` with layout `lay` saved on `mesh`: the block of
 /// each primary holder (coordinate 0 along the replicated axes), in mesh rank order, as
 /// (rank, offset, extent). Work and memory in proportion to the number of blocks, whatever
 /// the mesh's size.
-inline std::vector<std::tuple<int, std::vector<std::size_t>, std::vector<std::size_t>>>
-primary_blocks(const mesh_shape& mesh, const layout& lay, const std::vector<std::size_t>& shape) {
-    const auto spread = lay.replicated_axes(mesh);
-    const int count = mesh.size() / mesh.group_size(spread);
-    std::vector<std::tuple<int, std::vector<std::size_t>, std::vector<std::size_t>>> out;
-    out.reserve(std::size_t(count));
-    auto c = mesh.coords(0);
-    for (int g = 0; g < count; ++g) {
-        // The g-th combination of the coordinates on the other axes (row-major).
-        for (std::size_t a = mesh.ndim(), rest = std::size_t(g); a-- > 0;) {
-            if (spread.contains(a))
-                continue;
-            c[a] = int(rest % std::size_t(mesh.sizes[a]));
-            rest /= std::size_t(mesh.sizes[a]);
-        }
-        std::vector<std::size_t> offset, extent;
-        for (std::size_t d = 0; d < shape.size(); ++d) {
-            const auto k = std::size_t(lay.split_count(d, mesh)),
-                       i = std::size_t(lay.block_index(d, mesh, c));
-            offset.push_back(block_offset(shape[d], k, i));
-            extent.push_back(block_extent(shape[d], k, i));
-        }
-        out.emplace_back(mesh.rank_of(c), std::move(offset), std::move(extent));
-    }
-    return out;
-}
+XSHARD_DECL std::vector<std::tuple<int, std::vector<std::size_t>, std::vector<std::size_t>>>
+primary_blocks(const mesh_shape& mesh, const layout& lay, const std::vector<std::size_t>& shape);
 
 /// The number of stored blocks of a tensor with layout `lay` saved on `mesh`.
 inline std::size_t primary_block_count(const mesh_shape& mesh, const layout& lay) {
@@ -106,3 +71,7 @@ inline std::size_t primary_block_count(const mesh_shape& mesh, const layout& lay
 } // namespace detail
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/io/stored_blocks.ipp>
+#endif

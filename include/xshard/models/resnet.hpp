@@ -15,6 +15,7 @@
 /// name (`program::shard`) for other splits. Each residual block is a scope ("layer1.0",
 /// "layer2.1", ...), so blocks can be recomputed by name (compile_options::recompute).
 
+#include <xshard/compiled.hpp>
 #include <xshard/graph/trace.hpp>
 #include <xshard/ops/conv.hpp>
 #include <xshard/ops/elementwise.hpp>
@@ -36,72 +37,33 @@ namespace detail {
 
 /// conv (no bias, He-uniform weights) then batch norm, in the scopes `conv` and `bn` (their
 /// nodes "<conv>.conv2d" and "<bn>.batch_norm", their weights "<conv>.weight", "<bn>.gamma").
-inline traced_tensor conv_bn(const traced_tensor& x, const std::string& conv, const std::string& bn,
-                             std::size_t in, std::size_t out, std::size_t kernel,
-                             std::size_t stride, std::size_t padding) {
-    traced_tensor y = x;
-    {
-        name_scope s(conv);
-        y = ops::conv2d(x, param("weight", {out, in, kernel, kernel}),
-                        {.stride = stride, .padding = padding});
-    }
-    name_scope s(bn);
-    return ops::batch_norm(y, param("gamma", {out}, initializer::constant(1)),
-                           param("beta", {out}, initializer::zeros()));
-}
+XSHARD_DECL traced_tensor conv_bn(const traced_tensor& x, const std::string& conv,
+                                  const std::string& bn, std::size_t in, std::size_t out,
+                                  std::size_t kernel, std::size_t stride, std::size_t padding);
 
 /// The shortcut: identity, or a 1x1 convolution (stride s) and batch norm.
-inline traced_tensor shortcut(const traced_tensor& x, std::size_t in, std::size_t out,
-                              std::size_t stride) {
-    if (stride == 1 && in == out)
-        return x;
-    return conv_bn(x, "downsample.0", "downsample.1", in, out, 1, stride, 0);
-}
+XSHARD_DECL traced_tensor shortcut(const traced_tensor& x, std::size_t in, std::size_t out,
+                                   std::size_t stride);
 
 /// The basic block, in the scope `name`: 3x3 conv (stride s) - BN - ReLU - 3x3 conv - BN,
 /// plus the shortcut, ReLU.
-inline traced_tensor basic_block(const traced_tensor& x, const std::string& name, std::size_t in,
-                                 std::size_t planes, std::size_t stride) {
-    name_scope s(name);
-    auto y = ops::relu(conv_bn(x, "conv1", "bn1", in, planes, 3, stride, 1));
-    y = conv_bn(y, "conv2", "bn2", planes, planes, 3, 1, 1);
-    return ops::relu(ops::add(y, shortcut(x, in, planes, stride)));
-}
+XSHARD_DECL traced_tensor basic_block(const traced_tensor& x, const std::string& name,
+                                      std::size_t in, std::size_t planes, std::size_t stride);
 
 /// The bottleneck, in the scope `name`: 1x1 conv - BN - ReLU - 3x3 conv (stride s) - BN -
 /// ReLU - 1x1 conv (4 planes) - BN, plus the shortcut, ReLU.
-inline traced_tensor bottleneck(const traced_tensor& x, const std::string& name, std::size_t in,
-                                std::size_t planes, std::size_t stride) {
-    name_scope s(name);
-    auto y = ops::relu(conv_bn(x, "conv1", "bn1", in, planes, 1, 1, 0));
-    y = ops::relu(conv_bn(y, "conv2", "bn2", planes, planes, 3, stride, 1));
-    y = conv_bn(y, "conv3", "bn3", planes, 4 * planes, 1, 1, 0);
-    return ops::relu(ops::add(y, shortcut(x, in, 4 * planes, stride)));
-}
+XSHARD_DECL traced_tensor bottleneck(const traced_tensor& x, const std::string& name,
+                                     std::size_t in, std::size_t planes, std::size_t stride);
 
 } // namespace detail
 
 /// ResNet with `depths` blocks per stage (bottlenecks when `bottleneck`, as ResNet-50) on
 /// x [N, 3, H, W]: the logits [N, classes] (see the file comment).
-inline traced_tensor resnet(const traced_tensor& x, std::array<std::size_t, 4> depths,
-                            std::size_t classes, bool bottleneck = false) {
-    const std::size_t expansion = bottleneck ? 4 : 1;
-    auto h = ops::relu(detail::conv_bn(x, "conv1", "bn1", 3, 64, 7, 2, 3));
-    h = ops::max_pool2d(h, {.kernel = 3, .stride = 2, .padding = 1});
-    std::size_t in = 64;
-    for (std::size_t s = 0; s < 4; ++s) {
-        const std::size_t planes = std::size_t(64) << s;
-        for (std::size_t b = 0; b < depths[s]; ++b) {
-            const std::string name = "layer" + std::to_string(s + 1) + "." + std::to_string(b);
-            const std::size_t stride = b == 0 && s > 0 ? 2 : 1;
-            h = bottleneck ? detail::bottleneck(h, name, in, planes, stride)
-                           : detail::basic_block(h, name, in, planes, stride);
-            in = planes * expansion;
-        }
-    }
-    auto features = ops::global_avg_pool2d(h);
-    auto w = param("fc.weight", {512 * expansion, classes});
-    return ops::add(ops::matmul(features, w), param("fc.bias", {classes}, initializer::zeros()));
-}
+XSHARD_DECL traced_tensor resnet(const traced_tensor& x, std::array<std::size_t, 4> depths,
+                                 std::size_t classes, bool bottleneck = false);
 
 } // namespace xshard::models
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/models/resnet.ipp>
+#endif

@@ -25,6 +25,7 @@
 ///
 /// Local work is ops/conv_kernels.hpp's (oneDNN or im2col + GEMM).
 
+#include <xshard/compiled.hpp>
 #include <xshard/nn/kept_halo.hpp>
 #include <xshard/nn/module.hpp>
 #include <xshard/nn/step_profile.hpp>
@@ -40,24 +41,10 @@ namespace xshard::nn {
 enum class channel_split : std::uint8_t { none, output, input };
 
 /// The local geometry of a convolution of the local block `x` by the local block `w`.
-inline ops::conv2d_geometry local_conv_geometry(const std::array<std::size_t, 4>& x,
-                                                const std::array<std::size_t, 4>& w,
-                                                std::size_t stride, ops::padding2d pad,
-                                                std::size_t dilation, std::size_t groups) {
-    ops::conv2d_geometry g;
-    g.batch = x[0];
-    g.in_channels = x[1];
-    g.in_h = x[2];
-    g.in_w = x[3];
-    g.out_channels = w[0];
-    g.kernel_h = w[2];
-    g.kernel_w = w[3];
-    g.stride_h = g.stride_w = stride;
-    g.dilation_h = g.dilation_w = dilation;
-    g.pad = pad;
-    g.groups = groups;
-    return g;
-}
+XSHARD_DECL ops::conv2d_geometry local_conv_geometry(const std::array<std::size_t, 4>& x,
+                                                     const std::array<std::size_t, 4>& w,
+                                                     std::size_t stride, ops::padding2d pad,
+                                                     std::size_t dilation, std::size_t groups);
 
 /// The 2-D convolution layer: see the file comment.
 template <class T, mesh_type Mesh>
@@ -228,3 +215,7 @@ private:
 };
 
 } // namespace xshard::nn
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/nn/conv2d.ipp>
+#endif

@@ -20,6 +20,7 @@
 /// replicas (the data-parallel all-reduce, fused in buckets), and layers never hand-write
 /// their backward collectives.
 
+#include <xshard/compiled.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/ops/elementwise.hpp>
 #include <xshard/ops/matmul.hpp>
@@ -57,20 +58,11 @@ template <class T, mesh_type Mesh, std::size_t N = 2>
 using tensor = dtensor<T, Mesh, dynamic_layout(N)>;
 
 /// "[dp, -]" from {"dp", ""}: a layout from the axis splitting each dimension ("" for none).
-inline layout make_layout(std::initializer_list<std::string> dims) {
-    std::string text = "[";
-    for (const auto& d : dims)
-        text += (text.size() > 1 ? ", " : "") + (d.empty() ? std::string("-") : d);
-    return layout::parse(text + "]");
-}
+XSHARD_DECL layout make_layout(std::initializer_list<std::string> dims);
 
 /// `l` with its features (dimension 1) split over `axis` ("" for whole), its rows as they
 /// are, nothing pending: the layout a layer's output keeps from its input's.
-inline layout with_features(layout l, const std::string& axis) {
-    l.dims[1] = axis.empty() ? dim_axes{} : dim_axes{axis_name(axis)};
-    l.partial.clear();
-    return l;
-}
+XSHARD_DECL layout with_features(layout l, const std::string& axis);
 
 /// A redistribution a layer runs at every step, Tpetra's discipline: its plan (the pricing
 /// of candidate step sequences, the geometry, the datatypes) is built on first use and
@@ -257,3 +249,7 @@ private:
 };
 
 } // namespace xshard::nn
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/nn/module.ipp>
+#endif

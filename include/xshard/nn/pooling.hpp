@@ -8,6 +8,7 @@
 /// (nn/kept_halo.hpp), into its block of output rows (strides and windows straddling band
 /// edges exact), and backward sums the halo rows' gradients back.
 
+#include <xshard/compiled.hpp>
 #include <xshard/nn/kept_halo.hpp>
 #include <xshard/nn/module.hpp>
 #include <xshard/nn/step_profile.hpp>
@@ -29,18 +30,8 @@ struct pool_options {
 
 namespace detail {
 
-inline ops::pool2d_geometry pool_geometry(const std::array<std::size_t, 4>& x,
-                                          const pool_options& o) {
-    ops::pool2d_geometry g;
-    g.batch = x[0];
-    g.channels = x[1];
-    g.in_h = x[2];
-    g.in_w = x[3];
-    g.kernel_h = g.kernel_w = o.kernel;
-    g.stride_h = g.stride_w = o.stride ? o.stride : o.kernel;
-    g.pad = ops::padding2d::uniform(o.padding);
-    return g;
-}
+XSHARD_DECL ops::pool2d_geometry pool_geometry(const std::array<std::size_t, 4>& x,
+                                               const pool_options& o);
 
 /// The pooling layers' shared part: rule, geometry, output tensor.
 template <class T, mesh_type Mesh, bool Max>
@@ -116,3 +107,7 @@ template <class T, mesh_type Mesh>
 using avg_pool2d = detail::pool2d<T, Mesh, false>;
 
 } // namespace xshard::nn
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/nn/pooling.ipp>
+#endif

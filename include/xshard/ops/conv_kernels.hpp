@@ -19,6 +19,7 @@
 ///   pooling has no f64 either).
 /// oneDNN threads with OpenMP: run one thread per rank (OMP_NUM_THREADS=1, scripts/env.sh).
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/combine.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/volume.hpp>
@@ -163,20 +164,8 @@ struct tap_range {
 };
 
 /// Where tap k of a window reads along a dimension of `in` inputs and `out` outputs.
-inline tap_range tap_of(std::size_t k, std::size_t dilation, std::size_t pad, std::size_t stride,
-                        std::size_t in, std::size_t out) {
-    tap_range t;
-    t.offset = std::ptrdiff_t(k * dilation) - std::ptrdiff_t(pad);
-    // The first i with i * stride + offset >= bound.
-    auto from = [&](std::ptrdiff_t bound) {
-        const std::ptrdiff_t need = bound - t.offset;
-        return need <= 0 ? std::size_t(0)
-                         : std::min(out, (std::size_t(need) + stride - 1) / stride);
-    };
-    t.first = from(0);
-    t.last = std::max(t.first, from(std::ptrdiff_t(in)));
-    return t;
-}
+XSHARD_DECL tap_range tap_of(std::size_t k, std::size_t dilation, std::size_t pad,
+                             std::size_t stride, std::size_t in, std::size_t out);
 
 /// The batch's columns: col [C * kh * kw, batch * oh * ow] (rows `ld` apart, image n at
 /// column n * oh * ow) from the channels [C, H, W] of each image of x, images `image` elements
@@ -393,25 +382,7 @@ struct onednn_conv {
 
 /// oneDNN primitives per geometry, per thread, built on first use and kept (a network has a
 /// few dozen distinct convolutions).
-inline onednn_conv& onednn_conv_for(const conv2d_geometry& g) {
-    struct entry {
-        conv2d_geometry g;
-        onednn_conv conv;
-    };
-    thread_local std::vector<std::unique_ptr<entry>> cache;
-    auto same = [&](const conv2d_geometry& h) {
-        return h.batch == g.batch && h.in_channels == g.in_channels && h.in_h == g.in_h &&
-               h.in_w == g.in_w && h.out_channels == g.out_channels && h.kernel_h == g.kernel_h &&
-               h.kernel_w == g.kernel_w && h.stride_h == g.stride_h && h.stride_w == g.stride_w &&
-               h.dilation_h == g.dilation_h && h.dilation_w == g.dilation_w && h.pad == g.pad &&
-               h.groups == g.groups;
-    };
-    for (auto& e : cache)
-        if (same(e->g))
-            return e->conv;
-    cache.push_back(std::make_unique<entry>(entry{g, onednn_conv(g)}));
-    return cache.back()->conv;
-}
+XSHARD_DECL onednn_conv& onednn_conv_for(const conv2d_geometry& g);
 
 /// The measured choice (README, "Convolutional networks"): oneDNN's plain-NCHW primitives win
 /// on planes of 8 x 8 outputs and more (1.1-1.7x), the batched GEMM below (4-8x on 2 x 2 and
@@ -549,20 +520,8 @@ namespace conv_detail {
 
 /// The divisor of an average-pooling window: the whole window with `count_include_pad`,
 /// else its part inside the input.
-inline std::size_t avg_divisor(const pool2d_geometry& g, std::size_t i, std::size_t j,
-                               bool count_include_pad) {
-    if (count_include_pad)
-        return g.kernel_h * g.kernel_w;
-    const std::ptrdiff_t r0 = std::ptrdiff_t(i * g.stride_h) - std::ptrdiff_t(g.pad.top);
-    const std::ptrdiff_t c0 = std::ptrdiff_t(j * g.stride_w) - std::ptrdiff_t(g.pad.left);
-    const std::ptrdiff_t rows =
-        std::min<std::ptrdiff_t>(r0 + std::ptrdiff_t(g.kernel_h), std::ptrdiff_t(g.in_h)) -
-        std::max<std::ptrdiff_t>(r0, 0);
-    const std::ptrdiff_t cols =
-        std::min<std::ptrdiff_t>(c0 + std::ptrdiff_t(g.kernel_w), std::ptrdiff_t(g.in_w)) -
-        std::max<std::ptrdiff_t>(c0, 0);
-    return std::size_t(std::max<std::ptrdiff_t>(rows, 0) * std::max<std::ptrdiff_t>(cols, 0));
-}
+XSHARD_DECL std::size_t avg_divisor(const pool2d_geometry& g, std::size_t i, std::size_t j,
+                                    bool count_include_pad);
 
 } // namespace conv_detail
 
@@ -627,3 +586,7 @@ void avg_pool2d_backward(const T* dy, T* dx, const pool2d_geometry& g,
 }
 
 } // namespace xshard::ops
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/ops/conv_kernels.ipp>
+#endif

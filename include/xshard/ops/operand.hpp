@@ -4,6 +4,7 @@
 /// for layout types), bring each operand to the layout the rule asks for (free local steps;
 /// a redistribution only where the mesh type allows it), and wrap the local result.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/mesh.hpp>
 #include <xshard/core/rule.hpp>
@@ -53,11 +54,7 @@ constexpr bool all_static = (!std::remove_cvref_t<D>::static_layout.dynamic && .
 /// Raises the rule's problem at run time (an exception, the same on every rank: every rank
 /// holds the layouts), unless the mesh type may redistribute and the rule worked out a fix
 /// (every problem but a rank mismatch has one).
-inline void check_rule(const rule_result& r, const char* operation, bool may_redistribute) {
-    if (may_redistribute && r.problem != rule_problem::rank_mismatch)
-        return;
-    raise_rule_problem(r.problem, operation);
-}
+XSHARD_DECL void check_rule(const rule_result& r, const char* operation, bool may_redistribute);
 
 /// A local shard that is either borrowed from an operand or owned (sliced, redistributed).
 template <class T, std::size_t N>
@@ -160,3 +157,7 @@ using result_t = typename result_type<T, Mesh, Static, Out, N>::type;
 } // namespace detail
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/ops/operand.ipp>
+#endif

@@ -33,6 +33,7 @@
 ///     const auto info = xshard::load_checkpoint(path, model, opt.state_of(model));
 ///     opt.set_steps(info.step);
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/combine.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/float16.hpp>
@@ -124,25 +125,13 @@ void with_l2(const G& g, const P& p, C decay, F&& f) {
         f(g + decay * p);
 }
 
-inline std::string optim_number(double x) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%g", x);
-    return text;
-}
+XSHARD_DECL std::string optim_number(double x);
 
 /// Throws unless option `option` of optimizer `who` is finite and not negative.
-inline void require_nonnegative(std::string_view who, std::string_view option, double value) {
-    if (!(std::isfinite(value) && value >= 0))
-        throw error("xshard: " + std::string(who) + ": " + std::string(option) +
-                    " must be a finite number >= 0, not " + optim_number(value));
-}
+XSHARD_DECL void require_nonnegative(std::string_view who, std::string_view option, double value);
 
 /// Throws unless option `option` of optimizer `who` lies in [0, 1).
-inline void require_unit(std::string_view who, std::string_view option, double value) {
-    if (!(value >= 0 && value < 1))
-        throw error("xshard: " + std::string(who) + ": " + std::string(option) +
-                    " must lie in [0, 1), not " + optim_number(value));
-}
+XSHARD_DECL void require_unit(std::string_view who, std::string_view option, double value);
 
 /// Checks the options Adam and AdamW share.
 template <class Options>
@@ -591,3 +580,7 @@ using adamw = optimizer<adamw_rule>;
 } // namespace optim
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/optim/optimizers.ipp>
+#endif

@@ -16,6 +16,7 @@
 /// The values are defined exactly (integer arithmetic, then one multiply-add per uniform;
 /// Box-Muller for normals), so they are the same on every rank of a build.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/partition.hpp>
 #include <xshard/param/traversal.hpp>
@@ -147,15 +148,8 @@ using initializer_rule =
 /// dimensions (MatMulCell's and Dense's), ones for a normalisation's scale (a weight named
 /// "gamma" or ending in ".gamma": BatchNorm's and LayerNorm's gamma_init), zeros for the
 /// others (biases, a normalisation's "beta").
-inline initializer default_initializer(const std::string& name,
-                                       std::span<const std::size_t> shape) {
-    if (shape.size() >= 2)
-        return initializer::he_uniform();
-    const std::string_view n = name;
-    if (n == "gamma" || n.ends_with(".gamma"))
-        return initializer::constant(1);
-    return initializer::zeros();
-}
+XSHARD_DECL initializer default_initializer(const std::string& name,
+                                            std::span<const std::size_t> shape);
 
 /// Fills this rank's block of `t` (in place: no allocation) with the values element by
 /// element of the whole tensor initialised by `init` in `stream` under `seed`: O(block) time,
@@ -215,3 +209,7 @@ void initialize_parameters(C& params, std::uint64_t seed,
 }
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/param/initializer.ipp>
+#endif

@@ -27,6 +27,7 @@
 ///    (a sub-module, a vector of layers...), so models nest to any depth. The one overload
 ///    taking `T&` also serves traversals of a const container (members are then const).
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/tensor/dtensor.hpp>
@@ -56,11 +57,7 @@ void call_visitor(F& f, const std::string& name, T& tensor, bool trainable) {
         f(name, tensor);
 }
 
-inline std::string join_name(std::string_view prefix, std::string_view name) {
-    if (prefix.empty())
-        return std::string(name);
-    return std::string(prefix) + "." + std::string(name);
-}
+XSHARD_DECL std::string join_name(std::string_view prefix, std::string_view name);
 
 /// Whether T is a std::tuple (the heterogeneous parameter container; shard()'s specs too).
 template <class T>
@@ -216,3 +213,7 @@ std::vector<std::string> parameter_names(const C& c, bool trainable_only = false
 }
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/param/traversal.ipp>
+#endif

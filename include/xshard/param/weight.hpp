@@ -2,6 +2,7 @@
 /// \file
 /// Weights: the trainable tensors of layers, with their gradient and optimizer state.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/tensor/distribute.hpp>
@@ -23,18 +24,7 @@ using gradient_t = dtensor<typename D::value_type, typename D::mesh_type, dynami
 namespace detail {
 
 /// `l` without its pending sums over mesh axes of size 1 (a sum of one term is complete).
-inline layout without_unit_sums(const layout& l, const mesh_shape& mesh) {
-    if (!l.is_partial())
-        return l;
-    layout out = l;
-    out.partial.clear();
-    for (const auto& a : l.partial)
-        if (mesh.sizes[mesh.index(a)] > 1)
-            out.partial.push_back(a);
-    if (out.partial.empty())
-        out.op = reduction::sum;
-    return out;
-}
+XSHARD_DECL layout without_unit_sums(const layout& l, const mesh_shape& mesh);
 
 } // namespace detail
 
@@ -137,3 +127,7 @@ struct weight {
 };
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/param/weight.ipp>
+#endif

@@ -4,6 +4,7 @@
 /// forward or backward pass of one micro-batch on one virtual stage, and the transfers that
 /// pass implies) and the schedules xshard knows.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 
 #include <cstdint>
@@ -100,15 +101,10 @@ constexpr std::string_view name(schedule_kind k) noexcept {
 
 /// The schedule called `text` (see `name`; "zbh1" and "zb" are zero_bubble too). Throws
 /// `xshard::error` naming the known ones otherwise.
-inline schedule_kind parse_schedule(std::string_view text) {
-    for (auto k : {schedule_kind::gpipe, schedule_kind::one_f_one_b, schedule_kind::interleaved,
-                   schedule_kind::zero_bubble})
-        if (text == name(k))
-            return k;
-    if (text == "zbh1" || text == "zb" || text == "zero-bubble")
-        return schedule_kind::zero_bubble;
-    throw error(detail::concat("xshard: unknown pipeline schedule '", text,
-                               "' (known: gpipe, 1f1b, interleaved, zero_bubble)"));
-}
+XSHARD_DECL schedule_kind parse_schedule(std::string_view text);
 
 } // namespace xshard::pipeline
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/pipeline/action.ipp>
+#endif

@@ -18,6 +18,7 @@
 /// has every header posts the receives of the pieces of the senders that did not abort, so
 /// an aborted sender never leaves a message unmatched (see transfer.hpp for aborts).
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/request.hpp>
@@ -62,11 +63,7 @@ constexpr boundary_problem check_boundary_layout(const layout& l, std::size_t ra
 namespace detail {
 
 /// The header of a cross-mesh transfer: "shape... layout", or "!error".
-inline std::array<char, 256> boundary_header(const std::string& text) {
-    std::array<char, 256> h{};
-    std::memcpy(h.data(), text.data(), std::min(text.size(), h.size() - 1));
-    return h;
-}
+XSHARD_DECL std::array<char, 256> boundary_header(const std::string& text);
 
 } // namespace detail
 
@@ -233,3 +230,7 @@ private:
 };
 
 } // namespace xshard::pipeline
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/pipeline/boundary.ipp>
+#endif

@@ -9,6 +9,7 @@
 /// is the i-th chunk of each block. The micro-batches' gradients sum to the batch's, and
 /// `join_micro_batches` puts micro-batches (or outputs computed from them) back together.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/partition.hpp>
 #include <xshard/tensor/dtensor.hpp>
@@ -28,51 +29,19 @@ namespace xshard::pipeline {
 /// partition a distributed tensor's rows must have (never so when `rows` is a nonzero
 /// multiple of blocks x m). Throws `xshard::error` (every rank alike: it depends on sizes
 /// only) when m < 1.
-inline std::vector<std::size_t> micro_batch_rows(std::size_t rows, std::size_t blocks, int m) {
-    if (m < 1)
-        throw error("xshard: a batch needs at least one micro-batch, not " + std::to_string(m));
-    const auto mm = static_cast<std::size_t>(m);
-    std::vector<std::size_t> out(mm, 0);
-    for (std::size_t i = 0; i < mm; ++i) {
-        for (std::size_t b = 0; b < blocks; ++b)
-            out[i] += block_extent(block_extent(rows, blocks, b), mm, i);
-        if (out[i] == 0)
-            return {};
-        for (std::size_t b = 0; b < blocks; ++b)
-            if (block_extent(block_extent(rows, blocks, b), mm, i) !=
-                block_extent(out[i], blocks, b))
-                return {};
-    }
-    return out;
-}
+XSHARD_DECL std::vector<std::size_t> micro_batch_rows(std::size_t rows, std::size_t blocks, int m);
 
 /// Why a batch of `rows` rows in `blocks` row blocks does not cut into `m` micro-batches
 /// (`micro_batch_rows` is empty), and the batch sizes that do.
-inline std::string cut_failure(std::size_t rows, std::size_t blocks, int m) {
-    return "a batch of " + std::to_string(rows) + " rows in " + std::to_string(blocks) +
-           " row blocks does not cut into " + std::to_string(m) +
-           " micro-batches laid out like it; use a batch size that is a multiple of " +
-           std::to_string(blocks * std::size_t(m));
-}
+XSHARD_DECL std::string cut_failure(std::size_t rows, std::size_t blocks, int m);
 
 /// `micro_batch_rows`, throwing `xshard::error` when the rows do not cut.
-inline std::vector<std::size_t> checked_micro_batch_rows(std::size_t rows, std::size_t blocks,
-                                                         int m) {
-    auto out = micro_batch_rows(rows, blocks, m);
-    if (out.empty())
-        throw error("xshard: " + cut_failure(rows, blocks, m));
-    return out;
-}
+XSHARD_DECL std::vector<std::size_t> checked_micro_batch_rows(std::size_t rows, std::size_t blocks,
+                                                              int m);
 
 /// The most micro-batches, up to `m`, that a batch of `rows` rows in `blocks` row blocks cuts
 /// into with rows in each (inference takes batches of any size); 1 always does.
-inline int fitting_micro_batches(std::size_t rows, std::size_t blocks, int m) {
-    m = int(std::min<std::size_t>(std::size_t(std::max(m, 1)),
-                                  std::max<std::size_t>(rows / blocks, 1)));
-    while (m > 1 && micro_batch_rows(rows, blocks, m).empty())
-        --m;
-    return m;
-}
+XSHARD_DECL int fitting_micro_batches(std::size_t rows, std::size_t blocks, int m);
 
 /// The m micro-batches of `t` (see the file comment): local work only, the same layout as
 /// `t`. With `blocks` (a multiple of the row blocks of `t`; 0: as many), the batch is cut as
@@ -186,3 +155,7 @@ D join_micro_batches(const std::vector<D>& parts, std::size_t blocks) {
 }
 
 } // namespace xshard::pipeline
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/pipeline/micro_batch.ipp>
+#endif

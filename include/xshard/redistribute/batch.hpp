@@ -15,6 +15,7 @@
 /// ([-, tp] partial(dp) -> [dp, tp]), and nothing for a slice. Destinations must be complete
 /// (not partial); partial(max/min) sources are refused.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/error.hpp>
@@ -395,3 +396,16 @@ requires(sizeof...(D) > 0) auto redistribute_all(const std::tuple<D...>& tensors
 }
 
 } // namespace xshard
+
+#ifdef XSHARD_SEPARATE_COMPILATION
+namespace xshard {
+#define XSHARD_DETAIL_BATCH(T) XSHARD_INSTANTIATE class batch_redistribution_plan<T>;
+XSHARD_COMPILED_ELEMENTS(XSHARD_DETAIL_BATCH)
+#undef XSHARD_DETAIL_BATCH
+#define XSHARD_DETAIL_BATCH_ADD(T, N)                                                              \
+    XSHARD_INSTANTIATE std::size_t batch_redistribution_plan<T>::add<N>(                           \
+        const std::array<std::size_t, N>&, const layout&, const layout&);
+XSHARD_COMPILED_ELEMENTS_AND_RANKS(XSHARD_DETAIL_BATCH_ADD)
+#undef XSHARD_DETAIL_BATCH_ADD
+} // namespace xshard
+#endif

@@ -2,6 +2,7 @@
 /// \file
 /// Boxes inside local shards: where they sit in memory, and copying between shards.
 
+#include <xshard/compiled.hpp>
 #include <xshard/core/partition.hpp>
 
 #include <algorithm>
@@ -120,47 +121,11 @@ void copy_region(const T* from, const std::array<std::size_t, N>& from_shape,
 /// half-written line is flushed as partial writes, which measured slower than cached
 /// stores). The stores are weakly ordered: `stream_fence()` before another thread may read
 /// them.
-inline void stream_copy(void* to, const void* from, std::size_t n) noexcept {
-#if defined(__SSE2__)
-    constexpr std::size_t line = 64;
-    auto* d = static_cast<std::byte*>(to);
-    const auto* s = static_cast<const std::byte*>(from);
-    const std::size_t head =
-        std::min(n, (line - reinterpret_cast<std::uintptr_t>(d) % line) % line);
-    std::memcpy(d, s, head);
-    d += head, s += head, n -= head;
-    std::size_t i = 0;
-    for (; i + line <= n; i += line) {
-#if defined(__AVX__)
-        const auto* p = reinterpret_cast<const __m256i*>(s + i);
-        auto* q = reinterpret_cast<__m256i*>(d + i);
-        const __m256i a = _mm256_loadu_si256(p), b = _mm256_loadu_si256(p + 1);
-        _mm256_stream_si256(q, a);
-        _mm256_stream_si256(q + 1, b);
-#else
-        const auto* p = reinterpret_cast<const __m128i*>(s + i);
-        auto* q = reinterpret_cast<__m128i*>(d + i);
-        const __m128i a = _mm_loadu_si128(p), b = _mm_loadu_si128(p + 1),
-                      c = _mm_loadu_si128(p + 2), e = _mm_loadu_si128(p + 3);
-        _mm_stream_si128(q, a);
-        _mm_stream_si128(q + 1, b);
-        _mm_stream_si128(q + 2, c);
-        _mm_stream_si128(q + 3, e);
-#endif
-    }
-    std::memcpy(d + i, s + i, n - i);
-#else
-    std::memcpy(to, from, n);
-#endif
-}
+XSHARD_DECL void stream_copy(void* to, const void* from, std::size_t n) noexcept;
 
 /// Orders the non-temporal stores of `stream_copy` before the stores that follow (a barrier
 /// that lets other threads read them).
-inline void stream_fence() noexcept {
-#if defined(__SSE2__)
-    _mm_sfence();
-#endif
-}
+XSHARD_DECL void stream_fence() noexcept;
 
 /// `copy_region` through `stream_copy` when `streaming`.
 template <class T, std::size_t N>
@@ -176,3 +141,7 @@ void copy_region(const T* from, const std::array<std::size_t, N>& from_shape,
 }
 
 } // namespace xshard::detail
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/redistribute/copy.ipp>
+#endif

@@ -6,6 +6,7 @@
 /// entry per peer); pricing counts the same traffic without listing peers (traffic.hpp),
 /// so a plan is priced on a mesh of 10^8 ranks as fast as on 4, and the two agree exactly.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/pairwise_reduce.hpp>
 #include <xshard/core/layout.hpp>
@@ -85,13 +86,7 @@ struct plan_summary {
 
 namespace detail {
 
-inline std::string axes_string(const mesh_shape& mesh, axis_set axes) {
-    std::string s;
-    for (std::size_t i = 0; i < mesh.ndim(); ++i)
-        if (axes.contains(i))
-            s += (s.empty() ? "" : ",") + std::string(mesh.names[i].view());
-    return s;
-}
+XSHARD_DECL std::string axes_string(const mesh_shape& mesh, axis_set axes);
 
 template <std::size_t N>
 bool contains(const box<N>& outer, const box<N>& inner) {
@@ -224,12 +219,8 @@ constexpr std::size_t all_reduce_bytes(std::size_t n, std::size_t p) {
 /// Seconds of MPI_Allreduce of `bytes` bytes over the ranks of `group` (`p` of them) with a
 /// latency-optimal algorithm (recursive doubling, or halving and doubling): 2 ceil(log2 p)
 /// rounds, 2 (p-1) / p of the bytes each way; the all_reduce link (or the group's own).
-inline double mpi_all_reduce_seconds(const cost_model& model, const mesh_shape& mesh,
-                                     axis_set group, std::size_t p, std::size_t bytes) {
-    return p > 1 ? model.seconds(step_kind::all_reduce, mesh, group, 2 * detail::ceil_log2(p),
-                                 detail::all_reduce_bytes(bytes, p), 0)
-                 : 0.0;
-}
+XSHARD_DECL double mpi_all_reduce_seconds(const cost_model& model, const mesh_shape& mesh,
+                                          axis_set group, std::size_t p, std::size_t bytes);
 
 /// The cost of one step for one rank, under `model` (through shared memory when `shared`).
 template <std::size_t N>
@@ -364,14 +355,7 @@ namespace detail {
 
 /// The ranks `choose_candidate` prices on: every rank of a mesh of at most 256, else a
 /// stride of 64 ranks.
-inline std::vector<int> candidate_ranks(const mesh_shape& mesh) {
-    std::vector<int> ranks;
-    const int p = mesh.size();
-    const int stride = p <= 256 ? 1 : p / 64;
-    for (long long r = 0; r < p; r += stride) // long long: r + stride may pass INT_MAX
-        ranks.push_back(int(r));
-    return ranks;
-}
+XSHARD_DECL std::vector<int> candidate_ranks(const mesh_shape& mesh);
 
 } // namespace detail
 
@@ -406,26 +390,7 @@ price_candidates(const plan_candidates& c, const mesh_shape& mesh,
 /// The candidate a plan runs, given its candidates' prices: the cheapest valid one for the
 /// slowest rank among those that fit (the cheapest valid one if none does). Returns its
 /// index; throws `error` if none is valid.
-inline std::size_t pick_candidate(const static_vector<candidate_price, 3>& prices) {
-    std::size_t best = 0;
-    bool best_fits = false;
-    double best_seconds = std::numeric_limits<double>::infinity();
-    for (std::size_t i = 0; i < prices.size(); ++i) {
-        const auto& p = prices[i];
-        if (!p.valid)
-            continue;
-        const bool better =
-            (p.fits && !best_fits) || (p.fits == best_fits && p.slowest_rank < best_seconds);
-        if (better) {
-            best = i;
-            best_fits = p.fits;
-            best_seconds = p.slowest_rank;
-        }
-    }
-    if (best_seconds == std::numeric_limits<double>::infinity() && !prices.empty())
-        throw error("xshard: no valid redistribution plan (a bug)");
-    return best;
-}
+XSHARD_DECL std::size_t pick_candidate(const static_vector<candidate_price, 3>& prices);
 
 /// The candidate a plan runs: the cheapest valid one for the slowest rank among those
 /// whose peak extra memory stays within one destination block (the cheapest valid one if
@@ -440,45 +405,28 @@ std::size_t choose_candidate(const plan_candidates& c, const mesh_shape& mesh,
 }
 
 /// Prints a plan summary: one line per step (name, communicator, bytes, memory, time).
-inline std::string describe(const plan_summary& p, const mesh_shape& mesh) {
-    auto mib = [](std::size_t b) {
-        char buf[32];
-        std::snprintf(buf, sizeof buf, "%.3f MiB", double(b) / double(1 << 20));
-        return std::string(buf);
-    };
-    auto us = [](double s) {
-        char buf[32];
-        std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
-        return std::string(buf);
-    };
-    std::string out;
-    if (p.steps.empty())
-        return "nothing to do (the layouts give every rank the same block)\n";
-    std::size_t i = 0;
-    for (const auto& s : p.steps) {
-        out += std::to_string(++i) + ". " + std::string(to_string(s.planned.kind));
-        if (!s.planned.axes.empty()) {
-            out += "(";
-            for (std::size_t k = 0; k < s.planned.axes.size(); ++k)
-                out += (k ? "," : "") + std::string(s.planned.axes[k].view());
-            out += ")";
-        }
-        if (s.planned.kind == step_kind::halo)
-            out += ": " + s.planned.from.to_string() + " + halo on dim " +
-                   std::to_string(s.planned.dim) + "\n";
-        else
-            out += ": " + s.planned.from.to_string() + " -> " + s.planned.to.to_string() + "\n";
-        out += "   over " +
-               (s.group.empty() ? std::string("no communicator")
-                                : "{" + s.group + "} (" + std::to_string(s.group_size) + " ranks)");
-        out += ", " + std::to_string(s.messages) + " messages, sent " + mib(s.bytes_sent) +
-               ", received " + mib(s.bytes_received) + ", copied " + mib(s.bytes_copied) +
-               ", scratch " + mib(s.scratch_bytes) + ", " + us(s.seconds) + "\n";
-    }
-    out += "per rank: sent " + mib(p.bytes_sent()) + ", received " + mib(p.bytes_received()) +
-           ", peak extra memory " + mib(p.peak_extra_bytes) + ", predicted " + us(p.seconds) +
-           " on mesh(" + mesh.to_string() + ")\n";
-    return out;
-}
+XSHARD_DECL std::string describe(const plan_summary& p, const mesh_shape& mesh);
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/redistribute/geometry.ipp>
+#else
+namespace xshard {
+#define XSHARD_DETAIL_GEOMETRY(N)                                                                  \
+    XSHARD_INSTANTIATE step_geometry<N> geometry_of<N>(const step&, const mesh_shape&,             \
+                                                       const std::array<std::size_t, N>&, int);    \
+    XSHARD_INSTANTIATE step_traffic<N> traffic_of<N>(const step_geometry<N>&);                     \
+    XSHARD_INSTANTIATE step_summary summarize<N>(const step_traffic<N>&, const mesh_shape&,        \
+                                                 std::size_t, const cost_model&,                   \
+                                                 const reduce_tuning&, bool);                      \
+    XSHARD_INSTANTIATE plan_summary summarize<N>(const step_list&, const mesh_shape&,              \
+                                                 const std::array<std::size_t, N>&, std::size_t,   \
+                                                 int, const cost_model&, const reduce_tuning&);    \
+    XSHARD_INSTANTIATE static_vector<candidate_price, 3> price_candidates<N>(                      \
+        const plan_candidates&, const mesh_shape&, const std::array<std::size_t, N>&, std::size_t, \
+        const std::vector<int>&, const cost_model&, const reduce_tuning&);
+XSHARD_COMPILED_RANKS(XSHARD_DETAIL_GEOMETRY)
+#undef XSHARD_DETAIL_GEOMETRY
+} // namespace xshard
+#endif

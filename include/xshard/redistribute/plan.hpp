@@ -4,6 +4,7 @@
 /// out every message, making the MPI datatypes, allocating the buffers), executed many
 /// times (the cheap part: posting the messages and copying; nothing is allocated).
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/counting_allocator.hpp>
 #include <xshard/comm/datatype.hpp>
 #include <xshard/comm/error.hpp>
@@ -385,3 +386,11 @@ private:
 };
 
 } // namespace xshard
+
+#ifdef XSHARD_SEPARATE_COMPILATION
+namespace xshard {
+#define XSHARD_DETAIL_PLAN(T, N) XSHARD_INSTANTIATE class redistribution_plan<T, N>;
+XSHARD_COMPILED_ELEMENTS_AND_RANKS(XSHARD_DETAIL_PLAN)
+#undef XSHARD_DETAIL_PLAN
+} // namespace xshard
+#endif

@@ -18,6 +18,7 @@
 /// partition rule, core/partition.hpp). So each dimension contributes at most five
 /// (extent, how many members) classes.
 
+#include <xshard/compiled.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/partition.hpp>
@@ -86,12 +87,7 @@ constexpr std::size_t saturating_add(std::size_t a, std::size_t b) {
 }
 
 /// The mesh axes named by `names`.
-inline axis_set axes_of(const mesh_shape& mesh, const dim_axes& names) {
-    axis_set s;
-    for (const auto& a : names)
-        s = s.with(mesh.index(a));
-    return s;
-}
+XSHARD_DECL axis_set axes_of(const mesh_shape& mesh, const dim_axes& names);
 
 /// The block indices that the members of a group hold along one dimension: row-major
 /// mixed-radix digits, one per axis splitting the dimension (the first axis major); a
@@ -154,16 +150,8 @@ struct block_digits {
 
 /// The digits of dimension `d` of layout `l` for the members of the group spanned by
 /// `group` that holds the rank at coordinates `c`.
-inline block_digits digits_of(const layout& l, std::size_t d, const mesh_shape& mesh,
-                              const mesh_coords& c, axis_set group) {
-    block_digits b;
-    for (const auto& a : l.axes(d)) {
-        const auto i = mesh.index(a);
-        b.radix.push_back(std::size_t(mesh.sizes[i]));
-        b.fixed.push_back(group.contains(i) ? block_digits::free : std::size_t(c[i]));
-    }
-    return b;
-}
+XSHARD_DECL block_digits digits_of(const layout& l, std::size_t d, const mesh_shape& mesh,
+                                   const mesh_coords& c, axis_set group);
 
 /// A class of members on one dimension: `members` of them hold a block meeting the
 /// interval in `extent` elements.
@@ -368,3 +356,7 @@ step_traffic<N> traffic_of(const step& s, const mesh_shape& mesh,
 }
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/redistribute/traffic.ipp>
+#endif

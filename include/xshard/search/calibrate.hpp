@@ -26,6 +26,7 @@
 ///     machine = xshard::calibrate_ops(mesh.comm(), machine, net.profile(), found);
 ///     found = xshard::search_program(traced, mesh.shape(), {.machine = machine});
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
@@ -216,67 +217,8 @@ timed_plan time_link_plan(const mesh<"x">& m, std::size_t elements, const cost_m
 /// exchange, reduce_scatter through the pairwise algorithm, all_reduce through MPI) alpha
 /// from the tiny plan and beta from the large one, after alpha and the copies. The same on
 /// every rank. On one rank nothing moves: `base` as it is. Collective over `c`.
-inline link_fit calibrate_links(const communicator& c, const cost_model& base = {},
-                                const link_sample& sample = {}) {
-    link_fit fit{base, {}};
-    if (c.size() == 1)
-        return fit;
-    const mesh<"x"> m(c, {c.size()});
-    const int repeats = std::max(1, sample.repeats);
-    const std::size_t tiny = std::size_t(m.size()), large = std::max(sample.elements, tiny);
-    std::vector<char> a(large * sizeof(double), 1), b(a.size());
-    fit.links.copy = detail::slowest_rank_seconds(
-                         c, repeats, 1, [&] { std::memcpy(b.data(), a.data(), a.size()); }) /
-                     double(a.size());
-    const auto fit_kind = [&](const char* kind, link_cost& into, const auto& timed) {
-        const detail::timed_plan small = timed(tiny), big = timed(large);
-        // t = alpha * messages + beta * bytes + copy * copied, from the two sizes.
-        const auto terms = [](const plan_summary& p) {
-            std::array<double, 3> t{};
-            for (const auto& s : p.steps) {
-                t[0] += double(s.messages);
-                t[1] += double(std::max(s.bytes_sent, s.bytes_received));
-                t[2] += double(s.bytes_copied);
-            }
-            return t;
-        };
-        const auto t0 = terms(small.plan), t1 = terms(big.plan);
-        if (t0[0] > 0)
-            into.alpha = std::max(0.0, (small.seconds - fit.links.copy * t0[2]) / t0[0]);
-        if (t1[1] > 0)
-            into.beta =
-                std::max(0.0, (big.seconds - fit.links.copy * t1[2] - into.alpha * t1[0]) / t1[1]);
-        for (const auto* x : {&small, &big})
-            fit.points.push_back({kind, x->bytes, x->seconds, x->plan.seconds});
-    };
-    const reduce_tuning messages{.shared_memory_min_bytes = SIZE_MAX};
-    const reduce_tuning pairwise{.min_piece_bytes = 0,
-                                 .shared_memory_min_bytes = SIZE_MAX,
-                                 .reduce_scatter_min_piece_bytes = 0};
-    const reduce_tuning through_mpi{.min_piece_bytes = SIZE_MAX,
-                                    .shared_memory_min_bytes = SIZE_MAX,
-                                    .reduce_scatter_min_piece_bytes = SIZE_MAX};
-    fit_kind("all_gather", fit.links.all_gather, [&](std::size_t n) {
-        return detail::time_link_plan<"[x]", "[-]">(m, n, base, messages, repeats);
-    });
-    fit_kind("all_to_all", fit.links.all_to_all, [&](std::size_t n) {
-        return detail::time_link_plan<"[x, -]", "[-, x]">(m, n, base, messages, repeats);
-    });
-    // exchange: the same movement as all_to_all, named by the planner when several axes move.
-    fit.links.exchange = fit.links.all_to_all;
-    fit_kind("reduce_scatter", fit.links.reduce_scatter, [&](std::size_t n) {
-        return detail::time_link_plan<"[-] partial(sum: x)", "[x]">(m, n, base, pairwise, repeats);
-    });
-    // MPI_Allreduce runs below the pairwise algorithm's pieces only (reduce_tuning's
-    // min_piece_bytes per member): its bandwidth is fitted at that size, not above it.
-    const std::size_t mpi_largest = std::clamp(
-        reduce_tuning{}.min_piece_bytes / sizeof(double) * std::size_t(m.size()), tiny, large);
-    fit_kind("all_reduce", fit.links.all_reduce, [&](std::size_t n) {
-        return detail::time_link_plan<"[-] partial(sum: x)", "[-]">(m, std::min(n, mpi_largest),
-                                                                    base, through_mpi, repeats);
-    });
-    return fit;
-}
+XSHARD_DECL link_fit calibrate_links(const communicator& c, const cost_model& base = {},
+                                     const link_sample& sample = {});
 
 /// The sizes measure_machine measures at: a narrow GEMM of [rows, in] x [in, out] (by default
 /// a batch of 64 through a 1024 x 4096 layer, about 0.5 GFLOP), a square one of `square`
@@ -309,18 +251,8 @@ struct machine_sample {
 /// a line in 1 / d: the line through the two. A narrow GEMM no slower than the wide one (the
 /// library's speed does not fall there, or noise) fits h = 0 at the wide one's speed; the
 /// peak is at most twice the wide one's speed (the line then goes through the wide one).
-inline void fit_gemm(machine_model& m, double narrow, double narrow_dimension, double wide,
-                     double wide_dimension) {
-    m.gemm_flops = wide;
-    m.gemm_half_dimension = 0;
-    if (!(narrow > 0 && narrow < wide && narrow_dimension > 0 && narrow_dimension < wide_dimension))
-        return;
-    // 1 / speed = a + b / d, with a = 1 / peak and b = h / peak.
-    const double b = (1 / narrow - 1 / wide) / (1 / narrow_dimension - 1 / wide_dimension);
-    const double a = std::max(1 / wide - b / wide_dimension, 0.5 / wide);
-    m.gemm_flops = 1 / a;
-    m.gemm_half_dimension = (1 / wide - a) * wide_dimension / a;
-}
+XSHARD_DECL void fit_gemm(machine_model& m, double narrow, double narrow_dimension, double wide,
+                          double wide_dimension);
 
 /// `base` with the GEMM speed (`fit_gemm` on a narrow and a square GEMM), the memory
 /// bandwidth and the transcendental functions' cost of the ranks of `c` measured on T, each
@@ -369,43 +301,12 @@ machine_model measure_machine(const communicator& c, machine_model base = {},
 /// factor. Then the search prices this program, and programs of the same shapes, as they run
 /// on these ranks. Raises xshard::error on every rank when `measured` holds no pass of
 /// `priced`'s nodes. Collective over `c`: three all-reduces of a few numbers.
-inline machine_model calibrate_ops(const communicator& c, machine_model base,
-                                   const program_profile& measured,
-                                   const program_strategy& priced) {
-    std::map<std::string, double> seconds_of;
-    for (const auto& n : measured.nodes)
-        seconds_of[n.node] = n.forward + n.backward;
-    // Per primitive, in name order (the same on every rank): measured seconds per step,
-    // priced seconds.
-    std::map<std::string, std::array<double, 2>> ops;
-    bool fits = measured.forward_passes > 0;
-    for (const auto& n : priced.nodes) {
-        const auto it = seconds_of.find(n.node);
-        fits = fits && it != seconds_of.end();
-        auto& op = ops[n.op];
-        if (it != seconds_of.end())
-            op[0] += it->second / double(std::max<std::size_t>(measured.forward_passes, 1));
-        op[1] += n.compute;
-    }
-    const auto counts = value_ranges<1>(c, {ops.size()});
-    agree_on_error(
-        c, fits && counts[0].agrees()
-               ? std::nullopt
-               : std::optional<std::string>(
-                     "xshard: calibrate_ops: the profile holds no step of the strategy's "
-                     "program on every rank (profile_steps, then run a step, on the program "
-                     "compiled with it)"));
-    std::vector<double> slowest;
-    for (const auto& [name, t] : ops)
-        slowest.push_back(t[0]);
-    allreduce(c, std::span(slowest), reduction::max);
-    std::size_t k = 0;
-    for (const auto& [name, t] : ops) {
-        const double was = base.scale_of(name), now = slowest[k++];
-        if (t[1] > 0 && now > 0)
-            base.set_scale_of(name, was * now / t[1]);
-    }
-    return base;
-}
+XSHARD_DECL machine_model calibrate_ops(const communicator& c, machine_model base,
+                                        const program_profile& measured,
+                                        const program_strategy& priced);
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/search/calibrate.ipp>
+#endif

@@ -10,6 +10,7 @@
 /// weights, gradients and optimizer state plus its activations times its peak in-flight
 /// micro-batches (pipeline/analysis.hpp's simulation of the schedule).
 
+#include <xshard/compiled.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/core/objective.hpp>
 #include <xshard/core/op_choice.hpp>
@@ -35,12 +36,7 @@ namespace xshard {
 namespace detail {
 
 /// The stage of each operator: contiguous runs balanced by count.
-inline std::vector<int> stage_split(std::size_t ops, int pp) {
-    std::vector<int> s(ops);
-    for (std::size_t i = 0; i < ops; ++i)
-        s[i] = int(i * std::size_t(pp) / ops);
-    return s;
-}
+XSHARD_DECL std::vector<int> stage_split(std::size_t ops, int pp);
 
 /// Prices the operators of one (dp, tp, pp, m, level) candidate, memoised per operator shape
 /// and strategy.
@@ -128,84 +124,18 @@ struct stage_totals {
 };
 
 /// The prediction for `choices` under degrees `d`, priced by `cp` (see the file comment).
-inline searched_strategy evaluate_strategy(const network_spec& net, const parallel_degrees& d,
-                                           const std::vector<op_choice>& choices,
-                                           const search_options& o, candidate_pricer& cp) {
-    searched_strategy p;
-    p.degrees = d;
-    p.choices = choices;
-    p.stage_of = cp.stage_of();
-    const std::size_t n = net.ops.size();
-    if (choices.size() != n)
-        throw std::invalid_argument("xshard: evaluate_strategy: one choice per operator");
-    std::vector<detail::stage_totals> st(std::size_t(d.pp));
-    for (std::size_t i = 0; i < n; ++i) {
-        const auto& c = choices[i];
-        const bool first = i == 0 || p.stage_of[i] != p.stage_of[i - 1];
-        const bool last = i + 1 == n || p.stage_of[i] != p.stage_of[i + 1];
-        if ((i == 0 || first) && c.in != activation_split::rows)
-            p.valid = false;
-        if (i > 0 && !first && c.in != choices[i - 1].out)
-            p.valid = false;
-        if (last && i + 1 < n && c.out != activation_split::rows)
-            p.valid = false;
-        if (i + 1 == n && !o.output_allowed(c.out))
-            p.valid = false;
-        const auto& k = cp.cost(i, c);
-        if (!k.valid)
-            p.valid = false;
-        auto& s = st[std::size_t(p.stage_of[i])];
-        s.per_micro_batch += k.compute + k.communication;
-        s.compute += k.compute;
-        s.communication += k.communication;
-        s.sync += k.synchronization;
-        s.memory += double(k.weight_memory) +
-                    double(cp.in_flight(p.stage_of[i])) * double(k.activation_memory);
-        s.comm_bytes += double(d.micro_batches) * double(k.comm_bytes) + double(k.sync_bytes);
-    }
-    std::optional<search_key> worst;
-    for (int s = 0; s < d.pp; ++s) {
-        std::size_t first = n, last = 0;
-        for (std::size_t i = 0; i < n; ++i)
-            if (p.stage_of[i] == s) {
-                first = std::min(first, i);
-                last = i + 1;
-            }
-        const auto& t = st[std::size_t(s)];
-        const double boundary = cp.boundary_seconds(first, last);
-        const double step = cp.slots() * (t.per_micro_batch + boundary) + t.sync;
-        const double comm = cp.slots() * (t.communication + boundary) + t.sync;
-        const auto k = objective_of(o.level, step, comm, t.memory);
-        p.memory_bytes = std::max(p.memory_bytes, t.memory);
-        if (!worst || *worst < k) {
-            worst = k;
-            p.objective = k;
-            p.step_seconds = step;
-            p.compute_seconds = double(d.micro_batches) * t.compute;
-            p.communication_seconds = double(d.micro_batches) * t.communication;
-            p.synchronization_seconds = t.sync;
-            p.pipeline_seconds = step - p.compute_seconds - p.communication_seconds - t.sync;
-            p.comm_bytes =
-                t.comm_bytes + double(d.micro_batches) * 2 * cp.boundary_bytes(first, last);
-        }
-    }
-    p.fits = p.memory_bytes <= o.memory_per_rank;
-    return p;
-}
+XSHARD_DECL searched_strategy evaluate_strategy(const network_spec& net, const parallel_degrees& d,
+                                                const std::vector<op_choice>& choices,
+                                                const search_options& o, candidate_pricer& cp);
 
 } // namespace detail
 
 /// The prediction for `choices` (one per operator) under degrees `d` (see the file comment);
 /// `valid` false when the chain does not fit together (an operator's input is not the
 /// previous output, a stage boundary not [dp, -], the output split over tp).
-inline searched_strategy evaluate_strategy(const network_spec& net, const parallel_degrees& d,
-                                           const std::vector<op_choice>& choices,
-                                           const search_options& o) {
-    const mesh_shape mesh({axis_name("dp"), axis_name("tp")}, {d.dp, d.tp});
-    redistribution_pricer pricer(mesh, o.machine.links, o.machine.element);
-    detail::candidate_pricer cp(net, d, o.machine, pricer);
-    return detail::evaluate_strategy(net, d, choices, o, cp);
-}
+XSHARD_DECL searched_strategy evaluate_strategy(const network_spec& net, const parallel_degrees& d,
+                                                const std::vector<op_choice>& choices,
+                                                const search_options& o);
 
 /// The objective key of a whole plan: the slowest (by the objective) stage's.
 inline search_key plan_key(const searched_strategy& p, int) {
@@ -213,3 +143,7 @@ inline search_key plan_key(const searched_strategy& p, int) {
 }
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/search/evaluate_strategy.ipp>
+#endif

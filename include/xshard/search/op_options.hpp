@@ -4,6 +4,7 @@
 /// core/op_choice.hpp): per input split, the weight splits it can run with and the layout its
 /// output has before its redistribution. The cost model prices only these (search/cost.hpp).
 
+#include <xshard/compiled.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/op_choice.hpp>
 #include <xshard/search/network_spec.hpp>
@@ -18,47 +19,11 @@ namespace xshard {
 /// input split `in`, on a (dp, tp) mesh with `samples` samples per micro-batch. Empty when `in`
 /// does not suit the operator (a normalisation needs whole rows; attention whole heads and
 /// whole sequences).
-inline std::vector<std::pair<weight_split, layout>>
-op_options(const op_spec& op, activation_split in, int dp, int tp, std::size_t samples) {
-    using enum activation_split;
-    std::vector<std::pair<weight_split, layout>> r;
-    const auto keep = [&] {
-        r.push_back({weight_split::replicated, activation_layout(in)});
-    };
-    switch (op.kind) {
-    case op_kind::linear:
-        if (in == rows) {
-            r.push_back({weight_split::output, layout::parse("[dp, tp]")});
-            r.push_back({weight_split::replicated, layout::parse("[dp, -]")});
-        } else if (in == features) {
-            r.push_back({weight_split::input, layout::parse("[dp, -] partial(sum: tp)")});
-        } else {
-            keep();
-        }
-        break;
-    case op_kind::embedding: // the input is token ids: rows, whatever their features
-        if (in == all_rows)
-            keep();
-        else {
-            r.push_back({weight_split::replicated, layout::parse("[dp, -]")});
-            r.push_back({weight_split::output, layout::parse("[dp, tp]")});
-            r.push_back({weight_split::input, layout::parse("[dp, -] partial(sum: tp)")});
-        }
-        break;
-    case op_kind::elementwise:
-        keep();
-        break;
-    case op_kind::normalization:
-        if (in != features)
-            keep();
-        break;
-    case op_kind::attention:
-        if (in == rows || (in == features && op.heads % std::size_t(tp) == 0) ||
-            (in == all_rows && samples % std::size_t(dp * tp) == 0))
-            keep();
-        break;
-    }
-    return r;
-}
+XSHARD_DECL std::vector<std::pair<weight_split, layout>>
+op_options(const op_spec& op, activation_split in, int dp, int tp, std::size_t samples);
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/search/op_options.ipp>
+#endif

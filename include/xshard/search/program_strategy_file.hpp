@@ -17,6 +17,7 @@
 /// layout's notation, and the mesh against the run's; applying checks every node name against
 /// the program, and compile checks each layout against its node's sharding rule.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
@@ -37,89 +38,26 @@ namespace detail {
 inline constexpr json_file_kind program_strategy_kind{"xshard-program-strategy", 1,
                                                       "program strategy file"};
 
-inline nlohmann::ordered_json layouts_json(const std::vector<layout>& ls) {
-    auto a = nlohmann::ordered_json::array();
-    for (const auto& l : ls)
-        a.push_back(l.to_string());
-    return a;
-}
+XSHARD_DECL nlohmann::ordered_json layouts_json(const std::vector<layout>& ls);
 
-inline std::vector<layout> parse_layouts(const nlohmann::json& a, const std::string& node) {
-    std::vector<layout> ls;
-    for (const auto& text : a) {
-        try {
-            ls.push_back(layout::parse(text.get<std::string>()));
-        } catch (const std::invalid_argument& e) {
-            throw io_error("xshard: node " + node + ": " + std::string(without_prefix(e.what())));
-        }
-    }
-    return ls;
-}
+XSHARD_DECL std::vector<layout> parse_layouts(const nlohmann::json& a, const std::string& node);
 
 } // namespace detail
 
 /// The text of a program strategy file for `s` (see the file comment).
-inline std::string program_strategy_json(const program_strategy& s) {
-    nlohmann::ordered_json j;
-    detail::write_envelope(j, detail::program_strategy_kind, s.mesh);
-    j["predicted_step_seconds"] = s.seconds;
-    auto nodes = nlohmann::ordered_json::array();
-    for (const auto& n : s.nodes) {
-        nlohmann::ordered_json e;
-        e["name"] = n.node;
-        e["op"] = n.op;
-        e["in"] = detail::layouts_json(n.layouts.operands);
-        if (!n.out_layouts.empty())
-            e["out"] = detail::layouts_json(n.out_layouts);
-        nodes.push_back(std::move(e));
-    }
-    j["nodes"] = std::move(nodes);
-    return j.dump(1) + "\n";
-}
+XSHARD_DECL std::string program_strategy_json(const program_strategy& s);
 
 /// Writes `s` to `path` atomically (io_error naming the path on failure). No communication:
 /// call it on one rank.
-inline void save_program_strategy(const std::string& path, const program_strategy& s) {
-    try {
-        detail::write_file_atomically(path, program_strategy_json(s));
-    } catch (const io_error&) {
-        throw;
-    } catch (const std::exception& e) {
-        throw io_error("xshard: cannot write the program strategy file " + path + ": " + e.what());
-    }
-}
+XSHARD_DECL void save_program_strategy(const std::string& path, const program_strategy& s);
 
 /// Reads a program strategy file's text (`path` names it in messages). With `mesh`, raises
 /// io_error when the file was written for another mesh. The nodes read have their operands'
 /// layouts (`layouts.operands`) and kept result layouts (`out_layouts`); apply() annotates a
 /// program with them.
-inline program_strategy
+XSHARD_DECL program_strategy
 parse_program_strategy(std::string_view text, const std::string& path = "",
-                       const std::optional<mesh_shape>& mesh = std::nullopt) {
-    const auto& kind = detail::program_strategy_kind;
-    return detail::read_json_file(kind, path, [&] {
-        auto doc = detail::read_envelope(text, kind);
-        program_strategy s;
-        s.mesh = doc.mesh;
-        if (mesh && !(doc.mesh == *mesh))
-            throw io_error("xshard: the program strategy file is for mesh(" + doc.mesh.to_string() +
-                           "), not this run's mesh(" + mesh->to_string() + ")");
-        const auto& j = doc.json;
-        if (j.contains("predicted_step_seconds"))
-            s.seconds = j.at("predicted_step_seconds").get<double>();
-        for (const auto& e : j.at("nodes")) {
-            node_strategy n;
-            n.node = e.at("name").get<std::string>();
-            n.op = e.contains("op") ? e.at("op").get<std::string>() : std::string();
-            n.layouts.operands = detail::parse_layouts(e.at("in"), n.node);
-            if (e.contains("out"))
-                n.out_layouts = detail::parse_layouts(e.at("out"), n.node);
-            n.annotated = true;
-            s.nodes.push_back(std::move(n));
-        }
-        return s;
-    });
-}
+                       const std::optional<mesh_shape>& mesh = std::nullopt);
 
 /// Reads the program strategy file at `path` (parse_program_strategy). No communication.
 inline program_strategy
@@ -129,3 +67,7 @@ load_program_strategy(const std::string& path,
 }
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/search/program_strategy_file.ipp>
+#endif

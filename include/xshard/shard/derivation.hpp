@@ -21,6 +21,7 @@
 /// (search/sharding_propagation.hpp) is another thing: it prices a chain of operators its cost
 /// model knows, without running them.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
@@ -109,13 +110,7 @@ derived_inputs<sizeof...(I)> derived_inputs_of(const Mesh& mesh, std::index_sequ
 /// must look the cache up with one key: tensors' layouts and global shapes are the same on
 /// every rank, but an array held whole has each rank's own shape. Collective: one all-reduce
 /// of the key's hash.
-inline void check_key_agrees(const communicator& c, const std::string& key) {
-    const auto hash = static_cast<unsigned long long>(std::hash<std::string>{}(key));
-    if (!value_ranges<1>(c, {hash})[0].agrees())
-        throw error("xshard: shard: the ranks call with different layouts or shapes of "
-                    "the inputs to derive: " +
-                    key);
-}
+XSHARD_DECL void check_key_agrees(const communicator& c, const std::string& key);
 
 /// The layouts a derived input of rank N may take: first `kept`, then every layout of rank N
 /// that is not partial, over the mesh's axes of more than one rank. Only `kept` past
@@ -173,20 +168,7 @@ struct trial_cost {
 /// Whether `a` is cheaper than `b` by objective `level` (lexicographic: communication then
 /// time at 0, memory then time at 1, time then memory at 2). Times within 2 % tie: a
 /// redistribution is not worth the noise of one measurement.
-inline bool cheaper(int level, const trial_cost& a, const trial_cost& b) {
-    constexpr double noise = 0.02, exact = 1e-9;
-    auto less = [](double x, double y, double tol) {
-        return x < y - tol * std::max(y, 1e-300);
-    };
-    const auto ka = objective_of(level, a.seconds, a.communication, a.memory);
-    const auto kb = objective_of(level, b.seconds, b.communication, b.memory);
-    const double tp = level == 2 ? noise : exact, ts = level == 2 ? exact : noise;
-    if (less(ka.first, kb.first, tp))
-        return true;
-    if (less(kb.first, ka.first, tp))
-        return false;
-    return less(ka.second, kb.second, ts);
-}
+XSHARD_DECL bool cheaper(int level, const trial_cost& a, const trial_cost& b);
 
 /// The cheapest assignment of candidate layouts (`options[i]`, the kept layout first; empty
 /// for an input that is not derived) by objective `level`: every combination when there are
@@ -245,15 +227,11 @@ cheapest_assignment(const std::vector<std::vector<layout>>& options, int level, 
 
 /// Appends "input i derived (level L): kept -> derived" for each derived input to the
 /// report (when tracing).
-inline void note_derived(const call_log& log, const std::vector<std::optional<layout>>& kept,
-                         const std::vector<std::optional<layout>>& derived, int level) {
-    if (!log.report)
-        return;
-    for (std::size_t i = 0; i < derived.size(); ++i)
-        if (derived[i])
-            *log.report += "input " + std::to_string(i) + " derived (level " +
-                           std::to_string(level) + "): " + kept[i]->to_string() + " -> " +
-                           derived[i]->to_string() + "\n";
-}
+XSHARD_DECL void note_derived(const call_log& log, const std::vector<std::optional<layout>>& kept,
+                              const std::vector<std::optional<layout>>& derived, int level);
 
 } // namespace xshard::detail
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/shard/derivation.ipp>
+#endif

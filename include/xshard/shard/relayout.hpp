@@ -4,6 +4,7 @@
 /// traced, and its redistribution, with the plan kept in the callable's plan cache so that
 /// the next call with the same shape and layouts runs it without planning again.
 
+#include <xshard/compiled.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/redistribute/redistribute.hpp>
 #include <xshard/shard/plan_cache.hpp>
@@ -31,16 +32,8 @@ struct slot {
 };
 
 /// Appends "label: from -> to" and the plan's steps to the report (when tracing).
-inline void note(const call_log& log, const slot& s, const char* what, const layout& from,
-                 const layout& to, const std::string& plan) {
-    if (!log.report)
-        return;
-    *log.report += s.label() + what + ": " + from.to_string();
-    if (from == to)
-        *log.report += " (kept)\n";
-    else
-        *log.report += " -> " + to.to_string() + "\n" + plan;
-}
+XSHARD_DECL void note(const call_log& log, const slot& s, const char* what, const layout& from,
+                      const layout& to, const std::string& plan);
 
 /// Redistributes a distributed tensor to `to`, with the plan kept in the call's slot for the
 /// next call (plans are built once per call site, shape and layouts), or returns it as it is.
@@ -68,3 +61,7 @@ auto relayout(D&& t, const layout& to, const call_log& log, const slot& s) {
 }
 
 } // namespace xshard::detail
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/shard/relayout.ipp>
+#endif

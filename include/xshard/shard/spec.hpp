@@ -7,6 +7,7 @@
 /// split over the data-parallel axis by the mesh's dataset strategy (the layouts
 /// `kept_layout` and `dataset_layout` give).
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh.hpp>
@@ -44,13 +45,7 @@ constexpr bool is_layout_spec<layout_spec<L>> = true;
 inline layout spec_layout(const layout& l, std::size_t, const mesh_shape&) {
     return l;
 }
-inline layout spec_layout(const strategy& s, std::size_t, const mesh_shape& mesh) {
-    try {
-        return resolve(s, mesh);
-    } catch (const std::invalid_argument& e) {
-        throw error(e.what());
-    }
-}
+XSHARD_DECL layout spec_layout(const strategy& s, std::size_t, const mesh_shape& mesh);
 
 /// The layout the mesh's dataset strategy gives an input or output of rank N without a spec.
 template <class Mesh>
@@ -91,3 +86,7 @@ const auto& spec_at(const Specs& specs) {
 } // namespace detail
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/shard/spec.ipp>
+#endif

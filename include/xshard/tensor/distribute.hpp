@@ -6,6 +6,7 @@
 /// Each function takes the layout as its template argument L; with
 /// `L = dynamic_layout(rank)` it takes the run-time layout as its last argument instead.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/datatype.hpp>
@@ -29,14 +30,7 @@ namespace detail {
 /// partial tensor made from a full one (coordinate 0 on every partial axis); the others
 /// hold zeros, so that the terms reduce to the full values (for sum; max and min keep
 /// every term equal instead).
-inline bool holds_term(const layout& l, const mesh_shape& mesh, const mesh_coords& c) {
-    if (l.op != reduction::sum)
-        return true;
-    for (const auto& a : l.partial)
-        if (c[mesh.index(a)] != 0)
-            return false;
-    return true;
-}
+XSHARD_DECL bool holds_term(const layout& l, const mesh_shape& mesh, const mesh_coords& c);
 
 /// The strided view of `global` covering `b`.
 template <class E, std::size_t N>
@@ -253,3 +247,7 @@ auto randint(const Mesh& mesh, const std::array<std::size_t, L.rank()>& shape, u
 }
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/tensor/distribute.ipp>
+#endif

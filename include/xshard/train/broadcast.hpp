@@ -26,6 +26,7 @@
 /// dictionary naming a parameter the container does not have, a shard whose shape
 /// contradicts its layout) are raised on every rank, before any data moves.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/environment.hpp>
@@ -70,42 +71,8 @@ namespace detail {
 
 /// The owners of every redundancy group, spread over the ranks (see the file comment).
 /// Returns, per parameter, the owner (a mesh rank) of the group holding `rank`.
-inline std::vector<int> choose_owners(const std::vector<param_ref>& refs,
-                                      broadcast_report& report) {
-    std::vector<int> owner(refs.size(), -1);
-    if (refs.empty())
-        return owner;
-    const auto& mesh = refs[0].mesh;
-    report.bytes_owned.assign(std::size_t(mesh.size()), 0);
-    std::vector<std::size_t> order(refs.size());
-    std::iota(order.begin(), order.end(), 0);
-    // Global sizes and names: the same order on every rank (local sizes differ).
-    auto global = [&](std::size_t i) {
-        return checked_mul(refs[i].element, volume(refs[i].shape), "a parameter's size");
-    };
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-        return global(a) != global(b) ? global(a) > global(b) : refs[a].name < refs[b].name;
-    });
-    for (std::size_t i : order) {
-        const auto& r = refs[i];
-        if (mesh.group_size(r.replicated) == 1)
-            continue;
-        // Every group of this parameter: the ranks with group rank 0 are the groups' firsts.
-        for (int first = 0; first < mesh.size(); ++first) {
-            if (mesh.group_rank(first, r.replicated) != 0)
-                continue;
-            const auto members = mesh.group_ranks(first, r.replicated);
-            int best = members.front();
-            for (int m : members)
-                if (report.bytes_owned[std::size_t(m)] < report.bytes_owned[std::size_t(best)])
-                    best = m;
-            report.bytes_owned[std::size_t(best)] += r.block_bytes(first) * (members.size() - 1);
-            if (std::find(members.begin(), members.end(), r.mesh_rank) != members.end())
-                owner[i] = best;
-        }
-    }
-    return owner;
-}
+XSHARD_DECL std::vector<int> choose_owners(const std::vector<param_ref>& refs,
+                                           broadcast_report& report);
 
 } // namespace detail
 
@@ -174,3 +141,7 @@ broadcast_report parameter_broadcast(C& params, const broadcast_options& options
 }
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/train/broadcast.ipp>
+#endif

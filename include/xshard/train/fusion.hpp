@@ -5,6 +5,7 @@
 /// holding identical copies), and fusion into buckets: small parameters that travel together
 /// are packed into one buffer so that one collective moves them all.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/datatype.hpp>
@@ -84,35 +85,8 @@ using param_ref = tensor_record;
 /// `layouts` names for it, if any (counted in `found`), and records what is wrong: a layout
 /// that does not fit the mesh or the tensor, or a shard that its layout does not give this
 /// rank. The part of param_refs that does not depend on the tensor's type.
-inline void take_layout(param_ref& r, const layout_dict* layouts,
-                        std::span<const std::size_t> local, std::size_t& found) {
-    layout l = r.lay;
-    if (layouts) {
-        if (const auto it = layouts->find(r.name); it != layouts->end()) {
-            ++found;
-            try {
-                it->second.validate(r.mesh);
-                if (it->second.rank() != r.shape.size())
-                    throw std::invalid_argument("xshard: the layout " + it->second.to_string() +
-                                                " has another rank than the tensor");
-                l = it->second;
-            } catch (const std::invalid_argument& e) {
-                r.problem = std::string(e.what()) + " (parameter '" + r.name + "')";
-            }
-        }
-    }
-    const auto coords = r.mesh.coords(r.mesh_rank);
-    bool given = local.size() == r.shape.size();
-    for (std::size_t d = 0; given && d < local.size(); ++d)
-        given = local[d] == block_extent(r.shape[d], std::size_t(l.split_count(d, r.mesh)),
-                                         std::size_t(l.block_index(d, r.mesh, coords)));
-    if (!given)
-        r.problem = "xshard: parameter '" + r.name + "' has a local shard of shape " +
-                    shape_string(local) + ", which its layout " + l.to_string() +
-                    " does not give rank " + std::to_string(r.mesh_rank);
-    r.lay = l;
-    r.replicated = l.replicated_axes(r.mesh);
-}
+XSHARD_DECL void take_layout(param_ref& r, const layout_dict* layouts,
+                             std::span<const std::size_t> local, std::size_t& found);
 
 /// The records of every parameter of a container (a tensor's mesh must outlive them). A
 /// parameter named in `layouts` takes its redundancy from that layout instead of its own; a
@@ -144,16 +118,7 @@ std::vector<param_ref> param_refs(C& c, const layout_dict* layouts = nullptr) {
 
 /// The first problem of the records, or of their meshes (the parameters of one call must
 /// share a mesh).
-inline std::optional<std::string> first_problem(const std::vector<param_ref>& refs) {
-    for (const auto& r : refs) {
-        if (!r.problem.empty())
-            return r.problem;
-        if (r.mesh_comm != refs.front().mesh_comm)
-            return "xshard: parameter '" + r.name + "' lives on another mesh than '" +
-                   refs.front().name + "'";
-    }
-    return std::nullopt;
-}
+XSHARD_DECL std::optional<std::string> first_problem(const std::vector<param_ref>& refs);
 
 /// Groups the records `chosen` into buckets by their bytes (train/buckets.hpp): one list per
 /// key (parameters of different keys never share a bucket), each bucket closed when adding a
@@ -170,30 +135,17 @@ std::vector<bucket> make_buckets(const std::vector<param_ref>& refs,
 /// One MPI datatype covering the members of `b` where they lie in memory (an hindexed type
 /// on MPI_BOTTOM): a fused collective without a pack buffer. Every rank's type has the same
 /// signature (the same element type and counts, in order).
-inline derived_datatype fused_datatype(const std::vector<param_ref>& refs, const bucket& b) {
-    std::vector<std::size_t> lengths;
-    std::vector<const void*> addresses;
-    for (std::size_t i : b.members) {
-        lengths.push_back(refs[i].count);
-        addresses.push_back(refs[i].data);
-    }
-    return derived_datatype::at_addresses(lengths, addresses, refs[b.members.front()].mpi_type);
-}
+XSHARD_DECL derived_datatype fused_datatype(const std::vector<param_ref>& refs, const bucket& b);
 
 /// Packs the members of `b` into `buffer` (or unpacks them from it).
-inline void pack(const std::vector<param_ref>& refs, const bucket& b, std::byte* buffer) {
-    for (std::size_t i : b.members) {
-        std::memcpy(buffer, refs[i].data, refs[i].bytes());
-        buffer += refs[i].bytes();
-    }
-}
-inline void unpack(const std::vector<param_ref>& refs, const bucket& b, const std::byte* buffer) {
-    for (std::size_t i : b.members) {
-        std::memcpy(refs[i].data, buffer, refs[i].bytes());
-        buffer += refs[i].bytes();
-    }
-}
+XSHARD_DECL void pack(const std::vector<param_ref>& refs, const bucket& b, std::byte* buffer);
+XSHARD_DECL void unpack(const std::vector<param_ref>& refs, const bucket& b,
+                        const std::byte* buffer);
 
 } // namespace detail
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/train/fusion.ipp>
+#endif

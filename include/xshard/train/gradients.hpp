@@ -35,6 +35,7 @@
 /// (`gradient_options::shared_memory`): the one-off `synchronize_gradients` would make its
 /// windows every call, which costs more than messages do (benchmarks/README.md).
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/combine.hpp>
@@ -477,3 +478,13 @@ void synchronize_gradients(const P& params, G& grads, const gradient_options& op
 }
 
 } // namespace xshard
+
+#ifdef XSHARD_SEPARATE_COMPILATION
+namespace xshard {
+#define XSHARD_DETAIL_GRADIENT_STEPS(T)                                                            \
+    XSHARD_INSTANTIATE void gradient_synchronizer::reduce<T, T>(std::size_t, bool);               \
+    XSHARD_INSTANTIATE void gradient_synchronizer::unpack<T, T>(std::size_t);
+XSHARD_COMPILED_ELEMENTS(XSHARD_DETAIL_GRADIENT_STEPS)
+#undef XSHARD_DETAIL_GRADIENT_STEPS
+} // namespace xshard
+#endif

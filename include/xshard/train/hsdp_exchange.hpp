@@ -7,6 +7,7 @@
 /// `reducescatter`) and the per-layer exchanges that hsdp::forward and hsdp::backward start
 /// and finish around each layer (train/hsdp_units.hpp).
 
+#include <xshard/compiled.hpp>
 #include <xshard/redistribute/batch.hpp>
 #include <xshard/train/buckets.hpp>
 #include <xshard/train/hsdp_entry.hpp>
@@ -93,44 +94,30 @@ inline hsdp_exchange plan_hsdp_exchange(std::vector<hsdp_entry>& entries, const 
 
 /// Per element type and space, one exchange of `members` (see plan_hsdp_exchange), on tags
 /// `next_tag`, `next_tag + 1`, ... (`next_tag` left past the last one taken).
-inline std::vector<hsdp_exchange>
+XSHARD_DECL std::vector<hsdp_exchange>
 plan_hsdp_exchanges_by_type(std::vector<hsdp_entry>& entries, const hsdp_spaces& spaces,
                             const std::vector<std::size_t>& members, bool gather, int& next_tag,
-                            bool release_buffers) {
-    std::map<std::pair<std::type_index, int>, std::vector<std::size_t>> by_type;
-    for (std::size_t i : members)
-        by_type[{entries[i].type, entries[i].space}].push_back(i);
-    std::vector<hsdp_exchange> out;
-    for (auto& [type, list] : by_type)
-        out.push_back(plan_hsdp_exchange(entries, spaces, std::move(list), gather, next_tag++,
-                                         release_buffers));
-    return out;
-}
+                            bool release_buffers);
 
 /// The entries in fusion buckets of at most `limit` bytes per element type and space
 /// (train/buckets.hpp; 0: one weight per bucket), in order; a bucket of more than one weight
 /// gets its exchange (see plan_hsdp_exchange), a bucket of one none.
-inline std::vector<hsdp_exchange> plan_hsdp_buckets(std::vector<hsdp_entry>& entries,
-                                                    const hsdp_spaces& spaces, std::size_t limit,
-                                                    bool gather, bool release_buffers) {
-    std::vector<std::size_t> all(entries.size());
-    std::iota(all.begin(), all.end(), std::size_t(0));
-    auto buckets = fill_buckets<std::pair<std::type_index, int>>(
-        all, limit, [&](std::size_t i) { return entries[i].bytes; },
-        [&](std::size_t i) {
-            return std::pair{entries[i].type, entries[i].space};
-        });
-    std::vector<hsdp_exchange> out;
-    for (auto& b : buckets) {
-        hsdp_exchange f;
-        if (b.members.size() > 1)
-            f = plan_hsdp_exchange(entries, spaces, std::move(b.members), gather, hsdp_bucket_tag,
-                                   release_buffers);
-        else
-            f.members = std::move(b.members);
-        out.push_back(std::move(f));
-    }
-    return out;
-}
+XSHARD_DECL std::vector<hsdp_exchange> plan_hsdp_buckets(std::vector<hsdp_entry>& entries,
+                                                         const hsdp_spaces& spaces,
+                                                         std::size_t limit, bool gather,
+                                                         bool release_buffers);
 
 } // namespace xshard::detail
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/train/hsdp_exchange.ipp>
+#else
+namespace xshard {
+#define XSHARD_DETAIL_HSDP_EXCHANGE(T)                                                             \
+    XSHARD_INSTANTIATE detail::hsdp_exchange detail::plan_hsdp_exchange_of<T>(                     \
+        std::vector<detail::hsdp_entry>&, const detail::hsdp_spaces&, std::vector<std::size_t>,    \
+        bool, int, bool);
+XSHARD_COMPILED_ELEMENTS(XSHARD_DETAIL_HSDP_EXCHANGE)
+#undef XSHARD_DETAIL_HSDP_EXCHANGE
+} // namespace xshard
+#endif

@@ -3,6 +3,7 @@
 /// The options of optimizer sharding (train/hsdp.hpp): MindSpore's `hsdp(shard_size,
 /// threshold, optimizer_level)` and the checks it makes of them.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 
 #include <cstdint>
@@ -33,13 +34,7 @@ constexpr std::string_view to_string(optimizer_level l) {
 }
 
 /// The level named `name` ("level1", "level2" or "level3"); throws xshard::error otherwise.
-inline optimizer_level parse_optimizer_level(std::string_view name) {
-    for (auto l : {optimizer_level::level1, optimizer_level::level2, optimizer_level::level3})
-        if (name == to_string(l))
-            return l;
-    throw error("xshard: hsdp: optimizer_level must be one of level1, level2, level3, not '" +
-                std::string(name) + "'");
-}
+XSHARD_DECL optimizer_level parse_optimizer_level(std::string_view name);
 
 /// MindSpore's `hsdp(shard_size, threshold, optimizer_level)`.
 struct hsdp_options {
@@ -72,20 +67,12 @@ struct hsdp_options {
 namespace detail {
 
 /// The first of MindSpore's conditions on hsdp options that `o` breaks, if any.
-inline std::optional<std::string> hsdp_options_problem(const hsdp_options& o) {
-    if (!(o.shard_size == -1 || o.shard_size > 0))
-        return "xshard: hsdp: shard_size must be a positive integer or -1, not " +
-               std::to_string(o.shard_size);
-    if (o.threshold < 0)
-        return "xshard: hsdp: threshold must be an integer >= 0 (KB), not " +
-               std::to_string(o.threshold);
-    const int l = int(o.optimizer_level);
-    if (l < 1 || l > 3)
-        return "xshard: hsdp: optimizer_level must be one of level1, level2, level3, not " +
-               std::to_string(l);
-    return std::nullopt;
-}
+XSHARD_DECL std::optional<std::string> hsdp_options_problem(const hsdp_options& o);
 
 } // namespace detail
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/train/hsdp_options.ipp>
+#endif

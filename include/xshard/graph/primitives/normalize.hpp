@@ -16,6 +16,7 @@
 /// batch's, as on one rank) and of the channels (gamma and beta split alike).
 /// VJPs are local, but batch_norm's, which all-reduces two sums per channel.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/graph/primitive.hpp>
@@ -37,41 +38,17 @@
 namespace xshard::detail {
 
 /// The normalised dimension of a softmax node on rank `r` (negative counts from the end).
-inline std::size_t norm_dim(const op_attributes& at, std::size_t r) {
-    std::int64_t d = at.ints.empty() ? -1 : at.ints[0];
-    if (d < 0)
-        d += std::int64_t(r);
-    if (d < 0 || std::size_t(d) >= r)
-        throw std::invalid_argument("the dimension " +
-                                    std::to_string(at.ints.empty() ? -1 : at.ints[0]) +
-                                    " is not one of the operand's " + std::to_string(r));
-    return std::size_t(d);
-}
+XSHARD_DECL std::size_t norm_dim(const op_attributes& at, std::size_t r);
 
-inline std::vector<result_spec> infer_softmax(const op_attributes& at,
-                                              std::span<const operand_type> ops) {
-    expect_operands(ops, 1, "softmax");
-    expect_floating(ops, 0, "softmax");
-    norm_dim(at, ops[0].shape.size());
-    return {{ops[0].shape, ops[0].type}};
-}
+XSHARD_DECL std::vector<result_spec> infer_softmax(const op_attributes& at,
+                                                   std::span<const operand_type> ops);
 
 /// Whether a softmax node masks causally.
 inline bool causal(const op_attributes& at) { return at.ints.size() > 1 && at.ints[1] != 0; }
 
-inline layout_choice softmax_layouts(const op_attributes& at, std::span<const operand_type> ops,
-                                     std::vector<layout> asked, const mesh_shape&) {
-    layout l = whole_terms(asked[0]);
-    const std::size_t r = ops[0].shape.size(), d = norm_dim(at, r);
-    l.dims[d] = {};
-    if (causal(at)) {
-        if (d + 1 != r || r < 2)
-            throw std::invalid_argument("a causal softmax runs along the last of at least two "
-                                        "dimensions");
-        l.dims[r - 2] = {};
-    }
-    return {{l}, {l}};
-}
+XSHARD_DECL layout_choice softmax_layouts(const op_attributes& at,
+                                          std::span<const operand_type> ops,
+                                          std::vector<layout> asked, const mesh_shape&);
 
 /// outer x n x inner around dimension `d` of a local shape.
 struct rows_around {
@@ -203,41 +180,18 @@ inline constexpr op_rules log_softmax_rules{.name = "log_softmax",
 
 // Layer norm.
 
-inline std::vector<result_spec> infer_norm(const op_attributes&, std::span<const operand_type> ops,
-                                           std::size_t channel_dim, std::string_view what) {
-    if (ops.size() != 1 && ops.size() != 3)
-        throw std::invalid_argument(std::string(what) +
-                                    " takes x, or x, gamma and beta, not " +
-                                    std::to_string(ops.size()) + " operands");
-    for (std::size_t i = 0; i < ops.size(); ++i)
-        expect_floating(ops, i, what);
-    if (ops[0].shape.size() <= channel_dim)
-        throw std::invalid_argument(std::string(what) + " needs an operand of at least " +
-                                    std::to_string(channel_dim + 1) + " dimensions, not " +
-                                    shape_text(ops[0].shape));
-    const std::size_t c = ops[0].shape[channel_dim];
-    for (std::size_t i = 1; i < ops.size(); ++i)
-        if (ops[i].shape != value_shape{c})
-            throw std::invalid_argument(std::string(what) + ": gamma and beta must be (" +
-                                        std::to_string(c) + ",), not " +
-                                        shape_text(ops[i].shape));
-    return {{ops[0].shape, ops[0].type}};
-}
+XSHARD_DECL std::vector<result_spec> infer_norm(const op_attributes&,
+                                                std::span<const operand_type> ops,
+                                                std::size_t channel_dim, std::string_view what);
 
 inline std::vector<result_spec> infer_layer_norm(const op_attributes& at,
                                                  std::span<const operand_type> ops) {
     return infer_norm(at, ops, ops.empty() ? 0 : ops[0].shape.size() - 1, "layer_norm");
 }
 
-inline layout_choice layer_norm_layouts(const op_attributes&, std::span<const operand_type> ops,
-                                        std::vector<layout> asked, const mesh_shape&) {
-    layout l = whole_terms(asked[0]);
-    l.dims[l.rank() - 1] = {};
-    layout_choice c{{l}, {l}};
-    for (std::size_t i = 1; i < ops.size(); ++i)
-        c.operands.push_back(layout::replicated(1));
-    return c;
-}
+XSHARD_DECL layout_choice layer_norm_layouts(const op_attributes&,
+                                             std::span<const operand_type> ops,
+                                             std::vector<layout> asked, const mesh_shape&);
 
 template <class T>
 T norm_eps(const node_shards& s) {
@@ -348,17 +302,9 @@ inline std::vector<result_spec> infer_batch_norm(const op_attributes& at,
     return infer_norm(at, ops, 1, "batch_norm");
 }
 
-inline layout_choice batch_norm_layouts(const op_attributes&, std::span<const operand_type> ops,
-                                        std::vector<layout> asked, const mesh_shape&) {
-    const layout l = whole_terms(asked[0]);
-    layout_choice c{{l}, {l}};
-    for (std::size_t i = 1; i < ops.size(); ++i) {
-        layout p = layout::replicated(1);
-        p.dims[0] = l.dims[1];
-        c.operands.push_back(p);
-    }
-    return c;
-}
+XSHARD_DECL layout_choice batch_norm_layouts(const op_attributes&,
+                                             std::span<const operand_type> ops,
+                                             std::vector<layout> asked, const mesh_shape&);
 
 /// Per channel of this rank's block: the count of values, then the batch's sums of `f` over
 /// the ranks splitting the batch (one all-reduce of C values each).
@@ -437,12 +383,7 @@ std::vector<T> local_channel_sums(const channel_geometry& g, const F& f, const D
 
 /// The mesh axes that split x's batch or its dimensions after the channels (height and
 /// width): those its statistics are summed over.
-inline axis_set statistics_axes(const shard_type& x, const mesh_shape& mesh) {
-    axis_set axes = x.l.split_axes(0, mesh);
-    for (std::size_t d = 2; d < x.rank(); ++d)
-        axes = axes | x.l.split_axes(d, mesh);
-    return axes;
-}
+XSHARD_DECL axis_set statistics_axes(const shard_type& x, const mesh_shape& mesh);
 
 /// `sums` summed over the ranks of `statistics_axes`: the whole batch's (one all-reduce).
 template <class T>
@@ -454,26 +395,12 @@ void batch_total(const node_shards& s, std::vector<T>& sums) {
 
 /// Seconds of a batch norm node's all-reduces in a training step (`op_rules::kernel_seconds`):
 /// the mean and the variance forward (c values each), the two sums backward (2c values).
-inline double batch_norm_seconds(const op_attributes&, std::span<const shard_type> ops,
-                                 std::span<const shard_type>, const mesh_shape& mesh,
-                                 const cost_model& model) {
-    const auto& x = ops[0];
-    const axis_set axes = statistics_axes(x, mesh);
-    const auto p = std::size_t(mesh.group_size(axes));
-    const std::size_t c = x.local[1] * element_bytes(x.type);
-    return 2 * mpi_all_reduce_seconds(model, mesh, axes, p, c) +
-           mpi_all_reduce_seconds(model, mesh, axes, p, 2 * c);
-}
+XSHARD_DECL double batch_norm_seconds(const op_attributes&, std::span<const shard_type> ops,
+                                      std::span<const shard_type>, const mesh_shape& mesh,
+                                      const cost_model& model);
 
 /// How many values each channel's statistics are over: the whole batch's.
-inline double statistics_count(const node_shards& s) {
-    const auto& global = s.operands[0].global;
-    double count = 1;
-    for (std::size_t d = 0; d < global.size(); ++d)
-        if (d != 1)
-            count *= double(global[d]);
-    return count;
-}
+XSHARD_DECL double statistics_count(const node_shards& s);
 
 /// The mean and 1 / sqrt(var + eps) per channel of the whole batch (two passes: the mean,
 /// then the squared deviations from it).
@@ -635,28 +562,11 @@ inline constexpr op_rules batch_norm_rules{.name = "batch_norm",
 
 // Cross-entropy.
 
-inline std::vector<result_spec> infer_cross_entropy(const op_attributes&,
-                                                    std::span<const operand_type> ops) {
-    expect_operands(ops, 2, "cross_entropy");
-    expect_floating(ops, 0, "cross_entropy");
-    if (ops[1].type != dtype::i64)
-        throw std::invalid_argument("the labels must be integers (i64), not " +
-                                    std::string(to_string(ops[1].type)));
-    if (ops[0].shape.size() != 2 || ops[1].shape.size() != 1 ||
-        ops[0].shape[0] != ops[1].shape[0])
-        throw std::invalid_argument("logits [B, C] and labels [B] are expected, not " +
-                                    shape_text(ops[0].shape) + " and " + shape_text(ops[1].shape));
-    return {{{ops[0].shape[0]}, ops[0].type}};
-}
+XSHARD_DECL std::vector<result_spec> infer_cross_entropy(const op_attributes&,
+                                                         std::span<const operand_type> ops);
 
-inline layout_choice cross_entropy_layouts(const op_attributes&, std::span<const operand_type>,
-                                           std::vector<layout> asked, const mesh_shape&) {
-    layout logits = whole_terms(asked[0]);
-    logits.dims[1] = {};
-    layout rows = layout::replicated(1);
-    rows.dims[0] = logits.dims[0];
-    return {{logits, rows}, {rows}};
-}
+XSHARD_DECL layout_choice cross_entropy_layouts(const op_attributes&, std::span<const operand_type>,
+                                                std::vector<layout> asked, const mesh_shape&);
 
 inline bool both_batched(const op_attributes&, std::span<const operand_type> ops, std::size_t i) {
     return !ops[i].is_weight;
@@ -739,3 +649,7 @@ void register_normalize(auto&& add) {
 }
 
 } // namespace xshard::detail
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/graph/primitives/normalize.ipp>
+#endif

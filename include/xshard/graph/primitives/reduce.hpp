@@ -9,6 +9,7 @@
 /// complete extremum). VJPs: the cotangent broadcast back (divided by the count for mean;
 /// for max and min, to the elements equal to the extremum).
 
+#include <xshard/compiled.hpp>
 #include <xshard/graph/primitive.hpp>
 #include <xshard/graph/primitives/elementwise.hpp>
 
@@ -23,40 +24,16 @@
 namespace xshard::detail {
 
 /// The reduced dimensions of a node on an operand of rank `r` (every one when none is named).
-inline std::vector<bool> reduced_dims(const op_attributes& at, std::size_t r) {
-    std::vector<bool> red(r, at.ints.size() <= 1);
-    for (std::size_t i = 1; i < at.ints.size(); ++i) {
-        auto d = at.ints[i];
-        if (d < 0)
-            d += std::int64_t(r);
-        if (d < 0 || std::size_t(d) >= r)
-            throw std::invalid_argument("dimension " + std::to_string(at.ints[i]) +
-                                        " is not one of the operand's " + std::to_string(r));
-        red[std::size_t(d)] = true;
-    }
-    return red;
-}
+XSHARD_DECL std::vector<bool> reduced_dims(const op_attributes& at, std::size_t r);
 
 inline bool keeps_dims(const op_attributes& at) { return !at.ints.empty() && at.ints[0] != 0; }
 
 /// The shape with the reduced dimensions dropped (kept as 1 with keepdims).
-inline value_shape reduced_shape(const value_shape& s, const std::vector<bool>& red, bool keep) {
-    value_shape out;
-    for (std::size_t d = 0; d < s.size(); ++d)
-        if (!red[d])
-            out.push_back(s[d]);
-        else if (keep)
-            out.push_back(1);
-    return out;
-}
+XSHARD_DECL value_shape reduced_shape(const value_shape& s, const std::vector<bool>& red,
+                                      bool keep);
 
-inline std::vector<result_spec> infer_reduce(const op_attributes& at,
-                                             std::span<const operand_type> ops) {
-    expect_operands(ops, 1, "a reduction");
-    expect_floating(ops, 0, "a reduction");
-    const auto red = reduced_dims(at, ops[0].shape.size());
-    return {{reduced_shape(ops[0].shape, red, keeps_dims(at)), ops[0].type}};
-}
+XSHARD_DECL std::vector<result_spec> infer_reduce(const op_attributes& at,
+                                                  std::span<const operand_type> ops);
 
 template <bool Linear>
 layout_choice reduce_layouts(const op_attributes& at, std::span<const operand_type> ops,
@@ -97,25 +74,16 @@ constexpr op_rules reduce_rules(std::string_view name, bool linear, std::uint32_
 
 inline constexpr op_rules sum_rules = reduce_rules("sum", true, 0);
 inline constexpr op_rules mean_rules = reduce_rules("mean", true, 0);
-inline constexpr op_rules max_rules = reduce_rules("max", false, saves_operand(0) | saves_result(0));
-inline constexpr op_rules min_rules = reduce_rules("min", false, saves_operand(0) | saves_result(0));
+inline constexpr op_rules max_rules =
+    reduce_rules("max", false, saves_operand(0) | saves_result(0));
+inline constexpr op_rules min_rules =
+    reduce_rules("min", false, saves_operand(0) | saves_result(0));
 
 /// The walk over the operand's local elements with the offset of each one's result element.
-inline broadcast_walk<1> reduce_walk(const node_shards& s) {
-    const auto red = reduced_dims(s.node->attributes, s.operands[0].local.size());
-    const auto kept = reduced_shape(s.operands[0].local, red, true);
-    return broadcast_walk<1>(s.operands[0].local, {&kept});
-}
+XSHARD_DECL broadcast_walk<1> reduce_walk(const node_shards& s);
 
 /// The number of elements of the whole operand that each result element reduces.
-inline double reduce_count(const node_shards& s) {
-    const auto red = reduced_dims(s.node->attributes, s.operands[0].global.size());
-    double n = 1;
-    for (std::size_t d = 0; d < red.size(); ++d)
-        if (red[d])
-            n *= double(s.operands[0].global[d]);
-    return n;
-}
+XSHARD_DECL double reduce_count(const node_shards& s);
 
 template <class T, class Op>
 void reduce_forward(const forward_args& x, T start, Op op, bool mean) {
@@ -191,3 +159,7 @@ void register_reduce(auto&& add) {
 }
 
 } // namespace xshard::detail
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/graph/primitives/reduce.ipp>
+#endif
