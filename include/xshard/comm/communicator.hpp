@@ -120,19 +120,7 @@ private:
         }
     };
 
-    communicator(MPI_Comm comm, bool owned)
-        : comm_(comm) {
-        if (comm == MPI_COMM_NULL)
-            return;
-        if (owned) {
-            owner_ = std::shared_ptr<MPI_Comm>(new MPI_Comm(comm), freer{});
-            detail::owned_communicators().insert(comm);
-            detail::check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN),
-                              "MPI_Comm_set_errhandler");
-        }
-        detail::check_mpi(MPI_Comm_rank(comm, &rank_), "MPI_Comm_rank");
-        detail::check_mpi(MPI_Comm_size(comm, &size_), "MPI_Comm_size");
-    }
+    communicator(MPI_Comm comm, bool owned);
 
     MPI_Comm comm_ = MPI_COMM_NULL;
     std::shared_ptr<MPI_Comm> owner_;

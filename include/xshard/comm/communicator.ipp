@@ -31,3 +31,22 @@ XSHARD_DECL bool is_broken(MPI_Comm comm) {
 
 } // namespace xshard
 
+namespace xshard {
+
+namespace mpi {
+
+XSHARD_DECL communicator::communicator(MPI_Comm comm, bool owned) : comm_(comm) {
+    if (comm == MPI_COMM_NULL)
+        return;
+    if (owned) {
+        owner_ = std::shared_ptr<MPI_Comm>(new MPI_Comm(comm), freer{});
+        detail::owned_communicators().insert(comm);
+        detail::check_mpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN),
+                          "MPI_Comm_set_errhandler");
+    }
+    detail::check_mpi(MPI_Comm_rank(comm, &rank_), "MPI_Comm_rank");
+    detail::check_mpi(MPI_Comm_size(comm, &size_), "MPI_Comm_size");
+}
+
+} // namespace mpi
+} // namespace xshard

@@ -2,6 +2,7 @@
 /// \file
 /// The MPI environment: RAII over MPI_Init_thread / MPI_Finalize.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/heap.hpp>
@@ -40,11 +41,9 @@ enum class thread_level : int {
 /// choose the components yourself).
 class environment {
 public:
-    explicit environment(thread_level required = thread_level::funneled)
-        : environment(nullptr, nullptr, required) {}
+    explicit environment(thread_level required = thread_level::funneled);
 
-    environment(int& argc, char**& argv, thread_level required = thread_level::funneled)
-        : environment(&argc, &argv, required) {}
+    environment(int& argc, char**& argv, thread_level required = thread_level::funneled);
 
     environment(const environment&) = delete;
     environment& operator=(const environment&) = delete;
@@ -92,25 +91,7 @@ public:
     }
 
 private:
-    environment(int* argc, char*** argv, thread_level required) {
-        if (finalized())
-            throw error("xshard: cannot create an environment after MPI_Finalize");
-        keep_freed_memory();
-        if (initialized()) {
-            int level = 0;
-            MPI_Query_thread(&level);
-            provided_ = static_cast<thread_level>(level);
-            detail::open_watch();
-            return;
-        }
-        avoid_saturating_sums();
-        int level = 0;
-        detail::check_mpi(MPI_Init_thread(argc, argv, static_cast<int>(required), &level),
-                          "MPI_Init_thread");
-        provided_ = static_cast<thread_level>(level);
-        owns_ = true;
-        detail::open_watch();
-    }
+    environment(int* argc, char*** argv, thread_level required);
 
     // Open MPI 4.1's AVX reduction component saturates MPI_SUM on unsigned 8- and 16-bit
     // integers instead of wrapping (255 + 255 gives 255). Unless the user chose the
@@ -126,3 +107,7 @@ private:
 };
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/comm/environment.ipp>
+#endif

@@ -35,10 +35,7 @@ public:
 /// existed when a collective was abandoned are broken afterwards (see comm/watch.hpp).
 class peer_failure : public error {
 public:
-    peer_failure(int rank, std::string message)
-        : error("xshard: rank " + std::to_string(rank) + " failed: " + message)
-        , rank_(rank)
-        , message_(std::move(message)) {}
+    peer_failure(int rank, std::string message);
 
     /// The rank, in MPI_COMM_WORLD, that failed first.
     int rank() const noexcept { return rank_; }

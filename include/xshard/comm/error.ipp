@@ -25,3 +25,11 @@ XSHARD_DECL int world_rank() noexcept {
 
 } // namespace xshard
 
+namespace xshard {
+
+XSHARD_DECL peer_failure::peer_failure(int rank, std::string message)
+    : error("xshard: rank " + std::to_string(rank) + " failed: " + message)
+    , rank_(rank)
+    , message_(std::move(message)) {}
+
+} // namespace xshard

@@ -31,16 +31,7 @@ public:
 
     /// Splits `c` by node. Collective over `c`: one MPI_Comm_split_type and one all-reduce of
     /// an int (so that every member makes the same choice, whatever its environment says).
-    explicit node_group(const communicator& c) {
-        MPI_Comm out = MPI_COMM_NULL;
-        detail::check_mpi(
-            MPI_Comm_split_type(c.native(), MPI_COMM_TYPE_SHARED, c.rank(), MPI_INFO_NULL, &out),
-            "MPI_Comm_split_type");
-        node_ = communicator::adopt(out);
-        int ok = node_.size() == c.size() && shared_memory_allowed() ? 1 : 0;
-        allreduce(c, std::span(&ok, 1), reduction::min);
-        whole_ = ok == 1;
-    }
+    explicit node_group(const communicator& c);
 
     /// The members of this rank's node (ranks ordered as in the split communicator).
     const communicator& comm() const noexcept { return node_; }

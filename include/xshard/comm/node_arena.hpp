@@ -4,6 +4,7 @@
 /// are allocated so that the other ranks of the node can read them in place
 /// (redistribute/node_step.hpp), and the allocator that draws from it.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
@@ -63,47 +64,11 @@ public:
     }
 
     /// `bytes` from this member's segment, 64-byte aligned; null when it has no room.
-    void* allocate(std::size_t bytes) {
-        const std::size_t n = round_up(bytes == 0 ? 1 : bytes);
-        const std::lock_guard lock(mutex_);
-        for (auto it = free_.begin(); it != free_.end(); ++it) {
-            if (it->second < n)
-                continue;
-            const auto [at, size] = *it;
-            free_.erase(it);
-            if (size > n)
-                free_.emplace(at + n, size - n);
-            used_.emplace(at, n);
-            return window_.local() + at;
-        }
-        return nullptr;
-    }
+    void* allocate(std::size_t bytes);
 
     /// Returns a block `allocate` gave (of this member's segment) to the free list,
     /// merged with free neighbours.
-    void deallocate(void* p) {
-        const std::lock_guard lock(mutex_);
-        const auto at = std::size_t(static_cast<std::byte*>(p) - window_.local());
-        const auto u = used_.find(at);
-        if (u == used_.end())
-            return;
-        std::size_t lo = at, size = u->second;
-        used_.erase(u);
-        auto next = free_.lower_bound(lo);
-        if (next != free_.end() && next->first == lo + size) {
-            size += next->second;
-            next = free_.erase(next);
-        }
-        if (next != free_.begin()) {
-            auto prev = std::prev(next);
-            if (prev->first + prev->second == lo) {
-                lo = prev->first;
-                size += prev->second;
-                free_.erase(prev);
-            }
-        }
-        free_.emplace(lo, size);
-    }
+    void deallocate(void* p);
 
     /// Whether `p` lies in any member's segment, and where.
     std::optional<arena_location> locate(const void* p) const noexcept {
@@ -147,7 +112,9 @@ public:
     std::uint64_t id() const noexcept { return id_; }
 
 private:
-    static std::size_t round_up(std::size_t n) { return (n + alignment - 1) / alignment * alignment; }
+  static std::size_t round_up(std::size_t n) {
+    return (n + alignment - 1) / alignment * alignment;
+  }
     static std::size_t round_down(std::size_t n) { return n / alignment * alignment; }
 
     shared_window window_;
@@ -332,3 +299,7 @@ public:
 };
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/comm/node_arena.ipp>
+#endif

@@ -6,6 +6,7 @@
 /// reads every slot, so all members decide alike which buffers are read (or written) in
 /// place and which are staged.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/node_arena.hpp>
 #include <xshard/comm/shared_window.hpp>
@@ -25,12 +26,7 @@ public:
 
     /// Collective over `c`, whose members share one node (a small shared window; throws
     /// `error` when MPI refuses it).
-    explicit node_slots(const communicator& c)
-        : control_(c, slot_bytes)
-        , slots_(std::size_t(c.size()))
-        , in_(std::size_t(c.size()))
-        , out_(std::size_t(c.size()))
-        , me_(c.rank()) {}
+    explicit node_slots(const communicator& c);
 
     /// Writes this member's slot for `in` and `out` (either may be null) in the node
     /// storage open now; read by the others after the next barrier. Returns its flags.
@@ -114,3 +110,7 @@ private:
 };
 
 } // namespace xshard::detail
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/comm/node_slots.ipp>
+#endif

@@ -46,50 +46,9 @@ public:
     /// /dev/shm) it fails on that member and leaves the others waiting in the allocation for
     /// ever: so first every member checks that it could make the whole file, and all agree
     /// (two all-reduces).
-    shared_window(const communicator& c, std::size_t bytes) {
-        unsigned long long total = bytes;
-        detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM,
-                                        c.native()),
-                          "MPI_Allreduce");
-        int refusing = detail::may_make_shared_file(std::size_t(total)) ? c.size() : c.rank();
-        detail::check_mpi(
-            MPI_Allreduce(MPI_IN_PLACE, &refusing, 1, MPI_INT, MPI_MIN, c.native()),
-            "MPI_Allreduce");
-        if (refusing < c.size())
-            throw error("xshard: a shared-memory window of " + std::to_string(total) +
-                        " bytes cannot be made: the file-size limit of rank " +
-                        std::to_string(refusing) + " or the free space in /dev/shm forbids it");
-        MPI_Info info = MPI_INFO_NULL;
-        // Segments page-aligned in their own pages: members write their own segment hard,
-        // and false sharing across a segment boundary would slow both.
-        MPI_Info_create(&info);
-        MPI_Info_set(info, "alloc_shared_noncontig", "true");
-        void* base = nullptr;
-        const int code =
-            MPI_Win_allocate_shared(MPI_Aint(bytes), 1, info, c.native(), &base, &win_);
-        MPI_Info_free(&info);
-        detail::check_mpi(code, "MPI_Win_allocate_shared");
-        MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN);
-        bases_.resize(std::size_t(c.size()));
-        sizes_.resize(std::size_t(c.size()));
-        for (int q = 0; q < c.size(); ++q) {
-            MPI_Aint size = 0;
-            int unit = 0;
-            void* p = nullptr;
-            detail::check_mpi(MPI_Win_shared_query(win_, q, &size, &unit, &p),
-                              "MPI_Win_shared_query");
-            bases_[std::size_t(q)] = static_cast<std::byte*>(p);
-            sizes_[std::size_t(q)] = std::size_t(size);
-        }
-        detail::check_mpi(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_), "MPI_Win_lock_all");
-        rank_ = c.rank();
-    }
+    shared_window(const communicator& c, std::size_t bytes);
 
-    shared_window(shared_window&& o) noexcept
-        : win_(std::exchange(o.win_, MPI_WIN_NULL))
-        , bases_(std::move(o.bases_))
-        , sizes_(std::move(o.sizes_))
-        , rank_(o.rank_) {}
+    shared_window(shared_window&& o) noexcept;
     shared_window& operator=(shared_window&& o) noexcept {
         if (this != &o) {
             release();

@@ -200,3 +200,122 @@ XSHARD_DECL std::vector<flight_entry> flight_recorder() {
 
 } // namespace xshard
 
+namespace xshard {
+
+namespace detail {
+
+XSHARD_DECL void wait_watch::check(std::span<MPI_Request> requests, unsigned spin) {
+    if (state_.notices != MPI_COMM_NULL) {
+        int found = 0;
+        MPI_Status status;
+        check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, heed_ ? MPI_ANY_TAG : query_tag, state_.notices,
+                             &found, &status),
+                  "MPI_Iprobe");
+        if (found)
+            handle(status);
+    }
+    if (heed_ && state_.failure && (spin & 63) == 0) {
+        const auto now = std::chrono::steady_clock::now();
+        if (!heard_)
+            heard_ = now;
+        if (now - *heard_ > std::min(state_.settings.notice_grace, timeout()))
+            peer_failed(requests);
+    }
+    if ((spin & 63) == 0 && comm_ != MPI_COMM_NULL && is_broken(comm_)) {
+        abandon(requests); // posted before a failure scope broke the communicator
+        throw error("xshard: " + std::string(state_.ring[entry_ % recorder_size].operation) +
+                    " on a communicator broken after a peer's failure");
+    }
+    if ((spin & 63) == 0 && state_.settings.timeout.count() > 0 &&
+        std::chrono::steady_clock::now() - start_ > state_.settings.timeout)
+        timed_out(requests);
+    if (spin > 1000)
+        std::this_thread::yield();
+}
+
+XSHARD_DECL void wait_watch::handle(const MPI_Status& status) {
+    const std::string text = receive_notice(status);
+    if (status.MPI_TAG == query_tag) {
+        MPI_Request q = MPI_REQUEST_NULL;
+        static const char yes = 1;
+        check_mpi(
+            MPI_Isend(&yes, 1, MPI_CHAR, status.MPI_SOURCE, answer_tag, state_.notices, &q),
+            "MPI_Isend");
+        check_mpi(MPI_Request_free(&q), "MPI_Request_free");
+        return;
+    }
+    if (status.MPI_TAG != notice_tag)
+        return;
+    ++state_.credits[status.MPI_SOURCE];
+    if (!state_.failure)
+        state_.failure = watch_state::heard{status.MPI_SOURCE, text};
+}
+
+XSHARD_DECL std::vector<int> wait_watch::waiting_members(const std::vector<int>& members) {
+    std::vector<int> out;
+    if (state_.notices == MPI_COMM_NULL)
+        return out;
+    int me = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Status status;
+    for (int found = 1; found;) { // answers to an earlier timeout's questions
+        check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, answer_tag, state_.notices, &found, &status),
+                  "MPI_Iprobe");
+        if (found)
+            receive_notice(status);
+    }
+    static const char ask = 0;
+    for (const int r : members) {
+        if (r == me)
+            continue;
+        MPI_Request q = MPI_REQUEST_NULL;
+        check_mpi(MPI_Isend(&ask, 1, MPI_CHAR, r, query_tag, state_.notices, &q), "MPI_Isend");
+        check_mpi(MPI_Request_free(&q), "MPI_Request_free");
+    }
+    const auto grace = std::min(std::chrono::duration<double>(1.0), state_.settings.timeout);
+    const auto until = std::chrono::steady_clock::now() + grace;
+    out.push_back(me);
+    while (std::chrono::steady_clock::now() < until && out.size() < members.size()) {
+        int found = 0;
+        for (const int tag : {query_tag, answer_tag}) {
+            check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, tag, state_.notices, &found, &status),
+                      "MPI_Iprobe");
+            if (!found)
+                continue;
+            if (tag == query_tag) {
+                handle(status); // another waiting rank's question
+            } else {
+                receive_notice(status);
+                out.push_back(status.MPI_SOURCE);
+            }
+        }
+        std::this_thread::yield();
+    }
+    return out;
+}
+
+XSHARD_DECL void wait_watch::timed_out(std::span<MPI_Request> requests) {
+    const auto& e = state_.ring[entry_ % recorder_size];
+    const std::vector<int> members =
+        comm_ == MPI_COMM_NULL ? std::vector<int>{} : world_ranks(comm_);
+    std::vector<int> waiting = waiting_members(members), missing;
+    for (const int r : members)
+        if (std::find(waiting.begin(), waiting.end(), r) == waiting.end())
+            missing.push_back(r);
+    abandon(requests);
+    const std::string message =
+        "xshard: " + std::string(e.operation) + " (" + std::to_string(e.bytes) +
+        " bytes) has not completed after " + std::to_string(state_.settings.timeout.count()) +
+        " s on rank " + std::to_string(world_rank()) +
+        "; its communicator's ranks (in MPI_COMM_WORLD): " +
+        (members.empty() ? "unknown" : rank_list(members)) +
+        "; not waiting in a collective: " + (missing.empty() ? "none" : rank_list(missing));
+    std::fprintf(stderr, "%s\n%s", message.c_str(), flight_recorder_text().c_str());
+    std::fflush(stderr);
+    if (state_.settings.action == on_timeout::abort)
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    throw collective_timeout(message);
+}
+
+} // namespace detail
+} // namespace xshard

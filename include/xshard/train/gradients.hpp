@@ -190,21 +190,7 @@ public:
 
     /// Marks the gradient `name` as computed; starts its bucket's all-reduce when it was the
     /// bucket's last. Names not in the container are an error.
-    void ready(std::string_view name) {
-        const auto it =
-            std::find_if(refs_.begin(), refs_.end(), [&](const auto& r) { return r.name == name; });
-        if (it == refs_.end())
-            throw error("xshard: gradient_synchronizer::ready: no gradient '" + std::string(name) +
-                        "'");
-        const auto i = std::size_t(it - refs_.begin());
-        if (bucket_of_[i] >= 0) {
-            const auto k = std::size_t(bucket_of_[i]);
-            if (++waiting_[k] == buckets_[k].members.size() && !shared_[k])
-                run(k, true);
-        }
-        for (auto& r : requests_) // let MPI progress what is in flight
-            (void)r.test();
-    }
+    void ready(std::string_view name);
 
     /// Completes every started all-reduce (starting those whose gradients were never marked
     /// ready) and writes the results back into the gradients.
@@ -277,53 +263,7 @@ private:
 
     /// The constructor's part that does not depend on the containers' types: checks (agreed
     /// on every rank), the buckets, their paths and their buffers.
-    void plan(std::vector<const typed_steps*> steps, bool same_names) {
-        std::optional<std::string> problem = detail::first_problem(refs_);
-        if (!problem && std::find(steps.begin(), steps.end(), nullptr) != steps.end())
-            problem = gradient_elements;
-        if (!problem)
-            problem = options_.fusion.allreduce.problem(refs_.size());
-        if (!problem && !same_names)
-            problem =
-                "xshard: synchronize_gradients: the gradients do not have the parameters' names";
-        agree_on_error(*refs_.front().mesh_comm, problem);
-        // Buckets in reverse order: the backward pass produces the last layers' gradients first.
-        std::vector<std::size_t> chosen;
-        for (std::size_t i = refs_.size(); i-- > 0;)
-            if (refs_[i].mesh.group_size(refs_[i].replicated) > 1)
-                chosen.push_back(i);
-        // index mode: the segment of the parameter's index is part of the key (buckets never
-        // cross a boundary); it is 0 in the other modes.
-        const auto& fusion = options_.fusion.allreduce;
-        buckets_ = detail::make_buckets<std::tuple<std::size_t, std::uint32_t, std::type_index>>(
-            refs_, chosen, fusion.bytes(), [&](std::size_t i) {
-                return std::tuple(fusion.segment(i), refs_[i].replicated.bits, refs_[i].type);
-            });
-        bucket_of_.assign(refs_.size(), -1);
-        shared_.assign(buckets_.size(), 0);
-        finished_.assign(buckets_.size(), 0);
-        for (std::size_t k = 0; k < buckets_.size(); ++k) {
-            for (std::size_t i : buckets_[k].members)
-                bucket_of_[i] = int(k);
-            const auto& first = refs_[buckets_[k].members.front()];
-            steps_.push_back(steps[buckets_[k].members.front()]);
-            const bool widen = options_.fp32_communication && first.element == 2;
-            // Whether the bucket's group shares a node (collective over the group, the
-            // buckets in the same order on every member).
-            if (options_.shared_memory)
-                shared_[k] = (this->*steps_[k]->shares_node)(*first.group);
-            // No buffer for a bucket reduced on its gradients: one parameter, or several
-            // through shared memory, in their own type.
-            const bool unpacked = !widen && (buckets_[k].members.size() == 1 || shared_[k]);
-            const std::size_t size = unpacked ? 0
-                                              : buckets_[k].bytes / first.element *
-                                                    (widen ? sizeof(float) : first.element);
-            buffers_.emplace_back(size);
-        }
-        waiting_.assign(buckets_.size(), 0);
-        started_.assign(buckets_.size(), 0);
-        requests_.resize(buckets_.size());
-    }
+    void plan(std::vector<const typed_steps*> steps, bool same_names);
 
     /// The finish of bucket k's all-reduce (the mean's division).
     detail::divide_by finish_of(std::size_t k) const {
@@ -479,7 +419,9 @@ void synchronize_gradients(const P& params, G& grads, const gradient_options& op
 
 } // namespace xshard
 
-#ifdef XSHARD_SEPARATE_COMPILATION
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/train/gradients.ipp>
+#else
 namespace xshard {
 #define XSHARD_DETAIL_GRADIENT_STEPS(T)                                                            \
     XSHARD_INSTANTIATE void gradient_synchronizer::reduce<T, T>(std::size_t, bool);               \

@@ -7,6 +7,7 @@
 /// its gradient reductions start as soon as its backward is done and are waited for in
 /// hsdp::synchronize_gradients.
 
+#include <xshard/compiled.hpp>
 #include <xshard/train/gradients.hpp>
 #include <xshard/train/hsdp_entry.hpp>
 #include <xshard/train/hsdp_exchange.hpp>
@@ -53,10 +54,7 @@ struct hsdp_unit {
 /// entries and the timings must outlive it, kept in place.
 class hsdp_units {
 public:
-    hsdp_units(std::vector<hsdp_entry>& entries, hsdp_timings& timings, int level)
-        : entries_(&entries)
-        , timings_(&timings)
-        , level_(level) {}
+    hsdp_units(std::vector<hsdp_entry>& entries, hsdp_timings& timings, int level);
 
     std::size_t size() const noexcept { return units_.size(); }
     hsdp_unit& operator[](std::size_t u) { return units_[u]; }
@@ -70,15 +68,7 @@ public:
     }
 
     /// The unit of weight `name`, made on first use.
-    hsdp_unit& of_weight(const std::string& name) {
-        const auto p = name.substr(0, name.find('.'));
-        if (const auto u = find(p))
-            return units_[*u];
-        index_[p] = units_.size();
-        units_.push_back({});
-        units_.back().prefix = p;
-        return units_.back();
-    }
+    hsdp_unit& of_weight(const std::string& name);
 
     /// Plans each unit's exchanges (train/hsdp_exchange.hpp) on tags from `next_tag` on:
     /// the all-gathers, and at levels 2 and 3 the reduce-scatters.
@@ -266,3 +256,7 @@ private:
 } // namespace detail
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/train/hsdp_units.ipp>
+#endif
