@@ -115,7 +115,7 @@ struct schedule {
 
 /// The local shard of a value of `global` shape laid out as `l` on this rank.
 XSHARD_DECL shard_type local_shard_of(const value_shape& global, const layout& l, dtype t,
-                                const mesh_view& mesh);
+                                      const mesh_view& mesh);
 
 class schedule_builder {
 public:

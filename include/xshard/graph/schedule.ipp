@@ -8,7 +8,7 @@
 namespace xshard::detail {
 
 XSHARD_DECL shard_type local_shard_of(const value_shape& global, const layout& l, dtype t,
-                                const mesh_view& mesh) {
+                                      const mesh_view& mesh) {
     shard_type s{global, l, value_shape(global.size()), t};
     for (std::size_t d = 0; d < global.size(); ++d) {
         const auto k = std::size_t(l.split_count(d, mesh.shape));
