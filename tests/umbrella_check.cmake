@@ -4,11 +4,11 @@
 #   capability header (xshard/<capability>.hpp, e.g. xshard/core.hpp), so that a program can
 #   reach it through the capability it belongs to;
 # - the everything header xshard/xshard.hpp includes every top-level header (each capability
-#   header and xshard/version.hpp), and through them every public header;
+#   header, xshard/compiled.hpp and xshard/version.hpp), and through them every public header;
 # - no umbrella header names a header that does not exist;
 # - xshard::compiled's source (COMPILED_CPP) includes every .ipp file and every header that
-#   names templates with XSHARD_INSTANTIATE (or its .ipp), and every header that declares with XSHARD_DECL
-#   has its .ipp (xshard/compiled.hpp).
+#   names templates with XSHARD_INSTANTIATE (or its .ipp), and every header that declares
+#   functions with XSHARD_DECL has its .ipp (xshard/compiled.hpp).
 # Fails naming the headers that break a rule.
 cmake_policy(SET CMP0057 NEW)
 get_filename_component(INCLUDE_DIR "${INCLUDE_DIR}" ABSOLUTE)

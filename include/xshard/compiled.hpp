@@ -4,8 +4,9 @@
 /// unit that includes it (the default, header-only), or once, in the library `xshard::compiled`.
 ///
 /// Such code (the redistribution planner, the collectives' plumbing, the gradient buckets'
-/// planning, the checkpoint files, the search) is declared in its header with `XSHARD_DECL`
-/// and defined in the `.ipp` file beside it. A header-only program includes the `.ipp` files
+/// planning, the checkpoint files, the search) is declared in its header (a namespace-scope
+/// function with `XSHARD_DECL`, a class's member as any member) and defined in the `.ipp`
+/// file beside it, with `XSHARD_DECL`. A header-only program includes the `.ipp` files
 /// through the headers and compiles those functions as `inline` ones, in each of its
 /// translation units. A program that links `xshard::compiled` (CMake) is compiled with
 /// `XSHARD_SEPARATE_COMPILATION` defined: the headers then declare those functions only, and
