@@ -4,7 +4,9 @@
 
 #include <xshard/comm/node_reduce.hpp>
 #include <xshard/comm/pairwise_reduce.hpp>
+#include <xshard/graph/registry.hpp>
 #include <xshard/redistribute/batch.hpp>
+#include <xshard/redistribute/halo.hpp>
 #include <xshard/redistribute/plan.hpp>
 #include <xshard/comm/agree.ipp>
 #include <xshard/comm/before_finalize.ipp>
@@ -22,6 +24,10 @@
 #include <xshard/comm/shared_window.ipp>
 #include <xshard/comm/subarray.ipp>
 #include <xshard/comm/watch.ipp>
+#include <xshard/core/annotation.ipp>
+#include <xshard/core/layout.ipp>
+#include <xshard/core/mesh_shape.ipp>
+#include <xshard/core/objective.ipp>
 #include <xshard/core/op_choice.ipp>
 #include <xshard/core/sharded_layout.ipp>
 #include <xshard/data/dataset.ipp>
@@ -48,16 +54,21 @@
 #include <xshard/io/checkpoint_forms.ipp>
 #include <xshard/io/checkpoint_load.ipp>
 #include <xshard/io/checkpoint_model.ipp>
+#include <xshard/io/checkpoint_reader.ipp>
 #include <xshard/io/checkpoint_save.ipp>
 #include <xshard/io/collective_verify.ipp>
 #include <xshard/io/file_mapping.ipp>
 #include <xshard/io/files.ipp>
+#include <xshard/io/group_file.ipp>
 #include <xshard/io/json_envelope.ipp>
+#include <xshard/io/mapped_writer.ipp>
+#include <xshard/io/node_io.ipp>
 #include <xshard/io/offline.ipp>
 #include <xshard/io/operator_strategy_file.ipp>
 #include <xshard/io/safetensors.ipp>
 #include <xshard/io/staged_save.ipp>
 #include <xshard/io/stored_blocks.ipp>
+#include <xshard/io/strategy_file.ipp>
 #include <xshard/models/resnet.ipp>
 #include <xshard/models/transformer.ipp>
 #include <xshard/nn/conv2d.ipp>
@@ -72,7 +83,9 @@
 #include <xshard/pipeline/action.ipp>
 #include <xshard/pipeline/boundary.ipp>
 #include <xshard/pipeline/micro_batch.ipp>
+#include <xshard/pipeline/slots.ipp>
 #include <xshard/pipeline/stages.ipp>
+#include <xshard/pipeline/step_batch.ipp>
 #include <xshard/redistribute/copy.ipp>
 #include <xshard/redistribute/geometry.ipp>
 #include <xshard/redistribute/route.ipp>
@@ -80,6 +93,7 @@
 #include <xshard/search/calibrate.ipp>
 #include <xshard/search/cost.ipp>
 #include <xshard/search/evaluate_strategy.ipp>
+#include <xshard/search/machine_model.ipp>
 #include <xshard/search/networks.ipp>
 #include <xshard/search/op_options.ipp>
 #include <xshard/search/operator_strategy.ipp>
@@ -87,8 +101,10 @@
 #include <xshard/search/program_search.ipp>
 #include <xshard/search/program_strategy_file.ipp>
 #include <xshard/search/recursive_programming.ipp>
+#include <xshard/search/redistribution_pricer.ipp>
 #include <xshard/search/search_degrees.ipp>
 #include <xshard/search/search_result.ipp>
+#include <xshard/search/searched_strategy.ipp>
 #include <xshard/search/sharding_propagation.ipp>
 #include <xshard/shard/derivation.ipp>
 #include <xshard/shard/relayout.ipp>

@@ -1,7 +1,10 @@
 # Configures, builds and runs a consumer project of xshard (cmake -P script, run by ctest).
 # KIND=find_package installs the build tree into a fresh prefix first.
 file(REMOVE_RECURSE ${WORK_DIR})
-set(configure_args -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release)
+# No build type: the consumer and xshard::compiled build unoptimised (-O0, no -g). The test
+# checks what the package holds and how its targets link; the main build compiles the same
+# sources optimised.
+set(configure_args -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=)
 if(LAUNCHER)
   list(APPEND configure_args -DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER})
 endif()

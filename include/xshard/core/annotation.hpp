@@ -4,6 +4,7 @@
 /// and MindSpore's per-operator `.shard(...)` annotation (strategies or layouts). Operations
 /// of `xshard::ops` carry both into a traced program (graph/), where a node keeps them.
 
+#include <xshard/compiled.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/strategy.hpp>
 
@@ -32,20 +33,11 @@ struct op_annotation {
     bool empty() const { return in_strategies.empty() && in_layouts.empty() && out_layouts.empty(); }
 
     /// "((2, 4), (4, 1))", or the layouts.
-    std::string to_string() const {
-        std::string s;
-        if (!in_strategies.empty()) {
-            s = "(";
-            for (std::size_t i = 0; i < in_strategies.size(); ++i)
-                s += (i ? ", " : "") + in_strategies[i].to_string();
-            s += in_strategies.size() == 1 ? ",)" : ")";
-        }
-        for (std::size_t i = 0; i < in_layouts.size(); ++i)
-            s += (i ? ", " : "in ") + in_layouts[i].to_string();
-        for (std::size_t i = 0; i < out_layouts.size(); ++i)
-            s += (i ? ", " : (s.empty() ? "out " : " out ")) + out_layouts[i].to_string();
-        return s;
-    }
+    std::string to_string() const;
 };
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/core/annotation.ipp>
+#endif

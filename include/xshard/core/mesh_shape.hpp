@@ -4,6 +4,7 @@
 /// (row-major: the last axis varies fastest), sub-groups. No communicator: the planner
 /// and the cost model use this to reason about meshes far larger than the machine.
 
+#include <xshard/compiled.hpp>
 #include <xshard/core/axis.hpp>
 #include <xshard/core/static_vector.hpp>
 
@@ -217,23 +218,7 @@ struct mesh_shape {
     }
 
     /// The ranks of the group spanned by `axes` that holds `rank`, in group-rank order.
-    std::vector<int> group_ranks(int rank, axis_set axes) const {
-        std::vector<int> ranks;
-        auto c = coords(rank);
-        const int n = group_size(axes);
-        ranks.reserve(std::size_t(n));
-        for (int g = 0; g < n; ++g) {
-            int rest = g;
-            for (std::size_t i = ndim(); i-- > 0;) {
-                if (!axes.contains(i))
-                    continue;
-                c[i] = rest % sizes[i];
-                rest /= sizes[i];
-            }
-            ranks.push_back(rank_of(c));
-        }
-        return ranks;
-    }
+    std::vector<int> group_ranks(int rank, axis_set axes) const;
 
     /// "dp=2, mp=4".
     std::string to_string() const { return describe(names, sizes); }
@@ -246,19 +231,11 @@ struct mesh_shape {
 
 private:
     static std::string describe(const static_vector<axis_name, max_mesh_axes>& axis_names,
-                                const static_vector<int, max_mesh_axes>& axis_sizes) {
-        std::string text;
-        for (std::size_t i = 0; i < axis_names.size(); ++i) {
-            if (i > 0)
-                text += ", ";
-            text += axis_names[i].view();
-            text += '=';
-            text += i < axis_sizes.size() && axis_sizes[i] != auto_size
-                        ? std::to_string(axis_sizes[i])
-                        : std::string("?");
-        }
-        return text;
-    }
+                                const static_vector<int, max_mesh_axes>& axis_sizes);
 };
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/core/mesh_shape.ipp>
+#endif

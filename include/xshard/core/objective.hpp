@@ -8,6 +8,8 @@
 /// layouts (the option sharding_propagation, shard/derivation.hpp) compare measured times
 /// within a tolerance.
 
+#include <xshard/compiled.hpp>
+
 #include <bit>
 #include <cstdint>
 #include <string>
@@ -25,10 +27,7 @@ constexpr bool is_objective_level(int level) {
 }
 
 /// "`who`'s level is 0 (...), 1 (...) or 2 (...), not `level`": the message of a bad level.
-inline std::string bad_objective_level(std::string_view who, int level) {
-    return std::string(who) + " is " + std::string(objective_levels) + ", not " +
-           std::to_string(level);
-}
+XSHARD_DECL std::string bad_objective_level(std::string_view who, int level);
 
 /// `x` rounded to 40 bits of mantissa (infinities and NaN as they are): sums of the same
 /// terms added in another order, which differ in their last bits, round alike.
@@ -73,3 +72,7 @@ static_assert(objective_key{0.1 + 0.2, 1} < objective_key{0.3, 2} &&
               rounded_to_40_bits(1.0 + 0x1p-42) == 1.0 && rounded_to_40_bits(1.0 + 0x1p-40) > 1.0);
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/core/objective.ipp>
+#endif

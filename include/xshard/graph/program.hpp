@@ -126,34 +126,10 @@ public:
     /// Annotates the node named `name` with MindSpore's per-operator strategy (one strategy
     /// per operand), as `ops::matmul.shard({{2, 4}, {4, 1}})` would where it is written.
     /// Checked against the operands' ranks here, and against the mesh when compiled.
-    program& shard(std::string_view name, std::vector<strategy> in_strategies) {
-        auto& n = node(name);
-        if (in_strategies.size() != n.operands.size())
-            throw error("xshard: program: node " + n.name + " (" + n.op + ") has " +
-                        std::to_string(n.operands.size()) + " operands but the strategy " +
-                        op_annotation{in_strategies, {}, {}}.to_string() + " gives " +
-                        std::to_string(in_strategies.size()));
-        for (std::size_t i = 0; i < in_strategies.size(); ++i)
-            if (in_strategies[i].rank() != values_[n.operands[i]].shape.size())
-                throw error("xshard: program: node " + n.name + " (" + n.op + "): the strategy " +
-                            in_strategies[i].to_string() + " of operand " + std::to_string(i) +
-                            " has " + std::to_string(in_strategies[i].rank()) +
-                            " dimensions, the operand " +
-                            shape_text(values_[n.operands[i]].shape) + " has " +
-                            std::to_string(values_[n.operands[i]].shape.size()));
-        n.annotation.in_strategies = std::move(in_strategies);
-        n.annotation.in_layouts.clear();
-        return *this;
-    }
+    program& shard(std::string_view name, std::vector<strategy> in_strategies);
 
     /// The value's display name: an input's or weight's name, "node" or "node:i" for results.
-    std::string value_name(std::size_t id) const {
-        const auto& v = values_.at(id);
-        if (v.kind != value_kind::result)
-            return v.name;
-        const auto& n = nodes_[v.node];
-        return n.results.size() == 1 ? n.name : n.name + ":" + std::to_string(v.result_index);
-    }
+    std::string value_name(std::size_t id) const;
 
     /// The listing: inputs, weights, then one line per node (name, operation, operands,
     /// result shapes, strategy), then the outputs.
@@ -185,63 +161,19 @@ public:
 
     /// Adds an input or a weight; returns its id.
     std::size_t add_argument(value_kind kind, std::string name, value_shape shape, dtype type,
-                             initializer init = initializer::zeros()) {
-        program_value v;
-        v.kind = kind;
-        v.name = std::move(name);
-        v.shape = std::move(shape);
-        v.type = type;
-        v.init = init;
-        values_.push_back(std::move(v));
-        (kind == value_kind::input ? inputs_ : weights_).push_back(values_.size() - 1);
-        return values_.size() - 1;
-    }
+                             initializer init = initializer::zeros());
 
     /// Adds a node with results of the given shapes and types; returns its index.
-    std::size_t add_node(program_node n,
-                         const std::vector<std::pair<value_shape, dtype>>& results) {
-        const std::size_t index = nodes_.size();
-        for (std::size_t i = 0; i < results.size(); ++i) {
-            program_value v;
-            v.shape = results[i].first;
-            v.type = results[i].second;
-            v.node = index;
-            v.result_index = i;
-            values_.push_back(std::move(v));
-            n.results.push_back(values_.size() - 1);
-        }
-        nodes_.push_back(std::move(n));
-        return index;
-    }
+    std::size_t add_node(program_node n, const std::vector<std::pair<value_shape, dtype>>& results);
 
     /// Marks `id` as the next output.
     void add_output(std::size_t id) { outputs_.push_back(id); }
 
     /// The weight named `name`, if there is one.
-    std::optional<std::size_t> weight_named(std::string_view name) const {
-        for (auto id : weights_)
-            if (values_[id].name == name)
-                return id;
-        return std::nullopt;
-    }
+    std::optional<std::size_t> weight_named(std::string_view name) const;
 
 private:
-    std::size_t node_index(std::string_view name) const {
-        for (std::size_t i = 0; i < nodes_.size(); ++i)
-            if (nodes_[i].name == name)
-                return i;
-        std::string near;
-        for (const auto& n : nodes_)
-            if (n.name.find(name) != std::string::npos ||
-                name.find(n.name) != std::string_view::npos)
-                near += (near.empty() ? "" : ", ") + n.name;
-        std::string all;
-        for (std::size_t i = 0; i < nodes_.size() && i < 12; ++i)
-            all += (i ? ", " : "") + nodes_[i].name;
-        throw error("xshard: program: no node is named '" + std::string(name) + "'" +
-                    (near.empty() ? "; its nodes are " + all + (nodes_.size() > 12 ? ", ..." : "")
-                                  : "; did you mean " + near + "?"));
-    }
+    std::size_t node_index(std::string_view name) const;
 
     std::vector<program_value> values_;
     std::vector<program_node> nodes_;

@@ -4,6 +4,7 @@
 /// rules, execution its kernels).
 
 #include <xshard/comm/error.hpp>
+#include <xshard/compiled.hpp>
 #include <xshard/graph/primitive.hpp>
 #include <xshard/graph/primitives/conv.hpp>
 #include <xshard/graph/primitives/elementwise.hpp>
@@ -52,3 +53,15 @@ inline const op_rules& rules_named(std::string_view name) {
 }
 
 } // namespace xshard::detail
+
+#ifdef XSHARD_SEPARATE_COMPILATION
+// The table, and so every kernel it holds, is compiled once for float and double.
+namespace xshard::detail {
+#define XSHARD_DETAIL_PRIMITIVES(T)                                                                \
+    XSHARD_INSTANTIATE const std::vector<primitive<T>>& primitive_table<T>();                      \
+    XSHARD_INSTANTIATE const primitive<T>& primitive_named<T>(std::string_view);
+XSHARD_DETAIL_PRIMITIVES(float)
+XSHARD_DETAIL_PRIMITIVES(double)
+#undef XSHARD_DETAIL_PRIMITIVES
+} // namespace xshard::detail
+#endif

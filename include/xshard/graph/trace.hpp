@@ -130,68 +130,10 @@ public:
     static std::vector<traced_tensor> record(std::string_view op, op_attributes attributes,
                                              const op_annotation& annotation,
                                              const std::vector<traced_tensor>& operands,
-                                             std::shared_ptr<const custom_op_base> custom = {}) {
-        auto& s = detail::current_trace("xshard::ops::" + std::string(op));
-        program& p = *s.target;
-        std::vector<operand_type> types;
-        for (const auto& o : operands) {
-            if (&o.owner() != &p)
-                throw error("xshard: trace: an operand of " + std::string(op) +
-                            " belongs to another program than the one being traced");
-            const auto& v = p.value(o.id());
-            types.push_back({v.shape, v.type, v.kind == value_kind::weight});
-        }
-        program_node n;
-        n.op = std::string(op);
-        const std::string base = detail::scoped_name(s, op);
-        const int k = s.used[base]++;
-        n.name = k == 0 ? base : base + "_" + std::to_string(k);
-        n.attributes = std::move(attributes);
-        n.annotation = annotation;
-        n.custom = custom;
-        for (const auto& o : operands)
-            n.operands.push_back(o.id());
-        std::vector<result_spec> results;
-        try {
-            check_annotation(n, types);
-            results =
-                custom ? custom->infer(types) : detail::rules_named(op).infer(n.attributes, types);
-        } catch (const std::invalid_argument& e) {
-            throw error("xshard: trace: node " + n.name + " (" + n.op + "): " + e.what());
-        }
-        const std::size_t index = p.add_node(std::move(n), results);
-        std::vector<traced_tensor> out;
-        for (auto id : p.nodes()[index].results)
-            out.emplace_back(&p, id);
-        return out;
-    }
+                                             std::shared_ptr<const custom_op_base> custom = {});
 
 private:
-    static void check_annotation(const program_node& n, std::span<const operand_type> types) {
-        const auto& a = n.annotation;
-        if (!a.in_strategies.empty() && a.in_strategies.size() != types.size())
-            throw std::invalid_argument("the strategy " + a.to_string() + " gives " +
-                                        std::to_string(a.in_strategies.size()) +
-                                        " strategies for " + std::to_string(types.size()) +
-                                        " operands");
-        for (std::size_t i = 0; i < a.in_strategies.size(); ++i)
-            if (a.in_strategies[i].rank() != types[i].shape.size())
-                throw std::invalid_argument(
-                    "the strategy " + a.in_strategies[i].to_string() + " of operand " +
-                    std::to_string(i) + " has " + std::to_string(a.in_strategies[i].rank()) +
-                    " dimensions, the operand " + shape_text(types[i].shape) + " has " +
-                    std::to_string(types[i].shape.size()));
-        if (!a.in_layouts.empty() && a.in_layouts.size() != types.size())
-            throw std::invalid_argument("the annotation gives " +
-                                        std::to_string(a.in_layouts.size()) + " layouts for " +
-                                        std::to_string(types.size()) + " operands");
-        for (std::size_t i = 0; i < a.in_layouts.size(); ++i)
-            if (a.in_layouts[i].rank() != types[i].shape.size())
-                throw std::invalid_argument("the layout " + a.in_layouts[i].to_string() +
-                                            " of operand " + std::to_string(i) +
-                                            " does not have the operand's " +
-                                            std::to_string(types[i].shape.size()) + " dimensions");
-    }
+    static void check_annotation(const program_node& n, std::span<const operand_type> types);
 
     program* program_;
     std::size_t id_;

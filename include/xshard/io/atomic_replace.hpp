@@ -70,9 +70,7 @@ XSHARD_DECL bool temporary_suffix(std::string_view suffix, bool directory);
 XSHARD_DECL void remove_stale_temporaries(const std::string& path) noexcept;
 
 /// Where a save puts the checkpoint it replaces for the moment of the swap.
-inline std::string previous_name(const std::string& path) {
-    return path + ".old";
-}
+XSHARD_DECL std::string previous_name(const std::string& path);
 
 /// Puts the complete, synced checkpoint `tmp` (a file or a per-rank directory) in place of
 /// `path` without ever leaving no complete checkpoint: a file over a file is one rename; a

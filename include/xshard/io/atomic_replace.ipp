@@ -147,6 +147,10 @@ XSHARD_DECL void remove_stale_temporaries(const std::string& path) noexcept {
     }
 }
 
+XSHARD_DECL std::string previous_name(const std::string& path) {
+    return path + ".old";
+}
+
 XSHARD_DECL void replace_checkpoint(const std::string& tmp, const std::string& path,
                                     bool remove_old) {
     const std::string old = previous_name(path);

@@ -46,28 +46,16 @@ namespace xshard {
 
 namespace detail {
 
-[[noreturn]] inline void io_fail(const std::string& what, const std::string& path) {
-    throw io_error("xshard: " + what + " " + path + ": " + std::strerror(errno));
-}
+[[noreturn]] XSHARD_DECL void io_fail(const std::string& what, const std::string& path);
 
 /// An open file descriptor, closed with the object.
 class file {
 public:
     file() = default;
-    file(const std::string& path, int flags, mode_t mode = 0644)
-        : path_(path) {
-        fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
-        if (fd_ < 0)
-            io_fail("cannot open", path);
-    }
+    file(const std::string& path, int flags, mode_t mode = 0644);
     /// Opens `name` in the open directory `dir` (openat): the file of that directory, even if
     /// another directory has been renamed to its path since it was opened; never a link.
-    file(const file& dir, const std::string& name, int flags)
-        : path_(dir.path() + "/" + name) {
-        fd_ = ::openat(dir.fd(), name.c_str(), flags | O_CLOEXEC | O_NOFOLLOW);
-        if (fd_ < 0)
-            io_fail("cannot open", path_);
-    }
+    file(const file& dir, const std::string& name, int flags);
     file(file&& o) noexcept
         : fd_(std::exchange(o.fd_, -1))
         , path_(std::move(o.path_)) {}
@@ -81,27 +69,13 @@ public:
             ::close(fd_);
     }
     /// Takes ownership of the open descriptor `fd` of `path`.
-    static file adopt(int fd, std::string path) {
-        file f;
-        f.fd_ = fd;
-        f.path_ = std::move(path);
-        return f;
-    }
+    static file adopt(int fd, std::string path);
     int fd() const noexcept { return fd_; }
     /// Closes the descriptor, reporting a failure (a delayed write error shows here).
-    void close() {
-        const int fd = std::exchange(fd_, -1);
-        if (fd >= 0 && ::close(fd) != 0)
-            io_fail("cannot close", path_);
-    }
+    void close();
     const std::string& path() const noexcept { return path_; }
 
-    std::size_t size() const {
-        struct stat st {};
-        if (::fstat(fd_, &st) != 0)
-            io_fail("cannot stat", path_);
-        return std::size_t(st.st_size);
-    }
+    std::size_t size() const;
     /// Reads exactly `n` bytes at `offset` (a short file is an error).
     void read_at(void* out, std::size_t n, std::size_t offset) const {
         ::iovec one{out, n};
@@ -110,24 +84,7 @@ public:
     /// Reads exactly the bytes `parts` describe (each a destination and a length, filled in
     /// turn) from `offset` on, a preadv of up to IOV_MAX parts at a time (a short file is an
     /// error). Consumes `parts`: their entries are advanced as the bytes arrive.
-    void read_scattered_at(std::span<::iovec> parts, std::size_t offset) const {
-        while (!parts.empty()) {
-            if (parts.front().iov_len == 0) {
-                parts = parts.subspan(1);
-                continue;
-            }
-            const auto count = int(std::min<std::size_t>(parts.size(), IOV_MAX));
-            const auto got = ::preadv(fd_, parts.data(), count, off_t(offset));
-            if (got < 0 && errno == EINTR)
-                continue;
-            if (got < 0)
-                io_fail("cannot read", path_);
-            if (got == 0)
-                throw io_error("xshard: " + path_ + " is truncated");
-            offset += std::size_t(got);
-            advance(parts, std::size_t(got));
-        }
-    }
+    void read_scattered_at(std::span<::iovec> parts, std::size_t offset) const;
     void write_at(const void* data, std::size_t n, std::size_t offset) const {
         ::iovec one{const_cast<void*>(data), n}; // (pwritev only reads it)
         write_gathered_at(std::span(&one, 1), offset);
@@ -135,50 +92,14 @@ public:
     /// Writes the bytes `parts` describe (each a source and a length, taken in turn) from
     /// `offset` on, a pwritev of up to IOV_MAX parts at a time. Consumes `parts`: their entries
     /// are advanced as the bytes are written.
-    void write_gathered_at(std::span<::iovec> parts, std::size_t offset) const {
-        while (!parts.empty()) {
-            if (parts.front().iov_len == 0) {
-                parts = parts.subspan(1);
-                continue;
-            }
-            const auto count = int(std::min<std::size_t>(parts.size(), IOV_MAX));
-            const auto put = ::pwritev(fd_, parts.data(), count, off_t(offset));
-            if (put < 0 && errno == EINTR)
-                continue;
-            if (put < 0)
-                io_fail("cannot write", path_);
-            offset += std::size_t(put);
-            advance(parts, std::size_t(put));
-        }
-    }
+    void write_gathered_at(std::span<::iovec> parts, std::size_t offset) const;
     /// Allocates the bytes [offset, offset + n) of the file (fallocate), extending it to cover
     /// them, so that stores into a mapping of them (mapped_writer.hpp) cannot fail for want of
     /// space: a full disk, a quota or a file-size limit shows here, as an io_error. Returns
     /// false, doing nothing, where the file system cannot allocate ahead (EOPNOTSUPP).
     /// A file-size limit (RLIMIT_FSIZE) is checked as a pwrite would: bytes past it raise
     /// EFBIG, also inside the file (where fallocate would not check it).
-    bool reserve(std::size_t offset, std::size_t n) const {
-#ifdef __linux__
-        rlimit limit{};
-        if (n > 0 && ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
-            checked_add(offset, n) > limit.rlim_cur) {
-            errno = EFBIG;
-            io_fail("cannot allocate " + std::to_string(n) + " bytes in", path_);
-        }
-        while (n > 0 && ::fallocate(fd_, 0, off_t(offset), off_t(n)) != 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EOPNOTSUPP || errno == ENOSYS)
-                return false;
-            io_fail("cannot allocate " + std::to_string(n) + " bytes in", path_);
-        }
-        return true;
-#else
-        (void)offset;
-        (void)n;
-        return false;
-#endif
-    }
+    bool reserve(std::size_t offset, std::size_t n) const;
     void sync() const {
         if (::fsync(fd_) != 0)
             io_fail("cannot fsync", path_);
@@ -188,35 +109,12 @@ public:
     /// follows). Ranks flush their shares of one file so at once, where the fsyncs of one
     /// file would take turns. Elsewhere than Linux: sync().
     /// With `wait` false, only starts the writing (it goes on while the caller works).
-    void write_back(std::size_t offset, std::size_t n, bool wait = true) const {
-#ifdef __linux__
-        const unsigned flags =
-            wait ? SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER
-                 : SYNC_FILE_RANGE_WRITE;
-        if (n > 0 && ::sync_file_range(fd_, off_t(offset), off_t(n), flags) != 0)
-            io_fail("cannot write back", path_);
-#else
-        (void)offset;
-        (void)n;
-        if (wait)
-            sync();
-#endif
-    }
+    void write_back(std::size_t offset, std::size_t n, bool wait = true) const;
 
 private:
     /// Drops the first `done` bytes of `parts` (the parts they fill wholly, and as much of the
     /// next one).
-    static void advance(std::span<::iovec>& parts, std::size_t done) noexcept {
-        while (done > 0) {
-            auto& p = parts.front();
-            const auto k = std::min(done, p.iov_len);
-            p.iov_base = static_cast<char*>(p.iov_base) + k;
-            p.iov_len -= k;
-            done -= k;
-            if (p.iov_len == 0)
-                parts = parts.subspan(1);
-        }
-    }
+    static void advance(std::span<::iovec>& parts, std::size_t done) noexcept;
 
     int fd_ = -1;
     std::string path_;

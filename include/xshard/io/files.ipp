@@ -9,6 +9,130 @@ namespace xshard {
 
 namespace detail {
 
+XSHARD_DECL void io_fail(const std::string& what, const std::string& path) {
+    throw io_error("xshard: " + what + " " + path + ": " + std::strerror(errno));
+}
+
+XSHARD_DECL file::file(const std::string& path, int flags, mode_t mode)
+    : path_(path) {
+    fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+    if (fd_ < 0)
+        io_fail("cannot open", path);
+}
+
+XSHARD_DECL file::file(const file& dir, const std::string& name, int flags)
+    : path_(dir.path() + "/" + name) {
+    fd_ = ::openat(dir.fd(), name.c_str(), flags | O_CLOEXEC | O_NOFOLLOW);
+    if (fd_ < 0)
+        io_fail("cannot open", path_);
+}
+
+XSHARD_DECL file file::adopt(int fd, std::string path) {
+    file f;
+    f.fd_ = fd;
+    f.path_ = std::move(path);
+    return f;
+}
+
+XSHARD_DECL void file::close() {
+    const int fd = std::exchange(fd_, -1);
+    if (fd >= 0 && ::close(fd) != 0)
+        io_fail("cannot close", path_);
+}
+
+XSHARD_DECL std::size_t file::size() const {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0)
+        io_fail("cannot stat", path_);
+    return std::size_t(st.st_size);
+}
+
+XSHARD_DECL void file::read_scattered_at(std::span<::iovec> parts, std::size_t offset) const {
+    while (!parts.empty()) {
+        if (parts.front().iov_len == 0) {
+            parts = parts.subspan(1);
+            continue;
+        }
+        const auto count = int(std::min<std::size_t>(parts.size(), IOV_MAX));
+        const auto got = ::preadv(fd_, parts.data(), count, off_t(offset));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0)
+            io_fail("cannot read", path_);
+        if (got == 0)
+            throw io_error("xshard: " + path_ + " is truncated");
+        offset += std::size_t(got);
+        advance(parts, std::size_t(got));
+    }
+}
+
+XSHARD_DECL void file::write_gathered_at(std::span<::iovec> parts, std::size_t offset) const {
+    while (!parts.empty()) {
+        if (parts.front().iov_len == 0) {
+            parts = parts.subspan(1);
+            continue;
+        }
+        const auto count = int(std::min<std::size_t>(parts.size(), IOV_MAX));
+        const auto put = ::pwritev(fd_, parts.data(), count, off_t(offset));
+        if (put < 0 && errno == EINTR)
+            continue;
+        if (put < 0)
+            io_fail("cannot write", path_);
+        offset += std::size_t(put);
+        advance(parts, std::size_t(put));
+    }
+}
+
+XSHARD_DECL bool file::reserve(std::size_t offset, std::size_t n) const {
+#ifdef __linux__
+    rlimit limit{};
+    if (n > 0 && ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+        checked_add(offset, n) > limit.rlim_cur) {
+        errno = EFBIG;
+        io_fail("cannot allocate " + std::to_string(n) + " bytes in", path_);
+    }
+    while (n > 0 && ::fallocate(fd_, 0, off_t(offset), off_t(n)) != 0) {
+        if (errno == EINTR)
+            continue;
+        if (errno == EOPNOTSUPP || errno == ENOSYS)
+            return false;
+        io_fail("cannot allocate " + std::to_string(n) + " bytes in", path_);
+    }
+    return true;
+#else
+    (void)offset;
+    (void)n;
+    return false;
+#endif
+}
+
+XSHARD_DECL void file::write_back(std::size_t offset, std::size_t n, bool wait) const {
+#ifdef __linux__
+    const unsigned flags =
+        wait ? SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER
+             : SYNC_FILE_RANGE_WRITE;
+    if (n > 0 && ::sync_file_range(fd_, off_t(offset), off_t(n), flags) != 0)
+        io_fail("cannot write back", path_);
+#else
+    (void)offset;
+    (void)n;
+    if (wait)
+        sync();
+#endif
+}
+
+XSHARD_DECL void file::advance(std::span<::iovec>& parts, std::size_t done) noexcept {
+    while (done > 0) {
+        auto& p = parts.front();
+        const auto k = std::min(done, p.iov_len);
+        p.iov_base = static_cast<char*>(p.iov_base) + k;
+        p.iov_len -= k;
+        done -= k;
+        if (p.iov_len == 0)
+            parts = parts.subspan(1);
+    }
+}
+
 XSHARD_DECL void sync_directory_of(const std::string& path) {
     auto dir = std::filesystem::path(path).parent_path();
     if (dir.empty())

@@ -10,6 +10,7 @@
 /// Ranks are the mesh's (its communicator's) ranks, row-major as in core/mesh.hpp. The
 /// envelope (format, version, mesh) is io/json_envelope.hpp's.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/error.hpp>
 #include <xshard/core/mesh.hpp>
 #include <xshard/io/everywhere.hpp>
@@ -42,54 +43,13 @@ struct comm_group_file {
     friend bool operator==(const comm_group_file&, const comm_group_file&) = default;
 
     /// The groups of a mesh shape: every non-empty set of its axes, in increasing bit order.
-    static comm_group_file of(const mesh_shape& shape) {
-        comm_group_file f;
-        for (std::size_t i = 0; i < shape.ndim(); ++i) {
-            f.axes.emplace_back(shape.names[i].view());
-            f.sizes.push_back(shape.sizes[i]);
-        }
-        const int n = shape.group_size(shape.all_axes());
-        for (std::uint32_t bits = 1; bits < (1u << shape.ndim()); ++bits) {
-            axis_set axes;
-            axes.bits = bits;
-            comm_group_entry e;
-            for (std::size_t i = 0; i < shape.ndim(); ++i)
-                if (axes.contains(i))
-                    e.axes.push_back(f.axes[i]);
-            std::set<std::vector<int>> seen;
-            for (int r = 0; r < n; ++r)
-                if (auto g = shape.group_ranks(r, axes); seen.insert(g).second)
-                    e.ranks.push_back(std::move(g));
-            f.groups.push_back(std::move(e));
-        }
-        return f;
-    }
+    static comm_group_file of(const mesh_shape& shape);
 
-    std::string to_json() const {
-        nlohmann::ordered_json j;
-        detail::write_envelope(j, kind, detail::mesh_json(axes, sizes));
-        j["groups"] = nlohmann::ordered_json::array();
-        for (const auto& g : groups)
-            j["groups"].push_back({{"axes", g.axes}, {"ranks", g.ranks}});
-        return j.dump(1) + "\n";
-    }
+    std::string to_json() const;
 
     /// Parses a group file's text (read from `path`); throws io_error naming the file and
     /// what is wrong.
-    static comm_group_file from_json(const std::string& text, const std::string& path) {
-        return detail::read_json_file(kind, path, [&] {
-            const auto doc = detail::read_envelope(text, kind);
-            comm_group_file f;
-            for (std::size_t i = 0; i < doc.mesh.ndim(); ++i) {
-                f.axes.emplace_back(doc.mesh.names[i].view());
-                f.sizes.push_back(doc.mesh.sizes[i]);
-            }
-            for (const auto& g : doc.json.at("groups"))
-                f.groups.push_back({g.at("axes").get<std::vector<std::string>>(),
-                                    g.at("ranks").get<std::vector<std::vector<int>>>()});
-            return f;
-        });
-    }
+    static comm_group_file from_json(const std::string& text, const std::string& path);
 };
 
 /// Writes the groups of `mesh` to `path` (durably, atomically): rank 0 of the mesh writes,
@@ -108,3 +68,7 @@ inline comm_group_file load_group_file(const std::string& path) {
 }
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/io/group_file.ipp>
+#endif

@@ -22,6 +22,7 @@
 /// Write-back errors show, as for pwrite, when the file is flushed (file::write_back,
 /// file::sync).
 
+#include <xshard/compiled.hpp>
 #include <xshard/io/file_mapping.hpp>
 #include <xshard/io/files.hpp>
 
@@ -59,22 +60,7 @@ public:
     /// pieces of write_piece bytes, each checksummed just before it is copied); returns their
     /// CRC-32, continuing `crc`.
     std::uint32_t write_checksummed(const std::byte* data, std::size_t n, std::size_t at,
-                                    std::uint32_t crc = 0) {
-        if (n < short_run && at >= reserved_.first && n <= reserved_.second - at &&
-            at < reserved_.second && window_.map(at, n)) {
-            crc = crc32_of(data, n, crc);
-            window_.access([&] { std::memcpy(window_.at(at), data, n); }, "written");
-            mapped_bytes_ += n;
-            return crc;
-        }
-        for (std::size_t done = 0; done < n;) {
-            const auto k = std::min(write_piece, n - done);
-            crc = crc32_of(data + done, k, crc);
-            file_->write_at(data + done, k, checked_add(at, done));
-            done += k;
-        }
-        return crc;
-    }
+                                    std::uint32_t crc = 0);
 
     /// The bytes stored through the mapping so far (the rest went through pwrite).
     std::size_t mapped_bytes() const noexcept { return mapped_bytes_; }
@@ -87,3 +73,7 @@ private:
 };
 
 } // namespace xshard::detail
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/io/mapped_writer.ipp>
+#endif

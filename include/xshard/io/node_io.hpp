@@ -21,6 +21,7 @@
 /// slice with one pwritev (its own runs straight from its memory): large writes, whose pages
 /// are the page cache's large ones.
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/before_finalize.hpp>
 #include <xshard/comm/collectives.hpp>
@@ -63,47 +64,14 @@ public:
     /// Collective over `c`: a split by node, an all-reduce, and, when the node is the whole
     /// communicator, the windows' allocation (which all ranks agree can be made) and another
     /// all-reduce (of whether it succeeded everywhere).
-    explicit node_file_io(const communicator& c) {
-        if (c.size() < 2 || !node_group(c).whole_communicator_shares_memory())
-            return;
-        const auto bytes = c.rank() == 0 ? 2 * window_bytes + flag_bytes(c.size()) : 0;
-        if (!made_on_every_rank(c, [&] {
-                window_ = shared_window(c, bytes);
-                barrier_ = node_barrier(c);
-                if (c.rank() == 0)
-                    std::fill_n(&flag(0, 0, c.size()), 2 * c.size(), std::uint64_t(0));
-            })) {
-            barrier_ = node_barrier();
-            window_ = shared_window();
-            return;
-        }
-        barrier_.arrive_and_wait(); // the flags are cleared before anyone reads them
-        members_ = c.size();
-        rank_ = c.rank();
-    }
+    explicit node_file_io(const communicator& c);
 
     /// The reader and writer of `c`, made at the first call for `c` (then collective over
     /// `c`) and kept until MPI_Finalize, so that later reads and writes find their windows'
     /// pages mapped (touching new shared memory costs as much as the reads it serves). At
     /// the start of MPI_Finalize they are freed in the order they were made, the same on
     /// every rank (before_finalize.hpp). Not thread-safe.
-    static node_file_io& of(const communicator& c) {
-        auto& all = registry();
-        const auto it =
-            std::find_if(all.begin(), all.end(), [&](const auto& r) { return r.first == c; });
-        if (it != all.end())
-            return *it->second;
-        if (all.empty())
-            before_finalize([] {
-                for (auto& [comm, io] : registry()) { // (collective frees, in order)
-                    io.reset();
-                    comm = communicator();
-                }
-                registry().clear();
-            });
-        all.emplace_back(c, std::make_unique<node_file_io>(c));
-        return *all.back().second;
-    }
+    static node_file_io& of(const communicator& c);
 
     explicit operator bool() const noexcept { return members_ > 1; }
 
@@ -330,3 +298,7 @@ private:
 };
 
 } // namespace xshard::detail
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/io/node_io.ipp>
+#endif

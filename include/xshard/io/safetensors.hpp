@@ -94,12 +94,7 @@ struct safetensors_header {
     std::map<std::string, std::string> metadata;
     std::size_t data_start = 0; ///< 8 + header length
 
-    const tensor_entry* find(std::string_view name) const {
-        for (const auto& t : tensors)
-            if (t.name == name)
-                return &t;
-        return nullptr;
-    }
+    const tensor_entry* find(std::string_view name) const;
 };
 
 /// The largest header xshard reads (the format's own reference reader uses 100 MB).

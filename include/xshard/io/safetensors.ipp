@@ -15,6 +15,13 @@ XSHARD_DECL std::size_t dtype_size(std::string_view name) {
     return it == sizes.end() ? 0 : it->second;
 }
 
+XSHARD_DECL const tensor_entry* safetensors_header::find(std::string_view name) const {
+    for (const auto& t : tensors)
+        if (t.name == name)
+            return &t;
+    return nullptr;
+}
+
 namespace detail {
 
 XSHARD_DECL nlohmann::json parse_json(std::string_view text) {

@@ -44,13 +44,9 @@ namespace detail {
 inline constexpr json_file_kind checkpoint_json_kind{"xshard-checkpoint", 1, "checkpoint", false};
 
 /// The name of rank `rank`'s file in a per-rank checkpoint directory.
-inline std::string rank_file_name(int rank) {
-    return "rank_" + std::to_string(rank) + ".safetensors";
-}
+XSHARD_DECL std::string rank_file_name(int rank);
 /// Rank `rank`'s file in per-rank checkpoint directory `dir`.
-inline std::string rank_file(const std::string& dir, int rank) {
-    return dir + "/" + rank_file_name(rank);
-}
+XSHARD_DECL std::string rank_file(const std::string& dir, int rank);
 
 /// True for the names of a per-rank checkpoint's files ("rank_3.safetensors", "strategy.json",
 /// "checkpoint.json", and the temporaries of the last two).

@@ -9,6 +9,14 @@ namespace xshard {
 
 namespace detail {
 
+XSHARD_DECL std::string rank_file_name(int rank) {
+    return "rank_" + std::to_string(rank) + ".safetensors";
+}
+
+XSHARD_DECL std::string rank_file(const std::string& dir, int rank) {
+    return dir + "/" + rank_file_name(rank);
+}
+
 XSHARD_DECL bool checkpoint_file_name(const std::string& name) {
     if (name == "strategy.json" || name == "checkpoint.json")
         return true;

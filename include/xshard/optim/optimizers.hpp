@@ -169,19 +169,9 @@ void require_complete_gradient(std::string_view who, const std::string& name, co
 }
 
 /// Throws: weight `name` has `held` state slots, not those of `slots` that `who` keeps.
-[[noreturn]] inline void throw_slot_count(std::string_view who,
-                                          std::span<const std::string_view> slots,
-                                          const std::string& name, std::size_t held) {
-    std::string kept;
-    for (auto s : slots)
-        kept += (kept.empty() ? "" : ", ") + std::string(s);
-    throw error("xshard: " + std::string(who) + ": weight '" + name + "' has " +
-                std::to_string(held) + " state slot(s) but " + std::string(who) + " keeps " +
-                std::to_string(slots.size()) +
-                (kept.empty() ? std::string() : " (" + kept + ")") +
-                "; another optimizer stepped it: xshard::optim::clear_state(model) drops "
-                "its state");
-}
+[[noreturn]] XSHARD_DECL void throw_slot_count(std::string_view who,
+                                               std::span<const std::string_view> slots,
+                                               const std::string& name, std::size_t held);
 
 /// Gives weight `name` zero state slots, one per name in `slots`, if it has none; throws if
 /// it has another number of them or one unlike its value.

@@ -5,6 +5,8 @@
 /// that releases its activations (B, or W when the backward pass is split) frees it, so a
 /// stage holds as many slots as it ever has micro-batches in flight.
 
+#include <xshard/compiled.hpp>
+
 #include <algorithm>
 #include <cstddef>
 #include <map>
@@ -18,19 +20,7 @@ namespace xshard::pipeline::detail {
 class activation_slots {
 public:
     /// A slot for micro-batch `mb` on stage `stage`, which enters its forward pass.
-    std::size_t acquire(int stage, int mb) {
-        auto& pool = free_[stage];
-        std::size_t slot;
-        if (pool.empty()) {
-            slot = count_[stage]++;
-        } else {
-            slot = pool.back();
-            pool.pop_back();
-        }
-        slot_of_[{stage, mb}] = slot;
-        peak_ = std::max(peak_, ++in_flight_);
-        return slot;
-    }
+    std::size_t acquire(int stage, int mb);
 
     /// The slot micro-batch `mb` occupies on stage `stage` (acquired before).
     std::size_t at(int stage, int mb) const { return slot_of_.at({stage, mb}); }
@@ -53,3 +43,7 @@ private:
 };
 
 } // namespace xshard::pipeline::detail
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/pipeline/slots.ipp>
+#endif

@@ -8,6 +8,7 @@
 /// rows and row blocks each end has (`batch_cut`), and both ends cut the same rows into
 /// each micro-batch (micro_batch.hpp, with the larger block count).
 
+#include <xshard/compiled.hpp>
 #include <xshard/comm/agree.hpp>
 #include <xshard/comm/collectives.hpp>
 #include <xshard/comm/communicator.hpp>
@@ -44,13 +45,7 @@ struct batch_cut {
     }
 
     /// The sentence for a cut that is not `consistent()`.
-    std::string mismatch() const {
-        return "xshard: pipeline: the first stage splits a batch of " + std::to_string(rows) +
-               " rows into " + std::to_string(row_blocks) + " row blocks, the last stage " +
-               std::to_string(label_rows) + " labels into " + std::to_string(label_blocks) +
-               ": micro-batches need as many rows, and block counts of which one divides the "
-               "other";
-    }
+    std::string mismatch() const;
 };
 
 /// The cut of a step's batch, the same on every rank of `world`: the first stage (`first`)
@@ -135,3 +130,7 @@ step_batch<X, Labels> make_step_batch(const communicator& world, const StageMesh
 }
 
 } // namespace xshard::pipeline::detail
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/pipeline/step_batch.ipp>
+#endif

@@ -29,6 +29,7 @@
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/request.hpp>
 #include <xshard/comm/subarray.hpp>
+#include <xshard/compiled.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh.hpp>
 #include <xshard/core/partition.hpp>
@@ -486,3 +487,20 @@ private:
 };
 
 } // namespace xshard
+
+#ifdef XSHARD_SEPARATE_COMPILATION
+namespace xshard {
+#define XSHARD_DETAIL_HALO(N)                                                                      \
+    XSHARD_INSTANTIATE void check_halo<N>(const layout&, const mesh_shape&,                        \
+                                          const std::array<std::size_t, N>&,                       \
+                                          const windowed_dims&);                                   \
+    XSHARD_INSTANTIATE std::vector<step_geometry<N>> halo_geometry<N>(                             \
+        const layout&, const mesh_shape&, const std::array<std::size_t, N>&, const windowed_dims&, \
+        int);
+XSHARD_COMPILED_RANKS(XSHARD_DETAIL_HALO)
+#undef XSHARD_DETAIL_HALO
+// The halos of the convolutions' NCHW tensors.
+XSHARD_INSTANTIATE class halo_plan<float, 4>;
+XSHARD_INSTANTIATE class halo_plan<double, 4>;
+} // namespace xshard
+#endif

@@ -16,6 +16,60 @@ XSHARD_DECL std::vector<int> stage_split(std::size_t ops, int pp) {
     return s;
 }
 
+XSHARD_DECL candidate_pricer::candidate_pricer(const network_spec& net, const parallel_degrees& d,
+                                               const machine_model& m,
+                                               redistribution_pricer& pricer)
+    : net_(&net)
+    , d_(d)
+    , m_(&m)
+    , pricer_(&pricer)
+    , stage_of_(stage_split(net.ops.size(), d.pp)) {
+    samples_ = net.batch / std::size_t(d.micro_batches);
+    if (d.pp > 1) {
+        const auto rep = pipeline::analyze(pipeline::schedule_config{
+            pipeline::schedule_kind::one_f_one_b, d.pp, d.micro_batches, 1});
+        in_flight_ = rep.peak_in_flight;
+    } else {
+        in_flight_ = {1};
+    }
+    slots_ = double(d.micro_batches + d.pp - 1);
+    // A stage boundary: the [dp, -] block sent forward and its gradient back, per
+    // micro-batch, point to point.
+    const auto rows = largest_block(samples_ * net.seq, std::size_t(d.dp));
+    boundary_bytes_.resize(net.ops.size() + 1, 0);
+    for (std::size_t i = 1; i < net.ops.size(); ++i)
+        if (stage_of_[i] != stage_of_[i - 1])
+            boundary_bytes_[i] = rows * net.ops[i - 1].out * m.element;
+}
+
+XSHARD_DECL const op_cost& candidate_pricer::cost(std::size_t i, const op_choice& c) {
+    const auto& op = net_->ops[i];
+    const auto k = std::make_tuple(int(op.kind), op.in, op.out, op.bias, op.heads, int(c.in),
+                                   int(c.weight), int(c.out));
+    auto it = memo_.find(k);
+    if (it == memo_.end())
+        it = memo_.emplace(k, cost_of(op, c, samples_, net_->seq, d_.hsdp_level, *m_, *pricer_))
+                 .first;
+    return it->second;
+}
+
+XSHARD_DECL double candidate_pricer::boundary_seconds(std::size_t first, std::size_t last) const {
+    double s = 0;
+    const auto& link = m_->links.exchange;
+    for (std::size_t b : {first, last})
+        if (b > 0 && b < boundary_bytes_.size() - 1 && boundary_bytes_[b] > 0)
+            s += link.alpha + link.beta * double(boundary_bytes_[b]);
+    return s;
+}
+
+XSHARD_DECL double candidate_pricer::boundary_bytes(std::size_t first, std::size_t last) const {
+    double s = 0;
+    for (std::size_t b : {first, last})
+        if (b > 0 && b < boundary_bytes_.size() - 1)
+            s += double(boundary_bytes_[b]);
+    return s;
+}
+
 XSHARD_DECL searched_strategy evaluate_strategy(const network_spec& net, const parallel_degrees& d,
                                                 const std::vector<op_choice>& choices,
                                                 const search_options& o, candidate_pricer& cp) {

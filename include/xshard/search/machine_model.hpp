@@ -7,6 +7,7 @@
 /// a profiled step. The defaults are guesses; search/calibrate.hpp measures the ranks that
 /// will run (benchmarks/README.md gives the figures measured against these defaults).
 
+#include <xshard/compiled.hpp>
 #include <xshard/redistribute/cost_model.hpp>
 
 #include <cstddef>
@@ -71,22 +72,14 @@ struct machine_model {
     }
 
     /// The factor of primitive `op`'s price.
-    double scale_of(std::string_view op) const {
-        for (const auto& [name, f] : op_scale)
-            if (name == op)
-                return f;
-        return 1.0;
-    }
+    double scale_of(std::string_view op) const;
 
     /// Sets the factor of primitive `op`'s price.
-    void set_scale_of(std::string_view op, double factor) {
-        for (auto& [name, f] : op_scale)
-            if (name == op) {
-                f = factor;
-                return;
-            }
-        op_scale.emplace_back(std::string(op), factor);
-    }
+    void set_scale_of(std::string_view op, double factor);
 };
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/search/machine_model.ipp>
+#endif

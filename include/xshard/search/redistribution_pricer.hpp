@@ -8,6 +8,7 @@
 /// it on random layout triples) and the price is what a run does; `route` names the layouts it
 /// passes through.
 
+#include <xshard/compiled.hpp>
 #include <xshard/core/layout.hpp>
 #include <xshard/core/mesh_shape.hpp>
 #include <xshard/redistribute/cost_model.hpp>
@@ -96,26 +97,14 @@ public:
 
     /// The layouts the planner's route `from` -> `to` passes through, both ends included.
     std::vector<layout> route(const layout& from, const layout& to, std::size_t rows,
-                              std::size_t features) const {
-        std::vector<layout> r{from};
-        for (const auto& s : planned(from, to, std::array<std::size_t, 2>{rows, features}))
-            r.push_back(s.to);
-        return r;
-    }
+                              std::size_t features) const;
 
     const mesh_shape& mesh() const noexcept { return mesh_; }
     const cost_model& model() const noexcept { return model_; }
 
     /// The ranks priced: every rank of a mesh of at most 64, else its corner ranks (those
     /// whose coordinates are 0, 1, the middle or the last on every axis).
-    std::vector<int> sample_ranks() const {
-        if (mesh_.size() > 64)
-            return detail::corner_ranks(mesh_);
-        std::vector<int> ranks;
-        for (int r = 0; r < mesh_.size(); ++r)
-            ranks.push_back(r);
-        return ranks;
-    }
+    std::vector<int> sample_ranks() const;
 
 private:
     mesh_shape mesh_;
@@ -145,3 +134,7 @@ private:
 };
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/search/redistribution_pricer.ipp>
+#endif

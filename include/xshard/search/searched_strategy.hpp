@@ -4,6 +4,7 @@
 /// operator's strategy and pipeline stage, and the prediction of what a step costs the
 /// slowest stage's ranks (time by component, memory, bytes sent), with its objective value.
 
+#include <xshard/compiled.hpp>
 #include <xshard/core/objective.hpp>
 #include <xshard/core/op_choice.hpp>
 #include <xshard/core/parallel_degrees.hpp>
@@ -35,16 +36,14 @@ struct searched_strategy {
     search_key objective{}; ///< the slowest stage's by the objective
 
     /// The index of the first operator of stages 1, 2, ... (pipeline_options::stage_starts).
-    std::vector<std::size_t> stage_starts() const {
-        std::vector<std::size_t> starts;
-        for (std::size_t i = 1; i < stage_of.size(); ++i)
-            if (stage_of[i] != stage_of[i - 1])
-                starts.push_back(i);
-        return starts;
-    }
+    std::vector<std::size_t> stage_starts() const;
 };
 
 /// Another name of searched_strategy, kept so that code written with it compiles.
 using strategy_plan = searched_strategy;
 
 } // namespace xshard
+
+#ifndef XSHARD_SEPARATE_COMPILATION
+#include <xshard/search/searched_strategy.ipp>
+#endif

@@ -62,18 +62,7 @@ struct fusion_threshold {
     }
 
     /// What is wrong with the settings for `n` parameters, if anything.
-    std::optional<std::string> problem(std::size_t n) const {
-        if (how == mode::size && !(threshold_mib >= 0))
-            return "xshard: comm_fusion: the size threshold must be >= 0 MB";
-        if (how == mode::index)
-            for (std::size_t k = 0; k < indices.size(); ++k)
-                if (indices[k] == 0 || indices[k] >= n || (k > 0 && indices[k] <= indices[k - 1]))
-                    return "xshard: comm_fusion: index mode needs strictly increasing parameter "
-                           "indices in (0, " +
-                           std::to_string(n) + "), not " + std::to_string(indices[k]) +
-                           " at position " + std::to_string(k);
-        return std::nullopt;
-    }
+    std::optional<std::string> problem(std::size_t n) const;
 };
 
 namespace detail {

@@ -182,11 +182,7 @@ public:
     }
 
     /// Synchronises every gradient now (blocking).
-    void synchronize() {
-        for (std::size_t k = 0; k < buckets_.size(); ++k)
-            run(k, false);
-        finish();
-    }
+    void synchronize();
 
     /// Marks the gradient `name` as computed; starts its bucket's all-reduce when it was the
     /// bucket's last. Names not in the container are an error.
@@ -194,12 +190,7 @@ public:
 
     /// Completes every started all-reduce (starting those whose gradients were never marked
     /// ready) and writes the results back into the gradients.
-    void wait() {
-        for (std::size_t k = 0; k < buckets_.size(); ++k)
-            if (!started_[k])
-                run(k, true);
-        finish();
-    }
+    void wait();
 
     /// The number of buckets (one all-reduce each).
     std::size_t buckets() const noexcept { return buckets_.size(); }
@@ -211,12 +202,7 @@ public:
 
     /// The bytes of this rank's staging windows of the shared-memory all-reduces: 0 while
     /// every bucket of every member was read in place from node storage.
-    std::size_t node_staging_bytes() const {
-        std::size_t b = 0;
-        for (const auto& [type, r] : reducers_)
-            b += r.staging(r.reducer.get());
-        return b;
-    }
+    std::size_t node_staging_bytes() const;
 
 private:
     /// The steps of a bucket of gradients of type T all-reduced in type Wire (T, or float for
@@ -272,12 +258,7 @@ private:
 
     /// Packs bucket k and all-reduces it: blocking (pairwise for large buckets, through
     /// shared memory when its group shares a node) or started nonblocking.
-    void run(std::size_t k, bool nonblocking) {
-        refresh_();
-        waiting_[k] = buckets_[k].members.size();
-        started_[k] = 1;
-        (this->*steps_[k]->reduce)(k, nonblocking);
-    }
+    void run(std::size_t k, bool nonblocking);
 
     /// All-reduces bucket k in type Wire: on the gradients themselves for a bucket of one
     /// parameter in its own type or through shared memory, through the bucket's buffer
@@ -354,18 +335,7 @@ private:
 
     /// Waits for the started all-reduces and unpacks every bucket (dividing for the mean
     /// what was all-reduced nonblocking).
-    void finish() {
-        wait_all(requests_);
-        if (refresh_)
-            refresh_();
-        for (std::size_t k = 0; k < buckets_.size(); ++k) {
-            (this->*steps_[k]->unpack)(k);
-            waiting_[k] = 0;
-            started_[k] = 0;
-        }
-        if (relabel_)
-            relabel_();
-    }
+    void finish();
 
     template <class Wire, class T>
     void unpack(std::size_t k) {

@@ -60,187 +60,57 @@ public:
     hsdp_unit& operator[](std::size_t u) { return units_[u]; }
 
     /// The unit of the weights named "<prefix>.<...>", if any.
-    std::optional<std::size_t> find(const std::string& prefix) const {
-        const auto it = index_.find(prefix);
-        if (it == index_.end())
-            return std::nullopt;
-        return it->second;
-    }
+    std::optional<std::size_t> find(const std::string& prefix) const;
 
     /// The unit of weight `name`, made on first use.
     hsdp_unit& of_weight(const std::string& name);
 
     /// Plans each unit's exchanges (train/hsdp_exchange.hpp) on tags from `next_tag` on:
     /// the all-gathers, and at levels 2 and 3 the reduce-scatters.
-    void plan(const hsdp_spaces& spaces, int& next_tag) {
-        for (auto& u : units_) {
-            u.gathers = plan_hsdp_exchanges_by_type(*entries_, spaces, u.members, true, next_tag,
-                                                    level_ == 3);
-            if (level_ >= 2)
-                u.scatters = plan_hsdp_exchanges_by_type(*entries_, spaces, u.members, false,
-                                                         next_tag, level_ == 3);
-        }
-    }
+    void plan(const hsdp_spaces& spaces, int& next_tag);
 
     /// With hsdp_options::overlap_allreduce: the synchronizer whose all-reduce buckets a
     /// unit's weights are made ready in, as its reductions start.
     void overlap_allreduce(gradient_synchronizer* sync) noexcept { ready_ = sync; }
 
     /// Level3: starts unit u's all-gather unless its values are there or on the way.
-    void start_gather(std::size_t u) {
-        auto& unit = units_[u];
-        if (level_ != 3 || unit.present)
-            return;
-        const auto t = hsdp_clock::now();
-        for (std::size_t i : unit.members)
-            entry(i).allocate_value();
-        for (auto& f : unit.gathers)
-            f.start();
-        unit.present = unit.gathering = true;
-        timings_->gather_wait += seconds_since(t);
-    }
+    void start_gather(std::size_t u);
 
     /// Level3: unit u's values, gathered.
-    void ensure_gathered(std::size_t u) {
-        if (level_ != 3)
-            return;
-        start_gather(u);
-        auto& unit = units_[u];
-        if (!unit.gathering)
-            return;
-        const auto t = hsdp_clock::now();
-        for (auto& f : unit.gathers)
-            f.finish();
-        unit.gathering = false;
-        timings_->gather_wait += seconds_since(t);
-    }
+    void ensure_gathered(std::size_t u);
 
     /// Level3: every unit's values gathered (all the gathers started first), and, with
     /// `grads`, their gradients given storage.
-    void gather_all(bool grads) {
-        for (std::size_t u = 0; u < units_.size(); ++u)
-            start_gather(u);
-        for (std::size_t u = 0; u < units_.size(); ++u) {
-            ensure_gathered(u);
-            if (grads)
-                allocate_grads(u);
-        }
-    }
+    void gather_all(bool grads);
 
     /// Level3: frees unit u's values, unless they are on the way or the user's.
-    void release_values(std::size_t u) {
-        auto& unit = units_[u];
-        if (level_ != 3 || !unit.present || unit.gathering || unit.user)
-            return;
-        for (std::size_t i : unit.members)
-            entry(i).release_value();
-        unit.present = false;
-    }
+    void release_values(std::size_t u);
 
     /// Level3: gives unit u's gradients storage (zero terms).
-    void allocate_grads(std::size_t u) {
-        if (level_ != 3)
-            return;
-        for (std::size_t i : units_[u].members)
-            entry(i).allocate_grad();
-    }
+    void allocate_grads(std::size_t u);
 
     /// Starts unit u's gradient reductions: its reduce-scatters (levels 2 and 3, when every
     /// gradient holds its terms) and its weights' all-reduce buckets (overlap_allreduce).
-    void start_reductions(std::size_t u) {
-        auto& unit = units_[u];
-        const auto t = hsdp_clock::now();
-        bool terms = level_ >= 2 && !unit.members.empty();
-        for (std::size_t i : unit.members)
-            terms = terms && entry(i).terms();
-        if (terms) {
-            for (auto& f : unit.scatters)
-                f.start();
-            unit.scattering = true;
-        }
-        if (ready_)
-            for (const auto& name : unit.allreduced)
-                ready_->ready(name);
-        if (level_ == 3)
-            for (std::size_t i : unit.members)
-                entry(i).release_grad(); // packed by start
-        timings_->reduce_wait += seconds_since(t);
-    }
+    void start_reductions(std::size_t u);
 
     /// Starts every unit's reductions and frees its values, last unit first.
-    void start_all_reductions() {
-        for (std::size_t u = units_.size(); u-- > 0;) {
-            start_reductions(u);
-            release_values(u);
-        }
-    }
+    void start_all_reductions();
 
     /// Waits for unit u's reduce-scatters, if started; its entries are then reduced.
-    void finish_reductions(std::size_t u) {
-        auto& unit = units_[u];
-        if (!unit.scattering)
-            return;
-        for (auto& f : unit.scatters)
-            f.finish();
-        unit.scattering = false;
-        for (std::size_t i : unit.members)
-            entry(i).reduced = true;
-    }
+    void finish_reductions(std::size_t u);
 
     /// Lets MPI move what is in flight (Open MPI progresses inside MPI calls only).
-    void progress() {
-        for (auto& unit : units_) {
-            if (unit.gathering)
-                for (auto& f : unit.gathers)
-                    (void)f.test();
-            if (unit.scattering)
-                for (auto& f : unit.scatters)
-                    (void)f.test();
-        }
-    }
+    void progress();
 
     /// Completes whatever is in flight (gathers kept, reductions dropped).
-    void finish_all() {
-        for (auto& unit : units_) {
-            if (unit.gathering) {
-                for (auto& f : unit.gathers)
-                    f.finish();
-                unit.gathering = false;
-            }
-            if (unit.scattering) {
-                for (auto& f : unit.scatters)
-                    f.finish();
-                unit.scattering = false;
-            }
-        }
-    }
+    void finish_all();
 
     /// Level3: every value gathered, kept (the user's) until the next forward pass.
-    void materialize() {
-        const auto t = hsdp_clock::now();
-        for (std::size_t u = 0; u < units_.size(); ++u) {
-            ensure_gathered(u);
-            units_[u].user = true;
-        }
-        timings_->gather_wait += seconds_since(t);
-    }
+    void materialize();
 
     /// Level3, before a forward pass: what the user materialised goes back into the masters
     /// (local), and is freed.
-    void begin_forward() {
-        if (level_ != 3)
-            return;
-        finish_all();
-        const auto t = hsdp_clock::now();
-        for (std::size_t u = 0; u < units_.size(); ++u)
-            if (units_[u].user) {
-                for (std::size_t i : units_[u].members)
-                    entry(i).refresh();
-                units_[u].user = false;
-                release_values(u);
-            }
-        timings_->local_copies += seconds_since(t);
-    }
+    void begin_forward();
 
 private:
     hsdp_entry& entry(std::size_t i) { return (*entries_)[i]; }

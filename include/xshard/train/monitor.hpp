@@ -52,27 +52,11 @@ public:
         : stream_(&stream) {}
 
     /// Writes `text` and flushes.
-    void write(std::string_view text) const {
-        if (stream_) {
-            stream_->write(text.data(), std::streamsize(text.size()));
-            stream_->flush();
-        } else if (file_) {
-            std::fwrite(text.data(), 1, text.size(), file_);
-            std::fflush(file_);
-        }
-    }
+    void write(std::string_view text) const;
 
     /// Whether the output is a terminal (std::cout, std::cerr and std::clog are the
     /// terminal of their file descriptor; other streams are not).
-    bool is_terminal() const noexcept {
-        if (file_)
-            return ::isatty(::fileno(file_)) == 1;
-        if (stream_ == &std::cout)
-            return ::isatty(1) == 1;
-        if (stream_ == &std::cerr || stream_ == &std::clog)
-            return ::isatty(2) == 1;
-        return false;
-    }
+    bool is_terminal() const noexcept;
 
 private:
     std::FILE* file_ = nullptr;
@@ -114,18 +98,7 @@ public:
 
     /// Records a step of loss `loss` over `samples` samples (all ranks together; 0 if not
     /// counted: no throughput then) and reports it when due.
-    void step(double loss, std::size_t samples = 0) {
-        ++step_;
-        ++total_steps_;
-        last_loss_ = loss;
-        loss_sum_ += loss;
-        epoch_samples_ += samples;
-        report_samples_ += samples;
-        if (!printer_)
-            return;
-        if (step_ % options_.print_every == 0 || step_ == options_.steps_per_epoch)
-            report();
-    }
+    void step(double loss, std::size_t samples = 0);
 
     /// Ends the epoch: prints its summary (steps, mean loss, throughput) and starts the next.
     void end_epoch();
@@ -142,35 +115,14 @@ public:
 private:
     void report();
 
-    std::string epoch_text() const {
-        return "epoch " + std::to_string(epoch_ + 1) +
-               (options_.epochs ? "/" + std::to_string(options_.epochs) : "");
-    }
+    std::string epoch_text() const;
 
-    std::string number(double x) const {
-        char text[64];
-        std::snprintf(text, sizeof text, "%.*g", options_.precision, x);
-        return text;
-    }
+    std::string number(double x) const;
 
-    static std::string fixed(double x, int decimals) {
-        char text[64];
-        std::snprintf(text, sizeof text, "%.*f", decimals, x);
-        return text;
-    }
+    static std::string fixed(double x, int decimals);
 
     /// "4.8 s", "3m07s", "2h05m".
-    static std::string duration(double seconds) {
-        if (seconds < 60)
-            return fixed(seconds, 1) + " s";
-        const auto s = static_cast<long long>(seconds);
-        char text[64];
-        if (s < 3600)
-            std::snprintf(text, sizeof text, "%lldm%02llds", s / 60, s % 60);
-        else
-            std::snprintf(text, sizeof text, "%lldh%02lldm", s / 3600, s / 60 % 60);
-        return text;
-    }
+    static std::string duration(double seconds);
 
     loss_monitor_options options_;
     bool printer_;
