@@ -118,7 +118,9 @@ public:
     int rank_of(const mesh_coords& c) const { return shape().rank_of(c); }
 
     /// The communicator of this rank's group spanned by `axes` (the ranks that differ
-    /// from this one only along those axes), ranked row-major over those axes.
+    /// from this one only along those axes), ranked row-major over those axes. The groups of
+    /// all axis sets lie in one array, indexed by the sets' bits: `sub(axis_set{})` points to
+    /// the first (tensor_record::sub).
     const communicator& sub(axis_set axes) const { return state_->subs[axes.bits]; }
     /// The communicator of this rank's group spanned by axes `A...`.
     template <fixed_string... A>

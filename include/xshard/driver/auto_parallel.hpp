@@ -68,6 +68,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -178,8 +179,7 @@ public:
                           " fusion threshold must be larger than 0 MB, not " +
                           std::to_string(f->threshold_mib);
             else if (f->how == fusion_threshold::mode::index) {
-                std::size_t n = 0;
-                for_each_parameter(*model_, [&](const std::string&, const auto&) { ++n; });
+                const std::size_t n = parameter_records(std::as_const(*model_)).size();
                 if (auto p = f->problem(n))
                     problem = *p;
             }
@@ -655,9 +655,8 @@ private:
             return {};
         const auto file = load_param_strategy();
         std::map<std::string, std::vector<std::size_t>> shapes;
-        for_each_parameter(*model_, [&](const std::string& name, const auto& t) {
-            shapes[name].assign(t.shape().begin(), t.shape().end());
-        });
+        for (auto& r : parameter_records(std::as_const(*model_)))
+            shapes[r.name] = std::move(r.shape);
         std::optional<std::string> problem;
         const std::string what = "xshard: load_param_strategy_file: '" + load_param_strategy_ + "'";
         for (const auto& e : file.parameters) {

@@ -25,6 +25,7 @@
 #include <xshard/comm/error.hpp>
 #include <xshard/comm/float16.hpp>
 #include <xshard/core/layout.hpp>
+#include <xshard/param/tensor_record.hpp>
 #include <xshard/param/traversal.hpp>
 #include <xshard/search/cost.hpp>
 #include <xshard/search/machine_model.hpp>
@@ -75,37 +76,26 @@ struct gradient_path_prices {
     int ranks = 1;
 };
 
+namespace detail {
+
+/// price_gradient_paths of the weights whose values `weights` records (weight_records).
+XSHARD_DECL gradient_path_prices price_weights(const std::vector<tensor_record>& weights,
+                                               const machine_model& machine);
+
+/// shards_update's automatic choice for the weights whose values `weights` records.
+XSHARD_DECL bool sharded_update_pays(const std::vector<tensor_record>& weights,
+                                     const gradient_options& gradients,
+                                     const machine_model& machine);
+
+} // namespace detail
+
 /// Prices both paths for the weights of `model` under `machine` (its links, memory
 /// bandwidth, optimizer states and hsdp threshold; the element size is each weight's own).
 /// Weights of 1 to 4 dimensions are priced (the pricer's ranks); the others add nothing to
 /// either path (a scalar is never sharded). No communication.
 template <parameter_container M>
 gradient_path_prices price_gradient_paths(M& model, const machine_model& machine) {
-    gradient_path_prices p;
-    std::unique_ptr<redistribution_pricer> pricer; // memoises the routes of one mesh and element
-    std::size_t priced_element = 0;
-    machine_model m = machine; // its element: each weight's own
-    for_each_weight(model, [&](const std::string&, auto& w) {
-        using T = typename std::remove_cvref_t<decltype(w.value)>::value_type;
-        m.element = sizeof(T);
-        const auto& ms = w.value.mesh().shape();
-        if (!pricer || !(pricer->mesh() == ms) || priced_element != sizeof(T)) {
-            pricer = std::make_unique<redistribution_pricer>(ms, machine.links, sizeof(T));
-            priced_element = sizeof(T);
-        }
-        const auto s = w.value.shape();
-        if (s.size() < 1 || s.size() > 4)
-            return;
-        const std::vector<std::size_t> shape(s.begin(), s.end());
-        const layout l = w.value.layout();
-        p.ranks = std::max(p.ranks, ms.group_size(l.replicated_axes(ms)));
-        for (const int level : {0, 2}) {
-            op_cost c;
-            detail::price_parameter(c, l, shape, level, m, *pricer);
-            (level == 0 ? p.all_reduce : p.sharded_update) += c.synchronization;
-        }
-    });
-    return p;
+    return detail::price_weights(weight_records(model), machine);
 }
 
 /// Whether the driver runs `model`'s steps on the sharded update under `path`: always for
@@ -118,15 +108,7 @@ bool shards_update(M& model, gradient_path path, const gradient_options& gradien
                    const machine_model& machine) {
     if (path != gradient_path::automatic)
         return path == gradient_path::sharded_update;
-    bool sixteen_bit = false;
-    for_each_weight(model, [&](const std::string&, auto& w) {
-        using T = typename std::remove_cvref_t<decltype(w.value)>::value_type;
-        sixteen_bit = sixteen_bit || sixteen_bit_float<T>;
-    });
-    if (sixteen_bit && gradients.fp32_communication)
-        return false;
-    const auto p = price_gradient_paths(model, machine);
-    return p.ranks >= machine.sharded_update_min_ranks && p.sharded_update < p.all_reduce;
+    return detail::sharded_update_pays(weight_records(model), gradients, machine);
 }
 
 /// The optimizer sharding of the sharded update: level2, MindSpore's default shard_size

@@ -132,8 +132,8 @@ template <parameter_container C>
 void save_strategy_file(const std::string& path, const C& params, bool all = false,
                         int pipeline_stages = 1) {
     const auto f = strategy_of(params, all, pipeline_stages);
-    const communicator* comm = nullptr;
-    for_each_parameter(params, [&](const std::string&, const auto& t) { comm = &t.mesh().comm(); });
+    const auto records = parameter_records(params);
+    const communicator* comm = records.empty() ? nullptr : records.back().mesh_comm;
     const auto write = [&] {
         detail::write_file_atomically(path, f.to_json());
     };

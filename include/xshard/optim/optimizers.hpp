@@ -307,13 +307,7 @@ public:
         static_assert(!std::is_const_v<M>, "xshard: an optimizer updates its model: pass it "
                                            "non-const");
         detail::require_nonnegative(name, "lr", lr);
-        for_each_weight(model, [&](const std::string& weight_name, auto& w) {
-            with_update_target(w, [&](auto& u) {
-                detail::prepare_slots(name, Rule::slots, weight_name, u);
-                detail::require_complete_gradient(name, weight_name, u);
-                detail::require_like_value(name, weight_name, "gradient", u.grad, u.value);
-            });
-        });
+        prepare(model, true);
         ++steps_;
         for_each_weight(model, [&](const std::string&, auto& w) {
             with_update_target(w, [&](auto& u) { rule_.update(u, lr, steps_); });
@@ -328,14 +322,27 @@ public:
     state_view<M> state_of(M& model) const {
         static_assert(!std::is_const_v<M>, "xshard: state_of may allocate state slots: pass the "
                                            "model non-const");
-        for_each_weight(model, [&](const std::string& weight_name, auto& w) {
-            with_update_target(
-                w, [&](auto& u) { detail::prepare_slots(name, Rule::slots, weight_name, u); });
-        });
+        prepare(model, false);
         return {model, name, Rule::slots};
     }
 
 private:
+    /// Gives weights without state their zero slots, and throws if one has another
+    /// optimizer's; with `gradients`, also if a gradient is incomplete or unlike its value.
+    /// (One walk serves step and state_of, so that a program compiles it once.)
+    template <class M>
+    void prepare(M& model, bool gradients) const {
+        for_each_weight(model, [&](const std::string& weight_name, auto& w) {
+            with_update_target(w, [&](auto& u) {
+                detail::prepare_slots(name, Rule::slots, weight_name, u);
+                if (gradients) {
+                    detail::require_complete_gradient(name, weight_name, u);
+                    detail::require_like_value(name, weight_name, "gradient", u.grad, u.value);
+                }
+            });
+        });
+    }
+
     Rule rule_;
     std::int64_t steps_ = 0;
 };

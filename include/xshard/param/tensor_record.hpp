@@ -1,8 +1,10 @@
 #pragma once
 /// \file
 /// One type-erased record of a distributed tensor: what algorithms over a parameter container
-/// that treat every tensor alike as bytes need (gradient fusion, parameter broadcast,
-/// checkpoints): its name, element type, global shape, layout, mesh and this rank's block.
+/// that treat every tensor alike need (names and layouts, gradient fusion, parameter
+/// broadcast, checkpoints, the gradient path's prices): its name, element type, global shape,
+/// layout, mesh and its groups, and this rank's block. `parameter_records`
+/// (param/traversal.hpp) makes them for a whole container.
 
 #include <xshard/comm/communicator.hpp>
 #include <xshard/comm/datatype.hpp>
@@ -39,6 +41,8 @@ struct tensor_record {
     layout lay;                              ///< the layout
     std::vector<std::size_t> shape;          ///< the global shape
     std::vector<std::size_t> offset, extent; ///< this rank's block in global coordinates
+    std::vector<std::size_t> local;          ///< the shape of the block the tensor holds
+    const communicator* subs = nullptr;      ///< the mesh's groups, by axis set (mesh::sub)
     bool trainable = true;
     std::string problem; ///< what is wrong with it on this rank ("" if nothing)
 
@@ -56,6 +60,8 @@ struct tensor_record {
                             "a block's size");
         return n;
     }
+    /// The communicator of this rank's group spanned by `axes` of the mesh (mesh::sub).
+    const communicator& sub(axis_set axes) const { return subs[axes.bits]; }
     /// Whether this rank is the first holder of its block (coordinate 0 along the replicated
     /// axes): the one copy of a replicated block that is written or counted once.
     bool primary() const { return mesh.group_rank(mesh_rank, replicated) == 0; }
@@ -78,16 +84,19 @@ tensor_record record_of(const std::string& name, D& t, bool trainable = true) {
     r.count = local.size();
     r.element = sizeof(T);
     r.type = typeid(T);
-    r.mpi_type = datatype_of<T>();
+    if constexpr (mpi_datatype<T>)
+        r.mpi_type = datatype_of<T>();
     r.lay = t.layout();
     r.replicated = r.lay.replicated_axes(mesh.shape());
-    r.group = &mesh.sub(r.replicated);
+    r.subs = &mesh.sub(axis_set{});
+    r.group = &r.sub(r.replicated);
     r.mesh = mesh.shape();
     r.mesh_rank = mesh.rank();
     r.mesh_comm = &mesh.comm();
     r.shape.assign(t.shape().begin(), t.shape().end());
     r.offset.assign(b.offset.begin(), b.offset.end());
     r.extent.assign(b.extent.begin(), b.extent.end());
+    r.local.assign(local.shape().begin(), local.shape().end());
     r.trainable = trainable;
     return r;
 }

@@ -32,6 +32,7 @@
 #include <xshard/core/layout.hpp>
 #include <xshard/tensor/dtensor.hpp>
 #include <xshard/param/parameter.hpp>
+#include <xshard/param/tensor_record.hpp>
 #include <xshard/param/weight.hpp>
 
 #include <map>
@@ -188,15 +189,39 @@ concept parameter_container = requires(C& c) {
 /// Parameter name -> layout (a layout dictionary, MindSpore's parameter_layout_dict).
 using layout_dict = std::map<std::string, layout>;
 
+/// The record of every parameter of `c` (param/tensor_record.hpp), in enumeration order,
+/// with its trainable flag (writable data unless `c` is const). What needs no tensor's own
+/// type (names, layouts, shapes, bytes, groups) is read from these: one walk of a container
+/// type then serves all of those algorithms, where a walk per algorithm would make a program
+/// instantiate and compile the traversal of its model once for each of them.
+template <class C>
+std::vector<tensor_record> parameter_records(C& c) {
+    std::vector<tensor_record> records;
+    for_each_parameter(c, [&](const std::string& name, auto& t, bool trainable) {
+        records.push_back(record_of(name, t, trainable));
+    });
+    return records;
+}
+
+/// The record of the value of every `weight` of `c` (named as for_each_weight names it), in
+/// enumeration order: parameter_records for the weights alone.
+template <class C>
+std::vector<tensor_record> weight_records(C& c) {
+    std::vector<tensor_record> records;
+    for_each_weight(c, [&](const std::string& name, auto& w) {
+        records.push_back(record_of(name, w.value));
+    });
+    return records;
+}
+
 /// The layout dictionary of a container: every parameter's current layout (the trainable
 /// ones only with `trainable_only`: those that have gradients).
 template <parameter_container C>
 layout_dict layouts_of(const C& c, bool trainable_only = false) {
     layout_dict d;
-    for_each_parameter(c, [&](const std::string& name, const auto& t, bool trainable) {
-        if (trainable || !trainable_only)
-            d[name] = t.layout();
-    });
+    for (auto& r : parameter_records(c))
+        if (r.trainable || !trainable_only)
+            d[r.name] = r.lay;
     return d;
 }
 
@@ -205,10 +230,9 @@ layout_dict layouts_of(const C& c, bool trainable_only = false) {
 template <parameter_container C>
 std::vector<std::string> parameter_names(const C& c, bool trainable_only = false) {
     std::vector<std::string> names;
-    for_each_parameter(c, [&](const std::string& name, const auto&, bool trainable) {
-        if (trainable || !trainable_only)
-            names.push_back(name);
-    });
+    for (auto& r : parameter_records(c))
+        if (r.trainable || !trainable_only)
+            names.push_back(std::move(r.name));
     return names;
 }
 

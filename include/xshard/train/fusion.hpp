@@ -70,12 +70,12 @@ namespace detail {
 /// One parameter's local shard, type-erased (param/tensor_record.hpp).
 using param_ref = tensor_record;
 
-/// Gives record `r`, of a tensor whose local shard has shape `local`, the layout that
-/// `layouts` names for it, if any (counted in `found`), and records what is wrong: a layout
-/// that does not fit the mesh or the tensor, or a shard that its layout does not give this
-/// rank. The part of param_refs that does not depend on the tensor's type.
-XSHARD_DECL void take_layout(param_ref& r, const layout_dict* layouts,
-                             std::span<const std::size_t> local, std::size_t& found);
+/// Gives each record the layout that `layouts` names for it, if any, and the group of its
+/// replicas under that layout, and records what is wrong: a layout that does not fit the mesh
+/// or the tensor, a shard that its layout does not give this rank, or a name in `layouts`
+/// that no record has (in the last record). The part of param_refs that does not depend on
+/// the tensors' types.
+XSHARD_DECL void take_layouts(std::vector<param_ref>& refs, const layout_dict* layouts);
 
 /// The records of every parameter of a container (a tensor's mesh must outlive them). A
 /// parameter named in `layouts` takes its redundancy from that layout instead of its own; a
@@ -84,24 +84,8 @@ XSHARD_DECL void take_layout(param_ref& r, const layout_dict* layouts,
 /// container does not have).
 template <parameter_container C>
 std::vector<param_ref> param_refs(C& c, const layout_dict* layouts = nullptr) {
-    std::vector<param_ref> refs;
-    std::size_t found = 0;
-    for_each_parameter(c, [&](const std::string& name, auto& t) {
-        auto& r = refs.emplace_back(record_of(name, t));
-        const auto& shape = t.local().shape();
-        const std::vector<std::size_t> local(shape.begin(), shape.end());
-        take_layout(r, layouts, local, found);
-        r.group = &t.mesh().sub(r.replicated);
-    });
-    if (layouts && found != layouts->size() && !refs.empty()) {
-        for (const auto& entry : *layouts)
-            if (std::none_of(refs.begin(), refs.end(),
-                             [&](const auto& r) { return r.name == entry.first; })) {
-                refs.back().problem = "xshard: the layout dictionary names parameter '" +
-                                      entry.first + "', which the container does not have";
-                break;
-            }
-    }
+    auto refs = parameter_records(c);
+    take_layouts(refs, layouts);
     return refs;
 }
 

@@ -22,34 +22,47 @@ XSHARD_DECL std::optional<std::string> fusion_threshold::problem(std::size_t n) 
 
 namespace detail {
 
-XSHARD_DECL void take_layout(param_ref& r, const layout_dict* layouts,
-                             std::span<const std::size_t> local, std::size_t& found) {
-    layout l = r.lay;
-    if (layouts) {
-        if (const auto it = layouts->find(r.name); it != layouts->end()) {
-            ++found;
-            try {
-                it->second.validate(r.mesh);
-                if (it->second.rank() != r.shape.size())
-                    throw std::invalid_argument("xshard: the layout " + it->second.to_string() +
-                                                " has another rank than the tensor");
-                l = it->second;
-            } catch (const std::invalid_argument& e) {
-                r.problem = std::string(e.what()) + " (parameter '" + r.name + "')";
+XSHARD_DECL void take_layouts(std::vector<param_ref>& refs, const layout_dict* layouts) {
+    std::size_t found = 0;
+    for (auto& r : refs) {
+        layout l = r.lay;
+        if (layouts) {
+            if (const auto it = layouts->find(r.name); it != layouts->end()) {
+                ++found;
+                try {
+                    it->second.validate(r.mesh);
+                    if (it->second.rank() != r.shape.size())
+                        throw std::invalid_argument("xshard: the layout " +
+                                                    it->second.to_string() +
+                                                    " has another rank than the tensor");
+                    l = it->second;
+                } catch (const std::invalid_argument& e) {
+                    r.problem = std::string(e.what()) + " (parameter '" + r.name + "')";
+                }
             }
         }
+        const auto coords = r.mesh.coords(r.mesh_rank);
+        bool given = r.local.size() == r.shape.size();
+        for (std::size_t d = 0; given && d < r.local.size(); ++d)
+            given = r.local[d] == block_extent(r.shape[d], std::size_t(l.split_count(d, r.mesh)),
+                                               std::size_t(l.block_index(d, r.mesh, coords)));
+        if (!given)
+            r.problem = "xshard: parameter '" + r.name + "' has a local shard of shape " +
+                        shape_string(r.local) + ", which its layout " + l.to_string() +
+                        " does not give rank " + std::to_string(r.mesh_rank);
+        r.lay = l;
+        r.replicated = l.replicated_axes(r.mesh);
+        r.group = &r.sub(r.replicated);
     }
-    const auto coords = r.mesh.coords(r.mesh_rank);
-    bool given = local.size() == r.shape.size();
-    for (std::size_t d = 0; given && d < local.size(); ++d)
-        given = local[d] == block_extent(r.shape[d], std::size_t(l.split_count(d, r.mesh)),
-                                         std::size_t(l.block_index(d, r.mesh, coords)));
-    if (!given)
-        r.problem = "xshard: parameter '" + r.name + "' has a local shard of shape " +
-                    shape_string(local) + ", which its layout " + l.to_string() +
-                    " does not give rank " + std::to_string(r.mesh_rank);
-    r.lay = l;
-    r.replicated = l.replicated_axes(r.mesh);
+    if (layouts && found != layouts->size() && !refs.empty()) {
+        for (const auto& entry : *layouts)
+            if (std::none_of(refs.begin(), refs.end(),
+                             [&](const auto& r) { return r.name == entry.first; })) {
+                refs.back().problem = "xshard: the layout dictionary names parameter '" +
+                                      entry.first + "', which the container does not have";
+                break;
+            }
+    }
 }
 
 XSHARD_DECL std::optional<std::string> first_problem(const std::vector<param_ref>& refs) {

@@ -149,31 +149,30 @@ public:
             steps.push_back(steps_for<typename std::remove_cvref_t<decltype(t)>::value_type>(
                 options.fp32_communication));
         });
-        const bool same_names =
-            parameter_names(params, /*trainable_only=*/true) == parameter_names(grads);
-        // Summed, the gradients hold what their parameters' layouts say (unsummed, a weight's
-        // gradient holds this rank's term, laid out as the dual: see param/weight.hpp).
-        relabel_ = [&grads, layouts] {
+        std::vector<std::string> grad_names;
+        for (const auto& r : refs_)
+            grad_names.push_back(r.name);
+        const bool same_names = parameter_names(params, /*trainable_only=*/true) == grad_names;
+        // A gradient's storage can move between steps (an xtensor `+=` that is not `noalias`
+        // swaps in a new buffer, `set_gradient` replaces it): its address is read again before
+        // each bucket is packed and unpacked, never kept from the constructor. Once summed,
+        // with `relabel`, the gradients get what their parameters' layouts say (unsummed, a
+        // weight's gradient holds this rank's term, laid out as the dual: see
+        // param/weight.hpp). One walk does both, so that it is compiled once.
+        refresh_ = [&grads, layouts, this](bool relabel) {
+            std::size_t i = 0;
             for_each_parameter(grads, [&](const std::string& name, auto& t) {
                 using D = std::remove_cvref_t<decltype(t)>;
                 constexpr bool writable = !std::is_const_v<std::remove_reference_t<decltype(t)>>;
                 if constexpr (D::static_layout.dynamic && writable) {
                     const auto it = layouts.find(name);
-                    if (it != layouts.end() && !(t.layout() == it->second))
+                    if (relabel && it != layouts.end() && !(t.layout() == it->second))
                         t = D(detail::unchecked, t.mesh(), t.shape(), std::move(t).local(),
                               it->second);
                 }
-            });
-        };
-        // A gradient's storage can move between steps (an xtensor `+=` that is not `noalias`
-        // swaps in a new buffer, `set_gradient` replaces it): its address is read again before
-        // each bucket is packed and unpacked, never kept from the constructor.
-        refresh_ = [&grads, this] {
-            std::size_t i = 0;
-            for_each_parameter(grads, [&](const std::string&, auto& t) {
                 auto& r = refs_[i++];
                 auto& local = t.local();
-                if constexpr (!std::is_const_v<std::remove_reference_t<decltype(local)>>)
+                if constexpr (writable)
                     r.data = reinterpret_cast<std::byte*>(local.data());
                 r.cdata = reinterpret_cast<const std::byte*>(local.data());
             });
@@ -359,8 +358,8 @@ private:
 
     gradient_options options_;
     std::vector<detail::param_ref> refs_;
-    std::function<void()> relabel_; // the gradients' layouts once summed
-    std::function<void()> refresh_; // the gradients' current addresses into refs_
+    // The gradients' current addresses into refs_; with true, first their layouts once summed.
+    std::function<void(bool)> refresh_;
     std::vector<detail::bucket> buckets_;
     std::vector<const typed_steps*> steps_; // bucket k's typed steps
     std::vector<int> bucket_of_;

@@ -93,7 +93,7 @@ XSHARD_DECL void gradient_synchronizer::plan(std::vector<const typed_steps*> ste
 }
 
 XSHARD_DECL void gradient_synchronizer::run(std::size_t k, bool nonblocking) {
-    refresh_();
+    refresh_(false);
     waiting_[k] = buckets_[k].members.size();
     started_[k] = 1;
     (this->*steps_[k]->reduce)(k, nonblocking);
@@ -102,14 +102,14 @@ XSHARD_DECL void gradient_synchronizer::run(std::size_t k, bool nonblocking) {
 XSHARD_DECL void gradient_synchronizer::finish() {
     wait_all(requests_);
     if (refresh_)
-        refresh_();
+        refresh_(false);
     for (std::size_t k = 0; k < buckets_.size(); ++k) {
         (this->*steps_[k]->unpack)(k);
         waiting_[k] = 0;
         started_[k] = 0;
     }
-    if (relabel_)
-        relabel_();
+    if (refresh_)
+        refresh_(true);
 }
 
 } // namespace xshard
