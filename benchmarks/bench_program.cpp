@@ -442,17 +442,31 @@ void search_cases(const xshard::bench::options& o) {
     });
 }
 
+/// This rank's seconds in train_step after the passes, summed over `steps` steps: the
+/// gradients' synchronisation, and the update with the gradients' zeroing.
+struct {
+    double sync = 0, update = 0;
+    int steps = 0;
+} after_passes;
+
 /// One training step of a loss program: forward, backward, the gradients' all-reduce,
 /// Momentum's update (one optimizer state: `search_machine`) and the gradients' zeroing. The
 /// optimizer keeps its state in the weights, so one serves every program of a type.
 template <class Net, class X, class Y>
 void train_step(Net& net, const X& x, const Y& y) {
     static xshard::optim::momentum optimizer{{.lr = 1e-4, .momentum = 0.9}};
+    using clock = std::chrono::steady_clock;
     net.train_step(x, y);
+    const auto passes = clock::now();
     auto grads = xshard::gradients_of(net);
     xshard::synchronize_gradients(net, grads);
+    const auto synchronized = clock::now();
     optimizer.step(net);
     xshard::for_each_weight(net, [](const std::string&, auto& w) { w.zero_grad(); });
+    const auto updated = clock::now();
+    after_passes.sync += std::chrono::duration<double>(synchronized - passes).count();
+    after_passes.update += std::chrono::duration<double>(updated - synchronized).count();
+    ++after_passes.steps;
 }
 
 /// The machine's figures as JSON fields: the GEMM's peak, its half dimension and the memory
@@ -505,8 +519,14 @@ void print_profile(const xshard::bench::options& o, const std::string& name,
         for (int k = 0; k < 4; ++k)
             total[k] += t[k];
     }
-    std::fprintf(stderr, "  %-22s %8.3f / %8.3f  %8.3f / %8.3f; gradient sync predicted %.3f\n",
-                 "all", total[0], total[1], total[2], total[3], sync);
+    std::fprintf(stderr, "  %-22s %8.3f / %8.3f  %8.3f / %8.3f\n", "all", total[0], total[1],
+                 total[2], total[3]);
+    const double timed = std::max(after_passes.steps, 1);
+    std::fprintf(stderr,
+                 "  gradient sync and update: measured %.3f + %.3f (rank 0, mean of %d steps) / "
+                 "predicted %.3f\n",
+                 1e3 * after_passes.sync / timed, 1e3 * after_passes.update / timed,
+                 after_passes.steps, sync);
 }
 
 /// `machine` with its primitives' factors fitted (calibrate_ops) on the quietest of `o.reps`
@@ -517,6 +537,7 @@ xshard::machine_model fitted_on(const xshard::bench::options& o, const std::stri
                                 Net& net, const xshard::program_strategy& found,
                                 const xshard::machine_model& machine, Step&& step) {
     std::optional<xshard::program_profile> quietest;
+    after_passes = {};
     for (int r = 0; r < o.reps; ++r) {
         net.profile_steps();
         step();
@@ -615,6 +636,7 @@ void searched_case(const xshard::bench::options& o, const std::string& name,
         world, o, [&] { train_step(refit, refit_in.first, refit_in.second); }, best_hand);
     if (o.profile) {
         refit.profile_steps();
+        after_passes = {};
         for (int r = 0; r < o.reps; ++r)
             train_step(refit, refit_in.first, refit_in.second);
         print_profile(o, name + " (calibrated)", refit.profile(), second);

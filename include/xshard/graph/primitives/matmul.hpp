@@ -68,6 +68,9 @@ XSHARD_DECL double matmul_flops(const op_attributes& at, std::span<const shard_t
 XSHARD_DECL double matmul_gemm_dimension(const op_attributes& at, std::span<const shard_type> ops,
                                          std::span<const shard_type>);
 
+/// A GEMM streams its operands and its result within its arithmetic, at the rate
+/// `measure_machine` measured on GEMMs that stream theirs: the search prices no passes of
+/// memory beside it.
 inline constexpr op_rules matmul_rules{.name = "matmul",
                                        .infer = infer_matmul,
                                        .rule = matmul_layouts,
@@ -75,6 +78,8 @@ inline constexpr op_rules matmul_rules{.name = "matmul",
                                        .resolve = matmul_resolve,
                                        .flops = matmul_flops,
                                        .gemm_dimension = matmul_gemm_dimension,
+                                       .passes = 0,
+                                       .backward_passes = 0,
                                        .saves = saves_operand(0) | saves_operand(1)};
 
 template <class T>
