@@ -779,6 +779,10 @@ TEST(program_search, a_gemm_is_priced_at_the_speed_of_its_smallest_dimension) {
         return xshard::search_program(net, one, {.machine = m}).nodes.at(0).compute;
     };
     const double peak = xshard::machine_model{}.gemm_flops;
+    // A matmul is priced as its GEMM alone: the GEMM streams its operands as it multiplies.
+    // A convolution also streams its operands and im2col's columns at the memory bandwidth.
+    EXPECT_NEAR(priced(p, 0), 2 * (2.0 * 8 * 64 * 32) / peak, 1e-15);
+    EXPECT_GT(priced(q, 0), 1.01 * 2 * (2.0 * 16 * 27 * 64) / peak);
     EXPECT_NEAR(priced(p, 4) - priced(p, 0), 2 * (2.0 * 8 * 64 * 32) * (4.0 / 8) / peak, 1e-15);
     EXPECT_NEAR(priced(q, 4) - priced(q, 0), 2 * (2.0 * 16 * 27 * 64) * (4.0 / 16) / peak,
                 1e-15);

@@ -25,7 +25,6 @@
 #include <limits>
 #include <map>
 #include <optional>
-#include <span>
 #include <stdexcept>
 #include <string>
 #include <tuple>
