@@ -52,7 +52,8 @@
 //       the search again on the primitives' factors fitted on a profiled step of the first
 //       strategy (calibrate_ops): its mesh, its step over the best hand strategy's, and its
 //       predicted / measured step. With --profile, both strategies' steps per primitive,
-//       measured against predicted (stderr).
+//       measured against predicted, and the gradients' synchronisation and update as rank 0
+//       timed them against their price (stderr).
 //   searched_resnet18_one_image_<p>: the same training step of ResNet-18 on one image of
 //       224 x 224, laid out by the search over p ranks (a batch of one splits nowhere: the
 //       search splits the images' height and width into bands with halos, or their
@@ -487,8 +488,9 @@ xshard::machine_model search_machine(const xshard::communicator& world) {
 }
 
 /// With --profile: per primitive, this rank's measured milliseconds per step (`measured`, a
-/// program's profile, graph/profile.hpp) against the search's prices in `predicted`, on
-/// stderr (rank 0): where the cost model errs.
+/// program's profile, graph/profile.hpp) against the search's prices in `predicted`, and the
+/// steps' synchronisation and update since `after_passes` was last cleared against their
+/// price, on stderr (rank 0): where the cost model errs.
 void print_profile(const xshard::bench::options& o, const std::string& name,
                    const xshard::program_profile& measured,
                    const xshard::program_strategy& predicted) {
