@@ -45,6 +45,11 @@ check() {
     echo "multi_host: skipped: this kernel or container refuses network namespaces" >&2
     return 77
   fi
+  if ! ip netns exec "$probe" unshare --uts true 2>/dev/null; then
+    ip netns del "$probe"
+    echo "multi_host: skipped: processes cannot enter a namespace with a hostname of its own" >&2
+    return 77
+  fi
   ip netns del "$probe"
   if ! ip link add "${probe}a" type veth peer name "${probe}b" 2>/dev/null; then
     echo "multi_host: skipped: this kernel has no veth links" >&2
@@ -188,6 +193,9 @@ case "$command" in
   check) check ;;
   up)
     parse_shape "$@"
+    dir=""
+    # Hosts made in part are removed when a step fails; made whole, they are kept.
+    trap 'status=$?; [ "$status" = 0 ] || [ -z "$dir" ] || down "$dir"' EXIT
     up
     echo "$dir/mpiexec"
     ;;
@@ -195,9 +203,10 @@ case "$command" in
   run)
     parse_shape "$@"
     [ ${#rest[@]} -ge 1 ] || usage
-    up
-    trap 'down "$dir"' EXIT
+    dir=""
+    trap '[ -z "$dir" ] || down "$dir"' EXIT
     trap 'exit 130' INT TERM
+    up
     export XSHARD_MULTI_HOST_DIR=$dir
     cmd=()
     for a in "${rest[@]}"; do cmd+=("${a//\{mpiexec\}/$dir/mpiexec}"); done

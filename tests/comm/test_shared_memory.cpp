@@ -19,6 +19,7 @@
 #include <csignal>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <span>
 #include <string>
@@ -40,6 +41,37 @@ TEST(shared_memory, the_test_world_is_one_node) {
     const auto half = w.split(w.rank() % 2, w.rank());
     const xshard::node_group sub(half);
     EXPECT_EQ(sub.comm().size(), half.size()) << "rank " << w.rank();
+}
+
+/// A window over ranks of several nodes raises on every rank with the reason, where MPI
+/// would end the job (the suite's multi_host.comm runs this on two hosts; ctest's other runs
+/// are one node, and skip it).
+TEST(shared_memory, a_window_across_nodes_raises_on_every_rank) {
+    const auto w = world();
+    if (xshard::node_group(w).comm().size() == w.size())
+        GTEST_SKIP() << "every rank on one node";
+    try {
+        const xshard::shared_window across(w, 64);
+        ADD_FAILURE() << "a window across nodes was made on rank " << w.rank();
+    } catch (const xshard::error& e) {
+        EXPECT_NE(std::string(e.what()).find("spans several nodes"), std::string::npos)
+            << e.what();
+    }
+    // Within the node it is made, and every member reads every member's segment.
+    const xshard::node_group node(w);
+    xshard::shared_window within(node.comm(), 8);
+    std::int64_t mine = w.rank();
+    std::memcpy(within.segment(node.comm().rank()), &mine, sizeof mine);
+    within.sync();
+    xshard::mpi::barrier(node.comm());
+    within.sync();
+    std::vector<std::int64_t> members(std::size_t(node.comm().size()));
+    xshard::mpi::allgather(node.comm(), std::span(&mine, 1), members);
+    for (int q = 0; q < node.comm().size(); ++q) {
+        std::int64_t theirs = -1;
+        std::memcpy(&theirs, within.segment(q), sizeof theirs);
+        EXPECT_EQ(theirs, members[std::size_t(q)]) << "segment " << q << ", rank " << w.rank();
+    }
 }
 
 TEST(shared_memory, every_member_reads_every_segment) {

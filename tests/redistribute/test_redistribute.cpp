@@ -352,11 +352,25 @@ const xshard::reduce_tuning streaming_through_shared_memory{.shared_memory_min_b
                                                             .shared_memory_all_reduce = true,
                                                             .shared_memory_streaming_bytes = 0};
 
+/// Whether the ranks of this rank's group along `axes` ("dp,mp", as plan summaries name
+/// them) share one node and allow shared memory. Collective over that group.
+template <class Mesh>
+bool group_on_one_node(const Mesh& m, const std::string& axes) {
+    xshard::axis_set group{};
+    for (std::size_t at = 0; at < axes.size();) {
+        const std::size_t comma = std::min(axes.find(',', at), axes.size());
+        group = group | xshard::axis_set::of(m.shape().index(axes.substr(at, comma - at)));
+        at = comma + 1;
+    }
+    return xshard::node_group(m.sub(group)).whole_communicator_shares_memory();
+}
+
 /// Random pairs through the shared-memory path (redistribute/node_step.hpp): exact values;
 /// a reused plan on new values whose writers are deliberately slow (ranks arrive at
 /// different times, so a reader that did not wait for the owner's staging would read the
 /// old values); not a byte through MPI once the windows are set up; and the result fed to a
-/// plan on MPI messages and back (tensors of both paths mixed).
+/// plan on MPI messages and back (tensors of both paths mixed). Over several nodes the
+/// steps within a node take that path and the others MPI's (a hierarchical plan).
 template <std::size_t N, class Mesh>
 void random_pairs_shared(const Mesh& m, int pairs, unsigned seed, bool in_storage = false,
                          const xshard::reduce_tuning& tuning = through_shared_memory) {
@@ -375,11 +389,11 @@ void random_pairs_shared(const Mesh& m, int pairs, unsigned seed, bool in_storag
         auto out = plan(src);
         ASSERT_EQ(xshard::gather_all(out), expected) << what << "\n" << plan.describe();
         const auto& steps = plan.plan().summary().steps;
-        const bool communicates = std::any_of(steps.begin(), steps.end(), [](const auto& s) {
-            return s.group_size > 1 && s.planned.kind != xshard::step_kind::zero;
-        });
-        const bool shared = xshard::shared_memory_allowed() && communicates;
-        EXPECT_EQ(plan.plan().shared_memory_steps() > 0, shared) << what;
+        bool within = false, across = false; // communicating steps within a node, across
+        for (const auto& s : steps)
+            if (s.group_size > 1 && s.planned.kind != xshard::step_kind::zero)
+                (group_on_one_node(m, s.group) ? within : across) = true;
+        EXPECT_EQ(plan.plan().shared_memory_steps() > 0, within) << what;
         // New values (three times the old: sums, maxima and minima scale alike), written
         // late by some ranks.
         auto again = src;
@@ -390,7 +404,7 @@ void random_pairs_shared(const Mesh& m, int pairs, unsigned seed, bool in_storag
         const auto sent = xshard::testing::traffic::sent();
         const xt::xtensor<long long, N> tripled = 3LL * expected;
         ASSERT_EQ(xshard::gather_all(out), tripled) << what;
-        if (xshard::shared_memory_allowed()) {
+        if (xshard::shared_memory_allowed() && !across) {
             EXPECT_EQ(sent, 0u) << what << ": bytes went through MPI";
         }
         // Shards in node storage on every rank, one step: read in place, no staging window.

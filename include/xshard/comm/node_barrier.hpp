@@ -29,8 +29,8 @@ namespace xshard {
 /// (a rendezvous), and would otherwise never arrive. `arrive_and_wait` also orders memory: every
 /// store a member made before arriving is visible to every member after it returns.
 ///
-/// Construction allocates a small shared window and clears it (collective over `c`, which
-/// must lie within one node: one window allocation and one MPI barrier); `arrive_and_wait`
+/// Construction allocates a small shared window and clears it (collective over `c`, ranks of
+/// one node, else every member raises: a window and an MPI barrier); `arrive_and_wait`
 /// communicates through shared memory only, and a long wait is watched (comm/watch.hpp).
 class node_barrier {
 public:

@@ -38,14 +38,14 @@ public:
     shared_window() = default;
 
     /// Allocates `bytes` (may differ per member, may be 0) on every member of `c`.
-    /// Collective; `c` must lie within one node. Throws error on every member when some
-    /// member could not make the window's file (see below), mpi_error when MPI refuses.
+    /// Collective. Throws error on every member when `c` spans several nodes or some member
+    /// could not make the window's file (see below), mpi_error when MPI refuses.
     ///
     /// MPI makes the window a file in shared memory (Open MPI: one file of every member's
     /// bytes, made by one member). Where that cannot succeed (a file-size limit, a full
     /// /dev/shm) it fails on that member and leaves the others waiting in the allocation for
     /// ever: so first every member checks that it could make the whole file, and all agree
-    /// (two all-reduces).
+    /// (a split by node and two all-reduces).
     shared_window(const communicator& c, std::size_t bytes);
 
     shared_window(shared_window&& o) noexcept;

@@ -30,10 +30,28 @@ XSHARD_DECL shared_window::shared_window(const communicator& c, std::size_t byte
     detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM,
                                     c.native()),
                       "MPI_Allreduce");
-    int refusing = detail::may_make_shared_file(std::size_t(total)) ? c.size() : c.rank();
+    // The members on this rank's node: a window over ranks of several nodes is refused by
+    // MPI (Open MPI aborts the job), so every member raises instead.
+    MPI_Comm node = MPI_COMM_NULL;
     detail::check_mpi(
-        MPI_Allreduce(MPI_IN_PLACE, &refusing, 1, MPI_INT, MPI_MIN, c.native()),
-        "MPI_Allreduce");
+        MPI_Comm_split_type(c.native(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+        "MPI_Comm_split_type");
+    int node_size = 0;
+    const int sized = MPI_Comm_size(node, &node_size);
+    MPI_Comm_free(&node);
+    detail::check_mpi(sized, "MPI_Comm_size");
+    // {the lowest rank that cannot make the file (c.size(): none), 1 when this rank's node
+    // holds every member}, the minima over the members.
+    int verdict[2] = {detail::may_make_shared_file(std::size_t(total)) ? c.size() : c.rank(),
+                      node_size == c.size() ? 1 : 0};
+    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, verdict, 2, MPI_INT, MPI_MIN, c.native()),
+                      "MPI_Allreduce");
+    if (verdict[1] == 0)
+        throw error("xshard: a shared-memory window needs ranks of one node, and this "
+                    "communicator of " +
+                    std::to_string(c.size()) + " ranks spans several nodes (node_group(c).comm() "
+                    "is this rank's node)");
+    const int refusing = verdict[0];
     if (refusing < c.size())
         throw error("xshard: a shared-memory window of " + std::to_string(total) +
                     " bytes cannot be made: the file-size limit of rank " +
