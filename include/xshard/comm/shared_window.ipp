@@ -38,8 +38,9 @@ XSHARD_DECL shared_window::shared_window(const communicator& c, std::size_t byte
         "MPI_Comm_split_type");
     int node_size = 0;
     const int sized = MPI_Comm_size(node, &node_size);
-    MPI_Comm_free(&node);
+    const int freed = MPI_Comm_free(&node);
     detail::check_mpi(sized, "MPI_Comm_size");
+    detail::check_mpi(freed, "MPI_Comm_free");
     // {the lowest rank that cannot make the file (c.size(): none), 1 when this rank's node
     // holds every member}, the minima over the members.
     int verdict[2] = {detail::may_make_shared_file(std::size_t(total)) ? c.size() : c.rank(),
@@ -47,10 +48,9 @@ XSHARD_DECL shared_window::shared_window(const communicator& c, std::size_t byte
     detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, verdict, 2, MPI_INT, MPI_MIN, c.native()),
                       "MPI_Allreduce");
     if (verdict[1] == 0)
-        throw error("xshard: a shared-memory window needs ranks of one node, and this "
-                    "communicator of " +
-                    std::to_string(c.size()) + " ranks spans several nodes (node_group(c).comm() "
-                    "is this rank's node)");
+        throw error("xshard: a shared-memory window needs ranks of one node; this communicator "
+                    "of " + std::to_string(c.size()) + " ranks spans several nodes "
+                    "(node_group(c).comm() is this rank's node)");
     const int refusing = verdict[0];
     if (refusing < c.size())
         throw error("xshard: a shared-memory window of " + std::to_string(total) +
