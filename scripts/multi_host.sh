@@ -96,7 +96,6 @@ up() {
   done
   dir=$(mktemp -d "${TMPDIR:-/tmp}/xshard-multi-host.XXXXXX")
   echo "$id" >"$dir/id"
-  echo "$hosts" >"$dir/hosts"
   ip link add "xsb$id" type bridge
   echo "xsb$id" >>"$dir/links"
   ip addr add "10.123.$net.254/24" dev "xsb$id"
