@@ -14,7 +14,16 @@
 // every node's strategy (xshard::auto_parallel; the choices printed, with why), keeping the
 // blocks' Megatron annotations under sharding_propagation, and the driver (xshard::trainer)
 // trains it with AdamW at a constant rate. Its losses too are the same on every mesh (ctest
-// compares them).
+// compares them). There the driver also saves a checkpoint every N steps (--checkpoint-every N,
+// into --checkpoint-dir, one file replaced each time: a save that fails or is cut short leaves
+// the previous one) and resumes from one (--resume FILE) on any mesh and world size: the
+// batches of the steps it holds are skipped and the losses continue those of the run that saved
+// it.
+//
+//   mpirun -n 4 build/examples/train_transformer --mode recursive_programming --steps 40
+//       --checkpoint-every 5 --checkpoint-dir ckpt
+//   mpirun -n 2 build/examples/train_transformer --mode recursive_programming --steps 40
+//       --tp 1 --resume ckpt/train_transformer.safetensors
 #include <xshard/auto_parallel.hpp>
 #include <xshard/core.hpp>
 #include <xshard/data.hpp>
@@ -27,6 +36,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -127,22 +137,27 @@ private:
     nn::parallel_cross_entropy<T, mesh_2d> loss_;
 };
 
-/// Runs `steps` steps, `one_step(windows)` giving each one's loss, over the batches' epochs;
-/// prints every loss, then (the loss of one batch is noisy) the means of the first and the last
-/// ten steps.
+/// Runs steps `first` + 1 .. `steps` (the batches of the first `first` are skipped: a resumed
+/// run), `one_step(windows, step)` giving each one's loss, over the batches' epochs; prints
+/// every loss, then (the loss of one batch is noisy) the means of the first and the last ten
+/// steps.
 template <class Loader, class Step>
-void train_steps(const mesh_2d& mesh, const Loader& batches, std::int64_t steps, Step one_step) {
-    xshard::loss_monitor monitor(
-        mesh,
-        {.steps_per_epoch = std::size_t(steps), .epochs = 1, .print_every = 1, .precision = 15});
+void train_steps(const mesh_2d& mesh, const Loader& batches, std::int64_t first,
+                 std::int64_t steps, Step one_step) {
+    xshard::loss_monitor monitor(mesh, {.steps_per_epoch = std::size_t(std::max<std::int64_t>(
+                                            steps - first, 1)),
+                                        .epochs = 1,
+                                        .print_every = 1,
+                                        .precision = 15});
     std::int64_t step = 0;
     std::vector<double> losses;
     for (std::uint64_t epoch = 0; step < steps; ++epoch)
         for (auto&& windows : batches.epoch(epoch)) {
             if (step == steps)
                 break;
-            ++step;
-            const double loss = one_step(windows);
+            if (++step <= first)
+                continue;
+            const double loss = one_step(windows, step);
             monitor.step(loss, windows.shape()[0] * sequence);
             losses.push_back(loss);
         }
@@ -188,10 +203,17 @@ auto decoder(bool annotate) {
     };
 }
 
+/// Where the searched modes save and resume (see the file comment).
+struct checkpointing {
+    std::int64_t every = 0; // 0: never saves
+    std::string directory = "train_transformer.ckpt";
+    std::string resume; // a checkpoint to start from, or empty
+};
+
 /// --mode recursive_programming or sharding_propagation (see the file comment).
 template <class Loader>
 int run_searched(const mesh_2d& mesh, const Loader& batches, std::int64_t steps,
-                 const std::string& mode) {
+                 const std::string& mode, const checkpointing& ckpt) {
     // Traced for a batch of 8 windows; a smaller last batch is traced again for its rows.
     auto net = xshard::compile<T>(decoder(mode == "sharding_propagation"), mesh, {.seed = 1},
                                   xshard::input<std::int64_t>("ids", {8 * sequence}));
@@ -203,9 +225,26 @@ int run_searched(const mesh_2d& mesh, const Loader& batches, std::int64_t steps,
         std::printf("train_transformer %s on mesh(%s):\n%s", mode.c_str(),
                     mesh.shape().to_string().c_str(),
                     parallel_net.searched_program()->explain().c_str());
-    train_steps(mesh, batches, steps, [&](const windows_t& windows) {
+    std::int64_t first = 0;
+    if (!ckpt.resume.empty()) {
+        // The weights and AdamW's moments and step count, laid out for this mesh.
+        first = trainer.load_checkpoint(ckpt.resume).step;
+        if (mesh.rank() == 0)
+            std::printf("resumed from %s at step %lld\n", ckpt.resume.c_str(),
+                        static_cast<long long>(first));
+    }
+    const std::string path = ckpt.directory + "/train_transformer.safetensors";
+    if (ckpt.every > 0 && mesh.rank() == 0)
+        std::filesystem::create_directories(ckpt.directory);
+    train_steps(mesh, batches, first, steps, [&](const windows_t& windows, std::int64_t step) {
         const auto [ids, targets] = tokens_of(windows);
-        return trainer.train_step(ids, targets);
+        const double loss = trainer.train_step(ids, targets);
+        if (ckpt.every > 0 && step % ckpt.every == 0) {
+            trainer.save_checkpoint(path, step);
+            if (mesh.rank() == 0)
+                std::printf("saved %s at step %lld\n", path.c_str(), static_cast<long long>(step));
+        }
+        return loss;
     });
     return 0;
 }
@@ -215,6 +254,8 @@ int run(int argc, char** argv) {
     std::string text = "README.md", mode = "semi_auto";
     int tp = 0;
     std::int64_t steps = 200;
+    checkpointing ckpt;
+    bool checkpoint_options = false;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i];
         if (a == "--text")
@@ -225,14 +266,25 @@ int run(int argc, char** argv) {
             steps = std::atoll(argv[i + 1]);
         else if (a == "--mode")
             mode = argv[i + 1];
+        else if (a == "--checkpoint-every" || a == "--checkpoint-dir" || a == "--resume") {
+            checkpoint_options = true;
+            if (a == "--checkpoint-every")
+                ckpt.every = std::atoll(argv[i + 1]);
+            else
+                (a == "--resume" ? ckpt.resume : ckpt.directory) = argv[i + 1];
+        }
     }
+    if (checkpoint_options && mode == "semi_auto")
+        throw xshard::error("train_transformer: --checkpoint-every, --checkpoint-dir and --resume "
+                            "are for the driver's modes (--mode recursive_programming or "
+                            "sharding_propagation)");
     const int world = xshard::communicator::world().size();
     const mesh_2d mesh({xshard::auto_size, tp > 0 ? tp : world % 2 == 0 ? 2 : 1});
 
     const auto corpus = data::text_corpus::from_file(text, sequence);
     const data::loader batches(mesh, corpus, {.batch_size = 8, .seed = 5});
     if (mode != "semi_auto")
-        return run_searched(mesh, batches, steps, mode);
+        return run_searched(mesh, batches, steps, mode, ckpt);
     gpt model(mesh);
     xshard::optim::adamw optimizer({.lr = 3e-3, .weight_decay = 0.01});
     const xshard::optim::warmup_cosine schedule{
@@ -243,7 +295,7 @@ int run(int argc, char** argv) {
                     "characters from %s\n",
                     mesh.shape().to_string().c_str(), layers, heads, features, corpus.size(),
                     sequence, text.c_str());
-    train_steps(mesh, batches, steps, [&](const windows_t& windows) {
+    train_steps(mesh, batches, 0, steps, [&](const windows_t& windows, std::int64_t) {
         const T loss = model.forward(windows);
         model.backward();
         auto grads = xshard::gradients_of{model};
