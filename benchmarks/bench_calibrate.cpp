@@ -15,6 +15,10 @@
 // the smallest piece from which the pairwise path is as fast (within 5 %) at that size and
 // every larger one.
 //
+// Then the links of each level of the machine (xshard::calibrate_axis_links on a mesh of the
+// nodes and the ranks of a node: level_* lines), and how well they predict plans at sizes
+// they were not fitted at (see level_links).
+//
 //   mpirun -n 2 build/benchmarks/bench_calibrate
 
 #include "harness.hpp"
@@ -23,13 +27,75 @@
 #include <xshard/search/calibrate.hpp>
 #include <xshard/tensor.hpp>
 
+#include <array>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
 namespace bench = xshard::bench;
 using mesh_1d = xshard::mesh<"x">;
+using levels_mesh = xshard::mesh<"node", "local">;
+
+/// The links of each level (xshard::calibrate_axis_links) on the mesh (node, local): the nodes
+/// by their blocks of consecutive ranks, the ranks of a node. Then, on each axis of more than
+/// one rank, all its groups at once, plans of each kind at four sizes (the fit's two, 64 KiB
+/// and 1 MiB between them), through messages: measured (the slowest rank's) against the
+/// fitted model's prediction (one JSON line each, ratio = measured / predicted), with the
+/// default model's prediction beside it. Returns the fitted links.
+xshard::cost_model level_links(const xshard::communicator& world, const bench::options& o,
+                               std::size_t large, const xshard::reduce_tuning& pairwise) {
+    // Ranks per node: equal blocks of consecutive ranks, else every rank a level of its own.
+    const xshard::node_group node(world);
+    const int q = node.comm().size();
+    std::array<int, 3> agree{q, -q, (world.rank() - node.comm().rank()) % q == 0 ? 1 : 0};
+    xshard::mpi::allreduce(world, std::span(agree), xshard::reduction::min);
+    const bool blocks = agree[0] == -agree[1] && agree[2] == 1;
+    const levels_mesh levels(world, {xshard::auto_size, blocks ? q : 1});
+    const auto fit = xshard::calibrate_axis_links(levels, {}, {.elements = large,
+                                                               .repeats = std::max(o.reps, 1)});
+    const xshard::reduce_tuning messages{.shared_memory_min_bytes = SIZE_MAX};
+    const xshard::reduce_tuning through_mpi{.min_piece_bytes = SIZE_MAX,
+                                            .shared_memory_min_bytes = SIZE_MAX,
+                                            .reduce_scatter_min_piece_bytes = SIZE_MAX};
+    for (std::size_t i = 0; i < levels_mesh::ndim; ++i) {
+        const int p = levels.axis_size(i);
+        if (p == 1)
+            continue;
+        const std::string axis(levels.shape().names[i].view());
+        // The axis's groups as one-axis meshes "x", priced by the axis's fitted link.
+        const mesh_1d g(levels.sub(xshard::axis_set::of(i)), {p});
+        xshard::cost_model model = fit.links;
+        model.axis_links = {};
+        for (const auto& l : fit.links.axis_links)
+            if (l.axis == levels.shape().names[i])
+                model.axis_links.push_back({"x", l.link});
+        const std::size_t tiny = std::size_t(p);
+        for (const std::size_t n : {tiny, std::size_t(8192), std::size_t(131072), large}) {
+            const auto timed = [&]<xshard::layout From, xshard::layout To>(
+                                   const char* kind, const xshard::reduce_tuning& tuning) {
+                const auto fitted = xshard::detail::time_link_plan<From, To>(
+                    g, n, model, tuning, std::max(o.reps, 1));
+                const auto guessed = xshard::detail::time_link_plan<From, To>(
+                    g, n, xshard::cost_model{}, tuning, 1);
+                double measured = fitted.seconds;
+                xshard::mpi::allreduce(world, std::span(&measured, 1), xshard::reduction::max);
+                char extra[160];
+                std::snprintf(extra, sizeof extra,
+                              "\"axis\": \"%s\", \"axis_ranks\": %d, \"default_predicted\": %.6g",
+                              axis.c_str(), p, guessed.plan.seconds);
+                bench::report(world, "level_" + axis + "_" + kind, fitted.bytes, "cost_model",
+                              {measured, fitted.plan.seconds}, extra);
+            };
+            timed.operator()<"[x]", "[-]">("all_gather", messages);
+            timed.operator()<"[x, -]", "[-, x]">("all_to_all", messages);
+            timed.operator()<"[-] partial(sum: x)", "[x]">("reduce_scatter", pairwise);
+            timed.operator()<"[-] partial(sum: x)", "[-]">("all_reduce", through_mpi);
+        }
+    }
+    return fit.links;
+}
 
 int main(int argc, char** argv) {
     xshard::environment env(argc, argv);
@@ -75,6 +141,7 @@ int main(int argc, char** argv) {
     const xshard::reduce_tuning pairwise{.min_piece_bytes = 0,
                                          .shared_memory_min_bytes = SIZE_MAX,
                                          .reduce_scatter_min_piece_bytes = 0};
+    const auto levels = level_links(m.comm(), o, large, pairwise);
     const xshard::reduce_tuning through_mpi{.min_piece_bytes = SIZE_MAX,
                                             .shared_memory_min_bytes = SIZE_MAX,
                                             .reduce_scatter_min_piece_bytes = SIZE_MAX};
@@ -125,6 +192,10 @@ int main(int argc, char** argv) {
         line("exchange", fitted.exchange);
         line("shared_memory", fitted.shared_memory);
         std::fprintf(stderr, "    double copy = 1.0 / %.3g;\n", 1.0 / fitted.copy);
+        for (const auto& l : levels.axis_links)
+            std::fprintf(stderr, "  axis link %.*s (calibrate_axis_links): {%.3g, 1.0 / %.3g}\n",
+                         int(l.axis.view().size()), l.axis.view().data(), l.link.alpha,
+                         1.0 / l.link.beta);
     }
     return 0;
 }

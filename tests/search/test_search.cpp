@@ -125,6 +125,13 @@ TEST(search_cost, per_axis_links_price_steps_over_their_axes) {
     EXPECT_LE(p.direct(layout::parse("[tp, -]"), layout::parse("[-, -]"), shape).seconds,
               tp_gather);
     EXPECT_TRUE(same(tp_gather, 3 * 1e-5 + 0.75 * bytes / 1e9 + m.copy * bytes / 4)) << tp_gather;
+    // A link faster than the kind's leaves the kind's: the algorithm's own speed bounds it.
+    cost_model fast = m;
+    fast.axis_links[0].link = {1e-9, 1.0 / 1e12};
+    EXPECT_EQ(fast.link(step_kind::all_gather, mesh, axis_set::of(1)), m.all_gather);
+    fast.axis_links[0].link = {1e-9, 1.0 / 1e8};
+    EXPECT_EQ(fast.link(step_kind::all_gather, mesh, axis_set::of(1)),
+              (link_cost{m.all_gather.alpha, 1.0 / 1e8}));
     // over dp (no link of its own): the kind's link.
     const double dp_gather = gather("[dp, -]");
     EXPECT_TRUE(same(dp_gather, 3 * m.all_gather.alpha + 0.75 * bytes * m.all_gather.beta +
@@ -435,6 +442,69 @@ TEST(machine, links_are_fitted_on_the_ranks_and_agree) {
     xshard::mpi::allreduce(w, std::span(high), reduction::max);
     EXPECT_EQ(low, high) << "a fitted link differs between ranks";
     EXPECT_EQ(l.exchange, l.all_to_all);
+}
+
+TEST(machine, every_axis_of_more_than_one_rank_gets_a_link_of_its_own) {
+    const auto w = xshard::testing::world();
+    // Axis "a" of 2 ranks where the world is even, "b" the rest; a link for another axis kept.
+    const mesh<"a", "b"> m({w.size() % 2 == 0 ? 2 : 1, xshard::auto_size});
+    cost_model base{};
+    base.axis_links.push_back({"z", {1.0, 2.0}});
+    const auto fit = calibrate_axis_links(m, base, {.elements = 1 << 14, .repeats = 2});
+    const auto& links = fit.links.axis_links;
+    auto link_of = [&](std::string_view axis) -> const link_cost* {
+        for (const auto& a : links)
+            if (a.axis == axis_name(axis))
+                return &a.link;
+        return nullptr;
+    };
+    ASSERT_NE(link_of("z"), nullptr);
+    EXPECT_EQ(*link_of("z"), (link_cost{1.0, 2.0}));
+    std::size_t fitted = 0;
+    std::vector<double> v;
+    for (std::size_t i = 0; i < 2; ++i) {
+        const std::string axis(m.shape().names[i].view());
+        const auto* l = link_of(axis);
+        if (m.axis_size(i) == 1) {
+            EXPECT_EQ(l, nullptr) << axis << ": nothing moves over an axis of one rank";
+            continue;
+        }
+        ++fitted;
+        ASSERT_NE(l, nullptr) << axis;
+        EXPECT_TRUE(std::isfinite(l->alpha) && l->alpha >= 0) << axis;
+        EXPECT_TRUE(std::isfinite(l->beta) && l->beta > 0) << axis;
+        v.push_back(l->alpha);
+        v.push_back(l->beta);
+        // A step over this axis is priced by the slower of it and the step's kind's link.
+        for (const auto k : {step_kind::all_gather, step_kind::all_reduce}) {
+            const auto& kind = fit.links.of(k);
+            EXPECT_EQ(fit.links.link(k, m.shape(), axis_set::of(i)),
+                      (link_cost{std::max(kind.alpha, l->alpha), std::max(kind.beta, l->beta)}));
+        }
+    }
+    EXPECT_EQ(links.size(), 1 + fitted);
+    EXPECT_EQ(fit.points.size(), 8 * fitted);
+    for (const auto& x : fit.points)
+        EXPECT_TRUE(x.kind.starts_with("a.") || x.kind.starts_with("b.")) << x.kind;
+    // The kinds' links: the base's where nothing was fitted, else fitted, the same on every
+    // rank.
+    const auto& l = fit.links;
+    if (fitted == 0) {
+        EXPECT_EQ(l, base);
+    }
+    EXPECT_EQ(l.exchange, l.all_to_all);
+    EXPECT_EQ(l.shared_memory, base.shared_memory);
+    v.push_back(l.copy);
+    for (const auto* c : {&l.all_gather, &l.all_to_all, &l.reduce_scatter, &l.all_reduce}) {
+        EXPECT_TRUE(std::isfinite(c->alpha) && c->alpha >= 0);
+        EXPECT_TRUE(std::isfinite(c->beta) && c->beta > 0);
+        v.push_back(c->alpha);
+        v.push_back(c->beta);
+    }
+    std::vector<double> low = v, high = v;
+    xshard::mpi::allreduce(w, std::span(low), reduction::min);
+    xshard::mpi::allreduce(w, std::span(high), reduction::max);
+    EXPECT_EQ(low, high) << "a fitted link differs between ranks";
 }
 
 } // namespace search_tests

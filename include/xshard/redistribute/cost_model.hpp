@@ -19,9 +19,13 @@
 /// its peers.
 ///
 /// Mesh axes can have links of their own (`axis_links`: e.g. an axis inside a node and one
-/// across nodes): a step whose group spans configured axes is priced by the slowest of their
-/// links (the largest alpha and the largest beta) instead of its kind's. The strategy search
-/// (search/cost.hpp) prices every candidate layout through this one model.
+/// across nodes; `calibrate_axis_links` fits them): a link is what the axis's wires allow,
+/// and a kind's link what its algorithm reaches on the fastest wire, so a step whose group
+/// spans configured axes is priced by the slowest of their links and its kind's (the largest
+/// alpha and the largest beta). Measured on two hosts over 10 Gbit/s, that prices the steps
+/// across them within 0.6-1.4 of their time (benchmarks/README.md, "Across hosts"), and keeps
+/// within a node the kinds' own differences. The strategy search (search/cost.hpp)
+/// prices every candidate layout through this one model.
 ///
 /// The defaults are one fit by `bench_calibrate` (benchmarks/README.md says on what), which
 /// prints a cost_model for the machine it runs on; only their ratios matter for choosing a
@@ -102,19 +106,17 @@ struct cost_model {
     }
 
     /// The link of a step of kind `k` over the axes `group` of `mesh`: the slowest of the
-    /// group's axis links (largest alpha, largest beta) when some of its axes have one, the
-    /// kind's otherwise.
+    /// kind's link and the links of the group's axes that have one (largest alpha, largest
+    /// beta).
     constexpr link_cost link(step_kind k, const mesh_shape& mesh, axis_set group) const {
-        bool found = false;
-        link_cost worst{0, 0};
+        link_cost worst = of(k);
         for (const auto& a : axis_links)
             for (std::size_t i = 0; i < mesh.names.size(); ++i)
                 if (group.contains(i) && mesh.names[i] == a.axis && mesh.sizes[i] > 1) {
-                    found = true;
                     worst.alpha = worst.alpha > a.link.alpha ? worst.alpha : a.link.alpha;
                     worst.beta = worst.beta > a.link.beta ? worst.beta : a.link.beta;
                 }
-        return found ? worst : of(k);
+        return worst;
     }
 
     /// As `seconds`, priced by the link of the step's group (`link`).

@@ -220,6 +220,38 @@ timed_plan time_link_plan(const mesh<"x">& m, std::size_t elements, const cost_m
 XSHARD_DECL link_fit calibrate_links(const communicator& c, const cost_model& base = {},
                                      const link_sample& sample = {});
 
+namespace detail {
+
+/// calibrate_axis_links on `shape`, with `groups[i]` this rank's group of axis i and `whole`
+/// the mesh's communicator.
+XSHARD_DECL link_fit calibrate_axis_links(const communicator& whole, const mesh_shape& shape,
+                                          std::span<const communicator* const> groups,
+                                          const cost_model& base, const link_sample& sample);
+
+} // namespace detail
+
+/// `base` with its links fitted level by level on the axes of `m` of more than one rank: on
+/// each axis in turn, all its groups at once, `calibrate_links` over the group. The axis's
+/// all_to_all link (pairwise messages over the axis: what its wires do) becomes its link of
+/// its own (`cost_model::axis_links`; entries for other axes are kept), and the kinds' links
+/// are those of the fastest axis (each kind's algorithm on the fastest wires). A step is
+/// priced by the slower of its kind's link and its axes' (`cost_model::link`): on a mesh with
+/// an axis across nodes and one within, the planner and the search price a step across nodes
+/// by the network and one within by the node. Each figure is the slowest group's, the same on
+/// every rank. `points` holds the plans timed, their kinds named "axis.kind". Without an axis
+/// of more than one rank, `base` as it is. Collective over `m`.
+///
+///     mesh<"node", "local"> levels({nodes, ranks_per_node});
+///     machine.links = xshard::calibrate_axis_links(levels, machine.links).links;
+template <class Mesh>
+link_fit calibrate_axis_links(const Mesh& m, const cost_model& base = {},
+                              const link_sample& sample = {}) {
+    std::array<const communicator*, Mesh::ndim> groups{};
+    for (std::size_t i = 0; i < Mesh::ndim; ++i)
+        groups[i] = &m.sub(axis_set::of(i));
+    return detail::calibrate_axis_links(m.comm(), m.shape(), groups, base, sample);
+}
+
 /// The sizes measure_machine measures at: a narrow GEMM of [rows, in] x [in, out] (by default
 /// a batch of 64 through a 1024 x 4096 layer, about 0.5 GFLOP), a square one of `square`
 /// (512: about 0.27 GFLOP), together the GEMM's peak and how its speed falls on narrow shapes

@@ -69,6 +69,60 @@ XSHARD_DECL link_fit calibrate_links(const communicator& c, const cost_model& ba
     return fit;
 }
 
+XSHARD_DECL link_fit detail::calibrate_axis_links(const communicator& whole,
+                                                  const mesh_shape& shape,
+                                                  std::span<const communicator* const> groups,
+                                                  const cost_model& base,
+                                                  const link_sample& sample) {
+    link_fit fit{base, {}};
+    // The copy, then alpha and beta of all_gather, all_to_all, reduce_scatter, all_reduce:
+    // per axis the slowest group's; over the axes the fastest kinds, the slowest copy.
+    std::array<double, 9> kinds{};
+    bool fitted = false;
+    for (std::size_t i = 0; i < shape.names.size(); ++i) {
+        if (shape.sizes[i] <= 1) // (the shape is the same on every rank)
+            continue;
+        const auto one = calibrate_links(*groups[i], base, sample);
+        const auto& l = one.links;
+        std::array<double, 9> axis{l.copy,
+                                   l.all_gather.alpha,
+                                   l.all_gather.beta,
+                                   l.all_to_all.alpha,
+                                   l.all_to_all.beta,
+                                   l.reduce_scatter.alpha,
+                                   l.reduce_scatter.beta,
+                                   l.all_reduce.alpha,
+                                   l.all_reduce.beta};
+        allreduce(whole, std::span(axis), reduction::max);
+        for (std::size_t k = 0; k < kinds.size(); ++k)
+            kinds[k] = !fitted ? axis[k] : k == 0 ? std::max(kinds[k], axis[k])
+                                                  : std::min(kinds[k], axis[k]);
+        fitted = true;
+        const axis_link link{shape.names[i], {axis[3], axis[4]}};
+        auto& links = fit.links.axis_links;
+        const auto kept = std::find_if(links.begin(), links.end(),
+                                       [&](const axis_link& a) { return a.axis == link.axis; });
+        if (kept != links.end())
+            *kept = link;
+        else
+            links.push_back(link);
+        for (auto p : one.points) {
+            p.kind = std::string(shape.names[i].view()) + "." + p.kind;
+            fit.points.push_back(std::move(p));
+        }
+    }
+    if (fitted) {
+        auto& l = fit.links;
+        l.copy = kinds[0];
+        l.all_gather = {kinds[1], kinds[2]};
+        l.all_to_all = {kinds[3], kinds[4]};
+        l.exchange = l.all_to_all;
+        l.reduce_scatter = {kinds[5], kinds[6]};
+        l.all_reduce = {kinds[7], kinds[8]};
+    }
+    return fit;
+}
+
 XSHARD_DECL void fit_gemm(machine_model& m, double narrow, double narrow_dimension, double wide,
                           double wide_dimension) {
     m.gemm_flops = wide;
