@@ -9,11 +9,12 @@
 // is priced by the reduce_scatter and all_gather links); the reduce_scatter link is the
 // pairwise algorithm's.
 //
-// Then it finds the crossovers between the pairwise reductions and MPI's collectives: for
-// pieces of 1 KiB to 4 MiB per rank, an all-reduce and a reduce-scatter through each (one
-// JSON line each: pairwise against MPI), and prints the reduce_tuning whose thresholds are
-// the smallest piece from which the pairwise path is as fast (within 5 %) at that size and
-// every larger one.
+// Then it finds the crossovers between the pairwise reductions and MPI's collectives
+// (xshard::calibrate_reduce_tuning): for pieces of 1 KiB to 4 MiB per rank, an all-reduce
+// and a reduce-scatter through each (one JSON line each: pairwise against MPI), and prints
+// the reduce_tuning whose thresholds are the pieces from which on the pairwise path loses
+// least over those timed; xshard::use_reduce_crossovers installs such crossovers in a
+// program.
 //
 // Then the links of each level of the machine (xshard::calibrate_axis_links on a mesh of the
 // nodes and the ranks of a node: level_* lines), and how well they predict plans at sizes
@@ -142,35 +143,15 @@ int main(int argc, char** argv) {
                                          .shared_memory_min_bytes = SIZE_MAX,
                                          .reduce_scatter_min_piece_bytes = 0};
     const auto levels = level_links(m.comm(), o, large, pairwise);
-    const xshard::reduce_tuning through_mpi{.min_piece_bytes = SIZE_MAX,
-                                            .shared_memory_min_bytes = SIZE_MAX,
-                                            .reduce_scatter_min_piece_bytes = SIZE_MAX};
     // The crossovers: per piece size, each reduction through the pairwise path against MPI.
-    auto crossover = [&]<xshard::layout To>(const char* name) {
-        std::vector<std::size_t> pieces;
-        for (std::size_t piece = 1 << 10; piece <= (o.quick ? 4u << 10 : 4u << 20); piece *= 4)
-            pieces.push_back(piece);
-        std::vector<bool> wins;
-        for (const std::size_t piece : pieces) {
-            const std::size_t elements = piece / sizeof(double) * std::size_t(m.size());
-            auto src = xshard::full<double, "[-] partial(sum: x)">(m, {elements}, 1.0);
-            auto a = xshard::make_redistribution<To>(src, To, {}, pairwise);
-            auto b = xshard::make_redistribution<To>(src, To, {}, through_mpi);
-            auto dst = a(src);
-            const auto t = bench::compare(
-                m.comm(), o, [&] { a.execute_unchecked(src, dst); },
-                [&] { b.execute_unchecked(src, dst); });
-            bench::report(m.comm(), std::string("crossover_") + name, elements * sizeof(double),
-                          "mpi", t, "\"piece_bytes\": " + std::to_string(piece));
-            wins.push_back(t.seconds <= 1.05 * t.baseline_seconds); // within the noise
-        }
-        std::size_t from = SIZE_MAX; // the pairwise path wins from here on (none: never)
-        for (std::size_t i = pieces.size(); i-- > 0 && wins[i];)
-            from = pieces[i];
-        return from;
-    };
-    const std::size_t all_reduce_from = crossover.operator()<"[-]">("all_reduce");
-    const std::size_t reduce_scatter_from = crossover.operator()<"[x]">("reduce_scatter");
+    const auto crossovers = xshard::calibrate_reduce_tuning(
+        m.comm(), {}, {.largest = o.quick ? 4u << 10 : 4u << 20, .repeats = std::max(o.reps, 1)});
+    for (const auto& x : crossovers.points)
+        bench::report(m.comm(), "crossover_" + x.kind, x.piece_bytes * std::size_t(m.size()),
+                      "mpi", {x.pairwise, x.mpi},
+                      "\"piece_bytes\": " + std::to_string(x.piece_bytes));
+    const std::size_t all_reduce_from = crossovers.tuning.min_piece_bytes;
+    const std::size_t reduce_scatter_from = crossovers.tuning.reduce_scatter_min_piece_bytes;
 
     if (m.rank() == 0) {
         auto bytes = [](std::size_t b) {

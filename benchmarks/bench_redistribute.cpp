@@ -10,11 +10,15 @@
 // `mpirun -x XSHARD_BENCH_SHARED_MEMORY=1 ...` measures the cases through it. The cases
 // named `..._node_storage` keep their shards in node storage (node_shared mesh, a
 // node_storage opened for the case) and always take the shared-memory path: peers' blocks
-// are read in place, each byte copied once.
+// are read in place, each byte copied once. With `-x XSHARD_BENCH_FIT_CROSSOVERS=1` the
+// crossovers between the pairwise reductions and MPI's collectives are fitted on the ranks
+// first (xshard::calibrate_reduce_tuning) and installed (xshard::use_reduce_crossovers) for
+// every plan the cases make.
 
 #include "harness.hpp"
 
 #include <xshard/core.hpp>
+#include <xshard/search/calibrate.hpp>
 #include <xshard/tensor.hpp>
 
 #include <mpi.h>
@@ -193,6 +197,13 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bench_redistribute: %d ranks, OPENBLAS_CORETYPE=%s\n", p,
                      std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE")
                                                       : "(unset)");
+    if (const char* v = std::getenv("XSHARD_BENCH_FIT_CROSSOVERS"); v && std::string(v) == "1") {
+        const auto fit = xshard::calibrate_reduce_tuning(world);
+        xshard::use_reduce_crossovers(fit.tuning);
+        if (me == 0)
+            std::fprintf(stderr, "fitted crossovers: all-reduce %zu, reduce-scatter %zu bytes\n",
+                         fit.tuning.min_piece_bytes, fit.tuning.reduce_scatter_min_piece_bytes);
+    }
 
     const std::vector<std::size_t> sizes = o.quick
                                                ? std::vector<std::size_t>{1 << 16}

@@ -24,12 +24,18 @@
 //       --checkpoint-every 5 --checkpoint-dir ckpt
 //   mpirun -n 2 build/examples/train_transformer --mode recursive_programming --steps 40
 //       --tp 1 --resume ckpt/train_transformer.safetensors
+//
+// --crossovers fit (any mode): before training, the crossovers between the pairwise reductions
+// and MPI's collectives are fitted on the ranks and their network (xshard::
+// calibrate_reduce_tuning) and installed for every plan and gradient synchronizer made
+// afterwards (xshard::use_reduce_crossovers); the defaults were fitted on one node.
 #include <xshard/auto_parallel.hpp>
 #include <xshard/core.hpp>
 #include <xshard/data.hpp>
 #include <xshard/graph.hpp>
 #include <xshard/models/transformer.hpp>
 #include <xshard/nn.hpp>
+#include <xshard/search/calibrate.hpp>
 #include <xshard/tensor.hpp>
 #include <xshard/train.hpp>
 
@@ -256,6 +262,7 @@ int run(int argc, char** argv) {
     std::int64_t steps = 200;
     checkpointing ckpt;
     bool checkpoint_options = false;
+    std::string crossovers = "default";
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i];
         if (a == "--text")
@@ -266,6 +273,8 @@ int run(int argc, char** argv) {
             steps = std::atoll(argv[i + 1]);
         else if (a == "--mode")
             mode = argv[i + 1];
+        else if (a == "--crossovers")
+            crossovers = argv[i + 1];
         else if (a == "--checkpoint-every" || a == "--checkpoint-dir" || a == "--resume") {
             checkpoint_options = true;
             if (a == "--checkpoint-every")
@@ -278,8 +287,19 @@ int run(int argc, char** argv) {
         throw xshard::error("train_transformer: --checkpoint-every, --checkpoint-dir and --resume "
                             "are for the driver's modes (--mode recursive_programming or "
                             "sharding_propagation)");
+    if (crossovers != "default" && crossovers != "fit")
+        throw xshard::error("train_transformer: --crossovers takes fit or default, not " +
+                            crossovers);
     const int world = xshard::communicator::world().size();
     const mesh_2d mesh({xshard::auto_size, tp > 0 ? tp : world % 2 == 0 ? 2 : 1});
+    if (crossovers == "fit") {
+        const auto fit = xshard::calibrate_reduce_tuning(mesh.comm());
+        xshard::use_reduce_crossovers(fit.tuning);
+        if (mesh.rank() == 0)
+            std::printf("fitted crossovers: the pairwise all-reduce from pieces of %zu bytes, "
+                        "the pairwise reduce-scatter from %zu\n",
+                        fit.tuning.min_piece_bytes, fit.tuning.reduce_scatter_min_piece_bytes);
+    }
 
     const auto corpus = data::text_corpus::from_file(text, sequence);
     const data::loader batches(mesh, corpus, {.batch_size = 8, .seed = 5});

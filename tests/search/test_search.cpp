@@ -12,10 +12,13 @@
 #include <xshard/search/operator_strategy.hpp>
 #include <xshard/search/recursive_programming.hpp>
 #include <xshard/search/sharding_propagation.hpp>
+#include <xshard/tensor/gather.hpp>
 
 #include "mpi_test.hpp"
 
 #include <gtest/gtest.h>
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xtensor.hpp>
 
 #include <array>
 #include <cmath>
@@ -23,6 +26,7 @@
 #include <fstream>
 #include <random>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -505,6 +509,117 @@ TEST(machine, every_axis_of_more_than_one_rank_gets_a_link_of_its_own) {
     xshard::mpi::allreduce(w, std::span(low), reduction::min);
     xshard::mpi::allreduce(w, std::span(high), reduction::max);
     EXPECT_EQ(low, high) << "a fitted link differs between ranks";
+}
+
+// --- the crossovers between the pairwise reductions and MPI's ------------------------------
+
+TEST(machine, a_crossover_is_the_piece_from_which_the_pairwise_path_loses_least) {
+    // Pairwise seconds per piece of 1, 4, 16, ... KiB, against MPI's 1 s at each.
+    auto points = [](std::initializer_list<double> pairwise) {
+        std::vector<crossover_point> v;
+        std::size_t piece = 1024;
+        for (double s : pairwise) {
+            v.push_back({"all_reduce", piece, s, 1.0});
+            piece *= 4;
+        }
+        return v;
+    };
+    using detail::crossover_from;
+    EXPECT_EQ(crossover_from(points({1.5, 1.3, 0.8, 0.7}), 1.05), 16384u);
+    EXPECT_EQ(crossover_from(points({0.5, 1.05, 0.9}), 1.05), 1024u); // within the margin
+    EXPECT_EQ(crossover_from(points({1.5, 1.3, 1.2}), 1.05), SIZE_MAX);
+    // Winning, losing, winning: the threshold that gives up least (4 KiB: 1.2 at 16 KiB is
+    // a smaller loss than MPI's at 4, 64 and 256 KiB).
+    EXPECT_EQ(crossover_from(points({2.0, 0.5, 1.2, 0.9, 0.4}), 1.05), 4096u);
+    // Where the pairwise path loses at the largest pieces only, what it gains below counts.
+    EXPECT_EQ(crossover_from(points({0.5, 0.9, 1.5}), 1.05), 1024u);
+    EXPECT_EQ(crossover_from(points({0.95, 0.97, 2.0}), 1.0), SIZE_MAX);
+    EXPECT_EQ(crossover_from(points({}), 1.05), SIZE_MAX);
+}
+
+/// Puts the crossovers of this process back as they were, however the test ends (on this
+/// rank alone: no collective in a destructor).
+struct crossovers_kept {
+    reduce_tuning was{};
+    ~crossovers_kept() {
+        detail::default_crossovers().all_reduce = was.min_piece_bytes;
+        detail::default_crossovers().reduce_scatter = was.reduce_scatter_min_piece_bytes;
+    }
+};
+
+TEST(machine, crossovers_are_fitted_on_the_ranks_and_installed_for_later_plans) {
+    const auto w = xshard::testing::world();
+    const crossovers_kept kept;
+    const int p = w.size();
+    reduce_tuning base{};
+    base.chunk_bytes = 4096;
+    const auto fit = calibrate_reduce_tuning(w, base, {.largest = 64 << 10, .repeats = 2});
+    if (p == 1) { // nothing reduces on one rank
+        EXPECT_EQ(fit.tuning, base);
+        EXPECT_TRUE(fit.points.empty());
+    } else {
+        // Pieces of 1, 4, 16 and 64 KiB, each reduction through both paths.
+        ASSERT_EQ(fit.points.size(), 8u);
+        for (std::size_t i = 0; i < 8; ++i) {
+            const auto& x = fit.points[i];
+            EXPECT_EQ(x.kind, i < 4 ? "all_reduce" : "reduce_scatter");
+            EXPECT_EQ(x.piece_bytes, std::size_t(1024) << (2 * (i % 4)));
+            EXPECT_TRUE(std::isfinite(x.pairwise) && x.pairwise > 0) << x.kind;
+            EXPECT_TRUE(std::isfinite(x.mpi) && x.mpi > 0) << x.kind;
+        }
+        const std::span all(fit.points);
+        EXPECT_EQ(fit.tuning.min_piece_bytes, detail::crossover_from(all.first(4), 1.05));
+        EXPECT_EQ(fit.tuning.reduce_scatter_min_piece_bytes,
+                  detail::crossover_from(all.last(4), 1.05));
+        // The other fields are the base's.
+        reduce_tuning rest = fit.tuning;
+        rest.min_piece_bytes = base.min_piece_bytes;
+        rest.reduce_scatter_min_piece_bytes = base.reduce_scatter_min_piece_bytes;
+        EXPECT_EQ(rest, base);
+        const auto r = value_ranges<2>(
+            w, {fit.tuning.min_piece_bytes, fit.tuning.reduce_scatter_min_piece_bytes});
+        EXPECT_TRUE(r[0].agrees() && r[1].agrees()) << "a fitted crossover differs between ranks";
+    }
+
+    // Installed, the crossovers are those of every tuning made afterwards: a pending sum of 4
+    // doubles per rank (of ones: its terms are 1 on one rank, 0 on the others) then reduces
+    // through the pairwise path (which needs scratch), exact.
+    const mesh<"x"> m(w, {p});
+    const auto src = full<double, "[-] partial(sum: x)">(m, {4 * std::size_t(p)}, 1.0);
+    const auto reduce = [&] { return make_redistribution<"[-]">(src); };
+    use_reduce_crossovers({.min_piece_bytes = 0, .reduce_scatter_min_piece_bytes = 0});
+    EXPECT_EQ(reduce_tuning{}.min_piece_bytes, 0u);
+    EXPECT_EQ(reduce_tuning{.chunk_bytes = 64}.reduce_scatter_min_piece_bytes, 0u);
+    auto pairwise = reduce();
+    use_reduce_crossovers(kept.was);
+    EXPECT_EQ(reduce_tuning{}, kept.was);
+    auto through_mpi = reduce();
+    const auto scratch = [](const auto& plan) {
+        std::size_t b = 0;
+        for (const auto& s : plan.plan().summary().steps)
+            b += s.scratch_bytes;
+        return b;
+    };
+    if (p > 1) {
+        EXPECT_GT(scratch(pairwise), 0u) << pairwise.describe();
+        EXPECT_EQ(scratch(through_mpi), 0u) << through_mpi.describe();
+    }
+    // A plan keeps the crossovers it was made with.
+    const xt::xtensor<double, 1> sum = xt::ones<double>({4 * std::size_t(p)});
+    for (auto* plan : {&pairwise, &through_mpi})
+        EXPECT_EQ(gather_all((*plan)(src)), sum) << plan->describe();
+    if (p > 1) {
+        EXPECT_GT(scratch(pairwise), 0u);
+    }
+
+    // Ranks that hold different crossovers raise on every rank, and none changes.
+    const std::size_t mine = w.rank() == 0 ? 1 : 2;
+    if (p > 1) {
+        EXPECT_THROW(use_reduce_crossovers(
+                         {.min_piece_bytes = mine, .reduce_scatter_min_piece_bytes = mine}),
+                     std::invalid_argument);
+        EXPECT_EQ(reduce_tuning{}, kept.was);
+    }
 }
 
 } // namespace search_tests

@@ -32,15 +32,34 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 namespace xshard {
+
+namespace detail {
+
+/// The crossovers every reduce_tuning starts from (`use_reduce_crossovers`): per member's
+/// piece, 64 KiB for both reductions unless a program installs fitted ones.
+struct reduce_crossovers {
+    std::atomic<std::size_t> all_reduce{std::size_t(64) << 10};
+    std::atomic<std::size_t> reduce_scatter{std::size_t(64) << 10};
+};
+
+inline reduce_crossovers& default_crossovers() noexcept {
+    static reduce_crossovers c;
+    return c;
+}
+
+} // namespace detail
 
 /// Tuning of the point-to-point reductions.
 struct reduce_tuning {
@@ -48,9 +67,11 @@ struct reduce_tuning {
     /// (n / p of the buffer) has at least this many bytes, MPI_Allreduce below. Per segment,
     /// so that the crossover grows with p: the pairwise algorithm takes 2 (p - 1) rounds, the
     /// latency-optimal algorithms MPI uses for short messages about 2 log2 p. Fitted at 2, 4,
-    /// 8 and 16 ranks on one node (benchmarks/README.md, "Reductions against MPI");
-    /// `bench_calibrate` fits it at any world size.
-    std::size_t min_piece_bytes = std::size_t(64) << 10;
+    /// 8 and 16 ranks on one node (benchmarks/README.md, "Reductions against MPI"), unless
+    /// the program installed crossovers fitted on its own ranks (`use_reduce_crossovers`,
+    /// `calibrate_reduce_tuning`).
+    std::size_t min_piece_bytes =
+        detail::default_crossovers().all_reduce.load(std::memory_order_relaxed);
     /// The chunk of a pipelined round. Every member of a group must use the same value.
     std::size_t chunk_bytes = std::size_t(256) << 10;
     /// Plans run a step among ranks that share one node through shared-memory windows
@@ -78,8 +99,9 @@ struct reduce_tuning {
     std::size_t shared_memory_streaming_bytes = std::size_t(8) << 20;
     /// A reduce-scatter over p ranks runs the pairwise algorithm when each member's piece
     /// has at least this many bytes on average, MPI's below (MPI_Reduce_scatter_block for
-    /// equal pieces, MPI_Reduce_scatter otherwise; likewise fitted).
-    std::size_t reduce_scatter_min_piece_bytes = std::size_t(64) << 10;
+    /// equal pieces, MPI_Reduce_scatter otherwise; likewise fitted, likewise installed).
+    std::size_t reduce_scatter_min_piece_bytes =
+        detail::default_crossovers().reduce_scatter.load(std::memory_order_relaxed);
 
     friend constexpr bool operator==(const reduce_tuning&, const reduce_tuning&) = default;
 
@@ -104,6 +126,35 @@ struct reduce_tuning {
         return p > 1 && n / p * element >= reduce_scatter_min_piece_bytes;
     }
 };
+
+/// Makes `fitted`'s two crossovers (`min_piece_bytes`, `reduce_scatter_min_piece_bytes`) those
+/// of every reduce_tuning this process makes from now on: a default one, and the fields a
+/// designated initializer leaves out. The plans, gradient synchronizers and trainers made
+/// afterwards choose between the pairwise path and MPI's collectives by them (and price
+/// steps by that choice); those made before keep theirs. Typically the crossovers that
+/// `calibrate_reduce_tuning` (search/calibrate.hpp) fits on the world's ranks, which differ
+/// from the defaults with the rank count and the network:
+///
+///     xshard::use_reduce_crossovers(xshard::calibrate_reduce_tuning(world).tuning);
+///
+/// The members of a group must choose alike, so every rank must hold the same crossovers:
+/// collective over MPI_COMM_WORLD, and when they differ among its ranks every rank raises
+/// std::invalid_argument and none changes. Not to be called while another thread makes
+/// plans.
+inline void use_reduce_crossovers(const reduce_tuning& fitted) {
+    const auto r = value_ranges<2>(
+        communicator::world(),
+        {fitted.min_piece_bytes, fitted.reduce_scatter_min_piece_bytes});
+    if (!r[0].agrees() || !r[1].agrees())
+        throw std::invalid_argument(
+            "use_reduce_crossovers: the ranks hold different crossovers (all-reduce " +
+            std::to_string(r[0].least) + " to " + std::to_string(r[0].most) +
+            " bytes, reduce-scatter " + std::to_string(r[1].least) + " to " +
+            std::to_string(r[1].most) + "); the members of a group must choose alike");
+    auto& d = detail::default_crossovers();
+    d.all_reduce.store(fitted.min_piece_bytes, std::memory_order_relaxed);
+    d.reduce_scatter.store(fitted.reduce_scatter_min_piece_bytes, std::memory_order_relaxed);
+}
 
 /// One member's piece in a reduction: where its term sits in the input (offset, then `count`
 /// items of `type`: a plain count for a contiguous piece, a derived datatype otherwise) and

@@ -44,7 +44,9 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -251,6 +253,81 @@ link_fit calibrate_axis_links(const Mesh& m, const cost_model& base = {},
         groups[i] = &m.sub(axis_set::of(i));
     return detail::calibrate_axis_links(m.comm(), m.shape(), groups, base, sample);
 }
+
+/// The pieces `calibrate_reduce_tuning` times: per member, from `smallest` to `largest` bytes,
+/// each four times the one before (by default 1 KiB to 4 MiB), each reduction through either
+/// path the fastest of `repeats` runs. The pairwise path counts as fast as MPI's when it
+/// takes at most `margin` times its seconds (1.05: within the noise of a run).
+struct crossover_sample {
+    std::size_t smallest = std::size_t(1) << 10;
+    std::size_t largest = std::size_t(4) << 20;
+    int repeats = 5;
+    double margin = 1.05;
+};
+
+/// A reduction ("all_reduce" or "reduce_scatter") of pieces of `piece_bytes` per member,
+/// timed through the pairwise path and through MPI's collective: the slowest rank's seconds.
+struct crossover_point {
+    std::string kind;
+    std::size_t piece_bytes = 0;
+    double pairwise = 0;
+    double mpi = 0;
+};
+
+/// The crossovers fitted by `calibrate_reduce_tuning`, and what they were fitted on.
+struct crossover_fit {
+    reduce_tuning tuning;
+    std::vector<crossover_point> points;
+};
+
+namespace detail {
+
+/// The crossover that loses least over `points` (one kind's, by ascending piece): the piece
+/// from which on the pairwise path runs (MPI's below), chosen among the points' pieces and
+/// SIZE_MAX (MPI at every piece) to minimise the summed log of each piece's chosen seconds
+/// over its faster path's. The pairwise path's seconds count divided by `margin`, so that
+/// where the two are within the noise it is chosen; among equal choices the smallest piece.
+/// One threshold cannot follow a path that wins, loses and wins again with the piece; this
+/// one gives up least where it cannot.
+inline std::size_t crossover_from(std::span<const crossover_point> points, double margin) {
+    std::vector<double> pairwise_loss, mpi_loss; // log(seconds / the faster path's)
+    for (const auto& x : points) {
+        const double pairwise = x.pairwise / margin, best = std::min(pairwise, x.mpi);
+        const bool timed = best > 0 && std::isfinite(pairwise) && std::isfinite(x.mpi);
+        pairwise_loss.push_back(timed ? std::log(pairwise / best) : 0);
+        mpi_loss.push_back(timed ? std::log(x.mpi / best) : 0);
+    }
+    // Threshold k: MPI for the pieces before k, the pairwise path from k on.
+    double loss = 0;
+    for (const double l : pairwise_loss)
+        loss += l;
+    std::size_t best_k = 0;
+    double least = loss;
+    for (std::size_t k = 1; k <= points.size(); ++k) {
+        loss += mpi_loss[k - 1] - pairwise_loss[k - 1];
+        if (loss < least - 1e-12) {
+            least = loss;
+            best_k = k;
+        }
+    }
+    return best_k == points.size() ? SIZE_MAX : points[best_k].piece_bytes;
+}
+
+} // namespace detail
+
+/// `base` with its crossovers between the pairwise reductions and MPI's collectives
+/// (`min_piece_bytes`, `reduce_scatter_min_piece_bytes`) fitted on the ranks of `c`: for each
+/// piece of `sample`, an all-reduce and a reduce-scatter of doubles over all of `c` through
+/// each path; each crossover is the piece from which on the pairwise path loses least over
+/// the pieces timed (`detail::crossover_from`; SIZE_MAX: MPI at every piece). Per piece, so
+/// that a group of another size scales it, as the defaults do; fitted at `c`'s rank count
+/// and on its network, where the defaults were fitted on one node. The same on every rank;
+/// the other fields are `base`'s. On one rank nothing reduces, and a sample without a piece
+/// fits nothing: `base` as it is. Collective over `c` (with the same `sample` on every
+/// rank). Install the result for the plans made afterwards with `use_reduce_crossovers`.
+XSHARD_DECL crossover_fit calibrate_reduce_tuning(const communicator& c,
+                                                  const reduce_tuning& base = {},
+                                                  const crossover_sample& sample = {});
 
 /// The sizes measure_machine measures at: a narrow GEMM of [rows, in] x [in, out] (by default
 /// a batch of 64 through a 1024 x 4096 layer, about 0.5 GFLOP), a square one of `square`

@@ -123,6 +123,60 @@ XSHARD_DECL link_fit detail::calibrate_axis_links(const communicator& whole,
     return fit;
 }
 
+XSHARD_DECL crossover_fit calibrate_reduce_tuning(const communicator& c,
+                                                  const reduce_tuning& base,
+                                                  const crossover_sample& sample) {
+    crossover_fit fit{base, {}};
+    if (c.size() == 1)
+        return fit;
+    const mesh<"x"> m(c, {c.size()});
+    const std::size_t p = std::size_t(c.size());
+    auto with = [&](std::size_t from) {
+        reduce_tuning t = base;
+        t.min_piece_bytes = t.reduce_scatter_min_piece_bytes = from;
+        t.shared_memory_min_bytes = SIZE_MAX;
+        return t;
+    };
+    const reduce_tuning pairwise = with(0), through_mpi = with(SIZE_MAX);
+    std::vector<std::size_t> pieces;
+    for (std::size_t piece = std::max(sample.smallest, sizeof(double)); piece <= sample.largest;
+         piece *= 4) {
+        pieces.push_back(piece);
+        if (piece > sample.largest / 4)
+            break;
+    }
+    if (pieces.empty())
+        return fit;
+    const auto fit_kind = [&]<layout To>(const char* kind) {
+        const std::size_t first = fit.points.size();
+        for (const std::size_t piece : pieces) {
+            auto src = full<double, "[-] partial(sum: x)">(m, {piece / sizeof(double) * p}, 1.0);
+            auto a = make_redistribution<To>(src, To, {}, pairwise);
+            auto b = make_redistribution<To>(src, To, {}, through_mpi);
+            auto dst = a(src);
+            // Runs of about 256 KiB per member, so that a short reduction's clock and barrier
+            // do not matter; the two paths in turn, so that drifting load affects both alike.
+            const int calls = int(std::clamp(std::size_t(256 << 10) / piece, std::size_t(1),
+                                             std::size_t(64)));
+            const auto run = [&](auto& plan) {
+                return detail::slowest_rank_seconds(c, 1, calls,
+                                                    [&] { plan.execute_unchecked(src, dst); });
+            };
+            double best[2] = {std::numeric_limits<double>::infinity(),
+                              std::numeric_limits<double>::infinity()};
+            for (int r = 0; r < std::max(1, sample.repeats); ++r) {
+                best[0] = std::min(best[0], run(a));
+                best[1] = std::min(best[1], run(b));
+            }
+            fit.points.push_back({kind, piece, best[0], best[1]});
+        }
+        return detail::crossover_from(std::span(fit.points).subspan(first), sample.margin);
+    };
+    fit.tuning.min_piece_bytes = fit_kind.operator()<"[-]">("all_reduce");
+    fit.tuning.reduce_scatter_min_piece_bytes = fit_kind.operator()<"[x]">("reduce_scatter");
+    return fit;
+}
+
 XSHARD_DECL void fit_gemm(machine_model& m, double narrow, double narrow_dimension, double wide,
                           double wide_dimension) {
     m.gemm_flops = wide;
