@@ -129,9 +129,9 @@ struct reduce_tuning {
 
 /// Makes `fitted`'s two crossovers (`min_piece_bytes`, `reduce_scatter_min_piece_bytes`) those
 /// of every reduce_tuning this process makes from now on: a default one, and the fields a
-/// designated initializer leaves out. The plans, gradient synchronizers and trainers made
-/// afterwards choose between the pairwise path and MPI's collectives by them (and price
-/// steps by that choice); those made before keep theirs. Typically the crossovers that
+/// designated initializer leaves out. Plans made afterwards, and gradient synchronizers at
+/// their first reduction, choose between the pairwise path and MPI's collectives by them (and
+/// price steps by that choice); a plan keeps those it was made with. Typically those that
 /// `calibrate_reduce_tuning` (search/calibrate.hpp) fits on the world's ranks, which differ
 /// from the defaults with the rank count and the network:
 ///
